@@ -1,0 +1,68 @@
+"""The typer app and the one place errors become exit codes.
+
+Command modules (`fleetgen.cli.<topic>`) register on `app` and call `run(coro)`: `asyncio.run` once per
+command, the error tree rendered once, here. Only the CLI prints or exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from fleetgen.errors import FleetgenError
+
+app = typer.Typer(
+    name="fleetgen",
+    help="Plan, deploy and verify SGLang/vLLM servers over SSH, then generate training data exactly once.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+console = Console()
+err_console = Console(stderr=True)
+T = TypeVar("T")
+
+FLEET_OPTION = typer.Option(Path("fleet.toml"), "--fleet", "-f", help="The fleet file (TOML).")
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run one command's coroutine; render a FleetgenError (message, context, fix) and exit with its code."""
+    try:
+        return asyncio.run(coro)
+    except FleetgenError as exc:
+        render_error(exc)
+        raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        err_console.print("[yellow]interrupted[/]: nothing half-written; run the same command again to resume")
+        raise typer.Exit(130) from None
+
+
+def render_error(exc: FleetgenError) -> None:
+    """Print an error as: what happened (red), its context lines, and the fix."""
+    err_console.print(f"[bold red]error:[/] {exc.message}", highlight=False, markup=True)
+    for key, value in exc.context.items():
+        if value not in (None, ""):
+            text = str(value)
+            if "\n" in text:
+                err_console.print(f"  [dim]{key}:[/]", highlight=False)
+                err_console.print("\n".join("    " + line for line in text.splitlines()), highlight=False,
+                                  markup=False)
+            else:
+                err_console.print(f"  [dim]{key}:[/] {text}", highlight=False)
+    if exc.fix:
+        err_console.print(f"  [bold green]fix:[/] {exc.fix}", highlight=False)
+
+
+def warn(message: str) -> None:
+    err_console.print(f"[yellow]warning:[/] {message}", highlight=False)
+
+
+def exit_with(code: int) -> None:
+    sys.stdout.flush()
+    raise typer.Exit(code)

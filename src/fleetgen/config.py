@@ -1,0 +1,259 @@
+"""The files users write: the fleet file (TOML) and the job file (TOML).
+
+Models are frozen and strict (`extra="forbid"`): a typo is an error naming the file, the line and the field,
+never a silently ignored key. Derived values (instances, ports) are properties, not stored state.
+Pure: `load_fleet` / `load_job` read one file; nothing here touches a host.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from fleetgen.errors import ConfigError
+
+ArgValue = str | int | float | bool
+DEFAULT_LAUNCHERS: dict[str, tuple[str, ...]] = {
+    "sglang": ("-m", "sglang.launch_server"),
+    "vllm": ("-m", "vllm.entrypoints.cli.main", "serve"),
+}
+LOOPBACK = "127.0.0.1"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class EngineSpec(_Strict):
+    """`[engine]`: what to run on every instance."""
+
+    kind: Literal["sglang", "vllm"]
+    version: str | None = None
+    python: str = "python3"
+    model: str
+    model_config_dir: str | None = Field(default=None, alias="model_config")
+    served_model_name: str | None = None
+    launcher: tuple[str, ...] | None = None
+    args: dict[str, ArgValue | list[ArgValue]] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    tp: Annotated[int, Field(ge=1, le=64)] = 1
+    base_port: Annotated[int, Field(ge=1024, le=65000)] = 30000
+    bind: str = LOOPBACK
+    api_key_env: str | None = None
+    ready_timeout_s: Annotated[float, Field(gt=0)] = 1800.0
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    @field_validator("args")
+    @classmethod
+    def _no_managed_flags(cls, args: dict[str, Any]) -> dict[str, Any]:
+        for key in args:
+            if key.startswith("-"):
+                raise ValueError(f"write flag names without dashes: {key.lstrip('-')!r}, not {key!r}")
+            if key in {"host", "port", "api-key"}:
+                raise ValueError(f"'{key}' is set by fleetgen per instance; remove it from engine.args")
+        return args
+
+    @model_validator(mode="after")
+    def _public_bind_needs_key(self) -> EngineSpec:
+        if self.bind != LOOPBACK and not self.api_key_env:
+            raise ValueError(
+                f"bind = {self.bind!r} exposes the servers beyond this host; set engine.api_key_env to the "
+                "name of an environment variable holding an API key, or keep bind = '127.0.0.1' (SSH tunnels)"
+            )
+        return self
+
+    @property
+    def launcher_argv(self) -> tuple[str, ...]:
+        return self.launcher if self.launcher is not None else DEFAULT_LAUNCHERS[self.kind]
+
+    @property
+    def is_public(self) -> bool:
+        return self.bind != LOOPBACK
+
+
+class HostSpec(_Strict):
+    """`[[hosts]]`: one machine reached over SSH (or `ssh = "local"`)."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
+    ssh: str = "local"
+    identity: str | None = None
+    known_hosts: str | None = None
+    insecure_skip_host_key_check: bool = False
+    gpus: list[int] | Literal["all"] = "all"
+    gpu_memory_gib: Annotated[float, Field(gt=0)] | None = None
+    gpu_free_gib: Annotated[float, Field(gt=0)] | None = None
+    host_memory_gib: Annotated[float, Field(gt=0)] | None = None
+    workdir: str = "~/fleetgen"
+    base_port: Annotated[int, Field(ge=1024, le=65000)] | None = None
+
+    @field_validator("ssh")
+    @classmethod
+    def _ssh_form(cls, value: str) -> str:
+        if value != "local" and not re.fullmatch(r"(?:[^@\s]+@)?[^@:\s]+(?::\d{1,5})?", value):
+            raise ValueError(f"expected 'user@host:port', 'host' or 'local', got {value!r}")
+        return value
+
+    @field_validator("gpus")
+    @classmethod
+    def _distinct_gpus(cls, value: list[int] | str) -> list[int] | str:
+        if isinstance(value, list) and len(set(value)) != len(value):
+            raise ValueError(f"GPU indices repeat in {value}: two instances would share one GPU")
+        return value
+
+    @property
+    def is_local(self) -> bool:
+        return self.ssh == "local"
+
+    @property
+    def user(self) -> str | None:
+        return self.ssh.split("@", 1)[0] if "@" in self.ssh else None
+
+    @property
+    def address(self) -> str:
+        rest = self.ssh.split("@", 1)[-1]
+        return rest.rsplit(":", 1)[0] if ":" in rest else rest
+
+    @property
+    def port(self) -> int:
+        rest = self.ssh.split("@", 1)[-1]
+        return int(rest.rsplit(":", 1)[1]) if ":" in rest else 22
+
+
+class InstanceSpec(_Strict):
+    """One engine server: `tp` GPUs of one host, one port. Derived from the fleet file, never written."""
+
+    name: str
+    host: str
+    gpus: tuple[int, ...]
+    port: int
+    index: int
+
+
+class FleetFile(_Strict):
+    """A whole fleet file."""
+
+    engine: EngineSpec
+    hosts: list[HostSpec] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_hosts(self) -> FleetFile:
+        names = [h.name for h in self.hosts]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"host names repeat: {', '.join(dupes)}; every [[hosts]] needs its own name")
+        return self
+
+    def host(self, name: str) -> HostSpec:
+        for host in self.hosts:
+            if host.name == name:
+                return host
+        raise ConfigError(f"no host named {name!r}", fix=f"use one of: {', '.join(h.name for h in self.hosts)}")
+
+    def instances_on(self, host: HostSpec, gpu_indices: Sequence[int] | None = None) -> list[InstanceSpec]:
+        """Instances of one host: one per `tp` GPUs, in GPU order; `gpu_indices` resolves `gpus = "all"`."""
+        gpus = list(host.gpus) if host.gpus != "all" else list(gpu_indices or [0])
+        tp = self.engine.tp
+        base = host.base_port if host.base_port is not None else self.engine.base_port
+        return [
+            InstanceSpec(name=f"{host.name}-{k}", host=host.name, gpus=tuple(gpus[k * tp : (k + 1) * tp]),
+                         port=base + k, index=k)
+            for k in range(len(gpus) // tp)
+        ]
+
+    def instances(self, detected: dict[str, Sequence[int]] | None = None) -> list[InstanceSpec]:
+        """Every instance of the fleet; `detected` maps host name → GPU indices for `gpus = "all"` hosts."""
+        detected = detected or {}
+        return [inst for h in self.hosts for inst in self.instances_on(h, detected.get(h.name))]
+
+
+class JobFile(_Strict):
+    """A job file: sampling and dispatch settings for `fleetgen run` (flags override it)."""
+
+    id_field: str = "id"
+    prompt_field: str = "prompt"
+    model: str | None = None
+    max_tokens: Annotated[int, Field(ge=1)] = 4096
+    temperature: Annotated[float, Field(ge=0)] = 0.6
+    top_p: Annotated[float, Field(gt=0, le=1)] = 0.95
+    top_k: int | None = None
+    seed: int | None = None
+    samples: Annotated[int, Field(ge=1)] = 1
+    thinking: bool = True
+    system_prompt: str | None = None
+    concurrency: Annotated[int, Field(ge=1)] | None = None
+    max_retries: Annotated[int, Field(ge=0)] = 5
+    request_timeout_s: Annotated[float, Field(gt=0)] = 3600.0
+    max_consecutive_failures: Annotated[int, Field(ge=1)] = 50
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def load_fleet(path: Path) -> FleetFile:
+    """Read and validate a fleet file; errors name the file, line and field."""
+    return _load(path, FleetFile, "fleet file")
+
+
+def load_job(path: Path) -> JobFile:
+    """Read and validate a job file; errors name the file, line and field."""
+    return _load(path, JobFile, "job file")
+
+
+def _load(path: Path, model: type[M], what: str) -> M:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read the {what} {path}: {exc.strerror}",
+                          fix="check the path, or pass another with -f") from exc
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}", fix="fix the syntax at the line named") from exc
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_render_validation(path, text, exc),
+                          fix=f"edit {path} as the lines above say; `fleetgen init` writes a commented example") \
+            from exc
+
+
+def _render_validation(path: Path, text: str, exc: ValidationError) -> str:
+    lines = [f"{path}: {exc.error_count()} invalid field(s)"]
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        field = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in loc).replace(".[", "[")
+        line = locate(text, loc)
+        where = f"{path}:{line}" if line else str(path)
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"  {where}: {field or '(top level)'}: {msg}")
+    return "\n".join(lines)
+
+
+def locate(text: str, loc: tuple[int | str, ...]) -> int | None:
+    """Best-effort line number (1-based) of a pydantic `loc` path in a TOML text."""
+    rows = text.splitlines()
+    start, end = 0, len(rows)
+    keys = [p for p in loc if isinstance(p, str)]
+    if loc and isinstance(loc[0], str):
+        table, index = loc[0], (loc[1] if len(loc) > 1 and isinstance(loc[1], int) else None)
+        headers = [i for i, r in enumerate(rows) if re.match(rf"^\s*\[\[?\s*{re.escape(table)}\s*\]\]?", r)]
+        if headers:
+            pick = headers[index] if index is not None and index < len(headers) else headers[0]
+            start = pick
+            nxt = [i for i, r in enumerate(rows) if i > pick and re.match(r"^\s*\[", r)]
+            end = nxt[0] if nxt else len(rows)
+            keys = keys[1:]
+            if not keys:
+                return pick + 1
+    for key in reversed(keys):
+        for i in range(start, end):
+            if re.match(rf'^\s*"?{re.escape(key)}"?\s*=', rows[i]) or re.search(rf'[{{,]\s*"?{re.escape(key)}"?\s*=', rows[i]):
+                return i + 1
+    return start + 1 if start else None

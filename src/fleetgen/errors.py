@@ -1,0 +1,141 @@
+"""One exception tree for fleetgen. Every error says what happened, why, and what to do.
+
+```
+FleetgenError                 message + fix + context (host, argv, exit code, stderr tail, url, file, line…)
+├── ConfigError               a file the user wrote is wrong (file, line, field)
+├── ModelCardError            a model's config.json lacks what planning needs
+├── PlanError                 a flag rule fails or the plan does not fit
+├── RemoteError               anything that crossed SSH or touched a host
+│   ├── ConnectError          unreachable host, refused auth
+│   ├── HostKeyError          unknown or changed host key
+│   ├── CommandError          a remote command exited non-zero
+│   ├── TransferError         a verified put did not verify
+│   └── ConnectionLost        the connection dropped while an operation was in flight
+├── DeployError               an instance did not come up as intended
+│   ├── LaunchFailed          the engine died or logged a fatal signature while starting
+│   ├── ReadyTimeout          it did not become healthy in time
+│   └── VerifyError           it runs, but not what was asked (drift, spec decoding off, …)
+├── EndpointError             an engine's HTTP endpoint answered badly or not at all
+└── JobError                  a generation job cannot go on
+    ├── InputError            an input file cannot be read at all
+    ├── ParamsMismatch        resuming with other sampling params
+    └── FleetDown             too many consecutive failures fleet-wide
+```
+
+Third-party exceptions are translated once, at the boundary that called the library (`raise … from exc`).
+Only the CLI prints these; it renders `message`, the context lines, then `fix`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+class FleetgenError(Exception):
+    """Base of every error fleetgen raises on purpose.
+
+    `message` says what happened and why; `fix` says what to do; `context` carries the facts a user needs
+    to act (host, argv, exit code, stderr tail, URL, file, line), rendered by the CLI one per line.
+    """
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, fix: str = "", context: Mapping[str, object] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fix = fix
+        self.context: dict[str, object] = dict(context or {})
+
+    def __str__(self) -> str:
+        parts = [self.message]
+        parts += [f"  {key}: {value}" for key, value in self.context.items() if value not in (None, "")]
+        if self.fix:
+            parts.append(f"  fix: {self.fix}")
+        return "\n".join(parts)
+
+
+class ConfigError(FleetgenError):
+    """A file the user wrote (fleet file, job file) is invalid."""
+
+    exit_code = 2
+
+
+class ModelCardError(FleetgenError):
+    """A model folder's config.json is missing or lacks the fields planning needs."""
+
+    exit_code = 2
+
+
+class PlanError(FleetgenError):
+    """The plan refuses: a flag rule fails or an instance does not fit."""
+
+    exit_code = 2
+
+
+class RemoteError(FleetgenError):
+    """Something went wrong on or on the way to a host."""
+
+
+class ConnectError(RemoteError):
+    """The host could not be reached or refused authentication."""
+
+
+class HostKeyError(RemoteError):
+    """The host's key is unknown or changed; fleetgen refuses to talk to it."""
+
+
+class CommandError(RemoteError):
+    """A remote command exited non-zero."""
+
+
+class TransferError(RemoteError):
+    """A verified file transfer did not verify."""
+
+
+class ConnectionLost(RemoteError):
+    """The SSH connection dropped while an operation was in flight."""
+
+
+class DeployError(FleetgenError):
+    """An instance did not come up as intended."""
+
+
+class LaunchFailed(DeployError):
+    """The engine died, or logged a fatal signature, while starting."""
+
+
+class ReadyTimeout(DeployError):
+    """The engine did not become healthy within the timeout."""
+
+
+class VerifyError(DeployError):
+    """The engine runs but not as asked (drift, speculative decoding off, capacity)."""
+
+
+class EndpointError(FleetgenError):
+    """An engine endpoint answered with an error or not at all."""
+
+
+class JobError(FleetgenError):
+    """A generation job cannot go on."""
+
+
+class InputError(JobError):
+    """An input file cannot be read at all (a bad record becomes an error row instead)."""
+
+    exit_code = 2
+
+
+class ParamsMismatch(JobError):
+    """The output folder was made with other sampling parameters."""
+
+    exit_code = 2
+
+
+class FleetDown(JobError):
+    """Too many consecutive failures across the fleet: the servers are gone."""
+
+
+def tail(text: str, num_lines: int = 20) -> str:
+    """The last `num_lines` lines of `text`, for error context (stderr tails, log tails)."""
+    return "\n".join(text.rstrip("\n").splitlines()[-num_lines:])
