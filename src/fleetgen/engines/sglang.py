@@ -1,0 +1,302 @@
+"""SGLang: argv, env, endpoints, log signatures and the rule sets of the releases fleetgen knows.
+
+Facts come from SGLang's own source of each release (`pip download --no-deps sglang==X`); the error texts
+below are copied from it so a plan can quote what the engine would say at start.
+"""
+
+from __future__ import annotations
+
+import json
+
+from fleetgen.config import EngineSpec, InstanceSpec
+from fleetgen.engines.base import (
+    FatalSignature,
+    FlagRename,
+    MetricNames,
+    ParserVerdict,
+    RuleSet,
+    api_key_reference,
+    cuda_visible_devices,
+    format_args,
+    translate_args,
+)
+
+VERDICT_MARK = "FLEETGEN_PARSER_VERDICT "
+
+# Early 2026 (≈0.5.9–0.5.10): `ServerArgs._handle_mamba_radix_cache` refuses spec + no_buffer + radix cache,
+# `auto` always becomes no_buffer, the overlap (v2) spec worker is opt-in via SGLANG_ENABLE_SPEC_V2, and the
+# MTP draft's weights and KV live outside --mem-fraction-static (the default formula keeps +4 GB for them).
+EARLY_2026 = RuleSet(
+    name="sglang-early-2026",
+    engine="sglang",
+    min_version=(0, 5, 9),
+    max_version=(0, 5, 10, 99),
+    strategy_flag="mamba-scheduler-strategy",
+    renames=(
+        FlagRename("mamba-radix-cache-strategy", ("mamba-scheduler-strategy",), "named so before 0.5.23"),
+        FlagRename("cuda-graph-max-bs-decode", ("cuda-graph-max-bs",), "named so before 0.5.23"),
+    ),
+    removed_flags={
+        "cuda-graph-max-bs-prefill": "no prefill cuda-graph batch limit in this release; remove it"
+    },
+    refuses_spec_no_buffer_radix=True,
+    spec_v2_env="SGLANG_ENABLE_SPEC_V2",
+    spec_v2_default=False,
+    spec_reserve_mb=4096,
+    draft_weights_in_budget=False,
+    draft_kv_in_budget=False,
+    joint_mamba_spec_solve=False,
+    auto_strategy_extra_buffer=False,
+)
+
+# 0.5.23 (read from its wheel): mem_cache/kv_cache_configurator.py sizes the pools; draft weights are loaded
+# before profiling (so inside the budget), the MTP draft layer's KV is folded into the cell, the mamba pool
+# and the spec scratch are solved jointly, `auto` resolves to extra_buffer when overlap is on, and the old
+# flag names are gone (argparse rejects them: unknown, or ambiguous prefix of the -decode/-prefill pair).
+V0_5_23 = RuleSet(
+    name="sglang-0.5.23",
+    engine="sglang",
+    min_version=(0, 5, 23),
+    max_version=(0, 5, 99),
+    strategy_flag="mamba-radix-cache-strategy",
+    renames=(
+        FlagRename("mamba-scheduler-strategy", ("mamba-radix-cache-strategy",), "renamed in 0.5.23"),
+        FlagRename(
+            "cuda-graph-max-bs",
+            ("cuda-graph-max-bs-decode", "cuda-graph-max-bs-prefill"),
+            "split in 0.5.23 (the old name is an ambiguous prefix of both)",
+        ),
+    ),
+    removed_flags={
+        "disable-cuda-graph": 'deprecated: use cuda-graph-backend-decode = "disabled" '
+        'and cuda-graph-backend-prefill = "disabled"'
+    },
+    refuses_spec_no_buffer_radix=False,
+    spec_v2_env="",
+    spec_v2_default=True,
+    spec_reserve_mb=0,
+    draft_weights_in_budget=True,
+    draft_kv_in_budget=True,
+    joint_mamba_spec_solve=True,
+    auto_strategy_extra_buffer=True,
+)
+
+RULE_SETS = (EARLY_2026, V0_5_23)
+
+# Exact texts from SGLang's source (see the reference, §2), used by the plan and by the deploy log watcher.
+SPEC_NO_BUFFER_RADIX = (
+    "Speculative decoding for {arch} is not compatible with radix cache when using "
+    "--mamba-scheduler-strategy no_buffer.To use radix cache with speculative decoding, please use "
+    "--mamba-scheduler-strategy extra_buffer and set SGLANG_ENABLE_SPEC_V2=1."
+)
+EXTRA_BUFFER_NO_RADIX = (
+    "mamba extra_buffer is not compatible with --disable-radix-cache Overlap scheduling is already supported "
+    "with no_buffer + disable_radix_cache. Please use --mamba-scheduler-strategy no_buffer instead."
+)
+HICACHE_NO_RADIX = "The arguments enable-hierarchical-cache and disable-radix-cache are mutually exclusive"
+TRACK_INTERVAL = "mamba_track_interval {x} must be greater than or equal to speculative_num_draft_tokens {y}"
+HICACHE_HOST_MEMORY = (
+    "Not enough host memory available. Requesting {req:.2f} GB but only have {avail:.2f} GB free. "
+    "Please reduce the size of the hierarchical cache."
+)
+NOT_ENOUGH_MEMORY = (
+    "Not enough memory. Please try to increase --mem-fraction-static. "
+    "Current value: mem_fraction_static={mfs}"
+)
+MAMBA_TOO_SMALL = (
+    "Not enough GPU memory for hybrid (mamba/linear-attention) state cache. Computed "
+    "max_mamba_cache_size={size}"
+)
+WEIGHTS_LEAVE_NOTHING = (
+    "Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static={mfs}."
+)
+
+FATAL_SIGNATURES = (
+    FatalSignature(
+        r"Speculative decoding for \S+ is not compatible with radix cache",
+        "speculative decoding with radix cache needs the extra_buffer Mamba strategy",
+        'set engine.args mamba-scheduler-strategy = "extra_buffer" and engine.env '
+        'SGLANG_ENABLE_SPEC_V2 = "1" (or disable-radix-cache = true)',
+    ),
+    FatalSignature(
+        r"mamba extra_buffer is not compatible with --disable-radix-cache",
+        "extra_buffer needs the radix cache",
+        "remove disable-radix-cache, or use no_buffer",
+    ),
+    FatalSignature(
+        r"enable-hierarchical-cache and disable-radix-cache are mutually exclusive",
+        "hierarchical cache needs the radix cache",
+        "remove one of the two flags",
+    ),
+    FatalSignature(
+        r"mamba_track_interval \d+ must be greater than or equal to speculative_num_draft_tokens",
+        "the Mamba track interval is shorter than the draft",
+        "raise mamba-track-interval",
+    ),
+    FatalSignature(
+        r"Not enough memory\. Please try to increase --mem-fraction-static",
+        "no GPU memory left for the KV cache",
+        "raise mem-fraction-static, lower context or use tp = 2",
+    ),
+    FatalSignature(
+        r"Loaded weights leave no GPU memory for the KV cache",
+        "the weights (target + draft) exceed the static budget",
+        "raise mem-fraction-static or tp",
+    ),
+    FatalSignature(
+        r"Not enough GPU memory for hybrid \(mamba/linear-attention\) state cache",
+        "the Mamba state pool does not fit",
+        "max-mamba-cache-size, mamba-ssm-dtype bfloat16, or tp",
+    ),
+    FatalSignature(
+        r"Hybrid \(mamba/linear-attention\) state cache is too small to serve any requests",
+        "the Mamba pool holds no running request",
+        "raise max-mamba-cache-size or mem-fraction-static",
+    ),
+    FatalSignature(
+        r"Not enough host memory available\. Requesting",
+        "the hierarchical cache asks for more pinned host RAM than there is",
+        "lower hicache-size / hicache-ratio",
+    ),
+    FatalSignature(
+        r"Capture cuda graph failed",
+        "CUDA-graph capture ran out of memory",
+        "lower mem-fraction-static or cuda-graph-max-bs-decode",
+    ),
+    FatalSignature(
+        r"The memory capacity is unbalanced",
+        "another process holds memory on one of the GPUs",
+        "free the GPU (nvidia-smi) or pick other GPUs",
+    ),
+    FatalSignature(
+        r"(CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError)",
+        "GPU out of memory",
+        "lower mem-fraction-static, context length or max-running-requests",
+    ),
+    FatalSignature(
+        r"CUDA error|cudaErrorNoDevice|no CUDA-capable device",
+        "the CUDA runtime failed",
+        "check nvidia-smi and the driver on the host",
+    ),
+    FatalSignature(
+        r"Address already in use", "the port is taken", "stop what listens there or change base_port"
+    ),
+    FatalSignature(
+        r"^(ValueError|AssertionError|RuntimeError): ",
+        "the engine refused its arguments at start",
+        "read the message; `fleetgen plan` checks the argv with the host's own parser",
+    ),
+    FatalSignature(
+        r"error: (unrecognized arguments|argument --\S+: )",
+        "the engine's parser rejected a flag",
+        "check the flag names for this SGLang version (`fleetgen plan` names the renames)",
+    ),
+)
+
+# Runs on the host with its own python: the exact parser `sglang.launch_server` uses, then from_cli_args.
+# Printed as one marked JSON line because SGLang's imports may log to stdout.
+PARSER_CHECK_SCRIPT = r"""
+import argparse, json, sys
+MARK = "FLEETGEN_PARSER_VERDICT "
+argv = json.loads(sys.stdin.read())
+out = {"ok": False, "version": "", "error": "", "resolved": {}}
+class _Refused(Exception):
+    pass
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise _Refused(message)
+try:
+    import sglang
+    out["version"] = getattr(sglang, "__version__", "")
+    from sglang.srt.server_args import ServerArgs
+    parser = _Parser(prog="sglang.launch_server")
+    ServerArgs.add_cli_args(parser)
+    ns = parser.parse_args(argv)
+    args = ServerArgs.from_cli_args(ns)
+    keep = ("mem_fraction_static", "mamba_radix_cache_strategy", "mamba_scheduler_strategy",
+            "speculative_algorithm", "speculative_num_draft_tokens", "max_running_requests",
+            "tp_size", "context_length", "port", "host")
+    out["resolved"] = {k: getattr(args, k) for k in keep if hasattr(args, k)}
+    out["ok"] = True
+except _Refused as exc:
+    out["error"] = "argument error: " + str(exc)
+except BaseException as exc:
+    out["error"] = type(exc).__name__ + ": " + str(exc)
+print(MARK + json.dumps(out, default=str))
+"""
+
+
+class SGLangEngine:
+    """SGLang behind the `Engine` protocol."""
+
+    name = "sglang"
+    default_launcher: tuple[str, ...] = ("-m", "sglang.launch_server")
+    health_path = "/health"
+    info_paths: tuple[str, ...] = ("/server_info", "/get_server_info")
+    metrics_path = "/metrics"
+    metrics = MetricNames(
+        running="sglang:num_running_reqs",
+        queued="sglang:num_queue_reqs",
+        gen_throughput="sglang:gen_throughput",
+        generation_tokens_total="sglang:generation_tokens_total",
+        prompt_tokens_total="sglang:prompt_tokens_total",
+        spec_accept_length="sglang:spec_accept_length",
+        kv_usage="sglang:token_usage",
+    )
+    ready_line = "The server is fired up and ready to roll!"
+    fatal_signatures: tuple[FatalSignature, ...] = FATAL_SIGNATURES
+    rule_sets: tuple[RuleSet, ...] = RULE_SETS
+    api_key_flag = "--api-key"
+
+    def build_argv(
+        self,
+        spec: EngineSpec,
+        inst: InstanceSpec,
+        *,
+        model_path: str,
+        host_bind: str,
+        rules: RuleSet | None = None,
+    ) -> list[str]:
+        """`engine.args` (renamed flags translated for `rules`' era), then model, TP, bind, port, metrics."""
+        args = translate_args(spec.args, rules).args
+        argv = format_args(args)
+        argv += [
+            "--model-path",
+            model_path,
+            "--tp-size",
+            str(spec.tp),
+            "--host",
+            host_bind,
+            "--port",
+            str(inst.port),
+        ]
+        if spec.served_model_name:
+            argv += ["--served-model-name", spec.served_model_name]
+        if "enable-metrics" not in args:
+            argv.append("--enable-metrics")  # /metrics is off by default; fleetgen's live view reads it
+        if spec.is_public:
+            argv += [self.api_key_flag, api_key_reference(spec)]
+        return argv
+
+    def build_env(self, spec: EngineSpec, inst: InstanceSpec) -> dict[str, str]:
+        return {**spec.env, "CUDA_VISIBLE_DEVICES": cuda_visible_devices(inst)}
+
+    def parser_check_script(self) -> str:
+        return PARSER_CHECK_SCRIPT
+
+    def parse_verdict(self, stdout: str) -> ParserVerdict:
+        return parse_marked_verdict(stdout)
+
+
+def parse_marked_verdict(stdout: str) -> ParserVerdict:
+    """The last `FLEETGEN_PARSER_VERDICT {json}` line of a parser-check run."""
+    for line in reversed(stdout.splitlines()):
+        if line.startswith(VERDICT_MARK):
+            data = json.loads(line[len(VERDICT_MARK) :])
+            return ParserVerdict(
+                is_ok=bool(data.get("ok")),
+                version=str(data.get("version", "")),
+                error=str(data.get("error", "")),
+                resolved=dict(data.get("resolved") or {}),
+            )
+    return ParserVerdict(is_ok=False, error="the parser check printed no verdict: " + stdout[-500:])

@@ -1,0 +1,163 @@
+"""vLLM: argv, env, endpoints, log signatures and sizing rules.
+
+vLLM sizes its KV pool from `--gpu-memory-utilization` of TOTAL GPU memory (minus weights, activations and
+CUDA graphs) and keeps hybrid (Mamba/GDN) state in the same paged pool; MTP comes via `--speculative-config`.
+"""
+
+from __future__ import annotations
+
+from fleetgen.config import EngineSpec, InstanceSpec
+from fleetgen.engines.base import (
+    FatalSignature,
+    MetricNames,
+    ParserVerdict,
+    RuleSet,
+    api_key_reference,
+    cuda_visible_devices,
+    format_args,
+    translate_args,
+)
+from fleetgen.engines.sglang import parse_marked_verdict
+
+# vLLM main moved the default utilization to 0.92 (`vllm/config/cache.py`); releases before that use 0.9.
+V0_1X = RuleSet(
+    name="vllm-0.x",
+    engine="vllm",
+    min_version=(0, 6),
+    max_version=(0, 99),
+    default_gpu_memory_utilization=0.9,
+)
+RULE_SETS = (V0_1X,)
+
+FATAL_SIGNATURES = (
+    FatalSignature(
+        r"Free memory on device \S+ \(.*\) on startup is less than desired GPU memory utilization",
+        "another process holds memory on the GPU, or the utilization is too high",
+        "free the GPU or lower gpu-memory-utilization",
+    ),
+    FatalSignature(
+        r"To serve at least one request with the model's max seq len",
+        "one request of full context does not fit in the KV cache",
+        "raise gpu-memory-utilization or lower max-model-len",
+    ),
+    FatalSignature(
+        r"No available memory for the cache blocks",
+        "weights and activations leave no KV cache",
+        "raise gpu-memory-utilization, lower max-model-len or use tp = 2",
+    ),
+    FatalSignature(
+        r"(CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError)",
+        "GPU out of memory",
+        "lower gpu-memory-utilization, max-num-seqs or max-model-len",
+    ),
+    FatalSignature(
+        r"CUDA error|no CUDA-capable device",
+        "the CUDA runtime failed",
+        "check nvidia-smi and the driver on the host",
+    ),
+    FatalSignature(
+        r"Address already in use", "the port is taken", "stop what listens there or change base_port"
+    ),
+    FatalSignature(
+        r"EngineDeadError|Engine core initialization failed",
+        "the engine core died at start",
+        "read the lines above it in the log",
+    ),
+    FatalSignature(
+        r"^(ValueError|AssertionError|RuntimeError): ",
+        "vLLM refused its arguments at start",
+        "read the message; `fleetgen plan` checks the argv with the host's own parser",
+    ),
+    FatalSignature(
+        r"error: (unrecognized arguments|argument --\S+: )",
+        "vLLM's parser rejected a flag",
+        "check the flag names for this vLLM version",
+    ),
+)
+
+# Runs on the host with its own python: vLLM's `serve` parser (the module moved between releases).
+PARSER_CHECK_SCRIPT = r"""
+import json, sys
+MARK = "FLEETGEN_PARSER_VERDICT "
+argv = json.loads(sys.stdin.read())
+out = {"ok": False, "version": "", "error": "", "resolved": {}}
+class _Refused(Exception):
+    pass
+try:
+    import vllm
+    out["version"] = getattr(vllm, "__version__", "")
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:
+        from vllm.utils import FlexibleArgumentParser
+    try:
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    except ImportError:
+        from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
+    class _Parser(FlexibleArgumentParser):
+        def error(self, message):
+            raise _Refused(message)
+    parser = make_arg_parser(_Parser(prog="vllm serve"))
+    ns = parser.parse_args(argv)
+    validate_parsed_serve_args(ns)
+    keep = ("model_tag", "gpu_memory_utilization", "max_model_len", "tensor_parallel_size",
+            "speculative_config", "max_num_seqs", "port", "host")
+    out["resolved"] = {k: getattr(ns, k) for k in keep if hasattr(ns, k)}
+    out["ok"] = True
+except _Refused as exc:
+    out["error"] = "argument error: " + str(exc)
+except BaseException as exc:
+    out["error"] = type(exc).__name__ + ": " + str(exc)
+print(MARK + json.dumps(out, default=str))
+"""
+
+
+class VLLMEngine:
+    """vLLM behind the `Engine` protocol."""
+
+    name = "vllm"
+    default_launcher: tuple[str, ...] = ("-m", "vllm.entrypoints.cli.main", "serve")
+    health_path = "/health"
+    info_paths: tuple[str, ...] = ("/v1/models",)
+    metrics_path = "/metrics"
+    # vLLM has no throughput or acceptance gauges: derive them from the counters (rate; 1 + accepted/drafts).
+    metrics = MetricNames(
+        running="vllm:num_requests_running",
+        queued="vllm:num_requests_waiting",
+        generation_tokens_total="vllm:generation_tokens_total",
+        prompt_tokens_total="vllm:prompt_tokens_total",
+        spec_num_drafts_total="vllm:spec_decode_num_drafts_total",
+        spec_num_accepted_tokens_total="vllm:spec_decode_num_accepted_tokens_total",
+        kv_usage="vllm:kv_cache_usage_perc",
+    )
+    ready_line = "Application startup complete."
+    fatal_signatures: tuple[FatalSignature, ...] = FATAL_SIGNATURES
+    rule_sets: tuple[RuleSet, ...] = RULE_SETS
+    api_key_flag = "--api-key"
+
+    def build_argv(
+        self,
+        spec: EngineSpec,
+        inst: InstanceSpec,
+        *,
+        model_path: str,
+        host_bind: str,
+        rules: RuleSet | None = None,
+    ) -> list[str]:
+        """The model (positional), `engine.args` verbatim, then TP, bind, port, served name, API key."""
+        argv = [model_path, *format_args(translate_args(spec.args, rules).args)]
+        argv += ["--tensor-parallel-size", str(spec.tp), "--host", host_bind, "--port", str(inst.port)]
+        if spec.served_model_name:
+            argv += ["--served-model-name", spec.served_model_name]
+        if spec.is_public:
+            argv += [self.api_key_flag, api_key_reference(spec)]
+        return argv
+
+    def build_env(self, spec: EngineSpec, inst: InstanceSpec) -> dict[str, str]:
+        return {**spec.env, "CUDA_VISIBLE_DEVICES": cuda_visible_devices(inst)}
+
+    def parser_check_script(self) -> str:
+        return PARSER_CHECK_SCRIPT
+
+    def parse_verdict(self, stdout: str) -> ParserVerdict:
+        return parse_marked_verdict(stdout)
