@@ -1,0 +1,223 @@
+"""The load generator and statistics behind `fleetgen bench`.
+
+A level is a closed loop: `concurrency` workers per instance, each sending one streaming chat completion after
+another until the level's request budget is spent. From the stream we time the first token (TTFT) and the gap
+between token-bearing chunks (ITL, per chunk like `vllm bench serve`: with speculative decoding one chunk can
+carry several tokens). Output tokens come from the server's own `usage`, not from counting chunks.
+Speculative accept length comes from the engine's /metrics (counter deltas, or its accept-length gauge), and
+falls back to tokens per chunk seen in the stream (the server emits one chunk per decode step).
+
+Life of a sweep: `sweep(targets, spec)` → per target: resolve the model, calibrate words→tokens with one
+probe, then for each concurrency level `run_level` → `LevelResult`. Failures are counted per level, never
+raised, unless a whole level failed (then the endpoint is broken: `EndpointError`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+
+import aiohttp
+
+from fleetgen.engines import ENGINES
+from fleetgen.errors import EndpointError
+from fleetgen.generate.bench_stats import (
+    BenchSpec,
+    LevelResult,
+    RequestSample,
+    Target,
+    accept_length_from_metrics,
+    accept_length_from_stream,
+    build_level,
+    capped_levels,
+    chat_body,
+    make_prompt,
+    parse_metrics,
+    read_event,
+)
+
+# Every registered engine's metric names: a bench target's engine is not known up front, and the names of
+# different engines do not collide, so whichever engine's counters moved answers.
+KNOWN_METRICS = tuple(engine.metrics for engine in ENGINES.values())
+
+
+async def stream_one(
+    session: aiohttp.ClientSession, url: str, body: Mapping[str, object], headers: Mapping[str, str]
+) -> RequestSample:
+    """Send one streaming chat completion; time its chunks. Failures become a sample with `error`."""
+    sample = RequestSample()
+    start = last = time.perf_counter()
+    try:
+        async with session.post(url + "/v1/chat/completions", json=body, headers=headers) as resp:
+            if resp.status != 200:
+                sample.error = f"HTTP {resp.status} from {url}: {(await resp.text())[:300]}"
+                return sample
+            async for line in resp.content:
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                last = read_event(sample, json.loads(data), time.perf_counter(), start, last)
+    except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as exc:
+        sample.error = f"{type(exc).__name__} from {url}: {exc}"
+        return sample
+    sample.latency_s = time.perf_counter() - start
+    if sample.num_chunks == 0 or sample.output_tokens == 0:
+        sample.error = f"{url} streamed no tokens (or no usage; does it honour stream_options.include_usage?)"
+        return sample
+    sample.is_ok = True
+    return sample
+
+
+async def get_json(session: aiohttp.ClientSession, url: str, headers: Mapping[str, str]) -> object:
+    """GET a JSON document, translating transport errors into EndpointError."""
+    try:
+        async with session.get(url, headers=headers) as resp:
+            if resp.status != 200:
+                raise EndpointError(
+                    f"GET {url} answered HTTP {resp.status}: {(await resp.text())[:300]}",
+                    fix="check that the server is up and ready (`fleetgen status`)",
+                    context={"url": url},
+                )
+            return await resp.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as exc:
+        raise EndpointError(
+            f"GET {url} failed: {type(exc).__name__}: {exc}",
+            fix="check that the server is up and reachable (`fleetgen status`)",
+            context={"url": url},
+        ) from exc
+
+
+async def scrape(
+    session: aiohttp.ClientSession, urls: Sequence[str], headers: Mapping[str, str]
+) -> dict[str, float]:
+    """Sum of every endpoint's /metrics samples; {} when an endpoint serves none (metrics are optional)."""
+    total: dict[str, float] = {}
+    for url in urls:
+        try:
+            async with session.get(url + "/metrics", headers=headers) as resp:
+                text = await resp.text() if resp.status == 200 else ""
+        except (aiohttp.ClientError, TimeoutError):
+            return {}
+        for name, value in parse_metrics(text).items():
+            total[name] = total.get(name, 0.0) + value
+    return total
+
+
+async def served_model(session: aiohttp.ClientSession, url: str, headers: Mapping[str, str]) -> str:
+    """The first model id in /v1/models."""
+    doc = await get_json(session, url + "/v1/models", headers)
+    data = doc.get("data") if isinstance(doc, dict) else None
+    if not data or not isinstance(data, list) or not isinstance(data[0], dict) or "id" not in data[0]:
+        raise EndpointError(
+            f"{url}/v1/models lists no model",
+            fix="pass --model NAME",
+            context={"url": url, "answer": str(doc)[:300]},
+        )
+    return str(data[0]["id"])
+
+
+async def server_cap(session: aiohttp.ClientSession, url: str, headers: Mapping[str, str]) -> int | None:
+    """The server's own max running requests (SGLang's /get_server_info), None when it does not say."""
+    try:
+        doc = await get_json(session, url + "/get_server_info", headers)
+    except EndpointError:
+        return None
+    value = doc.get("max_running_requests") if isinstance(doc, dict) else None
+    return int(value) if isinstance(value, int | float) and value > 0 else None
+
+
+async def words_per_token(
+    session: aiohttp.ClientSession, url: str, spec: BenchSpec, model: str, headers: Mapping[str, str]
+) -> float:
+    """Calibrate prompt words → prompt tokens with one probe (also warms the server up)."""
+    num_words = max(16, spec.input_len)
+    body = chat_body(spec, model, make_prompt(num_words, random.Random(spec.seed - 1)), 1)
+    sample = await stream_one(session, url, body, headers)
+    if not sample.is_ok:
+        raise EndpointError(
+            f"the probe request failed: {sample.error}",
+            fix="check the endpoint with `fleetgen status`; pass --model if the name is wrong",
+            context={"url": url, "model": model},
+        )
+    return num_words / sample.prompt_tokens if sample.prompt_tokens > 0 else 1.0
+
+
+async def run_level(
+    session: aiohttp.ClientSession,
+    target: Target,
+    concurrency: int,
+    spec: BenchSpec,
+    model: str,
+    num_words: int,
+    headers: Mapping[str, str],
+) -> LevelResult:
+    """`concurrency` workers per URL, closed loop, until the level's request budget is spent."""
+    budget = spec.num_requests(concurrency, len(target.urls))
+    rng = random.Random(spec.seed * 1_000_003 + concurrency)
+    prompts = [make_prompt(num_words, rng) for _ in range(budget)]
+    samples: list[RequestSample] = []
+    queue = iter(prompts)
+
+    async def worker(url: str) -> None:
+        for prompt in queue:  # one shared iterator: each prompt is sent once
+            samples.append(
+                await stream_one(session, url, chat_body(spec, model, prompt, spec.output_len), headers)
+            )
+
+    before = await scrape(session, target.urls, headers)
+    start = time.perf_counter()
+    await asyncio.gather(*(worker(url) for url in target.urls for _ in range(concurrency)))
+    duration = time.perf_counter() - start
+    after = await scrape(session, target.urls, headers)
+    return build_level(target, concurrency, samples, duration, _accept(before, after, samples))
+
+
+def _accept(
+    before: Mapping[str, float], after: Mapping[str, float], samples: Sequence[RequestSample]
+) -> tuple[float | None, str]:
+    for names in KNOWN_METRICS:
+        value = accept_length_from_metrics(before, after, names)
+        if value is not None:
+            return value, "metrics"
+    return accept_length_from_stream(samples), "stream"
+
+
+async def sweep(
+    targets: Sequence[Target],
+    spec: BenchSpec,
+    *,
+    cap: int | None = None,
+    on_level: Callable[[LevelResult], Awaitable[None] | None] | None = None,
+) -> list[LevelResult]:
+    """Every target through every level (capped by `cap` and by the servers' own max running requests)."""
+    headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
+    timeout = aiohttp.ClientTimeout(total=spec.timeout_s)
+    # limit=0: the connection pool must never be what caps concurrency.
+    connector = aiohttp.TCPConnector(limit=0)
+    results: list[LevelResult] = []
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        for target in targets:
+            first = target.urls[0]
+            model = spec.model or await served_model(session, first, headers)
+            caps = [c for c in [cap, *[await server_cap(session, u, headers) for u in target.urls]] if c]
+            ratio = await words_per_token(session, first, spec, model, headers)
+            num_words = max(1, round(spec.input_len * ratio))
+            for concurrency in capped_levels(spec.concurrencies, min(caps) if caps else None):
+                level = await run_level(session, target, concurrency, spec, model, num_words, headers)
+                if level.num_failed == level.num_requests:
+                    raise EndpointError(
+                        f"every request of {target.name} at concurrency {concurrency} failed",
+                        fix="check the server's log (`fleetgen logs`) for the cause",
+                        context={"first error": level.first_error},
+                    )
+                results.append(level)
+                if on_level is not None:
+                    pending = on_level(level)
+                    if pending is not None:
+                        await pending
+    return results

@@ -1,0 +1,265 @@
+"""Statistics of `fleetgen bench`: the value types, percentiles, accept length, speedups (pure).
+
+`fleetgen.generate.bench` does the I/O (streaming requests, /metrics scrapes) and folds what it saw with
+these functions; keeping them apart makes them testable without a server.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from array import array
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from fleetgen.engines.base import MetricNames
+
+DEFAULT_CONCURRENCIES = (1, 8, 32, 128, 512)
+# Plain words; each is about one token for BPE tokenizers, and a seeded shuffle per request defeats prefix
+# caching (like `vllm bench serve`'s random dataset) so every level measures real prefill.
+_VOCAB = tuple(
+    " ".join(
+        [
+            "time year people way day man thing woman life child world school state family student group",
+            "country problem hand part place case week company system program question work government",
+            "number night point home water room mother area money story fact month lot right study book",
+            "eye job word business issue side kind head house service friend father power hour game line",
+        ]
+    ).split(" ")
+)
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    """What to send: lengths in tokens, the concurrency sweep (per instance), and the request budget."""
+
+    input_len: int = 1024
+    output_len: int = 1024
+    concurrencies: tuple[int, ...] = DEFAULT_CONCURRENCIES
+    rounds: int = 2  # each level sends rounds × concurrency requests (at least min_requests)
+    min_requests: int = 8
+    model: str | None = None
+    thinking: bool = True
+    ignore_eos: bool = True  # exactly output_len tokens per request, as `vllm bench serve` does
+    temperature: float = 0.0
+    api_key: str | None = None
+    timeout_s: float = 3600.0
+    seed: int = 0
+    extra_body: Mapping[str, object] = field(default_factory=dict)
+
+    def num_requests(self, concurrency: int, num_instances: int) -> int:
+        return max(self.rounds * concurrency, self.min_requests) * num_instances
+
+
+@dataclass(frozen=True)
+class Target:
+    """What one sweep measures: one instance (one URL) or the whole fleet (all URLs at once)."""
+
+    name: str
+    urls: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Percentiles:
+    p50: float
+    p90: float
+    p99: float
+    mean: float
+
+
+@dataclass
+class RequestSample:
+    """One streamed request as the client saw it."""
+
+    is_ok: bool = False
+    ttft_s: float = 0.0
+    latency_s: float = 0.0
+    itls: array[float] = field(default_factory=lambda: array("d"))
+    num_chunks: int = 0
+    output_tokens: int = 0
+    prompt_tokens: int = 0
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class LevelResult:
+    """One concurrency level of one target."""
+
+    target: str
+    num_instances: int
+    concurrency: int  # per instance
+    num_requests: int
+    num_failed: int
+    duration_s: float
+    output_tokens: int
+    mean_input_tokens: float
+    output_tok_s: float
+    requests_s: float
+    ttft_s: Percentiles | None
+    itl_s: Percentiles | None
+    accept_length: float | None
+    accept_source: str  # "metrics", "stream" or ""
+    first_error: str = ""
+
+
+@dataclass(frozen=True)
+class SpeedupRow:
+    target: str
+    concurrency: int
+    off_tok_s: float
+    on_tok_s: float
+    speedup: float
+    accept_length: float | None
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0–100) of already sorted values, linear interpolation (numpy's default)."""
+    if not sorted_values:
+        raise ValueError("percentile of no values")
+    pos = (len(sorted_values) - 1) * q / 100.0
+    low = math.floor(pos)
+    high = min(low + 1, len(sorted_values) - 1)
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (pos - low)
+
+
+def summarize(values: Sequence[float]) -> Percentiles | None:
+    """p50/p90/p99 and mean of `values`; None when there are none."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return Percentiles(
+        percentile(ordered, 50),
+        percentile(ordered, 90),
+        percentile(ordered, 99),
+        math.fsum(ordered) / len(ordered),
+    )
+
+
+def capped_levels(requested: Sequence[int], cap: int | None) -> tuple[int, ...]:
+    """The requested levels at or below `cap`; the cap itself joins when some level was above it."""
+    wanted = sorted({c for c in requested if c >= 1})
+    if cap is None:
+        return tuple(wanted)
+    kept = [c for c in wanted if c <= cap]
+    if any(c > cap for c in wanted) and cap not in kept:
+        kept.append(cap)
+    return tuple(kept)
+
+
+def accept_length_from_metrics(
+    before: Mapping[str, float], after: Mapping[str, float], names: MetricNames
+) -> float | None:
+    """Mean accepted tokens per verify step from two /metrics snapshots: 1 + Δaccepted/Δdrafts (the bonus
+    token counts), else the engine's own accept-length gauge read after the level."""
+    if names.spec_num_drafts_total and names.spec_num_accepted_tokens_total:
+        drafts = after.get(names.spec_num_drafts_total, 0.0) - before.get(names.spec_num_drafts_total, 0.0)
+        accepted = after.get(names.spec_num_accepted_tokens_total, 0.0) - before.get(
+            names.spec_num_accepted_tokens_total, 0.0
+        )
+        if drafts > 0:
+            return 1.0 + accepted / drafts
+    gauge = after.get(names.spec_accept_length) if names.spec_accept_length else None
+    return gauge if gauge is not None and gauge > 0 else None
+
+
+def accept_length_from_stream(samples: Sequence[RequestSample]) -> float | None:
+    """Tokens per token-bearing chunk: the accept length when the server sends one chunk per decode step."""
+    tokens = sum(s.output_tokens for s in samples if s.is_ok)
+    chunks = sum(s.num_chunks for s in samples if s.is_ok)
+    return tokens / chunks if chunks else None
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text → {sample name: value}, summing samples that differ only by labels."""
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            values[sample.name] = values.get(sample.name, 0.0) + float(sample.value)
+    return values
+
+
+def build_level(
+    target: Target,
+    concurrency: int,
+    samples: Sequence[RequestSample],
+    duration_s: float,
+    accept: tuple[float | None, str],
+) -> LevelResult:
+    """Fold one level's samples into its result (pure)."""
+    ok = [s for s in samples if s.is_ok]
+    failed = [s for s in samples if not s.is_ok]
+    out_tokens = sum(s.output_tokens for s in ok)
+    itls = array("d")
+    for s in ok:
+        itls.extend(s.itls)
+    return LevelResult(
+        target=target.name, num_instances=len(target.urls), concurrency=concurrency,
+        num_requests=len(samples), num_failed=len(failed), duration_s=duration_s, output_tokens=out_tokens,
+        mean_input_tokens=(sum(s.prompt_tokens for s in ok) / len(ok)) if ok else 0.0,
+        output_tok_s=out_tokens / duration_s if duration_s > 0 else 0.0,
+        requests_s=len(ok) / duration_s if duration_s > 0 else 0.0,
+        ttft_s=summarize([s.ttft_s for s in ok]), itl_s=summarize(itls),
+        accept_length=accept[0], accept_source=accept[1] if accept[0] is not None else "",
+        first_error=failed[0].error if failed else "",
+    )  # fmt: skip
+
+
+def speedups(off: Sequence[LevelResult], on: Sequence[LevelResult]) -> list[SpeedupRow]:
+    """Pair levels of the spec-off and spec-on sweeps by (target, concurrency): on/off output tok/s."""
+    by_key = {(r.target, r.concurrency): r for r in off}
+    rows = []
+    for r in on:
+        base = by_key.get((r.target, r.concurrency))
+        if base is not None:
+            ratio = r.output_tok_s / base.output_tok_s if base.output_tok_s > 0 else 0.0
+            rows.append(
+                SpeedupRow(r.target, r.concurrency, base.output_tok_s, r.output_tok_s, ratio, r.accept_length)
+            )
+    return rows
+
+
+def make_prompt(num_words: int, rng: random.Random) -> str:
+    return " ".join(rng.choices(_VOCAB, k=max(1, num_words)))
+
+
+def chat_body(spec: BenchSpec, model: str, prompt: str, max_tokens: int) -> dict[str, object]:
+    """One streaming chat completion with usage in the last chunk."""
+    body: dict[str, object] = {
+        "model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+        "temperature": spec.temperature, "stream": True, "stream_options": {"include_usage": True},
+    }  # fmt: skip
+    if spec.ignore_eos:
+        body["ignore_eos"] = True
+    if not spec.thinking:
+        body["chat_template_kwargs"] = {"enable_thinking": False}
+    body.update(spec.extra_body)
+    return body
+
+
+def has_token(event: Mapping[str, object]) -> bool:
+    choices = event.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return False
+    delta = choices[0].get("delta") or {}
+    # SGLang names the thinking field reasoning_content, vLLM 0.32 names it reasoning: accept both.
+    return bool(delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"))
+
+
+def read_event(
+    sample: RequestSample, event: Mapping[str, object], now: float, start: float, last: float
+) -> float:
+    """Account one SSE event; return the time of the latest token-bearing chunk."""
+    if has_token(event):
+        if sample.num_chunks == 0:
+            sample.ttft_s = now - start
+        else:
+            sample.itls.append(now - last)
+        sample.num_chunks += 1
+        last = now
+    usage = event.get("usage")
+    if isinstance(usage, dict):
+        sample.output_tokens = int(usage.get("completion_tokens") or 0)
+        sample.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+    return last

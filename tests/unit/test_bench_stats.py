@@ -1,0 +1,184 @@
+"""The statistics behind `fleetgen bench`: percentiles, levels, accept length, speedups, stream accounting."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fleetgen.engines import get_engine
+from fleetgen.generate.bench_stats import (
+    BenchSpec,
+    LevelResult,
+    RequestSample,
+    Target,
+    accept_length_from_metrics,
+    accept_length_from_stream,
+    build_level,
+    capped_levels,
+    chat_body,
+    make_prompt,
+    parse_metrics,
+    percentile,
+    read_event,
+    speedups,
+    summarize,
+)
+
+FINITE = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False)
+
+
+@given(st.lists(FINITE, min_size=1, max_size=200), st.floats(min_value=0, max_value=100))
+def test_percentile_matches_numpy_linear(values: list[float], q: float) -> None:
+    assert percentile(sorted(values), q) == pytest.approx(float(np.percentile(values, q)), rel=1e-9, abs=1e-6)
+
+
+def test_percentile_of_nothing_is_an_error() -> None:
+    with pytest.raises(ValueError):
+        percentile([], 50)
+
+
+def test_summarize() -> None:
+    assert summarize([]) is None
+    stats = summarize([4.0, 1.0, 3.0, 2.0])
+    assert stats is not None
+    assert (stats.p50, stats.mean) == (2.5, 2.5)
+    assert stats.p99 == pytest.approx(3.97)
+
+
+@pytest.mark.parametrize(
+    ("requested", "cap", "expected"),
+    [
+        ((1, 8, 32, 128, 512), None, (1, 8, 32, 128, 512)),
+        ((1, 8, 32, 128, 512), 48, (1, 8, 32, 48)),
+        ((1, 8, 32), 32, (1, 8, 32)),
+        ((512, 8, 8, 0, 1), 1000, (1, 8, 512)),
+        ((64, 128), 16, (16,)),
+    ],
+)
+def test_capped_levels(requested: tuple[int, ...], cap: int | None, expected: tuple[int, ...]) -> None:
+    assert capped_levels(requested, cap) == expected
+
+
+def test_num_requests_scales_with_concurrency_and_instances() -> None:
+    spec = BenchSpec(rounds=3, min_requests=10)
+    assert spec.num_requests(1, 1) == 10
+    assert spec.num_requests(8, 1) == 24
+    assert spec.num_requests(8, 4) == 96
+
+
+VLLM_METRICS = """\
+# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="tiny"} %d
+# HELP vllm:spec_decode_num_accepted_tokens_total Number of accepted tokens.
+# TYPE vllm:spec_decode_num_accepted_tokens_total counter
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="tiny"} %d
+"""
+
+
+def test_parse_metrics_sums_label_sets() -> None:
+    text = VLLM_METRICS % (3, 5) + VLLM_METRICS.splitlines()[2].replace('"0"', '"1"').replace(" %d", " 4\n")
+    values = parse_metrics(text)
+    assert values["vllm:spec_decode_num_drafts_total"] == 7.0
+    assert values["vllm:spec_decode_num_accepted_tokens_total"] == 5.0
+
+
+def test_accept_length_from_vllm_counter_deltas() -> None:
+    names = get_engine("vllm").metrics
+    before = parse_metrics(VLLM_METRICS % (100, 150))
+    after = parse_metrics(VLLM_METRICS % (300, 550))
+    # 200 verify steps accepted 400 draft tokens: 2 per step plus the bonus token.
+    assert accept_length_from_metrics(before, after, names) == pytest.approx(3.0)
+    assert accept_length_from_metrics(after, after, names) is None
+
+
+def test_accept_length_from_sglang_gauge() -> None:
+    names = get_engine("sglang").metrics
+    text = '# TYPE sglang:spec_accept_length gauge\nsglang:spec_accept_length{model_name="m"} 2.75\n'
+    assert accept_length_from_metrics({}, parse_metrics(text), names) == 2.75
+    assert accept_length_from_metrics({}, {}, names) is None
+    assert accept_length_from_metrics({}, parse_metrics(VLLM_METRICS % (1, 1)), names) is None
+
+
+def sample(
+    tokens: int, chunks: int, *, ok: bool = True, ttft: float = 0.1, prompt: int = 10
+) -> RequestSample:
+    s = RequestSample(is_ok=ok, ttft_s=ttft, latency_s=1.0, num_chunks=chunks, output_tokens=tokens,
+                      prompt_tokens=prompt, error="" if ok else "HTTP 500")  # fmt: skip
+    s.itls.extend([0.01] * max(chunks - 1, 0))
+    return s
+
+
+def test_accept_length_from_stream_counts_tokens_per_chunk() -> None:
+    assert accept_length_from_stream([sample(30, 10), sample(10, 10), sample(99, 1, ok=False)]) == 2.0
+    assert accept_length_from_stream([sample(5, 1, ok=False)]) is None
+
+
+def test_build_level_folds_samples() -> None:
+    samples = [
+        sample(100, 100, ttft=0.2, prompt=50),
+        sample(100, 50, ttft=0.4, prompt=70),
+        sample(0, 0, ok=False),
+    ]
+    level = build_level(Target("fleet", ("http://a", "http://b")), 4, samples, 2.0, (None, "stream"))
+    assert (level.num_requests, level.num_failed, level.num_instances) == (3, 1, 2)
+    assert level.output_tokens == 200
+    assert level.output_tok_s == 100.0
+    assert level.requests_s == 1.0
+    assert level.mean_input_tokens == 60.0
+    assert level.ttft_s is not None and level.ttft_s.p50 == pytest.approx(0.3)
+    assert level.itl_s is not None and level.itl_s.p99 == pytest.approx(0.01)
+    assert level.first_error == "HTTP 500"
+    assert (level.accept_length, level.accept_source) == (None, "")
+
+
+def level(target: str, concurrency: int, tok_s: float, accept: float | None = None) -> LevelResult:
+    return LevelResult(target, 1, concurrency, 10, 0, 1.0, int(tok_s), 10.0, tok_s, 1.0, None, None, accept,
+                       "metrics" if accept else "")  # fmt: skip
+
+
+def test_speedups_pair_by_target_and_concurrency() -> None:
+    off = [level("a", 1, 100.0), level("a", 8, 400.0), level("b", 1, 0.0)]
+    on = [level("a", 1, 250.0, 2.6), level("a", 32, 999.0, 2.0), level("b", 1, 50.0)]
+    rows = speedups(off, on)
+    assert [(r.target, r.concurrency, r.speedup, r.accept_length) for r in rows] == [
+        ("a", 1, 2.5, 2.6),
+        ("b", 1, 0.0, None),
+    ]
+
+
+def test_read_event_times_reasoning_and_content_chunks() -> None:
+    s = RequestSample()
+    start = 100.0
+    last = read_event(s, {"choices": [{"delta": {"role": "assistant"}}]}, 100.05, start, start)
+    last = read_event(s, {"choices": [{"delta": {"reasoning_content": "hm"}}]}, 100.25, start, last)
+    last = read_event(s, {"choices": [{"delta": {"reasoning": "so"}}]}, 100.30, start, last)
+    last = read_event(s, {"choices": [{"delta": {"content": "ok"}}]}, 100.50, start, last)
+    last = read_event(
+        s, {"choices": [], "usage": {"completion_tokens": 7, "prompt_tokens": 3}}, 100.6, start, last
+    )
+    assert s.ttft_s == pytest.approx(0.25)
+    assert list(s.itls) == pytest.approx([0.05, 0.20])
+    assert (s.num_chunks, s.output_tokens, s.prompt_tokens) == (3, 7, 3)
+    assert last == 100.50
+
+
+def test_chat_body_flags() -> None:
+    body = chat_body(BenchSpec(thinking=False, extra_body={"top_k": 5}), "m", "hi", 64)
+    assert body["ignore_eos"] is True
+    assert body["max_tokens"] == 64
+    assert body["stream_options"] == {"include_usage": True}
+    assert body["chat_template_kwargs"] == {"enable_thinking": False}
+    assert body["top_k"] == 5
+    assert "ignore_eos" not in chat_body(BenchSpec(ignore_eos=False), "m", "hi", 1)
+
+
+def test_make_prompt_is_seeded_and_sized() -> None:
+    a = make_prompt(50, random.Random(1))
+    assert a == make_prompt(50, random.Random(1))
+    assert a != make_prompt(50, random.Random(2))
+    assert len(a.split()) == 50
