@@ -1,1 +1,35 @@
-"""fleetgen.remote."""
+"""fleetgen.remote: the `Host` interface and its two implementations, `LocalHost` and `SshHost`.
+
+`open_host(spec)` picks one for a fleet file's `[[hosts]]` entry; use it as an async context manager:
+
+    async with open_host(spec) as host:
+        await host.put("~/fleetgen/launch.sh", script, 0o755)
+"""
+
+from __future__ import annotations
+
+from fleetgen.config import HostSpec
+from fleetgen.remote.base import Host, ProcInfo, ProcState, RunResult, Spawned
+from fleetgen.remote.common import CommandHost, HostState
+from fleetgen.remote.local import LocalHost
+from fleetgen.remote.ssh import SshHost
+
+__all__ = [
+    "CommandHost",
+    "Host",
+    "HostState",
+    "LocalHost",
+    "ProcInfo",
+    "ProcState",
+    "RunResult",
+    "Spawned",
+    "SshHost",
+    "open_host",
+]
+
+
+def open_host(spec: HostSpec) -> CommandHost:
+    """The Host for one `[[hosts]]` entry (not connected yet: `async with open_host(spec) as host`)."""
+    if spec.is_local:
+        return LocalHost(spec.name)
+    return SshHost(spec)

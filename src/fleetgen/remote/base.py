@@ -60,13 +60,20 @@ class Host(Protocol):
     name: str
 
     async def run(
-        self, argv: Sequence[str], *, check: bool = True, stdin: bytes | None = None, timeout: float | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        check: bool = True,
+        stdin: bytes | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (the Host protocol's name)
     ) -> RunResult:
         """Run argv; non-zero exit with `check` raises CommandError (host, argv, code, stderr tail)."""
         ...
 
     async def put(self, path: str, data: bytes, mode: int = 0o644) -> str:
-        """Write `data` to `path` atomically and verified (temp + fsync + remote sha256 + rename); returns sha256."""
+        """Write `data` to `path` atomically and verified (temp + fsync + remote sha256 + rename).
+
+        Returns the sha256."""
         ...
 
     async def read(self, path: str, size: int | None = None) -> bytes:
@@ -76,16 +83,16 @@ class Host(Protocol):
     async def exists(self, path: str) -> bool: ...
 
     async def spawn(self, script: str, log_path: str, pidfile: str, *, cwd: str | None = None) -> Spawned:
-        """Start `script` (a path on the host) detached: new session, stdin /dev/null, output to a NEW log file,
-        pidfile written atomically. It survives the SSH connection closing."""
+        """Start `script` (a path on the host) detached: new session, stdin /dev/null, output to a NEW log
+        file, pidfile written atomically. It survives the SSH connection closing."""
         ...
 
     async def inspect(self, pid: int, start_time: int | None = None) -> ProcInfo:
         """State, argv, environ and start time from /proc; GONE when the start time differs (PID reuse)."""
         ...
 
-    async def stop(self, pid: int, *, start_time: int | None = None, timeout: float = 30.0) -> None:
-        """SIGTERM to the process group, wait up to `timeout`, SIGKILL, confirm gone (zombies count as gone)."""
+    async def stop(self, pid: int, *, start_time: int | None = None, timeout: float = 30.0) -> None:  # noqa: ASYNC109 (the Host protocol's name)
+        """SIGTERM the process group, wait up to `timeout`, SIGKILL, confirm gone (zombies count as gone)."""
         ...
 
     async def forward(self, remote_port: int) -> int:

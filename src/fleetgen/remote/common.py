@@ -1,0 +1,311 @@
+"""What `LocalHost` and `SshHost` share: everything built from running argv and writing one temp file.
+
+A subclass supplies the transport (`_exec`, `_write_temp`, `_stream_lines`, `read`, `forward`, `_open`,
+`_shutdown`); this class turns it into verified puts, detached spawns, /proc inspection and group stops,
+so both kinds of host behave the same, down to the error messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import hashlib
+import secrets
+import shlex
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Sequence
+from pathlib import PurePosixPath
+
+from fleetgen.errors import CommandError, RemoteError, TransferError, tail
+from fleetgen.remote import scripts
+from fleetgen.remote.base import ProcInfo, ProcState, RunResult, Spawned
+from fleetgen.remote.procfs import live_group_members, parse_stat, parse_stats, proc_info_from_dump
+
+DEFAULT_TIMEOUT_S = 600.0  # every command has a deadline: a hung host must surface as an error, not a hang
+_STOP_POLL_S = 0.2
+_KILL_GRACE_S = 10.0
+
+
+class HostState(enum.Enum):
+    """Lifecycle of a Host: NEW → OPEN → CLOSED; a CLOSED host refuses every call."""
+
+    NEW = "new"
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+class CommandHost(ABC):
+    """Base of the concrete hosts. Subclasses implement the transport primitives only."""
+
+    name: str
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.state = HostState.NEW
+        # Things the user must see (e.g. host key checking off). The library never prints: callers show them.
+        self.warnings: list[str] = []
+        self._home: str | None = None
+
+    # ---- transport primitives -------------------------------------------------------------------------
+    @abstractmethod
+    async def _exec(
+        self,
+        argv: Sequence[str],
+        stdin: bytes | None,
+        timeout: float,  # noqa: ASYNC109 (the Host protocol's name)
+    ) -> tuple[int, bytes, bytes]:
+        """Run argv → (exit status, stdout, stderr); ConnectionLost / CommandError on transport trouble."""
+
+    @abstractmethod
+    async def _write_temp(self, path: str, data: bytes, mode: int) -> None:
+        """Create `path` (new), write `data`, fsync, set `mode`."""
+
+    @abstractmethod
+    def _stream_lines(self, argv: Sequence[str]) -> AsyncIterator[str]:
+        """Run argv and yield its stdout lines as they come; stop the command when the iterator closes."""
+
+    @abstractmethod
+    async def _open(self) -> None: ...
+
+    @abstractmethod
+    async def _shutdown(self) -> None: ...
+
+    @abstractmethod
+    async def read(self, path: str, size: int | None = None) -> bytes: ...
+
+    @abstractmethod
+    async def forward(self, remote_port: int) -> int: ...
+
+    # ---- lifecycle -------------------------------------------------------------------------------------
+    def _check_usable(self) -> None:
+        if self.state is HostState.CLOSED:
+            raise RemoteError(
+                f"host {self.name} was closed and cannot be used again",
+                fix="open a new Host (open_host(spec)) for further work",
+            )
+
+    async def __aenter__(self) -> CommandHost:
+        self._check_usable()
+        await self._open()
+        self.state = HostState.OPEN
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the host (connections, forwards); idempotent. Detached processes keep running."""
+        if self.state is not HostState.CLOSED:
+            self.state = HostState.CLOSED
+            await self._shutdown()
+
+    # ---- commands --------------------------------------------------------------------------------------
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        check: bool = True,
+        stdin: bytes | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (the Host protocol's name)
+    ) -> RunResult:
+        """Run argv (no shell parsing of the values); non-zero exit with `check` raises CommandError."""
+        self._check_usable()
+        argv = tuple(argv)
+        limit = DEFAULT_TIMEOUT_S if timeout is None else timeout
+        status, out, err = await self._exec(argv, stdin, limit)
+        result = RunResult(
+            argv=argv,
+            exit_status=status,
+            stdout=out.decode("utf-8", "replace"),
+            stderr=err.decode("utf-8", "replace"),
+        )
+        if check and status != 0:
+            raise self.command_error(result)
+        return result
+
+    def command_error(self, result: RunResult, message: str = "", fix: str = "") -> CommandError:
+        """A CommandError with host, argv, exit code and stderr tail; default cause/fix by exit code."""
+        program = result.argv[0] if result.argv else "?"
+        if not message and result.exit_status == 127:
+            message = f"`{program}` was not found on {self.name}"
+            fix = fix or f"install `{program}` on {self.name}, or give its full path (check: which {program})"
+        elif not message and result.exit_status == 126:
+            message = f"`{program}` is not executable on {self.name}"
+            fix = fix or f"chmod +x {program} on {self.name}, or run it through its interpreter"
+        message = message or f"`{program}` failed on {self.name} with exit code {result.exit_status}"
+        fix = fix or "read the stderr above; run the same argv by hand on the host to see the whole output"
+        context = {
+            "host": self.name,
+            "argv": _show_argv(result.argv),
+            "exit code": result.exit_status,
+            "stderr": tail(result.stderr, 15),
+        }
+        return CommandError(message, fix=fix, context=context)
+
+    async def home(self) -> str:
+        """The login user's home folder on the host (cached per connection)."""
+        if self._home is None:
+            result = await self.run(["sh", "-c", 'printf %s "$HOME"'])
+            self._home = result.stdout or "/"
+        return self._home
+
+    async def expand(self, path: str) -> str:
+        """`~` and `~/x` → absolute path on the host (argv values are quoted, so no shell expands them)."""
+        if path == "~" or path.startswith("~/"):
+            return (await self.home()).rstrip("/") + path[1:] or "/"
+        return path
+
+    async def exists(self, path: str) -> bool:
+        result = await self.run(["test", "-e", await self.expand(path)], check=False)
+        return result.exit_status == 0
+
+    # ---- verified put ----------------------------------------------------------------------------------
+    async def put(self, path: str, data: bytes, mode: int = 0o644) -> str:
+        """Write `data` to `path` atomically and verified; returns its sha256 (as computed on the host).
+
+        Temp file in the target folder (same filesystem → rename is atomic) → fsync → sha256 ON THE HOST,
+        compared → rename over the target → sha256 of the target, compared again.
+        """
+        self._check_usable()
+        dest = await self.expand(path)
+        folder = str(PurePosixPath(dest).parent)
+        made = await self.run(["mkdir", "-p", "--", folder], check=False)
+        if made.exit_status != 0:
+            raise self.command_error(
+                made,
+                f"cannot create folder {folder} on {self.name}",
+                f"check that {self.name}'s user may write there, or choose another path",
+            )
+        tmp = f"{folder}/.{PurePosixPath(dest).name}.{secrets.token_hex(6)}.fleetgen-tmp"
+        want = hashlib.sha256(data).hexdigest()
+        await self._write_temp(tmp, data, mode)
+        checked = await self.run(scripts.sh(scripts.VERIFY_RENAME_SH, tmp, dest, want), check=False)
+        if checked.exit_status == scripts.EXIT_HASH_MISMATCH:
+            raise TransferError(
+                f"upload of {dest} to {self.name} arrived corrupted (sha256 differs)",
+                fix="retry; if it repeats, check the host's disk (dmesg, df)",
+                context={"host": self.name, "path": dest, "stderr": checked.stderr.strip()},
+            )
+        if checked.exit_status != 0:
+            raise self.command_error(
+                checked,
+                f"cannot move the upload into place at {dest} on {self.name}",
+                f"check permissions of {folder} and free disk on {self.name}",
+            )
+        hashes = checked.stdout.split()
+        if hashes != [want, want]:
+            raise TransferError(
+                f"{dest} on {self.name} does not read back as written (sha256 differs)",
+                fix="retry; if it repeats, another process may be writing the same path",
+                context={"host": self.name, "path": dest, "expected": want, "read back": " ".join(hashes)},
+            )
+        return want
+
+    # ---- processes -------------------------------------------------------------------------------------
+    async def spawn(self, script: str, log_path: str, pidfile: str, *, cwd: str | None = None) -> Spawned:
+        """Start `script` detached (setsid, nohup, stdin /dev/null) logging to a NEW `log_path`.
+
+        Returns PID and start time; the pidfile is written atomically. The process survives this
+        connection closing. Env belongs inside the script (`export`): SSH env requests are dropped.
+        """
+        self._check_usable()
+        folder = await self.expand(cwd or "~")
+        paths = [await self.expand(p) for p in (script, log_path, pidfile)]
+        result = await self.run(scripts.sh(scripts.SPAWN_SH, folder, *paths), check=False)
+        if result.exit_status != 0:
+            raise self._spawn_error(result, folder, paths[0], paths[1])
+        lines = result.stdout.splitlines()
+        stat = parse_stat(lines[1]) if len(lines) > 1 else None
+        if stat is None:
+            raise RemoteError(
+                f"{paths[0]} started on {self.name} but its /proc entry could not be read",
+                fix=f"read its log: {paths[1]}",
+                context={"host": self.name, "stdout": result.stdout},
+            )
+        return Spawned(pid=stat.pid, start_time=stat.start_time, log_path=paths[1])
+
+    def _spawn_error(self, result: RunResult, folder: str, script: str, log: str) -> CommandError:
+        fixes = {
+            scripts.EXIT_NO_FOLDER: f"create {folder} on {self.name} (or fix the host's workdir)",
+            scripts.EXIT_NO_SCRIPT: f"put the launch script at {script} first",
+            scripts.EXIT_NOT_EXECUTABLE: f"put {script} with mode 0o755",
+            scripts.EXIT_LOG_EXISTS: "use a new log file name per launch (e.g. with a timestamp)",
+        }
+        cause = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else ""
+        fix = fixes.get(result.exit_status, f"check {folder} and {log} on {self.name}")
+        return self.command_error(
+            result, f"cannot start {script} on {self.name}: {cause or 'spawn failed'}", fix
+        )
+
+    async def inspect(self, pid: int, start_time: int | None = None) -> ProcInfo:
+        """State, argv, environ, start time from /proc. GONE if absent or the start time differs (PID reuse);
+        ZOMBIE for Z/X states (`kill -0` would still succeed on those)."""
+        self._check_usable()
+        result = await self.run(scripts.sh(scripts.INSPECT_SH, str(pid)))
+        return proc_info_from_dump(pid, result.stdout, start_time)
+
+    async def stop(self, pid: int, *, start_time: int | None = None, timeout: float = 30.0) -> None:  # noqa: ASYNC109 (the Host protocol's name)
+        """SIGTERM the process group (or the PID if it leads none), wait, SIGKILL, confirm nothing lives."""
+        info = await self.inspect(pid, start_time)
+        if info.state is ProcState.GONE:
+            return
+        stats = parse_stats((await self.run(scripts.sh(scripts.ALL_STATS_SH))).stdout)
+        leads_group = any(s.pid == pid and s.pgrp == pid for s in stats)
+        target = f"-{pid}" if leads_group else str(pid)
+        for signal_name, wait_s in (("TERM", timeout), ("KILL", _KILL_GRACE_S)):
+            await self.run(scripts.sh(scripts.KILL_SH, signal_name, target))
+            if await self._wait_stopped(pid, leads_group, wait_s):
+                return
+        raise RemoteError(
+            f"process {pid} on {self.name} survived SIGTERM and SIGKILL",
+            fix=f"look at it on the host: ps -o pid,stat,cmd -g {pid}; it may be stuck in the kernel "
+            "(state D, e.g. a hung GPU driver call) and need a reboot",
+            context={"host": self.name, "pid": pid},
+        )
+
+    async def _wait_stopped(self, pid: int, leads_group: bool, wait_s: float) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            stats = parse_stats((await self.run(scripts.sh(scripts.ALL_STATS_SH))).stdout)
+            if leads_group:
+                alive = bool(live_group_members(stats, pid))
+            else:
+                alive = any(s.pid == pid and not s.is_dead for s in stats)
+            if not alive:
+                return True
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(_STOP_POLL_S)
+
+    # ---- logs ------------------------------------------------------------------------------------------
+    async def tail(self, path: str, num_lines: int = 100) -> str:
+        """The last `num_lines` lines of a file on the host."""
+        target = await self.expand(path)
+        result = await self.run(["tail", "-n", str(num_lines), "--", target], check=False)
+        if result.exit_status != 0:
+            raise self.command_error(
+                result,
+                f"cannot read {target} on {self.name}",
+                "check the path (fleetgen status shows each instance's log)",
+            )
+        return result.stdout
+
+    async def follow(self, path: str, *, poll_s: float = 0.2, from_start: bool = False) -> AsyncIterator[str]:
+        """Yield lines appended to `path` from now on (everything already there too with `from_start`).
+
+        Follows the name (`tail -F`), so a log that is recreated keeps being followed.
+        """
+        self._check_usable()
+        target = await self.expand(path)
+        start = "+1" if from_start else "0"
+        async for line in self._stream_lines(["tail", "-F", "-s", str(poll_s), "-n", start, "--", target]):
+            yield line
+
+
+def _show_argv(argv: Sequence[str]) -> str:
+    """argv for error context; the body of an `sh -c` snippet is elided (it is fleetgen's own constant)."""
+    shown = list(argv)
+    if len(shown) > 2 and shown[:2] == ["sh", "-c"] and "\n" in shown[2]:
+        shown[2] = "<fleetgen snippet>"
+    return shlex.join(shown)

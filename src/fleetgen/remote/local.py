@@ -1,0 +1,115 @@
+"""`LocalHost`: this machine, through asyncio subprocesses (`ssh = "local"` in the fleet file)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+from fleetgen.errors import CommandError, RemoteError
+from fleetgen.remote.common import CommandHost
+
+
+class LocalHost(CommandHost):
+    """The local machine as a Host. Same commands and snippets as over SSH, minus the network."""
+
+    async def _open(self) -> None:
+        return None
+
+    async def _shutdown(self) -> None:
+        return None
+
+    async def _exec(
+        self,
+        argv: Sequence[str],
+        stdin: bytes | None,
+        timeout: float,  # noqa: ASYNC109 (the Host protocol's name)
+    ) -> tuple[int, bytes, bytes]:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+        except FileNotFoundError as exc:
+            # Same status a shell gives, so the caller sees one "not found" error for both kinds of host.
+            return 127, b"", f"{argv[0]}: not found ({exc.strerror})".encode()
+        except PermissionError as exc:
+            return 126, b"", f"{argv[0]}: {exc.strerror}".encode()
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
+        except TimeoutError as exc:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+            raise CommandError(
+                f"`{argv[0]}` did not finish within {timeout:g}s on {self.name}",
+                fix="pass a longer timeout, or check why it hangs (is the host overloaded?)",
+                context={"host": self.name, "argv": " ".join(argv)},
+            ) from exc
+        assert proc.returncode is not None  # communicate() returned, so the process was reaped
+        return proc.returncode, out, err
+
+    async def _write_temp(self, path: str, data: bytes, mode: int) -> None:
+        await asyncio.to_thread(_write_fsync, path, data, mode)
+
+    async def _stream_lines(self, argv: Sequence[str]) -> AsyncIterator[str]:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        assert proc.stdout is not None  # PIPE was asked for
+        try:
+            async for raw in proc.stdout:
+                yield raw.decode("utf-8", "replace").rstrip("\n")
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+
+    async def read(self, path: str, size: int | None = None) -> bytes:
+        """Read a file (`size` bytes at most when given; /proc files need it over SFTP, not here)."""
+        self._check_usable()
+        target = Path(await self.expand(path))
+        try:
+            return await asyncio.to_thread(_read, target, size)
+        except OSError as exc:
+            raise RemoteError(
+                f"cannot read {target} on {self.name}: {exc.strerror}",
+                fix="check the path and its permissions",
+                context={"host": self.name},
+            ) from exc
+
+    async def forward(self, remote_port: int) -> int:
+        """The host is this machine: its 127.0.0.1:port is already reachable."""
+        self._check_usable()
+        return remote_port
+
+    async def home(self) -> str:
+        return str(Path.home())
+
+
+def _write_fsync(path: str, data: bytes, mode: int) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        _write_all(fd, data)
+        os.fchmod(fd, mode)  # the umask may have masked bits off at creation
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:  # os.write may write less than asked
+        view = view[os.write(fd, view) :]
+
+
+def _read(path: Path, size: int | None) -> bytes:
+    with path.open("rb") as fh:
+        return fh.read() if size is None else fh.read(size)

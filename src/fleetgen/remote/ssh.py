@@ -1,0 +1,274 @@
+"""`SshHost`: a machine reached over SSH (asyncssh): exec, SFTP, local port forwards, reconnects.
+
+One connection per Host, opened on `__aenter__` (or first use). When it drops, calls in flight fail with
+ConnectionLost (never hang: keepalives, timeouts) and the next call reconnects with backoff; forwards are
+re-opened on the same local ports, at once if the Host holds any.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shlex
+import signal
+from collections.abc import AsyncIterator, Sequence
+
+import asyncssh
+
+from fleetgen.config import HostSpec
+from fleetgen.errors import CommandError, ConnectError, ConnectionLost, RemoteError, TransferError
+from fleetgen.remote import sshconnect
+from fleetgen.remote.common import CommandHost, HostState
+
+log = logging.getLogger("fleetgen.remote")
+
+RECONNECT_ATTEMPTS = 4
+RECONNECT_BACKOFF_S = 0.5  # doubled after each failed attempt: 0.5, 1, 2 s
+# Errors meaning "the transport is gone", as opposed to "the command failed".
+_TRANSPORT_ERRORS = (asyncssh.DisconnectError, asyncssh.ChannelOpenError, BrokenPipeError, ConnectionError)
+# Runs argv with the channel's stdin held open; when the channel closes, `cat` sees EOF and the command
+# is killed, so a follower (`tail -F`) does not outlive the caller on the host.
+_TIED_TO_CHANNEL_SH = '"$@" & p=$!; cat > /dev/null; kill "$p" 2>/dev/null; exit 0'
+
+
+class SshHost(CommandHost):
+    """A Host over SSH. Use as `async with SshHost(spec) as host:`; refuses use after close."""
+
+    def __init__(self, spec: HostSpec, *, reconnect_attempts: int = RECONNECT_ATTEMPTS) -> None:
+        super().__init__(spec.name)
+        self.spec = spec
+        self._attempts = reconnect_attempts
+        self._conn: asyncssh.SSHClientConnection | None = None
+        self._sftp: asyncssh.SFTPClient | None = None
+        self._lock = asyncio.Lock()
+        self._has_connected = False
+        self._forwards: dict[int, int] = {}  # remote port → local port, kept across reconnects
+        self._listeners: list[asyncssh.SSHListener] = []
+        self._watcher: asyncio.Task[None] | None = None
+
+    # ---- connection ------------------------------------------------------------------------------------
+    async def _open(self) -> None:
+        await self._connection()
+
+    async def _shutdown(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+        await self._forget_connection()
+
+    async def _connection(self) -> asyncssh.SSHClientConnection:
+        self._check_usable()
+        if self._conn is not None and not self._conn.is_closed():
+            return self._conn
+        async with self._lock:  # one (re)connect at a time; the others wait and reuse it
+            self._check_usable()
+            if self._conn is not None and not self._conn.is_closed():
+                return self._conn
+            await self._forget_connection()
+            conn = await (
+                self._reconnect() if self._has_connected else sshconnect.connect(self.spec, self.warnings)
+            )
+            self._conn, self._has_connected, self._home = conn, True, None
+            if self.state is HostState.NEW:
+                self.state = HostState.OPEN
+            await self._restore_forwards(conn)
+            return conn
+
+    async def _reconnect(self) -> asyncssh.SSHClientConnection:
+        delay = RECONNECT_BACKOFF_S
+        for attempt in range(1, self._attempts + 1):
+            try:
+                return await sshconnect.connect(self.spec, self.warnings)
+            except ConnectError:  # HostKeyError is not a ConnectError: a changed key is never retried
+                if attempt == self._attempts:
+                    raise
+                log.info("reconnect to %s failed (attempt %d), retrying in %.1fs", self.name, attempt, delay)
+            await asyncio.sleep(delay)
+            delay *= 2
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    async def _forget_connection(self) -> None:
+        for listener in self._listeners:
+            listener.close()
+            with contextlib.suppress(*_TRANSPORT_ERRORS, OSError):
+                await listener.wait_closed()
+        self._listeners.clear()
+        if self._sftp is not None:
+            self._sftp.exit()
+            self._sftp = None
+        if self._conn is not None:
+            self._conn.close()
+            with contextlib.suppress(*_TRANSPORT_ERRORS, OSError):
+                await self._conn.wait_closed()
+            self._conn = None
+
+    def _lost(self, argv: Sequence[str], exc: BaseException | None) -> ConnectionLost:
+        if self._conn is not None:
+            self._conn.abort()  # let the next call start from a fresh connection
+        what = f"running `{argv[0]}`" if argv else "transferring a file"
+        reason = getattr(exc, "reason", None) or (str(exc) if exc else "channel closed without exit status")
+        return ConnectionLost(
+            f"the SSH connection to {self.name} dropped while {what}: {reason}",
+            fix="run the command again (fleetgen reconnects on the next call); if it keeps dropping, "
+            "check the network and the host's sshd (journalctl -u ssh)",
+            context={"host": self.name, "ssh": sshconnect.where(self.spec)},
+        )
+
+    # ---- commands --------------------------------------------------------------------------------------
+    async def _exec(
+        self,
+        argv: Sequence[str],
+        stdin: bytes | None,
+        timeout: float,  # noqa: ASYNC109 (the Host protocol's name)
+    ) -> tuple[int, bytes, bytes]:
+        conn = await self._connection()
+        command = shlex.join(argv)  # the remote login shell parses this: every value is quoted
+        try:
+            process = await conn.create_process(
+                command,
+                input=stdin,
+                encoding=None,
+                stdin=asyncssh.DEVNULL if stdin is None else asyncssh.PIPE,
+            )
+        except _TRANSPORT_ERRORS as exc:
+            raise self._lost(argv, exc) from exc
+        try:
+            done = await process.wait(check=False, timeout=timeout)
+        except asyncssh.TimeoutError as exc:
+            process.close()
+            raise CommandError(
+                f"`{argv[0]}` did not finish within {timeout:g}s on {self.name}",
+                fix="pass a longer timeout, or check why it hangs (is the host overloaded?)",
+                context={"host": self.name, "argv": command[:500]},
+            ) from exc
+        except _TRANSPORT_ERRORS as exc:
+            raise self._lost(argv, exc) from exc
+        if done.exit_status is None or done.exit_status < 0:
+            if done.exit_signal:  # killed by a signal on the host: report it like a shell would (128+n)
+                return 128 + _signal_number(done.exit_signal[0]), _bytes(done.stdout), _bytes(done.stderr)
+            raise self._lost(argv, None)
+        return done.exit_status, _bytes(done.stdout), _bytes(done.stderr)
+
+    async def _stream_lines(self, argv: Sequence[str]) -> AsyncIterator[str]:
+        conn = await self._connection()
+        command = shlex.join(["sh", "-c", _TIED_TO_CHANNEL_SH, "fleetgen", *argv])
+        try:
+            process = await conn.create_process(command, encoding="utf-8", errors="replace")
+        except _TRANSPORT_ERRORS as exc:
+            raise self._lost(argv, exc) from exc
+        try:
+            async for line in process.stdout:
+                yield line.rstrip("\n")
+        except _TRANSPORT_ERRORS as exc:
+            raise self._lost(argv, exc) from exc
+        finally:
+            process.close()
+
+    # ---- files -----------------------------------------------------------------------------------------
+    async def _sftp_client(self) -> asyncssh.SFTPClient:
+        conn = await self._connection()
+        if self._sftp is None:
+            try:
+                self._sftp = await conn.start_sftp_client()
+            except _TRANSPORT_ERRORS as exc:
+                raise self._lost([], exc) from exc
+            except asyncssh.SFTPError as exc:
+                raise RemoteError(
+                    f"{self.name} offers no SFTP: {exc.reason}",
+                    fix="enable it in the host's sshd_config: Subsystem sftp internal-sftp",
+                    context={"host": self.name},
+                ) from exc
+        return self._sftp
+
+    async def _write_temp(self, path: str, data: bytes, mode: int) -> None:
+        sftp = await self._sftp_client()
+        try:
+            # "xb": O_EXCL, the temp name must be new; fsync before the hash so the rename publishes
+            # bytes that are on disk, not only in the page cache.
+            async with sftp.open(path, "xb", attrs=asyncssh.SFTPAttrs(permissions=mode)) as fh:
+                await fh.write(data)
+                await fh.fsync()
+            await sftp.chmod(path, mode)  # the host's umask may have masked bits off at creation
+        except asyncssh.SFTPError as exc:
+            raise TransferError(
+                f"cannot write {path} on {self.name}: {exc.reason}",
+                fix=f"check that the folder is writable and the disk not full on {self.name}",
+                context={"host": self.name, "path": path},
+            ) from exc
+        except _TRANSPORT_ERRORS as exc:
+            raise self._lost([], exc) from exc
+
+    async def read(self, path: str, size: int | None = None) -> bytes:
+        """Read a file over SFTP; `size` is required for /proc files (their stat size is 0)."""
+        target = await self.expand(path)
+        sftp = await self._sftp_client()
+        try:
+            async with sftp.open(target, "rb") as fh:
+                data: bytes = await fh.read(-1 if size is None else size)
+                return data
+        except asyncssh.SFTPError as exc:
+            raise RemoteError(
+                f"cannot read {target} on {self.name}: {exc.reason}",
+                fix="check the path and its permissions",
+                context={"host": self.name},
+            ) from exc
+        except _TRANSPORT_ERRORS as exc:
+            raise self._lost([], exc) from exc
+
+    # ---- forwards --------------------------------------------------------------------------------------
+    async def forward(self, remote_port: int) -> int:
+        """A local 127.0.0.1 port reaching the host's 127.0.0.1:remote_port while this Host lives."""
+        conn = await self._connection()
+        if remote_port not in self._forwards:
+            self._forwards[remote_port] = await self._listen(conn, 0, remote_port)
+            self._watch(conn)
+        return self._forwards[remote_port]
+
+    async def _listen(self, conn: asyncssh.SSHClientConnection, local_port: int, remote_port: int) -> int:
+        try:
+            listener = await conn.forward_local_port("127.0.0.1", local_port, "127.0.0.1", remote_port)
+        except OSError as exc:
+            raise RemoteError(
+                f"cannot listen on 127.0.0.1:{local_port} to forward {self.name}:{remote_port}: "
+                f"{exc.strerror}",
+                fix="free that local port (another program took it) and retry",
+                context={"host": self.name},
+            ) from exc
+        self._listeners.append(listener)
+        return int(listener.get_port())
+
+    async def _restore_forwards(self, conn: asyncssh.SSHClientConnection) -> None:
+        for remote_port, local_port in self._forwards.items():
+            await self._listen(conn, local_port, remote_port)
+        if self._forwards:
+            self._watch(conn)
+
+    def _watch(self, conn: asyncssh.SSHClientConnection) -> None:
+        """Reconnect as soon as `conn` drops while forwards exist: users of a forward make no calls."""
+        if self._watcher is None or self._watcher.done():
+            self._watcher = asyncio.get_running_loop().create_task(self._rewatch(conn))
+
+    async def _rewatch(self, conn: asyncssh.SSHClientConnection) -> None:
+        while True:
+            await conn.wait_closed()
+            if self.state is HostState.CLOSED:
+                return
+            try:
+                conn = await self._connection()
+            except RemoteError as exc:  # not swallowed: recorded, and the next call raises it again
+                self.warnings.append(f"forwards to {self.name} are down: {exc.message}")
+                log.warning("forwards to %s are down: %s", self.name, exc.message)
+                return
+
+
+def _signal_number(name: str) -> int:
+    try:
+        return int(signal.Signals[f"SIG{name}"])
+    except KeyError:
+        return 0
+
+
+def _bytes(data: bytes | str | None) -> bytes:
+    return data if isinstance(data, bytes) else (data or "").encode()

@@ -1,0 +1,181 @@
+"""Open one asyncssh connection for a HostSpec, and translate why it failed into cause + fix.
+
+Host keys are checked by default against the host's `known_hosts` file (else ~/.ssh/known_hosts). Only
+`insecure_skip_host_key_check = true` turns that off, and then every connect adds a warning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+
+from fleetgen.config import HostSpec
+from fleetgen.errors import ConnectError, HostKeyError
+
+log = logging.getLogger("fleetgen.remote")
+
+CONNECT_TIMEOUT_S = 15.0
+# Keepalives: without them a silently dead peer (host rebooted, NAT dropped the flow) leaves every call
+# waiting on a TCP connection that will never answer. 3 missed replies 10 s apart → the connection is
+# declared lost, in-flight calls fail with ConnectionLost, and the next call reconnects.
+KEEPALIVE_INTERVAL_S = 10.0
+KEEPALIVE_COUNT_MAX = 3
+
+
+def username(spec: HostSpec) -> str:
+    return spec.user or getpass.getuser()
+
+
+def known_hosts_path(spec: HostSpec) -> Path:
+    return Path(os.path.expanduser(spec.known_hosts or "~/.ssh/known_hosts"))
+
+
+def _known_hosts_arg(spec: HostSpec, warnings: list[str]) -> Any:
+    if spec.insecure_skip_host_key_check:
+        message = (
+            f"host key checking is OFF for {spec.name} ({spec.address}:{spec.port}): anyone on the path "
+            f"can impersonate it; remove insecure_skip_host_key_check from [[hosts]] {spec.name}"
+        )
+        warnings.append(message)
+        log.warning(message)
+        return None  # asyncssh: None disables host key validation
+    path = known_hosts_path(spec)
+    # A missing file means "no host is known": every host is refused, with the fix to trust it.
+    return str(path) if path.exists() else asyncssh.import_known_hosts("")
+
+
+def _client_keys(spec: HostSpec) -> Any:
+    if spec.identity is None:
+        return ()  # asyncssh default: ~/.ssh/id_* and the agent
+    path = Path(os.path.expanduser(spec.identity))
+    if not path.exists():
+        raise ConnectError(
+            f"identity file {path} of host {spec.name} does not exist",
+            fix=f"fix `identity` in [[hosts]] {spec.name}, or create a key: ssh-keygen -t ed25519 -f {path}",
+            context={"host": spec.name},
+        )
+    return [str(path)]
+
+
+async def connect(
+    spec: HostSpec,
+    warnings: list[str],
+    timeout: float = CONNECT_TIMEOUT_S,  # noqa: ASYNC109 (the Host protocol's name)
+) -> asyncssh.SSHClientConnection:
+    """One SSH connection to `spec`, or ConnectError / HostKeyError saying why not and what to do."""
+    known = _known_hosts_arg(spec, warnings)
+    try:
+        return await asyncssh.connect(
+            spec.address,
+            port=spec.port,
+            username=username(spec),
+            known_hosts=known,
+            client_keys=_client_keys(spec),
+            connect_timeout=timeout,
+            keepalive_interval=KEEPALIVE_INTERVAL_S,
+            keepalive_count_max=KEEPALIVE_COUNT_MAX,
+        )
+    except asyncssh.HostKeyNotVerifiable as exc:
+        raise await host_key_error(spec) from exc
+    except asyncssh.PermissionDenied as exc:
+        raise auth_error(spec) from exc
+    except (asyncssh.KeyImportError, asyncssh.KeyEncryptionError) as exc:
+        raise ConnectError(
+            f"cannot load the identity {spec.identity} for {spec.name}: {exc}",
+            fix="use an unencrypted key file, or load the key into ssh-agent and drop `identity`",
+            context={"host": spec.name},
+        ) from exc
+    except (TimeoutError, OSError, asyncssh.Error) as exc:
+        raise unreachable_error(spec, exc, timeout) from exc
+
+
+def where(spec: HostSpec) -> str:
+    return f"{username(spec)}@{spec.address}:{spec.port}"
+
+
+def unreachable_error(spec: HostSpec, exc: BaseException, timeout: float) -> ConnectError:
+    """ConnectError for a host that could not be reached (refused, timed out, unknown name, dropped)."""
+    if isinstance(exc, ConnectionRefusedError):
+        cause = "connection refused (nothing listens on that port)"
+    elif isinstance(exc, asyncio.TimeoutError):
+        cause = f"no answer within {timeout:g}s"
+    elif isinstance(exc, socket.gaierror):
+        cause = f"cannot resolve the name {spec.address!r}"
+    elif isinstance(exc, asyncssh.Error):
+        cause = f"SSH handshake failed: {exc.reason}"
+    else:
+        cause = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    return ConnectError(
+        f"cannot reach host {spec.name} at {spec.address}:{spec.port}: {cause}",
+        fix=f"check that {spec.name} is up and sshd listens on port {spec.port} "
+        f"(try: ssh -p {spec.port} {username(spec)}@{spec.address} true), "
+        f"or fix `ssh` in [[hosts]] {spec.name}",
+        context={"host": spec.name, "ssh": where(spec)},
+    )
+
+
+def auth_error(spec: HostSpec) -> ConnectError:
+    key = spec.identity or "your default keys (~/.ssh/id_*, ssh-agent)"
+    pub = f"{spec.identity}.pub" if spec.identity else "~/.ssh/id_ed25519.pub"
+    user = username(spec)
+    return ConnectError(
+        f"host {spec.name} refused the SSH key for user {user} ({key})",
+        fix=f"authorize the key on the host: ssh-copy-id -i {pub} -p {spec.port} {user}@{spec.address} "
+        f"(or append {pub} to ~{user}/.ssh/authorized_keys there), "
+        f"or set `identity` in [[hosts]] {spec.name}",
+        context={"host": spec.name, "ssh": where(spec)},
+    )
+
+
+async def host_key_error(spec: HostSpec) -> HostKeyError:
+    """HostKeyError for an unknown or changed key, with the exact command (and line) that trusts it."""
+    path = known_hosts_path(spec)
+    pattern = spec.address if spec.port == 22 else f"[{spec.address}]:{spec.port}"
+    offered = await _offered_key(spec)
+    context: dict[str, object] = {"host": spec.name, "ssh": where(spec), "known_hosts": str(path)}
+    keyscan = f"ssh-keyscan -p {spec.port} -t ed25519 {spec.address} >> {path}"
+    if offered is not None:
+        context["offered key"] = f"{offered.get_fingerprint()} ({offered.get_algorithm()})"
+        key_type, key_b64 = offered.export_public_key().decode().split()[:2]
+        context["known_hosts line"] = f"{pattern} {key_type} {key_b64}"
+    if _is_listed(path, spec):
+        return HostKeyError(
+            f"the host key of {spec.name} ({pattern}) CHANGED: {path} lists another key; fleetgen refuses "
+            "to connect (a reinstalled host, or someone in between)",
+            fix=f"confirm the new fingerprint with the host's owner, then replace the entry: ssh-keygen -R "
+            f"'{pattern}' -f {path} && {keyscan}",
+            context=context,
+        )
+    return HostKeyError(
+        f"the host key of {spec.name} ({pattern}) is unknown: it is not in {path}; fleetgen refuses unknown "
+        "hosts",
+        fix=f"confirm the fingerprint with the host's owner, then trust it: {keyscan}"
+        + (" (or append the known_hosts line shown above)" if offered is not None else ""),
+        context=context,
+    )
+
+
+async def _offered_key(spec: HostSpec) -> asyncssh.SSHKey | None:
+    try:
+        return await asyncio.wait_for(
+            asyncssh.get_server_host_key(spec.address, spec.port), CONNECT_TIMEOUT_S
+        )
+    except (TimeoutError, OSError, asyncssh.Error):
+        return None  # the fix line still works without the fingerprint
+
+
+def _is_listed(path: Path, spec: HostSpec) -> bool:
+    if not path.exists():
+        return False
+    try:
+        host_keys = asyncssh.read_known_hosts(str(path)).match(spec.address, spec.address, spec.port)[0]
+    except (OSError, ValueError):
+        return False
+    return bool(host_keys)

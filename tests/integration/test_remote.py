@@ -1,0 +1,183 @@
+"""Host operations against a real OpenSSH server on 127.0.0.1 (and the same checks on LocalHost).
+
+Run, verified put, detached spawn, /proc inspection, group stop, tail/follow, and the clear errors for a
+missing program, a missing folder or an existing log. No mocks: real sshd, real processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from fleetgen.config import HostSpec
+from fleetgen.errors import CommandError, RemoteError
+from fleetgen.remote import CommandHost, HostState, LocalHost, ProcState, SshHost, open_host
+from tests.fixtures.sshd import SshdHost
+
+SLEEPER = "#!/bin/sh\necho started\nexec sleep 300\n"
+
+
+@pytest.fixture(params=["ssh", "local"])
+async def host(request: pytest.FixtureRequest, ssh_hosts: list[SshdHost]) -> AsyncIterator[CommandHost]:
+    spec = ssh_hosts[0].spec() if request.param == "ssh" else HostSpec(name="here", ssh="local")
+    async with open_host(spec) as opened:
+        yield opened
+
+
+async def test_open_host_picks_the_transport(ssh_hosts: list[SshdHost]) -> None:
+    assert isinstance(open_host(ssh_hosts[0].spec()), SshHost)
+    assert isinstance(open_host(HostSpec(name="here", ssh="local")), LocalHost)
+
+
+async def test_run_returns_output_and_raises_with_context(host: CommandHost) -> None:
+    result = await host.run(["sh", "-c", 'printf "%s|" "$@"; echo err >&2', "x", "a b", "$HOME"])
+    assert result.stdout == "a b|$HOME|"
+    assert result.stderr == "err\n"
+    with pytest.raises(CommandError) as caught:
+        await host.run(["sh", "-c", "echo boom >&2; exit 3"])
+    assert caught.value.context["exit code"] == 3
+    assert "boom" in str(caught.value.context["stderr"])
+    assert caught.value.context["host"] == host.name
+    assert (await host.run(["false"], check=False)).exit_status == 1
+
+
+async def test_missing_program_says_not_found_and_how_to_fix(host: CommandHost) -> None:
+    with pytest.raises(CommandError) as caught:
+        await host.run(["python-that-does-not-exist", "-V"])
+    assert "was not found" in caught.value.message
+    assert "install" in caught.value.fix and "full path" in caught.value.fix
+
+
+async def test_run_timeout_is_an_error_not_a_hang(host: CommandHost) -> None:
+    with pytest.raises(CommandError, match="did not finish within"):
+        await host.run(["sleep", "30"], timeout=0.5)
+    assert (await host.run(["echo", "still usable"])).stdout == "still usable\n"
+
+
+async def test_put_is_verified_atomic_and_creates_folders(host: CommandHost, tmp_path: Path) -> None:
+    target = tmp_path / host.name / "deep" / "er" / "file.bin"
+    data = bytes(range(256)) * 40
+    digest = await host.put(str(target), data, 0o750)
+    assert digest == hashlib.sha256(data).hexdigest()
+    assert target.read_bytes() == data
+    assert target.stat().st_mode & 0o777 == 0o750
+    assert await host.read(str(target)) == data
+    await host.put(str(target), b"second", 0o644)  # overwrite in place
+    assert target.read_bytes() == b"second"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["file.bin"]  # no temp file left
+
+
+async def test_put_into_an_impossible_folder_names_the_cause(host: CommandHost, tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(CommandError) as caught:
+        await host.put(str(blocker / "sub" / "f.txt"), b"data")
+    assert "cannot create folder" in caught.value.message and caught.value.fix
+
+
+async def test_tilde_paths_expand_to_the_remote_home(host: CommandHost) -> None:
+    home = await host.home()
+    assert home.startswith("/")
+    assert await host.expand("~/x/y") == f"{home.rstrip('/')}/x/y"
+    assert await host.exists("~")
+
+
+async def test_spawn_inspect_stop(host: CommandHost, tmp_path: Path) -> None:
+    script = tmp_path / f"{host.name}-run.sh"
+    await host.put(str(script), SLEEPER.encode(), 0o755)
+    log, pidfile = tmp_path / "logs" / "1.log", tmp_path / "run" / "x.pid"
+    spawned = await host.spawn(str(script), str(log), str(pidfile), cwd=str(tmp_path))
+    assert pidfile.read_text().strip() == str(spawned.pid)
+    info = await host.inspect(spawned.pid, spawned.start_time)
+    assert info.state is ProcState.RUNNING and info.argv == ("sleep", "300")
+    assert info.start_time == spawned.start_time
+    assert (await host.inspect(spawned.pid, spawned.start_time + 1)).state is ProcState.GONE  # PID reuse guard
+    await _wait_for_line(host, str(log), "started")
+    await host.stop(spawned.pid, start_time=spawned.start_time, timeout=10)
+    assert (await host.inspect(spawned.pid, spawned.start_time)).state is not ProcState.RUNNING
+
+
+async def test_spawn_refuses_to_reuse_a_log(host: CommandHost, tmp_path: Path) -> None:
+    script = tmp_path / "s.sh"
+    await host.put(str(script), b"#!/bin/sh\nexit 0\n", 0o755)
+    log = tmp_path / "held.log"
+    log.write_text("another process's log\n")
+    with pytest.raises(CommandError) as caught:
+        await host.spawn(str(script), str(log), str(tmp_path / "p.pid"), cwd=str(tmp_path))
+    assert "exists already" in caught.value.message and "new log file" in caught.value.fix
+    assert log.read_text() == "another process's log\n"  # not truncated
+
+
+async def test_spawn_in_a_missing_folder_says_so(host: CommandHost, tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-dir"
+    with pytest.raises(CommandError) as caught:
+        await host.spawn("run.sh", str(tmp_path / "l.log"), str(tmp_path / "p.pid"), cwd=str(missing))
+    assert f"folder {missing} does not exist" in caught.value.message
+    assert f"create {missing}" in caught.value.fix
+
+
+async def test_spawn_of_a_script_that_exits_at_once_still_reports_its_start(
+    host: CommandHost, tmp_path: Path
+) -> None:
+    script = tmp_path / "quick.sh"
+    await host.put(str(script), b"#!/bin/sh\necho bye\nexit 4\n", 0o755)
+    spawned = await host.spawn(str(script), str(tmp_path / "q.log"), str(tmp_path / "q.pid"), cwd=str(tmp_path))
+    assert spawned.start_time > 0
+    await _wait_for_line(host, str(tmp_path / "q.log"), "bye")
+    info = await host.inspect(spawned.pid, spawned.start_time)
+    assert info.state in (ProcState.GONE, ProcState.ZOMBIE)
+    await host.stop(spawned.pid, start_time=spawned.start_time, timeout=5)  # nothing to stop: no error
+
+
+async def test_stop_kills_the_whole_group_even_if_term_is_ignored(host: CommandHost, tmp_path: Path) -> None:
+    script = tmp_path / "stubborn.sh"
+    body = "#!/bin/sh\ntrap '' TERM\nsleep 300 &\necho child $!\nwhile :; do sleep 1; done\n"
+    await host.put(str(script), body.encode(), 0o755)
+    log = tmp_path / "stubborn.log"
+    spawned = await host.spawn(str(script), str(log), str(tmp_path / "st.pid"), cwd=str(tmp_path))
+    line = await _wait_for_line(host, str(log), "child ")
+    child = int(line.split()[1])
+    assert (await host.inspect(child)).state is ProcState.RUNNING
+    await host.stop(spawned.pid, start_time=spawned.start_time, timeout=1)
+    assert (await host.inspect(spawned.pid, spawned.start_time)).state is not ProcState.RUNNING
+    assert (await host.inspect(child)).state is not ProcState.RUNNING
+
+
+async def test_tail_and_follow(host: CommandHost, tmp_path: Path) -> None:
+    log = tmp_path / "follow.log"
+    log.write_text("old 1\nold 2\n")
+    assert await host.tail(str(log), 1) == "old 2\n"
+    lines = host.follow(str(log), poll_s=0.1)
+    first = asyncio.ensure_future(anext(lines))
+    await asyncio.sleep(0.5)  # let tail start; it then reports only what is appended
+    with log.open("a") as fh:
+        fh.write("new 3\n")
+    assert await asyncio.wait_for(first, 20) == "new 3"
+    await lines.aclose()  # type: ignore[attr-defined]
+    with pytest.raises(CommandError, match="cannot read"):
+        await host.tail(str(tmp_path / "missing.log"))
+
+
+async def test_closed_host_refuses_use(ssh_hosts: list[SshdHost]) -> None:
+    host = open_host(ssh_hosts[0].spec())
+    async with host:
+        assert host.state is HostState.OPEN
+    assert host.state is HostState.CLOSED
+    with pytest.raises(RemoteError, match="was closed"):
+        await host.run(["true"])
+    with pytest.raises(RemoteError, match="was closed"):
+        async with host:
+            pass
+
+
+async def _wait_for_line(host: CommandHost, path: str, needle: str) -> str:
+    for _ in range(200):
+        for line in (await host.tail(path, 50)).splitlines():
+            if needle in line:
+                return line
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{needle!r} never appeared in {path}: {await host.tail(path, 50)!r}")
