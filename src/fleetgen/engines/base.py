@@ -77,6 +77,8 @@ class RuleSet:
     joint_mamba_spec_solve: bool = False
     auto_strategy_extra_buffer: bool = False  # `auto` resolves to extra_buffer when overlap is on
     default_spec_max_running: int = 48
+    rejects_extra_buffer_without_radix: bool = False  # ValueError (early 2026); later releases ignore it
+    explicit_no_buffer_needs_no_overlap: bool = False  # 0.5.23 asserts instead of turning overlap off
     # --- vLLM --------------------------------------------------------------------------------------
     default_gpu_memory_utilization: float = 0.9
 

@@ -47,6 +47,7 @@ EARLY_2026 = RuleSet(
     draft_kv_in_budget=False,
     joint_mamba_spec_solve=False,
     auto_strategy_extra_buffer=False,
+    rejects_extra_buffer_without_radix=True,
 )
 
 # 0.5.23 (read from its wheel): mem_cache/kv_cache_configurator.py sizes the pools; draft weights are loaded
@@ -79,6 +80,7 @@ V0_5_23 = RuleSet(
     draft_kv_in_budget=True,
     joint_mamba_spec_solve=True,
     auto_strategy_extra_buffer=True,
+    explicit_no_buffer_needs_no_overlap=True,
 )
 
 RULE_SETS = (EARLY_2026, V0_5_23)
@@ -106,6 +108,12 @@ NOT_ENOUGH_MEMORY = (
 MAMBA_TOO_SMALL = (
     "Not enough GPU memory for hybrid (mamba/linear-attention) state cache. Computed "
     "max_mamba_cache_size={size}"
+)
+NO_BUFFER_OVERLAP = "no_buffer do not support overlap schedule. Try to set disable_overlap_schedule=True."
+NO_BUFFER_PAGE = "no_buffer only supports page_size=1."
+SPEC_V2_REMOVED = (
+    "SGLANG_ENABLE_SPEC_V2 has been removed: speculative decoding always runs the V2 worker. "
+    "Use --disable-overlap-schedule to select the non-overlap (synchronous) path."
 )
 WEIGHTS_LEAVE_NOTHING = (
     "Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static={mfs}."

@@ -1,0 +1,187 @@
+"""SGLang's startup checks, derived before launch and quoted in the engine's own words (pure).
+
+Each rule is a function of the resolved settings; they are listed in `SGLANG_RULES` (a registry, not a chain
+of branches) and return the `Issue`s they find: errors the engine would raise, warnings it would log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fleetgen.engines import RuleSet, Translation
+from fleetgen.engines.sglang import (
+    EXTRA_BUFFER_NO_RADIX,
+    HICACHE_NO_RADIX,
+    NO_BUFFER_OVERLAP,
+    NO_BUFFER_PAGE,
+    SPEC_NO_BUFFER_RADIX,
+    SPEC_V2_REMOVED,
+    TRACK_INTERVAL,
+)
+from fleetgen.modelcard import ModelShape
+from fleetgen.plan.settings import SGLangSettings
+from fleetgen.plan.types import Issue
+
+
+@dataclass(frozen=True)
+class RuleInput:
+    """Everything a flag rule may look at."""
+
+    args: Mapping[str, Any]
+    env: Mapping[str, str]
+    translation: Translation
+    settings: SGLangSettings
+    rules: RuleSet
+    shape: ModelShape
+
+
+@dataclass(frozen=True)
+class Found:
+    errors: tuple[Issue, ...] = ()
+    warnings: tuple[Issue, ...] = ()
+
+
+Rule = Callable[[RuleInput], Found]
+
+
+def _fix_extra_buffer(r: RuleSet) -> str:
+    env = f' and engine.env {r.spec_v2_env} = "1"' if r.spec_v2_env else ""
+    return f'set engine.args {r.strategy_flag} = "extra_buffer"{env} (or disable-radix-cache = true: no prefix reuse)'
+
+
+def spec_no_buffer_radix(x: RuleInput) -> Found:
+    s = x.settings
+    if not (x.rules.refuses_spec_no_buffer_radix and x.shape.is_hybrid and s.is_spec and s.is_radix):
+        return Found()
+    if s.strategy != "no_buffer":
+        return Found()
+    issue = Issue(
+        "spec-no-buffer-radix",
+        SPEC_NO_BUFFER_RADIX.format(arch=x.shape.architecture),
+        _fix_extra_buffer(x.rules),
+    )
+    return Found(errors=(issue,))
+
+
+def extra_buffer_without_radix(x: RuleInput) -> Found:
+    s = x.settings
+    if not (x.shape.is_hybrid and s.strategy_given.startswith("extra_buffer") and not s.is_radix):
+        return Found()
+    fix = f'remove disable-radix-cache, or set {x.rules.strategy_flag} = "no_buffer"'
+    issue = Issue("extra-buffer-no-radix", EXTRA_BUFFER_NO_RADIX, fix)
+    if x.rules.rejects_extra_buffer_without_radix:
+        return Found(errors=(issue,))
+    return Found(warnings=(Issue(issue.rule, "extra_buffer has no effect with disable-radix-cache", fix),))
+
+
+def hicache_without_radix(x: RuleInput) -> Found:
+    if x.settings.is_hicache and not x.settings.is_radix:
+        return Found(errors=(Issue("hicache-no-radix", HICACHE_NO_RADIX, "remove one of the two flags"),))
+    return Found()
+
+
+def track_interval(x: RuleInput) -> Found:
+    s = x.settings
+    if (
+        x.shape.is_hybrid
+        and s.strategy.startswith("extra_buffer")
+        and s.is_spec
+        and s.track_interval < s.draft_tokens
+    ):
+        text = TRACK_INTERVAL.format(x=s.track_interval, y=s.draft_tokens)
+        return Found(errors=(Issue("track-interval", text, f"set mamba-track-interval >= {s.draft_tokens}"),))
+    return Found()
+
+
+def no_buffer_limits(x: RuleInput) -> Found:
+    s = x.settings
+    if not (x.shape.is_hybrid and s.is_radix and s.strategy == "no_buffer"):
+        return Found()
+    errors: list[Issue] = []
+    if s.page_size != 1 and x.rules.explicit_no_buffer_needs_no_overlap:
+        errors.append(Issue("no-buffer-page-size", NO_BUFFER_PAGE, "remove page-size or use extra_buffer"))
+    if s.is_overlap and s.strategy_given == "no_buffer":
+        errors.append(
+            Issue(
+                "no-buffer-overlap",
+                NO_BUFFER_OVERLAP,
+                f'set {x.rules.strategy_flag} = "extra_buffer" or disable-overlap-schedule = true',
+            )
+        )
+    return Found(errors=tuple(errors))
+
+
+def mem_fraction_range(x: RuleInput) -> Found:
+    mfs = x.settings.mem_fraction_static
+    if mfs is not None and not 0 < mfs < 1:
+        return Found(
+            errors=(
+                Issue(
+                    "mem-fraction-static",
+                    f"--mem-fraction-static {mfs} is outside (0, 1)",
+                    "use a fraction such as 0.85, or leave it out for SGLang's default",
+                ),
+            )
+        )
+    return Found()
+
+
+def renamed_flags(x: RuleInput) -> Found:
+    names = {r.old: r for r in x.rules.renames}
+    warnings = []
+    for old, new in x.translation.renamed:
+        rename = names[old]
+        alts = " or ".join(f"--{n}" for n in rename.new)
+        warnings.append(
+            Issue(
+                "renamed-flag",
+                f"--{old} is not accepted by {x.rules.name} ({rename.note}): fleetgen launches "
+                f"--{new} instead",
+                f"write {alts} in engine.args",
+            )
+        )
+    errors = [
+        Issue("removed-flag", f"--{k} is not accepted by {x.rules.name}: {why}", why)
+        for k, why in x.rules.removed_flags.items()
+        if k in x.args
+    ]
+    return Found(errors=tuple(errors), warnings=tuple(warnings))
+
+
+def spec_overlap(x: RuleInput) -> Found:
+    s, r = x.settings, x.rules
+    if not s.is_spec:
+        return Found()
+    if not r.spec_v2_env and "SGLANG_ENABLE_SPEC_V2" in x.env:
+        return Found(
+            warnings=(Issue("spec-v2-env", SPEC_V2_REMOVED, "remove SGLANG_ENABLE_SPEC_V2 from engine.env"),)
+        )
+    if r.spec_v2_env and x.shape.is_hybrid and s.strategy == "extra_buffer" and not s.is_overlap:
+        text = (
+            f"{r.spec_v2_env} is not set: speculative decoding runs without the overlap scheduler, "
+            "so extra_buffer takes 4 Mamba slots per running request (5 with overlap)"
+        )
+        return Found(warnings=(Issue("spec-v2-env", text, f'set engine.env {r.spec_v2_env} = "1"'),))
+    return Found()
+
+
+SGLANG_RULES: tuple[Rule, ...] = (
+    renamed_flags,
+    mem_fraction_range,
+    spec_no_buffer_radix,
+    extra_buffer_without_radix,
+    hicache_without_radix,
+    track_interval,
+    no_buffer_limits,
+    spec_overlap,
+)
+
+
+def check_sglang_flags(x: RuleInput) -> Found:
+    """Run every SGLang flag rule; errors and warnings in rule order."""
+    found = [rule(x) for rule in SGLANG_RULES]
+    return Found(
+        errors=tuple(i for f in found for i in f.errors), warnings=tuple(i for f in found for i in f.warnings)
+    )

@@ -1,0 +1,122 @@
+"""SGLang launch settings as the engine resolves them from argv + env, per rule set (pure).
+
+Defaults are SGLang's own: speculative decoding defaults to steps/topk/draft = 3/1/4 and 48 running requests;
+with topk 1 the draft tokens are forced to steps + 1; `auto` Mamba strategy resolves per release.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fleetgen.engines import RuleSet
+from fleetgen.modelcard import DTYPE_BYTES, ModelShape
+
+TRUE_ENV = {"1", "true", "yes", "on"}
+SPEC_DEFAULT_STEPS, SPEC_DEFAULT_TOPK, SPEC_DEFAULT_DRAFT = 3, 1, 4
+
+
+@dataclass(frozen=True)
+class SGLangSettings:
+    """The flags that decide SGLang's memory plan, after the engine's own defaulting."""
+
+    mem_fraction_static: float | None
+    is_spec: bool
+    spec_steps: int
+    spec_topk: int
+    draft_tokens: int
+    strategy: str
+    strategy_given: str
+    is_radix: bool
+    is_overlap: bool
+    max_running_requests: int | None
+    max_mamba_cache_size: int | None
+    mamba_full_memory_ratio: float
+    ssm_dtype: str
+    kv_dtype_bytes: int
+    context_length: int
+    page_size: int
+    chunked_prefill_size: int | None
+    max_total_tokens: int | None
+    track_interval: int
+    is_hicache: bool
+    hicache_ratio: float
+    hicache_size_gb: int
+    cuda_graph_max_bs: int | None
+
+    @property
+    def mamba_ratio(self) -> int:
+        """Mamba slots per running request (`_calculate_mamba_ratio`): 1 | 3 | 4 | 5."""
+        if not self.is_radix:
+            return 1
+        if self.strategy == "extra_buffer_lazy":
+            return 4
+        if self.strategy == "extra_buffer":
+            return 5 if self.is_overlap else 4
+        return 3
+
+
+def _int(args: Mapping[str, Any], key: str) -> int | None:
+    value = args.get(key)
+    return None if value is None or isinstance(value, bool) else int(value)
+
+
+def _float(args: Mapping[str, Any], key: str) -> float | None:
+    value = args.get(key)
+    return None if value is None or isinstance(value, bool) else float(value)
+
+
+def resolve_settings(
+    args: Mapping[str, Any], env: Mapping[str, str], rules: RuleSet, shape: ModelShape
+) -> SGLangSettings:
+    """Resolve `engine.args` (already translated to `rules`' flag names) the way that release does."""
+    algo = str(args.get("speculative-algorithm") or "")
+    is_spec = bool(algo) and algo.lower() != "none"
+    steps = _int(args, "speculative-num-steps") or SPEC_DEFAULT_STEPS
+    topk = _int(args, "speculative-eagle-topk") or SPEC_DEFAULT_TOPK
+    draft = _int(args, "speculative-num-draft-tokens") or SPEC_DEFAULT_DRAFT
+    if topk == 1:
+        draft = steps + 1  # SGLang overwrites it (with a warning) when topk == 1
+    is_radix = not bool(args.get("disable-radix-cache"))
+    is_overlap = not bool(args.get("disable-overlap-schedule"))
+    if is_spec and rules.spec_v2_env:  # the overlap (v2) spec worker is opt-in in that era
+        is_overlap = is_overlap and (
+            env.get(rules.spec_v2_env, "").lower() in TRUE_ENV or rules.spec_v2_default
+        )
+    given = str(args.get(rules.strategy_flag) or "auto")
+    strategy = given
+    if given == "auto":
+        strategy = (
+            "extra_buffer" if rules.auto_strategy_extra_buffer and is_overlap and is_radix else "no_buffer"
+        )
+    if shape.is_hybrid and is_radix and strategy == "no_buffer":
+        # no_buffer turns overlap off, except an explicit no_buffer in 0.5.23 (which asserts instead)
+        is_overlap = is_overlap and given != "auto" and rules.explicit_no_buffer_needs_no_overlap
+    kv_dtype = str(args.get("kv-cache-dtype") or "auto")
+    return SGLangSettings(
+        mem_fraction_static=_float(args, "mem-fraction-static"),
+        is_spec=is_spec,
+        spec_steps=steps,
+        spec_topk=topk,
+        draft_tokens=draft if is_spec else 0,
+        strategy=strategy,
+        strategy_given=given,
+        is_radix=is_radix,
+        is_overlap=is_overlap,
+        max_running_requests=_int(args, "max-running-requests")
+        or (rules.default_spec_max_running if is_spec else None),
+        max_mamba_cache_size=_int(args, "max-mamba-cache-size"),
+        mamba_full_memory_ratio=_float(args, "mamba-full-memory-ratio") or 0.9,
+        ssm_dtype=str(args.get("mamba-ssm-dtype") or shape.ssm_dtype),
+        kv_dtype_bytes=shape.dtype_bytes if kv_dtype == "auto" else DTYPE_BYTES.get(kv_dtype, 1),
+        context_length=_int(args, "context-length") or shape.context_length,
+        page_size=_int(args, "page-size") or 1,
+        chunked_prefill_size=_int(args, "chunked-prefill-size"),
+        max_total_tokens=_int(args, "max-total-tokens"),
+        track_interval=_int(args, "mamba-track-interval") or 256,
+        is_hicache=bool(args.get("enable-hierarchical-cache")),
+        hicache_ratio=_float(args, "hicache-ratio") or 2.0,
+        hicache_size_gb=_int(args, "hicache-size") or 0,
+        cuda_graph_max_bs=_int(args, "cuda-graph-max-bs") or _int(args, "cuda-graph-max-bs-decode"),
+    )

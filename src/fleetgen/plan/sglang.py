@@ -1,0 +1,208 @@
+"""SGLang's GPU-memory arithmetic, as the release named by the rule set does it (pure).
+
+early-2026 (0.5.10 `model_runner_kv_cache_mixin.py`): rest = free·mfs − weights; the spec scratch P·MRR·D is
+taken first (uncapped MRR), then the Mamba pool by ratio (M = rest·r/(1+r) // P), then KV; the MTP draft's
+weights and KV live outside the budget. 0.5.23 (`kv_cache_configurator.py`): draft weights inside, Mamba pool
+and spec scratch solved jointly with a padding slot, the MTP layer's KV folded into the cell.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fleetgen.engines import RuleSet
+from fleetgen.engines.sglang import MAMBA_TOO_SMALL, NOT_ENOUGH_MEMORY, WEIGHTS_LEAVE_NOTHING
+from fleetgen.modelcard import DTYPE_BYTES, ModelShape
+from fleetgen.plan.settings import SGLangSettings
+from fleetgen.plan.types import MIB, Issue, Memory
+
+CONV_DTYPE_BYTES = 2  # SGLANG_MAMBA_CONV_DTYPE defaults to bfloat16
+CUDA_CONTEXT_BYTES = 512 * MIB  # CUDA context + NCCL before SGLang measures free memory (estimate)
+VLM_CACHE_BYTES = 100 * MIB  # 0.5.23 SGLANG_VLM_CACHE_SIZE_MB, reserved out of the KV budget for VLMs
+
+
+def state_bytes_per_request(shape: ModelShape, tp: int, ssm_dtype: str) -> int:
+    """Conv + SSM state of one request, all linear layers (`BaseLinearStateParams.mamba_cache_per_req`)."""
+    if not shape.is_hybrid:
+        return 0
+    n_groups = shape.linear_num_key_heads
+    if n_groups % tp:
+        n_groups += tp - n_groups  # `extra_groups_for_head_shards`: groups replicated to cover the shards
+    conv_dim = (
+        shape.linear_value_head_dim * shape.linear_num_value_heads + 2 * n_groups * shape.linear_key_head_dim
+    )
+    conv = conv_dim // tp * (shape.conv_kernel - 1) * CONV_DTYPE_BYTES
+    ssm = shape.linear_num_value_heads // tp * shape.linear_value_head_dim * shape.linear_key_head_dim
+    return (conv + ssm * DTYPE_BYTES[ssm_dtype]) * len(shape.linear_layer_ids)
+
+
+def kv_bytes_per_token(shape: ModelShape, tp: int, kv_dtype_bytes: int, *, draft_layers: int = 0) -> int:
+    """K+V bytes per token on one GPU over the full-attention layers; KV heads replicated when tp > heads."""
+    heads = max(1, shape.num_kv_heads // tp)
+    num_layers = len(shape.full_attention_layer_ids)
+    cell = heads * (shape.head_dim + shape.v_head_dim) * num_layers * kv_dtype_bytes
+    if draft_layers and num_layers:
+        cell += int(
+            cell * draft_layers / num_layers
+        )  # `DefaultPoolConfigurator`: EAGLE/MTP draft KV in the cell
+    return cell
+
+
+def _gpu_tier(total_mib: float, tp: int) -> tuple[int, int]:
+    """(chunked_prefill_size, cuda-graph max bs) SGLang picks by GPU size (`handle_gpu_memory_settings`)."""
+    if total_mib < 20 * 1024:
+        return 2048, 8
+    if total_mib < 35 * 1024:
+        return 4096, 48 if tp < 4 else 160
+    if total_mib < 60 * 1024:
+        return 4096, 32 if tp < 4 else 160
+    if total_mib < 160 * 1024:
+        return 8192, 256 if tp < 4 else 512
+    return 16384, 512
+
+
+def reserved_mib(total_bytes: int, tp: int, s: SGLangSettings, rules: RuleSet) -> float:
+    """SGLang's activation + CUDA-graph reserve (MiB) behind the default --mem-fraction-static."""
+    total_mib = total_bytes / MIB
+    chunk, max_bs = _gpu_tier(total_mib, tp)
+    chunk = s.chunked_prefill_size or chunk
+    max_bs = s.cuda_graph_max_bs or max_bs
+    reserved = 512 + max(chunk, 2048) * 1.5 + tp / 8 * 1024 + max_bs * 2
+    if total_mib > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    if s.is_spec:
+        reserved += rules.spec_reserve_mb
+    return reserved
+
+
+def default_mem_fraction(
+    total_bytes: int, tp: int, s: SGLangSettings, rules: RuleSet, shape: ModelShape
+) -> float:
+    """The --mem-fraction-static SGLang picks when none is given (incl. `adjust_mem_fraction_for_vlm`)."""
+    total_mib = total_bytes / MIB
+    mfs = round((total_mib - reserved_mib(total_bytes, tp, s, rules)) / total_mib, 3)
+    if shape.is_multimodal:
+        layers = shape.vision_num_layers or 24
+        hidden = shape.vision_hidden_size or 1024
+        ratio = layers * hidden**2 / (24 * 1024**2)
+        mfs *= 0.95 * max(0.8, min(1.05, 1.0 - 0.1 * (ratio - 1.0)))
+    return mfs
+
+
+@dataclass(frozen=True)
+class _Pool:
+    slots: int
+    scratch: int
+    rest_after: float
+
+
+def _mamba_pool(rest: float, p: int, s: SGLangSettings, rules: RuleSet) -> _Pool:
+    """Mamba slots and spec scratch out of `rest` bytes (`handle_max_mamba_cache` of the era)."""
+    d, rho, mrr = s.draft_tokens, s.mamba_ratio, s.max_running_requests or 0
+    if not rules.joint_mamba_spec_solve:
+        scratch = p * mrr * d if s.is_spec else 0
+        rest -= scratch
+        if s.max_mamba_cache_size is not None:
+            m = s.max_mamba_cache_size
+        elif not s.is_radix and s.max_running_requests is not None:
+            m = s.max_running_requests
+        else:
+            m = int(rest * s.mamba_full_memory_ratio / (1 + s.mamba_full_memory_ratio) // p)
+        return _Pool(m, scratch, rest - m * p)
+    if s.max_mamba_cache_size is not None:
+        m = s.max_mamba_cache_size
+    elif not s.is_radix and s.max_running_requests is not None:
+        m = max(1, s.max_running_requests)
+    elif s.is_spec:
+        budget = rest * s.mamba_full_memory_ratio / (1 + s.mamba_full_memory_ratio)
+        m = int((budget - p * (1 + d)) // (p * (1 + d / rho)))
+    else:
+        m = int((rest * s.mamba_full_memory_ratio / (1 + s.mamba_full_memory_ratio) - p) // p)
+    capped = m if not s.is_radix and s.max_mamba_cache_size is None else min(max(1, mrr), m // rho)
+    scratch = p * (capped + 1) * d if s.is_spec else 0
+    return _Pool(m, scratch, rest - scratch - (m + 1) * p)
+
+
+def max_running(tokens: int, context: int, s: SGLangSettings, rules: RuleSet, slots: int | None) -> int:
+    """`resolve_max_num_reqs`: the estimate, the user's cap, token and Mamba-slot limits."""
+    estimated = max(min(int(tokens / max(context, 1) * 512), 4096), 2048)
+    if s.max_running_requests is not None:
+        cap = tokens // 2 if rules.joint_mamba_spec_solve else estimated
+        n = min(s.max_running_requests, cap)
+    else:
+        n = min(estimated, tokens // 2)
+    if slots is not None:
+        n = min(n, slots // s.mamba_ratio)
+    return max(n, 0)
+
+
+def size_sglang(
+    shape: ModelShape, s: SGLangSettings, rules: RuleSet, *, tp: int, free_bytes: int, total_bytes: int
+) -> tuple[Memory, list[Issue]]:
+    """The whole per-GPU plan of one SGLang instance, and the memory errors the engine would raise."""
+    mfs = s.mem_fraction_static or default_mem_fraction(total_bytes, tp, s, rules, shape)
+    free = max(free_bytes - CUDA_CONTEXT_BYTES, 0)
+    draft_w = shape.mtp_weight_bytes // tp if s.is_spec else 0
+    weights = (shape.weight_bytes - shape.mtp_weight_bytes) // tp + (
+        draft_w if rules.draft_weights_in_budget else 0
+    )
+    rest = free * mfs - weights
+    if rules.joint_mamba_spec_solve and shape.is_multimodal:
+        rest -= VLM_CACHE_BYTES
+    p = state_bytes_per_request(shape, tp, s.ssm_dtype)
+    pool = _mamba_pool(rest, p, s, rules) if shape.is_hybrid else _Pool(0, 0, rest)
+    draft_layers = shape.mtp_layers if s.is_spec and rules.draft_kv_in_budget else 0
+    cell = kv_bytes_per_token(shape, tp, s.kv_dtype_bytes, draft_layers=draft_layers)
+    tokens = max(int(pool.rest_after) // cell // s.page_size * s.page_size, 0) if cell else 0
+    if s.max_total_tokens is not None:
+        tokens = min(tokens, s.max_total_tokens)
+    running = max_running(tokens, s.context_length, s, rules, pool.slots if shape.is_hybrid else None)
+    outside = 0  # early 2026: the MTP draft's weights and its own KV pool come out of the (1 - mfs) headroom
+    if s.is_spec and not rules.draft_weights_in_budget:
+        outside += draft_w
+    if s.is_spec and not rules.draft_kv_in_budget:
+        outside += tokens * (
+            kv_bytes_per_token(shape, tp, s.kv_dtype_bytes, draft_layers=shape.mtp_layers) - cell
+        )
+    needed = reserved_mib(total_bytes, tp, s, rules) - (rules.spec_reserve_mb if s.is_spec else 0)
+    memory = Memory(
+        free_bytes=free,
+        mem_fraction_static=mfs,
+        budget_bytes=int(free * mfs),
+        weights_bytes=weights,
+        draft_weights_bytes=draft_w,
+        rest_bytes=int(rest),
+        kv_bytes_per_token=cell,
+        state_bytes_per_request=p,
+        mamba_slots=pool.slots if shape.is_hybrid else 0,
+        mamba_pool_bytes=(pool.slots + int(rules.joint_mamba_spec_solve)) * p if shape.is_hybrid else 0,
+        spec_scratch_bytes=int(pool.scratch),
+        kv_pool_bytes=tokens * cell,
+        kv_tokens=tokens,
+        max_running_requests=running if tokens > 0 else 0,
+        mamba_ratio=s.mamba_ratio if shape.is_hybrid else 0,
+        headroom_bytes=int(free * (1 - mfs)),
+        headroom_needed_bytes=int(needed * MIB) + outside,
+        context_length=s.context_length,
+    )
+    return memory, memory_errors(memory, shape, s, rules)
+
+
+def memory_errors(m: Memory, shape: ModelShape, s: SGLangSettings, rules: RuleSet) -> list[Issue]:
+    """What SGLang would raise at start for these numbers, in its own words."""
+    if shape.is_hybrid and m.mamba_slots <= 0:
+        return [Issue("mamba-pool", MAMBA_TOO_SMALL.format(size=m.mamba_slots), MEMORY_FIX)]
+    if m.rest_bytes <= 0 and rules.draft_weights_in_budget:
+        return [Issue("weights", WEIGHTS_LEAVE_NOTHING.format(mfs=m.mem_fraction_static), MEMORY_FIX)]
+    if m.kv_tokens <= 0:
+        return [Issue("kv-cache", NOT_ENOUGH_MEMORY.format(mfs=m.mem_fraction_static), MEMORY_FIX)]
+    if shape.is_hybrid and m.max_running_requests <= 0:
+        text = (
+            f"Hybrid (mamba/linear-attention) state cache is too small to serve any requests. "
+            f"max_mamba_cache_size={m.mamba_slots}, mamba_ratio={s.mamba_ratio}"
+        )
+        return [Issue("mamba-pool", text, MEMORY_FIX)]
+    return []
+
+
+MEMORY_FIX = "see the ranked fixes (max-mamba-cache-size, mamba-ssm-dtype bfloat16, tp = 2, shorter context)"

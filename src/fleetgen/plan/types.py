@@ -1,0 +1,148 @@
+"""Values the plan takes and returns: host facts in, per-instance plans out. Byte counts are ints."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Issue:
+    """A rule that fails (error) or a caveat (warning): which rule, the engine's own words, and the fix."""
+
+    rule: str
+    message: str
+    fix: str = ""
+
+
+@dataclass(frozen=True)
+class Fix:
+    """One way out, with its cost rank (0 = free) and what it yields."""
+
+    cost: int
+    change: str
+    args: Mapping[str, Any] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    max_running_requests: int = 0
+    kv_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    """One GPU: index, total and free bytes; `measured` is False when they come from the fleet file."""
+
+    index: int
+    total_bytes: int
+    free_bytes: int
+    measured: bool = False
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What planning knows of one host. `gpus` None = unknown (offline and not in the file)."""
+
+    name: str
+    address: str = ""
+    gpus: tuple[GpuFacts, ...] | None = None
+    mem_available_bytes: int | None = None
+    engine_version: str | None = None
+
+    def gpu(self, index: int) -> GpuFacts | None:
+        return next((g for g in self.gpus or () if g.index == index), None)
+
+
+@dataclass(frozen=True)
+class Memory:
+    """The engine's memory arithmetic for one instance (per GPU of it)."""
+
+    free_bytes: int = 0
+    mem_fraction_static: float = 0.0
+    budget_bytes: int = 0
+    weights_bytes: int = 0
+    draft_weights_bytes: int = 0
+    rest_bytes: int = 0
+    kv_bytes_per_token: int = 0
+    state_bytes_per_request: int = 0
+    mamba_slots: int = 0
+    mamba_pool_bytes: int = 0
+    spec_scratch_bytes: int = 0
+    kv_pool_bytes: int = 0
+    kv_tokens: int = 0
+    max_running_requests: int = 0
+    mamba_ratio: int = 0
+    headroom_bytes: int = 0
+    headroom_needed_bytes: int = 0
+    hicache_host_bytes: int = 0
+    context_length: int = 0
+
+
+@dataclass(frozen=True)
+class InstancePlan:
+    """The plan of one instance: numbers, verdict, issues, fixes and the exact argv + env it launches."""
+
+    instance: str
+    host: str
+    gpus: tuple[int, ...]
+    port: int
+    engine: str
+    rules: str
+    memory: Memory
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    errors: tuple[Issue, ...] = ()
+    warnings: tuple[Issue, ...] = ()
+    fixes: tuple[Fix, ...] = ()
+    resolved: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def fits(self) -> bool:
+        return not self.errors
+
+    def to_json(self) -> dict[str, Any]:
+        mem = asdict(self.memory)
+        return {
+            "instance": self.instance,
+            "host": self.host,
+            "gpus": list(self.gpus),
+            "port": self.port,
+            "engine": self.engine,
+            "rules": self.rules,
+            **{k: mem[k] for k in ("weights_bytes", "kv_bytes_per_token", "state_bytes_per_request")},
+            **{k: mem[k] for k in ("mamba_slots", "spec_scratch_bytes", "kv_tokens", "max_running_requests")},
+            "fits": self.fits,
+            "fits_full_context": mem["kv_tokens"] >= mem["context_length"] > 0,
+            "memory": mem,
+            "errors": [asdict(i) for i in self.errors],
+            "warnings": [asdict(i) for i in self.warnings],
+            "fixes": [{**asdict(f), "args": dict(f.args), "env": dict(f.env)} for f in self.fixes],
+            "resolved": dict(self.resolved),
+            "argv": list(self.argv),
+            "env": dict(self.env),
+        }
+
+
+@dataclass(frozen=True)
+class FleetPlan:
+    """Every instance's plan plus fleet-wide issues (port clashes, shared GPUs, host RAM)."""
+
+    instances: tuple[InstancePlan, ...]
+    errors: tuple[Issue, ...] = ()
+    warnings: tuple[Issue, ...] = ()
+    target: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def fits(self) -> bool:
+        return not self.errors and all(i.fits for i in self.instances)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "instances": [i.to_json() for i in self.instances],
+            "fits": self.fits,
+            "errors": [asdict(i) for i in self.errors],
+            "warnings": [asdict(i) for i in self.warnings],
+            "target": dict(self.target),
+        }
