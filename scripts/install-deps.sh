@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Install what the project's checks and tests need on a fresh Debian/Ubuntu machine. Idempotent.
+#
+#   scripts/install-deps.sh
+#
+# 1. System packages: openssh-server (the tests' real sshd hosts) and iproute2 (`ip netns` test hosts),
+#    only when missing — apt-get update is skipped when nothing is to install.
+# 2. The project venv .venv (python3 -m venv; $PYTHON picks the interpreter) with `pip install -e '.[dev]'`,
+#    skipped when .venv was already installed from this exact pyproject.toml.
+set -euo pipefail
+
+say() { printf '[install-deps] %s\n' "$*"; }
+die() { printf '[install-deps] ERROR: %s\n' "$*" >&2; exit 1; }
+trap 'die "failed at line $LINENO (exit $?): $BASH_COMMAND"' ERR
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PYTHON="${PYTHON:-python3}"
+APT_PACKAGES=(openssh-server iproute2)
+
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed'; then
+        missing+=("$pkg")
+    fi
+done
+if ((${#missing[@]} == 0)); then
+    say "apt packages present: ${APT_PACKAGES[*]}"
+else
+    SUDO=()
+    if [[ $EUID -ne 0 ]]; then
+        command -v sudo >/dev/null || die "need root (or sudo) to apt-get install ${missing[*]}"
+        SUDO=(sudo)
+    fi
+    say "apt-get install ${missing[*]}"
+    "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update
+    "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+
+VENV="$ROOT/.venv"
+if [[ ! -x "$VENV/bin/python" ]]; then
+    say "creating $VENV with $("$PYTHON" -V 2>&1) ($PYTHON)"
+    "$PYTHON" -m venv "$VENV"
+fi
+# The stamp names the pyproject.toml it was installed from: an edited pyproject re-installs.
+STAMP="$VENV/.fleetgen-deps-$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)"
+if [[ -f "$STAMP" ]]; then
+    say "$VENV already has this pyproject.toml's dependencies"
+else
+    say "pip install -e '.[dev]' into $VENV"
+    "$VENV/bin/python" -m pip install --no-input --progress-bar off -e "$ROOT[dev]"
+    rm -f "$VENV"/.fleetgen-deps-*
+    : >"$STAMP"
+fi
+"$VENV/bin/python" -c 'import fleetgen; print(f"[install-deps] fleetgen importable from {fleetgen.__file__}")'
