@@ -1,0 +1,174 @@
+"""`fleetgen up / down / restart / status / logs`: deploy, verify and watch the fleet's servers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from fleetgen.cli.app import FLEET_OPTION, app, console, err_console, exit_with, render_error, run
+from fleetgen.deploy.fleetops import down as do_down
+from fleetgen.deploy.fleetops import up as do_up
+from fleetgen.deploy.instance import Outcome
+from fleetgen.deploy.logs import read_log
+from fleetgen.fleet.status import InstanceStatus, fleet_status, open_view
+
+ONLY_OPTION = typer.Option(None, "--only", help="Instance or host names (repeatable); default: all.")
+
+
+def _progress(instance: str, message: str) -> None:
+    err_console.print(f"[dim]{instance}:[/] {message}", highlight=False)
+
+
+def _report(outcomes: Sequence[Outcome], verb: str) -> int:
+    """Print one block per instance; return how many failed."""
+    failed = 0
+    for out in sorted(outcomes, key=lambda o: o.instance):
+        if out.error is not None:
+            failed += 1
+            err_console.print(f"[bold red]✗ {out.instance}[/] ({out.host}) failed:", highlight=False)
+            render_error(out.error)
+            continue
+        action = out.action.value if out.action else verb
+        line = f"[green]✓ {out.instance}[/] ({out.host}) {action}"
+        if out.pid:
+            line += f", pid {out.pid}"
+        if out.url:
+            line += f", {out.url}"
+        if out.elapsed_s:
+            line += f", {out.elapsed_s:.1f}s"
+        console.print(line, highlight=False)
+        _print_verified(out)
+    total = len(outcomes)
+    style = "red" if failed else "green"
+    console.print(f"[{style}]{total - failed}/{total} {verb}[/]", highlight=False)
+    return failed
+
+
+def _print_verified(out: Outcome) -> None:
+    ver = out.verified
+    if ver is None:
+        return
+    parts = [f"model {ver.model}"]
+    if ver.accept_length is not None:
+        parts.append(f"spec accept length {ver.accept_length:.2f}")
+    console.print("    verified: " + ", ".join(parts), highlight=False)
+    for row in ver.capacity:
+        planned = "—" if row.planned is None else f"{row.planned:,.0f}"
+        actual = "—" if row.actual is None else f"{row.actual:,.0f}"
+        console.print(f"    {row.what:<22} planned {planned:>12}   actual {actual:>12}", highlight=False)
+
+
+@app.command()
+def up(fleet: Path = FLEET_OPTION, only: list[str] | None = ONLY_OPTION) -> None:
+    """Start (or leave running) every instance, wait until ready, and verify it."""
+    outcomes = run(do_up(fleet, only=only, progress=_progress))
+    if _report(outcomes, "ready"):
+        exit_with(1)
+
+
+@app.command()
+def restart(fleet: Path = FLEET_OPTION, only: list[str] | None = ONLY_OPTION) -> None:
+    """Stop and start every (selected) instance, then verify it."""
+    outcomes = run(do_up(fleet, only=only, force=True, progress=_progress))
+    if _report(outcomes, "ready"):
+        exit_with(1)
+
+
+@app.command()
+def down(fleet: Path = FLEET_OPTION, only: list[str] | None = ONLY_OPTION) -> None:
+    """Stop every (selected) instance."""
+    if _report(run(do_down(fleet, only=only)), "stopped"):
+        exit_with(1)
+
+
+def _table(statuses: Sequence[InstanceStatus]) -> Table:
+    table = Table(box=None, pad_edge=False)
+    for col in (
+        "instance",
+        "host",
+        "gpus",
+        "pid",
+        "url",
+        "ready",
+        "up",
+        "run",
+        "queue",
+        "tok/s",
+        "accept",
+        "problem",
+    ):
+        table.add_column(col)
+    for s in statuses:
+        table.add_row(
+            s.instance,
+            s.host,
+            ",".join(map(str, s.gpus)),
+            str(s.pid or "—"),
+            s.url or "—",
+            "[green]yes[/]" if s.ready else "[red]no[/]",
+            _fmt(s.uptime_s, "{:.0f}s"),
+            _fmt(s.running),
+            _fmt(s.queued),
+            _fmt(s.gen_tokens_per_s, "{:.1f}"),
+            _fmt(s.spec_accept_length, "{:.2f}"),
+            "; ".join([s.problem, *s.drift]).strip("; "),
+        )
+    return table
+
+
+def _fmt(value: float | int | None, pattern: str = "{}") -> str:
+    return "—" if value is None else pattern.format(value)
+
+
+@app.command()
+def status(
+    fleet: Path = FLEET_OPTION,
+    only: list[str] | None = ONLY_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON list, one object per instance."),
+    watch: bool = typer.Option(False, "--watch", help="Refresh every few seconds until Ctrl-C."),
+    interval: float = typer.Option(2.0, "--interval", help="Seconds between refreshes with --watch."),
+) -> None:
+    """Re-read every instance from its host: process, drift, health, load, accept length."""
+    if not watch:
+        statuses = run(fleet_status(fleet, only=only))
+        if as_json:
+            print(json.dumps([s.to_json() for s in statuses], indent=2))
+        else:
+            console.print(_table(statuses))
+        if not all(s.ready for s in statuses):
+            exit_with(1)
+        return
+    run(_watch(fleet, only, as_json, interval))
+
+
+async def _watch(fleet: Path, only: list[str] | None, as_json: bool, interval: float) -> None:
+    async with open_view(fleet, only=only) as view:
+        while True:
+            statuses = await view.refresh(rate_window_s=0)
+            if as_json:
+                print(json.dumps([s.to_json() for s in statuses]), flush=True)
+            else:
+                console.clear()
+                console.print(_table(statuses))
+            await asyncio.sleep(interval)
+
+
+@app.command()
+def logs(
+    name: str = typer.Argument(..., help="Instance name (`fleetgen status` lists them)."),
+    fleet: Path = FLEET_OPTION,
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines."),
+    lines: int = typer.Option(100, "--lines", "-n", help="How many lines of the end to show."),
+) -> None:
+    """Show an instance's current log (the launch in progress or running)."""
+
+    async def show() -> None:
+        async for line in read_log(fleet, name, lines, follow=follow):
+            print(line, flush=True)
+
+    run(show())

@@ -1,0 +1,174 @@
+"""`up`, `down` and `restart` across a fleet: every host and every instance in parallel.
+
+Per host: open the SSH connection, check the workdir / python / launcher / model folder in one round trip,
+then run each of its instances concurrently. A host that cannot be reached fails its own instances only.
+The state file is updated as soon as a process is spawned, so `down` can always find what `up` started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from fleetgen.config import FleetFile, HostSpec, InstanceSpec, load_fleet
+from fleetgen.deploy.hostside import prepare_host, sh
+from fleetgen.deploy.instance import HostSession, Outcome, Progress, ensure_up, stop_instance
+from fleetgen.deploy.state import InstanceRecord, load_state, update_state
+from fleetgen.deploy.targets import api_key, build_target, select
+from fleetgen.engines import Engine, get_engine
+from fleetgen.errors import ConfigError, FleetgenError
+from fleetgen.remote import open_host
+
+GPU_INDEX_SH = "nvidia-smi --query-gpu=index --format=csv,noheader"
+
+PerHost = Callable[[HostSession, list[InstanceSpec]], Awaitable[list[Outcome]]]
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """A loaded fleet file, its engine and where its state lives."""
+
+    path: Path
+    file: FleetFile
+    engine: Engine
+
+    @classmethod
+    def load(cls, path: Path) -> Fleet:
+        fleet = load_fleet(path)
+        return cls(path=path, file=fleet, engine=get_engine(fleet.engine.kind))
+
+
+def _noop(_instance: str, _message: str) -> None:
+    return None
+
+
+def wanted_hosts(fleet: FleetFile, only: Sequence[str] | None) -> list[HostSpec]:
+    """Hosts that `--only` can touch (by host name, or an instance name `<host>-<k>`)."""
+    if not only:
+        return list(fleet.hosts)
+    return [h for h in fleet.hosts if any(n == h.name or n.startswith(h.name + "-") for n in only)]
+
+
+@contextlib.asynccontextmanager
+async def open_session(
+    fleet: Fleet, spec: HostSpec, http: aiohttp.ClientSession, *, check_launch: bool = True
+) -> AsyncIterator[HostSession]:
+    """An open host plus its facts; closes the connection (and its tunnels) on exit."""
+    engine_spec = fleet.file.engine
+    async with open_host(spec) as host:
+        facts = await prepare_host(
+            host,
+            spec,
+            engine_spec.python,
+            engine_spec.launcher_argv,
+            engine_spec.model,
+            check_launch=check_launch,
+        )
+        yield HostSession(spec=spec, host=host, facts=facts, http=http, public_bind=engine_spec.is_public)
+
+
+async def host_instances(fleet: Fleet, hs: HostSession) -> list[InstanceSpec]:
+    """This host's instances; `gpus = "all"` is resolved with nvidia-smi on the host."""
+    detected: list[int] | None = None
+    if hs.spec.gpus == "all":
+        if not hs.facts.has_nvidia_smi:
+            raise ConfigError(
+                f'{hs.spec.name}: gpus = "all" but the host has no nvidia-smi to list its GPUs',
+                fix=f"list the GPUs in the fleet file: gpus = [0, 1, …] for host {hs.spec.name}",
+            )
+        res = await hs.host.run(sh(GPU_INDEX_SH))
+        detected = [int(x) for x in res.stdout.split() if x.strip().isdigit()]
+    return fleet.file.instances_on(hs.spec, detected)
+
+
+async def for_each_host(
+    fleet: Fleet, only: Sequence[str] | None, per_host: PerHost, *, check_launch: bool = True
+) -> list[Outcome]:
+    """Run `per_host(hs, instances)` on every wanted host concurrently; a host error fails its instances."""
+    hosts = wanted_hosts(fleet.file, only)
+    if only and not hosts:
+        select(fleet.file.instances(), only)  # raises the error naming the valid names
+    async with aiohttp.ClientSession() as http:
+
+        async def one(spec: HostSpec) -> list[Outcome]:
+            try:
+                async with open_session(fleet, spec, http, check_launch=check_launch) as hs:
+                    mine = select(await host_instances(fleet, hs), _only_here(only, spec, fleet))
+                    return list(await per_host(hs, mine))
+            except FleetgenError as exc:
+                names = (
+                    [i.name for i in fleet.file.instances_on(spec, [0])]
+                    if spec.gpus == "all"
+                    else [
+                        i.name for i in select(fleet.file.instances_on(spec), _only_here(only, spec, fleet))
+                    ]
+                )
+                return [Outcome(instance=n, host=spec.name, error=exc) for n in names]
+
+        results = await asyncio.gather(*(one(h) for h in hosts))
+    return [o for outs in results for o in outs]
+
+
+def _only_here(only: Sequence[str] | None, spec: HostSpec, fleet: Fleet) -> list[str] | None:
+    if not only or spec.name in only:
+        return None
+    return [n for n in only if n.startswith(spec.name + "-")]
+
+
+async def up(
+    fleet_path: Path, *, only: Sequence[str] | None = None, force: bool = False, progress: Progress = _noop
+) -> list[Outcome]:
+    """Bring every (selected) instance up, verified; `force` restarts even matching processes (restart)."""
+    fleet = Fleet.load(fleet_path)
+    secret = api_key(fleet.file)
+    records = load_state(fleet_path)
+
+    def on_record(rec: InstanceRecord) -> None:
+        update_state(fleet_path, put=[rec])
+
+    async def per_host(hs: HostSession, instances: list[InstanceSpec]) -> list[Outcome]:
+        targets = [build_target(fleet.file, fleet.engine, i, hs.facts.workdir, secret) for i in instances]
+        return list(
+            await asyncio.gather(
+                *(
+                    ensure_up(
+                        hs,
+                        t,
+                        records.get(t.inst.name),
+                        fleet.engine,
+                        force=force,
+                        progress=progress,
+                        on_record=on_record,
+                    )
+                    for t in targets
+                )
+            )
+        )
+
+    return await for_each_host(fleet, only, per_host)
+
+
+async def restart(
+    fleet_path: Path, *, only: Sequence[str] | None = None, progress: Progress = _noop
+) -> list[Outcome]:
+    """Stop and start every (selected) instance, even those already running as wanted."""
+    return await up(fleet_path, only=only, force=True, progress=progress)
+
+
+async def down(fleet_path: Path, *, only: Sequence[str] | None = None) -> list[Outcome]:
+    """Stop every (selected) instance and forget it in the state."""
+    fleet = Fleet.load(fleet_path)
+    records = load_state(fleet_path)
+
+    async def per_host(hs: HostSession, instances: list[InstanceSpec]) -> list[Outcome]:
+        targets = [build_target(fleet.file, fleet.engine, i, hs.facts.workdir, None) for i in instances]
+        outs = list(await asyncio.gather(*(stop_instance(hs, t, records.get(t.inst.name)) for t in targets)))
+        update_state(fleet_path, drop=[o.instance for o in outs if o.error is None])
+        return outs
+
+    return await for_each_host(fleet, only, per_host, check_launch=False)

@@ -1,0 +1,181 @@
+"""Host-side checks for a deployment: workdir, interpreter, model folder, port, GPU memory.
+
+Each check is one POSIX sh snippet run with its values as positional arguments (never pasted into the text),
+answering in `key=value` lines; the failures become errors naming the host, the cause and the fix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from fleetgen.config import HostSpec
+from fleetgen.errors import DeployError, LaunchFailed
+from fleetgen.remote.base import Host
+
+# $1 python, $2 top-level launcher module ("" when the launcher is not `-m`), $3 model path ("" = not a path),
+# $4 workdir. `~` is expanded against the login's $HOME; the resolved workdir is printed first.
+PREP_SH = r"""
+python=$1 module=$2 model=$3 workdir=$4
+case $workdir in "~") workdir=$HOME ;; "~/"*) workdir="$HOME/${workdir#"~/"}" ;; esac
+case $model in "~/"*) model="$HOME/${model#"~/"}" ;; esac
+mkdir -p -- "$workdir" && cd -- "$workdir" && echo "workdir=$(pwd -P)" || echo "workdir="
+if command -v -- "$python" >/dev/null 2>&1; then
+  echo "python=ok"
+  if [ -n "$module" ]; then
+    "$python" -c 'import importlib.util, sys; sys.exit(0 if importlib.util.find_spec(sys.argv[1]) else 3)' \
+      "$module" >/dev/null 2>&1 && echo "module=ok" || echo "module=missing"
+  fi
+else
+  echo "python=missing"
+fi
+if [ -z "$model" ] || [ -d "$model" ]; then echo "model=ok"; else echo "model=missing"; fi
+if command -v nvidia-smi >/dev/null 2>&1; then echo "nvidia_smi=yes"; else echo "nvidia_smi=no"; fi
+echo "uptime=$(cut -d' ' -f1 /proc/uptime)"
+echo "clk_tck=$(getconf CLK_TCK)"
+"""
+
+# Is anything LISTENing on 127.0.0.1/0.0.0.0:$1? /proc/net/tcp{,6} hold the port in hex, state 0A = LISTEN.
+PORT_SH = r"""
+hex=$(printf '%04X' "$1")
+if awk -v p=":$hex" '$4 == "0A" && substr($2, length($2) - 4) == p { found = 1 } END { exit found ? 0 : 1 }' \
+    /proc/net/tcp /proc/net/tcp6 2>/dev/null; then echo busy; else echo free; fi
+"""
+
+# Compute processes still on GPUs $1 (comma-separated indices).
+GPU_APPS_SH = 'nvidia-smi --query-compute-apps=pid --format=csv,noheader -i "$1" 2>/dev/null; exit 0'
+
+# Point current.log at the new log (relative link, replaced atomically by `ln -sfn`).
+LINK_LOG_SH = 'cd -- "$1" && ln -sfn -- "$2" current.log.tmp && mv -Tf -- current.log.tmp current.log'
+
+
+def sh(snippet: str, *args: str) -> list[str]:
+    """argv running `snippet` with `args` as $1, $2, …"""
+    return ["sh", "-c", snippet, "fleetgen", *args]
+
+
+@dataclass
+class HostFacts:
+    """What the prep snippet found on a host."""
+
+    workdir: str
+    has_nvidia_smi: bool
+    uptime_s: float
+    clk_tck: int
+    checks: dict[str, str] = field(default_factory=dict)
+    measured_at: float = field(default_factory=time.monotonic)
+
+    def uptime_of(self, start_time: int) -> float:
+        """Seconds a process with this /proc start time (clock ticks since boot) has been running."""
+        now = self.uptime_s + (time.monotonic() - self.measured_at)
+        return max(0.0, now - start_time / self.clk_tck)
+
+
+def is_path_like(model: str) -> bool:
+    """A local folder (checked on the host) rather than a hub id like `Qwen/Qwen3-8B`."""
+    return model.startswith(("/", "~", "./", "../"))
+
+
+def launcher_module(launcher: tuple[str, ...]) -> str:
+    """The top-level package of `-m pkg.mod` (what must be importable), or "" for another launcher."""
+    if len(launcher) >= 2 and launcher[0] == "-m":
+        return launcher[1].split(".", 1)[0]
+    return ""
+
+
+async def prepare_host(
+    host: Host,
+    spec: HostSpec,
+    python: str,
+    launcher: tuple[str, ...],
+    model: str,
+    *,
+    check_launch: bool = True,
+) -> HostFacts:
+    """Resolve the workdir and check python, the launcher module and the model folder, in one round trip.
+
+    `check_launch=False` (for `down`, `status`, `logs`) only reports: a broken python must not stop a `down`.
+    """
+    model_arg = model if is_path_like(model) else ""
+    res = await host.run(sh(PREP_SH, python, launcher_module(launcher), model_arg, spec.workdir))
+    kv = dict(line.split("=", 1) for line in res.stdout.splitlines() if "=" in line)
+    ctx = {"host": spec.name}
+    if not kv.get("workdir"):
+        raise DeployError(
+            f"{spec.name}: cannot create the workdir {spec.workdir}",
+            context=ctx,
+            fix="set hosts.workdir to a folder the SSH user can write",
+        )
+    if check_launch:
+        _check_launch(kv, spec, python, launcher, model)
+    return HostFacts(
+        workdir=kv["workdir"],
+        has_nvidia_smi=kv.get("nvidia_smi") == "yes",
+        uptime_s=float(kv.get("uptime") or 0),
+        clk_tck=int(kv.get("clk_tck") or 100),
+        checks=kv,
+    )
+
+
+def _check_launch(
+    kv: dict[str, str], spec: HostSpec, python: str, launcher: tuple[str, ...], model: str
+) -> None:
+    ctx = {"host": spec.name}
+    if kv.get("python") != "ok":
+        raise LaunchFailed(
+            f"{spec.name}: the engine's python {python!r} does not exist on the host",
+            context=ctx,
+            fix="set engine.python to the interpreter of the engine's venv "
+            "on the host (an absolute path such as /opt/venv/bin/python)",
+        )
+    if kv.get("module") == "missing":
+        mod = launcher_module(launcher)
+        raise LaunchFailed(
+            f"{spec.name}: {python} cannot import {mod!r} (the launcher {' '.join(launcher)})",
+            context=ctx,
+            fix=f"install {mod} into that python, or fix engine.python / engine.launcher",
+        )
+    if kv.get("model") != "ok":
+        raise LaunchFailed(
+            f"{spec.name}: the model folder {model} does not exist on the host",
+            context=ctx,
+            fix="copy the model there, or set engine.model to the folder that holds it",
+        )
+
+
+async def is_port_busy(host: Host, port: int) -> bool:
+    res = await host.run(sh(PORT_SH, str(port)))
+    return res.stdout.strip() == "busy"
+
+
+async def wait_port_free(host: Host, port: int, timeout_s: float = 30.0) -> None:
+    """Wait until nothing listens on `port` (a stopped engine may take a moment to release it)."""
+    deadline = time.monotonic() + timeout_s
+    while await is_port_busy(host, port):
+        if time.monotonic() > deadline:
+            raise LaunchFailed(
+                f"{host.name}: port {port} is still in use {timeout_s:.0f}s after the old server was stopped",
+                context={"host": host.name, "port": port},
+                fix=f"find the listener (`ss -ltnp | grep :{port}` on the host) and stop it",
+            )
+        await asyncio.sleep(0.2)
+
+
+async def wait_gpus_released(host: Host, gpus: tuple[int, ...], timeout_s: float = 60.0) -> None:
+    """Where nvidia-smi exists: wait until no compute process remains on `gpus`."""
+    ids = ",".join(str(g) for g in gpus)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        res = await host.run(sh(GPU_APPS_SH, ids))
+        pids = [p.strip() for p in res.stdout.splitlines() if p.strip().isdigit()]
+        if not pids:
+            return
+        if time.monotonic() > deadline:
+            raise LaunchFailed(
+                f"{host.name}: GPU(s) {ids} still hold processes {', '.join(pids)} "
+                f"{timeout_s:.0f}s after the old server stopped",
+                context={"host": host.name, "gpus": ids},
+                fix="stop those processes (nvidia-smi shows them) or pick other GPUs",
+            )
+        await asyncio.sleep(1.0)

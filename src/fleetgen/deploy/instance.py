@@ -1,0 +1,282 @@
+"""The life of one instance on its host: leave it, replace it, or start it; then wait ready and verify.
+
+`ensure_up` is idempotent: a process whose /proc argv and environ equal the rendered ones is left running
+(and re-verified). Anything else is stopped (TERM → wait → KILL), its port (and, where nvidia-smi exists,
+its GPUs) waited free, and a new process spawned from a freshly pushed, verified `launch.sh`, with a new log.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import aiohttp
+
+from fleetgen.config import HostSpec, InstanceSpec
+from fleetgen.deploy.hostside import (
+    LINK_LOG_SH,
+    HostFacts,
+    is_port_busy,
+    sh,
+    wait_gpus_released,
+    wait_port_free,
+)
+from fleetgen.deploy.probe import EngineClient
+from fleetgen.deploy.script import LaunchSpec
+from fleetgen.deploy.state import InstanceRecord
+from fleetgen.deploy.verify import Verified, process_drift, verify_engine
+from fleetgen.deploy.watch import WaitTarget, wait_ready
+from fleetgen.engines.base import Engine
+from fleetgen.errors import FleetgenError, LaunchFailed, VerifyError
+from fleetgen.remote.base import Host, ProcInfo
+
+Progress = Callable[[str, str], None]  # (instance, message)
+
+
+class Action(enum.StrEnum):
+    UNCHANGED = "unchanged"  # the running process already matched: left alone
+    STARTED = "started"  # nothing ran: a new process
+    REPLACED = "replaced"  # a different (or forced) process was stopped and a new one started
+    STOPPED = "stopped"
+    ABSENT = "absent"  # down: nothing was running
+
+
+@dataclass(frozen=True)
+class Target:
+    """One instance as the fleet file wants it."""
+
+    inst: InstanceSpec
+    spec: LaunchSpec
+    script: str
+    sha256: str
+    secret_value: str | None
+    planned: Mapping[str, float]
+    timeout_s: float
+
+
+@dataclass
+class HostSession:
+    """An open host with what fleetgen learned about it during this command."""
+
+    spec: HostSpec
+    host: Host
+    facts: HostFacts
+    http: aiohttp.ClientSession
+    public_bind: bool = False
+
+    async def url_for(self, port: int) -> str:
+        """Where fleetgen reaches a port: a local SSH forward, or the host directly on a public bind."""
+        if self.public_bind:
+            return f"http://{self.spec.address}:{port}"
+        return f"http://127.0.0.1:{await self.host.forward(port)}"
+
+
+@dataclass
+class Outcome:
+    """What `up`/`down` did to one instance, and what it established."""
+
+    instance: str
+    host: str
+    action: Action | None = None
+    pid: int | None = None
+    url: str = ""
+    log_path: str = ""
+    is_ready: bool = False
+    error: FleetgenError | None = None
+    verified: Verified | None = None
+    elapsed_s: float = 0.0
+    record: InstanceRecord | None = field(default=None, repr=False)
+
+
+async def find_running(hs: HostSession, target: Target, record: InstanceRecord | None) -> ProcInfo | None:
+    """The live process of this instance: the recorded PID+start time, else the host's pidfile."""
+    if record is not None and record.host == hs.spec.name:
+        info = await hs.host.inspect(record.pid, record.start_time)
+        if info.is_alive:
+            return info
+    if await hs.host.exists(target.spec.paths.pidfile):
+        text = (await hs.host.read(target.spec.paths.pidfile, 64)).decode(errors="replace").strip()
+        if text.isdigit():
+            info = await hs.host.inspect(int(text))
+            # Only a process running our launch script's command counts (the PID may have been reused).
+            if info.is_alive and info.argv[:1] == (target.spec.python,):
+                return info
+    return None
+
+
+async def ensure_up(
+    hs: HostSession,
+    target: Target,
+    record: InstanceRecord | None,
+    engine: Engine,
+    *,
+    force: bool,
+    progress: Progress,
+    on_record: Callable[[InstanceRecord], None],
+) -> Outcome:
+    """Bring one instance to the wanted state and verify it; errors are returned in the Outcome."""
+    out = Outcome(instance=target.inst.name, host=hs.spec.name)
+    started = time.monotonic()
+    try:
+        await _ensure_up(hs, target, record, engine, out, force=force, progress=progress, on_record=on_record)
+        out.is_ready = True
+    except FleetgenError as exc:
+        out.error = exc
+    out.elapsed_s = time.monotonic() - started
+    return out
+
+
+async def _ensure_up(
+    hs: HostSession,
+    target: Target,
+    record: InstanceRecord | None,
+    engine: Engine,
+    out: Outcome,
+    *,
+    force: bool,
+    progress: Progress,
+    on_record: Callable[[InstanceRecord], None],
+) -> None:
+    running = await find_running(hs, target, record)
+    if running and not force and not process_drift(target.spec, running, target.secret_value):
+        await _keep(hs, target, record, engine, out, running, progress)
+        return
+    await _clear_way(hs, target, running, force, progress)
+    out.action = Action.REPLACED if running else Action.STARTED
+    rec = await _launch(hs, target, progress)
+    on_record(rec)
+    out.record, out.pid, out.log_path = rec, rec.pid, rec.log_path
+    out.url = await hs.url_for(target.inst.port)
+    client = EngineClient(out.url, hs.http, target.secret_value)
+    name = target.inst.name
+    try:
+        watch = await wait_ready(
+            WaitTarget(name, hs.host, rec.pid, rec.start_time, rec.log_path),
+            engine,
+            client,
+            timeout_s=target.timeout_s,
+            progress=lambda m: progress(name, m),
+        )
+    except LaunchFailed as exc:
+        # A half-dead engine can keep its port and GPU memory: clear it so the next `up` starts clean.
+        await hs.host.stop(rec.pid, start_time=rec.start_time, timeout=10.0)
+        exc.context["stopped"] = f"pid {rec.pid} (its log stays at {rec.log_path})"
+        raise
+    progress(name, "healthy; verifying the process and the engine's own view")
+    out.verified = await _verify(hs, target, engine, client, rec.pid, rec.start_time, watch.lines)
+
+
+async def _keep(
+    hs: HostSession,
+    target: Target,
+    record: InstanceRecord | None,
+    engine: Engine,
+    out: Outcome,
+    running: ProcInfo,
+    progress: Progress,
+) -> None:
+    """The process already runs as wanted: leave it, and verify it like a new one."""
+    out.action, out.pid = Action.UNCHANGED, running.pid
+    same = record is not None and record.pid == running.pid
+    out.record = record if same else None
+    out.log_path = record.log_path if record is not None and same else target.spec.paths.current_log
+    progress(target.inst.name, f"already running as wanted (pid {running.pid}); verifying")
+    out.url = await hs.url_for(target.inst.port)
+    client = EngineClient(out.url, hs.http, target.secret_value)
+    log_lines = (await hs.host.tail(out.log_path, 400)).splitlines()
+    out.verified = await _verify(hs, target, engine, client, running.pid, running.start_time, log_lines)
+
+
+async def _clear_way(
+    hs: HostSession, target: Target, running: ProcInfo | None, force: bool, progress: Progress
+) -> None:
+    """Stop the old process (then wait for its port and GPUs), or refuse a port someone else holds."""
+    port = target.inst.port
+    if running:
+        progress(
+            target.inst.name, f"stopping pid {running.pid} ({'restart' if force else 'flags or env changed'})"
+        )
+        await hs.host.stop(running.pid, start_time=running.start_time)
+        await wait_port_free(hs.host, port)
+        if hs.facts.has_nvidia_smi:
+            await wait_gpus_released(hs.host, target.inst.gpus)
+    elif await is_port_busy(hs.host, port):
+        raise LaunchFailed(
+            f"{target.inst.name}: port {port} on {hs.spec.name} is already in use by another process",
+            context={"host": hs.spec.name, "port": port},
+            fix=f"stop what listens there (`ss -ltnp | grep :{port}` on the host) or set "
+            "hosts.base_port / engine.base_port to free ports",
+        )
+
+
+async def _launch(hs: HostSession, target: Target, progress: Progress) -> InstanceRecord:
+    """Push the key file and the script (verified), spawn detached with a new log, link current.log."""
+    paths = target.spec.paths
+    if target.secret_value is not None:
+        await hs.host.put(paths.keyfile, target.secret_value.encode(), mode=0o600)
+    await hs.host.put(paths.script, target.script.encode(), mode=0o755)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+    log_path = paths.log_for(stamp)
+    spawned = await hs.host.spawn(paths.script, log_path, paths.pidfile, cwd=paths.root)
+    await hs.host.run(sh(LINK_LOG_SH, paths.logs, f"{stamp}.log"))
+    progress(target.inst.name, f"spawned pid {spawned.pid}, log {log_path}")
+    return InstanceRecord(
+        instance=target.inst.name,
+        host=hs.spec.name,
+        gpus=target.inst.gpus,
+        port=target.inst.port,
+        pid=spawned.pid,
+        start_time=spawned.start_time,
+        log_path=spawned.log_path or log_path,
+        script_path=paths.script,
+        script_sha256=target.sha256,
+        launched_at=datetime.now(UTC).isoformat(),
+        argv=target.spec.argv,
+        environ=target.spec.environ,
+    )
+
+
+async def _verify(
+    hs: HostSession,
+    target: Target,
+    engine: Engine,
+    client: EngineClient,
+    pid: int,
+    start_time: int,
+    log_lines: list[str],
+) -> Verified:
+    info = await hs.host.inspect(pid, start_time)
+    if not info.is_alive:
+        raise LaunchFailed(
+            f"{target.inst.name}: the process (pid {pid}) is gone after becoming healthy",
+            fix=f"read its log: `fleetgen logs {target.inst.name}`",
+            context={"host": hs.spec.name},
+        )
+    drift = process_drift(target.spec, info, target.secret_value)
+    if drift:
+        raise VerifyError(
+            f"{target.inst.name}: the running process differs from the launch script (drift)",
+            fix=f"run `fleetgen restart --only {target.inst.name}`; if it persists, something on "
+            "the host rewrites the command (a wrapper, a profile script)",
+            context={"host": hs.spec.name, "pid": pid, "drift": "\n".join(drift)},
+        )
+    return await verify_engine(target.spec, engine, client, log_lines=log_lines, planned=target.planned)
+
+
+async def stop_instance(hs: HostSession, target: Target, record: InstanceRecord | None) -> Outcome:
+    """Stop one instance (TERM → wait → KILL of its process group) and wait until its port is free."""
+    out = Outcome(instance=target.inst.name, host=hs.spec.name)
+    try:
+        running = await find_running(hs, target, record)
+        if running is None:
+            out.action = Action.ABSENT
+            return out
+        await hs.host.stop(running.pid, start_time=running.start_time)
+        await wait_port_free(hs.host, target.inst.port)
+        out.action, out.pid = Action.STOPPED, running.pid
+    except FleetgenError as exc:
+        out.error = exc
+    return out

@@ -1,0 +1,45 @@
+"""Read an instance's current log (`<workdir>/<instance>/logs/current.log`) on its host: tail or follow."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+
+from fleetgen.deploy.fleetops import Fleet, host_instances, open_session
+from fleetgen.deploy.script import InstancePaths
+from fleetgen.errors import ConfigError
+
+
+def _host_of(fleet: Fleet, name: str) -> str:
+    for host in fleet.file.hosts:
+        if name.startswith(host.name + "-"):
+            return host.name
+    raise ConfigError(
+        f"no instance named {name!r}", fix="instance names are <host>-<k>; `fleetgen status` lists them"
+    )
+
+
+async def read_log(
+    fleet_path: Path, name: str, num_lines: int = 100, *, follow: bool = False
+) -> AsyncIterator[str]:
+    """The last `num_lines` lines of the instance's current log; with `follow`, then every new line."""
+    fleet = Fleet.load(fleet_path)
+    spec = fleet.file.host(_host_of(fleet, name))
+    async with aiohttp.ClientSession() as http, open_session(fleet, spec, http, check_launch=False) as hs:
+        if name not in {i.name for i in await host_instances(fleet, hs)}:
+            raise ConfigError(
+                f"no instance named {name!r} on host {spec.name}", fix="`fleetgen status` lists the instances"
+            )
+        path = InstancePaths(hs.facts.workdir, name).current_log
+        if not await hs.host.exists(path):
+            raise ConfigError(
+                f"{name} has no log yet ({path} does not exist on {spec.name})",
+                fix="start it with `fleetgen up`",
+            )
+        for line in (await hs.host.tail(path, num_lines)).splitlines():
+            yield line
+        if follow:
+            async for line in hs.host.follow(path):
+                yield line

@@ -1,0 +1,103 @@
+"""What fleetgen launched, kept in `.fleetgen/state.json` next to the fleet file.
+
+State is a record, never the truth: `status` and `up` re-read every process from its host and use the state
+only to know which PID (and start time, to tell a reused PID) to look at. It never holds a secret: argv and
+environ are stored as rendered, where the API key is a `${NAME}` reference or a redaction marker.
+Writes are atomic (temp file + rename) so a crash mid-write leaves the previous state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fleetgen.errors import ConfigError
+
+STATE_DIR = ".fleetgen"
+STATE_FILE = "state.json"
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class InstanceRecord:
+    """One launched instance as recorded at launch time."""
+
+    instance: str
+    host: str
+    gpus: tuple[int, ...]
+    port: int
+    pid: int
+    start_time: int
+    log_path: str
+    script_path: str
+    script_sha256: str
+    launched_at: str
+    argv: tuple[str, ...] = ()
+    environ: dict[str, str] = field(default_factory=dict)
+    public_url: str | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> InstanceRecord:
+        raw = dict(data)
+        raw["gpus"] = tuple(raw.get("gpus") or ())
+        raw["argv"] = tuple(raw.get("argv") or ())
+        return cls(**raw)
+
+
+def state_path(fleet_path: Path) -> Path:
+    """`.fleetgen/state.json` in the fleet file's folder."""
+    return fleet_path.resolve().parent / STATE_DIR / STATE_FILE
+
+
+def load_state(fleet_path: Path) -> dict[str, InstanceRecord]:
+    """The recorded instances by name; empty when nothing was launched yet."""
+    path = state_path(fleet_path)
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return {name: InstanceRecord.from_json(rec) for name, rec in data.get("instances", {}).items()}
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        raise ConfigError(
+            f"cannot read fleetgen's state {path}: {exc}",
+            fix=f"move {path} aside; `fleetgen up` re-creates it (running servers are "
+            "re-checked against the fleet file)",
+        ) from exc
+
+
+def save_state(fleet_path: Path, records: Iterable[InstanceRecord]) -> Path:
+    """Write all records atomically (temp + fsync + rename)."""
+    path = state_path(fleet_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "schema": SCHEMA_VERSION,
+        "fleet_file": str(fleet_path.resolve()),
+        "instances": {rec.instance: asdict(rec) for rec in sorted(records, key=lambda r: r.instance)},
+    }
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".state-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(payload, fh, indent=2, sort_keys=True)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def update_state(fleet_path: Path, put: Iterable[InstanceRecord] = (), drop: Iterable[str] = ()) -> None:
+    """Upsert `put` and remove `drop` (instance names), keeping every other record."""
+    records = load_state(fleet_path)
+    for name in drop:
+        records.pop(name, None)
+    for rec in put:
+        records[rec.instance] = rec
+    save_state(fleet_path, records.values())

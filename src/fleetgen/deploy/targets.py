@@ -1,0 +1,86 @@
+"""From the fleet file to one `Target` per instance: argv and env from the engine, the script, its sha256.
+
+Pure apart from reading the API key from fleetgen's own environment (named by `engine.api_key_env`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+from fleetgen.config import FleetFile, HostSpec, InstanceSpec
+from fleetgen.deploy.instance import Target
+from fleetgen.deploy.script import InstancePaths, LaunchSpec, SecretEnv, render_script, sha256_text
+from fleetgen.engines import Engine, select_rule_set
+from fleetgen.errors import ConfigError
+
+
+def api_key(fleet: FleetFile) -> str | None:
+    """The API key for a public bind, from the environment variable the fleet file names; None on loopback."""
+    spec = fleet.engine
+    if not spec.is_public or not spec.api_key_env:
+        return None
+    value = os.environ.get(spec.api_key_env, "")
+    if not value:
+        raise ConfigError(
+            f"engine.bind = {spec.bind!r} needs an API key, but ${spec.api_key_env} is empty",
+            fix=f"export {spec.api_key_env}=<key> before running fleetgen (the key is copied to a "
+            "0600 file next to each launch script, never into the script or fleetgen's state)",
+        )
+    return value
+
+
+def launch_spec(fleet: FleetFile, engine: Engine, inst: InstanceSpec, workdir: str) -> LaunchSpec:
+    """The argv and env one instance runs with (`engine.args` + fleetgen's managed flags)."""
+    spec = fleet.engine
+    rules, _ = select_rule_set(engine.rule_sets, spec.version)
+    args = engine.build_argv(spec, inst, model_path=spec.model, host_bind=spec.bind, rules=rules)
+    return LaunchSpec(
+        instance=inst.name,
+        python=spec.python,
+        launcher=spec.launcher_argv,
+        args=tuple(args),
+        env=engine.build_env(spec, inst),
+        paths=InstancePaths(workdir, inst.name),
+        secret=SecretEnv(spec.api_key_env) if spec.is_public and spec.api_key_env else None,
+    )
+
+
+def build_target(
+    fleet: FleetFile,
+    engine: Engine,
+    inst: InstanceSpec,
+    workdir: str,
+    secret_value: str | None,
+    planned: Mapping[str, float] | None = None,
+) -> Target:
+    spec = launch_spec(fleet, engine, inst, workdir)
+    script = render_script(spec)
+    return Target(
+        inst=inst,
+        spec=spec,
+        script=script,
+        sha256=sha256_text(script),
+        secret_value=secret_value,
+        planned=dict(planned or {}),
+        timeout_s=fleet.engine.ready_timeout_s,
+    )
+
+
+def select(instances: Sequence[InstanceSpec], only: Sequence[str] | None) -> list[InstanceSpec]:
+    """The instances named by `--only` (instance or host names); all when none given."""
+    if not only:
+        return list(instances)
+    known = {i.name for i in instances} | {i.host for i in instances}
+    unknown = [name for name in only if name not in known]
+    if unknown:
+        raise ConfigError(
+            f"--only names no instance or host: {', '.join(unknown)}",
+            fix=f"use instance names ({', '.join(i.name for i in instances)}) or host names",
+        )
+    return [i for i in instances if i.name in only or i.host in only]
+
+
+def hosts_of(fleet: FleetFile, instances: Sequence[InstanceSpec]) -> list[HostSpec]:
+    names = {i.host for i in instances}
+    return [h for h in fleet.hosts if h.name in names]

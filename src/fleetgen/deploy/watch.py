@@ -1,0 +1,201 @@
+"""Wait for a freshly spawned engine to become ready, reading its log as it grows.
+
+One SSH round trip per poll reads the process's /proc stat line *then* the log bytes appended since the last
+poll (stat first, so when the process is found dead the log already holds its last words). Every new line is
+matched against the engine's fatal signatures and a few generic ones; the health endpoint is polled through
+the tunnel. The first of: fatal line, process gone, healthy, timeout — ends the wait at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from fleetgen.deploy.probe import EngineClient
+from fleetgen.engines.base import Engine, FatalSignature
+from fleetgen.errors import LaunchFailed, ReadyTimeout, tail
+from fleetgen.remote.base import Host
+
+# Failures that are not the engine's own: the launch script or the interpreter could not start it.
+GENERIC_SIGNATURES = (
+    FatalSignature(
+        r"exec: .*: (No such file or directory|not found)|: No such file or directory$",
+        "the launch script could not execute the engine's python",
+        "set engine.python to an interpreter that exists on the host (e.g. /opt/venv/bin/python)",
+    ),
+    FatalSignature(
+        r"No module named ['\"]?([\w.]+)",
+        "the engine's python cannot import the launcher module",
+        "install the engine in that python, or point engine.python / engine.launcher at the right one",
+    ),
+    FatalSignature(
+        r"Permission denied",
+        "the host refused to run something the launch needs",
+        "check the permissions of engine.python and the workdir on the host",
+    ),
+    FatalSignature(
+        r"Traceback \(most recent call last\)",
+        "the engine raised an exception while starting",
+        "read the log lines below; they end with the exception",
+    ),
+)
+# Tail of the log carried by an error.
+NUM_ERROR_LINES = 25
+# Lines still read after a fatal line: the traceback or message that follows it.
+SETTLE_S = 0.3
+
+POLL_SH = r"""
+pid=$1 log=$2 off=$3
+stat=$(cat "/proc/$pid/stat" 2>/dev/null) || stat=""
+printf '%s\n' "$stat"
+tail -c "+$((off + 1))" -- "$log" 2>/dev/null | head -c 1048576
+exit 0
+"""
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class LogWatch:
+    """What the watcher has seen of one launch: log lines, byte offset, process liveness."""
+
+    log_path: str
+    lines: list[str] = field(default_factory=list)
+    offset: int = 0
+    partial: str = ""
+    is_alive: bool = True
+
+    def feed(self, data: bytes) -> list[str]:
+        """Append raw log bytes; return the complete new lines."""
+        self.offset += len(data)
+        text = self.partial + data.decode(errors="replace")
+        *complete, self.partial = text.split("\n")
+        new = [line.rstrip("\r") for line in complete]
+        self.lines += new
+        return new
+
+    def tail_text(self, num_lines: int = NUM_ERROR_LINES) -> str:
+        extra = [self.partial] if self.partial else []
+        return tail("\n".join(self.lines + extra), num_lines)
+
+
+def first_fatal(
+    lines: Sequence[str], signatures: Sequence[FatalSignature]
+) -> tuple[FatalSignature, str] | None:
+    """The first signature matching any of `lines` (engine signatures first: they are the most specific)."""
+    for sig in signatures:
+        for line in lines:
+            if sig.search(line):
+                return sig, line
+    return None
+
+
+def proc_state(stat_line: str, start_time: int) -> bool:
+    """Alive per a /proc/PID/stat line: present, same start time (no PID reuse), not a zombie."""
+    if not stat_line.strip():
+        return False
+    fields = stat_line.rpartition(")")[2].split()
+    return len(fields) > 19 and fields[0] not in ("Z", "X") and int(fields[19]) == start_time
+
+
+async def poll_once(host: Host, watch: LogWatch, pid: int, start_time: int) -> list[str]:
+    """One round trip: liveness, then the new log bytes. Returns the new complete lines."""
+    result = await host.run(["sh", "-c", POLL_SH, "fleetgen", str(pid), watch.log_path, str(watch.offset)])
+    stat_line, _, rest = result.stdout.partition("\n")
+    watch.is_alive = proc_state(stat_line, start_time)
+    return watch.feed(rest.encode())
+
+
+@dataclass(frozen=True)
+class WaitTarget:
+    """The launch being waited on."""
+
+    instance: str
+    host: Host
+    pid: int
+    start_time: int
+    log_path: str
+
+
+async def wait_ready(
+    target: WaitTarget,
+    engine: Engine,
+    client: EngineClient,
+    *,
+    timeout_s: float,
+    progress: Progress | None = None,
+    poll_s: float = 0.25,
+) -> LogWatch:
+    """Return once the engine answers its health endpoint; raise LaunchFailed or ReadyTimeout otherwise."""
+    watch = LogWatch(target.log_path)
+    signatures = (*engine.fatal_signatures, *GENERIC_SIGNATURES)
+    started = time.monotonic()
+    last_report = started
+    while True:
+        new = await poll_once(target.host, watch, target.pid, target.start_time)
+        fatal = first_fatal(new, engine.fatal_signatures)
+        if fatal:
+            await asyncio.sleep(SETTLE_S)
+            await poll_once(target.host, watch, target.pid, target.start_time)
+            raise _launch_failed(target, watch, fatal[0], fatal[1])
+        if not watch.is_alive:
+            await poll_once(target.host, watch, target.pid, target.start_time)
+            raise _exited(target, watch, signatures)
+        if await client.is_healthy(engine.health_path):
+            return watch
+        elapsed = time.monotonic() - started
+        if elapsed > timeout_s:
+            raise _timed_out(target, watch, timeout_s)
+        if progress and time.monotonic() - last_report >= 5.0:
+            last_report = time.monotonic()
+            last = watch.lines[-1][:120] if watch.lines else "(log empty so far)"
+            progress(f"waiting for health, {elapsed:.0f}s / {timeout_s:.0f}s; log: {last}")
+        await asyncio.sleep(poll_s)
+
+
+def _context(target: WaitTarget, watch: LogWatch, **extra: object) -> dict[str, object]:
+    return {
+        "instance": target.instance,
+        "host": target.host.name,
+        "pid": target.pid,
+        "log": target.log_path,
+        **extra,
+        "log tail": watch.tail_text(),
+    }
+
+
+def _launch_failed(target: WaitTarget, watch: LogWatch, sig: FatalSignature, line: str) -> LaunchFailed:
+    return LaunchFailed(
+        f"{target.instance}: {sig.cause}",
+        fix=sig.fix,
+        context=_context(target, watch, matched=line.strip()[:300]),
+    )
+
+
+def _exited(target: WaitTarget, watch: LogWatch, signatures: Sequence[FatalSignature]) -> LaunchFailed:
+    fatal = first_fatal([*watch.lines, watch.partial], signatures)
+    if fatal:
+        sig, line = fatal
+        return LaunchFailed(
+            f"{target.instance}: the process exited while starting: {sig.cause}",
+            fix=sig.fix,
+            context=_context(target, watch, matched=line.strip()[:300]),
+        )
+    return LaunchFailed(
+        f"{target.instance}: the process exited while starting (killed, or it stopped without "
+        "logging a known error)",
+        fix=f"read the log ({target.log_path}); if it was killed (OOM killer, a person), "
+        "check `dmesg` on the host, then run `fleetgen up` again",
+        context=_context(target, watch),
+    )
+
+
+def _timed_out(target: WaitTarget, watch: LogWatch, timeout_s: float) -> ReadyTimeout:
+    return ReadyTimeout(
+        f"{target.instance}: not healthy after {timeout_s:.0f}s (the process still runs)",
+        fix="big models take minutes to load: raise engine.ready_timeout_s; if the log stopped "
+        "moving, read it with `fleetgen logs " + target.instance + "`",
+        context=_context(target, watch),
+    )

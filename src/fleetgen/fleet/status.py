@@ -1,0 +1,201 @@
+"""The live truth of a fleet, re-read from the hosts: process, drift, health, load, through fresh tunnels.
+
+The state file only says which PID (and start time) to look at; everything reported is read now: /proc for
+the process and its argv/environ (drift), the health endpoint, /metrics and SGLang's /server_info.
+`FleetView` keeps the SSH connections (and so the tunnels) open for as long as it lives: `status --watch`
+and `fleetgen run` use one; `fleet_status` opens one for a single read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from fleetgen.config import InstanceSpec
+from fleetgen.deploy.fleetops import Fleet, host_instances, open_session, wanted_hosts
+from fleetgen.deploy.instance import HostSession, Target, find_running
+from fleetgen.deploy.probe import EngineClient, parse_metrics
+from fleetgen.deploy.state import load_state
+from fleetgen.deploy.targets import api_key, build_target, select
+from fleetgen.deploy.verify import flag_value, process_drift
+from fleetgen.errors import FleetgenError
+from fleetgen.fleet.metrics import Load, Scrape, load_from, max_running_from_info
+
+
+@dataclass
+class InstanceStatus:
+    """One instance as its host and engine report it now. `to_json` gives the `status --json` keys."""
+
+    instance: str
+    host: str
+    gpus: tuple[int, ...]
+    port: int
+    pid: int | None = None
+    url: str = ""
+    ready: bool = False
+    drift: list[str] = field(default_factory=list)
+    uptime_s: float | None = None
+    running: int | None = None
+    queued: int | None = None
+    gen_tokens_per_s: float | None = None
+    spec_accept_length: float | None = None
+    max_running_requests: int | None = None
+    log_path: str = ""
+    problem: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "instance": self.instance,
+            "host": self.host,
+            "gpus": list(self.gpus),
+            "pid": self.pid,
+            "port": self.port,
+            "url": self.url,
+            "ready": self.ready,
+            "drift": list(self.drift),
+            "uptime_s": None if self.uptime_s is None else round(self.uptime_s, 1),
+            "running": self.running,
+            "queued": self.queued,
+            "gen_tokens_per_s": self.gen_tokens_per_s,
+            "spec_accept_length": self.spec_accept_length,
+            "max_running_requests": self.max_running_requests,
+            "log_path": self.log_path,
+            "problem": self.problem,
+        }
+
+
+@dataclass
+class _Watched:
+    hs: HostSession
+    target: Target
+    before: Scrape | None = None
+
+
+class FleetView:
+    """Open hosts and tunnels for one fleet; `refresh()` re-reads every instance. Use `open_view`."""
+
+    def __init__(self, fleet: Fleet, secret: str | None) -> None:
+        self.fleet = fleet
+        self.secret = secret
+        self.watched: list[_Watched] = []
+        self.failed: list[InstanceStatus] = []
+
+    async def refresh(self, rate_window_s: float = 1.0) -> list[InstanceStatus]:
+        """Every instance's status, read now; throughput needs two scrapes (the previous refresh, or a
+        second one `rate_window_s` later the first time) for engines that only export counters."""
+        got = await asyncio.gather(*(self._one(w, rate_window_s) for w in self.watched))
+        return sorted([*got, *self.failed], key=lambda s: s.instance)
+
+    async def _one(self, w: _Watched, rate_window_s: float) -> InstanceStatus:
+        inst = w.target.inst
+        st = InstanceStatus(instance=inst.name, host=inst.host, gpus=inst.gpus, port=inst.port)
+        try:
+            await self._read(w, st, rate_window_s)
+        except FleetgenError as exc:
+            st.problem, st.ready = exc.message, False
+        st.log_path = st.log_path or w.target.spec.paths.current_log
+        return st
+
+    async def _read(self, w: _Watched, st: InstanceStatus, rate_window_s: float) -> None:
+        records = load_state(self.fleet.path)
+        running = await find_running(w.hs, w.target, records.get(st.instance))
+        if running is None:
+            st.problem = "not running"
+            return
+        st.pid, st.uptime_s = running.pid, w.hs.facts.uptime_of(running.start_time)
+        rec = records.get(st.instance)
+        st.log_path = rec.log_path if rec and rec.pid == running.pid else ""
+        st.drift = process_drift(w.target.spec, running, self.secret)
+        st.url = await w.hs.url_for(st.port)
+        client = EngineClient(st.url, w.hs.http, self.secret, timeout_s=10.0)
+        engine = self.fleet.engine
+        if not await client.is_healthy(engine.health_path):
+            st.problem = "process runs but the health endpoint does not answer 200 (loading, or hung)"
+            return
+        info = (await client.first_json(engine.info_paths))[1] if engine.info_paths else None
+        load = await self._load(w, client, info, rate_window_s)
+        st.running, st.queued = load.running, load.queued
+        st.gen_tokens_per_s, st.spec_accept_length = load.gen_tokens_per_s, load.spec_accept_length
+        st.max_running_requests = max_running_from_info(info) or _int(
+            flag_value(w.target.spec.args, ("max-num-seqs",))
+        )
+        st.ready = not st.drift
+        if st.drift:
+            st.problem = "drift: the running process differs from the fleet file"
+
+    async def _load(self, w: _Watched, client: EngineClient, info: Any, rate_window_s: float) -> Load:
+        names = self.fleet.engine.metrics
+        scrape = Scrape(
+            time.monotonic(), parse_metrics(await client.get_text(self.fleet.engine.metrics_path))
+        )
+        if not names.gen_throughput and w.before is None and rate_window_s > 0:
+            await asyncio.sleep(rate_window_s)
+            w.before = scrape
+            scrape = Scrape(
+                time.monotonic(), parse_metrics(await client.get_text(self.fleet.engine.metrics_path))
+            )
+        load = load_from(names, scrape, w.before, info)
+        w.before = scrape
+        return load
+
+
+def _int(text: str | None) -> int | None:
+    return int(text) if text and text.isdigit() else None
+
+
+@contextlib.asynccontextmanager
+async def open_view(fleet_path: Path, *, only: Sequence[str] | None = None) -> AsyncIterator[FleetView]:
+    """A FleetView with every wanted host connected; hosts that fail show up as not-ready statuses."""
+    fleet = Fleet.load(fleet_path)
+    view = FleetView(fleet, api_key(fleet.file))
+    async with aiohttp.ClientSession() as http, contextlib.AsyncExitStack() as stack:
+
+        async def connect(spec_host: Any) -> None:
+            try:
+                hs = await stack.enter_async_context(open_session(fleet, spec_host, http, check_launch=False))
+                for inst in select(await host_instances(fleet, hs), _only_here(only, spec_host.name)):
+                    view.watched.append(
+                        _Watched(
+                            hs, build_target(fleet.file, fleet.engine, inst, hs.facts.workdir, view.secret)
+                        )
+                    )
+            except FleetgenError as exc:
+                for inst in _static_instances(fleet, spec_host, only):
+                    view.failed.append(
+                        InstanceStatus(
+                            instance=inst.name,
+                            host=inst.host,
+                            gpus=inst.gpus,
+                            port=inst.port,
+                            problem=exc.message,
+                        )
+                    )
+
+        await asyncio.gather(*(connect(h) for h in wanted_hosts(fleet.file, only)))
+        yield view
+
+
+def _only_here(only: Sequence[str] | None, host: str) -> list[str] | None:
+    if not only or host in only:
+        return None
+    return [n for n in only if n.startswith(host + "-")]
+
+
+def _static_instances(fleet: Fleet, spec_host: Any, only: Sequence[str] | None) -> list[InstanceSpec]:
+    insts = fleet.file.instances_on(spec_host, None)
+    return select(insts, _only_here(only, spec_host.name)) if insts else []
+
+
+async def fleet_status(
+    fleet_path: Path, *, only: Sequence[str] | None = None, rate_window_s: float = 1.0
+) -> list[InstanceStatus]:
+    """One read of every (selected) instance; tunnels are closed again afterwards."""
+    async with open_view(fleet_path, only=only) as view:
+        return await view.refresh(rate_window_s)
