@@ -1,0 +1,84 @@
+"""`fleetgen hosts check`: probe every host of a fleet (reachable, GPUs, RAM, disk, python, engine, model)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from fleetgen.cli.app import FLEET_OPTION, app, console, exit_with, run, warn
+from fleetgen.config import load_fleet
+from fleetgen.fleet.hostcheck import HostReport, check_hosts
+
+hosts_app = typer.Typer(help="Inspect the hosts of a fleet.", no_args_is_help=True)
+app.add_typer(hosts_app, name="hosts")
+
+JSON_OPTION = typer.Option(False, "--json", help="Print a JSON list, one object per host.")
+
+
+@hosts_app.command("check")
+def check(fleet: Path = FLEET_OPTION, as_json: bool = JSON_OPTION) -> None:
+    """Probe every host in parallel. Exit code 1 if any host is unreachable or lacks something."""
+    reports = run(_check(fleet))
+    for report in reports:
+        for message in report.warnings:
+            warn(message)
+    if as_json:
+        typer.echo(json.dumps([report.to_json() for report in reports], indent=2))
+    else:
+        console.print(_table(reports))
+        _print_problems(reports)
+    if not all(report.is_ready for report in reports):
+        exit_with(1)
+
+
+async def _check(path: Path) -> list[HostReport]:
+    return await check_hosts(load_fleet(path))
+
+
+def _table(reports: list[HostReport]) -> Table:
+    table = Table(title="hosts")
+    for column in (
+        "host",
+        "status",
+        "os",
+        "gpus",
+        "ram free/total",
+        "disk free",
+        "python",
+        "engine",
+        "model",
+    ):
+        table.add_column(column)
+    for r in reports:
+        if not r.reachable:
+            table.add_row(r.host, "[red]unreachable[/]", *[""] * 7)
+            continue
+        status = "[green]ready[/]" if r.is_ready else f"[yellow]{len(r.problems)} problem(s)[/]"
+        ram = f"{r.mem_available_gib or 0:.0f}/{r.mem_total_gib or 0:.0f} GiB"
+        disk = f"{r.disk_free_gib:.0f} GiB" if r.disk_free_gib is not None else "?"
+        python = r.python_version if r.python_ok else "[red]missing[/]"
+        engine = f"{r.engine} {r.engine_version}" if r.engine_version else f"[red]no {r.engine}[/]"
+        model = "[green]present[/]" if r.model_present else "[red]missing[/]"
+        table.add_row(r.host, status, r.os or "?", _gpus(r), ram, disk, python or "?", engine, model)
+    return table
+
+
+def _gpus(report: HostReport) -> str:
+    if not report.gpus:
+        return "none"
+    names = sorted({gpu.name for gpu in report.gpus})
+    used = sum(gpu.memory_used_mib for gpu in report.gpus)
+    return f"{len(report.gpus)}× {', '.join(names)} ({used} MiB in use)"
+
+
+def _print_problems(reports: list[HostReport]) -> None:
+    for r in reports:
+        if not r.reachable:
+            console.print(f"[bold red]{r.host}[/]: {r.error}", highlight=False)
+            if r.fix:
+                console.print(f"  [bold green]fix:[/] {r.fix}", highlight=False)
+        for problem in r.problems:
+            console.print(f"[yellow]{r.host}[/]: {problem}", highlight=False)

