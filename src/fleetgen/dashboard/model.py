@@ -1,0 +1,181 @@
+"""What the dashboard and the report show, as plain values, and the arithmetic over them.
+
+Readers (`jobdata`, `fleetdata`) fill these from the job store and the fleet status; `render` draws them.
+Pure: rates, ETA and downsampling are functions of the samples, so they are unit-tested without a fleet.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from fleetgen.dashboard.svg import Series
+
+MAX_POINTS = 120  # a chart over days keeps this many buckets: enough to see dips, light to ship every 1.5 s
+
+
+@dataclass(frozen=True)
+class InstanceRow:
+    """One row of the fleet table (None = not known: the engine did not answer or lacks the metric)."""
+
+    name: str
+    host: str
+    gpus: tuple[int, ...] = ()
+    health: str = "unknown"
+    is_healthy: bool = False
+    running: int | None = None
+    queued: int | None = None
+    gen_tps: float | None = None
+    accept_len: float | None = None
+    kv_usage: float | None = None
+    drift: str = ""
+    uptime_s: float | None = None
+    problem: str = ""
+    planned_capacity: float | None = None
+    actual_capacity: float | None = None
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One time-series point of one instance, as `run` records it every few seconds.
+
+    `completions` and `output_tokens` are cumulative counts for the job; gauges are as scraped then.
+    """
+
+    ts: float
+    instance: str
+    completions: int = 0
+    output_tokens: int = 0
+    gen_tps: float | None = None
+    accept_len: float | None = None
+    running: int | None = None
+    queued: int | None = None
+
+
+@dataclass(frozen=True)
+class Example:
+    """One error or truncation shown as an example: which record, what happened."""
+
+    record_id: str
+    instance: str
+    message: str
+    kind: str = ""
+
+
+@dataclass(frozen=True)
+class JobView:
+    """Everything about one job the pages show; `started_at` and `updated_at` are unix seconds."""
+
+    out_dir: str
+    total: int | None = None
+    done: int = 0
+    num_errors: int = 0
+    num_truncated: int = 0
+    started_at: float | None = None
+    updated_at: float | None = None
+    is_finished: bool = False
+    error_examples: tuple[Example, ...] = ()
+    truncation_examples: tuple[Example, ...] = ()
+    error_kinds: Mapping[str, int] = field(default_factory=dict)
+    finish_reasons: Mapping[str, int] = field(default_factory=dict)
+    quality_flags: Mapping[str, int] = field(default_factory=dict)
+    reasoning_tokens: tuple[int, ...] = ()
+    answer_tokens: tuple[int, ...] = ()
+    samples: tuple[Sample, ...] = ()
+    meta: Mapping[str, object] = field(default_factory=dict)
+
+
+def bucket_edges(
+    start: float, end: float, max_points: int = MAX_POINTS, min_width: float = 2.0
+) -> list[float]:
+    """Equal-width bucket edges over [start, end]: at most `max_points` buckets, each ≥ `min_width` s."""
+    span = max(end - start, 0.0)
+    width = max(span / max_points, min_width)
+    count = max(int(span // width), 1)
+    return [start + k * width for k in range(count + 1)]
+
+
+def _value_at(times: Sequence[float], values: Sequence[int], at: float) -> int:
+    """The cumulative count as of `at`: the last sample at or before it (0 before the first)."""
+    index = bisect.bisect_right(times, at) - 1
+    return values[index] if index >= 0 else 0
+
+
+def by_instance(samples: Sequence[Sample]) -> dict[str, list[Sample]]:
+    """Samples grouped per instance, each list in time order; instances in name order."""
+    grouped: dict[str, list[Sample]] = {}
+    for sample in sorted(samples, key=lambda s: (s.instance, s.ts)):
+        grouped.setdefault(sample.instance, []).append(sample)
+    return grouped
+
+
+def rate_series(samples: Sequence[Sample], attr: str, *, max_points: int = MAX_POINTS) -> list[Series]:
+    """Per-instance rate (per second) of a cumulative counter (`completions` or `output_tokens`), and a
+    last series `total` (`is_total`): counts are read at shared bucket edges, so instances sampled at
+    different moments add up."""
+    grouped = by_instance(samples)
+    if not grouped or len(samples) < 2:
+        return []
+    edges = bucket_edges(min(s.ts for s in samples), max(s.ts for s in samples), max_points)
+    if len(edges) < 2:
+        return []
+    series, totals = [], [0.0] * (len(edges) - 1)
+    for name, rows in grouped.items():
+        times, counts = [r.ts for r in rows], [int(getattr(r, attr)) for r in rows]
+        at_edges = [_value_at(times, counts, edge) for edge in edges]
+        rates = [(at_edges[k + 1] - at_edges[k]) / (edges[k + 1] - edges[k]) for k in range(len(edges) - 1)]
+        totals = [a + b for a, b in zip(totals, rates, strict=True)]
+        series.append(Series(name, [(edges[k + 1], rate) for k, rate in enumerate(rates)]))
+    series.append(Series("total", [(edges[k + 1], r) for k, r in enumerate(totals)], is_total=True))
+    return series
+
+
+def gauge_series(samples: Sequence[Sample], attr: str, *, max_points: int = MAX_POINTS) -> list[Series]:
+    """Per-instance line of a gauge (`accept_len`, `gen_tps`): the mean of the samples in each bucket."""
+    present = [s for s in samples if getattr(s, attr) is not None]
+    if not present:
+        return []
+    edges = bucket_edges(min(s.ts for s in present), max(s.ts for s in present), max_points)
+    series = []
+    for name, rows in by_instance(present).items():
+        buckets: dict[int, list[float]] = {}
+        for row in rows:
+            index = min(bisect.bisect_right(edges, row.ts) - 1, len(edges) - 2) if len(edges) > 1 else 0
+            buckets.setdefault(max(index, 0), []).append(float(getattr(row, attr)))
+        points = [(edges[k], sum(v) / len(v)) for k, v in sorted(buckets.items())]
+        series.append(Series(name, points))
+    return series
+
+
+def recent_rate(samples: Sequence[Sample], attr: str, window_s: float = 60.0) -> float | None:
+    """Fleet-wide rate (per second) of a cumulative counter over the last `window_s` seconds of samples."""
+    total = 0.0
+    seen = False
+    for rows in by_instance(samples).values():
+        end = rows[-1]
+        start = next((r for r in rows if r.ts >= end.ts - window_s), rows[0])
+        if end.ts > start.ts:
+            total += (getattr(end, attr) - getattr(start, attr)) / (end.ts - start.ts)
+            seen = True
+    return total if seen else None
+
+
+def eta_seconds(job: JobView, window_s: float = 300.0) -> float | None:
+    """Seconds left at the recent completion rate; None when the total or the rate is unknown."""
+    if job.total is None:
+        return None
+    remaining = max(job.total - job.done - job.num_errors, 0)
+    if remaining == 0:
+        return 0.0
+    rate = recent_rate(job.samples, "completions", window_s)
+    return remaining / rate if rate else None
+
+
+def sick_reason(row: InstanceRow) -> str:
+    """Why a fleet row should stand out in red ("" when it is fine)."""
+    if not row.is_healthy:
+        return row.problem or row.health
+    if row.drift:
+        return f"drift: {row.drift}"
+    return row.problem

@@ -1,0 +1,106 @@
+"""Whole pages: the live dashboard (first paint + the JSON each poll returns) and the self-contained report.
+
+Templates are static files (`static/page.html`, `static/report.html`) filled with `string.Template`; every
+value put in them is already escaped by `render`. The report inlines the CSS, so one file is the whole report.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from functools import cache
+from html import escape
+from importlib import resources
+from string import Template
+from typing import Any
+
+from fleetgen.dashboard import render
+from fleetgen.dashboard.model import InstanceRow, JobView, sick_reason
+
+
+@cache
+def asset(name: str) -> str:
+    """The text of a file shipped in `fleetgen/dashboard/static/`."""
+    return resources.files("fleetgen.dashboard").joinpath("static", name).read_text(encoding="utf-8")
+
+
+def _title(job: JobView, rows: Sequence[InstanceRow]) -> str:
+    numbers = render.summary_numbers(job)
+    num_sick = sum(1 for row in rows if sick_reason(row))
+    sick = f" · {num_sick} SICK" if num_sick else ""
+    return f"{numbers['percent']} · {numbers['done']}/{numbers['total']}{sick} · fleetgen"
+
+
+def state(job: JobView, rows: Sequence[InstanceRow]) -> dict[str, Any]:
+    """What one poll returns: numbers by element id, HTML fragments by element id, card warnings, title."""
+    numbers = render.summary_numbers(job)
+    fragments = {
+        "fleet": render.fleet_table(rows),
+        "progress-wrap": render.progress_bar(job),
+        "examples": render.examples(job),
+        **render.charts(job, rows),
+        **render.result_charts(job),
+    }
+    return {
+        "numbers": numbers,
+        "fragments": fragments,
+        "warn": {"errors": job.num_errors > 0, "truncated": job.num_truncated > 0},
+        "title": _title(job, rows),
+        "instances": [{"name": r.name, "health": r.health, "sick": sick_reason(r)} for r in rows],
+    }
+
+
+def dashboard_page(job: JobView, rows: Sequence[InstanceRow], subtitle: str, notice: str = "") -> str:
+    """The live page, fully rendered for its first paint (the script then keeps it current)."""
+    current = state(job, rows)
+    fragments = current["fragments"]
+    return Template(asset("page.html")).substitute(
+        title=escape(current["title"]),
+        subtitle=escape(subtitle),
+        notice=notice,
+        cards=render.summary_cards(current["numbers"]),
+        progress=fragments["progress-wrap"],
+        fleet_table=fragments["fleet"],
+        examples=fragments["examples"],
+        **{key.replace("-", "_"): value for key, value in fragments.items() if key.startswith("chart-")},
+    )
+
+
+def report_page(job: JobView, rows: Sequence[InstanceRow], *, generated_at: float | None = None) -> str:
+    """One self-contained HTML file: inline CSS and SVG, no script, no external reference."""
+    numbers = render.summary_numbers(job)
+    charts = {**render.charts(job, rows), **render.result_charts(job)}
+    fleet = render.instance_summary(job) + (render.fleet_table(rows) if rows else "")
+    generated = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(generated_at or time.time()))
+    status = "finished" if job.is_finished else "running"
+    return Template(asset("report.html")).substitute(
+        title=escape(f"fleetgen report · {job.out_dir}"),
+        subtitle=escape(f"{job.out_dir} · {status}"),
+        generated=escape(generated),
+        css=asset("dashboard.css"),
+        cards=render.summary_cards(numbers),
+        progress=render.progress_bar(job),
+        error_table=render.error_table(job.error_examples, job.num_errors),
+        examples=render.examples(job, with_errors=False),
+        fleet_table=fleet,
+        meta=meta_list(job.meta),
+        **{key.replace("-", "_"): value for key, value in charts.items()},
+    )
+
+
+def meta_list(meta: Mapping[str, object]) -> str:
+    """The job's recorded settings (fleet, engine flags, sampling params) as a definition list."""
+    if not meta:
+        return '<p class="muted">the store holds no settings for this job</p>'
+    items = []
+    for key in sorted(meta):
+        value = meta[key]
+        if isinstance(value, dict | list):
+            text = json.dumps(value, indent=2, sort_keys=True, default=str)
+            items.append(f"<dt>{escape(key)}</dt><dd><pre class='meta'>{escape(text)}</pre></dd>")
+        elif isinstance(value, str) and "\n" in value:
+            items.append(f"<dt>{escape(key)}</dt><dd><pre class='meta'>{escape(value)}</pre></dd>")
+        else:
+            items.append(f"<dt>{escape(key)}</dt><dd>{escape(str(value))}</dd>")
+    return f'<dl id="meta" class="kv">{"".join(items)}</dl>'

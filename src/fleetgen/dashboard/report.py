@@ -1,0 +1,75 @@
+"""`fleetgen report`: one self-contained HTML file for a finished or running job, plus PNGs on request.
+
+The HTML inlines its CSS and SVG charts (no script, no external reference), so it can be mailed or
+attached to a ticket. PNGs are the same SVG charts rendered by headless Chromium (`chromium.svg_to_png`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from fleetgen.dashboard import chromium, page, render
+from fleetgen.dashboard.jobdata import JobReader
+from fleetgen.dashboard.model import JobView
+from fleetgen.errors import FleetgenError
+
+NUM_LISTED_ERRORS = 200  # the error table lists the latest ones; the caption says how many are left out
+PNG_WIDTH = 900
+_SIZE = re.compile(r'<svg [^>]*width="(\d+)" height="(\d+)"')
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    """What `write_report` wrote."""
+
+    html: Path
+    pngs: tuple[Path, ...]
+    job: JobView
+
+
+def read_job(out_dir: Path) -> JobView:
+    """The job in `out_dir` as it is now, with up to `NUM_LISTED_ERRORS` error rows."""
+    reader = JobReader(out_dir)
+    try:
+        return reader.read(num_errors=NUM_LISTED_ERRORS)
+    finally:
+        reader.close()
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` via a temp file and a rename: a reader never sees half a report."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise FleetgenError(
+            f"cannot write the report {path}: {exc.strerror}",
+            fix="check the folder exists, is writable and the disk not full",
+        ) from exc
+
+
+async def write_report(out_dir: Path, to: Path | None = None, *, png: bool = False) -> ReportFiles:
+    """Write `to` (default `OUT_DIR/report.html`) and, with `png`, one PNG per chart next to it."""
+    job = await asyncio.to_thread(read_job, out_dir)
+    html_path = to or out_dir / "report.html"
+    await asyncio.to_thread(write_atomic, html_path, page.report_page(job, ()))
+    pngs: list[Path] = []
+    if png:
+        charts = {**render.charts(job, (), width=PNG_WIDTH), **render.result_charts(job, width=PNG_WIDTH)}
+        for name, svg in charts.items():
+            if "is-empty" in svg:
+                continue  # an empty frame is no picture worth a file
+            size = _SIZE.search(svg)
+            width, height = (int(size.group(1)), int(size.group(2))) if size else (PNG_WIDTH, 300)
+            target = html_path.with_name(f"{html_path.stem}-{name.removeprefix('chart-')}.png")
+            pngs.append(await chromium.svg_to_png(svg, target, width=width, height=height))
+    return ReportFiles(html=html_path, pngs=tuple(pngs), job=job)
