@@ -1,1 +1,24 @@
-"""fleetgen.plan."""
+"""The pure memory plan and flag rules: `plan_fleet(fleet, shape, facts, version) -> FleetPlan`.
+
+Modules: `types` (values in and out), `settings` (SGLang flags as the engine resolves them), `sglang` / `vllm`
+(each engine's memory arithmetic), `rules` (startup checks in the engine's words), `instance` (one instance),
+`fixes` (ranked fixes, target concurrency), `fleet` (the whole fleet and cross-instance rules).
+"""
+
+from __future__ import annotations
+
+from fleetgen.plan.fleet import facts_from_file, plan_fleet, plan_instance
+from fleetgen.plan.types import Fix, FleetPlan, GpuFacts, HostFacts, InstancePlan, Issue, Memory
+
+__all__ = [
+    "Fix",
+    "FleetPlan",
+    "GpuFacts",
+    "HostFacts",
+    "InstancePlan",
+    "Issue",
+    "Memory",
+    "facts_from_file",
+    "plan_fleet",
+    "plan_instance",
+]

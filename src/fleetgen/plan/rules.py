@@ -48,7 +48,8 @@ Rule = Callable[[RuleInput], Found]
 
 def _fix_extra_buffer(r: RuleSet) -> str:
     env = f' and engine.env {r.spec_v2_env} = "1"' if r.spec_v2_env else ""
-    return f'set engine.args {r.strategy_flag} = "extra_buffer"{env} (or disable-radix-cache = true: no prefix reuse)'
+    alt = " (or disable-radix-cache = true: no prefix reuse)"
+    return f'set engine.args {r.strategy_flag} = "extra_buffer"{env}{alt}'
 
 
 def spec_no_buffer_radix(x: RuleInput) -> Found:

@@ -27,6 +27,7 @@ class Fix:
     change: str
     args: Mapping[str, Any] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
+    tp: int = 0  # 0: unchanged
     max_running_requests: int = 0
     kv_tokens: int = 0
 

@@ -1,0 +1,156 @@
+"""Ways out when an instance does not fit, ranked by cost, and the flags for a target concurrency (pure).
+
+Every candidate is re-sized with the same engine arithmetic, so a fix is only offered when it really fits.
+Cost: 0 a flag the rule demands, 1 a pool size, 2 lower state precision, 3 shorter context, 4 more GPUs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from fleetgen.plan.instance import Ask, Sizing, size
+from fleetgen.plan.types import Fix
+
+MAX_SCAN = 1024
+
+
+@dataclass(frozen=True)
+class Candidate:
+    cost: int
+    change: str
+    args: Mapping[str, Any] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    tp: int = 0
+
+
+def _apply(ask: Ask, c: Candidate) -> Ask:
+    return replace(ask, args={**ask.args, **c.args}, env={**ask.env, **c.env}, tp=c.tp or ask.tp)
+
+
+def _is_usable(sized: Sizing, need: int = 1) -> bool:
+    m = sized.memory
+    return sized.fits and m.max_running_requests >= need and m.kv_tokens >= m.context_length
+
+
+def _required(engine: str, ask: Ask, base: Sizing) -> Candidate:
+    """The cost-0 change a refusing rule names (SGLang early 2026: extra_buffer + the spec-v2 env var)."""
+    if any(e.rule == "spec-no-buffer-radix" for e in base.errors):
+        r = ask.rules
+        env = {r.spec_v2_env: "1"} if r.spec_v2_env else {}
+        text = f"--{r.strategy_flag} extra_buffer" + (f" + {r.spec_v2_env}=1" if env else "")
+        return Candidate(0, text, {r.strategy_flag: "extra_buffer"}, env)
+    return Candidate(0, "")
+
+
+def _sglang_variants(ask: Ask) -> list[Candidate]:
+    ctx = int(ask.args.get("context-length") or ask.shape.context_length)
+    out = [Candidate(1, "")]
+    if ask.shape.is_hybrid:
+        out.append(Candidate(2, "--mamba-ssm-dtype bfloat16", {"mamba-ssm-dtype": "bfloat16"}))
+    if ctx > 4096:
+        out.append(Candidate(3, f"context {ctx} → {ctx // 2}", {"context-length": ctx // 2}))
+    out.append(Candidate(4, f"tp = {ask.tp * 2}", tp=ask.tp * 2))
+    return out
+
+
+def _vllm_variants(ask: Ask) -> list[Candidate]:
+    ctx = int(ask.args.get("max-model-len") or ask.shape.context_length)
+    out = [Candidate(1, "--gpu-memory-utilization 0.95", {"gpu-memory-utilization": 0.95})]
+    if ctx > 4096:
+        out.append(Candidate(3, f"max-model-len {ctx} → {ctx // 2}", {"max-model-len": ctx // 2}))
+    out.append(Candidate(4, f"tp = {ask.tp * 2}", tp=ask.tp * 2))
+    return out
+
+
+VARIANTS: dict[str, Callable[[Ask], list[Candidate]]] = {"sglang": _sglang_variants, "vllm": _vllm_variants}
+
+
+def _sglang_concurrency(ask: Ask, sized: Sizing, n: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"max-running-requests": n}
+    if ask.shape.is_hybrid:  # ρ Mamba slots per running request
+        out["max-mamba-cache-size"] = int(sized.resolved.get("mamba_ratio", 3)) * n
+    return out
+
+
+def _vllm_concurrency(ask: Ask, sized: Sizing, n: int) -> dict[str, Any]:
+    return {"max-num-seqs": n}
+
+
+CONCURRENCY: dict[str, Callable[[Ask, Sizing, int], dict[str, Any]]] = {
+    "sglang": _sglang_concurrency,
+    "vllm": _vllm_concurrency,
+}
+
+
+def _try(engine: str, ask: Ask, probe: Sizing, n: int) -> tuple[dict[str, Any], Sizing]:
+    extra = CONCURRENCY[engine](ask, probe, n)
+    return extra, size(engine, replace(ask, args={**ask.args, **extra}))
+
+
+def _best(engine: str, ask: Ask) -> tuple[int, dict[str, Any], Sizing | None]:
+    """The most running requests reachable by sizing the pools explicitly (usable is monotone in n)."""
+    probe = size(engine, ask)
+    lo, hi = 0, MAX_SCAN + 1  # usable(lo) holds (0 trivially), usable(hi) fails
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _is_usable(_try(engine, ask, probe, mid)[1], mid):
+            lo = mid
+        else:
+            hi = mid
+    if lo == 0:
+        return 0, {}, None
+    extra, sized = _try(engine, ask, probe, lo)
+    return lo, extra, sized
+
+
+def ranked_fixes(engine: str, ask: Ask, base: Sizing) -> tuple[Fix, ...]:
+    """Fixes that make this instance fit (or serve more), cheapest first, each with what it yields."""
+    required = _required(engine, ask, base)
+    fixed = _apply(ask, required)
+    fixes: list[Fix] = []
+    for variant in VARIANTS[engine](fixed):
+        n, extra, sized = _best(engine, _apply(fixed, variant))
+        if sized is None or (base.fits and n <= base.memory.max_running_requests):
+            continue
+        flags = " ".join(f"--{k} {v}" for k, v in extra.items())
+        text = ", ".join(t for t in (required.change, variant.change, flags) if t) + f" → {n} concurrent"
+        fixes.append(
+            Fix(
+                max(required.cost, variant.cost),
+                text,
+                {**required.args, **variant.args, **extra},
+                {**required.env, **variant.env},
+                variant.tp,
+                n,
+                sized.memory.kv_tokens,
+            )
+        )
+    return tuple(sorted(fixes, key=lambda f: (f.cost, -f.max_running_requests)))
+
+
+def solve_target(engine: str, ask: Ask, base: Sizing, target: int) -> tuple[Fix | None, str]:
+    """The cheapest flags giving `target` concurrent requests, or why none do (and the most reachable)."""
+    fixed = _apply(ask, _required(engine, ask, base))
+    best_n, best_text = 0, ""
+    for variant in VARIANTS[engine](fixed):
+        trial = _apply(fixed, variant)
+        extra, sized = _try(engine, trial, size(engine, trial), target)
+        if _is_usable(sized, target):
+            flags = " ".join(f"--{k} {v}" for k, v in extra.items())
+            text = ", ".join(t for t in (variant.change, flags) if t)
+            return Fix(
+                variant.cost,
+                text,
+                {**fixed.args, **variant.args, **extra},
+                {**fixed.env, **variant.env},
+                variant.tp,
+                sized.memory.max_running_requests,
+                sized.memory.kv_tokens,
+            ), ""
+        n, _, _ = _best(engine, trial)
+        if n > best_n:
+            best_n, best_text = n, variant.change or "the current flags"
+    why = f"{target} concurrent requests do not fit in this GPU's memory with any ranked change; "
+    return None, why + (f"at most {best_n} with {best_text}" if best_n else "not even one request fits")

@@ -1,0 +1,176 @@
+"""The plan of a whole fleet: every instance sized and checked, plus the rules that span instances (pure).
+
+Fleet-wide rules: two instances on one GPU, one port used twice on a machine, hierarchical-cache host RAM
+summed over the instances of a machine against what it has (minus SGLang's 10 GiB reserve).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from fleetgen.config import FleetFile, HostSpec, InstanceSpec
+from fleetgen.engines import RuleSet, get_engine, select_rule_set
+from fleetgen.engines.sglang import HICACHE_HOST_MEMORY
+from fleetgen.modelcard import ModelShape
+from fleetgen.plan.fixes import ranked_fixes, solve_target
+from fleetgen.plan.instance import HICACHE_RESERVE_BYTES, Ask, gpu_of, launch, size
+from fleetgen.plan.types import GIB, FleetPlan, GpuFacts, HostFacts, InstancePlan, Issue, Memory
+
+
+def facts_from_file(host: HostSpec) -> HostFacts:
+    """Host facts written in the fleet file (`gpu_memory_gib`, `gpu_free_gib`, `host_memory_gib`)."""
+    gpus = None
+    if host.gpu_memory_gib is not None and host.gpus != "all":
+        total = int(host.gpu_memory_gib * GIB)
+        free = int((host.gpu_free_gib or host.gpu_memory_gib) * GIB)
+        gpus = tuple(GpuFacts(i, total, min(free, total)) for i in host.gpus)
+    mem = int(host.host_memory_gib * GIB) if host.host_memory_gib is not None else None
+    return HostFacts(name=host.name, address=_machine(host), gpus=gpus, mem_available_bytes=mem)
+
+
+def _machine(host: HostSpec) -> str:
+    return "local" if host.is_local else f"{host.address}"
+
+
+def plan_instance(
+    fleet: FleetFile,
+    inst: InstanceSpec,
+    shape: ModelShape,
+    facts: HostFacts,
+    rules: RuleSet,
+    target: int | None = None,
+) -> InstancePlan:
+    """Size, check and build the launch of one instance; fixes when it does not fit; flags for `target`."""
+    spec = fleet.engine
+    argv, env = launch(spec, inst, rules)
+    base = InstancePlan(
+        inst.name, inst.host, inst.gpus, inst.port, spec.kind, rules.name, Memory(), tuple(argv), env
+    )
+    if facts.gpus is None:
+        issue = Issue(
+            "gpu-unknown",
+            f"no GPU memory known for host {inst.host}",
+            "set gpu_memory_gib (and gpu_free_gib) in its [[hosts]] entry, or plan without --offline",
+        )
+        return replace(base, errors=(issue,))
+    gpu, missing = gpu_of(inst, {g.index: g for g in facts.gpus})
+    if gpu is None:
+        return replace(base, errors=tuple(missing))
+    ask = Ask(dict(spec.args), dict(spec.env), spec.tp, gpu.free_bytes, gpu.total_bytes, rules, shape)
+    sized = size(spec.kind, ask)
+    warnings = list(sized.warnings) + [Issue("model", note) for note in shape.notes]
+    if not gpu.measured:
+        warnings.append(
+            Issue(
+                "gpu-facts",
+                f"GPU memory of {inst.host} is from the fleet file, not measured",
+                "run `fleetgen plan` without --offline to read nvidia-smi on the host",
+            )
+        )
+    fixes = ranked_fixes(spec.kind, ask, sized) if not sized.fits else ()
+    errors = list(sized.errors)
+    if target is not None:
+        fix, why = solve_target(spec.kind, ask, sized, target)
+        fixes = ((fix,) if fix else ()) + fixes
+        if fix is None:
+            errors.append(Issue("target-concurrency", why, "add GPUs (more instances) or lower the target"))
+    return replace(
+        base,
+        memory=sized.memory,
+        errors=tuple(errors),
+        warnings=tuple(warnings),
+        fixes=fixes,
+        resolved=dict(sized.resolved),
+    )
+
+
+def plan_fleet(
+    fleet: FleetFile,
+    shape: ModelShape,
+    facts: Mapping[str, HostFacts],
+    version: str | None,
+    *,
+    target: int | None = None,
+) -> FleetPlan:
+    """Plan every instance of `fleet`; `facts` maps host name → what is known of it (file or measured)."""
+    engine = get_engine(fleet.engine.kind)
+    rules, rule_warning = select_rule_set(engine.rule_sets, version or fleet.engine.version)
+    detected: dict[str, Sequence[int]] = {n: [g.index for g in f.gpus] for n, f in facts.items() if f.gpus}
+    instances = fleet.instances(detected)
+    plans = [
+        plan_instance(fleet, inst, shape, facts.get(inst.host) or HostFacts(inst.host), rules, target)
+        for inst in instances
+    ]
+    warnings = [Issue("rule-set", rule_warning)] if rule_warning else []
+    errors = _shared_gpus(fleet, instances) + _port_clashes(fleet, instances)
+    errors += _host_memory(fleet, plans, facts)
+    return FleetPlan(
+        tuple(plans), tuple(errors), tuple(warnings), {"target_concurrency": target} if target else {}
+    )
+
+
+def _machines(fleet: FleetFile) -> dict[str, str]:
+    return {h.name: _machine(h) for h in fleet.hosts}
+
+
+def _shared_gpus(fleet: FleetFile, instances: list[InstanceSpec]) -> list[Issue]:
+    owner: dict[tuple[str, int], str] = {}
+    errors = []
+    machines = _machines(fleet)
+    for inst in instances:
+        for gpu in inst.gpus:
+            key = (machines[inst.host], gpu)
+            if key in owner:
+                errors.append(
+                    Issue(
+                        "gpu-shared",
+                        f"{inst.name} and {owner[key]} both use GPU {gpu} of {key[0]}",
+                        "give each [[hosts]] entry of one machine its own gpus list",
+                    )
+                )
+            owner.setdefault(key, inst.name)
+    return errors
+
+
+def _port_clashes(fleet: FleetFile, instances: list[InstanceSpec]) -> list[Issue]:
+    owner: dict[tuple[str, int], str] = {}
+    errors = []
+    machines = _machines(fleet)
+    for inst in instances:
+        key = (machines[inst.host], inst.port)
+        if key in owner:
+            errors.append(
+                Issue(
+                    "port-clash",
+                    f"{inst.name} and {owner[key]} both listen on port {inst.port} of {key[0]}",
+                    "give the [[hosts]] entries of one machine distinct base_port",
+                )
+            )
+        owner.setdefault(key, inst.name)
+    return errors
+
+
+def _host_memory(fleet: FleetFile, plans: list[InstancePlan], facts: Mapping[str, HostFacts]) -> list[Issue]:
+    """Pinned hierarchical-cache RAM per machine against its available RAM minus SGLang's reserve."""
+    machines = _machines(fleet)
+    pinned: dict[str, int] = defaultdict(int)
+    available: dict[str, int | None] = {}
+    for plan in plans:
+        machine = machines[plan.host]
+        pinned[machine] += plan.memory.hicache_host_bytes
+        available.setdefault(machine, (facts.get(plan.host) or HostFacts(plan.host)).mem_available_bytes)
+    errors = []
+    for machine, want in pinned.items():
+        have = available.get(machine)
+        if want and have is not None and want > have - HICACHE_RESERVE_BYTES:
+            text = HICACHE_HOST_MEMORY.format(req=want / 1e9, avail=(have - HICACHE_RESERVE_BYTES) / 1e9)
+            errors.append(
+                Issue(
+                    "hicache-host-memory",
+                    f"{machine}: {text}",
+                    "set hicache-size (GB per pool per instance) or a lower hicache-ratio",
+                )
+            )
+    return errors
