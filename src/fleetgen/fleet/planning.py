@@ -1,0 +1,190 @@
+"""The I/O side of `fleetgen plan`: gather the model shape, GPU/RAM facts and engine version, run the
+pure plan, then (unless offline) run each host's OWN engine argument parser on the exact argv and fold its
+verdict in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import posixpath
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from fleetgen.config import FleetFile, HostSpec
+from fleetgen.engines import get_engine
+from fleetgen.errors import ModelCardError, RemoteError
+from fleetgen.fleet.hostcheck import HostReport, check_hosts
+from fleetgen.modelcard import ModelShape, load_model_shape, parse_model_shape
+from fleetgen.plan import FleetPlan, GpuFacts, HostFacts, InstancePlan, Issue, facts_from_file, plan_fleet
+from fleetgen.remote import CommandHost, open_host
+
+MIB = 1 << 20
+GIB = 1 << 30
+PARSER_TIMEOUT_S = 180.0  # importing SGLang's server_args pulls in triton: tens of seconds on a cold host
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """Everything the pure plan needs, and where it came from."""
+
+    shape: ModelShape
+    facts: dict[str, HostFacts]
+    version: str | None
+    notes: tuple[Issue, ...] = ()
+
+
+def facts_from_report(host: HostSpec, report: HostReport) -> HostFacts:
+    """Measured facts (nvidia-smi, /proc/meminfo, engine version); the file's values where none was read."""
+    base = facts_from_file(host)
+    if not report.reachable:
+        return base
+    gpus = tuple(
+        GpuFacts(
+            g.index, g.memory_total_mib * MIB, (g.memory_total_mib - g.memory_used_mib) * MIB, measured=True
+        )
+        for g in report.gpus
+    )
+    mem = (
+        int(report.mem_available_gib * GIB)
+        if report.mem_available_gib is not None
+        else base.mem_available_bytes
+    )
+    return replace(
+        base, gpus=gpus or base.gpus, mem_available_bytes=mem, engine_version=report.engine_version
+    )
+
+
+def local_shape(model_config: str, fleet_path: Path) -> ModelShape:
+    """`engine.model_config` read locally; a relative path is relative to the fleet file."""
+    folder = Path(model_config).expanduser()
+    return load_model_shape(folder if folder.is_absolute() else fleet_path.parent / folder)
+
+
+async def load_shape(fleet: FleetFile, fleet_path: Path, *, offline: bool) -> ModelShape:
+    """The model shape from `engine.model_config` (relative to the fleet file), else from the first host."""
+    spec = fleet.engine
+    if spec.model_config_dir:
+        return local_shape(spec.model_config_dir, fleet_path)
+    if offline:
+        raise ModelCardError(
+            "--offline needs the model's config.json locally, and engine.model_config is not set",
+            fix="set engine.model_config to a local folder holding config.json and "
+            "model.safetensors.index.json, or plan without --offline",
+        )
+    host = fleet.hosts[0]
+    async with open_host(host) as conn:
+        config = await _read_json(conn, posixpath.join(spec.model, "config.json"), host.name)
+        try:
+            index = await _read_json(
+                conn, posixpath.join(spec.model, "model.safetensors.index.json"), host.name
+            )
+        except ModelCardError:
+            index = None
+    return parse_model_shape(config, index)
+
+
+async def _read_json(conn: CommandHost, path: str, host: str) -> dict[str, object]:
+    try:
+        data = json.loads(await conn.read(path))
+    except (RemoteError, json.JSONDecodeError) as exc:
+        raise ModelCardError(
+            f"cannot read {path} on {host}: {exc}",
+            fix="set engine.model to the model folder on the host, or engine.model_config to "
+            "a local copy of its config.json",
+        ) from exc
+    if not isinstance(data, dict):
+        raise ModelCardError(f"{path} on {host} is not a JSON object", fix="check the model folder")
+    return data
+
+
+async def gather_inputs(fleet: FleetFile, fleet_path: Path, *, offline: bool) -> PlanInputs:
+    """Model shape, host facts and engine version: from the file only when `offline`, else probed."""
+    shape = await load_shape(fleet, fleet_path, offline=offline)
+    if offline:
+        return PlanInputs(shape, {h.name: facts_from_file(h) for h in fleet.hosts}, fleet.engine.version)
+    reports = await check_hosts(fleet)
+    facts = {h.name: facts_from_report(h, r) for h, r in zip(fleet.hosts, reports, strict=True)}
+    notes = [
+        Issue("host-unreachable", f"{r.host}: {r.error}; planning it from the fleet file", r.fix or "")
+        for r in reports
+        if not r.reachable
+    ]
+    versions = sorted({r.engine_version for r in reports if r.engine_version})
+    if len(versions) > 1:
+        notes.append(
+            Issue(
+                "engine-version",
+                f"hosts run different {fleet.engine.kind} versions: "
+                f"{', '.join(versions)}; planning with {versions[-1]}",
+                "install one version everywhere",
+            )
+        )
+    if versions and fleet.engine.version and fleet.engine.version not in versions:
+        notes.append(
+            Issue(
+                "engine-version",
+                f"engine.version = {fleet.engine.version} but the hosts run "
+                f"{', '.join(versions)}; planning with what runs",
+                "update engine.version",
+            )
+        )
+    return PlanInputs(shape, facts, versions[-1] if versions else fleet.engine.version, tuple(notes))
+
+
+async def check_with_host_parser(fleet: FleetFile, plan: FleetPlan) -> FleetPlan:
+    """Run the engine's own parser on each host (first instance's exact argv; others differ only in port)."""
+    firsts: dict[str, InstancePlan] = {}
+    for inst in plan.instances:
+        firsts.setdefault(inst.host, inst)
+    verdicts = await asyncio.gather(*(_parse_on(fleet, fleet.host(h), p) for h, p in firsts.items()))
+    by_host = dict(zip(firsts, verdicts, strict=True))
+    instances = []
+    for inst in plan.instances:
+        errors, warnings = by_host.get(inst.host, ((), ()))
+        instances.append(replace(inst, errors=inst.errors + errors, warnings=inst.warnings + warnings))
+    return replace(plan, instances=tuple(instances))
+
+
+async def _parse_on(fleet: FleetFile, host: HostSpec, inst: InstancePlan) -> tuple[tuple[Issue, ...], ...]:
+    engine = get_engine(fleet.engine.kind)
+    args = list(inst.argv[1 + len(fleet.engine.launcher_argv) :])
+    try:
+        async with open_host(host) as conn:
+            result = await conn.run(
+                [fleet.engine.python, "-c", engine.parser_check_script()],
+                check=False,
+                stdin=json.dumps(args).encode(),
+                timeout=PARSER_TIMEOUT_S,
+            )
+    except RemoteError as exc:
+        return (), (
+            Issue(
+                "engine-parser", f"{host.name}: could not run {engine.name}'s parser: {exc.message}", exc.fix
+            ),
+        )
+    verdict = engine.parse_verdict(result.stdout)
+    if verdict.is_ok:
+        return (), ()
+    if verdict.error.startswith(("ModuleNotFoundError", "ImportError")):
+        return (), (
+            Issue(
+                "engine-parser",
+                f"{host.name}: {engine.name}'s parser did not import: {verdict.error}",
+                "`fleetgen hosts check` shows what is missing",
+            ),
+        )
+    text = f"{host.name}: {engine.name} {verdict.version} refuses this argv: {verdict.error}"
+    return (
+        Issue("engine-parser", text, "change the flag it names (see the plan's renamed-flag warnings)"),
+    ), ()
+
+
+async def plan_from_file(
+    fleet: FleetFile, fleet_path: Path, *, offline: bool, target: int | None
+) -> FleetPlan:
+    """The whole `fleetgen plan`: inputs, pure plan, and (online) the hosts' own parser verdicts."""
+    inputs = await gather_inputs(fleet, fleet_path, offline=offline)
+    plan = plan_fleet(fleet, inputs.shape, inputs.facts, inputs.version, target=target)
+    plan = replace(plan, warnings=plan.warnings + inputs.notes)
+    return plan if offline else await check_with_host_parser(fleet, plan)
