@@ -1,0 +1,115 @@
+"""`fleetgen plan`: GPU memory and engine flags per instance, checked before anything launches."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from fleetgen.cli.app import FLEET_OPTION, app, console, exit_with, run
+from fleetgen.config import load_fleet
+from fleetgen.fleet.planning import plan_from_file
+from fleetgen.plan import FleetPlan, InstancePlan, Issue
+
+GIB = 1 << 30
+OFFLINE_OPTION = typer.Option(False, "--offline", help="Use only the fleet file and local model folders.")
+TARGET_OPTION = typer.Option(
+    None, "--target-concurrency", min=1, help="Solve for the flags giving N concurrent requests per instance."
+)
+JSON_OPTION = typer.Option(False, "--json", help='Print {"instances": [...]} as JSON.')
+
+
+@app.command("plan")
+def plan(
+    fleet: Path = FLEET_OPTION,
+    offline: bool = OFFLINE_OPTION,
+    target: int | None = TARGET_OPTION,
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Plan GPU memory and flags per instance. Exit code 2 when an instance does not fit or a rule fails."""
+    result = run(_plan(fleet, offline, target))
+    if as_json:
+        typer.echo(json.dumps(result.to_json(), indent=2))
+    else:
+        _render(result)
+    if not result.fits:
+        exit_with(2)
+
+
+async def _plan(path: Path, offline: bool, target: int | None) -> FleetPlan:
+    return await plan_from_file(load_fleet(path), path, offline=offline, target=target)
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.2f}"
+
+
+def _memory_table(p: InstancePlan) -> Table:
+    m = p.memory
+    table = Table(
+        title=f"{p.instance}  ({p.host}, GPU {','.join(map(str, p.gpus))}, port {p.port}, {p.rules})",
+        show_header=True,
+        title_justify="left",
+    )
+    table.add_column("memory (per GPU)")
+    table.add_column("GiB", justify="right")
+    table.add_column("capacity")
+    table.add_column("", justify="right")
+    rows = [
+        ("free at start", _gib(m.free_bytes), "mem fraction", f"{m.mem_fraction_static:.3f}"),
+        ("static budget", _gib(m.budget_bytes), "KV bytes / token", f"{m.kv_bytes_per_token:,}"),
+        ("weights", _gib(m.weights_bytes), "state bytes / request", f"{m.state_bytes_per_request:,}"),
+        (
+            "Mamba pool",
+            _gib(m.mamba_pool_bytes),
+            "Mamba slots (ρ per request)",
+            f"{m.mamba_slots} ({m.mamba_ratio})",
+        ),
+        ("spec scratch", _gib(m.spec_scratch_bytes), "KV tokens", f"{m.kv_tokens:,}"),
+        ("KV pool", _gib(m.kv_pool_bytes), "max running requests", str(m.max_running_requests)),
+        (
+            "headroom (est. need)",
+            f"{_gib(m.headroom_bytes)} ({_gib(m.headroom_needed_bytes)})",
+            "context / full request fits",
+            f"{m.context_length:,} / {'yes' if m.kv_tokens >= m.context_length else 'NO'}",
+        ),
+        ("hicache host RAM", _gib(m.hicache_host_bytes), "", ""),
+    ]
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def _issues(title: str, issues: tuple[Issue, ...], style: str) -> None:
+    for issue in issues:
+        console.print(f"  [{style}]{title}[/] [{issue.rule}] {escape(issue.message)}", highlight=False)
+        if issue.fix:
+            console.print(f"    [green]fix:[/] {escape(issue.fix)}", highlight=False)
+
+
+def _render_instance(p: InstancePlan) -> None:
+    console.print(_memory_table(p))
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(p.env.items()))
+    console.print(
+        f"  [dim]launch:[/] {escape(env)} {escape(shlex.join(p.argv))}", highlight=False, soft_wrap=True
+    )
+    _issues("error", p.errors, "bold red")
+    _issues("warning", p.warnings, "yellow")
+    for rank, fix in enumerate(p.fixes, 1):
+        console.print(f"  [green]fix {rank}[/] (cost {fix.cost}): {escape(fix.change)}", highlight=False)
+    verdict = "[green]fits[/]" if p.fits else "[bold red]does not fit / refused[/]"
+    console.print(f"  verdict: {verdict}\n")
+
+
+def _render(result: FleetPlan) -> None:
+    for inst in result.instances:
+        _render_instance(inst)
+    _issues("error", result.errors, "bold red")
+    _issues("warning", result.warnings, "yellow")
+    total = sum(i.memory.max_running_requests for i in result.instances if i.fits)
+    state = "[green]all instances fit[/]" if result.fits else "[bold red]the plan fails (exit 2)[/]"
+    console.print(f"{len(result.instances)} instance(s), {total} concurrent requests in total: {state}")
