@@ -42,7 +42,7 @@ SPEC_FLAGS = ("speculative-algorithm", "speculative-config")
 CAPACITY_LINES: tuple[tuple[str, str], ...] = (
     ("kv_tokens", r"max_total_num_tokens=(\d+)"),
     ("kv_tokens", r"KV Cache is allocated\..*#tokens: (\d+)"),
-    ("kv_tokens", r"GPU KV cache size: ([\d,]+) tokens"),
+    ("kv_tokens", r"KV cache size: ([\d,]+) tokens"),
     ("max_running_requests", r"max_running_requests=(\d+)"),
     ("mamba_slots", r"Mamba Cache is allocated\..*?(?:max_mamba_cache_size|#slots|size)[:=] ?(\d+)"),
 )
