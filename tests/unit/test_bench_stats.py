@@ -16,7 +16,6 @@ from fleetgen.generate.bench_stats import (
     RequestSample,
     Target,
     accept_length_from_metrics,
-    accept_length_from_stream,
     build_level,
     capped_levels,
     chat_body,
@@ -26,6 +25,7 @@ from fleetgen.generate.bench_stats import (
     read_event,
     speedups,
     summarize,
+    tokens_per_chunk,
 )
 
 FINITE = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False)
@@ -107,15 +107,22 @@ def test_accept_length_from_sglang_gauge() -> None:
 def sample(
     tokens: int, chunks: int, *, ok: bool = True, ttft: float = 0.1, prompt: int = 10
 ) -> RequestSample:
-    s = RequestSample(is_ok=ok, ttft_s=ttft, latency_s=1.0, num_chunks=chunks, output_tokens=tokens,
-                      prompt_tokens=prompt, error="" if ok else "HTTP 500")  # fmt: skip
+    s = RequestSample(
+        is_ok=ok,
+        ttft_s=ttft,
+        latency_s=1.0,
+        num_chunks=chunks,
+        output_tokens=tokens,
+        prompt_tokens=prompt,
+        error="" if ok else "HTTP 500",
+    )
     s.itls.extend([0.01] * max(chunks - 1, 0))
     return s
 
 
-def test_accept_length_from_stream_counts_tokens_per_chunk() -> None:
-    assert accept_length_from_stream([sample(30, 10), sample(10, 10), sample(99, 1, ok=False)]) == 2.0
-    assert accept_length_from_stream([sample(5, 1, ok=False)]) is None
+def test_tokens_per_chunk_counts_only_successes() -> None:
+    assert tokens_per_chunk([sample(30, 10), sample(10, 10), sample(99, 1, ok=False)]) == 2.0
+    assert tokens_per_chunk([sample(5, 1, ok=False)]) is None
 
 
 def test_build_level_folds_samples() -> None:
@@ -124,7 +131,7 @@ def test_build_level_folds_samples() -> None:
         sample(100, 50, ttft=0.4, prompt=70),
         sample(0, 0, ok=False),
     ]
-    level = build_level(Target("fleet", ("http://a", "http://b")), 4, samples, 2.0, (None, "stream"))
+    level = build_level(Target("fleet", ("http://a", "http://b")), 4, samples, 2.0, None)
     assert (level.num_requests, level.num_failed, level.num_instances) == (3, 1, 2)
     assert level.output_tokens == 200
     assert level.output_tok_s == 100.0
@@ -133,12 +140,27 @@ def test_build_level_folds_samples() -> None:
     assert level.ttft_s is not None and level.ttft_s.p50 == pytest.approx(0.3)
     assert level.itl_s is not None and level.itl_s.p99 == pytest.approx(0.01)
     assert level.first_error == "HTTP 500"
-    assert (level.accept_length, level.accept_source) == (None, "")
+    assert level.accept_length is None
+    assert level.tokens_per_chunk == pytest.approx(200 / 150)
 
 
 def level(target: str, concurrency: int, tok_s: float, accept: float | None = None) -> LevelResult:
-    return LevelResult(target, 1, concurrency, 10, 0, 1.0, int(tok_s), 10.0, tok_s, 1.0, None, None, accept,
-                       "metrics" if accept else "")  # fmt: skip
+    return LevelResult(
+        target,
+        1,
+        concurrency,
+        10,
+        0,
+        1.0,
+        int(tok_s),
+        10.0,
+        tok_s,
+        1.0,
+        None,
+        None,
+        accept,
+        None,
+    )
 
 
 def test_speedups_pair_by_target_and_concurrency() -> None:

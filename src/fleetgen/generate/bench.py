@@ -30,7 +30,6 @@ from fleetgen.generate.bench_stats import (
     RequestSample,
     Target,
     accept_length_from_metrics,
-    accept_length_from_stream,
     build_level,
     capped_levels,
     chat_body,
@@ -174,17 +173,15 @@ async def run_level(
     await asyncio.gather(*(worker(url) for url in target.urls for _ in range(concurrency)))
     duration = time.perf_counter() - start
     after = await scrape(session, target.urls, headers)
-    return build_level(target, concurrency, samples, duration, _accept(before, after, samples))
+    return build_level(target, concurrency, samples, duration, _accept(before, after))
 
 
-def _accept(
-    before: Mapping[str, float], after: Mapping[str, float], samples: Sequence[RequestSample]
-) -> tuple[float | None, str]:
+def _accept(before: Mapping[str, float], after: Mapping[str, float]) -> float | None:
     for names in KNOWN_METRICS:
         value = accept_length_from_metrics(before, after, names)
         if value is not None:
-            return value, "metrics"
-    return accept_length_from_stream(samples), "stream"
+            return value
+    return None
 
 
 async def sweep(

@@ -99,8 +99,8 @@ class LevelResult:
     requests_s: float
     ttft_s: Percentiles | None
     itl_s: Percentiles | None
-    accept_length: float | None
-    accept_source: str  # "metrics", "stream" or ""
+    accept_length: float | None  # from the engine's /metrics; None without speculative decoding
+    tokens_per_chunk: float | None  # seen in the stream: ≈ accept length only if every step is its own chunk
     first_error: str = ""
 
 
@@ -164,8 +164,9 @@ def accept_length_from_metrics(
     return gauge if gauge is not None and gauge > 0 else None
 
 
-def accept_length_from_stream(samples: Sequence[RequestSample]) -> float | None:
-    """Tokens per token-bearing chunk: the accept length when the server sends one chunk per decode step."""
+def tokens_per_chunk(samples: Sequence[RequestSample]) -> float | None:
+    """Tokens per token-bearing chunk: the accept length if the server sends one chunk per decode step (a
+    client that reads late sees coalesced chunks, so this is a hint, not the engine's number)."""
     tokens = sum(s.output_tokens for s in samples if s.is_ok)
     chunks = sum(s.num_chunks for s in samples if s.is_ok)
     return tokens / chunks if chunks else None
@@ -185,7 +186,7 @@ def build_level(
     concurrency: int,
     samples: Sequence[RequestSample],
     duration_s: float,
-    accept: tuple[float | None, str],
+    accept_length: float | None,
 ) -> LevelResult:
     """Fold one level's samples into its result (pure)."""
     ok = [s for s in samples if s.is_ok]
@@ -195,15 +196,22 @@ def build_level(
     for s in ok:
         itls.extend(s.itls)
     return LevelResult(
-        target=target.name, num_instances=len(target.urls), concurrency=concurrency,
-        num_requests=len(samples), num_failed=len(failed), duration_s=duration_s, output_tokens=out_tokens,
+        target=target.name,
+        num_instances=len(target.urls),
+        concurrency=concurrency,
+        num_requests=len(samples),
+        num_failed=len(failed),
+        duration_s=duration_s,
+        output_tokens=out_tokens,
         mean_input_tokens=(sum(s.prompt_tokens for s in ok) / len(ok)) if ok else 0.0,
         output_tok_s=out_tokens / duration_s if duration_s > 0 else 0.0,
         requests_s=len(ok) / duration_s if duration_s > 0 else 0.0,
-        ttft_s=summarize([s.ttft_s for s in ok]), itl_s=summarize(itls),
-        accept_length=accept[0], accept_source=accept[1] if accept[0] is not None else "",
+        ttft_s=summarize([s.ttft_s for s in ok]),
+        itl_s=summarize(itls),
+        accept_length=accept_length,
+        tokens_per_chunk=tokens_per_chunk(samples),
         first_error=failed[0].error if failed else "",
-    )  # fmt: skip
+    )
 
 
 def speedups(off: Sequence[LevelResult], on: Sequence[LevelResult]) -> list[SpeedupRow]:
@@ -227,9 +235,13 @@ def make_prompt(num_words: int, rng: random.Random) -> str:
 def chat_body(spec: BenchSpec, model: str, prompt: str, max_tokens: int) -> dict[str, object]:
     """One streaming chat completion with usage in the last chunk."""
     body: dict[str, object] = {
-        "model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-        "temperature": spec.temperature, "stream": True, "stream_options": {"include_usage": True},
-    }  # fmt: skip
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": spec.temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if spec.ignore_eos:
         body["ignore_eos"] = True
     if not spec.thinking:

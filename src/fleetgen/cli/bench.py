@@ -1,0 +1,200 @@
+"""`fleetgen bench`: a concurrency sweep per instance and for the whole fleet, as a table, JSON or PNG.
+
+The sweep lives in `fleetgen.generate.bench` (endpoints: `bench_fleet`); this module parses options, prints,
+and writes the plot. The plot module is loaded with importlib
+only when `--png` is given, because matplotlib is an optional dependency (`fleetgen[bench]`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from fleetgen.cli.app import FLEET_OPTION, app, console, err_console, render_error, run
+from fleetgen.errors import ConfigError, FleetgenError
+from fleetgen.generate.bench_fleet import bench_fleet, compare_spec
+from fleetgen.generate.bench_stats import DEFAULT_CONCURRENCIES, BenchSpec, LevelResult, SpeedupRow
+
+ENDPOINT_OPTION = typer.Option(
+    None, "--endpoint", "-e", help="Server base URL (repeatable); default: the fleet's ready instances."
+)
+PNG_OPTION = typer.Option(None, "--png", help="Write tok/s vs concurrency per instance to this PNG.")
+TABLE_WIDTH = 130
+PNG_MISSING = "the PNG plot needs matplotlib, an optional dependency"
+
+
+def parse_levels(text: str) -> tuple[int, ...]:
+    """`1,8,32` → (1, 8, 32); a clear error otherwise."""
+    try:
+        levels = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        levels = ()
+    if not levels or any(c < 1 for c in levels):
+        raise ConfigError(
+            f"--concurrency {text!r} is not a list of positive integers",
+            fix="write it like --concurrency 1,8,32,128",
+        )
+    return levels
+
+
+def load_plotter() -> Any:
+    """`fleetgen.cli.plot`, or a ConfigError naming the extra to install."""
+    try:
+        return importlib.import_module("fleetgen.cli.plot")
+    except ModuleNotFoundError as exc:
+        if exc.name != "matplotlib" and not (exc.name or "").startswith("matplotlib."):
+            raise
+        raise ConfigError(PNG_MISSING, fix="pip install 'fleetgen[bench]' (or drop --png)") from exc
+
+
+def _progress(level: LevelResult) -> None:
+    failed = f", [red]{level.num_failed} failed[/]" if level.num_failed else ""
+    ttft = f"{level.ttft_s.p50 * 1000:.0f} ms" if level.ttft_s else "—"
+    err_console.print(
+        f"[dim]{level.target} c={level.concurrency}:[/] {level.output_tok_s:,.0f} tok/s, "
+        f"{level.requests_s:.2f} req/s, TTFT p50 {ttft}{failed}",
+        highlight=False,
+    )
+
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return f"{value * 1000:.0f}" if value >= 0.1 else f"{value * 1000:.2f}"
+
+
+def level_table(levels: Sequence[LevelResult], title: str) -> Table:
+    table = Table(title=title)
+    table.add_column("target", no_wrap=True)
+    for col in (
+        "conc",
+        "ok/fail",
+        "out tok/s",
+        "req/s",
+        "TTFT ms p50",
+        "p90",
+        "p99",
+        "ITL ms p50",
+        "p90",
+        "p99",
+        "accept",
+    ):
+        table.add_column(col, justify="right", no_wrap=True)
+    for r in levels:
+        ttft = [_ms(getattr(r.ttft_s, p, None)) for p in ("p50", "p90", "p99")]
+        itl = [_ms(getattr(r.itl_s, p, None)) for p in ("p50", "p90", "p99")]
+        accept = f"{r.accept_length:.2f}" if r.accept_length is not None else "—"
+        table.add_row(
+            r.target,
+            str(r.concurrency),
+            f"{r.num_requests - r.num_failed}/{r.num_failed}",
+            f"{r.output_tok_s:,.0f}",
+            f"{r.requests_s:.2f}",
+            *ttft,
+            *itl,
+            accept,
+        )
+    return table
+
+
+def speedup_table(rows: Sequence[SpeedupRow]) -> Table:
+    table = Table(title="speculative decoding: on vs off")
+    for col in ("target", "conc", "off tok/s", "on tok/s", "speedup", "accept"):
+        table.add_column(col, justify="left" if col == "target" else "right")
+    for r in rows:
+        accept = f"{r.accept_length:.2f}" if r.accept_length is not None else "—"
+        table.add_row(
+            r.target,
+            str(r.concurrency),
+            f"{r.off_tok_s:,.0f}",
+            f"{r.on_tok_s:,.0f}",
+            f"{r.speedup:.2f}×",
+            accept,
+        )
+    return table
+
+
+@app.command()
+def bench(
+    fleet: Path = FLEET_OPTION,
+    endpoint: list[str] | None = ENDPOINT_OPTION,
+    input_len: int = typer.Option(1024, "--input-len", min=1, help="Prompt tokens per request."),
+    output_len: int = typer.Option(
+        1024, "--output-len", min=1, help="Output tokens per request (ignore_eos)."
+    ),
+    concurrency: str = typer.Option(
+        ",".join(map(str, DEFAULT_CONCURRENCIES)),
+        "--concurrency",
+        "-c",
+        help="Concurrency levels per instance, comma-separated.",
+    ),
+    max_concurrency: int | None = typer.Option(
+        None,
+        "--max-concurrency",
+        min=1,
+        help="Cap the levels (the plan's max running requests caps them too).",
+    ),
+    rounds: int = typer.Option(2, "--rounds", min=1, help="Requests per level = rounds × concurrency."),
+    scope: str = typer.Option("both", "--scope", help="instances, fleet or both."),
+    model: str | None = typer.Option(None, "--model", help="Model name; default: the server's first."),
+    thinking: bool = typer.Option(True, "--thinking/--no-thinking", help="Chat template thinking on/off."),
+    compare: bool = typer.Option(
+        False,
+        "--compare-spec",
+        help="Deploy with speculative decoding off, then "
+        "on (the fleet file's), bench both, print the speedup.",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    png: Path | None = PNG_OPTION,
+) -> None:
+    """Measure output tok/s, req/s, TTFT, ITL and spec accept length over a concurrency sweep."""
+    if scope not in ("both", "instances", "fleet"):
+        raise typer.BadParameter("--scope is one of: instances, fleet, both")
+    try:
+        plotter = load_plotter() if png else None
+        levels_wanted = parse_levels(concurrency)
+    except FleetgenError as exc:
+        render_error(exc)
+        raise typer.Exit(exc.exit_code) from None
+    spec = BenchSpec(
+        input_len=input_len,
+        output_len=output_len,
+        concurrencies=levels_wanted,
+        rounds=rounds,
+        model=model,
+        thinking=thinking,
+    )
+    if compare:
+        if endpoint:
+            raise typer.BadParameter("--compare-spec deploys the fleet twice: use --fleet, not --endpoint")
+        off, on, rows = run(compare_spec(fleet, spec, scope=scope, cap=max_concurrency, on_level=_progress))
+        levels = [dataclasses.replace(r, target=f"{r.target} (spec off)") for r in off] + list(on)
+    else:
+        levels = run(
+            bench_fleet(fleet, endpoint or [], spec, scope=scope, cap=max_concurrency, on_level=_progress)
+        )
+        rows = []
+    if as_json:
+        doc = {
+            "spec": dataclasses.asdict(spec),
+            "levels": [dataclasses.asdict(r) for r in levels],
+            "speedups": [dataclasses.asdict(r) for r in rows],
+        }
+        console.print_json(json.dumps(doc, default=str))
+    else:
+        # A pipe gets rich's default 80 columns, too narrow for 12 columns of numbers: print wider there.
+        out = console if console.is_terminal else Console(width=TABLE_WIDTH)
+        out.print(level_table(levels, f"fleetgen bench: in {input_len} / out {output_len} tokens"))
+        if rows:
+            out.print(speedup_table(rows))
+    if plotter is not None and png is not None:
+        plotter.plot_throughput(levels, png, title=f"in {input_len} / out {output_len} tokens")
+        err_console.print(f"wrote {png}", highlight=False)

@@ -1,0 +1,151 @@
+"""`fleetgen bench` over a fleet: endpoints from URLs or the fleet's ready instances, and `--compare-spec`.
+
+`--compare-spec` is two deploys: the fleet file with every `speculative*` engine arg removed (written beside
+it as `<name>.spec-off.toml`, so relative paths and the shared `.fleetgen/state.json` stay the same),
+restarted and benched; then the user's own fleet file restarted and benched. The fleet is left running as
+the user's file says (spec on). The speedup pairs the levels by target and concurrency.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import tomllib
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+
+from fleetgen.config import load_fleet
+from fleetgen.deploy.fleetops import up
+from fleetgen.errors import ConfigError
+from fleetgen.fleet.pool import ready_endpoints
+from fleetgen.generate.bench import sweep
+from fleetgen.generate.bench_stats import BenchSpec, LevelResult, SpeedupRow, Target, speedups
+
+OnLevel = Callable[[LevelResult], Awaitable[None] | None]
+SPEC_ARG_PREFIX = "speculative"  # SGLang's speculative-*, vLLM's speculative-config
+
+
+def targets_of(names_urls: Sequence[tuple[str, str]], scope: str) -> list[Target]:
+    """One target per instance and/or one for the whole fleet (only when there are several instances)."""
+    targets = [Target(name, (url,)) for name, url in names_urls] if scope in ("both", "instances") else []
+    if scope in ("both", "fleet") and (len(names_urls) > 1 or not targets):
+        targets.append(Target("fleet", tuple(url for _, url in names_urls)))
+    return targets
+
+
+async def bench_fleet(
+    fleet_path: Path,
+    urls: Sequence[str],
+    spec: BenchSpec,
+    *,
+    scope: str = "both",
+    cap: int | None = None,
+    on_level: OnLevel | None = None,
+) -> list[LevelResult]:
+    """Sweep the given URLs, or the fleet's ready instances (through their tunnels, capped by the plan)."""
+    async with contextlib.AsyncExitStack() as stack:
+        if urls:
+            pairs = [(f"endpoint-{i}", url.rstrip("/")) for i, url in enumerate(urls)]
+            caps = [cap]
+        else:
+            endpoints = await ready_endpoints(fleet_path, stack=stack)
+            pairs = [(e.name, e.url) for e in endpoints]
+            caps = [cap, *(e.max_running_requests for e in endpoints)]
+            if endpoints[0].api_key and not spec.api_key:
+                spec = dataclasses.replace(spec, api_key=endpoints[0].api_key)
+        known = [c for c in caps if c]
+        return await sweep(
+            targets_of(pairs, scope), spec, cap=min(known) if known else None, on_level=on_level
+        )
+
+
+async def compare_spec(
+    fleet_path: Path,
+    spec: BenchSpec,
+    *,
+    scope: str = "both",
+    cap: int | None = None,
+    on_level: OnLevel | None = None,
+) -> tuple[list[LevelResult], list[LevelResult], list[SpeedupRow]]:
+    """Deploy spec off, bench; deploy the fleet file as written (spec on), bench; pair the results."""
+    off_path = write_spec_off(fleet_path)
+    try:
+        await _restart(off_path)
+        off = await bench_fleet(off_path, (), spec, scope=scope, cap=cap, on_level=on_level)
+    finally:
+        off_path.unlink(missing_ok=True)
+    await _restart(fleet_path)
+    on = await bench_fleet(fleet_path, (), spec, scope=scope, cap=cap, on_level=on_level)
+    return off, on, speedups(off, on)
+
+
+async def _restart(fleet_path: Path) -> None:
+    outcomes = await up(fleet_path, force=True)
+    for outcome in outcomes:
+        if outcome.error is not None:
+            raise outcome.error
+
+
+def write_spec_off(fleet_path: Path) -> Path:
+    """Write the fleet file without its speculative engine args beside it; refuse when it has none."""
+    load_fleet(fleet_path)  # validates, with the file's own error messages
+    data = tomllib.loads(fleet_path.read_text(encoding="utf-8"))
+    args = data.get("engine", {}).get("args", {})
+    spec_keys = [k for k in args if k.startswith(SPEC_ARG_PREFIX)]
+    if not spec_keys:
+        raise ConfigError(
+            f"{fleet_path}: engine.args has no speculative decoding flags to turn off",
+            fix='add them (e.g. speculative-algorithm = "EAGLE" for SGLang, speculative-config '
+            "for vLLM), or run without --compare-spec",
+        )
+    data["engine"]["args"] = {k: v for k, v in args.items() if k not in spec_keys}
+    off_path = fleet_path.with_name(fleet_path.stem + ".spec-off.toml")
+    off_path.write_text(toml_dumps(data), encoding="utf-8")
+    load_fleet(off_path)  # what we wrote must read back as a valid fleet file
+    return off_path
+
+
+def toml_dumps(data: Mapping[str, object]) -> str:
+    """TOML for what `tomllib` reads from a fleet file: scalars, lists, tables and arrays of tables."""
+    lines: list[str] = []
+    _table(data, (), lines)
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def _table(data: Mapping[str, object], path: tuple[str, ...], lines: list[str]) -> None:
+    subtables: list[tuple[str, object]] = []
+    for key, value in data.items():
+        if isinstance(value, Mapping) or (
+            isinstance(value, list) and value and all(isinstance(v, Mapping) for v in value)
+        ):
+            subtables.append((key, value))
+        else:
+            lines.append(f"{_key(key)} = {_value(value)}")
+    for key, value in subtables:
+        name = ".".join(_key(k) for k in (*path, key))
+        items = value if isinstance(value, list) else [value]
+        for item in items:
+            if isinstance(item, Mapping):
+                lines += ["", f"[[{name}]]" if isinstance(value, list) else f"[{name}]"]
+                _table(item, (*path, key), lines)
+
+
+def _key(key: str) -> str:
+    return key if key.replace("-", "").replace("_", "").isalnum() else _value(key)
+
+
+def _value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{ " + ", ".join(f"{_key(k)} = {_value(v)}" for k, v in value.items()) + " }"
+    raise ConfigError(
+        f"cannot write {type(value).__name__} {value!r} back to TOML",
+        fix="report this: the fleet file holds a value fleetgen cannot copy",
+    )
