@@ -1,0 +1,228 @@
+"""The simulated HTTP surface (aiohttp), route for route as SGLang 0.5.23's `entrypoints/http_server.py`.
+
+Health endpoints answer 503 until warmup is done; `--api-key` guards every route except `/health*`,
+`/ready*` and `/metrics*` (401 `{"error": "Unauthorized"}`); `/metrics` exists only with `--enable-metrics`;
+unknown routes answer FastAPI's `{"detail": "Not Found"}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from http import HTTPStatus
+from typing import Any
+
+from aiohttp import web
+
+from fleetgen.sim import chat
+from fleetgen.sim.metrics import render_metrics
+from fleetgen.sim.state import SimState
+from fleetgen.sim.text import (
+    Directives,
+    Generation,
+    Shape,
+    estimate_prompt_tokens,
+    generate,
+    parse_directives,
+)
+from fleetgen.sim.text import pick_variant as _pick_variant
+
+logger = logging.getLogger("sglang.srt.entrypoints.http_server")
+STATE: web.AppKey[SimState] = web.AppKey("state", SimState)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+OPEN_PREFIXES = ("/health", "/ready", "/metrics")
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=json.dumps(data).encode(), status=status, content_type="application/json")
+
+
+def _error(message: str, err_type: str, code: int) -> web.Response:
+    return web.Response(
+        body=chat.error_body(message, err_type, code), status=code, content_type="application/json"
+    )
+
+
+@web.middleware
+async def auth_and_404(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """SGLang's API-key middleware, then FastAPI's 404 body for unknown routes."""
+    api_key = request.app[STATE].args["api_key"]
+    if api_key and not request.path.startswith(OPEN_PREFIXES) and request.method != "OPTIONS":
+        scheme, _, token = (request.headers.get("Authorization") or "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token, api_key):
+            return _json({"error": "Unauthorized"}, 401)
+    try:
+        return await handler(request)
+    except web.HTTPNotFound:
+        return _json({"detail": "Not Found"}, 404)
+    except web.HTTPMethodNotAllowed:
+        return _json({"detail": "Method Not Allowed"}, 405)
+
+
+async def health(request: web.Request) -> web.Response:
+    """`/health`, `/health_generate`, `/ready`: 503 while starting, 200 once warm."""
+    return web.Response(status=200 if request.app[STATE].is_ready else 503)
+
+
+async def server_info(request: web.Request) -> web.Response:
+    """`/server_info` (and the deprecated `/get_server_info`, which logs SGLang's warning)."""
+    if request.path == "/get_server_info":
+        logger.warning(
+            "Endpoint '/get_server_info' is deprecated and will be removed in a future version. "
+            "Please use '/server_info' instead."
+        )
+    return _json(request.app[STATE].server_info())
+
+
+async def model_info(request: web.Request) -> web.Response:
+    """`/model_info` (and the deprecated `/get_model_info`)."""
+    if request.path == "/get_model_info":
+        logger.warning(
+            "Endpoint '/get_model_info' is deprecated and will be removed in a future version. "
+            "Please use '/model_info' instead."
+        )
+    return _json(request.app[STATE].model_info())
+
+
+async def models(request: web.Request) -> web.Response:
+    """`/v1/models`."""
+    return _json(request.app[STATE].models())
+
+
+async def loads(request: web.Request) -> web.Response:
+    """`/v1/loads`."""
+    return _json(request.app[STATE].loads())
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """`/metrics` (mounted only with --enable-metrics)."""
+    state = request.app[STATE]
+    text = render_metrics(state.scheduler, state.served_model_name, state.capacity.max_total_num_tokens)
+    return web.Response(text=text, content_type="text/plain", charset="utf-8")
+
+
+def _injected_error(state: SimState, directives: Directives, key: str) -> web.Response | None:
+    """The HTTP error a `[[sim:status=…]]` directive asks for, the first `times` times a message is seen."""
+    if directives.status is None or state.injected[key] >= directives.times:
+        return None
+    state.injected[key] += 1
+    status = HTTPStatus(directives.status)
+    err_type = "BadRequestError" if status == HTTPStatus.BAD_REQUEST else status.name
+    return _error(
+        f"Simulated {status.value} {status.phrase} (fleetgen.sim directive).", err_type, status.value
+    )
+
+
+def _generations(state: SimState, req: chat.ChatRequest, directives: Directives) -> list[Generation]:
+    args, knobs = state.args, state.knobs
+    total = directives.tokens if directives.tokens is not None else knobs.output_tokens
+    separate = args["reasoning_parser"] is not None and req.separate_reasoning
+    return [
+        generate(
+            Shape(
+                variant=_pick_variant(req.seed, i),
+                total_tokens=total,
+                max_tokens=req.max_tokens,
+                thinking=req.enable_thinking,
+                separate=separate,
+                reasoning_fraction=knobs.reasoning_fraction,
+                force_length=directives.finish == "length",
+                stream_interval=args["stream_interval"],
+            )
+        )
+        for i in range(req.n)
+    ]
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    """`POST /v1/chat/completions`, non-stream and SSE."""
+    state = request.app[STATE]
+    try:
+        req = chat.parse_chat_request(await request.json(), state.args["default_chat_template_kwargs"])
+    except (ValueError, chat.RequestError) as exc:
+        return _error(str(exc), HTTPStatus.BAD_REQUEST.phrase, 400)
+    user_text = "\n".join(req.user_texts)
+    directives = parse_directives(user_text)
+    injected = _injected_error(state, directives, hashlib.sha256(user_text.encode()).hexdigest())
+    if injected is not None:
+        return injected
+    state.scheduler.arrive()
+    gens = _generations(state, req, directives)
+    prompt = estimate_prompt_tokens(req.all_texts)
+    if directives.delay > 0:
+        await asyncio.sleep(directives.delay)
+    req_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    async with state.scheduler.running(prompt, req.stream):
+        if req.stream:
+            return await _stream(request, state, req, gens, (req_id, created, prompt))
+        await _decode(state, gens, streaming=False)
+        body = chat.chat_response(req_id, created, req.model, gens, prompt, state.shape.eos_token_id)
+        return web.Response(body=body, content_type="application/json")
+
+
+async def _decode(state: SimState, gens: list[Generation], streaming: bool) -> None:
+    """Let the simulated decode time pass (choices decode in parallel) and account the tokens."""
+    lengths = [g.completion_tokens for g in gens]
+    released = 0
+    async for step in state.scheduler.pace(max(lengths)):
+        before, released = released, released + step
+        state.scheduler.generated(sum(min(n, released) - min(n, before) for n in lengths), streaming)
+
+
+async def _stream(
+    request: web.Request,
+    state: SimState,
+    req: chat.ChatRequest,
+    gens: list[Generation],
+    ids: tuple[str, int, int],
+) -> web.StreamResponse:
+    """SSE: role chunk, reasoning/content deltas as decode progresses, finish chunks, usage, [DONE]."""
+    req_id, created, prompt = ids
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    head = chat.stream_head(req_id, created, req.model)
+    eos = state.shape.eos_token_id
+    sent = [0] * len(gens)
+    interval = max(1, state.args["stream_interval"])
+    await response.write("".join(chat.stream_first(head, i) for i in range(len(gens))).encode())
+    released = 0
+    async for step in state.scheduler.pace(max(g.completion_tokens for g in gens)):
+        released += step
+        parts = []
+        for i, gen in enumerate(gens):
+            due = chat.num_stream_pieces(gen) if released >= gen.completion_tokens else released // interval
+            due = min(due, chat.num_stream_pieces(gen))
+            parts.append(chat.stream_pieces(head, i, gen, sent[i], due))
+            sent[i] = due
+        state.scheduler.generated(step * len(gens), streaming=True)
+        await response.write("".join(parts).encode())
+    tail = [chat.stream_finish(head, i, gen, eos) for i, gen in enumerate(gens)]
+    if req.include_usage or state.args["stream_response_default_include_usage"]:
+        tail.append(chat.stream_usage(req_id, created, req.model, prompt, gens))
+    tail.append("data: [DONE]\n\n")
+    await response.write("".join(tail).encode())
+    await response.write_eof()
+    return response
+
+
+def build_app(state: SimState) -> web.Application:
+    """The aiohttp application for one simulated server."""
+    app = web.Application(middlewares=[auth_and_404], client_max_size=64 * 2**20)
+    app[STATE] = state
+    for path in ("/health", "/health_generate", "/ready"):
+        app.router.add_get(path, health)
+    for path, handler in (
+        ("/server_info", server_info), ("/get_server_info", server_info), ("/model_info", model_info),
+        ("/get_model_info", model_info), ("/v1/models", models), ("/v1/loads", loads),
+    ):  # fmt: skip
+        app.router.add_get(path, handler)
+    if state.args["enable_metrics"]:
+        app.router.add_get("/metrics", metrics)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    return app
