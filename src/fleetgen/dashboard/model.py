@@ -7,6 +7,7 @@ Pure: rates, ETA and downsampling are functions of the samples, so they are unit
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -110,6 +111,15 @@ def by_instance(samples: Sequence[Sample]) -> dict[str, list[Sample]]:
     return grouped
 
 
+def sample_interval(grouped: Mapping[str, Sequence[Sample]]) -> float:
+    """The typical seconds between two samples of one instance (median; 2 s when unknown).
+
+    A bucket narrower than that holds no sample at all and would draw the rate as a saw of zeros.
+    """
+    gaps = sorted(b.ts - a.ts for rows in grouped.values() for a, b in itertools.pairwise(rows))
+    return max(gaps[len(gaps) // 2], 2.0) if gaps else 2.0
+
+
 def rate_series(samples: Sequence[Sample], attr: str, *, max_points: int = MAX_POINTS) -> list[Series]:
     """Per-instance rate (per second) of a cumulative counter (`completions` or `output_tokens`), and a
     last series `total` (`is_total`): counts are read at shared bucket edges, so instances sampled at
@@ -117,9 +127,8 @@ def rate_series(samples: Sequence[Sample], attr: str, *, max_points: int = MAX_P
     grouped = by_instance(samples)
     if not grouped or len(samples) < 2:
         return []
-    edges = bucket_edges(min(s.ts for s in samples), max(s.ts for s in samples), max_points)
-    if len(edges) < 2:
-        return []
+    edges = bucket_edges(min(s.ts for s in samples), max(s.ts for s in samples), max_points,
+                         min_width=sample_interval(grouped))  # fmt: skip
     series, totals = [], [0.0] * (len(edges) - 1)
     for name, rows in grouped.items():
         times, counts = [r.ts for r in rows], [int(getattr(r, attr)) for r in rows]
@@ -178,4 +187,4 @@ def sick_reason(row: InstanceRow) -> str:
         return row.problem or row.health
     if row.drift:
         return f"drift: {row.drift}"
-    return row.problem
+    return ""

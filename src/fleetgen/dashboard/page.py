@@ -16,7 +16,7 @@ from string import Template
 from typing import Any
 
 from fleetgen.dashboard import render
-from fleetgen.dashboard.model import InstanceRow, JobView, sick_reason
+from fleetgen.dashboard.model import InstanceRow, JobView, Sample, sick_reason
 
 
 @cache
@@ -32,14 +32,14 @@ def _title(job: JobView, rows: Sequence[InstanceRow]) -> str:
     return f"{numbers['percent']} · {numbers['done']}/{numbers['total']}{sick} · fleetgen"
 
 
-def state(job: JobView, rows: Sequence[InstanceRow]) -> dict[str, Any]:
+def state(job: JobView, rows: Sequence[InstanceRow], live: Sequence[Sample] = ()) -> dict[str, Any]:
     """What one poll returns: numbers by element id, HTML fragments by element id, card warnings, title."""
     numbers = render.summary_numbers(job)
     fragments = {
         "fleet": render.fleet_table(rows),
         "progress-wrap": render.progress_bar(job),
         "examples": render.examples(job),
-        **render.charts(job, rows),
+        **render.charts(job, rows, live=live),
         **render.result_charts(job),
     }
     return {
@@ -51,14 +51,13 @@ def state(job: JobView, rows: Sequence[InstanceRow]) -> dict[str, Any]:
     }
 
 
-def dashboard_page(job: JobView, rows: Sequence[InstanceRow], subtitle: str, notice: str = "") -> str:
-    """The live page, fully rendered for its first paint (the script then keeps it current)."""
-    current = state(job, rows)
+def dashboard_page(current: Mapping[str, Any], subtitle: str) -> str:
+    """The live page with `current` (a `state()`) already in it; the script then keeps it current."""
     fragments = current["fragments"]
     return Template(asset("page.html")).substitute(
         title=escape(current["title"]),
         subtitle=escape(subtitle),
-        notice=notice,
+        notice=fragments.get("notice", ""),
         cards=render.summary_cards(current["numbers"]),
         progress=fragments["progress-wrap"],
         fleet_table=fragments["fleet"],

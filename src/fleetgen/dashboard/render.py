@@ -14,6 +14,7 @@ from fleetgen.dashboard.model import (
     Example,
     InstanceRow,
     JobView,
+    Sample,
     by_instance,
     eta_seconds,
     gauge_series,
@@ -55,7 +56,8 @@ def fleet_table(rows: Sequence[InstanceRow]) -> str:
 def _fleet_row(row: InstanceRow) -> str:
     reason = sick_reason(row)
     klass = "instance sick" if reason else "instance"
-    health = escape(row.health) + (f'<div class="why">{escape(reason)}</div>' if reason else "")
+    note = reason or row.problem  # a healthy row may still carry a remark (e.g. no metrics endpoint)
+    health = escape(row.health) + (f'<div class="why">{escape(note)}</div>' if note else "")
     kv = None if row.kv_usage is None else row.kv_usage * 100
     capacity = f"{fmt(row.planned_capacity)} / {fmt(row.actual_capacity)}"
     cells = (
@@ -127,7 +129,9 @@ def summary_cards(numbers: Mapping[str, str]) -> str:
 
 def progress_bar(job: JobView) -> str:
     """A bar split into done (green) and errors (red) out of the total."""
-    total = job.total or max(job.done + job.num_errors, 1)
+    if job.total is None:  # a full bar would claim the job is finished
+        return '<div id="progress" class="progress" title="total not known yet"></div>'
+    total = max(job.total, 1)
     done, errs = 100.0 * job.done / total, 100.0 * job.num_errors / total
     return (
         f'<div id="progress" class="progress" title="{job.done} done, {job.num_errors} errors of {total}">'
@@ -183,10 +187,15 @@ def _rate_charts(job: JobView, attr: str, label: str, width: int) -> dict[str, s
     }  # fmt: skip
 
 
-def charts(job: JobView, rows: Sequence[InstanceRow], width: int = 640) -> dict[str, str]:
-    """Every chart over time (and capacity) by element id, as SVG strings."""
+def charts(
+    job: JobView, rows: Sequence[InstanceRow], width: int = 640, live: Sequence[Sample] = ()
+) -> dict[str, str]:
+    """Every chart over time (and capacity) by element id, as SVG strings. Accept length comes from the
+    store's series when `run` recorded it, else from `live` (what the dashboard scraped while open)."""
+    recorded = any(s.accept_len is not None for s in job.samples)
+    accept = gauge_series(job.samples if recorded else live, "accept_len")
     capacity = [
-        (r.name, r.planned_capacity or 0.0, r.actual_capacity or 0.0,
+        (r.name, r.planned_capacity, r.actual_capacity,
          r.planned_capacity is not None and (r.actual_capacity or 0.0) < r.planned_capacity)
         for r in rows if r.planned_capacity is not None or r.actual_capacity is not None
     ]  # fmt: skip
@@ -194,7 +203,8 @@ def charts(job: JobView, rows: Sequence[InstanceRow], width: int = 640) -> dict[
         **_rate_charts(job, "output_tokens", "output tok/s", width),
         **_rate_charts(job, "completions", "completions/s", width),
         "chart-accept": svg.line_chart(
-            gauge_series(job.samples, "accept_len"), title="speculative accept length", width=width,
+            accept, title="speculative accept length" + ("" if recorded else " (since the page opened)"),
+            width=width,
             y_min=None, empty_text="no speculative decoding metrics", klass="accept",
         ),
         "chart-capacity": svg.paired_bars(

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from html import escape
 from importlib import resources
@@ -20,11 +22,12 @@ from aiohttp import web
 
 from fleetgen.dashboard import page
 from fleetgen.dashboard.jobdata import JobReader
-from fleetgen.dashboard.model import InstanceRow, JobView
+from fleetgen.dashboard.model import InstanceRow, JobView, Sample
 from fleetgen.errors import ConfigError, FleetgenError
 
 LOOPBACK = "127.0.0.1"  # never another address: from elsewhere, users tunnel (ssh -L) to it
 REFRESH_S = 1.0
+LIVE_SAMPLES = 100_000  # fleet gauges scraped while the page is served (hours of a dozen instances)
 FleetSource = Callable[[], Awaitable[Sequence[InstanceRow]]]
 
 
@@ -34,34 +37,49 @@ async def no_fleet() -> Sequence[InstanceRow]:
 
 
 class Dashboard:
-    """The state behind the page: the latest job view and fleet rows, refreshed by `refresh_forever`."""
+    """The state behind the page: the latest job view and fleet rows, refreshed by `refresh_forever`.
 
-    def __init__(self, out_dir: Path, fleet: FleetSource, subtitle: str) -> None:
-        self.reader = JobReader(out_dir)
+    `out_dir` None: a fleet-only page. `notes` are standing remarks (e.g. why planned capacity is unknown).
+    """
+
+    def __init__(
+        self, out_dir: Path | None, fleet: FleetSource, subtitle: str, notes: Sequence[str] = ()
+    ) -> None:
+        self.reader = JobReader(out_dir) if out_dir is not None else None
         self.fleet = fleet
         self.subtitle = subtitle
-        self.job = JobView(out_dir=str(out_dir))
+        self.notes = [n for n in notes if n]
+        self.job = JobView(out_dir=str(out_dir or ""))
         self.rows: Sequence[InstanceRow] = ()
-        self.notices: list[str] = []
+        self.live: deque[Sample] = deque(maxlen=LIVE_SAMPLES)
+        self.notices: list[str] = list(self.notes)
         self.refresher: asyncio.Task[None] | None = None
         self.state: dict[str, Any] = self._state()
 
     async def refresh(self) -> None:
         """Read both sources once; a source that fails keeps its last value and adds a notice."""
-        notices = []
-        try:
-            self.job = await asyncio.to_thread(self.reader.read)
-        except FleetgenError as exc:
-            notices.append(f"job: {exc.message}" + (f" — {exc.fix}" if exc.fix else ""))
+        notices = list(self.notes)
+        if self.reader is None:
+            notices.append("no job folder given (-o OUT_DIR): showing the fleet only")
+        else:
+            try:
+                self.job = await asyncio.to_thread(self.reader.read)
+            except FleetgenError as exc:
+                notices.append(f"job: {exc.message}" + (f" — {exc.fix}" if exc.fix else ""))
         try:
             self.rows = await self.fleet()
         except FleetgenError as exc:
             notices.append(f"fleet: {exc.message}" + (f" — {exc.fix}" if exc.fix else ""))
+        now = time.time()
+        self.live.extend(
+            Sample(ts=now, instance=r.name, gen_tps=r.gen_tps, accept_len=r.accept_len, running=r.running)
+            for r in self.rows if r.is_healthy
+        )  # fmt: skip
         self.notices = notices
         self.state = self._state()
 
     def _state(self) -> dict[str, Any]:
-        state = page.state(self.job, self.rows)
+        state = page.state(self.job, self.rows, tuple(self.live))
         state["fragments"]["notice"] = "".join(f"<p>{escape(n)}</p>" for n in self.notices)
         return state
 
@@ -71,15 +89,15 @@ class Dashboard:
             await asyncio.sleep(interval_s)
 
     def close(self) -> None:
-        self.reader.close()
+        if self.reader is not None:
+            self.reader.close()
 
 
 def make_app(dashboard: Dashboard) -> web.Application:
     """Routes: `/` (the page), `/api/state` (what each poll reads), `/static/…` (CSS and script)."""
 
     async def index(_: web.Request) -> web.Response:
-        html = page.dashboard_page(dashboard.job, dashboard.rows, dashboard.subtitle,
-                                   notice=dashboard.state["fragments"]["notice"])  # fmt: skip
+        html = page.dashboard_page(dashboard.state, dashboard.subtitle)
         return web.Response(text=html, content_type="text/html", headers={"Cache-Control": "no-store"})
 
     async def api_state(_: web.Request) -> web.Response:

@@ -259,14 +259,14 @@ def bar_chart(bars: Sequence[Bar], *, title: str, width: int = 640, klass: str =
 
 
 def paired_bars(
-    rows: Sequence[tuple[str, float, float, bool]], *, title: str, labels: tuple[str, str], width: int = 640,
+    rows: Sequence[tuple[str, float | None, float | None, bool]], *, title: str, labels: tuple[str, str], width: int = 640,
     klass: str = "paired",
 ) -> str:  # fmt: skip
     """Two bars per row (e.g. planned vs actual capacity); a row flagged True draws its second bar red."""
     height = _MARGIN_T + 24 + 30 * max(len(rows), 1)
     if not rows:
         return _empty(width, height, title, "no plan or no metrics yet", klass)
-    peak = max(max(max(a, b) for _, a, b, _ in rows), 1e-9)
+    peak = max([v for _, a, b, _ in rows for v in (a, b) if v is not None] + [1e-9])
     left, right = 150, width - 90
     scale = _Scale(0, peak, left, right)
     colors = ("#9ca3af", PALETTE[0])
@@ -280,7 +280,12 @@ def paired_bars(
         for k, (value, color) in enumerate(
             ((first, "#9ca3af"), (second, SICK_COLOR if is_short else PALETTE[0]))
         ):
-            yy, bar_width = y + k * 12, max(scale(value) - left, 1)
+            yy = y + k * 12
+            if value is None:  # unknown is not zero: say so instead of drawing an empty bar
+                body.append(f'<text x="{left + 2}" y="{yy + 9}" font-size="10" fill="#6b7280">')
+                body.append("unknown</text>")
+                continue
+            bar_width = max(scale(value) - left, 1)
             body.append(
                 f'<rect class="bar" x="{left}" y="{yy}" height="10" width="{bar_width:.1f}" '
                 f'fill="{color}"/><text x="{scale(value) + 4:.1f}" y="{yy + 9}" font-size="10" '

@@ -1,0 +1,101 @@
+"""`fleetgen dashboard` (a live local web page) and `fleetgen report` (one self-contained HTML file)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Annotated
+
+import aiohttp
+import typer
+
+from fleetgen.cli.app import app, console, err_console, render_error, run
+from fleetgen.config import load_fleet
+from fleetgen.dashboard.fleetdata import EndpointSource, FleetViewSource, planned_capacity
+from fleetgen.dashboard.report import write_report
+from fleetgen.dashboard.server import Dashboard, FleetSource, no_fleet, serving
+from fleetgen.errors import ConfigError
+from fleetgen.fleet.status import open_view
+
+Opt = typer.Option
+
+
+@contextlib.asynccontextmanager
+async def _fleet_source(fleet: Path | None, endpoints: list[str]) -> AsyncIterator[tuple[FleetSource, str]]:
+    """The fleet rows' source (and a standing note): endpoints, the fleet file, or none."""
+    if endpoints:
+        async with aiohttp.ClientSession() as http:
+            yield EndpointSource(endpoints, http), ""
+        return
+    if fleet is None:
+        yield no_fleet, ""
+        return
+    file = load_fleet(fleet)
+    planned, note = await asyncio.to_thread(planned_capacity, file, fleet)
+    async with open_view(fleet) as view:
+        yield FleetViewSource(view, planned), note
+
+
+async def _serve(fleet: Path | None, out: Path | None, endpoints: list[str], port: int) -> None:
+    async with _fleet_source(fleet, endpoints) as (source, note):
+        where = " · ".join(str(p) for p in (out, fleet if not endpoints else None) if p) or "fleet"
+        dashboard = Dashboard(out, source, where, notes=[note])
+        async with serving(dashboard, port) as url:
+            err_console.print(f"dashboard: [bold]{url}[/] (Ctrl-C to stop)", highlight=False)
+            err_console.print(
+                f"  from another machine: ssh -L {port}:127.0.0.1:{port} THIS_HOST, then open {url}",
+                highlight=False,
+            )
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+            try:
+                await stop.wait()
+            finally:
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    loop.remove_signal_handler(sig)
+
+
+@app.command("dashboard")
+def dashboard_command(
+    fleet: Annotated[Path | None, Opt("--fleet", "-f", help="Fleet file (`fleetgen up` state).")] = None,
+    out: Annotated[Path | None, Opt("--out", "-o", help="The job's output folder (`run -o`).")] = None,
+    endpoint: Annotated[
+        list[str] | None, Opt("--endpoint", help="Server URL http://HOST:PORT instead of -f (repeatable).")
+    ] = None,
+    port: Annotated[int, Opt("--port", min=0, max=65535, help="Port on 127.0.0.1 (0: any free one).")] = 8765,
+) -> None:
+    """Serve a live page on 127.0.0.1: the fleet's health and load, the job's progress and charts."""
+    if fleet is None and Path("fleet.toml").exists() and not endpoint:
+        fleet = Path("fleet.toml")
+    if fleet is None and out is None and not endpoint:
+        usage = ConfigError(
+            "nothing to show: no fleet file, no job folder and no endpoint",
+            fix="pass -f fleet.toml and/or -o OUT_DIR (or --endpoint URL)",
+        )
+        render_error(usage)
+        raise typer.Exit(usage.exit_code)
+    run(_serve(fleet, out, endpoint or [], port))
+
+
+@app.command("report")
+def report_command(
+    out_dir: Annotated[Path, typer.Argument(help="The folder given to `fleetgen run -o`.")],
+    to: Annotated[Path | None, Opt("--to", help="The HTML file (default: OUT_DIR/report.html).")] = None,
+    png: Annotated[bool, Opt("--png", help="Also write one PNG per chart (needs Chromium).")] = False,
+) -> None:
+    """Write one self-contained HTML report of a finished or running job (and PNGs with --png)."""
+    files = run(write_report(out_dir, to, png=png))
+    job = files.job
+    total = f"/{job.total:,}" if job.total is not None else ""
+    console.print(
+        f"report: {files.html} — {job.done:,}{total} done, {job.num_errors:,} errors, "
+        f"{job.num_truncated:,} truncated",
+        highlight=False,
+    )
+    for path in files.pngs:
+        console.print(f"  {path}", highlight=False)

@@ -1,0 +1,135 @@
+"""Fleet rows for the dashboard, from either source `run` itself accepts.
+
+- a fleet file (`-f`): `fleetgen.fleet.status.FleetView`, the same live truth `fleetgen status` shows
+  (process, drift, health, load, through tunnels kept open while the page is served);
+- plain endpoints (`--endpoint URL`): each server's own health, /metrics and info endpoint, read directly.
+  The engine is recognised from its metric names (`sglang:` / `vllm:`), so no fleet file is needed.
+
+Planned capacity comes from the plan of the fleet file when its model config is readable; a plan that
+cannot be made leaves the column empty and says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from fleetgen.config import FleetFile
+from fleetgen.dashboard.model import InstanceRow
+from fleetgen.deploy.probe import EngineClient, parse_metrics
+from fleetgen.engines import ENGINES, Engine, get_engine
+from fleetgen.errors import EndpointError, FleetgenError
+from fleetgen.fleet.metrics import Scrape, load_from, max_running_from_info
+from fleetgen.fleet.status import FleetView, InstanceStatus
+from fleetgen.modelcard import load_model_shape
+from fleetgen.plan.fleet import facts_from_file, plan_fleet
+
+HEALTH_PATH = "/health"
+PROBE_TIMEOUT_S = 3.0  # a sick server must turn red within seconds, not after a 30 s client timeout
+
+
+def row_from_status(status: InstanceStatus, planned: Mapping[str, int]) -> InstanceRow:
+    """An `InstanceStatus` (fleet file + `up` state) as a fleet table row."""
+    problem = status.problem or ("" if status.ready else "not ready")
+    return InstanceRow(
+        name=status.instance, host=status.host, gpus=tuple(status.gpus),
+        health="ready" if status.ready else ("down" if status.pid is None else "unhealthy"),
+        is_healthy=status.ready, running=status.running, queued=status.queued,
+        gen_tps=status.gen_tokens_per_s, accept_len=status.spec_accept_length,
+        drift="; ".join(status.drift), uptime_s=status.uptime_s, problem=problem,
+        planned_capacity=planned.get(status.instance), actual_capacity=status.max_running_requests,
+    )  # fmt: skip
+
+
+class FleetViewSource:
+    """Rows from an open `FleetView` (the caller keeps it open while the dashboard runs)."""
+
+    def __init__(self, view: FleetView, planned: Mapping[str, int]) -> None:
+        self.view = view
+        self.planned = planned
+
+    async def __call__(self) -> Sequence[InstanceRow]:
+        return [row_from_status(s, self.planned) for s in await self.view.refresh(rate_window_s=0.0)]
+
+
+def engine_of(samples: Mapping[str, float]) -> Engine:
+    """The registered engine whose metric prefix (`sglang:`, `vllm:`) the scraped names carry."""
+    for kind in ENGINES:
+        if any(name.startswith(f"{kind}:") for name in samples):
+            return get_engine(kind)
+    return get_engine("sglang")
+
+
+@dataclass
+class _Endpoint:
+    name: str
+    url: str
+    before: Scrape | None = None
+
+
+class EndpointSource:
+    """Rows read straight from servers given as URLs: health, /metrics, info (SGLang /server_info)."""
+
+    def __init__(self, urls: Sequence[str], http: aiohttp.ClientSession) -> None:
+        self.endpoints = [_Endpoint(url.split("://", 1)[-1].rstrip("/"), url.rstrip("/")) for url in urls]
+        self.http = http
+
+    async def __call__(self) -> Sequence[InstanceRow]:
+        return await asyncio.gather(*(self._row(e) for e in self.endpoints))
+
+    async def _row(self, endpoint: _Endpoint) -> InstanceRow:
+        client = EngineClient(endpoint.url, self.http, timeout_s=PROBE_TIMEOUT_S)
+        host = endpoint.url.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0]
+        # Both engines serve /health; which engine it is shows only in the metric names, read after.
+        if not await client.is_healthy(HEALTH_PATH):
+            return InstanceRow(endpoint.name, host, health="down",
+                               problem=f"GET {endpoint.url}{HEALTH_PATH} did not answer 200")  # fmt: skip
+        try:
+            samples = parse_metrics(await client.get_text("/metrics"))
+        except EndpointError as exc:
+            why = f"no metrics: {exc.message} (SGLang serves them with --enable-metrics)"
+            return InstanceRow(endpoint.name, host, health="ready", is_healthy=True, problem=why)
+        engine = engine_of(samples)
+        info = await _info(client, engine)
+        scrape = Scrape(time.monotonic(), samples)
+        load = load_from(engine.metrics, scrape, endpoint.before, info)
+        endpoint.before = scrape
+        kv = samples.get(engine.metrics.kv_usage) if engine.metrics.kv_usage else None
+        return InstanceRow(
+            name=endpoint.name, host=host, health="ready", is_healthy=True, running=load.running,
+            queued=load.queued, gen_tps=load.gen_tokens_per_s, accept_len=load.spec_accept_length,
+            kv_usage=kv, actual_capacity=max_running_from_info(info),
+        )  # fmt: skip
+
+
+async def _info(client: EngineClient, engine: Engine) -> object:
+    """The engine's info JSON, or None when it has none (vLLM) or it does not answer."""
+    if not engine.info_paths:
+        return None
+    try:
+        return (await client.first_json(engine.info_paths))[1]
+    except EndpointError:
+        return None
+
+
+def planned_capacity(fleet: FleetFile, fleet_path: Path) -> tuple[dict[str, int], str]:
+    """Max running requests per instance as `fleetgen plan` computes it, and "" — or ({}, why not).
+
+    Blocking (reads the model's config.json): call it in a thread.
+    """
+    folder = Path(fleet.engine.model_config_dir or fleet.engine.model).expanduser()
+    if not folder.is_absolute():
+        folder = fleet_path.resolve().parent / folder
+    try:
+        shape = load_model_shape(folder)
+        facts = {host.name: facts_from_file(host) for host in fleet.hosts}
+        plan = plan_fleet(fleet, shape, facts, fleet.engine.version)
+    except FleetgenError as exc:
+        return {}, f"planned capacity unknown: {exc.message}" + (f" ({exc.fix})" if exc.fix else "")
+    return {p.instance: p.memory.max_running_requests for p in plan.instances
+            if p.memory.max_running_requests}, ""  # fmt: skip
