@@ -259,8 +259,8 @@ def bar_chart(bars: Sequence[Bar], *, title: str, width: int = 640, klass: str =
 
 
 def paired_bars(
-    rows: Sequence[tuple[str, float | None, float | None, bool]], *, title: str, labels: tuple[str, str], width: int = 640,
-    klass: str = "paired",
+    rows: Sequence[tuple[str, float | None, float | None, bool]], *, title: str, labels: tuple[str, str],
+    width: int = 640, klass: str = "paired",
 ) -> str:  # fmt: skip
     """Two bars per row (e.g. planned vs actual capacity); a row flagged True draws its second bar red."""
     height = _MARGIN_T + 24 + 30 * max(len(rows), 1)
