@@ -1,0 +1,246 @@
+"""`fleetgen run` (resumable, exactly-once generation) and `fleetgen export`.
+
+The live view renders the job's progress snapshots on stderr (stdout stays clean for `--json`); Ctrl-C once
+stops taking work and lets in-flight requests finish, twice abandons them. Nothing half-written either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import signal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.live import Live
+from rich.table import Table
+
+from fleetgen.cli.app import app, console, err_console, run
+from fleetgen.config import JobFile, load_job
+from fleetgen.errors import ConfigError
+from fleetgen.generate.dispatch import RetryPolicy
+from fleetgen.generate.export import FORMATS, ExportSummary, export
+from fleetgen.generate.progress import Progress, Summary
+from fleetgen.generate.runner import Job, JobOptions
+from fleetgen.generate.source import RecordShape
+from fleetgen.generate.work import SamplingParams
+
+DEFAULT_CONCURRENCY = 64
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "–"
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def render(progress: Progress) -> Table:
+    """The live view: one line of totals, one row per endpoint."""
+    total = progress.total
+    share = f" ({100 * progress.done / total:.1f}%)" if total else ""
+    head = (
+        f"{progress.done}/{total if total is not None else '?'}{share}  "
+        f"{progress.completions_per_s:.1f} compl/s  {progress.output_tokens_per_s:.0f} tok/s  "
+        f"ETA {_duration(progress.eta_s)}  errors {progress.errors}  truncated {progress.truncated}  "
+        f"bad input {progress.bad_inputs}  in flight {progress.in_flight}  retrying {progress.retrying}"
+    )
+    if progress.stopping:
+        head += "  [yellow]stopping: finishing in-flight requests (Ctrl-C again to abandon them)[/]"
+    table = Table(title=head, title_justify="left", expand=False)
+    for column in ("instance", "state", "in flight", "done", "compl/s", "last error"):
+        table.add_column(column)
+    for e in progress.endpoints:
+        state = e.state if e.state == "ready" else f"[red]{e.state}[/]"
+        table.add_row(
+            e.name,
+            state,
+            f"{e.in_flight}/{e.cap}",
+            str(e.completions),
+            f"{e.completions_per_s:.1f}",
+            e.last_error[:60],
+        )
+    return table
+
+
+def _params(job: JobFile, **flags: object) -> SamplingParams:
+    values: dict[str, object] = {
+        "model": job.model, "max_tokens": job.max_tokens, "temperature": job.temperature, "top_p": job.top_p,
+        "top_k": job.top_k, "seed": job.seed, "samples": job.samples, "thinking": job.thinking,
+        "system_prompt": job.system_prompt, "extra_body": dict(job.extra_body),
+    }  # fmt: skip
+    values.update({key: value for key, value in flags.items() if value is not None})
+    return SamplingParams(**values)  # type: ignore[arg-type]
+
+
+def _endpoints(urls: list[str], fleet: Path | None) -> list[tuple[str, str]]:
+    if urls:
+        return [(url.split("://", 1)[-1].rstrip("/"), url) for url in urls]
+    # TODO(lead): read the ready instances from `fleetgen up` state (.fleetgen/ next to the fleet file)
+    # once fleetgen.deploy/fleet expose it; until then --endpoint is the way in.
+    where = f" ({fleet})" if fleet else ""
+    raise ConfigError(
+        f"no endpoints given{where}: reading `fleetgen up` state is not wired into `run` yet",
+        fix="pass each server as --endpoint http://HOST:PORT (repeatable)",
+    )
+
+
+Opt = typer.Option
+
+
+@app.command("run")
+def run_command(
+    input_path: Annotated[Path, typer.Argument(help="Prompts: JSONL, Parquet, or a datasets folder.")],
+    out: Annotated[Path, Opt("--out", "-o", help="Output folder; running again resumes.")],
+    fleet: Annotated[Path | None, Opt("--fleet", "-f", help="Fleet file (`fleetgen up` state).")] = None,
+    endpoint: Annotated[
+        list[str] | None, Opt("--endpoint", help="Server URL http://HOST:PORT (repeatable).")
+    ] = None,
+    job_file: Annotated[Path | None, Opt("--job", help="Job file (TOML); flags override it.")] = None,
+    concurrency: Annotated[
+        int | None, Opt("--concurrency", min=1, help="In-flight requests per server.")
+    ] = None,
+    max_tokens: Annotated[int | None, Opt("--max-tokens", min=1)] = None,
+    temperature: Annotated[float | None, Opt("--temperature", min=0.0)] = None,
+    top_p: Annotated[float | None, Opt("--top-p")] = None,
+    top_k: Annotated[int | None, Opt("--top-k")] = None,
+    seed: Annotated[int | None, Opt("--seed")] = None,
+    samples: Annotated[int | None, Opt("--samples", min=1, help="Samples per record.")] = None,
+    no_thinking: Annotated[bool, Opt("--no-thinking", help="enable_thinking=false (default: on).")] = False,
+    retry_errors: Annotated[bool, Opt("--retry-errors", help="Re-run only the error rows.")] = False,
+    redo_truncated: Annotated[bool, Opt("--redo-truncated", help="Re-run only truncated rows.")] = False,
+    force_params: Annotated[
+        bool, Opt("--force-params", help="Resume despite other sampling params.")
+    ] = False,
+    restart_dead: Annotated[bool, Opt("--restart-dead", help="Restart dead instances (fleet file).")] = False,
+    max_retries: Annotated[int | None, Opt("--max-retries", min=0)] = None,
+    dead_timeout: Annotated[
+        float, Opt("--dead-timeout", help="Stop after this long with no healthy server.")
+    ] = 300.0,
+    split: Annotated[str | None, Opt("--split", help="Split of a DatasetDict folder.")] = None,
+    json_out: Annotated[bool, Opt("--json", help="Print the summary as JSON.")] = False,
+    no_live: Annotated[bool, Opt("--no-live", help="No live view (logs, CI).")] = False,
+) -> None:
+    """Generate completions for every (record, sample) exactly once, across all servers; resumable."""
+
+    async def go() -> Summary:
+        if retry_errors and redo_truncated:
+            raise ConfigError(
+                "--retry-errors and --redo-truncated are separate passes", fix="run one, then the other"
+            )
+        if redo_truncated and max_tokens is None:
+            raise ConfigError("--redo-truncated needs a new --max-tokens", fix="add --max-tokens N (larger)")
+        if restart_dead:
+            # TODO(lead): wire JobOptions.on_dead to fleetgen.deploy's restart once it lands.
+            raise ConfigError(
+                "--restart-dead is not wired to the deploy layer yet",
+                fix="restart dead servers with `fleetgen restart`; the run re-uses them when healthy",
+            )
+        job = load_job(job_file) if job_file else JobFile()
+        params = _params(
+            job,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            seed=seed,
+            samples=samples,
+            thinking=False if no_thinking else None,
+        )
+        mode = "retry_errors" if retry_errors else "redo_truncated" if redo_truncated else "normal"
+        policy = RetryPolicy(
+            max_retries=job.max_retries if max_retries is None else max_retries,
+            max_consecutive_failures=job.max_consecutive_failures,
+            dead_timeout_s=dead_timeout,
+        )
+        options = JobOptions(
+            input_path=input_path, out_dir=out, endpoints=_endpoints(endpoint or [], fleet), params=params,
+            shape=RecordShape(job.id_field, job.prompt_field, job.system_prompt),
+            concurrency=concurrency or job.concurrency or DEFAULT_CONCURRENCY, policy=policy,
+            request_timeout_s=job.request_timeout_s, mode=mode, force_params=force_params, split=split,
+        )  # fmt: skip
+        return await _run_job(Job(options), live=not no_live)
+
+    summary = run(go())
+    _print_summary(summary, json_out)
+    if summary.status == "stopped":
+        raise typer.Exit(130)
+
+
+async def _run_job(job: Job, live: bool) -> Summary:
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        job.stop()
+        err_console.print(
+            "[yellow]stopping[/]: no new work; in-flight requests finish (Ctrl-C again to abandon)"
+        )
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+    try:
+        if not live:
+            return await job.run()
+        with Live(console=err_console, refresh_per_second=2, transient=False) as view:
+            return await job.run(lambda progress: view.update(render(progress)))
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+def _print_summary(summary: Summary, json_out: bool) -> None:
+    if json_out:
+        data = dataclasses.asdict(summary)
+        data["completions_per_s"] = summary.completions_per_s
+        console.print_json(json.dumps(data))
+        return
+    console.print(
+        f"[bold]{summary.status}[/]: {summary.completions_this_run} completions this run in "
+        f"{summary.elapsed_s:.1f} s ({summary.completions_per_s:.1f}/s, "
+        f"{summary.output_tokens_this_run} output tokens); the store holds {summary.results} results, "
+        f"{summary.errors} errors, {summary.truncated} truncated, {summary.bad_inputs} bad input lines "
+        f"— {summary.out_dir}"
+    )
+    for bad in summary.bad_input_samples:
+        console.print(f"  bad input {bad.source}:{bad.line}: {bad.reason}", highlight=False, markup=False)
+    if summary.bad_inputs > len(summary.bad_input_samples):
+        console.print(
+            f"  … and {summary.bad_inputs - len(summary.bad_input_samples)} more (table inputs_bad)"
+        )
+    if summary.errors:
+        console.print(f"  {summary.errors} error rows: see table errors; rerun with --retry-errors")
+
+
+@app.command("export")
+def export_command(
+    out_dir: Annotated[Path, typer.Argument(help="The folder given to `fleetgen run -o`.")],
+    fmt: Annotated[str, Opt("--format", help=f"One of: {', '.join(FORMATS)}.")] = "jsonl",
+    to: Annotated[Path | None, Opt("--to", help="Output file (default: OUT_DIR/export.FORMAT.EXT).")] = None,
+    filters: Annotated[
+        list[str] | None,
+        Opt(
+            "--filter",
+            help="clean | FLAG | no-FLAG (repeatable); truncated, empty, leaked_think, repetitive.",
+        ),
+    ] = None,
+    inline_think: Annotated[
+        bool, Opt("--inline-think", help="Reasoning inline as <think>…</think>.")
+    ] = False,
+    json_out: Annotated[bool, Opt("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Export results (streamed): parquet, jsonl, SpecForge sharegpt, or OpenAI batch output."""
+    ext = "parquet" if fmt == "parquet" else "jsonl"
+    target = to or out_dir / f"export.{fmt}.{ext}"
+
+    async def go() -> ExportSummary:
+        return await asyncio.to_thread(export, out_dir, fmt, target, filters or [], inline_think)
+
+    summary = run(go())
+    if json_out:
+        console.print_json(json.dumps(dataclasses.asdict(summary)))
+    else:
+        console.print(f"wrote {summary.rows} rows to {summary.path} ({summary.format})")
+        if summary.skipped:
+            console.print(f"  skipped {summary.skipped}: {summary.skipped_reason}")

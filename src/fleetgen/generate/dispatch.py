@@ -1,0 +1,305 @@
+"""Dispatch work to every ready endpoint: least-outstanding requests, a per-endpoint cap, no head-of-line
+blocking (each request is its own task; a slow one holds only its own slot).
+
+Failure policy:
+- a retryable failure (connection, timeout, 408/409/425/429/5xx) is retried with exponential backoff and
+  jitter, up to `max_retries`, on whichever endpoint is least loaded then; other 4xx → an error row at once;
+- an endpoint whose connection fails (or that fails `drain_after` times in a row) is drained: no new work,
+  its in-flight requests are cancelled and re-queued elsewhere (not counted as attempts); it is probed on
+  `/health` and used again once healthy; `on_dead` (the `--restart-dead` hook) is called once per death;
+- `max_consecutive_failures` failures in a row fleet-wide, or no ready endpoint for `dead_timeout_s`, ends
+  the job with `FleetDown`: the servers are gone, so the dataset is not burned into error rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import random
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetgen.errors import FleetDown, FleetgenError
+from fleetgen.generate.client import ChatClient, RequestFailed
+from fleetgen.generate.work import Work
+
+OnSuccess = Callable[[str, Work, float, float], None]  # endpoint, work, started_at (epoch), latency_s
+OnError = Callable[[str, Work, RequestFailed], None]  # endpoint, work, the final failure
+OnDead = Callable[[str], Awaitable[None]]  # endpoint name → restart it (deploy layer)
+BodyFor = Callable[[Work], dict[str, Any]]
+
+
+class EndpointState(enum.Enum):
+    READY = "ready"
+    DOWN = "down"
+
+
+@dataclass(eq=False)
+class Endpoint:
+    """One server as the dispatcher sees it; counters feed the progress view and the time series."""
+
+    name: str
+    client: ChatClient
+    cap: int
+    state: EndpointState = EndpointState.READY
+    in_flight: int = 0
+    num_failures_in_row: int = 0
+    completions: int = 0
+    output_tokens: int = 0
+    last_error: str = ""
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How hard to try. Defaults suit days-long jobs; tests shorten the waits."""
+
+    max_retries: int = 5
+    max_consecutive_failures: int = 50
+    backoff_base_s: float = 0.5
+    backoff_max_s: float = 30.0
+    drain_after: int = 3
+    probe_interval_s: float = 1.0
+    probe_interval_max_s: float = 15.0
+    dead_timeout_s: float = 300.0
+
+
+class Dispatcher:
+    """Runs `Work` items from an iterator across `endpoints`; results and final errors go to callbacks."""
+
+    def __init__(
+        self,
+        endpoints: list[Endpoint],
+        policy: RetryPolicy,
+        body_for: BodyFor,
+        on_success: OnSuccess,
+        on_error: OnError,
+        on_dead: OnDead | None = None,
+    ) -> None:
+        self.endpoints = endpoints
+        self.policy = policy
+        self._body_for = body_for
+        self._on_success = on_success
+        self._on_error = on_error
+        self._on_dead = on_dead
+        self._retries: deque[Work] = deque()
+        self._num_waiting = 0
+        self._num_active = 0
+        self._changed = asyncio.Event()
+        self._drained: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[None]] = set()
+        self._timers: set[asyncio.TimerHandle] = set()
+        self._stopping = False
+        self._fatal: FleetDown | None = None
+        self._down_since: float | None = None
+        self.failures_in_row = 0
+        self.last_error = ""
+
+    @property
+    def num_in_flight(self) -> int:
+        return self._num_active
+
+    @property
+    def num_retrying(self) -> int:
+        return self._num_waiting + len(self._retries)
+
+    def stop(self) -> None:
+        """Stop taking new work (Ctrl-C); in-flight requests go on until `drain` or `abandon`."""
+        self._stopping = True
+        self._changed.set()
+
+    async def run(self, items: Iterator[Work]) -> None:
+        """Dispatch until the items and retries are done, `stop()` is called, or the fleet is down."""
+        for endpoint in self.endpoints:
+            if endpoint.state is EndpointState.DOWN:
+                self._spawn(self._probe(endpoint))
+        exhausted = False
+        while True:
+            self._changed.clear()
+            if self._fatal is not None:
+                raise self._fatal
+            if self._stopping:
+                return
+            target = self._pick()
+            if target is None:
+                await self._wait_for_endpoint()
+                continue
+            work = self._retries.popleft() if self._retries else None
+            if work is None and not exhausted:
+                work = next(items, None)
+                exhausted = work is None
+            if work is None:
+                if self._num_active == 0 and self._num_waiting == 0:
+                    return
+                await self._changed.wait()
+                continue
+            self._launch(target, work)
+
+    async def drain(self) -> None:
+        """Wait for every in-flight request to finish (graceful stop)."""
+        while self._num_active:
+            self._changed.clear()
+            await self._changed.wait()
+
+    async def abandon(self) -> None:
+        """Cancel every in-flight request; nothing of theirs is written. Then stop probes and timers."""
+        tasks = [task for endpoint in self.endpoints for task in endpoint.tasks]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.close()
+
+    async def close(self) -> None:
+        """Stop background probes and pending retry timers."""
+        for timer in self._timers:
+            timer.cancel()
+        for task in self._background:
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+
+    def _pick(self) -> Endpoint | None:
+        best: Endpoint | None = None
+        for endpoint in self.endpoints:
+            if (
+                endpoint.state is EndpointState.READY
+                and endpoint.in_flight < endpoint.cap
+                and (best is None or endpoint.in_flight < best.in_flight)
+            ):
+                best = endpoint
+        return best
+
+    async def _wait_for_endpoint(self) -> None:
+        if any(e.state is EndpointState.READY for e in self.endpoints):
+            self._down_since = None
+            await self._changed.wait()
+            return
+        now = time.monotonic()
+        self._down_since = self._down_since or now
+        if now - self._down_since > self.policy.dead_timeout_s:
+            limit = self.policy.dead_timeout_s
+            self._fatal = self._fleet_down(f"no endpoint has been healthy for {limit:.0f} s")
+            return
+        with contextlib.suppress(TimeoutError):  # wake up to check the dead timer
+            await asyncio.wait_for(self._changed.wait(), 1.0)
+
+    def _launch(self, endpoint: Endpoint, work: Work) -> None:
+        endpoint.in_flight += 1
+        self._num_active += 1
+        task = asyncio.get_running_loop().create_task(self._serve(endpoint, work))
+        endpoint.tasks.add(task)
+
+    async def _serve(self, endpoint: Endpoint, work: Work) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        started, t0 = time.time(), time.monotonic()
+        try:
+            while not work.is_finished:
+                work.done.append(await endpoint.client.chat(self._body_for(work)))
+        except RequestFailed as exc:
+            self._failed(endpoint, work, exc)
+        except asyncio.CancelledError:
+            if task not in self._drained:
+                raise
+            # The endpoint was drained: this work goes elsewhere, and it was not its fault.
+            self._drained.discard(task)
+            task.uncancel()
+            self._retries.append(work)
+        else:
+            endpoint.num_failures_in_row = 0
+            self.failures_in_row = 0
+            endpoint.completions += 1
+            endpoint.output_tokens += sum(c.completion_tokens or 0 for c in work.done)
+            self._on_success(endpoint.name, work, started, time.monotonic() - t0)
+        finally:
+            endpoint.in_flight -= 1
+            endpoint.tasks.discard(task)
+            self._num_active -= 1
+            self._changed.set()
+
+    def _failed(self, endpoint: Endpoint, work: Work, exc: RequestFailed) -> None:
+        self.last_error = f"{endpoint.name}: {exc.message}"
+        endpoint.last_error = exc.message
+        is_backpressure = exc.status == 429  # the server is alive and asks us to slow down
+        if not is_backpressure:
+            self.failures_in_row += 1
+        if not exc.is_retryable:
+            self._on_error(endpoint.name, work, exc)
+        else:
+            if not is_backpressure:
+                endpoint.num_failures_in_row += 1
+                if exc.is_connection or endpoint.num_failures_in_row >= self.policy.drain_after:
+                    self._mark_down(endpoint)
+            work.attempts += 1
+            if work.attempts > self.policy.max_retries:
+                self._on_error(endpoint.name, work, exc)
+            else:
+                self._retry_later(work, self._backoff(work.attempts))
+        if self.failures_in_row >= self.policy.max_consecutive_failures:
+            self._fatal = self._fleet_down(f"{self.failures_in_row} requests failed in a row")
+
+    def _backoff(self, attempt: int) -> float:
+        ceiling = min(self.policy.backoff_max_s, self.policy.backoff_base_s * 2.0 ** (attempt - 1))
+        return ceiling * random.uniform(0.5, 1.0)  # jitter: retries of one burst do not arrive together
+
+    def _retry_later(self, work: Work, delay: float) -> None:
+        self._num_waiting += 1
+        loop = asyncio.get_running_loop()
+        handle: asyncio.TimerHandle | None = None
+
+        def ready() -> None:
+            self._num_waiting -= 1
+            if handle is not None:
+                self._timers.discard(handle)
+            self._retries.append(work)
+            self._changed.set()
+
+        handle = loop.call_later(delay, ready)
+        self._timers.add(handle)
+
+    def _mark_down(self, endpoint: Endpoint) -> None:
+        if endpoint.state is EndpointState.DOWN:
+            return
+        endpoint.state = EndpointState.DOWN
+        current = asyncio.current_task()
+        for task in list(endpoint.tasks):
+            if task is not current:
+                self._drained.add(task)
+                task.cancel()
+        self._spawn(self._probe(endpoint))
+        if self._on_dead is not None:
+            self._spawn(self._restart(endpoint, self._on_dead))
+
+    async def _restart(self, endpoint: Endpoint, on_dead: OnDead) -> None:
+        try:
+            await on_dead(endpoint.name)
+        except FleetgenError as exc:  # the probe keeps watching; the reason shows in the progress view
+            endpoint.last_error = f"restart failed: {exc.message}"
+
+    async def _probe(self, endpoint: Endpoint) -> None:
+        interval = self.policy.probe_interval_s
+        while endpoint.state is EndpointState.DOWN:
+            await asyncio.sleep(interval)
+            if await endpoint.client.is_healthy():
+                endpoint.state = EndpointState.READY
+                endpoint.num_failures_in_row = 0
+                self._changed.set()
+                return
+            interval = min(interval * 2, self.policy.probe_interval_max_s)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _fleet_down(self, why: str) -> FleetDown:
+        states = ", ".join(f"{e.name}={e.state.value}" for e in self.endpoints)
+        return FleetDown(
+            f"stopping the job: {why}; the servers look gone",
+            context={"endpoints": states, "last error": self.last_error},
+            fix="check the servers (`fleetgen status`), bring them back (`fleetgen up`), then rerun the same "
+            "command: it resumes, and `--retry-errors` re-runs rows that failed meanwhile",
+        )

@@ -1,0 +1,144 @@
+"""What a running job reports: progress snapshots, the final summary, and the resume position tracker.
+
+Counts come from committed rows only (the writer's `on_commit`), so what the progress shows is on disk.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from fleetgen.generate.source import Position
+
+
+@dataclass
+class Counters:
+    """Committed rows of this run, and what the store held before it."""
+
+    results: int = 0
+    errors: int = 0
+    bad: int = 0
+    truncated: int = 0
+    output_tokens: int = 0
+    done_before: int = 0
+    errors_before: int = 0
+    truncated_before: int = 0
+
+
+@dataclass(frozen=True)
+class EndpointProgress:
+    """One endpoint in the live view."""
+
+    name: str
+    state: str
+    in_flight: int
+    cap: int
+    completions: int
+    completions_per_s: float
+    last_error: str
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A snapshot of the job, emitted every ~0.5 s through the runner's callback."""
+
+    done: int
+    total: int | None
+    completions_per_s: float
+    output_tokens_per_s: float
+    eta_s: float | None
+    errors: int
+    truncated: int
+    bad_inputs: int
+    in_flight: int
+    retrying: int
+    elapsed_s: float
+    stopping: bool
+    endpoints: list[EndpointProgress] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class BadInputSample:
+    """One bad input line for the summary."""
+
+    source: str
+    line: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The end of a run: what was done this run and what the store holds now."""
+
+    status: str  # "complete", "stopped" or "fleet_down"
+    out_dir: str
+    model: str
+    completions_this_run: int
+    output_tokens_this_run: int
+    errors_this_run: int
+    elapsed_s: float
+    results: int
+    errors: int
+    truncated: int
+    bad_inputs: int
+    bad_input_samples: list[BadInputSample]
+    endpoints: dict[str, int]
+    message: str = ""
+
+    @property
+    def completions_per_s(self) -> float:
+        return self.completions_this_run / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+class RateMeter:
+    """Rates over a sliding window of (time, count) samples."""
+
+    def __init__(self, window_s: float = 10.0) -> None:
+        self._window_s = window_s
+        self._samples: deque[tuple[float, float]] = deque()
+
+    def add(self, count: float, now: float | None = None) -> float:
+        """Record the running `count`; return its rate per second over the window."""
+        now = time.monotonic() if now is None else now
+        self._samples.append((now, count))
+        while len(self._samples) > 2 and now - self._samples[0][0] > self._window_s:
+            self._samples.popleft()
+        t0, c0 = self._samples[0]
+        return (count - c0) / (now - t0) if now > t0 else 0.0
+
+
+class PositionTracker:
+    """The resume position: the longest prefix of input lines whose every sample is committed.
+
+    Lines are opened in input order with the number of rows they still owe; committed rows pay them off.
+    The position only moves past a line when it and every line before it are paid — so a rerun that starts
+    there skips nothing that is not on disk.
+    """
+
+    def __init__(self, start: Position) -> None:
+        self.position = start
+        self._open: deque[tuple[int, int]] = deque()
+        self._owed: dict[int, int] = {}
+
+    @property
+    def num_open(self) -> int:
+        return len(self._open)
+
+    def open(self, line: int, end_offset: int, num_rows: int) -> None:
+        self._open.append((line, end_offset))
+        self._owed[line] = self._owed.get(line, 0) + num_rows
+        self._advance()
+
+    def paid(self, line: int) -> None:
+        if line in self._owed:
+            self._owed[line] -= 1
+
+    def advance(self) -> None:
+        self._advance()
+
+    def _advance(self) -> None:
+        while self._open and self._owed.get(self._open[0][0], 0) <= 0:
+            line, offset = self._open.popleft()
+            self._owed.pop(line, None)
+            self.position = Position(line, offset)

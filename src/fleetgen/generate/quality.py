@@ -1,0 +1,87 @@
+"""Quality flags for one generated answer: cheap, bounded-cost checks run once per completion.
+
+- truncated: the engine stopped at max_tokens (`finish_reason == "length"`); a success, but flagged.
+- empty: no answer text after the reasoning.
+- leaked_think: `<think>`/`</think>` inside the answer: the reasoning parser did not split the trace.
+- repetitive: the tail loops on an n-gram. Such samples teach a drafter to loop and inflate speculative
+  acceptance, so they are flagged for `export --filter`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fleetgen.generate.work import Completion
+
+# Only the tail is examined: a degenerate loop runs until max_tokens, so it always reaches the end.
+TAIL_WORDS = 400
+TAIL_CHARS = 1600
+MIN_WORDS = 80
+WORD_NGRAM = 4
+CHAR_NGRAM = 12
+# Natural text has nearly all 4-grams distinct (> 0.9); a loop of period p has ~p distinct ones.
+MAX_UNIQUE_FRACTION = 0.35
+
+
+@dataclass(frozen=True, slots=True)
+class Flags:
+    """The quality flags of a row (all turns of a conversation combined)."""
+
+    is_truncated: bool = False
+    is_empty: bool = False
+    has_leaked_think: bool = False
+    is_repetitive: bool = False
+
+    def merge(self, other: Flags) -> Flags:
+        return Flags(
+            self.is_truncated or other.is_truncated,
+            self.is_empty or other.is_empty,
+            self.has_leaked_think or other.has_leaked_think,
+            self.is_repetitive or other.is_repetitive,
+        )
+
+
+def has_think_marker(text: str) -> bool:
+    """True when a reasoning marker leaked into `text` (case-insensitive, like SpecForge's check)."""
+    lowered = text.lower()
+    return "<think>" in lowered or "</think>" in lowered
+
+
+def is_repetitive(text: str) -> bool:
+    """True when the tail of `text` is a loop: few distinct n-grams among many.
+
+    Word 4-grams over the last 400 words; for text without spaces (e.g. Chinese), character 12-grams over
+    the last 1,600 characters. Cost is bounded by the tail size, never by the answer length.
+    """
+    tail = text[-TAIL_CHARS * 4 :]
+    words = tail.split()[-TAIL_WORDS:]
+    if len(words) >= MIN_WORDS:
+        grams = list(zip(*(words[i:] for i in range(WORD_NGRAM)), strict=False))
+        return len(set(grams)) / len(grams) < MAX_UNIQUE_FRACTION
+    chars = tail[-TAIL_CHARS:]
+    if len(chars) < TAIL_CHARS // 2:
+        return False
+    num = len(chars) - CHAR_NGRAM + 1
+    distinct = {chars[i : i + CHAR_NGRAM] for i in range(0, num)}
+    return len(distinct) / num < MAX_UNIQUE_FRACTION
+
+
+def flags_of(completion: Completion) -> Flags:
+    """The flags of one turn."""
+    return Flags(
+        is_truncated=completion.finish_reason == "length",
+        is_empty=not completion.content.strip(),
+        has_leaked_think=has_think_marker(completion.content),
+        # Only the tails are joined: copying whole traces would cost per token.
+        is_repetitive=is_repetitive(
+            completion.reasoning_content[-TAIL_CHARS * 4 :] + "\n" + completion.content[-TAIL_CHARS * 4 :]
+        ),
+    )
+
+
+def flags_of_all(completions: list[Completion]) -> Flags:
+    """The flags of a conversation: a flag is set when any turn has it."""
+    result = Flags()
+    for completion in completions:
+        result = result.merge(flags_of(completion))
+    return result

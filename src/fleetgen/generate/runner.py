@@ -1,0 +1,344 @@
+"""The generation job: input → dispatcher → writer → store, resumable and exactly once.
+
+Life of a run:
+1. open the store (the folder's lock), resolve the model from the endpoints, refuse changed sampling params;
+2. decide what is not done: normal runs skip committed keys (from the resume position on), `--retry-errors`
+   picks the error rows, `--redo-truncated` the truncated rows;
+3. stream the input; each (record, sample) not done becomes a `Work` for the dispatcher; bad lines become
+   `inputs_bad` rows;
+4. results and final errors queue for the writer, which commits them in batches; only then are they counted;
+5. stop: done, Ctrl-C (drain, or abandon on a second Ctrl-C) or FleetDown → flush the writer, close.
+A kill -9 at any point loses only uncommitted in-flight work, which the rerun does again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from fleetgen.errors import EndpointError, FleetDown, JobError, ParamsMismatch
+from fleetgen.generate import rows
+from fleetgen.generate.client import ChatClient
+from fleetgen.generate.dispatch import Dispatcher, Endpoint, EndpointState, OnDead, RetryPolicy
+from fleetgen.generate.progress import Counters, PositionTracker, Progress, RateMeter, Summary
+from fleetgen.generate.source import Position, Record, RecordShape, count_records, fingerprint, read_records
+from fleetgen.generate.store import Batch, Store
+from fleetgen.generate.work import BadInput, SamplingParams, Work, key_hash
+from fleetgen.generate.writer import StoreWriter
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """Everything a run needs; the CLI builds it from flags and the job file."""
+
+    input_path: Path
+    out_dir: Path
+    endpoints: list[tuple[str, str]]  # (name, base URL)
+    params: SamplingParams
+    shape: RecordShape = field(default_factory=RecordShape)
+    concurrency: int = 64
+    policy: RetryPolicy = field(default_factory=RetryPolicy)
+    request_timeout_s: float = 3600.0
+    mode: str = "normal"  # "normal", "retry_errors", "redo_truncated"
+    force_params: bool = False
+    split: str | None = None
+    api_key: str | None = None
+    progress_interval_s: float = 0.5
+    series_interval_s: float = 5.0
+    on_dead: OnDead | None = None  # `--restart-dead`: restart an instance through the deploy layer
+
+
+@dataclass
+class Job:
+    """One run of a job. `await Job(options).run(on_progress)`; `stop()` is Ctrl-C."""
+
+    options: JobOptions
+    counters: Counters = field(default_factory=Counters)
+    _stops: int = 0
+    _abandon: asyncio.Event = field(default_factory=asyncio.Event)
+    _dispatcher: Dispatcher | None = None
+    _total: int | None = None
+    _endpoint_rates: dict[str, float] = field(default_factory=dict)
+
+    def stop(self) -> None:
+        """First call: take no new work, let in-flight requests finish. Second: abandon them now."""
+        self._stops += 1
+        if self._dispatcher is not None:
+            self._dispatcher.stop()
+        if self._stops > 1:
+            self._abandon.set()
+
+    async def run(self, on_progress: Callable[[Progress], None] | None = None) -> Summary:
+        """Run the job to the end (or until stopped); raise FleetDown / JobError when it cannot go on."""
+        opts = self.options
+        store = Store.open(opts.out_dir)
+        try:
+            clients = [
+                ChatClient(
+                    url,
+                    max_connections=opts.concurrency,
+                    timeout_s=opts.request_timeout_s,
+                    api_key=opts.api_key,
+                )
+                for _, url in opts.endpoints
+            ]
+            async with contextlib.AsyncExitStack() as stack:
+                for client in clients:
+                    await stack.enter_async_context(client)
+                return await self._run(store, clients, on_progress)
+        finally:
+            store.close()
+
+    async def _run(
+        self, store: Store, clients: list[ChatClient], on_progress: Callable[[Progress], None] | None
+    ) -> Summary:
+        opts = self.options
+        started = time.monotonic()
+        endpoints = [
+            Endpoint(name, client, opts.concurrency)
+            for (name, _), client in zip(opts.endpoints, clients, strict=True)
+        ]
+        model = await self._resolve_model(endpoints)
+        params_hash = self._check_params(store, model)
+        tracker, wanted, done = self._plan_resume(store)
+        builder = rows.RowBuilder(model, params_hash)
+        writer = StoreWriter(
+            store, lambda batch: self._committed(batch, tracker), meta=lambda: self._position_meta(tracker)
+        )
+        base = opts.params.base_body(model)
+        dispatcher = Dispatcher(
+            endpoints,
+            opts.policy,
+            lambda work: rows.request_body(base, work, opts.params.seed),
+            on_success=lambda ep, work, t0, dt: writer.put_result(builder.result(ep, work, t0, dt)),
+            on_error=lambda ep, work, exc: writer.put_error(builder.error(ep, work, exc)),
+            on_dead=opts.on_dead,
+        )
+        self._dispatcher = dispatcher
+        if self._stops:
+            dispatcher.stop()
+        writer_task = asyncio.create_task(writer.run())
+        writer_task.add_done_callback(lambda _t: dispatcher.stop())  # a failed writer stops the job
+        count_task = asyncio.create_task(self._count_total(wanted))
+        ticker = asyncio.create_task(self._tick(dispatcher, writer, started, on_progress))
+        records = read_records(
+            opts.input_path, opts.shape, tracker.position if tracker else Position(), opts.split
+        )
+        status, message = "complete", ""
+        try:
+            await dispatcher.run(self._items(records, writer, tracker, wanted, done))
+            if self._stops:
+                status = "stopped"
+                await self._drain(dispatcher)
+        except FleetDown as exc:
+            status, message = "fleet_down", exc.message
+            await dispatcher.abandon()
+            raise
+        except BaseException:
+            await dispatcher.abandon()
+            raise
+        finally:
+            await dispatcher.close()
+            writer.close()
+            await asyncio.gather(writer_task, return_exceptions=True)
+            ticker.cancel()
+            count_task.cancel()
+            if on_progress is not None:
+                on_progress(self._snapshot(dispatcher, started, 0.0, 0.0))
+        if writer_task.exception() is not None:
+            raise writer_task.exception()  # type: ignore[misc]
+        return rows.summary(
+            store,
+            status,
+            message,
+            model,
+            self.counters,
+            time.monotonic() - started,
+            {e.name: e.completions for e in endpoints},
+        )
+
+    async def _drain(self, dispatcher: Dispatcher) -> None:
+        drain = asyncio.create_task(dispatcher.drain())
+        abandon = asyncio.create_task(self._abandon.wait())
+        await asyncio.wait({drain, abandon}, return_when=asyncio.FIRST_COMPLETED)
+        if not drain.done():
+            await dispatcher.abandon()
+        drain.cancel()
+        abandon.cancel()
+
+    async def _resolve_model(self, endpoints: list[Endpoint]) -> str:
+        infos: dict[str, str] = {}
+        failures: list[str] = []
+        for endpoint in endpoints:
+            try:
+                infos[endpoint.name] = (await endpoint.client.server_info()).model
+            except EndpointError as exc:
+                endpoint.state = EndpointState.DOWN  # probed in the background; used once healthy
+                failures.append(f"{endpoint.name}: {exc.message}")
+        if not infos:
+            raise EndpointError(
+                "no endpoint answered GET /v1/models",
+                context={"failures": "\n".join(failures)},
+                fix="start the servers (`fleetgen up`) or check the --endpoint URLs",
+            )
+        wanted = self.options.params.model
+        served = set(infos.values())
+        if wanted is None and len(served) > 1:
+            raise JobError(
+                f"the endpoints serve different models: {infos}",
+                fix="point the job at one model's servers, or set `model` in the job file",
+            )
+        return wanted or served.pop()
+
+    def _check_params(self, store: Store, model: str) -> str:
+        params = self.options.params
+        params = SamplingParams(**{**params.as_dict(), "model": model})
+        stored = store.get_meta("params")
+        ignore = frozenset({"max_tokens"}) if self.options.mode == "redo_truncated" else frozenset()
+        if stored is not None and not self.options.force_params:
+            diffs = params.differences(orjson.loads(stored), ignore=ignore)
+            if diffs:
+                raise ParamsMismatch(
+                    f"{self.options.out_dir} was generated with other sampling parameters",
+                    context={"differences": "\n".join(diffs)},
+                    fix="rerun with the original parameters, use another -o folder, or pass --force-params "
+                    "to mix them (each row records its params hash)",
+                )
+        if stored is None or (self.options.force_params and self.options.mode == "normal"):
+            store.set_meta({"params": params.to_json(), "input": str(self.options.input_path)})
+        return params.digest
+
+    def _plan_resume(self, store: Store) -> tuple[PositionTracker | None, set[int] | None, set[int]]:
+        """(position tracker, wanted keys for the re-run modes, keys already done)."""
+        opts = self.options
+        counts = store.counts()
+        self.counters.errors_before, self.counters.truncated_before = counts.errors, counts.truncated
+        if opts.mode == "retry_errors":
+            return None, store.keys_where("errors"), set()
+        if opts.mode == "redo_truncated":
+            return None, store.keys_where("results", "is_truncated = 1"), set()
+        start = Position()
+        saved = store.get_meta("position")
+        if saved is not None:
+            data = orjson.loads(saved)
+            if data.get("fingerprint") == fingerprint(opts.input_path):
+                start = Position(int(data["line"]), int(data["offset"]))
+        self.counters.done_before = counts.results + counts.errors
+        return PositionTracker(start), None, store.done_keys(start.line)
+
+    def _items(
+        self,
+        records: Iterator[Record | BadInput],
+        writer: StoreWriter,
+        tracker: PositionTracker | None,
+        wanted: set[int] | None,
+        done: set[int],
+    ) -> Iterator[Work]:
+        samples = self.options.params.samples
+        seen: set[int] = set()
+        for record in records:
+            if isinstance(record, Record):
+                record_key = key_hash(record.record_id, -1)
+                if record_key in seen:
+                    record = BadInput(
+                        record.source,
+                        record.line,
+                        f"duplicate id {record.record_id!r}",
+                        record.record_id,
+                        record.end_offset,
+                    )
+                else:
+                    seen.add(record_key)
+            if isinstance(record, BadInput):
+                if wanted is None:  # re-run modes have already recorded the input's bad lines
+                    if tracker is not None:
+                        tracker.open(record.line, record.end_offset, 1)
+                    writer.put_bad(rows.bad_row(record))
+                continue
+            keys = [key_hash(record.record_id, s) for s in range(samples)]
+            todo = [s for s, k in enumerate(keys) if (k in wanted if wanted is not None else k not in done)]
+            if tracker is not None:
+                tracker.open(record.line, record.end_offset, len(todo))
+            for sample in todo:
+                yield Work(
+                    record.record_id, sample, record.source, record.line, record.segments, key=keys[sample]
+                )
+
+    def _committed(self, batch: Batch, tracker: PositionTracker | None) -> None:
+        c = self.counters
+        c.results += len(batch.results)
+        c.errors += len(batch.errors)
+        c.bad += len(batch.bad)
+        for row in batch.results:
+            c.output_tokens += row[rows.COMPLETION_TOKENS] or 0
+            c.truncated += row[rows.IS_TRUNCATED]
+        if tracker is not None:
+            for row in batch.results:
+                tracker.paid(row[rows.LINE])
+            for row in batch.errors:
+                tracker.paid(row[rows.LINE])
+            for row in batch.bad:
+                tracker.paid(row[1])
+            tracker.advance()
+
+    def _position_meta(self, tracker: PositionTracker | None) -> dict[str, str]:
+        if tracker is None:
+            return {}
+        position = tracker.position
+        return {
+            "position": orjson.dumps(
+                {
+                    "line": position.line,
+                    "offset": position.offset,
+                    "fingerprint": fingerprint(self.options.input_path),
+                }
+            ).decode()
+        }
+
+    async def _count_total(self, wanted: set[int] | None) -> None:
+        if wanted is not None:
+            self._total = len(wanted)
+            return
+        num = await asyncio.to_thread(count_records, self.options.input_path, self.options.split)
+        self._total = num * self.options.params.samples
+
+    async def _tick(
+        self,
+        dispatcher: Dispatcher,
+        writer: StoreWriter,
+        started: float,
+        on_progress: Callable[[Progress], None] | None,
+    ) -> None:
+        done_meter, token_meter = RateMeter(), RateMeter()
+        meters = {e.name: RateMeter() for e in dispatcher.endpoints}
+        last_series = time.monotonic()
+        while True:
+            await asyncio.sleep(self.options.progress_interval_s)
+            rate = done_meter.add(self.counters.results + self.counters.errors)
+            tok_rate = token_meter.add(self.counters.output_tokens)
+            self._endpoint_rates = {e.name: meters[e.name].add(e.completions) for e in dispatcher.endpoints}
+            if on_progress is not None:
+                on_progress(self._snapshot(dispatcher, started, rate, tok_rate))
+            if time.monotonic() - last_series >= self.options.series_interval_s:
+                last_series = time.monotonic()
+                writer.put_series(rows.series_rows(dispatcher.endpoints))
+
+    def _snapshot(self, dispatcher: Dispatcher, started: float, rate: float, tok_rate: float) -> Progress:
+        return rows.snapshot(
+            self.counters,
+            self.options.params.samples,
+            self._total,
+            dispatcher,
+            started,
+            rate,
+            tok_rate,
+            self._endpoint_rates,
+            bool(self._stops),
+            self.options.mode == "normal",
+        )

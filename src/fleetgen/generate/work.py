@@ -1,0 +1,134 @@
+"""The values that flow through a generation job: work items, completions, rows, sampling params.
+
+A `Work` item is one (record, sample). Its `segments` are the message lists to send turn by turn: turn k is
+requested with `segments[0] + answer[0] + … + segments[k]`, so a multi-turn conversation is regenerated on
+the model's own history. A single-turn record has one segment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import orjson
+
+Message = dict[str, Any]
+
+
+def key_hash(record_id: str, sample: int) -> int:
+    """A stable signed 64-bit key for (record id, sample): compact enough to hold millions in a set.
+
+    Collisions are possible in principle (about 3e-8 for a million keys); the exact key (id, sample) is
+    still the store's primary key, so a collision can only make resume skip, never duplicate.
+    """
+    digest = hashlib.blake2b(f"{record_id}\x1f{sample}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
+
+
+@dataclass(slots=True)
+class Completion:
+    """One normalized chat completion (one turn), whatever the engine called its fields."""
+
+    content: str
+    reasoning_content: str
+    finish_reason: str
+    prompt_tokens: int | None
+    completion_tokens: int | None
+
+
+@dataclass(slots=True)
+class Work:
+    """One (record, sample) to generate. `done` keeps finished turns so a retry resumes at the failed turn."""
+
+    record_id: str
+    sample: int
+    source: str
+    line: int
+    segments: list[list[Message]]
+    key: int = 0
+    attempts: int = 0
+    done: list[Completion] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.key:
+            self.key = key_hash(self.record_id, self.sample)
+
+    def messages_for_next_turn(self) -> list[Message]:
+        """The history for the next turn: every earlier segment followed by the model's own answer."""
+        history: list[Message] = []
+        for k, answer in enumerate(self.done):
+            history.extend(self.segments[k])
+            history.append({"role": "assistant", "content": answer.content})
+        history.extend(self.segments[len(self.done)])
+        return history
+
+    @property
+    def is_finished(self) -> bool:
+        return len(self.done) == len(self.segments)
+
+
+@dataclass(frozen=True, slots=True)
+class BadInput:
+    """An input record that cannot become work: named by file and line, with the reason."""
+
+    source: str
+    line: int
+    reason: str
+    record_id: str | None = None
+    end_offset: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """What decides the text a model writes. Stored with the job; resuming with others is refused."""
+
+    model: str | None
+    max_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int | None
+    seed: int | None
+    samples: int
+    thinking: bool
+    system_prompt: str | None
+    extra_body: dict[str, Any]
+
+    def to_json(self) -> str:
+        return orjson.dumps(self.as_dict(), option=orjson.OPT_SORT_KEYS).decode()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+
+    def differences(self, other: dict[str, Any], *, ignore: frozenset[str] = frozenset()) -> list[str]:
+        """`name: stored → now` for every param that differs from `other` (a stored `as_dict()`)."""
+        mine = self.as_dict()
+        return [
+            f"{name}: {other.get(name)!r} → {mine[name]!r}"
+            for name in sorted(set(mine) | set(other))
+            if name not in ignore and other.get(name) != mine.get(name)
+        ]
+
+    def base_body(self, model: str) -> dict[str, Any]:
+        """The request body fields shared by every request of the job (messages and seed added per request).
+
+        `separate_reasoning` is SGLang's switch for returning the trace apart; vLLM accepts unknown fields
+        and ignores them (logged at debug level only), so one body fits both engines.
+        """
+        body: dict[str, Any] = {
+            "model": model,
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "stream": False,
+            "separate_reasoning": True,
+            "chat_template_kwargs": {"enable_thinking": self.thinking},
+        }
+        if self.top_k is not None:
+            body["top_k"] = self.top_k
+        body.update(self.extra_body)
+        return body

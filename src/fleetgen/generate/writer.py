@@ -1,0 +1,94 @@
+"""The one writer task: rows queue up in memory and go to SQLite in batched transactions.
+
+Every `interval_s` (or sooner when `max_rows` are waiting) the pending batch is written in one transaction
+on a dedicated thread (SQLite's fsync must not stall the event loop), then `on_commit(batch)` runs on the
+loop: progress counts rows only after they are on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from fleetgen.generate.store import Batch, Store
+
+
+class StoreWriter:
+    """Batches rows for `store`; `run()` is the writer task, `close()` flushes what is left and stops it."""
+
+    def __init__(
+        self,
+        store: Store,
+        on_commit: Callable[[Batch], None],
+        meta: Callable[[], dict[str, str]] | None = None,
+        *,
+        interval_s: float = 0.1,
+        max_rows: int = 512,
+    ) -> None:
+        self._store = store
+        self._on_commit = on_commit
+        self._meta = meta
+        self._interval_s = interval_s
+        self._max_rows = max_rows
+        self._batch = Batch()
+        self._wake = asyncio.Event()
+        self._full = asyncio.Event()
+        self._closing = False
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleetgen-store")
+
+    def _added(self) -> None:
+        self._wake.set()
+        if len(self._batch) >= self._max_rows:
+            self._full.set()
+
+    def put_result(self, row: tuple[Any, ...]) -> None:
+        self._batch.results.append(row)
+        self._added()
+
+    def put_error(self, row: tuple[Any, ...]) -> None:
+        self._batch.errors.append(row)
+        self._added()
+
+    def put_bad(self, row: tuple[Any, ...]) -> None:
+        self._batch.bad.append(row)
+        self._added()
+
+    def put_series(self, rows: list[tuple[Any, ...]]) -> None:
+        self._batch.series.extend(rows)
+        self._added()
+
+    @property
+    def num_pending(self) -> int:
+        return len(self._batch)
+
+    async def run(self) -> None:
+        """Write batches until closed and drained. A write error propagates (the job cannot go on)."""
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                if not len(self._batch):
+                    if self._closing:
+                        return
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                if not self._closing and len(self._batch) < self._max_rows:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._full.wait(), self._interval_s)
+                batch, self._batch = self._batch, Batch()
+                self._full.clear()
+                if self._meta is not None:
+                    batch.meta.update(self._meta())
+                await loop.run_in_executor(self._pool, self._store.write_batch, batch)
+                self._on_commit(batch)
+        finally:
+            self._pool.shutdown(wait=True)
+
+    def close(self) -> None:
+        """Ask `run()` to write what is pending and return."""
+        self._closing = True
+        self._wake.set()
+        self._full.set()

@@ -1,0 +1,269 @@
+"""The generation job end to end against stand-in servers (see test_generate_standin.py for why a stand-in):
+every (record, sample) exactly once, resume, retries, error rows, bad input, multi-turn, graceful stop."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from fleetgen.errors import FleetDown, ParamsMismatch
+from fleetgen.generate.dispatch import RetryPolicy
+from fleetgen.generate.progress import Progress
+from fleetgen.generate.runner import Job, JobOptions
+from fleetgen.generate.work import SamplingParams
+from tests.unit.test_generate_standin import StandIn, serve
+
+FAST = RetryPolicy(max_retries=3, backoff_base_s=0.01, backoff_max_s=0.05, probe_interval_s=0.05,
+                   dead_timeout_s=2.0, max_consecutive_failures=20)  # fmt: skip
+
+
+def params(**over: Any) -> SamplingParams:
+    base: dict[str, Any] = dict(model=None, max_tokens=64, temperature=0.0, top_p=1.0, top_k=None, seed=None,
+                                samples=1, thinking=True, system_prompt=None, extra_body={})  # fmt: skip
+    base.update(over)
+    return SamplingParams(**base)
+
+
+def write_jsonl(path: Path, lines: list[Any]) -> Path:
+    path.write_bytes(b"".join((line if isinstance(line, bytes) else orjson.dumps(line)) + b"\n"
+                              for line in lines))  # fmt: skip
+    return path
+
+
+def options(tmp_path: Path, input_path: Path, urls: list[str], **over: Any) -> JobOptions:
+    base: dict[str, Any] = dict(
+        input_path=input_path,
+        out_dir=tmp_path / "out",
+        endpoints=[(f"s{i}", u) for i, u in enumerate(urls)],
+        params=params(),
+        concurrency=4,
+        policy=FAST,
+        progress_interval_s=0.05,
+        series_interval_s=0.1,
+    )
+    base.update(over)
+    return JobOptions(**base)
+
+
+def rows(out: Path, sql: str = "SELECT id, sample FROM results") -> list[tuple[Any, ...]]:
+    with sqlite3.connect(out / "results.sqlite") as conn:
+        return list(conn.execute(sql))
+
+
+async def test_every_record_once_across_two_servers_reasoning_normalized(tmp_path: Path) -> None:
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": f"r{i}", "prompt": f"q{i}"} for i in range(60)])
+    seen: list[Progress] = []
+    async with serve(StandIn("reasoning_content")) as a, serve(StandIn("reasoning")) as b:
+        summary = await Job(options(tmp_path, prompts, [a.url, b.url], params=params(samples=2))).run(
+            seen.append
+        )
+    got = rows(tmp_path / "out", "SELECT id, sample, reasoning_content, content, instance FROM results")
+    assert len(got) == 120 and len({(r[0], r[1]) for r in got}) == 120
+    assert {r[4] for r in got} == {"s0", "s1"}  # both servers worked
+    assert all(r[2] == f"thinking about q{r[0][1:]}" for r in got)  # SGLang and vLLM field names alike
+    assert summary.status == "complete" and summary.results == 120 and summary.completions_this_run == 120
+    assert seen[-1].done == 120 and seen[-1].total == 120
+    series = rows(tmp_path / "out", "SELECT instance, completions FROM timeseries")
+    assert {name for name, _ in series} <= {"s0", "s1"}
+
+
+async def test_rerun_does_nothing_and_deleted_rows_are_redone(tmp_path: Path) -> None:
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"q{i}"} for i in range(30)])
+    async with serve(StandIn()) as a:
+        await Job(options(tmp_path, prompts, [a.url])).run()
+        again = await Job(options(tmp_path, prompts, [a.url])).run()
+        assert again.completions_this_run == 0 and again.results == 30
+        with sqlite3.connect(tmp_path / "out" / "results.sqlite") as conn:
+            conn.execute("DELETE FROM results WHERE line IN (3, 17)")
+            conn.execute("DELETE FROM meta WHERE key = 'position'")  # forget the resume position too
+        third = await Job(options(tmp_path, prompts, [a.url])).run()
+    assert third.completions_this_run == 2
+    assert sorted(r[0] for r in rows(tmp_path / "out", "SELECT line FROM results")) == list(range(1, 31))
+
+
+async def test_retryable_statuses_are_retried_and_400_is_not(tmp_path: Path) -> None:
+    prompts = write_jsonl(tmp_path / "p.jsonl", [
+        {"id": "a", "prompt": "x [[sim:status=429:times=2]]"},
+        {"id": "b", "prompt": "y [[sim:status=503:times=2]]"},
+        {"id": "c", "prompt": "z [[sim:status=400]]"},
+        {"id": "d", "prompt": "fine"},
+    ])  # fmt: skip
+    async with serve(StandIn()) as a:
+        summary = await Job(options(tmp_path, prompts, [a.url])).run()
+        assert a.seen["z [[sim:status=400]]"] == 1  # not retried
+        assert a.seen["x [[sim:status=429:times=2]]"] == 3
+    results = dict(rows(tmp_path / "out", "SELECT id, attempts FROM results"))
+    assert results == {"a": 3, "b": 3, "d": 1}
+    errors = rows(tmp_path / "out", "SELECT id, kind, status, attempts FROM errors")
+    assert errors == [("c", "http_400", 400, 1)]
+    assert summary.errors == 1
+
+
+async def test_retries_run_out_into_an_error_row(tmp_path: Path) -> None:
+    prompts = write_jsonl(
+        tmp_path / "p.jsonl", [{"id": "a", "prompt": "x [[sim:status=500]]"}, {"prompt": "ok"}]
+    )
+    async with serve(StandIn()) as a:
+        await Job(options(tmp_path, prompts, [a.url])).run()
+        assert a.seen["x [[sim:status=500]]"] == FAST.max_retries + 1
+    ((kind, reason),) = rows(tmp_path / "out", "SELECT kind, reason FROM errors")
+    assert kind == "http_500" and "gave up after 4 attempts" in reason
+
+
+async def test_truncation_is_a_flagged_success(tmp_path: Path) -> None:
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "t", "prompt": "long [[sim:finish=length]]"}])
+    async with serve(StandIn()) as a:
+        await Job(options(tmp_path, prompts, [a.url])).run()
+    assert rows(tmp_path / "out", "SELECT finish_reason, is_truncated FROM results") == [("length", 1)]
+    assert rows(tmp_path / "out", "SELECT COUNT(*) FROM errors") == [(0,)]
+
+
+async def test_dead_endpoint_is_drained_and_the_job_completes_on_the_other(tmp_path: Path) -> None:
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"q{i}"} for i in range(20)])
+    async with serve(StandIn()) as a, serve(StandIn()) as dead:
+        dead_url = dead.url
+    async with serve(StandIn()) as a:
+        summary = await Job(options(tmp_path, prompts, [a.url, dead_url])).run()
+    assert summary.results == 20 and summary.errors == 0
+    assert {r[0] for r in rows(tmp_path / "out", "SELECT instance FROM results")} == {"s0"}
+
+
+async def test_hung_endpoint_in_flight_requests_move_elsewhere(tmp_path: Path) -> None:
+    """Failures on one server drain it: its stuck in-flight requests are cancelled and re-queued."""
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"q{i}"} for i in range(12)])
+    bad = StandIn(reject_all_with=502)
+    async with serve(StandIn()) as a, serve(bad) as b:
+        summary = await Job(options(tmp_path, prompts, [a.url, b.url])).run()
+    assert summary.results == 12 and summary.errors == 0
+    assert {r[0] for r in rows(tmp_path / "out", "SELECT instance FROM results")} == {"s0"}
+
+
+async def test_fleet_down_stops_instead_of_burning_the_dataset(tmp_path: Path) -> None:
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"q{i}"} for i in range(200)])
+    async with serve(StandIn(reject_all_with=500)) as a:
+        with pytest.raises(FleetDown) as err:
+            await Job(options(tmp_path, prompts, [a.url])).run()
+    assert "in a row" in err.value.message or "healthy" in err.value.message
+    assert rows(tmp_path / "out", "SELECT COUNT(*) FROM errors")[0][0] < 200
+
+
+async def test_changed_params_are_refused_unless_forced(tmp_path: Path) -> None:
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "q"}])
+    async with serve(StandIn()) as a:
+        await Job(options(tmp_path, prompts, [a.url])).run()
+        with pytest.raises(ParamsMismatch) as err:
+            await Job(options(tmp_path, prompts, [a.url], params=params(temperature=0.7))).run()
+        assert "temperature: 0.0 → 0.7" in str(err.value)
+        forced = await Job(options(tmp_path, prompts, [a.url], params=params(temperature=0.7),
+                                   force_params=True)).run()  # fmt: skip
+    assert forced.status == "complete"
+
+
+async def test_multi_turn_is_regenerated_on_the_models_own_history(tmp_path: Path) -> None:
+    conv = [{"from": "system", "value": "be brief"}, {"from": "human", "value": "u1"},
+            {"from": "gpt", "value": "OLD ANSWER"}, {"from": "human", "value": "u2"},
+            {"from": "gpt", "value": "OLD 2"}, {"from": "human", "value": "u3"}]  # fmt: skip
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "m", "conversations": conv}])
+    async with serve(StandIn()) as a:
+        await Job(options(tmp_path, prompts, [a.url])).run()
+    third = a.bodies[-1]["messages"]
+    assert [m["role"] for m in third] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert third[2]["content"] == "answer 0 to: u1" and third[4]["content"] == "answer 1 to: u2"
+    assert all("OLD" not in m["content"] for m in third)
+    ((num_turns, turns, content),) = rows(tmp_path / "out", "SELECT num_turns, turns, content FROM results")
+    assert num_turns == 3 and content == "answer 2 to: u3"
+    assert [t["content"] for t in orjson.loads(turns)] == ["answer 0 to: u1", "answer 1 to: u2", content]
+
+
+async def test_bad_input_lines_become_rows_and_the_run_goes_on(tmp_path: Path) -> None:
+    prompts = write_jsonl(tmp_path / "p.jsonl", [
+        {"id": "a", "prompt": "good"}, b"{not json", {"id": "b"}, {"id": "c", "messages": []},
+        {"id": "a", "prompt": "dup"}, {"id": "d", "messages": [{"role": "user", "content": "fine"}]},
+    ])  # fmt: skip
+    async with serve(StandIn()) as a:
+        summary = await Job(options(tmp_path, prompts, [a.url])).run()
+        again = await Job(options(tmp_path, prompts, [a.url])).run()
+    bad = rows(tmp_path / "out", "SELECT source, line, reason FROM inputs_bad ORDER BY line")
+    assert [(line, reason.split(":")[0]) for _, line, reason in bad] == [
+        (2, "malformed JSON"),
+        (3, "missing field"),
+        (4, "empty messages"),
+        (5, "duplicate id 'a' (first"),
+    ] or [line for _, line, _ in bad] == [2, 3, 4, 5]
+    assert all(src.endswith("p.jsonl") for src, _, _ in bad)
+    assert sorted(r[0] for r in rows(tmp_path / "out")) == ["a", "d"]
+    assert summary.bad_inputs == 4 and again.bad_inputs == 4  # rerun: no duplicate bad rows
+
+
+async def test_graceful_stop_then_resume_gives_each_key_once(tmp_path: Path) -> None:
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"q{i}"} for i in range(400)])
+    async with serve(StandIn(delay_s=0.01)) as a:  # ~1 s of work: the stop lands mid-run
+        job = Job(options(tmp_path, prompts, [a.url]))
+
+        def stop_soon(progress: Progress) -> None:
+            if progress.done >= 20:
+                job.stop()
+
+        first = await job.run(stop_soon)
+        assert first.status == "stopped" and 20 <= first.results < 400, first
+        second = await Job(options(tmp_path, prompts, [a.url])).run()
+    assert second.results == 400 and second.completions_this_run == 400 - first.results
+    keys = rows(tmp_path / "out")
+    assert len(keys) == len(set(keys)) == 400
+
+
+async def test_retry_errors_reruns_only_error_rows(tmp_path: Path) -> None:
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": f"r{i}", "prompt": f"q{i}"} for i in range(10)])
+    failing = StandIn(reject_all_with=400)
+    async with serve(StandIn()) as good:
+        await Job(options(tmp_path, prompts, [good.url])).run()
+    with sqlite3.connect(tmp_path / "out" / "results.sqlite") as conn:  # turn two results into error rows
+        conn.execute(
+            "INSERT INTO errors SELECT id, sample, khash, source, line, 'http_400', 'x', 400, 1, "
+            "instance, finished_at FROM results WHERE id IN ('r2', 'r7')"
+        )
+        conn.execute("DELETE FROM results WHERE id IN ('r2', 'r7')")
+    async with serve(failing), serve(StandIn()) as good:
+        summary = await Job(options(tmp_path, prompts, [good.url], mode="retry_errors")).run()
+        assert sorted(good.seen) == ["q2", "q7"]
+    assert summary.completions_this_run == 2 and summary.errors == 0 and summary.results == 10
+
+
+async def test_redo_truncated_reruns_only_truncated_rows(tmp_path: Path) -> None:
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "t", "prompt": "t [[sim:finish=length]]"},
+                                                 {"id": "ok", "prompt": "fine"}])  # fmt: skip
+    async with serve(StandIn()) as a:
+        await Job(options(tmp_path, prompts, [a.url])).run()
+        redo = await Job(options(tmp_path, prompts, [a.url], mode="redo_truncated",
+                                 params=params(max_tokens=512))).run()  # fmt: skip
+        assert a.seen["fine"] == 1 and a.seen["t [[sim:finish=length]]"] == 2
+    assert redo.completions_this_run == 1
+    assert a.bodies[-1]["max_tokens"] == 512
+
+
+async def test_request_body_carries_sampling_and_thinking(tmp_path: Path) -> None:
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "q"}])
+    p = params(top_k=20, seed=7, samples=2, thinking=False, extra_body={"min_p": 0.1})
+    async with serve(StandIn()) as a:
+        await Job(options(tmp_path, prompts, [a.url], params=p)).run()
+    body = a.bodies[0]
+    assert body["model"] == "standin" and body["top_k"] == 20 and body["min_p"] == 0.1
+    assert body["chat_template_kwargs"] == {"enable_thinking": False} and body["separate_reasoning"] is True
+    assert sorted(b["seed"] for b in a.bodies) == [7, 8]
+
+
+async def test_stop_before_start_writes_nothing_half(tmp_path: Path) -> None:
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "q [[sim:hang]]"}])
+    async with serve(StandIn()) as a:
+        job = Job(options(tmp_path, prompts, [a.url]))
+        task = asyncio.create_task(job.run())
+        await asyncio.sleep(0.3)
+        job.stop()
+        job.stop()  # second Ctrl-C: abandon the hung request
+        summary = await asyncio.wait_for(task, 10)
+    assert summary.status == "stopped" and summary.results == 0 and summary.errors == 0
