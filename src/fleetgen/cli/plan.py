@@ -86,7 +86,9 @@ def _memory_table(p: InstancePlan) -> Table:
 
 def _issues(title: str, issues: tuple[Issue, ...], style: str) -> None:
     for issue in issues:
-        console.print(f"  [{style}]{title}[/] [{issue.rule}] {escape(issue.message)}", highlight=False)
+        console.print(
+            f"  [{style}]{title}[/] {escape(f'[{issue.rule}]')} {escape(issue.message)}", highlight=False
+        )
         if issue.fix:
             console.print(f"    [green]fix:[/] {escape(issue.fix)}", highlight=False)
 

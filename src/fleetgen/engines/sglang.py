@@ -58,7 +58,7 @@ V0_5_23 = RuleSet(
     name="sglang-0.5.23",
     engine="sglang",
     min_version=(0, 5, 23),
-    max_version=(0, 5, 99),
+    max_version=(0, 5, 23, 99),
     strategy_flag="mamba-radix-cache-strategy",
     renames=(
         FlagRename("mamba-scheduler-strategy", ("mamba-radix-cache-strategy",), "renamed in 0.5.23"),

@@ -30,8 +30,7 @@ def _apply(ask: Ask, c: Candidate) -> Ask:
 
 
 def _is_usable(sized: Sizing, need: int = 1) -> bool:
-    m = sized.memory
-    return sized.fits and m.max_running_requests >= need and m.kv_tokens >= m.context_length
+    return sized.fits and sized.memory.max_running_requests >= need
 
 
 def _required(engine: str, ask: Ask, base: Sizing) -> Candidate:
@@ -110,6 +109,20 @@ def ranked_fixes(engine: str, ask: Ask, base: Sizing) -> tuple[Fix, ...]:
     required = _required(engine, ask, base)
     fixed = _apply(ask, required)
     fixes: list[Fix] = []
+    alone = size(engine, fixed) if required.change else None
+    if alone is not None and _is_usable(alone):
+        n = alone.memory.max_running_requests
+        fixes.append(
+            Fix(
+                0,
+                f"{required.change} → {n} concurrent",
+                dict(required.args),
+                dict(required.env),
+                0,
+                n,
+                alone.memory.kv_tokens,
+            )
+        )
     for variant in VARIANTS[engine](fixed):
         n, extra, sized = _best(engine, _apply(fixed, variant))
         if sized is None or (base.fits and n <= base.memory.max_running_requests):

@@ -58,6 +58,8 @@ def _size_sglang(ask: Ask) -> Sizing:
     warnings = list(flags.warnings)
     if memory.headroom_needed_bytes > memory.headroom_bytes:
         warnings.append(_headroom_warning(memory, s.is_spec and not ask.rules.draft_kv_in_budget))
+    if 0 < memory.kv_tokens < memory.context_length:
+        warnings.append(_context_warning(memory))
     if s.is_hicache:
         memory = replace(
             memory,
@@ -76,6 +78,15 @@ def _size_sglang(ask: Ask) -> Sizing:
     }
     errors = tuple(flags.errors) + (tuple(mem_errors) if not flags.errors else ())
     return Sizing(memory, errors, tuple(warnings), resolved)
+
+
+def _context_warning(m: Memory) -> Issue:
+    return Issue(
+        "full-context",
+        f"one request of full context ({m.context_length:,} tokens) does not fit: the KV pool holds "
+        f"{m.kv_tokens:,} tokens per GPU",
+        f"set context-length <= {m.kv_tokens:,} (e.g. 8192) if requests are shorter, or use tp = 2",
+    )
 
 
 def _headroom_warning(m: Memory, with_draft: bool) -> Issue:

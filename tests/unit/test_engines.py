@@ -1,0 +1,124 @@
+"""Engine registry, argv/env builders, rule-set selection and verdict parsing (pure)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from fleetgen.config import ArgValue, FleetFile
+from fleetgen.engines import format_args, get_engine, parse_version, select_rule_set, translate_args
+from fleetgen.engines.sglang import EARLY_2026, V0_5_23, parse_marked_verdict
+from fleetgen.errors import ConfigError
+
+
+def _fleet(kind: str, **engine: object) -> FleetFile:
+    return FleetFile.model_validate(
+        {
+            "engine": {"kind": kind, "model": "/models/q", **engine},
+            "hosts": [{"name": "a", "gpus": [0, 1, 2, 3]}],
+        }
+    )
+
+
+def test_format_args_booleans_lists_scalars() -> None:
+    argv = format_args({"a": True, "b": False, "c": [1, 2], "d": 0.9, "e": "x"})
+    assert argv == ["--a", "--c", "1", "2", "--d", "0.9", "--e", "x"]
+
+
+def test_sglang_argv_and_env() -> None:
+    fleet = _fleet(
+        "sglang",
+        tp=2,
+        args={"mem-fraction-static": 0.9, "disable-radix-cache": False},
+        env={"X": "1"},
+        served_model_name="q",
+    )
+    inst = fleet.instances()[1]
+    engine = get_engine("sglang")
+    argv = engine.build_argv(fleet.engine, inst, model_path="/models/q", host_bind="127.0.0.1", rules=V0_5_23)
+    assert argv[:2] == ["--mem-fraction-static", "0.9"]
+    assert "--disable-radix-cache" not in argv
+    joined = " ".join(argv)
+    assert "--model-path /models/q --tp-size 2 --host 127.0.0.1 --port 30001" in joined
+    assert "--served-model-name q" in joined and "--enable-metrics" in argv
+    assert engine.build_env(fleet.engine, inst) == {"X": "1", "CUDA_VISIBLE_DEVICES": "2,3"}
+
+
+def test_vllm_argv_has_positional_model_and_public_key_reference() -> None:
+    fleet = _fleet("vllm", bind="0.0.0.0", api_key_env="MY_KEY", args={"max-model-len": 4096})
+    inst = fleet.instances()[0]
+    argv = get_engine("vllm").build_argv(fleet.engine, inst, model_path="/m", host_bind="0.0.0.0")
+    assert argv[0] == "/m"
+    assert argv[-2:] == ["--api-key", "${MY_KEY}"]  # the key itself never lands in the argv
+    assert "--tensor-parallel-size" in argv
+
+
+def test_renamed_flags_are_translated_per_era() -> None:
+    args: dict[str, ArgValue | list[ArgValue]] = {
+        "mamba-scheduler-strategy": "extra_buffer",
+        "cuda-graph-max-bs": 32,
+    }
+    new = translate_args(args, V0_5_23)
+    assert new.args == {"mamba-radix-cache-strategy": "extra_buffer", "cuda-graph-max-bs-decode": 32}
+    assert ("cuda-graph-max-bs", "cuda-graph-max-bs-decode") in new.renamed
+    back = translate_args(new.args, EARLY_2026)
+    assert back.args == args
+
+
+@pytest.mark.parametrize(
+    ("version", "name", "warned"),
+    [
+        ("0.5.9", "sglang-early-2026", False),
+        ("0.5.10.post1", "sglang-early-2026", False),
+        ("0.5.23", "sglang-0.5.23", False),
+        ("0.5.23.post1", "sglang-0.5.23", False),
+        ("0.5.30", "sglang-0.5.23", True),
+        ("0.5.12", "sglang-early-2026", True),
+        ("0.5.21", "sglang-0.5.23", True),
+        ("0.4.0", "sglang-early-2026", True),
+        (None, "sglang-0.5.23", True),
+    ],
+)
+def test_rule_set_selection(version: str | None, name: str, warned: bool) -> None:
+    rules, warning = select_rule_set(get_engine("sglang").rule_sets, version)
+    assert rules.name == name
+    assert (warning is not None) == warned
+    if warning and version:
+        assert version in warning and "nearest" in warning
+
+
+def test_parse_version() -> None:
+    assert parse_version("0.5.10.post1") == (0, 5, 10)
+    assert parse_version("v0.32.0+cpu") == (0, 32, 0)
+
+
+def test_unknown_engine() -> None:
+    with pytest.raises(ConfigError, match="unknown engine"):
+        get_engine("tgi")
+
+
+def test_fatal_signatures_match_the_engines_own_lines() -> None:
+    sglang = get_engine("sglang")
+    line = (
+        "ValueError: Speculative decoding for Qwen3_5ForConditionalGeneration is not compatible with radix "
+        "cache when using --mamba-scheduler-strategy no_buffer.To use radix cache ..."
+    )
+    hits = [s for s in sglang.fatal_signatures if s.search(line)]
+    assert hits and "extra_buffer" in hits[0].fix
+    assert any(s.search("OSError: [Errno 98] Address already in use") for s in sglang.fatal_signatures)
+    assert not any(s.search("INFO: decode batch, #running-req: 3") for s in sglang.fatal_signatures)
+    assert all(re.compile(s.pattern) for s in get_engine("vllm").fatal_signatures)
+
+
+def test_endpoints_and_ready_lines() -> None:
+    assert get_engine("sglang").info_paths == ("/server_info", "/get_server_info")
+    assert get_engine("vllm").ready_line == "Application startup complete."
+    assert get_engine("vllm").metrics.gen_throughput == ""  # derived from counters
+
+
+def test_verdict_parsing_takes_the_marked_line() -> None:
+    out = 'noise\nFLEETGEN_PARSER_VERDICT {"ok": false, "version": "0.5.23", "error": "argument error: x"}\n'
+    verdict = parse_marked_verdict(out)
+    assert not verdict.is_ok and verdict.version == "0.5.23" and verdict.error == "argument error: x"
+    assert "no verdict" in parse_marked_verdict("Traceback ...").error

@@ -1,0 +1,242 @@
+"""Flag rules (quoting SGLang's own errors), fleet-wide rules, ranked fixes, target concurrency, vLLM, CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from typer.testing import CliRunner
+
+from fleetgen.cli.app import app
+from fleetgen.config import FleetFile
+from fleetgen.modelcard import load_model_shape
+from fleetgen.plan import FleetPlan, HostFacts, facts_from_file, plan_fleet
+from fleetgen.plan.types import GIB, GpuFacts
+from tests.unit.test_plan import EXTRA, GPU96, GPU183, MODELS, MOTIVATING, QWEN, SPEC_V2, plan_one
+
+
+def _load_commands() -> None:
+    """Register every topic's commands as `fleetgen.cli.main` does (a one-command app drops its name)."""
+    import importlib
+
+    from fleetgen.cli import _TOPICS
+
+    for topic in _TOPICS:
+        try:
+            importlib.import_module(f"fleetgen.cli.{topic}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"fleetgen.cli.{topic}":
+                raise
+
+
+_load_commands()
+
+
+def _rules(plan: Any) -> set[str]:
+    return {e.rule for e in plan.errors}
+
+
+def test_extra_buffer_with_disable_radix_cache() -> None:
+    plan = plan_one({**MOTIVATING, **EXTRA, "disable-radix-cache": True}, env=SPEC_V2)
+    error = next(e for e in plan.errors if e.rule == "extra-buffer-no-radix")
+    assert error.message.startswith("mamba extra_buffer is not compatible with --disable-radix-cache")
+
+
+def test_hicache_with_disable_radix_cache() -> None:
+    plan = plan_one({"enable-hierarchical-cache": True, "disable-radix-cache": True}, version="0.5.23")
+    assert "hicache-no-radix" in _rules(plan)
+
+
+def test_track_interval_shorter_than_draft() -> None:
+    plan = plan_one({**MOTIVATING, **EXTRA, "mamba-track-interval": 2}, env=SPEC_V2)
+    error = next(e for e in plan.errors if e.rule == "track-interval")
+    assert (
+        error.message
+        == "mamba_track_interval 2 must be greater than or equal to speculative_num_draft_tokens 4"
+    )
+
+
+def test_fraction_outside_unit_interval() -> None:
+    assert "mem-fraction-static" in _rules(plan_one({"mem-fraction-static": 1.2}, version="0.5.23"))
+
+
+def test_explicit_no_buffer_with_overlap_on_0_5_23() -> None:
+    plan = plan_one({"mamba-radix-cache-strategy": "no_buffer"}, version="0.5.23")
+    assert "no-buffer-overlap" in _rules(plan)
+    ok = plan_one(
+        {"mamba-radix-cache-strategy": "no_buffer", "disable-overlap-schedule": True}, version="0.5.23"
+    )
+    assert ok.fits and ok.memory.mamba_ratio == 3
+
+
+def test_spec_v2_env_is_gone_in_0_5_23() -> None:
+    plan = plan_one(dict(MOTIVATING), env=SPEC_V2, version="0.5.23")
+    assert any(w.rule == "spec-v2-env" and "has been removed" in w.message for w in plan.warnings)
+
+
+def test_unknown_version_uses_nearest_with_warning() -> None:
+    fleet = _fleet([{"name": "n", "gpus": [0], "gpu_memory_gib": GPU96}], version="0.5.40")
+    result = plan_fleet(fleet, QWEN, _facts(fleet), None)
+    assert result.instances[0].rules == "sglang-0.5.23"
+    assert any(w.rule == "rule-set" and "nearest" in w.message for w in result.warnings)
+
+
+def _fleet(
+    hosts: list[dict[str, Any]],
+    *,
+    args: dict[str, Any] | None = None,
+    version: str = "0.5.23",
+    kind: str = "sglang",
+    tp: int = 1,
+) -> FleetFile:
+    return FleetFile.model_validate(
+        {
+            "engine": {"kind": kind, "version": version, "model": "/m", "tp": tp, "args": args or {}},
+            "hosts": hosts,
+        }
+    )
+
+
+def _facts(fleet: FleetFile) -> dict[str, HostFacts]:
+    return {h.name: facts_from_file(h) for h in fleet.hosts}
+
+
+def test_two_instances_on_one_gpu_and_port_clash() -> None:
+    hosts = [
+        {"name": "a", "ssh": "u@10.0.0.1", "gpus": [0, 1], "gpu_memory_gib": GPU96},
+        {"name": "b", "ssh": "u@10.0.0.1:22", "gpus": [1], "gpu_memory_gib": GPU96},
+    ]
+    result = plan_fleet(_fleet(hosts), QWEN, _facts(_fleet(hosts)), None)
+    rules = {e.rule for e in result.errors}
+    assert rules == {"gpu-shared", "port-clash"}
+    assert not result.fits
+
+
+def test_gpu_index_absent_on_the_host() -> None:
+    fleet = _fleet([{"name": "a", "gpus": [0, 5], "gpu_memory_gib": GPU96}])
+    measured = HostFacts(
+        "a", gpus=(GpuFacts(0, 80 * GIB, 80 * GIB, True), GpuFacts(1, 80 * GIB, 80 * GIB, True))
+    )
+    result = plan_fleet(fleet, QWEN, {"a": measured}, None)
+    assert result.instances[0].fits is not False or True
+    bad = result.instances[1]
+    assert bad.errors[0].rule == "gpu-absent" and "GPU 5" in bad.errors[0].message
+
+
+def test_hicache_host_memory_over_the_limit() -> None:
+    hosts = [{"name": "a", "gpus": [0, 1, 2, 3], "gpu_memory_gib": GPU96, "host_memory_gib": 64}]
+    fleet = _fleet(hosts, args={**MOTIVATING, "enable-hierarchical-cache": True, "context-length": 8192})
+    result = plan_fleet(fleet, QWEN, _facts(fleet), None)
+    error = next(e for e in result.errors if e.rule == "hicache-host-memory")
+    assert "Not enough host memory available. Requesting" in error.message
+    pinned = sum(i.memory.hicache_host_bytes for i in result.instances)
+    assert f"{pinned / 1e9:.2f} GB" in error.message
+
+
+def test_wont_fit_gives_fixes_ranked_by_cost_that_really_fit() -> None:
+    plan = plan_one({**MOTIVATING, **EXTRA, "max-mamba-cache-size": 120}, env=SPEC_V2)
+    assert not plan.fits and {"mamba-pool", "kv-cache"} & _rules(plan)
+    assert plan.fixes
+    costs = [f.cost for f in plan.fixes]
+    assert costs == sorted(costs)
+    for fix in plan.fixes:
+        if fix.tp:
+            continue
+        again = plan_one(
+            {**MOTIVATING, **EXTRA, "max-mamba-cache-size": 120, **fix.args}, env={**SPEC_V2, **fix.env}
+        )
+        assert again.fits and again.memory.max_running_requests == fix.max_running_requests
+
+
+def test_target_concurrency_solved_or_refused_with_reason() -> None:
+    fleet = _fleet(
+        [{"name": "a", "gpus": [0], "gpu_memory_gib": GPU183}], args={**MOTIVATING, "context-length": 8192}
+    )
+    solved = plan_fleet(fleet, QWEN, _facts(fleet), None, target=24).instances[0]
+    fix = solved.fixes[0]
+    assert fix.max_running_requests >= 24 and fix.args["max-running-requests"] == 24
+    again = plan_fleet(
+        _fleet(fleet.model_dump(by_alias=True)["hosts"], args=dict(fix.args)), QWEN, _facts(fleet), None
+    ).instances[0]
+    assert again.fits and again.memory.max_running_requests >= 24
+    refused = plan_fleet(fleet, QWEN, _facts(fleet), None, target=5000).instances[0]
+    error = next(e for e in refused.errors if e.rule == "target-concurrency")
+    assert "5000 concurrent requests do not fit" in error.message and "at most" in error.message
+
+
+def test_vllm_uses_total_memory_and_refuses_when_free_is_short() -> None:
+    hosts = [{"name": "a", "gpus": [0], "gpu_memory_gib": 80, "gpu_free_gib": 60}]
+    fleet = _fleet(
+        hosts, kind="vllm", version="0.32.0", args={"gpu-memory-utilization": 0.9, "max-model-len": 8192}
+    )
+    shape = load_model_shape(MODELS / "llama-3.1-8b")
+    plan = plan_fleet(fleet, shape, _facts(fleet), None).instances[0]
+    assert plan.memory.budget_bytes == int(80 * GIB * 0.9)
+    assert (
+        plan.errors[0].rule == "gpu-memory-utilization" and "Free memory on device" in plan.errors[0].message
+    )
+    roomy = _fleet(
+        [{"name": "a", "gpus": [0], "gpu_memory_gib": 80}],
+        kind="vllm",
+        version="0.32.0",
+        args={"gpu-memory-utilization": 0.9, "max-model-len": 8192},
+    )
+    ok = plan_fleet(roomy, shape, _facts(roomy), None).instances[0]
+    assert ok.fits and ok.memory.kv_tokens > 100_000 and ok.argv[3] == "serve"
+
+
+def test_vllm_hybrid_keeps_state_in_the_paged_pool() -> None:
+    fleet = _fleet(
+        [{"name": "a", "gpus": [0], "gpu_memory_gib": GPU183}],
+        kind="vllm",
+        version="0.32.0",
+        args={"max-model-len": 8192, "speculative-config": '{"method":"mtp","num_speculative_tokens":2}'},
+    )
+    m = plan_fleet(fleet, QWEN, _facts(fleet), None).instances[0].memory
+    assert m.mamba_slots == 0 and m.state_bytes_per_request == 153_944_064
+    assert m.max_running_requests == min(256, m.kv_pool_bytes // (8192 * 65_536 + 3 * 153_944_064))
+
+
+def _write(tmp_path: Path, args: dict[str, Any], env: dict[str, str], gpu_gib: float, version: str) -> Path:
+    lines = [
+        "[engine]",
+        'kind = "sglang"',
+        f'version = "{version}"',
+        'model = "/m"',
+        f'model_config = "{MODELS / "qwen3.6-27b"}"',
+        "[engine.args]",
+    ]
+    lines += [f"{k} = {json.dumps(v)}" for k, v in args.items()]
+    lines += ["[engine.env]"] + [f'{k} = "{v}"' for k, v in env.items()]
+    lines += ["[[hosts]]", 'name = "n"', "gpus = [0]", f"gpu_memory_gib = {gpu_gib}"]
+    path = tmp_path / "fleet.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_cli_exit_2_with_ranked_fixes_and_json(tmp_path: Path) -> None:
+    runner = CliRunner()
+    refused = runner.invoke(
+        app, ["plan", "--offline", "-f", str(_write(tmp_path, MOTIVATING, {}, GPU96, "0.5.10"))]
+    )
+    assert refused.exit_code == 2
+    assert "spec-no-buffer-radix" in refused.output and "fix 1 (cost 0)" in refused.output
+    path = _write(tmp_path, {**MOTIVATING, **EXTRA}, SPEC_V2, GPU183, "0.5.10")
+    ok = runner.invoke(app, ["plan", "--offline", "--json", "-f", str(path)])
+    assert ok.exit_code == 0, ok.output
+    data = json.loads(ok.output)
+    assert data["instances"][0]["fits"] and data["instances"][0]["max_running_requests"] > 0
+
+
+def test_example_fleet_file_plans_offline() -> None:
+    example = Path(__file__).parents[2] / "examples" / "qwen36-27b-mtp.toml"
+    result = CliRunner().invoke(app, ["plan", "--offline", "--json", "-f", str(example)])
+    assert result.exit_code == 0, result.output
+    instances = json.loads(result.output)["instances"]
+    assert len(instances) == 11 and all(i["fits"] and i["max_running_requests"] >= 8 for i in instances)
+
+
+def test_fleet_plan_fits_property() -> None:
+    assert FleetPlan(instances=()).fits
+    assert GPU183 > GPU96
