@@ -137,7 +137,7 @@ SIM_KNOBS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--sim-fail-at-start", {"choices": ["oom", "valueerror"], "default": None,
                              "help": "Fail like SGLang: pools do not fit (oom) or a rule fails."}),
     ("--sim-crash-after", {"type": int, "default": None,
-                           "help": "Serve N requests, then die hard (SIGKILL, like a CUDA crash) on the next."}),
+                           "help": "Serve N requests, then die hard (SIGKILL, as on a CUDA crash)."}),
     ("--sim-no-spec", {"action": "store_true",
                        "help": "Accept speculative flags but run (and report) no speculative decoding."}),
     ("--sim-accept-length", {"type": float, "default": 2.6,
