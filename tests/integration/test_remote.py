@@ -74,9 +74,10 @@ async def test_put_is_verified_atomic_and_creates_folders(host: CommandHost, tmp
 async def test_put_into_an_impossible_folder_names_the_cause(host: CommandHost, tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
-    with pytest.raises(CommandError) as caught:
+    with pytest.raises(RemoteError) as caught:
         await host.put(str(blocker / "sub" / "f.txt"), b"data")
-    assert "cannot create folder" in caught.value.message and caught.value.fix
+    assert f"cannot create folder {blocker / 'sub'}" in caught.value.message
+    assert "may write there" in caught.value.fix
 
 
 async def test_tilde_paths_expand_to_the_remote_home(host: CommandHost) -> None:
@@ -95,7 +96,9 @@ async def test_spawn_inspect_stop(host: CommandHost, tmp_path: Path) -> None:
     info = await host.inspect(spawned.pid, spawned.start_time)
     assert info.state is ProcState.RUNNING and info.argv == ("sleep", "300")
     assert info.start_time == spawned.start_time
-    assert (await host.inspect(spawned.pid, spawned.start_time + 1)).state is ProcState.GONE  # PID reuse guard
+    assert (
+        await host.inspect(spawned.pid, spawned.start_time + 1)
+    ).state is ProcState.GONE  # PID reuse guard
     await _wait_for_line(host, str(log), "started")
     await host.stop(spawned.pid, start_time=spawned.start_time, timeout=10)
     assert (await host.inspect(spawned.pid, spawned.start_time)).state is not ProcState.RUNNING
@@ -125,7 +128,9 @@ async def test_spawn_of_a_script_that_exits_at_once_still_reports_its_start(
 ) -> None:
     script = tmp_path / "quick.sh"
     await host.put(str(script), b"#!/bin/sh\necho bye\nexit 4\n", 0o755)
-    spawned = await host.spawn(str(script), str(tmp_path / "q.log"), str(tmp_path / "q.pid"), cwd=str(tmp_path))
+    spawned = await host.spawn(
+        str(script), str(tmp_path / "q.log"), str(tmp_path / "q.pid"), cwd=str(tmp_path)
+    )
     assert spawned.start_time > 0
     await _wait_for_line(host, str(tmp_path / "q.log"), "bye")
     info = await host.inspect(spawned.pid, spawned.start_time)

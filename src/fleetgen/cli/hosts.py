@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from fleetgen.cli.app import FLEET_OPTION, app, console, exit_with, run, warn
@@ -62,7 +63,9 @@ def _table(reports: list[HostReport]) -> Table:
         python = r.python_version if r.python_ok else "[red]missing[/]"
         engine = f"{r.engine} {r.engine_version}" if r.engine_version else f"[red]no {r.engine}[/]"
         model = "[green]present[/]" if r.model_present else "[red]missing[/]"
-        table.add_row(r.host, status, r.os or "?", _gpus(r), ram, disk, python or "?", engine, model)
+        table.add_row(
+            r.host, status, escape(r.os or "?"), escape(_gpus(r)), ram, disk, python or "?", engine, model
+        )
     return table
 
 
@@ -77,8 +80,8 @@ def _gpus(report: HostReport) -> str:
 def _print_problems(reports: list[HostReport]) -> None:
     for r in reports:
         if not r.reachable:
-            console.print(f"[bold red]{r.host}[/]: {r.error}", highlight=False)
+            console.print(f"[bold red]{r.host}[/]: {escape(r.error or '')}", highlight=False)
             if r.fix:
-                console.print(f"  [bold green]fix:[/] {r.fix}", highlight=False)
-        for problem in r.problems:
-            console.print(f"[yellow]{r.host}[/]: {problem}", highlight=False)
+                console.print(f"  [bold green]fix:[/] {escape(r.fix)}", highlight=False)
+        for problem in r.problems:  # texts quote `[[hosts]]`: escaped, or rich would read them as markup
+            console.print(f"[yellow]{r.host}[/]: {escape(problem)}", highlight=False)

