@@ -97,10 +97,19 @@ def bucket_edges(
     return [start + k * width for k in range(count + 1)]
 
 
-def _value_at(times: Sequence[float], values: Sequence[int], at: float) -> int:
-    """The cumulative count as of `at`: the last sample at or before it (0 before the first)."""
-    index = bisect.bisect_right(times, at) - 1
-    return values[index] if index >= 0 else 0
+def _value_at(times: Sequence[float], values: Sequence[int], at: float) -> float:
+    """A cumulative count at `at`, interpolated between the two samples around it (flat outside them).
+
+    Interpolating (rather than taking the last sample) keeps a bucket that happens to hold no sample
+    from showing as a false drop to zero followed by a false doubling.
+    """
+    index = bisect.bisect_right(times, at)
+    if index == 0:
+        return float(values[0])
+    if index == len(times):
+        return float(values[-1])
+    t0, t1, v0, v1 = times[index - 1], times[index], values[index - 1], values[index]
+    return v0 + (v1 - v0) * (at - t0) / (t1 - t0)
 
 
 def by_instance(samples: Sequence[Sample]) -> dict[str, list[Sample]]:

@@ -51,19 +51,14 @@ def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
     """About `count` round tick values covering [low, high] (steps of 1, 2, 2.5 or 5 × 10^k)."""
     if not math.isfinite(low) or not math.isfinite(high):
         return [0.0]
-    if high <= low:
-        high = low + (abs(low) or 1.0)
+    if high - low <= 1e-9 * max(abs(low), 1.0):  # a flat line still gets an axis around it
+        high = low + max(abs(low), 1.0)
     raw = (high - low) / max(count, 1)
     magnitude = 10 ** math.floor(math.log10(raw))
     step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
-    first = math.floor(low / step) * step
-    ticks, value = [], first
-    while value <= high + step * 1e-9:
-        ticks.append(round(value, 10))
-        value += step
-    if ticks[-1] < high:
-        ticks.append(round(value, 10))
-    return ticks
+    digits = max(0, 2 - math.floor(math.log10(step)))  # enough to print 2.5 × 10^k exactly
+    first, last = math.floor(low / step), math.ceil(high / step)
+    return [round(k * step, digits) for k in range(first, last + 1)]
 
 
 def format_number(value: float) -> str:
@@ -172,6 +167,9 @@ def line_chart(
             f'<polyline class="series" data-name="{escape(line.name)}" fill="none" stroke="{color}" '
             f'stroke-width="{stroke}" stroke-linejoin="round" points="{path}"/>'
         )
+        if len(line.points) == 1:  # a one-point polyline draws nothing: show the point itself
+            x, y = line.points[0]
+            body.append(f'<circle cx="{x_of(x):.1f}" cy="{y_of(y):.1f}" r="3" fill="{color}"/>')
         body.append(_legend_entry(index, line.name, color, right + 10, top))
     return _frame(width, height, title, "".join(body), klass)
 
