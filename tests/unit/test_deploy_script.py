@@ -17,18 +17,31 @@ from fleetgen.remote.base import ProcInfo, ProcState
 SECRET = "sk-very-secret-123"
 
 
-def spec(tmp: str = "/w", secret: bool = False, args: tuple[str, ...] = ("--model-path", "/m x", "--port", "1")
-         ) -> LaunchSpec:
+def spec(
+    tmp: str = "/w", secret: bool = False, args: tuple[str, ...] = ("--model-path", "/m x", "--port", "1")
+) -> LaunchSpec:
     extra = ("--api-key", "${FLEET_KEY}") if secret else ()
-    return LaunchSpec(instance="h0-0", python="/opt/venv/bin/python", launcher=("-m", "sglang.launch_server"),
-                      args=(*args, *extra), env={"CUDA_VISIBLE_DEVICES": "0", "QUOTE": "it's $HOME"},
-                      paths=InstancePaths(tmp, "h0-0"), secret=SecretEnv("FLEET_KEY") if secret else None)
+    return LaunchSpec(
+        instance="h0-0",
+        python="/opt/venv/bin/python",
+        launcher=("-m", "sglang.launch_server"),
+        args=(*args, *extra),
+        env={"CUDA_VISIBLE_DEVICES": "0", "QUOTE": "it's $HOME"},
+        paths=InstancePaths(tmp, "h0-0"),
+        secret=SecretEnv("FLEET_KEY") if secret else None,
+    )
 
 
 def test_script_quotes_every_value_and_execs_the_argv(tmp_path: Path) -> None:
     """Run the rendered script with `python` replaced by `printf`, so bash shows what it would exec."""
-    s = LaunchSpec(instance="i", python="printf", launcher=("%s\\n",), args=("a b", "$HOME", "'q'", "--x=1"),
-                   env={"V": "it's $HOME; `x`"}, paths=InstancePaths(str(tmp_path), "i"))
+    s = LaunchSpec(
+        instance="i",
+        python="printf",
+        launcher=("%s\\n",),
+        args=("a b", "$HOME", "'q'", "--x=1"),
+        env={"V": "it's $HOME; `x`"},
+        paths=InstancePaths(str(tmp_path), "i"),
+    )
     text = render_script(s)
     assert text.startswith("#!/usr/bin/env bash\n") and "set -euo pipefail" in text
     script = tmp_path / "launch.sh"
@@ -38,8 +51,15 @@ def test_script_quotes_every_value_and_execs_the_argv(tmp_path: Path) -> None:
 
 
 def test_secret_is_read_from_the_key_file_never_written_in_the_script(tmp_path: Path) -> None:
-    s = LaunchSpec(instance="i", python="printf", launcher=("%s\\n",), args=("--api-key", "${FLEET_KEY}"),
-                   env={}, paths=InstancePaths(str(tmp_path), "i"), secret=SecretEnv("FLEET_KEY"))
+    s = LaunchSpec(
+        instance="i",
+        python="printf",
+        launcher=("%s\\n",),
+        args=("--api-key", "${FLEET_KEY}"),
+        env={},
+        paths=InstancePaths(str(tmp_path), "i"),
+        secret=SecretEnv("FLEET_KEY"),
+    )
     text = render_script(s)
     (tmp_path / "i").mkdir()
     (tmp_path / "i" / "api_key").write_text(SECRET)
@@ -51,8 +71,15 @@ def test_secret_is_read_from_the_key_file_never_written_in_the_script(tmp_path: 
 
 
 def test_missing_key_file_stops_the_script(tmp_path: Path) -> None:
-    s = LaunchSpec(instance="i", python="printf", launcher=("started",), args=(), env={},
-                   paths=InstancePaths(str(tmp_path), "i"), secret=SecretEnv("K"))
+    s = LaunchSpec(
+        instance="i",
+        python="printf",
+        launcher=("started",),
+        args=(),
+        env={},
+        paths=InstancePaths(str(tmp_path), "i"),
+        secret=SecretEnv("K"),
+    )
     (tmp_path / "launch.sh").write_text(render_script(s))
     out = subprocess.run(["bash", str(tmp_path / "launch.sh")], capture_output=True, text=True, check=False)
     assert out.returncode != 0 and "started" not in out.stdout
@@ -72,8 +99,9 @@ def test_drift_empty_when_equal_and_names_each_difference() -> None:
     argv = tuple(SECRET if a == "${FLEET_KEY}" else a for a in s.argv)
     env = {"CUDA_VISIBLE_DEVICES": "0", "QUOTE": "it's $HOME", "FLEET_KEY": SECRET, "HOME": "/root"}
     assert process_drift(s, _proc(argv, env), SECRET) == []
-    drift = process_drift(s, _proc((*argv[:-3], "9", *argv[-2:]), {**env, "QUOTE": "x", "FLEET_KEY": "other"}),
-                          SECRET)
+    drift = process_drift(
+        s, _proc((*argv[:-3], "9", *argv[-2:]), {**env, "QUOTE": "x", "FLEET_KEY": "other"}), SECRET
+    )
     text = "\n".join(drift)
     assert "argv differs" in text and "+ 9" in text
     assert "env QUOTE" in text and "'x'" in text
@@ -84,19 +112,33 @@ def test_drift_empty_when_equal_and_names_each_difference() -> None:
 
 
 def test_view_mismatch_spec_reported_as_none_and_alias() -> None:
-    args = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--mem-fraction-static", "0.8",
-            "--mamba-scheduler-strategy", "extra_buffer"]
-    good = {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3, "mem_fraction_static": 0.8,
-            "mamba_radix_cache_strategy": "extra_buffer"}
+    args = [
+        "--speculative-algorithm",
+        "NEXTN",
+        "--speculative-num-steps",
+        "3",
+        "--mem-fraction-static",
+        "0.8",
+        "--mamba-scheduler-strategy",
+        "extra_buffer",
+    ]
+    good = {
+        "speculative_algorithm": "EAGLE",
+        "speculative_num_steps": 3,
+        "mem_fraction_static": 0.8,
+        "mamba_radix_cache_strategy": "extra_buffer",
+    }
     assert view_mismatches(args, good) == []
     bad = view_mismatches(args, {**good, "speculative_algorithm": None, "mem_fraction_static": 0.7})
     assert len(bad) == 2 and "speculative_algorithm = None" in bad[0] and "0.7" in bad[1]
 
 
 def test_capacity_from_log_and_info() -> None:
-    lines = ["[2026] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 12345, K size: 1 GB",
-             "max_total_num_tokens=54321, chunked_prefill_size=8192, max_running_requests=21, context_len=8192",
-             "INFO GPU KV cache size: 1,234 tokens"]
+    lines = [
+        "[2026] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 12345, K size: 1 GB",
+        "max_total_num_tokens=54321, chunked_prefill_size=8192, max_running_requests=21, context_len=8192",
+        "INFO GPU KV cache size: 1,234 tokens",
+    ]
     assert capacity_from_log(lines) == {"kv_tokens": 1234.0, "max_running_requests": 21.0}
     info = {"max_total_num_tokens": 99, "internal_states": [{"effective_max_running_requests_per_dp": 7}]}
     assert capacity_from_info(info) == {"kv_tokens": 99.0, "max_running_requests": 7.0}
@@ -127,8 +169,20 @@ def test_proc_state_reads_zombies_and_pid_reuse() -> None:
 
 def test_state_roundtrip_upsert_and_drop(tmp_path: Path) -> None:
     fleet = tmp_path / "fleet.toml"
-    rec = InstanceRecord(instance="h0-0", host="h0", gpus=(0,), port=30000, pid=5, start_time=9, log_path="/l",
-                         script_path="/s", script_sha256="ab", launched_at="t", argv=("a",), environ={"X": "1"})
+    rec = InstanceRecord(
+        instance="h0-0",
+        host="h0",
+        gpus=(0,),
+        port=30000,
+        pid=5,
+        start_time=9,
+        log_path="/l",
+        script_path="/s",
+        script_sha256="ab",
+        launched_at="t",
+        argv=("a",),
+        environ={"X": "1"},
+    )
     save_state(fleet, [rec])
     assert load_state(fleet) == {"h0-0": rec}
     update_state(fleet, put=[InstanceRecord(**{**rec.__dict__, "instance": "h0-1"})], drop=["h0-0"])

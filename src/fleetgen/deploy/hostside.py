@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 from fleetgen.config import HostSpec
 from fleetgen.errors import DeployError, LaunchFailed
-from fleetgen.remote.base import Host
+from fleetgen.remote.base import Host, ProcInfo
+from fleetgen.remote.procfs import proc_info_from_dump
 
 # $1 python, $2 top-level launcher module ("" when the launcher is not `-m`), $3 model path ("" = not a path),
 # $4 workdir. `~` is expanded against the login's $HOME; the resolved workdir is printed first.
@@ -43,11 +44,23 @@ if awk -v p=":$hex" '$4 == "0A" && substr($2, length($2) - 4) == p { found = 1 }
     /proc/net/tcp /proc/net/tcp6 2>/dev/null; then echo busy; else echo free; fi
 """
 
+# One round trip for an instance's whereabouts: is its port listened on, which PID its pidfile names, and
+# /proc of the recorded PID ($3) and of the pidfile's PID (each as INSPECT_SH's four base64 lines).
+PROBE_SH = r"""
+pidfile=$1 port=$2 recorded=$3
+hex=$(printf '%04X' "$port")
+if awk -v p=":$hex" '$4 == "0A" && substr($2, length($2) - 4) == p { found = 1 } END { exit found ? 0 : 1 }' \
+    /proc/net/tcp /proc/net/tcp6 2>/dev/null; then echo busy; else echo free; fi
+named=$(cat -- "$pidfile" 2>/dev/null | tr -cd '0-9')
+echo "$named"
+for pid in "$recorded" "$named"; do
+  for f in stat cmdline environ stat; do [ -n "$pid" ] && base64 -w0 "/proc/$pid/$f" 2>/dev/null; echo; done
+done
+exit 0
+"""
+
 # Compute processes still on GPUs $1 (comma-separated indices).
 GPU_APPS_SH = 'nvidia-smi --query-compute-apps=pid --format=csv,noheader -i "$1" 2>/dev/null; exit 0'
-
-# Point current.log at the new log (relative link, replaced atomically by `ln -sfn`).
-LINK_LOG_SH = 'cd -- "$1" && ln -sfn -- "$2" current.log.tmp && mv -Tf -- current.log.tmp current.log'
 
 
 def sh(snippet: str, *args: str) -> list[str]:
@@ -142,6 +155,28 @@ def _check_launch(
             context=ctx,
             fix="copy the model there, or set engine.model to the folder that holds it",
         )
+
+
+@dataclass(frozen=True)
+class Whereabouts:
+    """An instance's port and processes as one PROBE_SH read them."""
+
+    is_port_busy: bool
+    recorded: ProcInfo | None
+    named: ProcInfo | None
+
+
+async def probe_instance(
+    host: Host, pidfile: str, port: int, recorded: tuple[int, int] | None
+) -> Whereabouts:
+    """Port state and /proc of the recorded (pid, start time) and of the pidfile's PID, in one round trip."""
+    pid_arg = str(recorded[0]) if recorded else ""
+    res = await host.run(sh(PROBE_SH, pidfile, str(port), pid_arg))
+    lines = (res.stdout.splitlines() + [""] * 10)[:10]
+    rec = proc_info_from_dump(recorded[0], "\n".join(lines[2:6]), recorded[1]) if recorded else None
+    named = int(lines[1]) if lines[1].isdigit() else None
+    named_info = proc_info_from_dump(named, "\n".join(lines[6:10]), None) if named else None
+    return Whereabouts(is_port_busy=lines[0] == "busy", recorded=rec, named=named_info)
 
 
 async def is_port_busy(host: Host, port: int) -> bool:

@@ -16,14 +16,7 @@ from datetime import UTC, datetime
 import aiohttp
 
 from fleetgen.config import HostSpec, InstanceSpec
-from fleetgen.deploy.hostside import (
-    LINK_LOG_SH,
-    HostFacts,
-    is_port_busy,
-    sh,
-    wait_gpus_released,
-    wait_port_free,
-)
+from fleetgen.deploy.hostside import HostFacts, probe_instance, wait_gpus_released, wait_port_free
 from fleetgen.deploy.probe import EngineClient
 from fleetgen.deploy.script import LaunchSpec
 from fleetgen.deploy.state import InstanceRecord
@@ -91,20 +84,19 @@ class Outcome:
     record: InstanceRecord | None = field(default=None, repr=False)
 
 
-async def find_running(hs: HostSession, target: Target, record: InstanceRecord | None) -> ProcInfo | None:
-    """The live process of this instance: the recorded PID+start time, else the host's pidfile."""
-    if record is not None and record.host == hs.spec.name:
-        info = await hs.host.inspect(record.pid, record.start_time)
-        if info.is_alive:
-            return info
-    if await hs.host.exists(target.spec.paths.pidfile):
-        text = (await hs.host.read(target.spec.paths.pidfile, 64)).decode(errors="replace").strip()
-        if text.isdigit():
-            info = await hs.host.inspect(int(text))
-            # Only a process running our launch script's command counts (the PID may have been reused).
-            if info.is_alive and info.argv[:1] == (target.spec.python,):
-                return info
-    return None
+async def find_running(
+    hs: HostSession, target: Target, record: InstanceRecord | None
+) -> tuple[ProcInfo | None, bool]:
+    """The live process of this instance (the recorded PID + start time, else the host's pidfile) and whether
+    its port is listened on, in one round trip."""
+    recorded = (record.pid, record.start_time) if record is not None and record.host == hs.spec.name else None
+    where = await probe_instance(hs.host, target.spec.paths.pidfile, target.inst.port, recorded)
+    if where.recorded is not None and where.recorded.is_alive:
+        return where.recorded, where.is_port_busy
+    # Only a process running our launch script's command counts (the PID may have been reused).
+    if where.named is not None and where.named.is_alive and where.named.argv[:1] == (target.spec.python,):
+        return where.named, where.is_port_busy
+    return None, where.is_port_busy
 
 
 async def ensure_up(
@@ -140,11 +132,11 @@ async def _ensure_up(
     progress: Progress,
     on_record: Callable[[InstanceRecord], None],
 ) -> None:
-    running = await find_running(hs, target, record)
+    running, port_busy = await find_running(hs, target, record)
     if running and not force and not process_drift(target.spec, running, target.secret_value):
         await _keep(hs, target, record, engine, out, running, progress)
         return
-    await _clear_way(hs, target, running, force, progress)
+    await _clear_way(hs, target, running, port_busy, force, progress)
     out.action = Action.REPLACED if running else Action.STARTED
     rec = await _launch(hs, target, progress)
     on_record(rec)
@@ -191,7 +183,12 @@ async def _keep(
 
 
 async def _clear_way(
-    hs: HostSession, target: Target, running: ProcInfo | None, force: bool, progress: Progress
+    hs: HostSession,
+    target: Target,
+    running: ProcInfo | None,
+    port_busy: bool,
+    force: bool,
+    progress: Progress,
 ) -> None:
     """Stop the old process (then wait for its port and GPUs), or refuse a port someone else holds."""
     port = target.inst.port
@@ -203,7 +200,7 @@ async def _clear_way(
         await wait_port_free(hs.host, port)
         if hs.facts.has_nvidia_smi:
             await wait_gpus_released(hs.host, target.inst.gpus)
-    elif await is_port_busy(hs.host, port):
+    elif port_busy:
         raise LaunchFailed(
             f"{target.inst.name}: port {port} on {hs.spec.name} is already in use by another process",
             context={"host": hs.spec.name, "port": port},
@@ -221,7 +218,6 @@ async def _launch(hs: HostSession, target: Target, progress: Progress) -> Instan
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
     log_path = paths.log_for(stamp)
     spawned = await hs.host.spawn(paths.script, log_path, paths.pidfile, cwd=paths.root)
-    await hs.host.run(sh(LINK_LOG_SH, paths.logs, f"{stamp}.log"))
     progress(target.inst.name, f"spawned pid {spawned.pid}, log {log_path}")
     return InstanceRecord(
         instance=target.inst.name,
@@ -270,7 +266,7 @@ async def stop_instance(hs: HostSession, target: Target, record: InstanceRecord 
     """Stop one instance (TERM → wait → KILL of its process group) and wait until its port is free."""
     out = Outcome(instance=target.inst.name, host=hs.spec.name)
     try:
-        running = await find_running(hs, target, record)
+        running, _ = await find_running(hs, target, record)
         if running is None:
             out.action = Action.ABSENT
             return out

@@ -9,6 +9,7 @@ the tunnel. The first of: fatal line, process gone, healthy, timeout — ends th
 from __future__ import annotations
 
 import asyncio
+import posixpath
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -46,8 +47,12 @@ NUM_ERROR_LINES = 25
 # Lines still read after a fatal line: the traceback or message that follows it.
 SETTLE_S = 0.3
 
+# $4/$5 (first poll only): point $4/current.log at $5, relative, replaced atomically (ln + mv -T).
 POLL_SH = r"""
 pid=$1 log=$2 off=$3
+if [ -n "${4:-}" ]; then
+  (cd -- "$4" && ln -sfn -- "$5" current.log.tmp && mv -Tf -- current.log.tmp current.log) || true
+fi
 stat=$(cat "/proc/$pid/stat" 2>/dev/null) || stat=""
 printf '%s\n' "$stat"
 tail -c "+$((off + 1))" -- "$log" 2>/dev/null | head -c 1048576
@@ -66,6 +71,7 @@ class LogWatch:
     offset: int = 0
     partial: str = ""
     is_alive: bool = True
+    is_linked: bool = False
 
     def feed(self, data: bytes) -> list[str]:
         """Append raw log bytes; return the complete new lines."""
@@ -101,8 +107,17 @@ def proc_state(stat_line: str, start_time: int) -> bool:
 
 
 async def poll_once(host: Host, watch: LogWatch, pid: int, start_time: int) -> list[str]:
-    """One round trip: liveness, then the new log bytes. Returns the new complete lines."""
-    result = await host.run(["sh", "-c", POLL_SH, "fleetgen", str(pid), watch.log_path, str(watch.offset)])
+    """One round trip: liveness, then the new log bytes. Returns the new complete lines.
+
+    The first poll also points `current.log` at this launch's log (saving a round trip of its own).
+    """
+    link = (
+        [posixpath.dirname(watch.log_path), posixpath.basename(watch.log_path)] if not watch.is_linked else []
+    )
+    result = await host.run(
+        ["sh", "-c", POLL_SH, "fleetgen", str(pid), watch.log_path, str(watch.offset), *link]
+    )
+    watch.is_linked = True
     stat_line, _, rest = result.stdout.partition("\n")
     watch.is_alive = proc_state(stat_line, start_time)
     return watch.feed(rest.encode())

@@ -105,7 +105,7 @@ class FleetView:
 
     async def _read(self, w: _Watched, st: InstanceStatus, rate_window_s: float) -> None:
         records = load_state(self.fleet.path)
-        running = await find_running(w.hs, w.target, records.get(st.instance))
+        running, _ = await find_running(w.hs, w.target, records.get(st.instance))
         if running is None:
             st.problem = "not running"
             return

@@ -1,0 +1,246 @@
+"""Deploying the SGLang path over REAL sshd hosts, with `fleetgen.sim` as the engine.
+
+SGLang cannot start without a GPU, so the engine behind `engine.launcher = ["-m", "fleetgen.sim"]` is the
+simulated server (it speaks SGLang's HTTP surface and log lines); everything else — SSH, the launch script,
+/proc, tunnels, the log watcher — is real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+from fleetgen.config import load_fleet
+from fleetgen.deploy.fleetops import down, up
+from fleetgen.deploy.instance import Action, Outcome
+from fleetgen.errors import LaunchFailed, VerifyError
+from fleetgen.fleet.status import fleet_status
+from fleetgen.remote import open_host
+from tests.fixtures.sshd import SshdHost
+from tests.integration.test_deploy_support import ArgValue, log_files, write_fleet
+
+SPEC: dict[str, ArgValue] = {
+    "speculative-algorithm": "EAGLE",
+    "speculative-num-steps": 3,
+    "speculative-eagle-topk": 1,
+    "speculative-num-draft-tokens": 4,
+    "mamba-radix-cache-strategy": "extra_buffer",
+    "mem-fraction-static": 0.8,
+    "max-running-requests": 8,
+    "reasoning-parser": "qwen3",
+}
+FLEETGEN = str(Path(sys.executable).with_name("fleetgen"))
+
+
+def sim_fleet(
+    tmp_path: Path,
+    hosts: list[SshdHost],
+    *,
+    gpus: tuple[int, ...] = (0,),
+    args: Mapping[str, ArgValue] | None = None,
+    python: str = sys.executable,
+    model: Path | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Path:
+    model_dir = tmp_path / "model"
+    model_dir.mkdir(exist_ok=True)
+    return write_fleet(
+        tmp_path / "fleet.toml",
+        hosts,
+        kind="sglang",
+        python=python,
+        model=str(model or model_dir),
+        workdir_tag=tmp_path.name,
+        gpus=gpus,
+        launcher=["-m", "fleetgen.sim"],
+        ready_timeout_s=300.0,
+        args={**SPEC, **(args or {})},
+        env={"SIM_MARK": "a", **(env or {})},
+    )
+
+
+def _read(path: Path) -> str:
+    """A file on a test host (they are this machine)."""
+    return path.read_text()
+
+
+def _ok(outs: list[Outcome]) -> None:
+    for out in outs:
+        assert out.error is None, f"{out.instance}: {out.error}"
+
+
+async def test_two_hosts_two_instances_come_up_in_parallel_verified(
+    ssh_hosts: list[SshdHost], tmp_path: Path
+) -> None:
+    fleet = sim_fleet(tmp_path, ssh_hosts[:2], gpus=(0, 1), args={"sim-start-delay": 2.0})
+    events: list[tuple[str, str]] = []
+    try:
+        outs = await up(fleet, progress=lambda inst, msg: events.append((inst, msg)))
+        _ok(outs)
+        assert sorted(o.instance for o in outs) == ["h0-0", "h0-1", "h1-0", "h1-1"]
+        assert all(o.action is Action.STARTED and o.is_ready for o in outs)
+        assert len({o.pid for o in outs}) == 4
+        # Parallel: every instance was spawned before the first one was found healthy.
+        kinds = [
+            ("spawned" if m.startswith("spawned") else "healthy")
+            for _, m in events
+            if m.startswith(("spawned", "healthy"))
+        ]
+        assert kinds[:4] == ["spawned"] * 4 and kinds.count("healthy") == 4
+        for out in outs:
+            assert out.verified is not None and out.verified.accept_length is not None
+            rows = {r.what: r for r in out.verified.capacity}
+            assert rows["kv_tokens"].actual and rows["max_running_requests"].actual
+        script = _read(ssh_hosts[0].workdir / tmp_path.name / "h0-1" / "launch.sh")
+        assert "export CUDA_VISIBLE_DEVICES=1" in script and "exec " in script
+
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [FLEETGEN, "status", "--json", "-f", str(fleet)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        rows = json.loads(done.stdout)
+        assert {r["instance"] for r in rows} == {"h0-0", "h0-1", "h1-0", "h1-1"}
+        for row in rows:
+            assert row["ready"] is True and row["drift"] == [] and row["url"].startswith("http://127.0.0.1:")
+            assert row["spec_accept_length"] and row["running"] == 0 and row["queued"] == 0
+            assert row["uptime_s"] >= 0 and row["gen_tokens_per_s"] is not None
+    finally:
+        stopped = await down(fleet)
+    _ok(stopped)
+    assert {o.action for o in stopped} == {Action.STOPPED}
+
+
+async def test_oom_line_names_the_cause_and_stops_the_process(
+    ssh_hosts: list[SshdHost], tmp_path: Path
+) -> None:
+    fleet = sim_fleet(tmp_path, ssh_hosts[:1], args={"sim-fail-at-start": "oom"})
+    [out] = await up(fleet)
+    assert isinstance(out.error, LaunchFailed) and not out.is_ready
+    assert "memory" in out.error.message.lower()
+    assert "Not enough memory" in str(out.error.context["matched"])
+    assert "mem-fraction-static" in out.error.fix
+    assert "Not enough memory" in str(out.error.context["log tail"])
+    assert out.pid is not None and _is_gone(out.pid)
+
+
+def _is_gone(pid: int) -> bool:
+    """Gone or a zombie (the test hosts are this machine: read /proc directly)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] in "ZX"
+    except OSError:
+        return True
+
+
+async def test_spec_configured_but_not_running_is_refused(ssh_hosts: list[SshdHost], tmp_path: Path) -> None:
+    fleet = sim_fleet(tmp_path, ssh_hosts[:1], args={"sim-no-spec": True})
+    try:
+        [out] = await up(fleet)
+        assert isinstance(out.error, VerifyError) and not out.is_ready
+        assert "speculative_algorithm" in str(out.error.context["mismatches"])
+    finally:
+        await down(fleet)
+
+
+async def test_tampered_env_shows_as_drift_then_up_replaces_it(
+    ssh_hosts: list[SshdHost], tmp_path: Path
+) -> None:
+    fleet = sim_fleet(tmp_path, ssh_hosts[:1])
+    host = ssh_hosts[0]
+    root = host.workdir / tmp_path.name / "h0-0"
+    try:
+        [first] = await up(fleet)
+        _ok([first])
+        # Someone restarts the server by hand with an edited environment.
+        spec = load_fleet(fleet).host("h0")
+        async with open_host(spec) as remote:
+            assert first.pid is not None
+            await remote.stop(first.pid)
+            text = _read(root / "launch.sh").replace("SIM_MARK=a", "SIM_MARK=tampered")
+            await remote.put(str(root / "hand.sh"), text.encode(), mode=0o755)
+            hand = await remote.spawn(
+                str(root / "hand.sh"), str(root / "logs" / "hand.log"), str(root / "pid"), cwd=str(root)
+            )
+        [st] = await fleet_status(fleet, rate_window_s=0)
+        assert st.pid == hand.pid and not st.ready
+        assert st.drift == ["env SIM_MARK: rendered 'a', running 'tampered'"]
+        [healed] = await up(fleet)
+        _ok([healed])
+        assert healed.action is Action.REPLACED and healed.pid != hand.pid
+        [st2] = await fleet_status(fleet, rate_window_s=0)
+        assert st2.ready and st2.drift == []
+    finally:
+        await down(fleet)
+
+
+async def test_wrong_python_is_named_before_anything_starts(
+    ssh_hosts: list[SshdHost], tmp_path: Path
+) -> None:
+    fleet = sim_fleet(tmp_path, ssh_hosts[:1], python="/nonexistent/venv/bin/python")
+    [out] = await up(fleet)
+    assert isinstance(out.error, LaunchFailed)
+    assert "/nonexistent/venv/bin/python" in out.error.message and "engine.python" in out.error.fix
+    assert out.pid is None
+
+
+async def test_missing_model_folder_is_named(ssh_hosts: list[SshdHost], tmp_path: Path) -> None:
+    fleet = sim_fleet(tmp_path, ssh_hosts[:1], model=tmp_path / "no-such-model")
+    [out] = await up(fleet)
+    assert isinstance(out.error, LaunchFailed)
+    assert "model folder" in out.error.message and "no-such-model" in out.error.message
+    assert "engine.model" in out.error.fix
+
+
+async def test_port_in_use_is_named(ssh_hosts: list[SshdHost], tmp_path: Path) -> None:
+    fleet = sim_fleet(tmp_path, ssh_hosts[:1])
+    port = load_fleet(fleet).instances()[0].port
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        [out] = await up(fleet)
+    assert isinstance(out.error, LaunchFailed)
+    assert f"port {port}" in out.error.message and "in use" in out.error.message
+    assert "base_port" in out.error.fix and out.pid is None
+
+
+async def test_process_dying_during_start_is_reported_with_its_log(
+    ssh_hosts: list[SshdHost], tmp_path: Path
+) -> None:
+    fleet = sim_fleet(tmp_path, ssh_hosts[:1], args={"sim-start-delay": 60.0})
+
+    def kill_on_spawn(_inst: str, message: str) -> None:
+        if message.startswith("spawned pid"):
+            os.kill(int(message.split()[2].rstrip(",")), signal.SIGKILL)  # the host is this machine
+
+    [out] = await up(fleet, progress=kill_on_spawn)
+    assert isinstance(out.error, LaunchFailed)
+    assert "exited while starting" in out.error.message
+    assert out.error.context["log"] == out.log_path and out.error.fix
+    assert len(log_files(ssh_hosts[0].workdir / tmp_path.name, "h0-0")) == 1
+
+
+@pytest.mark.parametrize("only", [["h1"], ["h1-0"]])
+async def test_only_touches_the_named_instances(
+    ssh_hosts: list[SshdHost], tmp_path: Path, only: list[str]
+) -> None:
+    fleet = sim_fleet(tmp_path, ssh_hosts[:2])
+    try:
+        outs = await up(fleet, only=only)
+        _ok(outs)
+        assert [o.instance for o in outs] == ["h1-0"]
+        statuses = {s.instance: s for s in await fleet_status(fleet, rate_window_s=0)}
+        assert statuses["h1-0"].ready and statuses["h0-0"].problem == "not running"
+    finally:
+        await down(fleet)
