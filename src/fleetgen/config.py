@@ -241,10 +241,12 @@ def locate(text: str, loc: tuple[int | str, ...]) -> int | None:
     rows = text.splitlines()
     start, end = 0, len(rows)
     keys = [p for p in loc if isinstance(p, str)]
+    table = ""  # set once the table's header line is found
     if loc and isinstance(loc[0], str):
-        table, index = loc[0], (loc[1] if len(loc) > 1 and isinstance(loc[1], int) else None)
-        headers = [i for i, r in enumerate(rows) if re.match(rf"^\s*\[\[?\s*{re.escape(table)}\s*\]\]?", r)]
+        name, index = loc[0], (loc[1] if len(loc) > 1 and isinstance(loc[1], int) else None)
+        headers = [i for i, r in enumerate(rows) if re.match(rf"^\s*\[\[?\s*{re.escape(name)}\s*\]\]?", r)]
         if headers:
+            table = name
             pick = headers[index] if index is not None and index < len(headers) else headers[0]
             start = pick
             nxt = [i for i, r in enumerate(rows) if i > pick and re.match(r"^\s*\[", r)]
@@ -256,4 +258,9 @@ def locate(text: str, loc: tuple[int | str, ...]) -> int | None:
         for i in range(start, end):
             if re.match(rf'^\s*"?{re.escape(key)}"?\s*=', rows[i]) or re.search(rf'[{{,]\s*"?{re.escape(key)}"?\s*=', rows[i]):
                 return i + 1
-    return start + 1 if start else None
+    if table and keys:  # a field written as its own sub-table: `[engine.args]`
+        header = rf"^\s*\[\s*{re.escape(table)}\.{re.escape(keys[0])}\s*\]"
+        sub = [i for i, r in enumerate(rows) if re.match(header, r)]
+        if sub:
+            return sub[0] + 1
+    return start + 1 if table else None
