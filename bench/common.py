@@ -281,16 +281,13 @@ def fleetgen_run_argv(
     *,
     concurrency: int,
     max_tokens: int,
-    model: str | None = None,
     extra: Sequence[str] = (),
 ) -> list[str]:
     """`fleetgen run INPUT -o OUT --endpoint URL …` with the bench's settings (one place to adapt)."""
-    argv = [str(FLEETGEN_BIN), "run", str(input_path), "-o", str(out_dir)]
+    argv = [str(FLEETGEN_BIN), "run", str(input_path), "-o", str(out_dir), "--no-live"]
     for url in urls:
         argv += ["--endpoint", url]
     argv += ["--concurrency", str(concurrency), "--max-tokens", str(max_tokens)]
-    if model:
-        argv += ["--model", model]
     return argv + list(extra)
 
 

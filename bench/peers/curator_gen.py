@@ -20,8 +20,28 @@ os.environ.setdefault("CURATOR_DISABLE_RICH_DISPLAY", "1")
 os.environ.setdefault("BESPOKE_CURATOR_TRACKER_DISABLED", "1")
 os.environ.setdefault("OPENAI_API_KEY", "none")
 
+import tiktoken
 from bespokelabs import curator
+from bespokelabs.curator.request_processor.online import openai_online_request_processor as oorp
 from datasets import Dataset
+
+
+def offline_encoding() -> tiktoken.Encoding:
+    """A real tiktoken encoder that needs no download: byte-level ranks, no merges.
+
+    Curator asks tiktoken for cl100k_base only to estimate *input* tokens for its rate limiter; cl100k_base is
+    downloaded at run time, which cannot happen here. Byte-level encoding of the short prompts costs about the
+    same CPU (it can only flatter Curator, never penalise it).
+    """
+    return tiktoken.Encoding(
+        name="bytes-offline",
+        pat_str=r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
+        mergeable_ranks={bytes([i]): i for i in range(256)},
+        special_tokens={},
+    )
+
+
+oorp.OpenAIOnlineRequestProcessor.get_token_encoding = lambda self: offline_encoding()
 
 
 class Generate(curator.LLM):

@@ -24,7 +24,7 @@ SERVER_BOUND_CORES = 0.9  # the sim is single-threaded: ≥ 0.9 of a core busy m
 def driver_argv(name: str, input_path: Path, out: Path, url: str) -> list[str]:
     if name == "fleetgen":
         return common.fleetgen_run_argv(
-            input_path, out, [url], concurrency=CONCURRENCY, max_tokens=OUTPUT_TOKENS + 200, model=MODEL
+            input_path, out, [url], concurrency=CONCURRENCY, max_tokens=OUTPUT_TOKENS + 200
         )
     script = "openai_loop.py" if name == "openai-loop" else "curator_gen.py"
     return [

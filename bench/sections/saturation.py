@@ -128,7 +128,6 @@ def fleetgen_run(ctx: Context, url: str, input_path: Path, run: int) -> dict[str
         [url],
         concurrency=CONCURRENCY,
         max_tokens=OUTPUT_LEN,
-        model=MODEL,
         extra=["--job", str(job)],
     )
     m = common.measure(argv, ctx.workdir / f"fleetgen-{run}.log")

@@ -24,6 +24,7 @@ import aiohttp
 
 from fleetgen.engines import ENGINES
 from fleetgen.errors import EndpointError
+from fleetgen.fleet.metrics import max_running_from_info
 from fleetgen.generate.bench_stats import (
     BenchSpec,
     LevelResult,
@@ -121,13 +122,14 @@ async def served_model(session: aiohttp.ClientSession, url: str, headers: Mappin
 
 
 async def server_cap(session: aiohttp.ClientSession, url: str, headers: Mapping[str, str]) -> int | None:
-    """The server's own max running requests (SGLang's /get_server_info), None when it does not say."""
-    try:
-        doc = await get_json(session, url + "/get_server_info", headers)
-    except EndpointError:
-        return None
-    value = doc.get("max_running_requests") if isinstance(doc, dict) else None
-    return int(value) if isinstance(value, int | float) and value > 0 else None
+    """The server's own max running requests (SGLang's /server_info, or the deprecated /get_server_info);
+    None when it does not say (vLLM)."""
+    for path in ("/server_info", "/get_server_info"):
+        try:
+            return max_running_from_info(await get_json(session, url + path, headers))
+        except EndpointError:
+            continue
+    return None
 
 
 async def words_per_token(

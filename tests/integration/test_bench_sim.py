@@ -1,0 +1,103 @@
+"""`fleetgen bench` against the simulated SGLang server (real processes, real HTTP, no timing thresholds).
+
+SGLang itself cannot run here (no GPU), so the sim stands in for it: it streams, reports usage, caps running
+requests like SGLang and serves SGLang's speculative-decoding metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from asyncio.subprocess import PIPE
+from pathlib import Path
+
+from fleetgen.generate.bench import sweep
+from fleetgen.generate.bench_stats import BenchSpec, Target
+from tests.fixtures.sim import SimFactory
+
+FLEETGEN = Path(sys.executable).parent / "fleetgen"
+
+
+async def test_sweep_counts_every_request_and_token(sim_server: SimFactory) -> None:
+    spec = BenchSpec(input_len=32, output_len=16, concurrencies=(1, 4), rounds=2, min_requests=3)
+    async with sim_server(reasoning_parser="qwen3", sim_decode_tps=2000) as (url, _):
+        levels = await sweep([Target("i0", (url,))], spec)
+    assert [(r.concurrency, r.num_requests, r.num_failed) for r in levels] == [(1, 3, 0), (4, 8, 0)]
+    for level in levels:
+        assert level.output_tokens == level.num_requests * 16  # ignore_eos + max_tokens: exactly 16 each
+        assert level.mean_input_tokens > 0
+        assert level.ttft_s is not None and level.ttft_s.p50 > 0
+        assert level.itl_s is not None  # several chunks per request at a finite decode speed
+        assert level.accept_length is None  # no speculative decoding configured
+
+
+async def test_levels_are_capped_by_the_servers_max_running_requests(sim_server: SimFactory) -> None:
+    spec = BenchSpec(input_len=16, output_len=4, concurrencies=(1, 4, 16), rounds=1, min_requests=2)
+    async with sim_server(max_running_requests=4) as (url, _):
+        levels = await sweep([Target("i0", (url,)), Target("fleet", (url, url))], spec)
+    assert [(r.target, r.concurrency, r.num_instances) for r in levels] == [
+        ("i0", 1, 1),
+        ("i0", 4, 1),
+        ("fleet", 1, 2),
+        ("fleet", 4, 2),
+    ]
+    assert levels[-1].num_requests == 2 * 4
+
+
+async def test_accept_length_comes_from_the_engines_metrics(sim_server: SimFactory) -> None:
+    # SGLang (and the sim) refresh the accept-length gauge at each decode log line, about once a second:
+    # the level must outlast one (600 tokens at 400 tok/s ≈ 1.5 s).
+    spec = BenchSpec(input_len=16, output_len=600, concurrencies=(2,), rounds=1, min_requests=2)
+    flags = dict(
+        speculative_algorithm="EAGLE", sim_accept_length=2.5, sim_decode_tps=400, enable_metrics=True
+    )
+    async with sim_server(**flags) as (url, _):
+        (level,) = await sweep([Target("i0", (url,))], spec)
+    assert level.accept_length is not None
+    assert level.accept_length == 2.5  # the sim's configured value, read from sglang:spec_accept_length
+
+
+async def test_cli_json_and_png(sim_server: SimFactory, tmp_path: Path) -> None:
+    png = tmp_path / "bench.png"
+    async with sim_server(reasoning_parser="qwen3") as (url, _):
+        argv = [
+            str(FLEETGEN),
+            "bench",
+            "-e",
+            url,
+            "-e",
+            url,
+            "--input-len",
+            "16",
+            "--output-len",
+            "8",
+            "-c",
+            "1,2",
+            "--rounds",
+            "1",
+            "--json",
+            "--png",
+            str(png),
+        ]
+        proc = await asyncio.create_subprocess_exec(*argv, stdout=PIPE, stderr=PIPE)
+        stdout, stderr = await proc.communicate()
+    assert proc.returncode == 0, stderr.decode()
+    doc = json.loads(stdout)
+    got = [(r["target"], r["concurrency"], r["num_failed"]) for r in doc["levels"]]
+    assert got == [(t, c, 0) for t in ("endpoint-0", "endpoint-1", "fleet") for c in (1, 2)]
+    assert all(r["output_tokens"] == r["num_requests"] * 8 for r in doc["levels"])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_rejects_bad_levels() -> None:
+    out = subprocess.run(
+        [str(FLEETGEN), "bench", "-e", "http://127.0.0.1:9", "-c", "1,x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 2
+    assert "--concurrency" in out.stderr and "fix:" in out.stderr
