@@ -1,0 +1,89 @@
+"""`fleetgen bench` over a fleet: targets per scope, and the spec-off fleet file of `--compare-spec`."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from fleetgen.config import load_fleet
+from fleetgen.errors import ConfigError
+from fleetgen.generate.bench_fleet import targets_of, toml_dumps, write_spec_off
+from fleetgen.generate.bench_stats import Target
+
+PAIRS = [("h0-0", "http://127.0.0.1:1"), ("h0-1", "http://127.0.0.1:2")]
+
+FLEET = """\
+[engine]
+kind = "sglang"
+model = "/models/Qwen3"
+served_model_name = "q"
+
+[engine.args]
+speculative-algorithm = "EAGLE"
+speculative-num-steps = 3
+mem-fraction-static = 0.85
+enable-metrics = true
+chunked-prefill-size = 8192
+
+[engine.env]
+SGLANG_X = "a \\"quoted\\" value"
+
+[[hosts]]
+name = "gpu-a"
+ssh = "ubuntu@10.0.0.1:2222"
+gpus = [0, 1]
+
+[[hosts]]
+name = "gpu-b"
+gpus = "all"
+"""
+
+
+def test_targets_per_scope() -> None:
+    both = targets_of(PAIRS, "both")
+    assert both == [
+        Target("h0-0", ("http://127.0.0.1:1",)),
+        Target("h0-1", ("http://127.0.0.1:2",)),
+        Target("fleet", ("http://127.0.0.1:1", "http://127.0.0.1:2")),
+    ]
+    assert [t.name for t in targets_of(PAIRS, "instances")] == ["h0-0", "h0-1"]
+    assert [t.name for t in targets_of(PAIRS, "fleet")] == ["fleet"]
+    assert [t.name for t in targets_of(PAIRS[:1], "both")] == ["h0-0"]  # one instance: it is the fleet
+    assert [t.name for t in targets_of(PAIRS[:1], "fleet")] == ["fleet"]
+
+
+def test_spec_off_drops_only_speculative_args(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.toml"
+    path.write_text(FLEET)
+    off = write_spec_off(path)
+    assert off == tmp_path / "fleet.spec-off.toml"
+    original, written = load_fleet(path), load_fleet(off)
+    assert written.engine.args == {
+        "mem-fraction-static": 0.85,
+        "enable-metrics": True,
+        "chunked-prefill-size": 8192,
+    }
+    assert written.model_copy(update={"engine": original.engine}) == original
+    assert written.engine.model_copy(update={"args": original.engine.args}) == original.engine
+
+
+def test_spec_off_refuses_a_fleet_without_spec(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.toml"
+    path.write_text(FLEET.replace('speculative-algorithm = "EAGLE"\nspeculative-num-steps = 3\n', ""))
+    with pytest.raises(ConfigError, match="no speculative decoding flags") as info:
+        write_spec_off(path)
+    assert "--compare-spec" in info.value.fix
+    assert not (tmp_path / "fleet.spec-off.toml").exists()
+
+
+def test_toml_dumps_round_trips() -> None:
+    data = {
+        "a": 1,
+        "b": [1, 2.5, "x"],
+        "c": {"d-e": True, "f": {"g": "h\\i\n"}},
+        "t": [{"n": 1}, {"n": 2}],
+        "weird key": "v",
+    }
+    assert tomllib.loads(toml_dumps(data)) == data
