@@ -17,6 +17,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from fleetgen.config import load_fleet
@@ -39,6 +40,8 @@ SPEC: dict[str, ArgValue] = {
     "reasoning-parser": "qwen3",
 }
 FLEETGEN = str(Path(sys.executable).with_name("fleetgen"))
+# A real model's config.json (no weights): the sim sizes its pools from it, the plan too.
+QWEN36 = Path(__file__).resolve().parents[1] / "data" / "models" / "qwen3.6-27b"
 
 
 def sim_fleet(
@@ -81,7 +84,7 @@ def _ok(outs: list[Outcome]) -> None:
 async def test_two_hosts_two_instances_come_up_in_parallel_verified(
     ssh_hosts: list[SshdHost], tmp_path: Path
 ) -> None:
-    fleet = sim_fleet(tmp_path, ssh_hosts[:2], gpus=(0, 1), args={"sim-start-delay": 2.0})
+    fleet = sim_fleet(tmp_path, ssh_hosts[:2], gpus=(0, 1), args={"sim-start-delay": 2.0}, model=QWEN36)
     events: list[tuple[str, str]] = []
     try:
         outs = await up(fleet, progress=lambda inst, msg: events.append((inst, msg)))
@@ -100,6 +103,7 @@ async def test_two_hosts_two_instances_come_up_in_parallel_verified(
             assert out.verified is not None and out.verified.accept_length is not None
             rows = {r.what: r for r in out.verified.capacity}
             assert rows["kv_tokens"].actual and rows["max_running_requests"].actual
+            assert rows["kv_tokens"].planned and rows["max_running_requests"].planned
         script = _read(ssh_hosts[0].workdir / tmp_path.name / "h0-1" / "launch.sh")
         assert "export CUDA_VISIBLE_DEVICES=1" in script and "exec " in script
 
@@ -244,3 +248,48 @@ async def test_only_touches_the_named_instances(
         assert statuses["h1-0"].ready and statuses["h0-0"].problem == "not running"
     finally:
         await down(fleet)
+
+
+async def test_public_bind_uses_the_key_and_never_writes_it(
+    ssh_hosts: list[SshdHost], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bind = 127.0.0.2 (still loopback) with an API key: reached directly, key only in a 0600 file."""
+    key = "sk-test-" + os.urandom(8).hex()
+    monkeypatch.setenv("FLEETGEN_TEST_KEY", key)
+    fleet = sim_fleet(tmp_path, ssh_hosts[:1])
+    _append_engine(fleet, 'bind = "127.0.0.2"\napi_key_env = "FLEETGEN_TEST_KEY"\n')
+    root = ssh_hosts[0].workdir / tmp_path.name / "h0-0"
+    try:
+        [out] = await up(fleet)
+        _ok([out])
+        assert out.url.startswith("http://127.0.0.2:")
+        async with aiohttp.ClientSession() as http:
+            async with http.get(out.url + "/v1/models") as anonymous:
+                assert anonymous.status == 401
+            async with http.get(out.url + "/v1/models", headers={"Authorization": f"Bearer {key}"}) as ok:
+                assert ok.status == 200
+        assert key not in _read(root / "launch.sh")
+        assert key not in _read(tmp_path / ".fleetgen" / "state.json")
+        assert _read(root / "api_key") == key and _mode(root / "api_key") == 0o600
+        [st] = await fleet_status(fleet, rate_window_s=0)
+        assert st.ready and st.drift == [] and key not in json.dumps(st.to_json())
+    finally:
+        await down(fleet)
+
+
+def _append_engine(fleet: Path, lines: str) -> None:
+    text = fleet.read_text()
+    fleet.write_text(text.replace("[engine.args]", lines + "\n[engine.args]", 1))
+
+
+def _mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+async def test_cli_up_exits_non_zero_with_cause_and_fix(ssh_hosts: list[SshdHost], tmp_path: Path) -> None:
+    fleet = sim_fleet(tmp_path, ssh_hosts[:1], model=tmp_path / "missing-model")
+    done = await asyncio.to_thread(
+        subprocess.run, [FLEETGEN, "up", "-f", str(fleet)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 1
+    assert "h0-0" in done.stderr and "missing-model" in done.stderr and "fix:" in done.stderr

@@ -19,7 +19,7 @@ from fleetgen.config import FleetFile, HostSpec, InstanceSpec, load_fleet
 from fleetgen.deploy.hostside import prepare_host, sh
 from fleetgen.deploy.instance import HostSession, Outcome, Progress, ensure_up, stop_instance
 from fleetgen.deploy.state import InstanceRecord, load_state, update_state
-from fleetgen.deploy.targets import api_key, build_target, select
+from fleetgen.deploy.targets import api_key, build_target, local_shape, planned_capacity, select
 from fleetgen.engines import Engine, get_engine
 from fleetgen.errors import ConfigError, FleetgenError
 from fleetgen.remote import open_host
@@ -69,7 +69,13 @@ async def open_session(
             engine_spec.model,
             check_launch=check_launch,
         )
-        yield HostSession(spec=spec, host=host, facts=facts, http=http, public_bind=engine_spec.is_public)
+        yield HostSession(
+            spec=spec,
+            host=host,
+            facts=facts,
+            http=http,
+            public_bind=engine_spec.bind if engine_spec.is_public else None,
+        )
 
 
 async def host_instances(fleet: Fleet, hs: HostSession) -> list[InstanceSpec]:
@@ -127,12 +133,23 @@ async def up(
     fleet = Fleet.load(fleet_path)
     secret = api_key(fleet.file)
     records = load_state(fleet_path)
+    shape, _ = local_shape(fleet.file)
 
     def on_record(rec: InstanceRecord) -> None:
         update_state(fleet_path, put=[rec])
 
     async def per_host(hs: HostSession, instances: list[InstanceSpec]) -> list[Outcome]:
-        targets = [build_target(fleet.file, fleet.engine, i, hs.facts.workdir, secret) for i in instances]
+        targets = [
+            build_target(
+                fleet.file,
+                fleet.engine,
+                i,
+                hs.facts.workdir,
+                secret,
+                planned_capacity(fleet.file, fleet.engine, i, shape),
+            )
+            for i in instances
+        ]
         return list(
             await asyncio.gather(
                 *(

@@ -58,12 +58,14 @@ class HostSession:
     host: Host
     facts: HostFacts
     http: aiohttp.ClientSession
-    public_bind: bool = False
+    public_bind: str | None = None
 
     async def url_for(self, port: int) -> str:
-        """Where fleetgen reaches a port: a local SSH forward, or the host directly on a public bind."""
+        """Where fleetgen reaches a port: a local SSH forward, or directly on a public bind (the bind address,
+        or the host's SSH address when bound to every interface)."""
         if self.public_bind:
-            return f"http://{self.spec.address}:{port}"
+            address = self.spec.address if self.public_bind in ("0.0.0.0", "::") else self.public_bind
+            return f"http://{address}:{port}"
         return f"http://127.0.0.1:{await self.host.forward(port)}"
 
 

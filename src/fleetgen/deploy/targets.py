@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from fleetgen.config import FleetFile, HostSpec, InstanceSpec
 from fleetgen.deploy.instance import Target
 from fleetgen.deploy.script import InstancePaths, LaunchSpec, SecretEnv, render_script, sha256_text
 from fleetgen.engines import Engine, select_rule_set
-from fleetgen.errors import ConfigError
+from fleetgen.errors import ConfigError, ModelCardError, PlanError
+from fleetgen.modelcard import ModelShape, load_model_shape
+from fleetgen.plan import facts_from_file, plan_instance
 
 
 def api_key(fleet: FleetFile) -> str | None:
@@ -65,6 +68,47 @@ def build_target(
         planned=dict(planned or {}),
         timeout_s=fleet.engine.ready_timeout_s,
     )
+
+
+def local_shape(fleet: FleetFile) -> tuple[ModelShape | None, str]:
+    """The model's shape from a config.json readable HERE (engine.model_config, else engine.model).
+
+    Planned capacity is shown next to the engine's actual figures when it is available; deploying never
+    depends on it (the model may exist only on the hosts). Returns (None, why) otherwise.
+    """
+    folder = fleet.engine.model_config_dir or fleet.engine.model
+    if not (Path(folder) / "config.json").is_file():
+        return (
+            None,
+            f"no config.json in {folder} on this machine: set engine.model_config to show planned capacity",
+        )
+    try:
+        return load_model_shape(Path(folder)), ""
+    except ModelCardError as exc:
+        return None, exc.message
+
+
+def planned_capacity(
+    fleet: FleetFile, engine: Engine, inst: InstanceSpec, shape: ModelShape | None
+) -> dict[str, float]:
+    """The plan's KV tokens, concurrency and Mamba slots for one instance (GPU facts from the fleet file).
+
+    Empty when the plan cannot size it: `fleetgen plan` is where its errors are shown; deploying goes on.
+    """
+    if shape is None:
+        return {}
+    rules, _ = select_rule_set(engine.rule_sets, fleet.engine.version)
+    try:
+        plan = plan_instance(fleet, inst, shape, facts_from_file(fleet.host(inst.host)), rules)
+    except PlanError:
+        return {}
+    mem = plan.memory
+    figures = {
+        "kv_tokens": mem.kv_tokens,
+        "max_running_requests": mem.max_running_requests,
+        "mamba_slots": mem.mamba_slots,
+    }
+    return {what: float(value) for what, value in figures.items() if value}
 
 
 def select(instances: Sequence[InstanceSpec], only: Sequence[str] | None) -> list[InstanceSpec]:

@@ -171,41 +171,56 @@ async def verify_engine(
     planned: Mapping[str, float],
 ) -> Verified:
     """The engine's own view, one real chat request, the accept length (when speculative), capacity."""
-    out = Verified()
+    out = Verified(model=await _served_model(spec, client))
+    _, out.info = await client.first_json(engine.info_paths)
+    _check_view(spec, client, out.info)
+    await client.chat(out.model)
+    if is_spec_configured(spec.args):
+        out.accept_length = await _spec_accept_length(spec, engine, client)
+    actual = {**capacity_from_log(log_lines), **capacity_from_info(out.info)}
+    out.capacity = capacity_rows(planned, actual)
+    mrr = actual.get("max_running_requests")
+    out.max_running_requests = int(mrr) if mrr else None
+    return out
+
+
+async def _served_model(spec: LaunchSpec, client: EngineClient) -> str:
     models = await client.get_json("/v1/models")
-    ids = (
-        [m.get("id") for m in models.get("data", []) if isinstance(m, dict)]
-        if isinstance(models, dict)
-        else []
-    )
+    data = models.get("data", []) if isinstance(models, dict) else []
+    ids = [m.get("id") for m in data if isinstance(m, dict) and m.get("id")]
     if not ids:
         raise VerifyError(f"{spec.instance}: /v1/models lists no model", context={"url": client.base_url})
-    out.model = str(ids[0])
-    _, out.info = await client.first_json(engine.info_paths)
-    if (isinstance(out.info, dict) and "internal_states" in out.info) or _looks_like_server_args(out.info):
-        problems = view_mismatches(spec.args, out.info)
-        if problems:
-            raise VerifyError(
-                f"{spec.instance}: the engine does not run what was asked",
-                fix="the engine overrode or ignored these flags; read its log for the reason "
-                f"(`fleetgen logs {spec.instance}`) and adjust engine.args",
-                context={"mismatches": "\n".join(problems), "url": client.base_url},
-            )
-    await client.chat(out.model)
+    return str(ids[0])
+
+
+def _check_view(spec: LaunchSpec, client: EngineClient, info: Any) -> None:
+    """Refuse when the engine's own view (SGLang's /server_info) contradicts the flags it was given."""
+    if not (_looks_like_server_args(info) or (isinstance(info, dict) and "internal_states" in info)):
+        return
+    problems = view_mismatches(spec.args, info)
+    if problems:
+        raise VerifyError(
+            f"{spec.instance}: the engine does not run what was asked",
+            fix="the engine overrode or ignored these flags; read its log for the reason "
+            f"(`fleetgen logs {spec.instance}`) and adjust engine.args",
+            context={"mismatches": "\n".join(problems), "url": client.base_url},
+        )
+
+
+async def _spec_accept_length(spec: LaunchSpec, engine: Engine, client: EngineClient) -> float:
+    """Accept length after the test request; no speculative step at all means not ready."""
     samples = parse_metrics(await client.get_text(engine.metrics_path))
-    if is_spec_configured(spec.args):
-        info_now = (await client.first_json(engine.info_paths))[1] if out.info is not None else None
-        out.accept_length = accept_length(engine.metrics, samples, info_now)
-        if out.accept_length is None:
-            raise VerifyError(
-                f"{spec.instance}: speculative decoding is configured but no speculative step "
-                "happened during the test request",
-                fix="check the speculative flags and the draft model in the log; the server "
-                "runs without it (slower than planned)",
-                context={"url": client.base_url},
-            )
-    out.capacity = capacity_rows(planned, {**capacity_from_log(log_lines), **capacity_from_info(out.info)})
-    return out
+    _, info = await client.first_json(engine.info_paths)
+    value = accept_length(engine.metrics, samples, info)
+    if value is None:
+        raise VerifyError(
+            f"{spec.instance}: speculative decoding is configured but no speculative step happened during "
+            "the test request",
+            fix="check the speculative flags and the draft model in the log; the server runs without it "
+            "(slower than planned)",
+            context={"url": client.base_url},
+        )
+    return value
 
 
 def _looks_like_server_args(info: Any) -> bool:
