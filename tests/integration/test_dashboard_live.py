@@ -139,19 +139,7 @@ async def test_dashboard_follows_a_running_job_and_flags_a_killed_instance(
         await wait_for("the dashboard to serve a non-empty throughput chart", has_series, logs)
         dom1 = await chromium.dump_dom(url, budget_ms=4000)
         await chromium.screenshot(url, tmp_path / "dashboard-1.png", width=1400, height=1700, budget_ms=4000)
-        rows = fleet_rows(dom1)
-        assert len(rows) == NUM_INSTANCES, rows
-        assert all('data-health="ready"' in row and "sick" not in row for row in rows), rows
-        assert int(re.search(r'data-polls="(\d+)"', dom1).group(1)) >= 1, "the page script never polled"  # type: ignore[union-attr]
-        for element_id in (
-            "chart-tokens-total",
-            "chart-tokens",
-            "chart-completions-total",
-            "chart-completions",
-        ):
-            assert num_points(chart(dom1, element_id)) >= 2, element_id
-        assert 'class="bin"' in chart(dom1, "chart-lengths")
-        assert 'class="bar"' in chart(dom1, "chart-finish")
+        check_first_paint(dom1)
 
         first = done_count(dom1)
 
@@ -160,17 +148,7 @@ async def test_dashboard_follows_a_running_job_and_flags_a_killed_instance(
         second = done_count(dom2)
         assert second > first, (first, second)
 
-        victim = sims[1]
-        name = victim.base_url.split("://", 1)[1]
-        killed_at = time.monotonic()
-        os.killpg(victim.process.pid, signal.SIGKILL)
-
-        async def victim_sick() -> bool:
-            state = await get_state(http, url)
-            return any(i["name"] == name and i["sick"] for i in state["instances"])
-
-        await wait_for(f"{name} to show as unhealthy", victim_sick, logs)
-        print(f"killed instance shown unhealthy after {time.monotonic() - killed_at:.1f} s")
+        name = await kill_and_wait_sick(sims[1], http, url, logs)
         dom3 = await chromium.dump_dom(url, budget_ms=4000)
         await chromium.screenshot(url, tmp_path / "dashboard-2.png", width=1400, height=1700, budget_ms=4000)
         sick_rows = [row for row in fleet_rows(dom3) if "sick" in row]
@@ -182,3 +160,31 @@ async def test_dashboard_follows_a_running_job_and_flags_a_killed_instance(
 async def _done_above(http: aiohttp.ClientSession, url: str, floor: int) -> bool:
     state = await get_state(http, url)
     return int(state["numbers"]["done"].replace(",", "")) > floor
+
+
+def check_first_paint(dom: str) -> None:
+    """One healthy row per instance, the script polling, every rate chart drawn as a line, result charts."""
+    rows = fleet_rows(dom)
+    assert len(rows) == NUM_INSTANCES, rows
+    assert all('data-health="ready"' in row and "sick" not in row for row in rows), rows
+    polls = re.search(r'data-polls="(\d+)"', dom)
+    assert polls and int(polls.group(1)) >= 1, "the page script never polled /api/state"
+    for element_id in ("chart-tokens-total", "chart-tokens", "chart-completions-total", "chart-completions"):
+        assert num_points(chart(dom, element_id)) >= 2, element_id
+    assert 'class="bin"' in chart(dom, "chart-lengths")
+    assert 'class="bar"' in chart(dom, "chart-finish")
+
+
+async def kill_and_wait_sick(victim: Any, http: aiohttp.ClientSession, url: str, logs: list[Path]) -> str:
+    """SIGKILL one simulated server mid-run; wait until the dashboard's state calls it sick. Its name."""
+    name = str(victim.base_url).split("://", 1)[1]
+    killed_at = time.monotonic()
+    os.killpg(victim.process.pid, signal.SIGKILL)
+
+    async def victim_sick() -> bool:
+        state = await get_state(http, url)
+        return any(i["name"] == name and i["sick"] for i in state["instances"])
+
+    await wait_for(f"{name} to show as unhealthy", victim_sick, logs)
+    print(f"killed instance shown unhealthy after {time.monotonic() - killed_at:.1f} s")
+    return name

@@ -143,7 +143,7 @@ def progress_bar(job: JobView) -> str:
 def examples(job: JobView, *, with_errors: bool = True) -> str:
     """Errors by kind (and a few examples unless `with_errors` is off), a few truncations, side by side."""
     kinds = "".join(f"<li><b>{n:,}</b> {escape(kind)}</li>" for kind, n in _top(job.error_kinds))
-    listed = _example_list(job.error_examples, "error-examples") if with_errors else ""
+    listed = _example_list(job.error_examples, "error-examples") if with_errors and job.error_examples else ""
     return (
         '<div class="examples"><div><h3>errors by kind</h3>'
         f'<ul class="kinds">{kinds or "<li class=muted>none</li>"}</ul>{listed}</div>'
