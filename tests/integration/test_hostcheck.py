@@ -86,6 +86,10 @@ async def test_check_hosts_reports_engine_version_and_missing_python(
         assert ok.engine_version == "0.32.0+cpu" and ok.python_ok and ok.model_present
         assert ok.problems == () and ok.is_ready
 
+    pinned = fleet.model_copy(update={"engine": engine.model_copy(update={"version": "0.31"})})
+    (stale, _) = await check_hosts(pinned)
+    assert any("expects 0.31" in p and "vllm==0.31" in p for p in stale.problems)
+
     no_python = fleet.model_copy(update={"engine": engine.model_copy(update={"python": "/nowhere/python3"})})
     (report,) = await check_hosts(no_python.model_copy(update={"hosts": [ssh_hosts[1].spec()]}))
     assert report.reachable and not report.python_ok and report.engine_version is None

@@ -56,12 +56,12 @@ NASTY = [
     "\x7f",
     "%s",
 ]
-CHARS = st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00")  # argv/env cannot hold NUL
+CHARS = st.characters(exclude_categories=["Cs"], exclude_characters="\x00")  # argv/env cannot hold NUL
 ARG = st.one_of(st.text(CHARS, max_size=30), st.lists(st.sampled_from(NASTY), max_size=6).map("".join))
 ARGS = st.lists(ARG, max_size=6)
 ENV = st.lists(ARG, max_size=4)
 FILE_NAME = st.text(
-    st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00/"), min_size=1, max_size=40
+    st.characters(exclude_categories=["Cs"], exclude_characters="\x00/"), min_size=1, max_size=40
 ).filter(lambda name: name not in {".", ".."})
 EXAMPLES = settings(max_examples=30, deadline=None)
 LAUNCHES = itertools.count()

@@ -142,19 +142,7 @@ async def _probe(host: CommandHost, engine: EngineSpec, spec: HostSpec) -> HostR
             _model_present(host, engine.model),
         ),
     )
-    python_ok = python is not None
-    if not python_ok:
-        problems.append(
-            f"engine python `{engine.python}` does not run on {spec.name}; install it there or set "
-            "engine.python to its full path (e.g. /opt/venv/bin/python)"
-        )
-    elif version is None:
-        dists = " or ".join(ENGINE_DISTRIBUTIONS[engine.kind])
-        problems.append(
-            f"{engine.kind} is not installed for {engine.python} on {spec.name} (no {dists} "
-            f"distribution); pip install it into that python, or point engine.python at the venv "
-            "that has it"
-        )
+    problems += _software_problems(engine, spec, python, version)
     problems += _gpu_problems(spec, gpus)
     if not model_present:
         problems.append(
@@ -170,7 +158,7 @@ async def _probe(host: CommandHost, engine: EngineSpec, spec: HostSpec) -> HostR
         mem_available_gib=mem[1],
         disk_free_gib=disk,
         python=engine.python,
-        python_ok=python_ok,
+        python_ok=python is not None,
         python_version=python,
         engine=engine.kind,
         engine_version=version,
@@ -179,6 +167,28 @@ async def _probe(host: CommandHost, engine: EngineSpec, spec: HostSpec) -> HostR
         problems=tuple(problems),
         warnings=tuple(host.warnings),
     )
+
+
+def _software_problems(
+    engine: EngineSpec, spec: HostSpec, python: str | None, version: str | None
+) -> list[str]:
+    if python is None:
+        return [
+            f"engine python `{engine.python}` does not run on {spec.name}; install it there or set "
+            "engine.python to its full path (e.g. /opt/venv/bin/python)"
+        ]
+    if version is None:
+        dists = " or ".join(ENGINE_DISTRIBUTIONS[engine.kind])
+        return [
+            f"{engine.kind} is not installed for {engine.python} on {spec.name} (no {dists} "
+            "distribution); pip install it into that python, or point engine.python at the venv that has it"
+        ]
+    if engine.version and not version.startswith(engine.version):
+        return [
+            f"{spec.name} has {engine.kind} {version}, the fleet file expects {engine.version}; install "
+            f"{engine.kind}=={engine.version} there or update engine.version (flag rules depend on it)"
+        ]
+    return []
 
 
 def _gpu_problems(spec: HostSpec, gpus: list[GpuInfo]) -> list[str]:

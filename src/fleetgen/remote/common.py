@@ -15,6 +15,7 @@ import shlex
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
 from pathlib import PurePosixPath
+from typing import Self
 
 from fleetgen.errors import CommandError, RemoteError, TransferError, tail
 from fleetgen.remote import scripts
@@ -84,7 +85,7 @@ class CommandHost(ABC):
                 fix="open a new Host (open_host(spec)) for further work",
             )
 
-    async def __aenter__(self) -> CommandHost:
+    async def __aenter__(self) -> Self:
         self._check_usable()
         await self._open()
         self.state = HostState.OPEN
@@ -111,6 +112,8 @@ class CommandHost(ABC):
         """Run argv (no shell parsing of the values); non-zero exit with `check` raises CommandError."""
         self._check_usable()
         argv = tuple(argv)
+        if not argv:
+            raise ValueError("run() needs a program to run: argv is empty")
         limit = DEFAULT_TIMEOUT_S if timeout is None else timeout
         status, out, err = await self._exec(argv, stdin, limit)
         result = RunResult(
