@@ -140,7 +140,9 @@ async def host_key_error(spec: HostSpec) -> HostKeyError:
     pattern = spec.address if spec.port == 22 else f"[{spec.address}]:{spec.port}"
     offered = await _offered_key(spec)
     context: dict[str, object] = {"host": spec.name, "ssh": where(spec), "known_hosts": str(path)}
-    keyscan = f"ssh-keyscan -p {spec.port} -t ed25519 {spec.address} >> {path}"
+    key_kind = _keyscan_type(offered.get_algorithm()) if offered is not None else ""
+    type_flag = f"-t {key_kind} " if key_kind else ""  # only the key type the host offered us
+    keyscan = f"ssh-keyscan -p {spec.port} {type_flag}{spec.address} >> {path}"
     if offered is not None:
         context["offered key"] = f"{offered.get_fingerprint()} ({offered.get_algorithm()})"
         key_type, key_b64 = offered.export_public_key().decode().split()[:2]
@@ -179,3 +181,11 @@ def _is_listed(path: Path, spec: HostSpec) -> bool:
     except (OSError, ValueError):
         return False
     return bool(host_keys)
+
+
+def _keyscan_type(algorithm: str) -> str:
+    """ssh-keyscan's `-t` name for an SSH host key algorithm ("" when unknown: scan them all)."""
+    for marker, kind in (("ed25519", "ed25519"), ("ecdsa", "ecdsa"), ("rsa", "rsa")):
+        if marker in algorithm:
+            return kind
+    return ""
