@@ -94,6 +94,29 @@ async def test_thinking_output_lands_in_reasoning(vllm_server: VllmServer, tiny_
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
 
 
+async def test_streamed_thinking_arrives_as_delta_reasoning(vllm_server: VllmServer) -> None:
+    """Streaming: the thinking text comes in ``delta.reasoning`` chunks; the last chunk carries usage."""
+    body = chat("Stream a few words.", 12, stream=True, stream_options={"include_usage": True})
+    reasoning: list[str] = []
+    usage: dict[str, Any] = {}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{vllm_server.base_url}/v1/chat/completions", json=body) as resp,
+    ):
+        assert resp.status == 200
+        async for raw in resp.content:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line.removeprefix("data: "))
+            usage = chunk.get("usage") or usage
+            for choice in chunk["choices"]:
+                reasoning.append(choice["delta"].get("reasoning") or "")
+                assert not choice["delta"].get("content"), chunk
+    assert "".join(reasoning).strip()
+    assert usage["completion_tokens"] == 12
+
+
 async def test_closing_think_splits_reasoning_and_content(
     vllm_server: VllmServer, tiny_model: TinyModel
 ) -> None:
