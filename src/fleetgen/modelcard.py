@@ -150,8 +150,7 @@ READERS: dict[str, Reader] = {
 }
 
 
-def parse_model_shape(config: Mapping[str, Any], index: Mapping[str, Any] | None) -> ModelShape:
-    """Pure: a `config.json` dict and an optional safetensors index dict → `ModelShape`."""
+def _reader(config: Mapping[str, Any]) -> tuple[str, Reader]:
     archs = config.get("architectures") or []
     arch = str(archs[0]) if archs else ""
     reader = READERS.get(arch)
@@ -162,9 +161,10 @@ def parse_model_shape(config: Mapping[str, Any], index: Mapping[str, Any] | None
             fix=f"use a known architecture ({', '.join(sorted(READERS))}), or add a reader to "
             "fleetgen.modelcard.READERS",
         )
-    text = config.get("text_config") or config
-    found = _Found(arch)
-    fields = reader(text, config, found)
+    return arch, reader
+
+
+def _dtype(text: Mapping[str, Any], config: Mapping[str, Any], found: _Found) -> str:
     dtype = str(
         text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype") or config.get("dtype") or ""
     )
@@ -172,8 +172,18 @@ def parse_model_shape(config: Mapping[str, Any], index: Mapping[str, Any] | None
         found.missing.append("torch_dtype")
     elif dtype not in DTYPE_BYTES:
         raise ModelCardError(
-            f"{arch}: unsupported dtype {dtype!r}", fix="fleetgen plans bf16/fp16/fp32/fp8 weights"
+            f"{found.arch}: unsupported dtype {dtype!r}", fix="fleetgen plans bf16/fp16/fp32/fp8 weights"
         )
+    return dtype
+
+
+def parse_model_shape(config: Mapping[str, Any], index: Mapping[str, Any] | None) -> ModelShape:
+    """Pure: a `config.json` dict and an optional safetensors index dict → `ModelShape`."""
+    arch, reader = _reader(config)
+    text = config.get("text_config") or config
+    found = _Found(arch)
+    fields = reader(text, config, found)
+    dtype = _dtype(text, config, found)
     weights = _weights(index, found)
     if found.missing:
         raise ModelCardError(

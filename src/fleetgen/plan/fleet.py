@@ -49,26 +49,13 @@ def plan_instance(
         inst.name, inst.host, inst.gpus, inst.port, spec.kind, rules.name, Memory(), tuple(argv), env
     )
     if facts.gpus is None:
-        issue = Issue(
-            "gpu-unknown",
-            f"no GPU memory known for host {inst.host}",
-            "set gpu_memory_gib (and gpu_free_gib) in its [[hosts]] entry, or plan without --offline",
-        )
-        return replace(base, errors=(issue,))
+        return replace(base, errors=(_unknown_gpu(inst.host),))
     gpu, missing = gpu_of(inst, {g.index: g for g in facts.gpus})
     if gpu is None:
         return replace(base, errors=tuple(missing))
     ask = Ask(dict(spec.args), dict(spec.env), spec.tp, gpu.free_bytes, gpu.total_bytes, rules, shape)
     sized = size(spec.kind, ask)
-    warnings = list(sized.warnings) + [Issue("model", note) for note in shape.notes]
-    if not gpu.measured:
-        warnings.append(
-            Issue(
-                "gpu-facts",
-                f"GPU memory of {inst.host} is from the fleet file, not measured",
-                "run `fleetgen plan` without --offline to read nvidia-smi on the host",
-            )
-        )
+    warnings = [*sized.warnings, *(Issue("model", note) for note in shape.notes), *_facts_warning(gpu, inst)]
     fixes = ranked_fixes(spec.kind, ask, sized) if not sized.fits else ()
     errors = list(sized.errors)
     if target is not None:
@@ -83,6 +70,26 @@ def plan_instance(
         warnings=tuple(warnings),
         fixes=fixes,
         resolved=dict(sized.resolved),
+    )
+
+
+def _facts_warning(gpu: GpuFacts, inst: InstanceSpec) -> list[Issue]:
+    if gpu.measured:
+        return []
+    return [
+        Issue(
+            "gpu-facts",
+            f"GPU memory of {inst.host} is from the fleet file, not measured",
+            "run `fleetgen plan` without --offline to read nvidia-smi on the host",
+        )
+    ]
+
+
+def _unknown_gpu(host: str) -> Issue:
+    return Issue(
+        "gpu-unknown",
+        f"no GPU memory known for host {host}",
+        "set gpu_memory_gib (and gpu_free_gib) in its [[hosts]] entry, or plan without --offline",
     )
 
 

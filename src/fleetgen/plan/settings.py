@@ -67,17 +67,21 @@ def _float(args: Mapping[str, Any], key: str) -> float | None:
     return None if value is None or isinstance(value, bool) else float(value)
 
 
-def resolve_settings(
-    args: Mapping[str, Any], env: Mapping[str, str], rules: RuleSet, shape: ModelShape
-) -> SGLangSettings:
-    """Resolve `engine.args` (already translated to `rules`' flag names) the way that release does."""
+def _spec(args: Mapping[str, Any]) -> tuple[bool, int, int, int]:
+    """(is_spec, steps, topk, draft tokens) with SGLang's defaults; topk 1 forces draft = steps + 1."""
     algo = str(args.get("speculative-algorithm") or "")
-    is_spec = bool(algo) and algo.lower() != "none"
     steps = _int(args, "speculative-num-steps") or SPEC_DEFAULT_STEPS
     topk = _int(args, "speculative-eagle-topk") or SPEC_DEFAULT_TOPK
     draft = _int(args, "speculative-num-draft-tokens") or SPEC_DEFAULT_DRAFT
     if topk == 1:
         draft = steps + 1  # SGLang overwrites it (with a warning) when topk == 1
+    return bool(algo) and algo.lower() != "none", steps, topk, draft
+
+
+def _strategy(
+    args: Mapping[str, Any], env: Mapping[str, str], rules: RuleSet, shape: ModelShape, is_spec: bool
+) -> tuple[str, str, bool]:
+    """(given, resolved Mamba strategy, overlap on) as the release resolves `auto` and the spec worker."""
     is_radix = not bool(args.get("disable-radix-cache"))
     is_overlap = not bool(args.get("disable-overlap-schedule"))
     if is_spec and rules.spec_v2_env:  # the overlap (v2) spec worker is opt-in in that era
@@ -87,12 +91,21 @@ def resolve_settings(
     given = str(args.get(rules.strategy_flag) or "auto")
     strategy = given
     if given == "auto":
-        strategy = (
-            "extra_buffer" if rules.auto_strategy_extra_buffer and is_overlap and is_radix else "no_buffer"
-        )
+        is_extra = rules.auto_strategy_extra_buffer and is_overlap and is_radix
+        strategy = "extra_buffer" if is_extra else "no_buffer"
     if shape.is_hybrid and is_radix and strategy == "no_buffer":
         # no_buffer turns overlap off, except an explicit no_buffer in 0.5.23 (which asserts instead)
         is_overlap = is_overlap and given != "auto" and rules.explicit_no_buffer_needs_no_overlap
+    return given, strategy, is_overlap
+
+
+def resolve_settings(
+    args: Mapping[str, Any], env: Mapping[str, str], rules: RuleSet, shape: ModelShape
+) -> SGLangSettings:
+    """Resolve `engine.args` (already translated to `rules`' flag names) the way that release does."""
+    is_spec, steps, topk, draft = _spec(args)
+    given, strategy, is_overlap = _strategy(args, env, rules, shape, is_spec)
+    is_radix = not bool(args.get("disable-radix-cache"))
     kv_dtype = str(args.get("kv-cache-dtype") or "auto")
     return SGLangSettings(
         mem_fraction_static=_float(args, "mem-fraction-static"),

@@ -142,13 +142,7 @@ def size_sglang(
     """The whole per-GPU plan of one SGLang instance, and the memory errors the engine would raise."""
     mfs = s.mem_fraction_static or default_mem_fraction(total_bytes, tp, s, rules, shape)
     free = max(free_bytes - CUDA_CONTEXT_BYTES, 0)
-    draft_w = shape.mtp_weight_bytes // tp if s.is_spec else 0
-    weights = (shape.weight_bytes - shape.mtp_weight_bytes) // tp + (
-        draft_w if rules.draft_weights_in_budget else 0
-    )
-    rest = free * mfs - weights
-    if rules.joint_mamba_spec_solve and shape.is_multimodal:
-        rest -= VLM_CACHE_BYTES
+    draft_w, weights, rest = _rest(shape, s, rules, tp, free * mfs)
     p = state_bytes_per_request(shape, tp, s.ssm_dtype)
     pool = _mamba_pool(rest, p, s, rules) if shape.is_hybrid else _Pool(0, 0, rest)
     draft_layers = shape.mtp_layers if s.is_spec and rules.draft_kv_in_budget else 0
@@ -157,13 +151,6 @@ def size_sglang(
     if s.max_total_tokens is not None:
         tokens = min(tokens, s.max_total_tokens)
     running = max_running(tokens, s.context_length, s, rules, pool.slots if shape.is_hybrid else None)
-    outside = 0  # early 2026: the MTP draft's weights and its own KV pool come out of the (1 - mfs) headroom
-    if s.is_spec and not rules.draft_weights_in_budget:
-        outside += draft_w
-    if s.is_spec and not rules.draft_kv_in_budget:
-        outside += tokens * (
-            kv_bytes_per_token(shape, tp, s.kv_dtype_bytes, draft_layers=shape.mtp_layers) - cell
-        )
     needed = reserved_mib(total_bytes, tp, s, rules) - (rules.spec_reserve_mb if s.is_spec else 0)
     memory = Memory(
         free_bytes=free,
@@ -182,10 +169,36 @@ def size_sglang(
         max_running_requests=running if tokens > 0 else 0,
         mamba_ratio=s.mamba_ratio if shape.is_hybrid else 0,
         headroom_bytes=int(free * (1 - mfs)),
-        headroom_needed_bytes=int(needed * MIB) + outside,
+        headroom_needed_bytes=int(needed * MIB) + _outside_budget(shape, s, rules, tp, tokens, cell),
         context_length=s.context_length,
     )
     return memory, memory_errors(memory, shape, s, rules)
+
+
+def _rest(
+    shape: ModelShape, s: SGLangSettings, rules: RuleSet, tp: int, budget: float
+) -> tuple[int, int, float]:
+    """(draft weights, weights counted in the budget, what the budget leaves for the pools)."""
+    draft_w = shape.mtp_weight_bytes // tp if s.is_spec else 0
+    in_budget = draft_w if rules.draft_weights_in_budget else 0
+    weights = (shape.weight_bytes - shape.mtp_weight_bytes) // tp + in_budget
+    rest = budget - weights
+    if rules.joint_mamba_spec_solve and shape.is_multimodal:
+        rest -= VLM_CACHE_BYTES  # 0.5.23 reserves the VLM embedding cache out of the KV budget
+    return draft_w, weights, rest
+
+
+def _outside_budget(
+    shape: ModelShape, s: SGLangSettings, rules: RuleSet, tp: int, tokens: int, cell: int
+) -> int:
+    """Early 2026: the MTP draft's weights and its own KV pool come out of the (1 - mfs) headroom."""
+    if not s.is_spec:
+        return 0
+    outside = 0 if rules.draft_weights_in_budget else shape.mtp_weight_bytes // tp
+    if not rules.draft_kv_in_budget:
+        with_draft = kv_bytes_per_token(shape, tp, s.kv_dtype_bytes, draft_layers=shape.mtp_layers)
+        outside += tokens * (with_draft - cell)
+    return outside
 
 
 def memory_errors(m: Memory, shape: ModelShape, s: SGLangSettings, rules: RuleSet) -> list[Issue]:

@@ -79,15 +79,18 @@ def size_vllm(
         headroom_needed_bytes=activations,
         context_length=ctx,
     )
-    errors: list[Issue] = []
+    return memory, _errors(memory, free_bytes, total_bytes, per_request)
+
+
+def _errors(m: Memory, free_bytes: int, total_bytes: int, per_request: int) -> list[Issue]:
+    """vLLM's start-up refusals in its words: free memory short of the request, or no room for one."""
+    requested = m.budget_bytes
     if free_bytes < requested:
         text = FREE_LESS_THAN_UTIL.format(
-            free=free_bytes / GIB, total=total_bytes / GIB, util=util, req=requested / GIB
+            free=free_bytes / GIB, total=total_bytes / GIB, util=m.mem_fraction_static, req=requested / GIB
         )
-        errors.append(Issue("gpu-memory-utilization", text, "lower gpu-memory-utilization or free the GPU"))
-    elif kv_pool < per_request:
-        text = ONE_REQUEST.format(ctx=ctx, need=per_request / GIB, avail=kv_pool / GIB)
-        errors.append(
-            Issue("kv-cache", text, "raise gpu-memory-utilization, lower max-model-len or use tp = 2")
-        )
-    return memory, errors
+        return [Issue("gpu-memory-utilization", text, "lower gpu-memory-utilization or free the GPU")]
+    if m.kv_pool_bytes < per_request:
+        text = ONE_REQUEST.format(ctx=m.context_length, need=per_request / GIB, avail=m.kv_pool_bytes / GIB)
+        return [Issue("kv-cache", text, "raise gpu-memory-utilization, lower max-model-len or use tp = 2")]
+    return []
