@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from fleetgen.config import load_fleet
 from fleetgen.engines import get_engine
+from fleetgen.fleet.planning import plan_from_file
 from fleetgen.modelcard import load_model_shape
 from fleetgen.plan.sglang import kv_bytes_per_token, state_bytes_per_request
 from tests.unit.test_plan import GPU96, MODELS, MOTIVATING, plan_one
@@ -149,3 +151,36 @@ def test_state_bytes_and_layers_equal_sglangs_own_classes() -> None:
         assert mine[0] == sglang["state"], case["tp"]
         assert mine[1] == sglang["full"] and mine[2] == sglang["linear"]
         assert mine[3] > 0
+
+
+def _local_fleet(tmp_path: Path, extra: dict[str, object]) -> Path:
+    args = {**MOTIVATING, "mamba-scheduler-strategy": "extra_buffer", "context-length": 8192, **extra}
+    lines = [
+        "[engine]",
+        'kind = "sglang"',
+        'version = "0.5.23"',
+        f'python = "{PYTHON}"',
+        'model = "/m"',
+        f'model_config = "{MODELS / "qwen3.6-27b"}"',
+        "[engine.args]",
+    ]
+    lines += [f"{k} = {json.dumps(v)}" for k, v in args.items()]
+    lines += ["[[hosts]]", 'name = "here"', 'ssh = "local"', "gpus = [0]", f"gpu_memory_gib = {GPU96}"]
+    path = tmp_path / "fleet.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@needs_sglang
+async def test_online_plan_runs_the_hosts_own_parser(tmp_path: Path) -> None:
+    """`fleetgen plan` online on a local host: hostcheck, then SGLang's own parser on the exact argv."""
+    path = _local_fleet(tmp_path, {})
+    plan = await plan_from_file(load_fleet(path), path, offline=False, target=None)
+    inst = plan.instances[0]
+    assert not [e for e in inst.errors if e.rule == "engine-parser"], inst.errors
+    assert any(w.rule == "renamed-flag" for w in inst.warnings)
+    bad = _local_fleet(tmp_path, {"not-a-real-flag": 1})
+    refused = await plan_from_file(load_fleet(bad), bad, offline=False, target=None)
+    error = next(e for e in refused.instances[0].errors if e.rule == "engine-parser")
+    assert "unrecognized arguments: --not-a-real-flag 1" in error.message
+    assert not refused.fits
