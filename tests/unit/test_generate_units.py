@@ -1,0 +1,204 @@
+"""Pieces of generation: sources, store, resume position, quality flags, response normalization, export."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from fleetgen.errors import JobError
+from fleetgen.generate import rows as rowmod
+from fleetgen.generate.client import RequestFailed, parse_completion
+from fleetgen.generate.export import export, filter_sql
+from fleetgen.generate.progress import PositionTracker
+from fleetgen.generate.quality import flags_of, has_think_marker, is_repetitive
+from fleetgen.generate.source import BadInput, Position, Record, RecordShape, content_id, read_records
+from fleetgen.generate.store import MIGRATIONS, Batch, Store
+from fleetgen.generate.work import Completion, Work, key_hash
+
+SHAPE = RecordShape()
+
+
+def records(path: Path, start: Position | None = None) -> list[Record | BadInput]:
+    return list(read_records(path, SHAPE, start or Position()))
+
+
+def test_jsonl_records_bad_lines_and_resume_offset(tmp_path: Path) -> None:
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b'{"id": 1, "prompt": "a"}\n\n{oops\n{"prompt": "b"}\n[1]\n')
+    got = records(path)
+    assert [type(r).__name__ for r in got] == ["Record", "BadInput", "Record", "BadInput"]
+    first, bad, second, arr = got
+    assert isinstance(first, Record) and first.record_id == "1" and first.line == 1
+    assert isinstance(bad, BadInput) and bad.line == 3 and bad.reason.startswith("malformed JSON")
+    assert isinstance(second, Record) and second.record_id == content_id({"prompt": "b"})
+    assert isinstance(arr, BadInput) and "expected a JSON object" in arr.reason
+    resumed = records(path, Position(second.line, second.end_offset))
+    assert [r.line for r in resumed] == [5]
+
+
+def test_content_id_is_stable_and_key_order_free() -> None:
+    assert content_id({"a": 1, "b": [2]}) == content_id({"b": [2], "a": 1}) != content_id({"a": 2, "b": [2]})
+    assert key_hash("x", 0) == key_hash("x", 0) != key_hash("x", 1)
+
+
+def test_shapes_messages_conversations_prompt_and_problems(tmp_path: Path) -> None:
+    path = tmp_path / "in.jsonl"
+    lines = [
+        {"id": "m", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "old"}]},
+        {"id": "c", "conversations": [{"role": "user", "content": "u1"}, {"from": "gpt", "value": "x"},
+                                      {"role": "user", "content": "u2"}]},
+        {"id": "e", "messages": []}, {"id": "n"},
+        {"id": "s", "conversations": [{"from": "alien", "value": "x"}]},
+    ]  # fmt: skip
+    path.write_bytes(b"".join(orjson.dumps(line) + b"\n" for line in lines))
+    m, c, e, n, s = records(path)
+    assert isinstance(m, Record) and m.segments == [
+        [{"role": "user", "content": "q"}]
+    ]  # trailing answer dropped
+    assert isinstance(c, Record) and [[x["content"] for x in seg] for seg in c.segments] == [["u1"], ["u2"]]
+    assert isinstance(e, BadInput) and e.reason.startswith("empty messages") and e.record_id == "e"
+    assert isinstance(n, BadInput) and n.reason.startswith("missing field")
+    assert isinstance(s, BadInput) and "unknown speaker" in s.reason
+
+
+def test_parquet_and_datasets_folder_stream_with_resume(tmp_path: Path) -> None:
+    table = pa.table({"id": [f"p{i}" for i in range(5000)], "prompt": [f"q{i}" for i in range(5000)]})
+    pq.write_table(table, tmp_path / "in.parquet", row_group_size=1000)
+    got = records(tmp_path / "in.parquet", Position(4998, 0))
+    assert [(r.record_id, r.line) for r in got] == [("p4998", 4999), ("p4999", 5000)]
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_dict({"id": ["d0", "d1"], "prompt": ["x", "y"]}).save_to_disk(str(tmp_path / "ds"))
+    assert [r.record_id for r in records(tmp_path / "ds")] == ["d0", "d1"]
+
+
+def test_multi_turn_history_uses_the_models_answers() -> None:
+    work = Work("w", 0, "f", 1, [[{"role": "user", "content": "u1"}], [{"role": "user", "content": "u2"}]])
+    work.done.append(Completion("a1", "r1", "stop", 1, 1))
+    assert work.messages_for_next_turn() == [{"role": "user", "content": "u1"},
+                                             {"role": "assistant", "content": "a1"},
+                                             {"role": "user", "content": "u2"}]  # fmt: skip
+
+
+def test_migrations_apply_once_and_upserts_are_idempotent(tmp_path: Path) -> None:
+    store = Store.open(tmp_path)
+    version = store.conn.execute("PRAGMA user_version").fetchone()[0]
+    assert version == len(MIGRATIONS)
+    work = Work("a", 0, "f", 3, [[{"role": "user", "content": "q"}]])
+    work.done.append(Completion("x", "r", "length", 4, 9))
+    row = rowmod.RowBuilder("m", "h").result("s0", work, 0.0, 0.1)
+    store.write_batch(Batch(results=[row, row]))
+    store.write_batch(Batch(results=[row], meta={"k": "v"}))
+    assert store.counts().results == 1 and store.counts().truncated == 1 and store.get_meta("k") == "v"
+    assert store.done_keys() == {work.key} and store.done_keys(after_line=3) == set()
+    store.close()
+    Store.open(tmp_path).close()  # reopening migrates nothing twice
+
+
+def test_one_writer_per_folder(tmp_path: Path) -> None:
+    store = Store.open(tmp_path)
+    with pytest.raises(JobError, match="another `fleetgen run`"):
+        Store.open(tmp_path)
+    store.close()
+
+
+def test_failed_batch_writes_nothing(tmp_path: Path) -> None:
+    store = Store.open(tmp_path)
+    good = ("a", 0, 1, "f", 1, None, "bad", 0, 1, None, 0)
+    with pytest.raises(JobError, match="writing results"):
+        store.write_batch(Batch(errors=[good], bad=[("f", 1, None)]))  # the bad row has too few columns
+    assert store.counts().errors == 0
+    store.close()
+
+
+def test_position_moves_only_past_fully_committed_lines() -> None:
+    tracker = PositionTracker(Position())
+    tracker.open(1, 10, 2)
+    tracker.open(2, 20, 0)  # already done: no rows owed
+    tracker.open(3, 30, 1)
+    tracker.paid(3)
+    tracker.advance()
+    assert tracker.position == Position()  # line 1 still owes rows
+    tracker.paid(1)
+    tracker.paid(1)
+    tracker.advance()
+    assert tracker.position == Position(3, 30)
+
+
+def test_quality_flags() -> None:
+    loop = "I think the answer is maybe " * 80
+    assert is_repetitive(loop) and is_repetitive("好" * 3000)
+    prose = " ".join(f"word{i} said something new about item {i * 7 % 13}" for i in range(200))
+    assert not is_repetitive(prose) and not is_repetitive("short")
+    flags = flags_of(Completion("<think>x</think> ans", "", "length", 1, 1))
+    assert flags.is_truncated and flags.has_leaked_think and not flags.is_empty
+    assert flags_of(Completion("  ", "r", "stop", 1, 1)).is_empty and has_think_marker("a</THINK>")
+
+
+def _body(message: dict[str, Any], finish: Any = "stop", usage: Any = None) -> bytes:
+    return orjson.dumps({"choices": [{"message": message, "finish_reason": finish}], "usage": usage})
+
+
+def test_completions_normalize_across_engines() -> None:
+    vllm = parse_completion(
+        _body({"content": "a", "reasoning": "r"}, usage={"prompt_tokens": 3, "completion_tokens": 4}), "u"
+    )
+    sglang = parse_completion(_body({"content": "a", "reasoning_content": "r"}, {"type": "length"}), "u")
+    assert (vllm.reasoning_content, vllm.prompt_tokens, vllm.completion_tokens) == ("r", 3, 4)
+    assert (sglang.reasoning_content, sglang.finish_reason, sglang.prompt_tokens) == ("r", "length", None)
+    empty = parse_completion(_body({"content": None}, None), "u")
+    assert (empty.content, empty.reasoning_content, empty.finish_reason) == ("", "", "unknown")
+    with pytest.raises(RequestFailed) as aborted:
+        parse_completion(_body({"content": ""}, "abort"), "u")
+    assert aborted.value.is_retryable
+    with pytest.raises(RequestFailed):
+        parse_completion(b"<html>", "u")
+
+
+def test_failure_kinds() -> None:
+    text = "HTTP 400: This model's maximum context length is 2048 tokens"
+    too_long = RequestFailed(text, url="u", status=400, is_retryable=False)
+    assert too_long.kind == "prompt_too_long"
+    assert RequestFailed("x", url="u", is_retryable=True, is_connection=True).kind == "connection"
+
+
+def test_export_filters_and_formats(tmp_path: Path) -> None:
+    store = Store.open(tmp_path / "out")
+    builder = rowmod.RowBuilder("m", "h")
+    batch = Batch()
+    for i, (content, finish) in enumerate([("fine answer", "stop"), ("cut", "length"), ("", "stop")]):
+        work = Work(
+            f"r{i}", 0, "f", i + 1, [[{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]]
+        )
+        work.done.append(Completion(content, f"reason {i}", finish, 2, 3))
+        batch.results.append(builder.result("s0", work, 0.0, 0.1))
+    store.write_batch(batch)
+    store.close()
+    out = tmp_path / "out"
+    assert export(out, "jsonl", tmp_path / "all.jsonl").rows == 3
+    assert export(out, "jsonl", tmp_path / "c.jsonl", ["clean"]).rows == 1
+    assert export(out, "jsonl", tmp_path / "t.jsonl", ["truncated"]).rows == 1
+    sharegpt = export(out, "sharegpt", tmp_path / "sg.jsonl", ["no-truncated"])
+    assert (sharegpt.rows, sharegpt.skipped) == (1, 1)  # the empty answer is skipped, counted
+    row = orjson.loads((tmp_path / "sg.jsonl").read_bytes())
+    assert [m["role"] for m in row["conversations"]] == ["system", "user", "assistant"]
+    assert row["conversations"][-1]["reasoning_content"] == "reason 0"
+    inline = export(out, "sharegpt", tmp_path / "in.jsonl", ["no-truncated"], inline_think=True)
+    assert inline.rows == 2  # reasoning inline makes the empty answer non-empty
+    first = orjson.loads((tmp_path / "in.jsonl").read_bytes().splitlines()[0])
+    assert first["conversations"][-1]["content"] == "<think>\nreason 0\n</think>\n\nfine answer"
+    export(out, "openai-batch", tmp_path / "b.jsonl")
+    line = orjson.loads((tmp_path / "b.jsonl").read_bytes().splitlines()[1])
+    assert line["custom_id"] == "r1:0" and line["response"]["body"]["choices"][0]["finish_reason"] == "length"
+    export(out, "parquet", tmp_path / "r.parquet")
+    assert pq.read_table(tmp_path / "r.parquet").column("is_truncated").to_pylist() == [False, True, False]
+    with pytest.raises(JobError):
+        filter_sql(["bogus"])
+    assert not list(tmp_path.glob(".*tmp*"))
+    with sqlite3.connect(out / "results.sqlite") as conn:  # export only reads
+        assert conn.execute("SELECT COUNT(*) FROM results").fetchone()[0] == 3
