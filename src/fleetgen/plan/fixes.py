@@ -14,6 +14,7 @@ from fleetgen.plan.instance import Ask, Sizing, size
 from fleetgen.plan.types import Fix
 
 MAX_SCAN = 1024
+MIN_TOKENS_PER_REQUEST = 4096  # a "concurrent request" must have room for at least this much context
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,10 @@ def _apply(ask: Ask, c: Candidate) -> Ask:
 
 
 def _is_usable(sized: Sizing, need: int = 1) -> bool:
-    return sized.fits and sized.memory.max_running_requests >= need
+    """Starts, runs `need` requests, and its KV pool holds each of them MIN_TOKENS (or its full context)."""
+    m = sized.memory
+    floor = min(m.context_length, need * MIN_TOKENS_PER_REQUEST)
+    return sized.fits and m.max_running_requests >= need and m.kv_tokens >= floor
 
 
 def _required(engine: str, ask: Ask, base: Sizing) -> Candidate:
@@ -104,6 +108,10 @@ def _best(engine: str, ask: Ask) -> tuple[int, dict[str, Any], Sizing | None]:
     return lo, extra, sized
 
 
+def _yield(n: int, sized: Sizing) -> str:
+    return f" → {n} concurrent, {sized.memory.kv_tokens:,} KV tokens"
+
+
 def ranked_fixes(engine: str, ask: Ask, base: Sizing) -> tuple[Fix, ...]:
     """Fixes that make this instance fit (or serve more), cheapest first, each with what it yields."""
     required = _required(engine, ask, base)
@@ -112,33 +120,20 @@ def ranked_fixes(engine: str, ask: Ask, base: Sizing) -> tuple[Fix, ...]:
     alone = size(engine, fixed) if required.change else None
     if alone is not None and _is_usable(alone):
         n = alone.memory.max_running_requests
-        fixes.append(
-            Fix(
-                0,
-                f"{required.change} → {n} concurrent",
-                dict(required.args),
-                dict(required.env),
-                0,
-                n,
-                alone.memory.kv_tokens,
-            )
-        )
+        text = required.change + _yield(n, alone)
+        fixes.append(Fix(0, text, dict(required.args), dict(required.env), 0, n, alone.memory.kv_tokens))
     for variant in VARIANTS[engine](fixed):
         n, extra, sized = _best(engine, _apply(fixed, variant))
         if sized is None or (base.fits and n <= base.memory.max_running_requests):
             continue
+        if any((f.max_running_requests, f.kv_tokens) == (n, sized.memory.kv_tokens) for f in fixes):
+            continue  # a cheaper change already gives exactly this
         flags = " ".join(f"--{k} {v}" for k, v in extra.items())
-        text = ", ".join(t for t in (required.change, variant.change, flags) if t) + f" → {n} concurrent"
+        text = ", ".join(t for t in (required.change, variant.change, flags) if t) + _yield(n, sized)
+        args = {**required.args, **variant.args, **extra}
+        env = {**required.env, **variant.env}
         fixes.append(
-            Fix(
-                max(required.cost, variant.cost),
-                text,
-                {**required.args, **variant.args, **extra},
-                {**required.env, **variant.env},
-                variant.tp,
-                n,
-                sized.memory.kv_tokens,
-            )
+            Fix(max(required.cost, variant.cost), text, args, env, variant.tp, n, sized.memory.kv_tokens)
         )
     return tuple(sorted(fixes, key=lambda f: (f.cost, -f.max_running_requests)))
 
