@@ -121,6 +121,16 @@ async def test_two_hosts_two_instances_come_up_in_parallel_verified(
             assert row["ready"] is True and row["drift"] == [] and row["url"].startswith("http://127.0.0.1:")
             assert row["spec_accept_length"] and row["running"] == 0 and row["queued"] == 0
             assert row["uptime_s"] >= 0 and row["gen_tokens_per_s"] is not None
+
+        logs = await asyncio.to_thread(
+            subprocess.run,
+            [FLEETGEN, "logs", "h1-1", "-n", "200", "-f", str(fleet)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert logs.returncode == 0, logs.stderr
+        assert "The server is fired up and ready to roll!" in logs.stdout and "SIMULATION" in logs.stdout
     finally:
         stopped = await down(fleet)
     _ok(stopped)
