@@ -124,49 +124,83 @@ def run_command(
     no_live: Annotated[bool, Opt("--no-live", help="No live view (logs, CI).")] = False,
 ) -> None:
     """Generate completions for every (record, sample) exactly once, across all servers; resumable."""
-
-    async def go() -> Summary:
-        if retry_errors and redo_truncated:
-            raise ConfigError(
-                "--retry-errors and --redo-truncated are separate passes", fix="run one, then the other"
-            )
-        if redo_truncated and max_tokens is None:
-            raise ConfigError("--redo-truncated needs a new --max-tokens", fix="add --max-tokens N (larger)")
-        if restart_dead:
-            # TODO(lead): wire JobOptions.on_dead to fleetgen.deploy's restart once it lands.
-            raise ConfigError(
-                "--restart-dead is not wired to the deploy layer yet",
-                fix="restart dead servers with `fleetgen restart`; the run re-uses them when healthy",
-            )
-        job = load_job(job_file) if job_file else JobFile()
-        params = _params(
-            job,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            seed=seed,
-            samples=samples,
-            thinking=False if no_thinking else None,
-        )
-        mode = "retry_errors" if retry_errors else "redo_truncated" if redo_truncated else "normal"
-        policy = RetryPolicy(
-            max_retries=job.max_retries if max_retries is None else max_retries,
-            max_consecutive_failures=job.max_consecutive_failures,
-            dead_timeout_s=dead_timeout,
-        )
-        options = JobOptions(
-            input_path=input_path, out_dir=out, endpoints=_endpoints(endpoint or [], fleet), params=params,
-            shape=RecordShape(job.id_field, job.prompt_field, job.system_prompt),
-            concurrency=concurrency or job.concurrency or DEFAULT_CONCURRENCY, policy=policy,
-            request_timeout_s=job.request_timeout_s, mode=mode, force_params=force_params, split=split,
-        )  # fmt: skip
-        return await _run_job(Job(options), live=not no_live)
-
-    summary = run(go())
+    flags = RunFlags(**locals())
+    summary = run(_run_flags(flags))
     _print_summary(summary, json_out)
     if summary.status == "stopped":
         raise typer.Exit(130)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFlags:
+    """The `run` command line, as given."""
+
+    input_path: Path
+    out: Path
+    fleet: Path | None
+    endpoint: list[str] | None
+    job_file: Path | None
+    concurrency: int | None
+    max_tokens: int | None
+    temperature: float | None
+    top_p: float | None
+    top_k: int | None
+    seed: int | None
+    samples: int | None
+    no_thinking: bool
+    retry_errors: bool
+    redo_truncated: bool
+    force_params: bool
+    restart_dead: bool
+    max_retries: int | None
+    dead_timeout: float
+    split: str | None
+    json_out: bool
+    no_live: bool
+
+
+def _check_flags(f: RunFlags) -> None:
+    if f.retry_errors and f.redo_truncated:
+        raise ConfigError(
+            "--retry-errors and --redo-truncated are separate passes", fix="run one, then the other"
+        )
+    if f.redo_truncated and f.max_tokens is None:
+        raise ConfigError("--redo-truncated needs a new --max-tokens", fix="add --max-tokens N (larger)")
+    if f.restart_dead:
+        # TODO(lead): wire JobOptions.on_dead to fleetgen.deploy's restart once it lands.
+        raise ConfigError(
+            "--restart-dead is not wired to the deploy layer yet",
+            fix="restart dead servers with `fleetgen restart`; the run re-uses them when healthy",
+        )
+
+
+async def _run_flags(f: RunFlags) -> Summary:
+    _check_flags(f)
+    job = load_job(f.job_file) if f.job_file else JobFile()
+    params = _params(
+        job,
+        max_tokens=f.max_tokens,
+        temperature=f.temperature,
+        top_p=f.top_p,
+        top_k=f.top_k,
+        seed=f.seed,
+        samples=f.samples,
+        thinking=False if f.no_thinking else None,
+    )
+    mode = "retry_errors" if f.retry_errors else "redo_truncated" if f.redo_truncated else "normal"
+    policy = RetryPolicy(
+        max_retries=job.max_retries if f.max_retries is None else f.max_retries,
+        max_consecutive_failures=job.max_consecutive_failures,
+        dead_timeout_s=f.dead_timeout,
+    )
+    options = JobOptions(
+        input_path=f.input_path, out_dir=f.out, params=params,
+        endpoints=_endpoints(f.endpoint or [], f.fleet),
+        shape=RecordShape(job.id_field, job.prompt_field, job.system_prompt),
+        concurrency=f.concurrency or job.concurrency or DEFAULT_CONCURRENCY, policy=policy,
+        request_timeout_s=job.request_timeout_s, mode=mode, force_params=f.force_params, split=f.split,
+    )  # fmt: skip
+    return await _run_job(Job(options), live=not f.no_live)
 
 
 async def _run_job(job: Job, live: bool) -> Summary:

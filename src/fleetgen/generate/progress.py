@@ -84,7 +84,6 @@ class Summary:
     bad_inputs: int
     bad_input_samples: list[BadInputSample]
     endpoints: dict[str, int]
-    message: str = ""
 
     @property
     def completions_per_s(self) -> float:

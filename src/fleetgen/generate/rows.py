@@ -138,7 +138,6 @@ def snapshot(
 def summary(
     store: Store,
     status: str,
-    message: str,
     model: str,
     counters: Counters,
     elapsed_s: float,
@@ -166,5 +165,4 @@ def summary(
         bad_inputs=counts.bad_inputs,
         bad_input_samples=bad,
         endpoints=endpoints,
-        message=message,
     )

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import orjson
 
-from fleetgen.errors import EndpointError, FleetDown, JobError, ParamsMismatch
+from fleetgen.errors import EndpointError, JobError, ParamsMismatch
 from fleetgen.generate import rows
 from fleetgen.generate.client import ChatClient
 from fleetgen.generate.dispatch import Dispatcher, Endpoint, EndpointState, OnDead, RetryPolicy
@@ -105,9 +105,8 @@ class Job:
             for (name, _), client in zip(opts.endpoints, clients, strict=True)
         ]
         model = await self._resolve_model(endpoints)
-        params_hash = self._check_params(store, model)
+        builder = rows.RowBuilder(model, self._check_params(store, model))
         tracker, wanted, done = self._plan_resume(store)
-        builder = rows.RowBuilder(model, params_hash)
         writer = StoreWriter(
             store, lambda batch: self._committed(batch, tracker), meta=lambda: self._position_meta(tracker)
         )
@@ -120,6 +119,18 @@ class Job:
             on_error=lambda ep, work, exc: writer.put_error(builder.error(ep, work, exc)),
             on_dead=opts.on_dead,
         )
+        start = tracker.position if tracker else Position()
+        items = self._items(read_records(opts.input_path, opts.shape, start, opts.split), writer, tracker,
+                            wanted, done)  # fmt: skip
+        status = await self._execute(dispatcher, writer, items, wanted, started, on_progress)
+        elapsed = time.monotonic() - started
+        per_endpoint = {e.name: e.completions for e in endpoints}
+        return rows.summary(store, status, model, self.counters, elapsed, per_endpoint)
+
+    async def _execute(self, dispatcher: Dispatcher, writer: StoreWriter, items: Iterator[Work],
+                       wanted: set[int] | None, started: float,
+                       on_progress: Callable[[Progress], None] | None) -> str:  # fmt: skip
+        """Run the dispatcher with the writer, counter and ticker beside it; always flush and clean up."""
         self._dispatcher = dispatcher
         if self._stops:
             dispatcher.stop()
@@ -127,41 +138,24 @@ class Job:
         writer_task.add_done_callback(lambda _t: dispatcher.stop())  # a failed writer stops the job
         count_task = asyncio.create_task(self._count_total(wanted))
         ticker = asyncio.create_task(self._tick(dispatcher, writer, started, on_progress))
-        records = read_records(
-            opts.input_path, opts.shape, tracker.position if tracker else Position(), opts.split
-        )
-        status, message = "complete", ""
+        status = "complete"
         try:
-            await dispatcher.run(self._items(records, writer, tracker, wanted, done))
+            await dispatcher.run(items)
             if self._stops:
                 status = "stopped"
                 await self._drain(dispatcher)
-        except FleetDown as exc:
-            status, message = "fleet_down", exc.message
-            await dispatcher.abandon()
-            raise
-        except BaseException:
-            await dispatcher.abandon()
-            raise
         finally:
-            await dispatcher.close()
+            await dispatcher.abandon()  # whatever is still in flight is dropped, never half-written
             writer.close()
             await asyncio.gather(writer_task, return_exceptions=True)
             ticker.cancel()
             count_task.cancel()
             if on_progress is not None:
                 on_progress(self._snapshot(dispatcher, started, 0.0, 0.0))
-        if writer_task.exception() is not None:
-            raise writer_task.exception()  # type: ignore[misc]
-        return rows.summary(
-            store,
-            status,
-            message,
-            model,
-            self.counters,
-            time.monotonic() - started,
-            {e.name: e.completions for e in endpoints},
-        )
+        failure = writer_task.exception()
+        if failure is not None:
+            raise failure
+        return status
 
     async def _drain(self, dispatcher: Dispatcher) -> None:
         drain = asyncio.create_task(dispatcher.drain())
