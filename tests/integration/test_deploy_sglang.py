@@ -124,7 +124,7 @@ async def test_two_hosts_two_instances_come_up_in_parallel_verified(
 
         logs = await asyncio.to_thread(
             subprocess.run,
-            [FLEETGEN, "logs", "h1-1", "-n", "200", "-f", str(fleet)],
+            [FLEETGEN, "logs", "h1-1", "-n", "200", "--fleet", str(fleet)],
             capture_output=True,
             text=True,
             check=False,

@@ -181,7 +181,7 @@ def test_state_roundtrip_upsert_and_drop(tmp_path: Path) -> None:
         script_sha256="ab",
         launched_at="t",
         argv=("a",),
-        environ={"X": "1"},
+        env_names=("X",),
     )
     save_state(fleet, [rec])
     assert load_state(fleet) == {"h0-0": rec}

@@ -18,6 +18,8 @@ from fleetgen.deploy.logs import read_log
 from fleetgen.fleet.status import InstanceStatus, fleet_status, open_view
 
 ONLY_OPTION = typer.Option(None, "--only", help="Instance or host names (repeatable); default: all.")
+# `-f` is --follow for `logs` (as in `tail -f`), so there the fleet file is --fleet only.
+LOGS_FLEET_OPTION = typer.Option(Path("fleet.toml"), "--fleet", help="The fleet file (TOML).")
 
 
 def _progress(instance: str, message: str) -> None:
@@ -161,7 +163,7 @@ async def _watch(fleet: Path, only: list[str] | None, as_json: bool, interval: f
 @app.command()
 def logs(
     name: str = typer.Argument(..., help="Instance name (`fleetgen status` lists them)."),
-    fleet: Path = FLEET_OPTION,
+    fleet: Path = LOGS_FLEET_OPTION,
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines."),
     lines: int = typer.Option(100, "--lines", "-n", help="How many lines of the end to show."),
 ) -> None:

@@ -233,7 +233,7 @@ async def _launch(hs: HostSession, target: Target, progress: Progress) -> Instan
         script_sha256=target.sha256,
         launched_at=datetime.now(UTC).isoformat(),
         argv=target.spec.argv,
-        environ=target.spec.environ,
+        env_names=tuple(sorted(target.spec.environ)),
     )
 
 

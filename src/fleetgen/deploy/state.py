@@ -1,8 +1,9 @@
 """What fleetgen launched, kept in `.fleetgen/state.json` next to the fleet file.
 
 State is a record, never the truth: `status` and `up` re-read every process from its host and use the state
-only to know which PID (and start time, to tell a reused PID) to look at. It never holds a secret: argv and
-environ are stored as rendered, where the API key is a `${NAME}` reference or a redaction marker.
+only to know which PID (and start time, to tell a reused PID) to look at. It never holds a secret: only the
+NAMES of the environment variables are stored (values may be tokens a user put in engine.env), and the argv
+as rendered, where an API key is a `${NAME}` reference.
 Writes are atomic (temp file + rename) so a crash mid-write leaves the previous state.
 """
 
@@ -12,7 +13,7 @@ import json
 import os
 import tempfile
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ class InstanceRecord:
     script_sha256: str
     launched_at: str
     argv: tuple[str, ...] = ()
-    environ: dict[str, str] = field(default_factory=dict)
+    env_names: tuple[str, ...] = ()
     public_url: str | None = None
 
     @classmethod
@@ -46,6 +47,7 @@ class InstanceRecord:
         raw = dict(data)
         raw["gpus"] = tuple(raw.get("gpus") or ())
         raw["argv"] = tuple(raw.get("argv") or ())
+        raw["env_names"] = tuple(raw.get("env_names") or ())
         return cls(**raw)
 
 
