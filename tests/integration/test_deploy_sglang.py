@@ -84,7 +84,7 @@ def _ok(outs: list[Outcome]) -> None:
 async def test_two_hosts_two_instances_come_up_in_parallel_verified(
     ssh_hosts: list[SshdHost], tmp_path: Path
 ) -> None:
-    fleet = sim_fleet(tmp_path, ssh_hosts[:2], gpus=(0, 1), args={"sim-start-delay": 2.0}, model=QWEN36)
+    fleet = sim_fleet(tmp_path, ssh_hosts[:2], gpus=(0, 1), args={"sim-start-delay": 5.0}, model=QWEN36)
     events: list[tuple[str, str]] = []
     try:
         outs = await up(fleet, progress=lambda inst, msg: events.append((inst, msg)))
