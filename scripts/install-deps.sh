@@ -15,7 +15,8 @@ trap 'die "failed at line $LINENO (exit $?): $BASH_COMMAND"' ERR
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python3}"
-APT_PACKAGES=(openssh-server iproute2)
+# chromium: the dashboard and report tests load the pages in headless Chromium.
+APT_PACKAGES=(openssh-server iproute2 chromium)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

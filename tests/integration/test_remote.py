@@ -16,6 +16,7 @@ import pytest
 from fleetgen.config import HostSpec
 from fleetgen.errors import CommandError, RemoteError
 from fleetgen.remote import CommandHost, HostState, LocalHost, ProcState, SshHost, open_host
+from fleetgen.remote.base import ProcInfo
 from tests.fixtures.sshd import SshdHost
 
 SLEEPER = "#!/bin/sh\necho started\nexec sleep 300\n"
@@ -93,7 +94,7 @@ async def test_spawn_inspect_stop(host: CommandHost, tmp_path: Path) -> None:
     log, pidfile = tmp_path / "logs" / "1.log", tmp_path / "run" / "x.pid"
     spawned = await host.spawn(str(script), str(log), str(pidfile), cwd=str(tmp_path))
     assert pidfile.read_text().strip() == str(spawned.pid)
-    info = await host.inspect(spawned.pid, spawned.start_time)
+    info = await _wait_for_argv(host, spawned.pid, spawned.start_time, ("sleep", "300"))
     assert info.state is ProcState.RUNNING and info.argv == ("sleep", "300")
     assert info.start_time == spawned.start_time
     assert (
@@ -177,6 +178,16 @@ async def test_closed_host_refuses_use(ssh_hosts: list[SshdHost]) -> None:
     with pytest.raises(RemoteError, match="was closed"):
         async with host:
             pass
+
+
+async def _wait_for_argv(host: CommandHost, pid: int, start_time: int, argv: tuple[str, ...]) -> ProcInfo:
+    """The script `exec`s into its final argv a moment after spawn returns: poll (bounded) until it has."""
+    for _ in range(200):
+        info = await host.inspect(pid, start_time)
+        if info.argv == argv or info.state is not ProcState.RUNNING:
+            return info
+        await asyncio.sleep(0.05)
+    return info
 
 
 async def _wait_for_line(host: CommandHost, path: str, needle: str) -> str:

