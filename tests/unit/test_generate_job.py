@@ -78,6 +78,8 @@ async def test_rerun_does_nothing_and_deleted_rows_are_redone(tmp_path: Path) ->
         await Job(options(tmp_path, prompts, [a.url])).run()
         again = await Job(options(tmp_path, prompts, [a.url])).run()
         assert again.completions_this_run == 0 and again.results == 30
+        (position,) = rows(tmp_path / "out", "SELECT value FROM meta WHERE key = 'position'")[0]
+        assert orjson.loads(position)["line"] == 30  # the rerun can start past every done line
         with sqlite3.connect(tmp_path / "out" / "results.sqlite") as conn:
             conn.execute("DELETE FROM results WHERE line IN (3, 17)")
             conn.execute("DELETE FROM meta WHERE key = 'position'")  # forget the resume position too

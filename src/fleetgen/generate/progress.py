@@ -125,6 +125,9 @@ class PositionTracker:
         return len(self._open)
 
     def open(self, line: int, end_offset: int, num_rows: int) -> None:
+        if num_rows == 0 and not self._open:  # resume skipping done lines: no bookkeeping needed
+            self.position = Position(line, end_offset)
+            return
         self._open.append((line, end_offset))
         self._owed[line] = self._owed.get(line, 0) + num_rows
         self._advance()

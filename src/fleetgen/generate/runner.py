@@ -238,24 +238,14 @@ class Job:
         seen: set[int] = set()
         for record in records:
             if isinstance(record, Record):
-                record_key = key_hash(record.record_id, -1)
-                if record_key in seen:
-                    record = BadInput(
-                        record.source,
-                        record.line,
-                        f"duplicate id {record.record_id!r}",
-                        record.record_id,
-                        record.end_offset,
-                    )
-                else:
-                    seen.add(record_key)
+                keys = [key_hash(record.record_id, s) for s in range(samples)]
+                record = self._check_duplicate(record, keys[0], seen, wanted, done)
             if isinstance(record, BadInput):
                 if wanted is None:  # re-run modes have already recorded the input's bad lines
                     if tracker is not None:
                         tracker.open(record.line, record.end_offset, 1)
                     writer.put_bad(rows.bad_row(record))
                 continue
-            keys = [key_hash(record.record_id, s) for s in range(samples)]
             todo = [s for s, k in enumerate(keys) if (k in wanted if wanted is not None else k not in done)]
             if tracker is not None:
                 tracker.open(record.line, record.end_offset, len(todo))
@@ -263,6 +253,23 @@ class Job:
                 yield Work(
                     record.record_id, sample, record.source, record.line, record.segments, key=keys[sample]
                 )
+
+    @staticmethod
+    def _check_duplicate(record: Record, first_key: int, seen: set[int], wanted: set[int] | None,
+                         done: set[int]) -> Record | BadInput:  # fmt: skip
+        """A second record with an id already seen in this run is bad input (its key would collide).
+
+        Records done in an earlier run are not remembered: their duplicates were reported then, and a
+        million done keys need not be held twice.
+        """
+        if wanted is None and first_key in done:
+            return record
+        record_key = key_hash(record.record_id, -1)
+        if record_key in seen:
+            reason = f"duplicate id {record.record_id!r}"
+            return BadInput(record.source, record.line, reason, record.record_id, record.end_offset)
+        seen.add(record_key)
+        return record
 
     def _committed(self, batch: Batch, tracker: PositionTracker | None) -> None:
         c = self.counters

@@ -223,16 +223,17 @@ def read_records(
 
 
 def count_records(path: Path, split: str | None = None) -> int:
-    """How many records the input holds (JSONL: non-blank lines), for progress totals."""
+    """How many records the input holds (JSONL: its lines), for progress totals."""
     if path.is_dir():
         return sum(batch.num_rows for batch in _arrow_batches(hf_arrow_files(path, split)))
     if path.suffix == ".parquet":
         return int(pq.ParquetFile(str(path)).metadata.num_rows)
-    count = 0
+    count, last = 0, b"\n"
     with _open(path) as handle:
-        for raw in handle:
-            count += bool(raw.strip())
-    return count
+        while chunk := handle.read(1 << 20):  # newlines counted at C speed; blank lines are rare
+            count += chunk.count(b"\n")
+            last = chunk[-1:]
+    return count + (last != b"\n")
 
 
 def fingerprint(path: Path) -> str:

@@ -66,6 +66,10 @@ MIGRATIONS: tuple[str, ...] = (
         accept_length REAL
     );
     """,
+    # 2: counting truncated rows (progress, resume summary, --redo-truncated) must not scan every row's text.
+    """
+    CREATE INDEX results_truncated ON results (is_truncated, khash) WHERE is_truncated = 1;
+    """,
 )
 
 

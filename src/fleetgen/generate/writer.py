@@ -37,6 +37,7 @@ class StoreWriter:
         self._wake = asyncio.Event()
         self._full = asyncio.Event()
         self._closing = False
+        self._last_meta: dict[str, str] = {}
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleetgen-store")
 
     def _added(self) -> None:
@@ -71,6 +72,7 @@ class StoreWriter:
             while True:
                 if not len(self._batch):
                     if self._closing:
+                        await self._final_meta(loop)
                         return
                     self._wake.clear()
                     await self._wake.wait()
@@ -82,10 +84,18 @@ class StoreWriter:
                 self._full.clear()
                 if self._meta is not None:
                     batch.meta.update(self._meta())
+                    self._last_meta = dict(batch.meta)
                 await loop.run_in_executor(self._pool, self._store.write_batch, batch)
                 self._on_commit(batch)
         finally:
             self._pool.shutdown(wait=True)
+
+    async def _final_meta(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The resume position moves on after the last batch commits: persist where it ended up."""
+        if self._meta is None or self._meta() == self._last_meta:
+            return
+        batch = Batch(meta=self._meta())
+        await loop.run_in_executor(self._pool, self._store.write_batch, batch)
 
     def close(self) -> None:
         """Ask `run()` to write what is pending and return."""
