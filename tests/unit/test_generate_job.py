@@ -269,3 +269,17 @@ async def test_stop_before_start_writes_nothing_half(tmp_path: Path) -> None:
         job.stop()  # second Ctrl-C: abandon the hung request
         summary = await asyncio.wait_for(task, 10)
     assert summary.status == "stopped" and summary.results == 0 and summary.errors == 0
+
+
+async def test_sample_prompt_file_mixed_good_bad_and_multi_turn(tmp_path: Path) -> None:
+    prompts = Path(__file__).parents[1] / "data" / "prompts" / "mixed.jsonl"
+    async with serve(StandIn()) as a:
+        summary = await Job(options(tmp_path, prompts, [a.url])).run()
+    assert summary.results == 11 and summary.bad_inputs == 4
+    assert [(b.line, b.reason.split(":")[0]) for b in summary.bad_input_samples] == [
+        (11, "malformed JSON"),
+        (12, "missing field"),
+        (13, "empty messages"),
+        (14, "duplicate id 'ex-000'"),
+    ]
+    assert rows(tmp_path / "out", "SELECT num_turns FROM results WHERE id = 'ex-chat-3'") == [(2,)]
