@@ -19,8 +19,10 @@ from rich.table import Table
 
 from fleetgen.cli.app import app, console, err_console, run
 from fleetgen.config import JobFile, load_job
-from fleetgen.errors import ConfigError
-from fleetgen.generate.dispatch import RetryPolicy
+from fleetgen.deploy.fleetops import restart
+from fleetgen.errors import ConfigError, FleetDown
+from fleetgen.fleet.pool import open_endpoints
+from fleetgen.generate.dispatch import OnDead, RetryPolicy
 from fleetgen.generate.export import FORMATS, ExportSummary, export
 from fleetgen.generate.progress import Progress, Summary
 from fleetgen.generate.runner import Job, JobOptions
@@ -75,16 +77,8 @@ def _params(job: JobFile, **flags: object) -> SamplingParams:
     return SamplingParams(**values)  # type: ignore[arg-type]
 
 
-def _endpoints(urls: list[str], fleet: Path | None) -> list[tuple[str, str]]:
-    if urls:
-        return [(url.split("://", 1)[-1].rstrip("/"), url) for url in urls]
-    # TODO(lead): read the ready instances from `fleetgen up` state (.fleetgen/ next to the fleet file)
-    # once fleetgen.deploy/fleet expose it; until then --endpoint is the way in.
-    where = f" ({fleet})" if fleet else ""
-    raise ConfigError(
-        f"no endpoints given{where}: reading `fleetgen up` state is not wired into `run` yet",
-        fix="pass each server as --endpoint http://HOST:PORT (repeatable)",
-    )
+def _url_endpoints(urls: list[str]) -> list[tuple[str, str]]:
+    return [(url.split("://", 1)[-1].rstrip("/"), url) for url in urls]
 
 
 Opt = typer.Option
@@ -166,17 +160,15 @@ def _check_flags(f: RunFlags) -> None:
         )
     if f.redo_truncated and f.max_tokens is None:
         raise ConfigError("--redo-truncated needs a new --max-tokens", fix="add --max-tokens N (larger)")
-    if f.restart_dead:
-        # TODO(lead): wire JobOptions.on_dead to fleetgen.deploy's restart once it lands.
+    if f.restart_dead and f.endpoint:
         raise ConfigError(
-            "--restart-dead is not wired to the deploy layer yet",
-            fix="restart dead servers with `fleetgen restart`; the run re-uses them when healthy",
+            "--restart-dead needs the fleet file, not --endpoint URLs",
+            fix="drop --endpoint and pass -f fleet.toml: fleetgen restarts what it deployed",
         )
 
 
-async def _run_flags(f: RunFlags) -> Summary:
-    _check_flags(f)
-    job = load_job(f.job_file) if f.job_file else JobFile()
+def _options(f: RunFlags, job: JobFile, endpoints: list[tuple[str, str]], *, api_key: str | None,
+             planned_cap: int | None, on_dead: OnDead | None) -> JobOptions:  # fmt: skip
     params = _params(
         job,
         max_tokens=f.max_tokens,
@@ -193,14 +185,37 @@ async def _run_flags(f: RunFlags) -> Summary:
         max_consecutive_failures=job.max_consecutive_failures,
         dead_timeout_s=f.dead_timeout,
     )
-    options = JobOptions(
-        input_path=f.input_path, out_dir=f.out, params=params,
-        endpoints=_endpoints(f.endpoint or [], f.fleet),
+    return JobOptions(
+        input_path=f.input_path, out_dir=f.out, params=params, endpoints=endpoints, api_key=api_key,
         shape=RecordShape(job.id_field, job.prompt_field, job.system_prompt),
-        concurrency=f.concurrency or job.concurrency or DEFAULT_CONCURRENCY, policy=policy,
+        concurrency=f.concurrency or job.concurrency or planned_cap or DEFAULT_CONCURRENCY, policy=policy,
         request_timeout_s=job.request_timeout_s, mode=mode, force_params=f.force_params, split=f.split,
+        on_dead=on_dead,
     )  # fmt: skip
-    return await _run_job(Job(options), live=not f.no_live)
+
+
+async def _run_flags(f: RunFlags) -> Summary:
+    _check_flags(f)
+    job = load_job(f.job_file) if f.job_file else JobFile()
+    if f.endpoint:
+        options = _options(f, job, _url_endpoints(f.endpoint), api_key=None, planned_cap=None, on_dead=None)
+        return await _run_job(Job(options), live=not f.no_live)
+    fleet = f.fleet or Path("fleet.toml")
+    # The ready instances of `fleetgen up`, reached through live tunnels for as long as the job runs.
+    async with open_endpoints(fleet) as (ready, _view):
+        if not ready:
+            raise FleetDown(
+                f"no instance of {fleet} is ready", fix="run `fleetgen up -f FLEET` (then status)"
+            )
+        caps = [e.max_running_requests for e in ready if e.max_running_requests]
+
+        async def restart_one(name: str) -> None:
+            await restart(fleet, only=[name])
+
+        options = _options(f, job, [(e.name, e.url) for e in ready], api_key=ready[0].api_key,
+                           planned_cap=min(caps) if caps else None,
+                           on_dead=restart_one if f.restart_dead else None)  # fmt: skip
+        return await _run_job(Job(options), live=not f.no_live)
 
 
 async def _run_job(job: Job, live: bool) -> Summary:
