@@ -11,19 +11,19 @@ import dataclasses
 import json
 import signal
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.live import Live
 from rich.table import Table
 
 from fleetgen.cli.app import app, console, err_console, run
-from fleetgen.config import JobFile, load_job
-from fleetgen.deploy.fleetops import restart
+from fleetgen.config import JobFile, load_fleet, load_job
 from fleetgen.errors import ConfigError, FleetDown
 from fleetgen.fleet.pool import open_endpoints
 from fleetgen.generate.dispatch import OnDead, RetryPolicy
 from fleetgen.generate.export import FORMATS, ExportSummary, export
+from fleetgen.generate.fleetlink import endpoints_meta, fleet_meta, revive
 from fleetgen.generate.progress import Progress, Summary
 from fleetgen.generate.runner import Job, JobOptions
 from fleetgen.generate.source import RecordShape
@@ -168,7 +168,8 @@ def _check_flags(f: RunFlags) -> None:
 
 
 def _options(f: RunFlags, job: JobFile, endpoints: list[tuple[str, str]], *, api_key: str | None,
-             planned_cap: int | None, on_dead: OnDead | None) -> JobOptions:  # fmt: skip
+             planned_cap: int | None, on_dead: OnDead | None, describe: dict[str, Any],
+             engine_kind: str | None) -> JobOptions:  # fmt: skip
     params = _params(
         job,
         max_tokens=f.max_tokens,
@@ -190,7 +191,7 @@ def _options(f: RunFlags, job: JobFile, endpoints: list[tuple[str, str]], *, api
         shape=RecordShape(job.id_field, job.prompt_field, job.system_prompt),
         concurrency=f.concurrency or job.concurrency or planned_cap or DEFAULT_CONCURRENCY, policy=policy,
         request_timeout_s=job.request_timeout_s, mode=mode, force_params=f.force_params, split=f.split,
-        on_dead=on_dead,
+        on_dead=on_dead, describe=describe, engine_kind=engine_kind,
     )  # fmt: skip
 
 
@@ -198,9 +199,11 @@ async def _run_flags(f: RunFlags) -> Summary:
     _check_flags(f)
     job = load_job(f.job_file) if f.job_file else JobFile()
     if f.endpoint:
-        options = _options(f, job, _url_endpoints(f.endpoint), api_key=None, planned_cap=None, on_dead=None)
+        options = _options(f, job, _url_endpoints(f.endpoint), api_key=None, planned_cap=None, on_dead=None,
+                           describe=endpoints_meta(f.endpoint), engine_kind=None)  # fmt: skip
         return await _run_job(Job(options), live=not f.no_live)
     fleet = f.fleet or Path("fleet.toml")
+    fleet_file = load_fleet(fleet)
     # The ready instances of `fleetgen up`, reached through live tunnels for as long as the job runs.
     async with open_endpoints(fleet) as (ready, _view):
         if not ready:
@@ -210,11 +213,13 @@ async def _run_flags(f: RunFlags) -> Summary:
         caps = [e.max_running_requests for e in ready if e.max_running_requests]
 
         async def restart_one(name: str) -> None:
-            await restart(fleet, only=[name])
+            await revive(fleet, name)
 
         options = _options(f, job, [(e.name, e.url) for e in ready], api_key=ready[0].api_key,
                            planned_cap=min(caps) if caps else None,
-                           on_dead=restart_one if f.restart_dead else None)  # fmt: skip
+                           on_dead=restart_one if f.restart_dead else None,
+                           describe=fleet_meta(fleet_file, fleet, [e.name for e in ready]),
+                           engine_kind=fleet_file.engine.kind)  # fmt: skip
         return await _run_job(Job(options), live=not f.no_live)
 
 

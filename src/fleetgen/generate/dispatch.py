@@ -50,6 +50,7 @@ class Endpoint:
     num_failures_in_row: int = 0
     completions: int = 0
     output_tokens: int = 0
+    num_restarts: int = 0
     last_error: str = ""
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -66,6 +67,7 @@ class RetryPolicy:
     probe_interval_s: float = 1.0
     probe_interval_max_s: float = 15.0
     dead_timeout_s: float = 300.0
+    restart_attempts: int = 3
 
 
 class Dispatcher:
@@ -274,21 +276,36 @@ class Dispatcher:
             self._spawn(self._restart(endpoint, self._on_dead))
 
     async def _restart(self, endpoint: Endpoint, on_dead: OnDead) -> None:
-        try:
-            await on_dead(endpoint.name)
-        except FleetgenError as exc:  # the probe keeps watching; the reason shows in the progress view
-            endpoint.last_error = f"restart failed: {exc.message}"
+        """Restart a dead endpoint while it stays down, up to `restart_attempts` times; once it is back,
+        probe it at once (the probe's own interval may have grown long while it was dead)."""
+        for attempt in range(self.policy.restart_attempts):
+            if endpoint.state is not EndpointState.DOWN:
+                return
+            if attempt:
+                await asyncio.sleep(self.policy.probe_interval_max_s)
+            try:
+                await on_dead(endpoint.name)
+            except FleetgenError as exc:  # the probe keeps watching; the reason shows in the progress view
+                endpoint.last_error = f"restart failed: {exc.message}"
+                continue
+            endpoint.num_restarts += 1
+            if endpoint.state is EndpointState.DOWN and await endpoint.client.is_healthy():
+                self._mark_ready(endpoint)
+            return
 
     async def _probe(self, endpoint: Endpoint) -> None:
         interval = self.policy.probe_interval_s
         while endpoint.state is EndpointState.DOWN:
             await asyncio.sleep(interval)
             if await endpoint.client.is_healthy():
-                endpoint.state = EndpointState.READY
-                endpoint.num_failures_in_row = 0
-                self._changed.set()
+                self._mark_ready(endpoint)
                 return
             interval = min(interval * 2, self.policy.probe_interval_max_s)
+
+    def _mark_ready(self, endpoint: Endpoint) -> None:
+        endpoint.state = EndpointState.READY
+        endpoint.num_failures_in_row = 0
+        self._changed.set()
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

@@ -6,6 +6,7 @@ Kept apart from the runner so the shape of a stored row is defined in one place 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -100,10 +101,15 @@ def bad_row(bad: BadInput) -> tuple[Any, ...]:
     return (bad.source, bad.line, bad.record_id, bad.reason, time.time())
 
 
-def series_rows(endpoints: list[Endpoint]) -> list[tuple[Any, ...]]:
-    """One time-series sample per endpoint: cumulative counts (accept length: when the fleet layer has it)."""
+def series_rows(
+    endpoints: list[Endpoint], accept_lengths: Mapping[str, float | None]
+) -> list[tuple[Any, ...]]:
+    """One time-series sample per endpoint: cumulative counts, in flight, the last scraped accept length."""
     t = time.time()
-    return [(t, e.name, e.completions, e.output_tokens, e.in_flight, None) for e in endpoints]
+    return [
+        (t, e.name, e.completions, e.output_tokens, e.in_flight, accept_lengths.get(e.name))
+        for e in endpoints
+    ]
 
 
 def snapshot(

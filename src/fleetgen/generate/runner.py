@@ -16,17 +16,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import orjson
 
 from fleetgen.errors import EndpointError, JobError, ParamsMismatch
-from fleetgen.generate import rows
+from fleetgen.generate import jobmeta, rows
 from fleetgen.generate.client import ChatClient
 from fleetgen.generate.dispatch import Dispatcher, Endpoint, EndpointState, OnDead, RetryPolicy
+from fleetgen.generate.jobmeta import JobMeta
 from fleetgen.generate.progress import Counters, PositionTracker, Progress, RateMeter, Summary
+from fleetgen.generate.scrape import AcceptLengthScraper
 from fleetgen.generate.source import Position, Record, RecordShape, count_records, fingerprint, read_records
 from fleetgen.generate.store import Batch, Store
 from fleetgen.generate.work import BadInput, SamplingParams, Work, key_hash
@@ -52,6 +55,9 @@ class JobOptions:
     progress_interval_s: float = 0.5
     series_interval_s: float = 5.0
     on_dead: OnDead | None = None  # `--restart-dead`: restart an instance through the deploy layer
+    describe: Mapping[str, Any] = field(default_factory=dict)  # meta: what generates the data (fleetlink)
+    engine_kind: str | None = None  # whose /metrics names to read; None: try every engine's
+    metrics_interval_s: float = 3.0
 
 
 @dataclass
@@ -65,6 +71,8 @@ class Job:
     _dispatcher: Dispatcher | None = None
     _total: int | None = None
     _endpoint_rates: dict[str, float] = field(default_factory=dict)
+    _meta: JobMeta | None = None
+    _scraper: AcceptLengthScraper | None = None
 
     def stop(self) -> None:
         """First call: take no new work, let in-flight requests finish. Second: abandon them now."""
@@ -107,8 +115,12 @@ class Job:
         model = await self._resolve_model(endpoints)
         builder = rows.RowBuilder(model, self._check_params(store, model))
         tracker, wanted, done = self._plan_resume(store)
-        writer = StoreWriter(
-            store, lambda batch: self._committed(batch, tracker), meta=lambda: self._position_meta(tracker)
+        was_finished = jobmeta.begin(store, opts.describe)
+        bad_lines = store.bad_lines(str(opts.input_path)) if tracker is not None else set()
+        meta = self._meta = JobMeta(opts.input_path, opts.params.samples, tracker, bad_lines)
+        writer = StoreWriter(store, lambda batch: self._committed(batch, tracker, meta), meta=meta.current)
+        self._scraper = AcceptLengthScraper.for_engine(
+            opts.endpoints, opts.engine_kind, interval_s=opts.metrics_interval_s, api_key=opts.api_key
         )
         base = opts.params.base_body(model)
         dispatcher = Dispatcher(
@@ -123,6 +135,8 @@ class Job:
         items = self._items(read_records(opts.input_path, opts.shape, start, opts.split), writer, tracker,
                             wanted, done)  # fmt: skip
         status = await self._execute(dispatcher, writer, items, wanted, started, on_progress)
+        if status == "complete" and (opts.mode == "normal" or was_finished):
+            jobmeta.finish(store)  # a re-run pass finishes only a job that had finished before
         elapsed = time.monotonic() - started
         per_endpoint = {e.name: e.completions for e in endpoints}
         return rows.summary(store, status, model, self.counters, elapsed, per_endpoint)
@@ -138,6 +152,7 @@ class Job:
         writer_task.add_done_callback(lambda _t: dispatcher.stop())  # a failed writer stops the job
         count_task = asyncio.create_task(self._count_total(wanted))
         ticker = asyncio.create_task(self._tick(dispatcher, writer, started, on_progress))
+        scrape_task = asyncio.create_task(self._scraper.run()) if self._scraper else None
         status = "complete"
         try:
             await dispatcher.run(items)
@@ -146,10 +161,14 @@ class Job:
                 await self._drain(dispatcher)
         finally:
             await dispatcher.abandon()  # whatever is still in flight is dropped, never half-written
-            writer.close()
-            await asyncio.gather(writer_task, return_exceptions=True)
             ticker.cancel()
             count_task.cancel()
+            if scrape_task is not None:
+                scrape_task.cancel()
+            writer.put_series(rows.series_rows(dispatcher.endpoints, self._accept_lengths()))  # the end
+            writer.close()
+            await asyncio.gather(writer_task, ticker, count_task, *filter(None, [scrape_task]),
+                                 return_exceptions=True)  # fmt: skip
             if on_progress is not None:
                 on_progress(self._snapshot(dispatcher, started, 0.0, 0.0))
         failure = writer_task.exception()
@@ -271,11 +290,13 @@ class Job:
         seen.add(record_key)
         return record
 
-    def _committed(self, batch: Batch, tracker: PositionTracker | None) -> None:
+    def _committed(self, batch: Batch, tracker: PositionTracker | None, meta: JobMeta) -> None:
         c = self.counters
         c.results += len(batch.results)
         c.errors += len(batch.errors)
         c.bad += len(batch.bad)
+        for row in batch.bad:
+            meta.note_bad(row[1])
         for row in batch.results:
             c.output_tokens += row[rows.COMPLETION_TOKENS] or 0
             c.truncated += row[rows.IS_TRUNCATED]
@@ -288,26 +309,14 @@ class Job:
                 tracker.paid(row[1])
             tracker.advance()
 
-    def _position_meta(self, tracker: PositionTracker | None) -> dict[str, str]:
-        if tracker is None:
-            return {}
-        position = tracker.position
-        return {
-            "position": orjson.dumps(
-                {
-                    "line": position.line,
-                    "offset": position.offset,
-                    "fingerprint": fingerprint(self.options.input_path),
-                }
-            ).decode()
-        }
-
     async def _count_total(self, wanted: set[int] | None) -> None:
         if wanted is not None:
             self._total = len(wanted)
             return
         num = await asyncio.to_thread(count_records, self.options.input_path, self.options.split)
         self._total = num * self.options.params.samples
+        if self._meta is not None:
+            self._meta.num_records = num  # the writer stores the total with its next batch
 
     async def _tick(
         self,
@@ -319,6 +328,7 @@ class Job:
         done_meter, token_meter = RateMeter(), RateMeter()
         meters = {e.name: RateMeter() for e in dispatcher.endpoints}
         last_series = time.monotonic()
+        writer.put_series(rows.series_rows(dispatcher.endpoints, self._accept_lengths()))  # the start
         while True:
             await asyncio.sleep(self.options.progress_interval_s)
             rate = done_meter.add(self.counters.results + self.counters.errors)
@@ -328,7 +338,10 @@ class Job:
                 on_progress(self._snapshot(dispatcher, started, rate, tok_rate))
             if time.monotonic() - last_series >= self.options.series_interval_s:
                 last_series = time.monotonic()
-                writer.put_series(rows.series_rows(dispatcher.endpoints))
+                writer.put_series(rows.series_rows(dispatcher.endpoints, self._accept_lengths()))
+
+    def _accept_lengths(self) -> Mapping[str, float | None]:
+        return self._scraper.latest if self._scraper is not None else {}
 
     def _snapshot(self, dispatcher: Dispatcher, started: float, rate: float, tok_rate: float) -> Progress:
         return rows.snapshot(

@@ -157,6 +157,15 @@ class Store:
     def set_meta(self, items: dict[str, str]) -> None:
         self.conn.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", items.items())
 
+    def delete_meta(self, key: str) -> None:
+        self.conn.execute("DELETE FROM meta WHERE key = ?", (key,))
+
+    def bad_lines(self, source: str) -> set[int]:
+        """Lines of `source` recorded as bad input (by earlier runs)."""
+        return {
+            line for (line,) in self.conn.execute("SELECT line FROM inputs_bad WHERE source = ?", (source,))
+        }
+
     def done_keys(self, after_line: int = 0) -> set[int]:
         """Keys (`khash`) of every result and error row past `after_line`, read through covering indexes."""
         keys: set[int] = set()

@@ -1,0 +1,71 @@
+"""What a job takes from the fleet it runs on: a description for the store, and the `--restart-dead` hook.
+
+The description goes to the store's meta (`fleet`, `engine_args`) so a report says what generated the data:
+the engine section of the fleet file — kind, version, model, args, tp — and the instance names. Never the
+values of `engine.env` (they may hold tokens); only their names. With `--endpoint` URLs, the URLs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from fleetgen.config import FleetFile
+from fleetgen.deploy.fleetops import restart, up
+from fleetgen.deploy.instance import Action, Outcome
+from fleetgen.errors import DeployError, FleetgenError
+
+
+def fleet_meta(fleet: FleetFile, path: Path, instances: Sequence[str]) -> dict[str, Any]:
+    """Meta entries for a run on a fleet file: `fleet` (engine section, no env values) and `engine_args`."""
+    engine = fleet.engine
+    return {
+        "fleet": {
+            "file": str(path.resolve()),
+            "kind": engine.kind,
+            "version": engine.version,
+            "model": engine.model,
+            "served_model_name": engine.served_model_name,
+            "tp": engine.tp,
+            "env_names": sorted(engine.env),
+            "hosts": [host.name for host in fleet.hosts],
+            "instances": sorted(instances),
+        },
+        "engine_args": dict(engine.args),
+    }
+
+
+def endpoints_meta(urls: Sequence[str]) -> dict[str, Any]:
+    """Meta entries for a run on bare `--endpoint` URLs: all that is known is where they are."""
+    return {"fleet": {"endpoints": list(urls)}}
+
+
+async def revive(fleet_path: Path, instance: str) -> Outcome:
+    """Bring a dead instance back through the deploy layer; raise when it does not come back verified.
+
+    `up` first: it starts the instance only if its process is gone (or differs from the fleet file), so a
+    server that is alive but briefly failing requests (overloaded, 503s) is verified and left running, not
+    killed with its in-flight work. A process that runs but cannot be verified (hung) is then restarted.
+    """
+    outcome = _one(await up(fleet_path, only=[instance]), instance)
+    if outcome.error is not None and outcome.action is Action.UNCHANGED:
+        outcome = _one(await restart(fleet_path, only=[instance]), instance)
+    if outcome.error is not None:
+        raise _failed(instance, outcome.error)
+    return outcome
+
+
+def _one(outcomes: Sequence[Outcome], instance: str) -> Outcome:
+    for outcome in outcomes:
+        if outcome.instance == instance:
+            return outcome
+    raise DeployError(f"the deploy layer reported nothing for {instance}", fix="check `fleetgen status`")
+
+
+def _failed(instance: str, error: FleetgenError) -> DeployError:
+    return DeployError(
+        f"restarting {instance} failed: {error.message}",
+        context={"instance": instance, **error.context},
+        fix=error.fix or f"look at `fleetgen logs {instance}`; the job goes on with the other instances",
+    )

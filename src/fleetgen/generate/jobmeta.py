@@ -1,0 +1,89 @@
+"""The meta rows a job keeps current for its readers: the next run, the dashboard and the report.
+
+- `position`: where a rerun may start reading (see `PositionTracker`), with the input's fingerprint;
+- `total`: the number of work items, (records − bad lines) × samples, a JSON int. Known once the input is
+  counted (a background count: JSONL lines at C speed; Parquet / datasets from their metadata), kept up to
+  date as bad lines turn up, and made exact (results + errors) when the job completes;
+- `finished_at`: unix time the job completed; absent while a run is going on;
+- `fleet`, `engine_args`: what generated the data (see `fleetlink`), written when a run starts.
+
+Values are JSON (the dashboard decodes each one), written by the one writer with the rows they describe.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from fleetgen.generate.progress import PositionTracker
+from fleetgen.generate.source import fingerprint
+from fleetgen.generate.store import Store
+
+TOTAL = "total"
+FINISHED_AT = "finished_at"
+POSITION = "position"
+
+
+class JobMeta:
+    """The live meta of one run. `current()` is what the writer stores with each batch."""
+
+    def __init__(self, input_path: Path, samples: int, tracker: PositionTracker | None, bad_lines: set[int]):
+        self._input_path = input_path
+        self._samples = samples
+        self._tracker = tracker
+        self._bad_lines = bad_lines
+        self.num_records: int | None = None  # set by the background count
+
+    def note_bad(self, line: int) -> None:
+        """A bad input line is not a work item: the total leaves it out."""
+        self._bad_lines.add(line)
+
+    @property
+    def total(self) -> int | None:
+        """Work items of the whole input; None until counted, and in the re-run modes (they change none)."""
+        if self._tracker is None or self.num_records is None:
+            return None
+        return max(self.num_records - len(self._bad_lines), 0) * self._samples
+
+    def current(self) -> dict[str, str]:
+        items: dict[str, str] = {}
+        if self._tracker is not None:
+            position = self._tracker.position
+            items[POSITION] = _json(
+                {
+                    "line": position.line,
+                    "offset": position.offset,
+                    "fingerprint": fingerprint(self._input_path),
+                }
+            )
+        total = self.total
+        if total is not None:
+            items[TOTAL] = _json(total)
+        return items
+
+
+def begin(store: Store, describe: Mapping[str, Any]) -> bool:
+    """At the start of a run: record what generates the data; the job is not finished while it runs.
+
+    Returns whether the job had finished before this run (a re-run pass over a finished job finishes it
+    again; one over an unfinished job does not).
+    """
+    was_finished = store.get_meta(FINISHED_AT) is not None
+    store.delete_meta(FINISHED_AT)
+    if describe:
+        store.set_meta({key: _json(value) for key, value in describe.items()})
+    return was_finished
+
+
+def finish(store: Store) -> None:
+    """The job is complete: its exact total (every work item is a result or an error row) and the time."""
+    counts = store.counts()
+    store.set_meta({TOTAL: _json(counts.results + counts.errors), FINISHED_AT: _json(time.time())})
+
+
+def _json(value: Any) -> str:
+    return orjson.dumps(value).decode()

@@ -1,0 +1,168 @@
+"""`fleetgen run -f fleet.toml` against a fleet brought up by `fleetgen up` over REAL sshd hosts.
+
+SGLang cannot start without a GPU, so the engine is `fleetgen.sim` (engine.launcher = -m fleetgen.sim), a
+real process per instance speaking SGLang's HTTP surface; everything else is real: `fleetgen up`, the state
+file, the SSH tunnels the run holds for the job, `/metrics` scraped through them, and `--restart-dead`
+restarting a SIGKILLed instance through the deploy layer while the job goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.fixtures.sshd import SshdHost
+from tests.integration.test_deploy_support import ArgValue, write_fleet
+
+FLEETGEN = str(Path(sys.executable).with_name("fleetgen"))
+INSTANCES = {"h0-0", "h0-1", "h1-0", "h1-1"}
+SECRET_ENV_VALUE = "do-not-store-this-value"
+SIM_ARGS: dict[str, ArgValue] = {
+    # Speculative decoding on, so /metrics exports `sglang:spec_accept_length` for the time series.
+    "speculative-algorithm": "EAGLE",
+    "speculative-num-steps": 3,
+    "speculative-eagle-topk": 1,
+    "speculative-num-draft-tokens": 4,
+    "mamba-radix-cache-strategy": "extra_buffer",
+    "max-running-requests": 8,
+    "reasoning-parser": "qwen3",
+    # Slow enough decoding that a run lasts long enough to scrape /metrics and to kill a server mid-run.
+    "sim-decode-tps": 16.0,
+    "sim-output-tokens": 32,
+}
+
+
+async def cli(*args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        FLEETGEN, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 300)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+def query(out: Path, sql: str) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(out / "results.sqlite") as conn:
+        return list(conn.execute(sql))
+
+
+def read_meta(out: Path) -> dict[str, Any]:
+    """The meta table as the dashboard reads it: JSON values decoded, plain strings kept."""
+    meta: dict[str, Any] = {}
+    for key, value in query(out, "SELECT key, value FROM meta"):
+        try:
+            meta[key] = json.loads(value)
+        except ValueError:
+            meta[key] = value
+    return meta
+
+
+def write_prompts(path: Path, count: int) -> Path:
+    path.write_bytes(b"".join(orjson.dumps({"id": f"r{i}", "prompt": f"question {i}"}) + b"\n"
+                              for i in range(count)))  # fmt: skip
+    return path
+
+
+@pytest.fixture
+async def fleet(ssh_hosts: list[SshdHost], tmp_path: Path) -> AsyncIterator[Path]:
+    """2 hosts × 2 instances of fleetgen.sim, up (verified) through `fleetgen up`; down afterwards."""
+    model = tmp_path / "model"
+    model.mkdir()
+    path = write_fleet(tmp_path / "fleet.toml", ssh_hosts[:2], kind="sglang", python=sys.executable,
+                       model=str(model), workdir_tag=tmp_path.name, gpus=(0, 1),
+                       launcher=["-m", "fleetgen.sim"], ready_timeout_s=120.0, args=SIM_ARGS,
+                       env={"SIM_TOKEN": SECRET_ENV_VALUE})  # fmt: skip
+    code, out, err = await cli("up", "-f", str(path))
+    try:
+        assert code == 0, out + err
+        yield path
+    finally:
+        code, out, err = await cli("down", "-f", str(path))
+        assert code == 0, out + err
+
+
+def instance_pids(fleet: Path) -> dict[str, int]:
+    """The PIDs `fleetgen up` recorded (`.fleetgen/state.json` next to the fleet file)."""
+    state = json.loads((fleet.parent / ".fleetgen" / "state.json").read_text())
+    return {name: int(record["pid"]) for name, record in state["instances"].items()}
+
+
+async def test_run_on_a_deployed_fleet_every_record_once_with_job_meta(fleet: Path, tmp_path: Path) -> None:
+    prompts = write_prompts(tmp_path / "p.jsonl", 200)
+    out = tmp_path / "out"
+    code, stdout, err = await cli("run", str(prompts), "-o", str(out), "-f", str(fleet), "--max-tokens", "64",
+                                  "--no-live", "--json")  # fmt: skip
+    assert code == 0, err
+    summary = json.loads(stdout)
+    assert summary["status"] == "complete" and summary["results"] == 200 and summary["errors"] == 0
+    got = query(out, "SELECT id, sample, instance FROM results")
+    assert len(got) == 200 and {(r[0], r[1]) for r in got} == {(f"r{i}", 0) for i in range(200)}
+    assert {r[2] for r in got} == INSTANCES  # rows name the instance that wrote them; all four worked
+
+    meta = read_meta(out)
+    assert meta["total"] == 200 and isinstance(meta["total"], int)
+    assert isinstance(meta["finished_at"], float) and meta["finished_at"] <= time.time()
+    assert meta["fleet"]["kind"] == "sglang" and meta["fleet"]["instances"] == sorted(INSTANCES)
+    assert meta["engine_args"]["max-running-requests"] == 8
+    assert meta["fleet"]["env_names"] == ["SIM_TOKEN"]
+    assert SECRET_ENV_VALUE not in json.dumps(meta)  # env values never reach the store
+
+    series = query(out, "SELECT instance, accept_length FROM timeseries WHERE accept_length IS NOT NULL")
+    assert {name for name, _ in series} <= INSTANCES and series  # scraped from each server's /metrics
+    assert all(accept > 1.0 for _, accept in series)
+
+
+async def wait_for_rows(out: Path, count: int, proc: asyncio.subprocess.Process) -> None:
+    while True:
+        assert proc.returncode is None, "the run ended before the kill"
+        if (out / "results.sqlite").exists():
+            try:
+                if query(out, "SELECT COUNT(*) FROM results")[0][0] >= count:
+                    return
+            except sqlite3.OperationalError:  # the schema is being created
+                pass
+        await asyncio.sleep(0.2)
+
+
+async def test_restart_dead_brings_a_killed_instance_back_into_the_job(fleet: Path, tmp_path: Path) -> None:
+    prompts = write_prompts(tmp_path / "p.jsonl", 240)
+    out = tmp_path / "out"
+    proc = await asyncio.create_subprocess_exec(
+        FLEETGEN, "run", str(prompts), "-o", str(out), "-f", str(fleet), "--restart-dead", "--concurrency",
+        "4", "--max-tokens", "64", "--no-live", "--json",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        await asyncio.wait_for(wait_for_rows(out, 20, proc), 120)
+        victim = "h0-0"
+        old_pid = instance_pids(fleet)[victim]
+        killed_at = time.time()
+        os.kill(old_pid, signal.SIGKILL)  # the test hosts are this machine
+        stdout, stderr = await asyncio.wait_for(proc.communicate(), 300)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0, stderr.decode()
+    summary = json.loads(stdout)
+    assert summary["status"] == "complete" and summary["results"] == 240 and summary["errors"] == 0
+    got = query(out, "SELECT id, sample FROM results")
+    assert len(got) == 240 and set(got) == {(f"r{i}", 0) for i in range(240)}  # exactly once
+
+    new_pid = instance_pids(fleet)[victim]
+    assert new_pid != old_pid  # restarted through the deploy layer (the state file names the new process)
+    after = query(
+        out, f"SELECT COUNT(*) FROM results WHERE instance = '{victim}' AND started_at > {killed_at}"
+    )
+    assert after[0][0] > 0  # and used again by the same job after the restart
