@@ -35,13 +35,20 @@ class StandIn:
     bodies: list[dict[str, Any]] = field(default_factory=list)
     reject_all_with: int | None = None
     delay_s: float = 0.0
+    metrics_text: str | None = None  # served at /metrics when set (Prometheus text)
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
+        app.router.add_get("/metrics", self.metrics)
         return app
+
+    async def metrics(self, _request: web.Request) -> web.Response:
+        if self.metrics_text is None:
+            raise web.HTTPNotFound()
+        return web.Response(text=self.metrics_text, content_type="text/plain")
 
     async def health(self, _request: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -103,11 +110,11 @@ def test_marks_parse_like_the_sim_spells_them() -> None:
 
 
 @contextlib.asynccontextmanager
-async def serve(server: StandIn) -> AsyncIterator[StandIn]:
-    """Run `server` on a free 127.0.0.1 port for the duration of the block."""
+async def serve(server: StandIn, port: int = 0) -> AsyncIterator[StandIn]:
+    """Run `server` on 127.0.0.1 (`port`, else a free one) for the duration of the block."""
     runner = web.AppRunner(server.app(), access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site = web.TCPSite(runner, "127.0.0.1", port)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     server.url = f"http://127.0.0.1:{port}"

@@ -117,8 +117,10 @@ class Dispatcher:
     async def run(self, items: Iterator[Work]) -> None:
         """Dispatch until the items and retries are done, `stop()` is called, or the fleet is down."""
         for endpoint in self.endpoints:
-            if endpoint.state is EndpointState.DOWN:
+            if endpoint.state is EndpointState.DOWN:  # found dead before the job started
                 self._spawn(self._probe(endpoint))
+                if self._on_dead is not None:
+                    self._spawn(self._restart(endpoint, self._on_dead))
         exhausted = False
         while True:
             self._changed.clear()
