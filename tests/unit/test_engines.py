@@ -8,6 +8,7 @@ import pytest
 
 from fleetgen.config import ArgValue, FleetFile
 from fleetgen.engines import format_args, get_engine, parse_version, select_rule_set, translate_args
+from fleetgen.engines.base import release_key
 from fleetgen.engines.sglang import EARLY_2026, V0_5_23, parse_marked_verdict
 from fleetgen.errors import ConfigError
 
@@ -69,14 +70,17 @@ def test_renamed_flags_are_translated_per_era() -> None:
 @pytest.mark.parametrize(
     ("version", "name", "warned"),
     [
-        ("0.5.9", "sglang-early-2026", False),
-        ("0.5.10.post1", "sglang-early-2026", False),
+        ("0.5.9", "sglang-0.5.9", False),
+        ("0.5.10.post1", "sglang-0.5.10.post1", False),
+        ("0.5.10.post2", "sglang-0.5.10.post1", True),  # a post release not read: the one before it
+        ("0.5.12", "sglang-0.5.12", False),
+        ("0.5.15+cu128", "sglang-0.5.15", False),  # a local build of a release read is that release
+        ("0.5.21", "sglang-0.5.21", False),
         ("0.5.23", "sglang-0.5.23", False),
-        ("0.5.23.post1", "sglang-0.5.23", False),
+        ("0.5.23rc0", "sglang-0.5.23", True),  # a pre-release: the release it becomes, warned
+        ("0.5.23.post1", "sglang-0.5.23", True),  # newer than the newest read
         ("0.5.30", "sglang-0.5.23", True),
-        ("0.5.12", "sglang-early-2026", True),
-        ("0.5.21", "sglang-0.5.23", True),
-        ("0.4.0", "sglang-early-2026", True),
+        ("0.4.0", "sglang-0.5.7", True),  # older than the oldest read
         (None, "sglang-0.5.23", True),
     ],
 )
@@ -91,6 +95,14 @@ def test_rule_set_selection(version: str | None, name: str, warned: bool) -> Non
 def test_parse_version() -> None:
     assert parse_version("0.5.10.post1") == (0, 5, 10)
     assert parse_version("v0.32.0+cpu") == (0, 32, 0)
+
+
+def test_release_key_orders_pre_final_post_and_ignores_local() -> None:
+    keys = [release_key(v) for v in ("0.5.9", "0.5.10rc0", "0.5.10", "0.5.10.post1", "0.5.11.dev2", "0.5.11")]
+    assert keys == sorted(keys) and len(set(keys)) == len(keys)
+    assert release_key("0.5.15+cu128") == release_key("0.5.15") == (0, 5, 15, 1, 0)
+    assert release_key("0.5.23rc0") == (0, 5, 23, 0, 0)
+    assert release_key("v0.5.10.post1") == (0, 5, 10, 2, 1)
 
 
 def test_unknown_engine() -> None:

@@ -228,4 +228,4 @@ def test_json_has_the_keys_and_integer_bytes() -> None:
         "kv_tokens",
     ):
         assert isinstance(data[key], int)
-    assert data["rules"] == "sglang-early-2026" and data["env"]["CUDA_VISIBLE_DEVICES"] == "0"
+    assert data["rules"] == "sglang-0.5.10" and data["env"]["CUDA_VISIBLE_DEVICES"] == "0"

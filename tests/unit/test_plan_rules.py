@@ -71,7 +71,10 @@ def test_explicit_no_buffer_with_overlap_on_0_5_23() -> None:
 
 
 def test_spec_v2_env_is_gone_in_0_5_23() -> None:
+    """0.5.14–0.5.20 log that the variable was removed; 0.5.21+ no longer mention it at all."""
     plan = plan_one(dict(MOTIVATING), env=SPEC_V2, version="0.5.23")
+    assert any(w.rule == "spec-v2-env" and "silently ignored" in w.message for w in plan.warnings)
+    plan = plan_one(dict(MOTIVATING), env=SPEC_V2, version="0.5.20")
     assert any(w.rule == "spec-v2-env" and "has been removed" in w.message for w in plan.warnings)
 
 

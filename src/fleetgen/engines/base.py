@@ -49,13 +49,16 @@ class FlagRename:
     old: str
     new: tuple[str, ...]
     note: str = ""
+    still_accepted: bool = False  # a deprecated alias this release still parses (translated anyway)
 
 
 @dataclass(frozen=True)
 class RuleSet:
-    """How one release era of an engine validates flags and sizes memory (facts from that release's source).
+    """How one release of an engine validates flags and sizes memory (facts from that release's source).
 
-    Names are flag names without dashes. `renames` map names of OTHER eras to this era's names.
+    Names are flag names without dashes. `renames` map names of OTHER releases to this release's names.
+    SGLang's rule sets are derived from a per-feature timeline (`fleetgen.engines.sglang_timeline`); the
+    `min_version`/`max_version` tuples are release keys (`release_key`).
     """
 
     name: str
@@ -65,22 +68,39 @@ class RuleSet:
     strategy_flag: str = ""
     renames: tuple[FlagRename, ...] = ()
     removed_flags: Mapping[str, str] = field(default_factory=dict)
-    # --- SGLang memory semantics -------------------------------------------------------------------
-    refuses_spec_no_buffer_radix: bool = (
-        False  # ValueError at start (early 2026) instead of a silent fallback
-    )
+    deprecated_flags: Mapping[str, str] = field(default_factory=dict)  # parsed, with a warning
+    # --- SGLang startup checks -------------------------------------------------------------------
+    # spec + no_buffer + radix cache: "unchecked" (accepted as is), "radix_off" (warning, radix cache
+    # silently disabled), "raises" (ValueError), "gone" (the check no longer exists)
+    spec_no_buffer_radix: str = "gone"
+    refuses_spec_no_buffer_radix: bool = False  # == (spec_no_buffer_radix == "raises")
+    rejects_extra_buffer_without_radix: bool = False  # ValueError; other releases ignore extra_buffer
+    explicit_no_buffer_needs_no_overlap: bool = False  # asserts instead of turning overlap off
+    track_interval_text: bool = True  # False: a bare `assert` (AssertionError without a message)
+    missing_archs: frozenset[str] = frozenset()  # architectures this release has no model for
+    hicache_hybrid: bool = True  # the hierarchical cache keeps a Mamba host pool (HiMambaRadixCache)
+    # --- SGLang speculative worker ----------------------------------------------------------------
     spec_v2_env: str = ""  # env var that selects the overlap (v2) spec worker, "" when it no longer exists
     spec_v2_default: bool = False
+    spec_v2_removed_warning: bool = False  # the release logs that SGLANG_ENABLE_SPEC_V2 was removed
+    default_spec_max_running: int = 48
+    # --- SGLang memory semantics ------------------------------------------------------------------
     spec_reserve_mb: int = 0  # extra headroom the default mem-fraction formula keeps for EAGLE/MTP
+    gpu_tier_35g: tuple[int, int, int] = (4096, 48, 160)  # 20–35 GiB GPUs: chunk, max bs tp<4, tp>=4
     draft_weights_in_budget: bool = False
     draft_kv_in_budget: bool = False
-    joint_mamba_spec_solve: bool = False
+    mamba_ratio_rule: str = "by-overlap"  # "by-spec-quirk" | "by-spec" | "by-overlap" (slots/request)
+    has_extra_buffer_lazy: bool = False
+    # "ratio-scratch" | "scratch-first-512" | "scratch-first" | "joint" | "joint-padded"
+    mamba_pool_solve: str = "joint-padded"
+    joint_mamba_spec_solve: bool = False  # == mamba_pool_solve.startswith("joint")
+    mamba_oom_errors: bool = False  # explicit errors when the Mamba pool gets no slot / serves nothing
+    mrr_cap: str = "half-tokens"  # an explicit --max-running-requests is capped by: none|estimate|half-tokens
+    vlm_cache_reserve_mb: int = 0  # multimodal embedding cache reserved out of the KV budget
     auto_strategy_extra_buffer: bool = False  # `auto` resolves to extra_buffer when overlap is on
-    default_spec_max_running: int = 48
-    rejects_extra_buffer_without_radix: bool = False  # ValueError (early 2026); later releases ignore it
-    explicit_no_buffer_needs_no_overlap: bool = False  # 0.5.23 asserts instead of turning overlap off
-    # --- vLLM --------------------------------------------------------------------------------------
+    # --- vLLM -------------------------------------------------------------------------------------
     default_gpu_memory_utilization: float = 0.9
+    source: str = ""  # where the facts were read (release wheel), for the plan's output
 
 
 @dataclass(frozen=True)
@@ -145,36 +165,75 @@ def parse_version(text: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
+_PRE = re.compile(r"(a|b|rc|dev|alpha|beta)(\d*)$")
+
+
+def release_key(text: str) -> tuple[int, ...]:
+    """A sortable key of a version string: (major, minor, patch, stage, n), local part (+cu128) ignored.
+
+    stage 0 = pre-release (`rc0`, `dev1`, `a1`), 1 = the release itself, 2 = `.postN`:
+    `0.5.23rc0` < `0.5.23` < `0.5.23.post1` < `0.5.24`.
+    """
+    public = text.strip().lstrip("v").split("+", 1)[0].lower()
+    numbers: list[int] = []
+    stage, n = 1, 0
+    for piece in re.split(r"[.\-_]", public):
+        digits = re.match(r"\d+", piece)
+        if digits and len(numbers) < 3:
+            numbers.append(int(digits.group()))
+            piece = piece[digits.end() :]
+        if not piece:
+            continue
+        post = re.fullmatch(r"post(\d*)", piece)
+        pre = _PRE.search(piece)
+        if post:
+            stage, n = 2, int(post.group(1) or 0)
+        elif pre:
+            stage, n = 0, int(pre.group(2) or 0)
+        break
+    numbers += [0] * (3 - len(numbers))
+    return (*numbers[:3], stage, n)
+
+
 def select_rule_set(rule_sets: Sequence[RuleSet], version: str | None) -> tuple[RuleSet, str | None]:
-    """The rule set covering `version`, or the nearest one with a warning saying so."""
-    latest = max(rule_sets, key=lambda r: r.max_version)
+    """The rule set read from `version`'s release, or the nearest one with a warning saying so.
+
+    In range → no warning. A pre-release (`0.5.23rc0`) of a release read → that release's rules, warned.
+    Otherwise the newest rule set older than `version` (newer than all → the newest; older than all →
+    the oldest), warned.
+    """
+    latest = max(rule_sets, key=lambda r: r.min_version)
     if not version:
         return (
             latest,
             f"engine version unknown: planning with the {latest.name} rules (the newest known); "
             "set engine.version or run without --offline so it is detected",
         )
-    wanted = parse_version(version)
-    for rules in rule_sets:
-        if rules.min_version <= wanted <= rules.max_version:
-            return rules, None
-    nearest = min(rule_sets, key=lambda r: _distance(wanted, r))
-    return nearest, (
-        f"no rule set for {version}: using the nearest, {nearest.name} "
-        f"({_fmt(nearest.min_version)}–{_fmt(nearest.max_version)}); its sizing may differ"
+    wanted = release_key(version)
+    exact = _covering(rule_sets, wanted)
+    if exact is not None:
+        return exact, None
+    if wanted[3] == 0:  # a pre-release is cut from the branch that becomes the release
+        final = _covering(rule_sets, (*wanted[:3], 1, 0))
+        if final is not None:
+            return final, (
+                f"{version} is a pre-release: planning with the nearest, {final.name} (read from the "
+                "final release); its sizing may differ"
+            )
+    older = [r for r in rule_sets if r.min_version <= wanted]
+    oldest = min(rule_sets, key=lambda r: r.min_version)
+    nearest = max(older, key=lambda r: r.min_version) if older else oldest
+    where = "older than the oldest release read" if not older else "not a release read"
+    if nearest is latest and older:
+        where = "newer than the newest release read"
+    return (
+        nearest,
+        f"no rule set for {version} ({where}): using the nearest, {nearest.name}; its sizing may differ",
     )
 
 
-def _distance(wanted: tuple[int, ...], rules: RuleSet) -> tuple[int, ...]:
-    edge = rules.min_version if wanted < rules.min_version else rules.max_version
-    width = max(len(wanted), len(edge))
-    a = wanted + (0,) * (width - len(wanted))
-    b = edge + (0,) * (width - len(edge))
-    return tuple(abs(x - y) for x, y in zip(a, b, strict=True))
-
-
-def _fmt(version: tuple[int, ...]) -> str:
-    return ".".join(str(v) for v in version)
+def _covering(rule_sets: Sequence[RuleSet], wanted: tuple[int, ...]) -> RuleSet | None:
+    return next((r for r in rule_sets if r.min_version <= wanted <= r.max_version), None)
 
 
 @dataclass(frozen=True)

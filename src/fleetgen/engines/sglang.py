@@ -11,7 +11,6 @@ import json
 from fleetgen.config import EngineSpec, InstanceSpec
 from fleetgen.engines.base import (
     FatalSignature,
-    FlagRename,
     MetricNames,
     ParserVerdict,
     RuleSet,
@@ -20,70 +19,14 @@ from fleetgen.engines.base import (
     format_args,
     translate_args,
 )
+from fleetgen.engines.sglang_timeline import RULE_SETS, rules_for
 
 VERDICT_MARK = "FLEETGEN_PARSER_VERDICT "
 
-# Early 2026 (≈0.5.9–0.5.10): `ServerArgs._handle_mamba_radix_cache` refuses spec + no_buffer + radix cache,
-# `auto` always becomes no_buffer, the overlap (v2) spec worker is opt-in via SGLANG_ENABLE_SPEC_V2, and the
-# MTP draft's weights and KV live outside --mem-fraction-static (the default formula keeps +4 GB for them).
-EARLY_2026 = RuleSet(
-    name="sglang-early-2026",
-    engine="sglang",
-    min_version=(0, 5, 9),
-    max_version=(0, 5, 10, 99),
-    strategy_flag="mamba-scheduler-strategy",
-    renames=(
-        FlagRename("mamba-radix-cache-strategy", ("mamba-scheduler-strategy",), "named so before 0.5.23"),
-        FlagRename("cuda-graph-max-bs-decode", ("cuda-graph-max-bs",), "named so before 0.5.23"),
-    ),
-    removed_flags={
-        "cuda-graph-max-bs-prefill": "no prefill cuda-graph batch limit in this release; remove it"
-    },
-    refuses_spec_no_buffer_radix=True,
-    spec_v2_env="SGLANG_ENABLE_SPEC_V2",
-    spec_v2_default=False,
-    spec_reserve_mb=4096,
-    draft_weights_in_budget=False,
-    draft_kv_in_budget=False,
-    joint_mamba_spec_solve=False,
-    auto_strategy_extra_buffer=False,
-    rejects_extra_buffer_without_radix=True,
-)
-
-# 0.5.23 (read from its wheel): mem_cache/kv_cache_configurator.py sizes the pools; draft weights are loaded
-# before profiling (so inside the budget), the MTP draft layer's KV is folded into the cell, the mamba pool
-# and the spec scratch are solved jointly, `auto` resolves to extra_buffer when overlap is on, and the old
-# flag names are gone (argparse rejects them: unknown, or ambiguous prefix of the -decode/-prefill pair).
-V0_5_23 = RuleSet(
-    name="sglang-0.5.23",
-    engine="sglang",
-    min_version=(0, 5, 23),
-    max_version=(0, 5, 23, 99),
-    strategy_flag="mamba-radix-cache-strategy",
-    renames=(
-        FlagRename("mamba-scheduler-strategy", ("mamba-radix-cache-strategy",), "renamed in 0.5.23"),
-        FlagRename(
-            "cuda-graph-max-bs",
-            ("cuda-graph-max-bs-decode", "cuda-graph-max-bs-prefill"),
-            "split in 0.5.23 (the old name is an ambiguous prefix of both)",
-        ),
-    ),
-    removed_flags={
-        "disable-cuda-graph": 'deprecated: use cuda-graph-backend-decode = "disabled" '
-        'and cuda-graph-backend-prefill = "disabled"'
-    },
-    refuses_spec_no_buffer_radix=False,
-    spec_v2_env="",
-    spec_v2_default=True,
-    spec_reserve_mb=0,
-    draft_weights_in_budget=True,
-    draft_kv_in_budget=True,
-    joint_mamba_spec_solve=True,
-    auto_strategy_extra_buffer=True,
-    explicit_no_buffer_needs_no_overlap=True,
-)
-
-RULE_SETS = (EARLY_2026, V0_5_23)
+# The rule set of every release read comes from the per-feature timeline (`sglang_timeline`). The two
+# names below are kept for callers of the first version of this module.
+EARLY_2026 = rules_for("0.5.10")
+V0_5_23 = rules_for("0.5.23")
 
 # Exact texts from SGLang's source (see the reference, §2), used by the plan and by the deploy log watcher.
 SPEC_NO_BUFFER_RADIX = (
@@ -108,6 +51,9 @@ NOT_ENOUGH_MEMORY = (
 MAMBA_TOO_SMALL = (
     "Not enough GPU memory for hybrid (mamba/linear-attention) state cache. Computed "
     "max_mamba_cache_size={size}"
+)
+SPEC_RADIX_DISABLED = (
+    "Disabling radix cache since speculative decoding for {arch} is not supported with radix cache yet."
 )
 NO_BUFFER_OVERLAP = "no_buffer do not support overlap schedule. Try to set disable_overlap_schedule=True."
 NO_BUFFER_PAGE = "no_buffer only supports page_size=1."

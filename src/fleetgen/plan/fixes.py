@@ -38,10 +38,10 @@ def _is_usable(sized: Sizing, need: int = 1) -> bool:
 
 
 def _required(engine: str, ask: Ask, base: Sizing) -> Candidate:
-    """The cost-0 change a refusing rule names (SGLang early 2026: extra_buffer + the spec-v2 env var)."""
+    """The cost-0 change a refusing rule names (SGLang 0.5.10–0.5.13: extra_buffer [+ SPEC_V2 env])."""
     if any(e.rule == "spec-no-buffer-radix" for e in base.errors):
         r = ask.rules
-        env = {r.spec_v2_env: "1"} if r.spec_v2_env else {}
+        env = {r.spec_v2_env: "1"} if r.spec_v2_env and not r.spec_v2_default else {}
         text = f"--{r.strategy_flag} extra_buffer" + (f" + {r.spec_v2_env}=1" if env else "")
         return Candidate(0, text, {r.strategy_flag: "extra_buffer"}, env)
     return Candidate(0, "")

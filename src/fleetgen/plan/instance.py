@@ -64,7 +64,7 @@ def _size_sglang(ask: Ask) -> Sizing:
         memory = replace(
             memory,
             hicache_host_bytes=_hicache_bytes(
-                memory, s.hicache_ratio, s.hicache_size_gb, ask.shape.is_hybrid
+                memory, s.hicache_ratio, s.hicache_size_gb, ask.shape.is_hybrid and ask.rules.hicache_hybrid
             ),
         )
     resolved = {

@@ -17,6 +17,7 @@ from fleetgen.engines.sglang import (
     NO_BUFFER_OVERLAP,
     NO_BUFFER_PAGE,
     SPEC_NO_BUFFER_RADIX,
+    SPEC_RADIX_DISABLED,
     SPEC_V2_REMOVED,
     TRACK_INTERVAL,
 )
@@ -47,23 +48,31 @@ Rule = Callable[[RuleInput], Found]
 
 
 def _fix_extra_buffer(r: RuleSet) -> str:
-    env = f' and engine.env {r.spec_v2_env} = "1"' if r.spec_v2_env else ""
+    needs_env = r.spec_v2_env and not r.spec_v2_default
+    env = f' and engine.env {r.spec_v2_env} = "1"' if needs_env else ""
     alt = " (or disable-radix-cache = true: no prefix reuse)"
     return f'set engine.args {r.strategy_flag} = "extra_buffer"{env}{alt}'
 
 
 def spec_no_buffer_radix(x: RuleInput) -> Found:
-    s = x.settings
-    if not (x.rules.refuses_spec_no_buffer_radix and x.shape.is_hybrid and s.is_spec and s.is_radix):
+    """Spec + no_buffer + radix cache: unchecked (≤0.5.8), radix silently off (0.5.9), refused (0.5.10–13)."""
+    s, r = x.settings, x.rules
+    arch = x.shape.architecture
+    if s.radix_dropped_for_spec:
+        text = SPEC_RADIX_DISABLED.format(arch=arch) + " (a warning: the server starts without prefix reuse)"
+        return Found(warnings=(Issue("spec-no-buffer-radix", text, _fix_extra_buffer(r)),))
+    if not (x.shape.is_hybrid and s.is_spec and s.is_radix and s.strategy == "no_buffer"):
         return Found()
-    if s.strategy != "no_buffer":
-        return Found()
-    issue = Issue(
-        "spec-no-buffer-radix",
-        SPEC_NO_BUFFER_RADIX.format(arch=x.shape.architecture),
-        _fix_extra_buffer(x.rules),
-    )
-    return Found(errors=(issue,))
+    if r.refuses_spec_no_buffer_radix:
+        issue = Issue("spec-no-buffer-radix", SPEC_NO_BUFFER_RADIX.format(arch=arch), _fix_extra_buffer(r))
+        return Found(errors=(issue,))
+    if r.spec_no_buffer_radix == "unchecked":
+        text = (
+            f"{r.name} does not check speculative decoding with radix cache under no_buffer for {arch}: "
+            "it starts with both (0.5.9 turns radix cache off, 0.5.10–0.5.13 refuse the combination)"
+        )
+        return Found(warnings=(Issue("spec-no-buffer-radix", text, _fix_extra_buffer(r)),))
+    return Found()
 
 
 def extra_buffer_without_radix(x: RuleInput) -> Found:
@@ -92,6 +101,8 @@ def track_interval(x: RuleInput) -> Found:
         and s.track_interval < s.draft_tokens
     ):
         text = TRACK_INTERVAL.format(x=s.track_interval, y=s.draft_tokens)
+        if not x.rules.track_interval_text:  # 0.5.14+: `assert a >= b` without a message
+            text = f"AssertionError (no message; {x.rules.name} asserts it): {text}"
         return Found(errors=(Issue("track-interval", text, f"set mamba-track-interval >= {s.draft_tokens}"),))
     return Found()
 
@@ -135,14 +146,19 @@ def renamed_flags(x: RuleInput) -> Found:
     for old, new in x.translation.renamed:
         rename = names[old]
         alts = " or ".join(f"--{n}" for n in rename.new)
+        verdict = "is deprecated in" if rename.still_accepted else "is not accepted by"
         warnings.append(
             Issue(
                 "renamed-flag",
-                f"--{old} is not accepted by {x.rules.name} ({rename.note}): fleetgen launches "
-                f"--{new} instead",
+                f"--{old} {verdict} {x.rules.name} ({rename.note}): fleetgen launches --{new} instead",
                 f"write {alts} in engine.args",
             )
         )
+    warnings += [
+        Issue("deprecated-flag", f"--{k} is deprecated in {x.rules.name}: {why}", why)
+        for k, why in x.rules.deprecated_flags.items()
+        if k in x.args
+    ]
     errors = [
         Issue("removed-flag", f"--{k} is not accepted by {x.rules.name}: {why}", why)
         for k, why in x.rules.removed_flags.items()
@@ -151,14 +167,39 @@ def renamed_flags(x: RuleInput) -> Found:
     return Found(errors=tuple(errors), warnings=tuple(warnings))
 
 
+def architecture(x: RuleInput) -> Found:
+    """A model architecture the release has no model class for (Qwen3.5/3.6 before 0.5.9)."""
+    if x.shape.architecture not in x.rules.missing_archs:
+        return Found()
+    text = f"{x.rules.name} has no model for {x.shape.architecture} (sglang/srt/models/ lacks it)"
+    return Found(errors=(Issue("architecture", text, "use a newer SGLang (0.5.9 or later for Qwen3.5/3.6)"),))
+
+
+def hicache_hybrid(x: RuleInput) -> Found:
+    """Before 0.5.10 the hierarchical cache of a hybrid model is the plain HiRadixCache: no Mamba state."""
+    if not (x.settings.is_hicache and x.shape.is_hybrid and not x.rules.hicache_hybrid):
+        return Found()
+    text = (
+        f"{x.rules.name} uses the plain HiRadixCache for hybrid models: Mamba state is neither kept on the "
+        "host nor restored (HiMambaRadixCache arrives in 0.5.10); plan counts only the KV host pool"
+    )
+    return Found(warnings=(Issue("hicache-hybrid", text, "use SGLang 0.5.10 or later for HiCache here"),))
+
+
 def spec_overlap(x: RuleInput) -> Found:
     s, r = x.settings, x.rules
     if not s.is_spec:
         return Found()
     if not r.spec_v2_env and "SGLANG_ENABLE_SPEC_V2" in x.env:
-        return Found(
-            warnings=(Issue("spec-v2-env", SPEC_V2_REMOVED, "remove SGLANG_ENABLE_SPEC_V2 from engine.env"),)
+        text = (
+            SPEC_V2_REMOVED
+            if r.spec_v2_removed_warning
+            else (
+                f"SGLANG_ENABLE_SPEC_V2 is silently ignored by {r.name} (removed in 0.5.14; the warning "
+                "about it is gone since 0.5.21): speculative decoding always runs the V2 worker"
+            )
         )
+        return Found(warnings=(Issue("spec-v2-env", text, "remove SGLANG_ENABLE_SPEC_V2 from engine.env"),))
     if r.spec_v2_env and x.shape.is_hybrid and s.strategy == "extra_buffer" and not s.is_overlap:
         text = (
             f"{r.spec_v2_env} is not set: speculative decoding runs without the overlap scheduler, "
@@ -170,6 +211,8 @@ def spec_overlap(x: RuleInput) -> Found:
 
 SGLANG_RULES: tuple[Rule, ...] = (
     renamed_flags,
+    architecture,
+    hicache_hybrid,
     mem_fraction_range,
     spec_no_buffer_radix,
     extra_buffer_without_radix,

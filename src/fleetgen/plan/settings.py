@@ -44,17 +44,27 @@ class SGLangSettings:
     hicache_ratio: float
     hicache_size_gb: int
     cuda_graph_max_bs: int | None
+    ratio_rule: str = "by-overlap"
+    radix_dropped_for_spec: bool = False  # 0.5.9 turned radix cache off for spec + no_buffer
 
     @property
     def mamba_ratio(self) -> int:
-        """Mamba slots per running request (`_calculate_mamba_ratio`): 1 | 3 | 4 | 5."""
+        """Mamba slots per running request: 1 | 3 | 4 | 5, as the release computes it.
+
+        by-overlap (0.5.10+ `_calculate_mamba_ratio`): extra_buffer 5 with overlap, 4 without (lazy 4);
+        by-spec (0.5.8–0.5.9 `init_memory_pool`): extra_buffer 4 with spec, 5 without; no_buffer 3;
+        by-spec-quirk (0.5.7): as by-spec, but no_buffer also gets 5.
+        """
         if not self.is_radix:
             return 1
-        if self.strategy == "extra_buffer_lazy":
-            return 4
-        if self.strategy == "extra_buffer":
-            return 5 if self.is_overlap else 4
-        return 3
+        is_extra = self.strategy.startswith("extra_buffer")
+        if self.ratio_rule == "by-overlap":
+            if self.strategy == "extra_buffer_lazy":
+                return 4
+            return (5 if self.is_overlap else 4) if is_extra else 3
+        if is_extra:
+            return 4 if self.is_spec else 5
+        return 5 if self.ratio_rule == "by-spec-quirk" else 3
 
 
 def _int(args: Mapping[str, Any], key: str) -> int | None:
@@ -78,25 +88,43 @@ def _spec(args: Mapping[str, Any]) -> tuple[bool, int, int, int]:
     return bool(algo) and algo.lower() != "none", steps, topk, draft
 
 
+@dataclass(frozen=True)
+class _Strategy:
+    given: str
+    strategy: str
+    is_radix: bool
+    is_overlap: bool
+    radix_dropped: bool = False
+
+
+def _spec_overlap(env: Mapping[str, str], rules: RuleSet) -> bool:
+    """Whether the overlap (v2) spec worker runs: opt-in by env ≤0.5.10, default on 0.5.11–0.5.13, always."""
+    if not rules.spec_v2_env:
+        return True
+    value = env.get(rules.spec_v2_env)
+    return rules.spec_v2_default if value is None else value.lower() in TRUE_ENV
+
+
 def _strategy(
     args: Mapping[str, Any], env: Mapping[str, str], rules: RuleSet, shape: ModelShape, is_spec: bool
-) -> tuple[str, str, bool]:
-    """(given, resolved Mamba strategy, overlap on) as the release resolves `auto` and the spec worker."""
+) -> _Strategy:
+    """The Mamba strategy, radix cache and overlap as the release resolves `auto` and the spec worker."""
     is_radix = not bool(args.get("disable-radix-cache"))
     is_overlap = not bool(args.get("disable-overlap-schedule"))
-    if is_spec and rules.spec_v2_env:  # the overlap (v2) spec worker is opt-in in that era
-        is_overlap = is_overlap and (
-            env.get(rules.spec_v2_env, "").lower() in TRUE_ENV or rules.spec_v2_default
-        )
+    if is_spec:
+        is_overlap = is_overlap and _spec_overlap(env, rules)
     given = str(args.get(rules.strategy_flag) or "auto")
     strategy = given
     if given == "auto":
-        is_extra = rules.auto_strategy_extra_buffer and is_overlap and is_radix
+        paging = (_int(args, "page-size") or 1) > 1
+        is_extra = rules.auto_strategy_extra_buffer and (is_overlap or paging) and is_radix
         strategy = "extra_buffer" if is_extra else "no_buffer"
     if shape.is_hybrid and is_radix and strategy == "no_buffer":
-        # no_buffer turns overlap off, except an explicit no_buffer in 0.5.23 (which asserts instead)
+        if is_spec and rules.spec_no_buffer_radix == "radix_off":
+            return _Strategy(given, strategy, False, is_overlap, radix_dropped=True)
+        # no_buffer turns overlap off, except an explicit no_buffer from 0.5.14 (which asserts instead)
         is_overlap = is_overlap and given != "auto" and rules.explicit_no_buffer_needs_no_overlap
-    return given, strategy, is_overlap
+    return _Strategy(given, strategy, is_radix, is_overlap)
 
 
 def resolve_settings(
@@ -104,8 +132,7 @@ def resolve_settings(
 ) -> SGLangSettings:
     """Resolve `engine.args` (already translated to `rules`' flag names) the way that release does."""
     is_spec, steps, topk, draft = _spec(args)
-    given, strategy, is_overlap = _strategy(args, env, rules, shape, is_spec)
-    is_radix = not bool(args.get("disable-radix-cache"))
+    st = _strategy(args, env, rules, shape, is_spec)
     kv_dtype = str(args.get("kv-cache-dtype") or "auto")
     return SGLangSettings(
         mem_fraction_static=_float(args, "mem-fraction-static"),
@@ -113,10 +140,10 @@ def resolve_settings(
         spec_steps=steps,
         spec_topk=topk,
         draft_tokens=draft if is_spec else 0,
-        strategy=strategy,
-        strategy_given=given,
-        is_radix=is_radix,
-        is_overlap=is_overlap,
+        strategy=st.strategy,
+        strategy_given=st.given,
+        is_radix=st.is_radix,
+        is_overlap=st.is_overlap,
         max_running_requests=_int(args, "max-running-requests")
         or (rules.default_spec_max_running if is_spec else None),
         max_mamba_cache_size=_int(args, "max-mamba-cache-size"),
@@ -132,4 +159,6 @@ def resolve_settings(
         hicache_ratio=_float(args, "hicache-ratio") or 2.0,
         hicache_size_gb=_int(args, "hicache-size") or 0,
         cuda_graph_max_bs=_int(args, "cuda-graph-max-bs") or _int(args, "cuda-graph-max-bs-decode"),
+        ratio_rule=rules.mamba_ratio_rule,
+        radix_dropped_for_spec=st.radix_dropped,
     )

@@ -1,9 +1,10 @@
 """SGLang's GPU-memory arithmetic, as the release named by the rule set does it (pure).
 
-early-2026 (0.5.10 `model_runner_kv_cache_mixin.py`): rest = free·mfs − weights; the spec scratch P·MRR·D is
-taken first (uncapped MRR), then the Mamba pool by ratio (M = rest·r/(1+r) // P), then KV; the MTP draft's
-weights and KV live outside the budget. 0.5.23 (`kv_cache_configurator.py`): draft weights inside, Mamba pool
-and spec scratch solved jointly with a padding slot, the MTP layer's KV folded into the cell.
+rest = free·mfs − weights, then the Mamba pool and spec scratch (`RuleSet.mamba_pool_solve`), then KV.
+≤0.5.12 (`model_runner_kv_cache_mixin.py`): the spec scratch P·MRR·D is taken first (uncapped MRR), then the
+Mamba pool by ratio (M = rest·r/(1+r) // P); the MTP draft's weights and KV live outside the budget.
+0.5.13: Mamba pool and scratch solved jointly; 0.5.14: draft weights and the MTP layer's KV inside the
+budget; 0.5.17 (`kv_cache_configurator.py`): the joint solve counts the pool's padding slot.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from fleetgen.plan.types import MIB, Issue, Memory
 
 CONV_DTYPE_BYTES = 2  # SGLANG_MAMBA_CONV_DTYPE defaults to bfloat16
 CUDA_CONTEXT_BYTES = 512 * MIB  # CUDA context + NCCL before SGLang measures free memory (estimate)
-VLM_CACHE_BYTES = 100 * MIB  # 0.5.23 SGLANG_VLM_CACHE_SIZE_MB, reserved out of the KV budget for VLMs
 
 
 def state_bytes_per_request(shape: ModelShape, tp: int, ssm_dtype: str) -> int:
@@ -48,12 +48,13 @@ def kv_bytes_per_token(shape: ModelShape, tp: int, kv_dtype_bytes: int, *, draft
     return cell
 
 
-def _gpu_tier(total_mib: float, tp: int) -> tuple[int, int]:
+def _gpu_tier(total_mib: float, tp: int, rules: RuleSet) -> tuple[int, int]:
     """(chunked_prefill_size, cuda-graph max bs) SGLang picks by GPU size (`handle_gpu_memory_settings`)."""
     if total_mib < 20 * 1024:
         return 2048, 8
     if total_mib < 35 * 1024:
-        return 4096, 48 if tp < 4 else 160
+        chunk, small_tp, big_tp = rules.gpu_tier_35g
+        return chunk, small_tp if tp < 4 else big_tp
     if total_mib < 60 * 1024:
         return 4096, 32 if tp < 4 else 160
     if total_mib < 160 * 1024:
@@ -64,7 +65,7 @@ def _gpu_tier(total_mib: float, tp: int) -> tuple[int, int]:
 def reserved_mib(total_bytes: int, tp: int, s: SGLangSettings, rules: RuleSet) -> float:
     """SGLang's activation + CUDA-graph reserve (MiB) behind the default --mem-fraction-static."""
     total_mib = total_bytes / MIB
-    chunk, max_bs = _gpu_tier(total_mib, tp)
+    chunk, max_bs = _gpu_tier(total_mib, tp, rules)
     chunk = s.chunked_prefill_size or chunk
     max_bs = s.cuda_graph_max_bs or max_bs
     reserved = 512 + max(chunk, 2048) * 1.5 + tp / 8 * 1024 + max_bs * 2
@@ -97,38 +98,52 @@ class _Pool:
 
 
 def _mamba_pool(rest: float, p: int, s: SGLangSettings, rules: RuleSet) -> _Pool:
-    """Mamba slots and spec scratch out of `rest` bytes (`handle_max_mamba_cache` of the era)."""
-    d, rho, mrr = s.draft_tokens, s.mamba_ratio, s.max_running_requests or 0
-    if not rules.joint_mamba_spec_solve:
-        scratch = p * mrr * d if s.is_spec else 0
+    """Mamba slots and spec scratch out of `rest` bytes (`handle_max_mamba_cache` of the release)."""
+    if rules.joint_mamba_spec_solve:
+        return _joint_pool(rest, p, s, rules.mamba_pool_solve == "joint-padded")
+    d, mrr = s.draft_tokens, s.max_running_requests or 0
+    scratch = p * mrr * d if s.is_spec else 0
+    solve = rules.mamba_pool_solve
+    if solve != "ratio-scratch":  # 0.5.8+: the scratch is reserved first, in every branch
         rest -= scratch
-        if s.max_mamba_cache_size is not None:
-            m = s.max_mamba_cache_size
-        elif not s.is_radix and s.max_running_requests is not None:
-            m = s.max_running_requests
-        else:
-            m = int(rest * s.mamba_full_memory_ratio / (1 + s.mamba_full_memory_ratio) // p)
-        return _Pool(m, scratch, rest - m * p)
+    fixed = s.max_mamba_cache_size
+    if solve in ("ratio-scratch", "scratch-first-512") and (fixed is not None or not s.is_radix):
+        m = fixed if fixed is not None else (s.max_running_requests or 512)  # ≤0.5.8: 512 slots by default
+        return _Pool(m, scratch if solve != "ratio-scratch" else 0, rest - m * p)
+    if solve == "ratio-scratch":
+        rest -= scratch  # 0.5.7 reserves the scratch only on the ratio path
+    if fixed is not None:
+        m = fixed
+    elif not s.is_radix and s.max_running_requests is not None:
+        m = s.max_running_requests
+    else:
+        m = int(rest * s.mamba_full_memory_ratio / (1 + s.mamba_full_memory_ratio) // p)
+    return _Pool(m, scratch, rest - m * p)
+
+
+def _joint_pool(rest: float, p: int, s: SGLangSettings, padded: bool) -> _Pool:
+    """0.5.13+: Mamba pool and spec scratch solved jointly; `padded` (0.5.17+) counts the padding slot."""
+    d, rho, mrr, pad = s.draft_tokens, s.mamba_ratio, s.max_running_requests or 0, int(padded)
+    budget = rest * s.mamba_full_memory_ratio / (1 + s.mamba_full_memory_ratio)
     if s.max_mamba_cache_size is not None:
         m = s.max_mamba_cache_size
     elif not s.is_radix and s.max_running_requests is not None:
         m = max(1, s.max_running_requests)
     elif s.is_spec:
-        budget = rest * s.mamba_full_memory_ratio / (1 + s.mamba_full_memory_ratio)
-        m = int((budget - p * (1 + d)) // (p * (1 + d / rho)))
+        m = int((budget - pad * p * (1 + d)) // (p * (1 + d / rho)))
     else:
-        m = int((rest * s.mamba_full_memory_ratio / (1 + s.mamba_full_memory_ratio) - p) // p)
+        m = int((budget - pad * p) // p)
     capped = m if not s.is_radix and s.max_mamba_cache_size is None else min(max(1, mrr), m // rho)
-    scratch = p * (capped + 1) * d if s.is_spec else 0
-    return _Pool(m, scratch, rest - scratch - (m + 1) * p)
+    scratch = p * (capped + pad) * d if s.is_spec else 0
+    return _Pool(m, scratch, rest - scratch - (m + pad) * p)
 
 
 def max_running(tokens: int, context: int, s: SGLangSettings, rules: RuleSet, slots: int | None) -> int:
     """`resolve_max_num_reqs`: the estimate, the user's cap, token and Mamba-slot limits."""
     estimated = max(min(int(tokens / max(context, 1) * 512), 4096), 2048)
     if s.max_running_requests is not None:
-        cap = tokens // 2 if rules.joint_mamba_spec_solve else estimated
-        n = min(s.max_running_requests, cap)
+        caps = {"none": s.max_running_requests, "estimate": estimated, "half-tokens": tokens // 2}
+        n = min(s.max_running_requests, caps[rules.mrr_cap])
     else:
         n = min(estimated, tokens // 2)
     if slots is not None:
@@ -162,7 +177,7 @@ def size_sglang(
         kv_bytes_per_token=cell,
         state_bytes_per_request=p,
         mamba_slots=pool.slots if shape.is_hybrid else 0,
-        mamba_pool_bytes=(pool.slots + int(rules.joint_mamba_spec_solve)) * p if shape.is_hybrid else 0,
+        mamba_pool_bytes=(pool.slots + _padding(rules)) * p if shape.is_hybrid else 0,
         spec_scratch_bytes=int(pool.scratch),
         kv_pool_bytes=tokens * cell,
         kv_tokens=tokens,
@@ -183,8 +198,8 @@ def _rest(
     in_budget = draft_w if rules.draft_weights_in_budget else 0
     weights = (shape.weight_bytes - shape.mtp_weight_bytes) // tp + in_budget
     rest = budget - weights
-    if rules.joint_mamba_spec_solve and shape.is_multimodal:
-        rest -= VLM_CACHE_BYTES  # 0.5.23 reserves the VLM embedding cache out of the KV budget
+    if shape.is_multimodal:
+        rest -= rules.vlm_cache_reserve_mb * MIB  # 0.5.18+ reserves the VLM embedding cache out of KV
     return draft_w, weights, rest
 
 
@@ -201,10 +216,23 @@ def _outside_budget(
     return outside
 
 
+def _padding(rules: RuleSet) -> int:
+    return int(rules.mamba_pool_solve == "joint-padded")
+
+
+def _unchecked(text: str, rules: RuleSet) -> str:
+    """Before 0.5.13 SGLang had no explicit Mamba-pool check: say what happens and what later releases say."""
+    return (
+        f"{rules.name} does not check this and fails later (tensor allocation or an empty scheduler); "
+        f"releases from 0.5.13 say: {text}"
+    )
+
+
 def memory_errors(m: Memory, shape: ModelShape, s: SGLangSettings, rules: RuleSet) -> list[Issue]:
     """What SGLang would raise at start for these numbers, in its own words."""
     if shape.is_hybrid and m.mamba_slots <= 0:
-        return [Issue("mamba-pool", MAMBA_TOO_SMALL.format(size=m.mamba_slots), MEMORY_FIX)]
+        text = MAMBA_TOO_SMALL.format(size=m.mamba_slots)
+        return [Issue("mamba-pool", text if rules.mamba_oom_errors else _unchecked(text, rules), MEMORY_FIX)]
     if m.rest_bytes <= 0 and rules.draft_weights_in_budget:
         return [Issue("weights", WEIGHTS_LEAVE_NOTHING.format(mfs=m.mem_fraction_static), MEMORY_FIX)]
     if m.kv_tokens <= 0:
@@ -214,7 +242,7 @@ def memory_errors(m: Memory, shape: ModelShape, s: SGLangSettings, rules: RuleSe
             f"Hybrid (mamba/linear-attention) state cache is too small to serve any requests. "
             f"max_mamba_cache_size={m.mamba_slots}, mamba_ratio={s.mamba_ratio}"
         )
-        return [Issue("mamba-pool", text, MEMORY_FIX)]
+        return [Issue("mamba-pool", text if rules.mamba_oom_errors else _unchecked(text, rules), MEMORY_FIX)]
     return []
 
 

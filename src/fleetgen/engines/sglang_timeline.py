@@ -1,0 +1,174 @@
+"""SGLang's behaviour per release, as a per-feature timeline read from each release's own source (pure data).
+
+Every release 0.5.7 … 0.5.23 (and the .post releases) was read from its wheel
+(`pip download --no-deps sglang==X`). `TIMELINE` lists, per feature, the value it has from the first release
+where it holds until the next entry of the same feature; the rule set of a release is every feature's latest
+value at or before it (`rules_for`). Paths below are inside the wheel, `sglang/srt/`. Upstream's dated
+main-branch history (the reference, §0) does not map 1:1 to releases: the wheels decide.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from fleetgen.engines.base import FlagRename, RuleSet, release_key
+
+# Every release whose source was read, oldest first. A release not listed gets the nearest (warned).
+RELEASES: tuple[str, ...] = (
+    "0.5.7", "0.5.8", "0.5.8.post1", "0.5.9", "0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1",
+    "0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0.5.19",
+    "0.5.20", "0.5.21", "0.5.22", "0.5.23",
+)  # fmt: skip
+
+QWEN3_5_ARCHS = frozenset({"Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"})
+
+# Flag names by release: ≤0.5.13.post1 only the old names exist; 0.5.14–0.5.19 add the new names and keep
+# the old ones as `DeprecatedAliasStoreAction`s; from 0.5.20 flags come from dataclass fields and the old
+# names are gone (argparse: "unrecognized arguments" / "ambiguous option: --cuda-graph-max-bs could match
+# --cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill" — seen running 0.5.23's parser).
+_TO_OLD = (
+    FlagRename("mamba-radix-cache-strategy", ("mamba-scheduler-strategy",), "named so before 0.5.14"),
+    FlagRename("cuda-graph-max-bs-decode", ("cuda-graph-max-bs",), "named so before 0.5.14"),
+)
+_OLD_ALIASES = (
+    FlagRename(
+        "mamba-scheduler-strategy",
+        ("mamba-radix-cache-strategy",),
+        "a deprecated alias from 0.5.14, removed in 0.5.20",
+        still_accepted=True,
+    ),
+    FlagRename(
+        "cuda-graph-max-bs",
+        ("cuda-graph-max-bs-decode", "cuda-graph-max-bs-prefill"),
+        "a deprecated alias of -decode from 0.5.14, removed in 0.5.20",
+        still_accepted=True,
+    ),
+)
+_OLD_REMOVED = (
+    FlagRename(
+        "mamba-scheduler-strategy", ("mamba-radix-cache-strategy",), "renamed in 0.5.14, alias gone in 0.5.20"
+    ),
+    FlagRename(
+        "cuda-graph-max-bs",
+        ("cuda-graph-max-bs-decode", "cuda-graph-max-bs-prefill"),
+        "split in 0.5.14, alias gone in 0.5.20 (the old name is an ambiguous prefix of both)",
+    ),
+)
+_NO_PREFILL_BS = {"cuda-graph-max-bs-prefill": "no prefill cuda-graph batch limit before 0.5.14; remove it"}
+_DISABLE_CUDA_GRAPH = {
+    "disable-cuda-graph": "deprecated since 0.5.14 (still parsed): use cuda-graph-backend-decode = "
+    '"disabled" and cuda-graph-backend-prefill = "disabled"'
+}
+
+
+@dataclass(frozen=True)
+class Change:
+    """From release `first` on, `feature` (a `RuleSet` field) has `value`; `source` says where it was read."""
+
+    feature: str
+    first: str
+    value: Any
+    source: str
+
+
+TIMELINE: tuple[Change, ...] = (
+    # --- flags -------------------------------------------------------------------------------------------
+    Change("strategy_flag", "0.5.7", "mamba-scheduler-strategy", "server_args.py add_cli_args"),
+    Change("strategy_flag", "0.5.14", "mamba-radix-cache-strategy", "server_args.py add_cli_args"),
+    Change("renames", "0.5.7", _TO_OLD, "server_args.py add_cli_args: no -radix-cache-/-decode flags"),
+    Change("renames", "0.5.14", _OLD_ALIASES, "server_args.py: DeprecatedAliasStoreAction(new_flag=...)"),
+    Change("renames", "0.5.20", _OLD_REMOVED, "server_args.py: flags from arg_groups/fields, aliases gone"),
+    Change("removed_flags", "0.5.7", _NO_PREFILL_BS, "server_args.py add_cli_args"),
+    Change("removed_flags", "0.5.14", {}, "server_args.py add_cli_args: --cuda-graph-max-bs-prefill"),
+    Change("deprecated_flags", "0.5.14", _DISABLE_CUDA_GRAPH, "server_args.py: DeprecatedStoreTrueAction"),
+    Change("has_extra_buffer_lazy", "0.5.13", True, "server_args.py: strategy choice extra_buffer_lazy"),
+    # --- startup checks ----------------------------------------------------------------------------------
+    # ≤0.5.8: no spec check for Qwen3Next (only NemotronH drops radix); 0.5.9: _handle_mamba_radix_cache
+    # warns "Disabling radix cache since speculative decoding …" and drops it; 0.5.10: ValueError;
+    # 0.5.14: the function is rewritten (_validate_mamba_no_buffer) and the check is gone.
+    Change("spec_no_buffer_radix", "0.5.7", "unchecked", "server_args.py _handle_model_specific_adjustments"),
+    Change("spec_no_buffer_radix", "0.5.9", "radix_off", "server_args.py _handle_mamba_radix_cache"),
+    Change("spec_no_buffer_radix", "0.5.10", "raises", "server_args.py _handle_mamba_radix_cache"),
+    Change("spec_no_buffer_radix", "0.5.14", "gone", "server_args.py _handle_mamba_radix_cache"),
+    Change("rejects_extra_buffer_without_radix", "0.5.10", True, "server_args.py _handle_mamba_radix_cache"),
+    Change("rejects_extra_buffer_without_radix", "0.5.14", False, "server_args.py: returns if radix off"),
+    Change("explicit_no_buffer_needs_no_overlap", "0.5.14", True, "server_args.py _validate_mamba_no_buffer"),
+    Change("track_interval_text", "0.5.14", False, "server_args.py _validate_mamba_extra_buffer"),
+    Change("missing_archs", "0.5.7", QWEN3_5_ARCHS, "models/: no qwen3_5.py before 0.5.9"),
+    Change("missing_archs", "0.5.9", frozenset(), "models/qwen3_5.py, qwen3_5_mtp.py"),
+    Change("hicache_hybrid", "0.5.7", False, "managers/scheduler.py: HiRadixCache for hybrid models"),
+    Change("hicache_hybrid", "0.5.10", True, "mem_cache/hi_mamba_radix_cache.py HiMambaRadixCache"),
+    # --- speculative worker ------------------------------------------------------------------------------
+    Change("spec_v2_env", "0.5.7", "SGLANG_ENABLE_SPEC_V2", "environ.py EnvBool(False)"),
+    Change("spec_v2_default", "0.5.11", True, "environ.py EnvBool(True)"),
+    Change("spec_v2_env", "0.5.14", "", "environ.py: removed; server_args.py warns when it is set"),
+    Change("spec_v2_default", "0.5.14", False, "environ.py: removed"),
+    Change("spec_v2_removed_warning", "0.5.14", True, "server_args.py: '… has been removed'"),
+    Change("spec_v2_removed_warning", "0.5.21", False, "no mention of SGLANG_ENABLE_SPEC_V2 left"),
+    # --- memory ------------------------------------------------------------------------------------------
+    Change("spec_reserve_mb", "0.5.7", 2048, "server_args.py _handle_gpu_memory_settings: EAGLE +2 GB"),
+    Change("spec_reserve_mb", "0.5.10", 4096, "server_args.py _handle_gpu_memory_settings: EAGLE +4 GB"),
+    Change("spec_reserve_mb", "0.5.14", 0, "server_args.py _handle_gpu_memory_settings"),
+    Change("gpu_tier_35g", "0.5.7", (2048, 24, 80), "server_args.py _handle_gpu_memory_settings"),
+    Change("gpu_tier_35g", "0.5.20", (4096, 48, 160), "arg_groups/memory_hook.py"),
+    Change("draft_weights_in_budget", "0.5.14", True, "'draft weights are now counted' (kv profiling)"),
+    Change("draft_kv_in_budget", "0.5.14", True, "pool_configurator.py eagle_draft_num_layers"),
+    # ≤0.5.9 `init_memory_pool`: extra_buffer → 4 with spec, else 5 — and 0.5.7 gives no_buffer 5 too;
+    # 0.5.10 `_calculate_mamba_ratio`: by overlap (extra_buffer 5 with overlap, 4 without; no_buffer 3).
+    Change("mamba_ratio_rule", "0.5.7", "by-spec-quirk", "model_runner_kv_cache_mixin.py init_memory_pool"),
+    Change("mamba_ratio_rule", "0.5.8", "by-spec", "model_runner_kv_cache_mixin.py init_memory_pool"),
+    Change("mamba_ratio_rule", "0.5.10", "by-overlap", "…kv_cache_mixin.py _calculate_mamba_ratio"),
+    # handle_max_mamba_cache: 0.5.7 spec scratch only in the ratio branch (+512 slots without radix and MRR);
+    # 0.5.8 scratch first (P·MRR·D, uncapped); 0.5.9 explicit / no-radix+MRR / ratio; 0.5.13 joint solve;
+    # 0.5.17 joint solve with the pool's padding slot (kv_cache_configurator.py _handle_max_mamba_cache).
+    Change("mamba_pool_solve", "0.5.7", "ratio-scratch", "…kv_cache_mixin.py handle_max_mamba_cache"),
+    Change("mamba_pool_solve", "0.5.8", "scratch-first-512", "model_runner_kv_cache_mixin.py"),
+    Change("mamba_pool_solve", "0.5.9", "scratch-first", "model_runner_kv_cache_mixin.py"),
+    Change("mamba_pool_solve", "0.5.13", "joint", "…kv_cache_mixin.py handle_max_mamba_cache"),
+    Change("mamba_pool_solve", "0.5.17", "joint-padded", "mem_cache/kv_cache_configurator.py"),
+    Change("mamba_oom_errors", "0.5.13", True, "'Not enough GPU memory for hybrid …', 'too small to serve'"),
+    # an explicit --max-running-requests: ≤0.5.9 kept as is (model_runner.py), 0.5.10 min(MRR, estimate)
+    # (_resolve_max_num_reqs), 0.5.14 min(MRR, tokens // 2)
+    Change("mrr_cap", "0.5.7", "none", "model_executor/model_runner.py init max_running_requests"),
+    Change("mrr_cap", "0.5.10", "estimate", "model_runner_kv_cache_mixin.py _resolve_max_num_reqs"),
+    Change("mrr_cap", "0.5.14", "half-tokens", "model_runner_kv_cache_mixin.py _resolve_max_num_reqs"),
+    Change("vlm_cache_reserve_mb", "0.5.18", 100, "kv_cache_configurator.py mm_runtime_reservation_gb"),
+    Change("auto_strategy_extra_buffer", "0.5.14", True, "server_args.py _handle_mamba_radix_cache"),
+)  # fmt: skip
+
+
+def _features_at(release: str) -> dict[str, Any]:
+    key = release_key(release)
+    values: dict[str, Any] = {}
+    for change in sorted(TIMELINE, key=lambda c: release_key(c.first)):
+        if release_key(change.first) <= key:
+            values[change.feature] = change.value
+    return values
+
+
+def rules_for(release: str) -> RuleSet:
+    """The rule set of one release read, named after it (`sglang-0.5.15`)."""
+    values = _features_at(release)
+    key = release_key(release)
+    base = RuleSet(
+        name=f"sglang-{release}",
+        engine="sglang",
+        min_version=key,
+        max_version=key,
+        source=f"sglang=={release} wheel",
+    )
+    rules = replace(base, **values)
+    return replace(
+        rules,
+        refuses_spec_no_buffer_radix=rules.spec_no_buffer_radix == "raises",
+        joint_mamba_spec_solve=rules.mamba_pool_solve.startswith("joint"),
+    )
+
+
+RULE_SETS: tuple[RuleSet, ...] = tuple(rules_for(r) for r in RELEASES)
+
+
+def first_release(feature: str, value: Any) -> str | None:
+    """The first release read where `feature` has `value` (None: never)."""
+    return next((r for r in RELEASES if getattr(rules_for(r), feature) == value), None)
