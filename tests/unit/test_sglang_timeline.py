@@ -1,0 +1,317 @@
+"""SGLang's rule sets of 0.5.7 … 0.5.23 against what each release's source says, and plans per release.
+
+`EXPECTED` is the table of facts read from every wheel (`pip download --no-deps sglang==X`, files and
+functions cited in `fleetgen.engines.sglang_timeline`), written out here release by release so that a wrong
+first-release in the timeline fails. `test_timeline_matches_the_wheels` re-reads marker strings from the
+extracted wheels when FLEETGEN_SGLANG_SRC points at them (opt-in: 22 wheels ≈ 300 MB are not in CI).
+GPU sizes as in test_plan: "96 GB" = 97,887 MiB, "183 GB" = 183,359 MiB; free = total.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from fleetgen.engines import get_engine, select_rule_set
+from fleetgen.engines.sglang_timeline import RELEASES, RULE_SETS, first_release, rules_for
+from fleetgen.modelcard import load_model_shape
+from fleetgen.plan.sglang import CUDA_CONTEXT_BYTES
+from tests.unit.test_plan import GPU96, GPU183, MODELS, MOTIVATING, QWEN, plan_one
+
+GIB = 1 << 30
+P = 153_944_064  # Qwen3.6-27B state bytes per request, TP 1, fp32 SSM
+
+# release: strategy flag (S = mamba-scheduler-strategy, R = mamba-radix-cache-strategy), old names
+# (ok / dep = deprecated alias / gone), spec+no_buffer+radix, SPEC_V2 (env default; - = removed),
+# spec reserve MB, draft weights+KV in budget, ratio rule, mamba pool solve, explicit MRR cap,
+# auto→extra_buffer, explicit no_buffer asserts, extra_buffer+no-radix raises, VLM reserve MB, 20–35 GiB tier
+EXPECTED = """
+0.5.7        S ok   unchecked 0 2048 no  by-spec-quirk ratio-scratch     none        no  no  no  0   2048
+0.5.8        S ok   unchecked 0 2048 no  by-spec       scratch-first-512 none        no  no  no  0   2048
+0.5.8.post1  S ok   unchecked 0 2048 no  by-spec       scratch-first-512 none        no  no  no  0   2048
+0.5.9        S ok   radix_off 0 2048 no  by-spec       scratch-first     none        no  no  no  0   2048
+0.5.10       S ok   raises    0 4096 no  by-overlap    scratch-first     estimate    no  no  yes 0   2048
+0.5.10.post1 S ok   raises    0 4096 no  by-overlap    scratch-first     estimate    no  no  yes 0   2048
+0.5.11       S ok   raises    1 4096 no  by-overlap    scratch-first     estimate    no  no  yes 0   2048
+0.5.12       S ok   raises    1 4096 no  by-overlap    scratch-first     estimate    no  no  yes 0   2048
+0.5.12.post1 S ok   raises    1 4096 no  by-overlap    scratch-first     estimate    no  no  yes 0   2048
+0.5.13       S ok   raises    1 4096 no  by-overlap    joint             estimate    no  no  yes 0   2048
+0.5.13.post1 S ok   raises    1 4096 no  by-overlap    joint             estimate    no  no  yes 0   2048
+0.5.14       R dep  gone      - 0    yes by-overlap    joint             half-tokens yes yes no  0   2048
+0.5.15       R dep  gone      - 0    yes by-overlap    joint             half-tokens yes yes no  0   2048
+0.5.15.post1 R dep  gone      - 0    yes by-overlap    joint             half-tokens yes yes no  0   2048
+0.5.16       R dep  gone      - 0    yes by-overlap    joint             half-tokens yes yes no  0   2048
+0.5.17       R dep  gone      - 0    yes by-overlap    joint-padded      half-tokens yes yes no  0   2048
+0.5.18       R dep  gone      - 0    yes by-overlap    joint-padded      half-tokens yes yes no  100 2048
+0.5.19       R dep  gone      - 0    yes by-overlap    joint-padded      half-tokens yes yes no  100 2048
+0.5.20       R gone gone      - 0    yes by-overlap    joint-padded      half-tokens yes yes no  100 4096
+0.5.21       R gone gone      - 0    yes by-overlap    joint-padded      half-tokens yes yes no  100 4096
+0.5.22       R gone gone      - 0    yes by-overlap    joint-padded      half-tokens yes yes no  100 4096
+0.5.23       R gone gone      - 0    yes by-overlap    joint-padded      half-tokens yes yes no  100 4096
+"""
+ROWS = [line.split() for line in EXPECTED.strip().splitlines()]
+FLAG = {"S": "mamba-scheduler-strategy", "R": "mamba-radix-cache-strategy"}
+YES = {"yes": True, "no": False}
+
+
+def test_every_release_read_has_a_row_and_a_rule_set_named_after_it() -> None:
+    assert [row[0] for row in ROWS] == list(RELEASES)
+    assert [r.name for r in RULE_SETS] == [f"sglang-{v}" for v in RELEASES]
+    assert get_engine("sglang").rule_sets == RULE_SETS
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[row[0] for row in ROWS])
+def test_rule_set_matches_what_the_release_source_says(row: list[str]) -> None:
+    release, flag, old, spec_radix, v2, reserve, draft, ratio, solve, cap, auto, nb, eb, vlm, tier = row
+    r = rules_for(release)
+    assert r.strategy_flag == FLAG[flag]
+    old_names = {x.old: x for x in r.renames}
+    if old == "ok":  # the new names do not exist yet: they are translated back
+        assert "mamba-radix-cache-strategy" in old_names and "cuda-graph-max-bs-decode" in old_names
+        assert "cuda-graph-max-bs-prefill" in r.removed_flags
+    else:
+        assert old_names["mamba-scheduler-strategy"].still_accepted == (old == "dep")
+        assert old_names["cuda-graph-max-bs"].new == ("cuda-graph-max-bs-decode", "cuda-graph-max-bs-prefill")
+        assert "disable-cuda-graph" in r.deprecated_flags and not r.removed_flags
+    assert r.spec_no_buffer_radix == spec_radix
+    assert r.refuses_spec_no_buffer_radix == (spec_radix == "raises")
+    assert (r.spec_v2_env, r.spec_v2_default) == (
+        ("", False) if v2 == "-" else ("SGLANG_ENABLE_SPEC_V2", v2 == "1")
+    )
+    assert r.spec_reserve_mb == int(reserve)
+    assert r.draft_weights_in_budget == r.draft_kv_in_budget == YES[draft]
+    assert (r.mamba_ratio_rule, r.mamba_pool_solve, r.mrr_cap) == (ratio, solve, cap)
+    assert r.joint_mamba_spec_solve == solve.startswith("joint")
+    assert r.auto_strategy_extra_buffer == YES[auto] and r.explicit_no_buffer_needs_no_overlap == YES[nb]
+    assert r.rejects_extra_buffer_without_radix == YES[eb]
+    assert r.vlm_cache_reserve_mb == int(vlm) and r.gpu_tier_35g[0] == int(tier)
+
+
+def test_first_releases_of_the_headline_behaviours() -> None:
+    assert first_release("spec_no_buffer_radix", "radix_off") == "0.5.9"
+    assert first_release("spec_no_buffer_radix", "raises") == "0.5.10"
+    assert first_release("spec_v2_default", True) == "0.5.11"
+    assert first_release("joint_mamba_spec_solve", True) == "0.5.13"
+    assert first_release("draft_kv_in_budget", True) == "0.5.14"
+    assert first_release("strategy_flag", "mamba-radix-cache-strategy") == "0.5.14"
+    assert first_release("spec_v2_removed_warning", True) == "0.5.14"
+    assert first_release("mamba_pool_solve", "joint-padded") == "0.5.17"
+    assert first_release("missing_archs", frozenset()) == "0.5.9"
+    assert first_release("hicache_hybrid", True) == "0.5.10"
+
+
+# --- plans across releases ------------------------------------------------------------------------------
+
+
+def test_0_5_8_does_not_check_spec_no_buffer_radix_warns_and_plans() -> None:
+    """Qwen3-Next (0.5.8 has no Qwen3.5 model): spec + no_buffer + radix cache starts; ρ 3 (no_buffer)."""
+    plan = plan_one(dict(MOTIVATING), version="0.5.8", model="qwen3-next-80b-a3b", gpu_gib=GPU183, tp=2)
+    assert plan.rules == "sglang-0.5.8" and plan.fits, plan.errors
+    warning = next(w for w in plan.warnings if w.rule == "spec-no-buffer-radix")
+    assert "does not check" in warning.message and "extra_buffer" in warning.fix
+    assert plan.resolved["mamba_strategy"] == "no_buffer" and plan.memory.mamba_ratio == 3
+
+
+def test_0_5_8_has_no_qwen3_5_model() -> None:
+    plan = plan_one(dict(MOTIVATING), version="0.5.8")
+    assert any(
+        e.rule == "architecture" and "Qwen3_5ForConditionalGeneration" in e.message for e in plan.errors
+    )
+
+
+def test_0_5_9_turns_radix_cache_off_with_a_warning_instead_of_refusing() -> None:
+    plan = plan_one(dict(MOTIVATING), version="0.5.9")
+    assert plan.fits, plan.errors
+    warning = next(w for w in plan.warnings if w.rule == "spec-no-buffer-radix")
+    assert warning.message.startswith(
+        "Disabling radix cache since speculative decoding for Qwen3_5ForConditionalGeneration is not "
+        "supported with radix cache yet."
+    )
+    m = plan.memory
+    assert m.mamba_ratio == 1 and m.mamba_slots == 48  # radix off: one slot per request, MRR 48 (spec)
+    assert m.max_running_requests == 48 and m.spec_scratch_bytes == P * 48 * 4
+
+
+@pytest.mark.parametrize(
+    ("version", "refused"),
+    [
+        ("0.5.8.post1", False),
+        ("0.5.9", False),
+        ("0.5.10", True),
+        ("0.5.12", True),
+        ("0.5.13.post1", True),
+        ("0.5.14", False),
+        ("0.5.23", False),
+    ],
+)
+def test_motivating_flags_verdict_per_release(version: str, refused: bool) -> None:
+    model = "qwen3-next-80b-a3b" if version.startswith("0.5.8") else "qwen3.6-27b"
+    plan = plan_one(dict(MOTIVATING), version=version, model=model, gpu_gib=GPU183, tp=2)
+    assert any(e.rule == "spec-no-buffer-radix" for e in plan.errors) == refused
+
+
+def test_0_5_12_spec_v2_is_on_by_default_so_extra_buffer_takes_5_slots() -> None:
+    extra = {**MOTIVATING, "mamba-scheduler-strategy": "extra_buffer"}
+    assert plan_one(extra, version="0.5.12").memory.mamba_ratio == 5
+    assert plan_one(extra, version="0.5.10").memory.mamba_ratio == 4  # opt-in before 0.5.11
+    off = plan_one(extra, version="0.5.12", env={"SGLANG_ENABLE_SPEC_V2": "0"})
+    assert off.memory.mamba_ratio == 4
+    refused = plan_one(dict(MOTIVATING), version="0.5.12")
+    fix = refused.fixes[0]
+    assert fix.args == {"mamba-scheduler-strategy": "extra_buffer"} and not fix.env  # env is on already
+
+
+def test_0_5_9_extra_buffer_ratio_follows_spec_not_overlap() -> None:
+    extra = {**MOTIVATING, "mamba-scheduler-strategy": "extra_buffer"}
+    plan = plan_one(extra, version="0.5.9", env={"SGLANG_ENABLE_SPEC_V2": "1"})
+    assert plan.resolved["overlap_schedule"] and plan.memory.mamba_ratio == 4  # init_memory_pool: spec → 4
+
+
+def test_flag_names_0_5_13_vs_0_5_15_vs_0_5_23() -> None:
+    old = {**MOTIVATING, "mamba-scheduler-strategy": "extra_buffer", "cuda-graph-max-bs": 32}
+    mid = plan_one(old, version="0.5.15")
+    renamed = [w for w in mid.warnings if w.rule == "renamed-flag"]
+    assert len(renamed) == 2 and all("is deprecated in sglang-0.5.15" in w.message for w in renamed)
+    assert "--mamba-radix-cache-strategy" in mid.argv and "--cuda-graph-max-bs-decode" in mid.argv
+    new = plan_one(old, version="0.5.23")
+    assert all(
+        "is not accepted by sglang-0.5.23" in w.message for w in new.warnings if w.rule == "renamed-flag"
+    )
+    fresh = {**MOTIVATING, "mamba-radix-cache-strategy": "extra_buffer", "cuda-graph-max-bs-decode": 32}
+    back = plan_one(fresh, version="0.5.13")
+    assert "--mamba-scheduler-strategy" in back.argv and "--cuda-graph-max-bs" in back.argv
+    assert "--mamba-radix-cache-strategy" not in back.argv and back.memory.mamba_ratio == 5
+
+
+def test_disable_cuda_graph_is_deprecated_not_refused_in_0_5_23() -> None:
+    plan = plan_one({"disable-cuda-graph": True}, version="0.5.23")
+    assert plan.fits and any(w.rule == "deprecated-flag" for w in plan.warnings)
+    assert "--disable-cuda-graph" in plan.argv
+
+
+def _joint(gpu_gib: float, padded: bool, vlm_mib: int) -> tuple[int, int, int]:
+    """`handle_max_mamba_cache` joint solve (0.5.13–0.5.16 unpadded, 0.5.17+ padded), written out again."""
+    pad, d, rho = int(padded), 4, 5
+    rest = (gpu_gib * GIB - CUDA_CONTEXT_BYTES) * 0.9 - QWEN.weight_bytes - vlm_mib * (1 << 20)
+    budget = rest * 0.9 / 1.9
+    slots = int((budget - pad * P * (1 + d)) // (P * (1 + d / rho)))
+    running = min(48, slots // rho)
+    tokens = int(rest - P * (running + pad) * d - (slots + pad) * P) // 69_632
+    return slots, tokens, running
+
+
+@pytest.mark.parametrize(
+    ("version", "padded", "vlm_mib"), [("0.5.15", False, 0), ("0.5.17", True, 0), ("0.5.19", True, 100)]
+)
+def test_joint_solve_variants(version: str, padded: bool, vlm_mib: int) -> None:
+    m = plan_one(dict(MOTIVATING), version=version, gpu_gib=GPU183).memory  # auto → extra_buffer, ρ 5
+    assert (m.mamba_slots, m.kv_tokens, m.max_running_requests) == _joint(GPU183, padded, vlm_mib)
+    assert m.weights_bytes == QWEN.weight_bytes and m.kv_bytes_per_token == 69_632
+
+
+def test_0_5_8_reserves_the_scratch_even_with_an_explicit_pool() -> None:
+    args = {**MOTIVATING, "mamba-scheduler-strategy": "extra_buffer", "max-mamba-cache-size": 40}
+    shape = load_model_shape(MODELS / "qwen3-next-80b-a3b")
+    m8 = plan_one(args, version="0.5.8", model="qwen3-next-80b-a3b", gpu_gib=GPU183, tp=2).memory
+    m7 = plan_one(args, version="0.5.7", model="qwen3-next-80b-a3b", gpu_gib=GPU183, tp=2).memory
+    assert m8.spec_scratch_bytes == m8.state_bytes_per_request * 48 * 4 and m7.spec_scratch_bytes == 0
+    assert m7.kv_tokens > m8.kv_tokens and shape.mtp_layers == 1
+
+
+@pytest.mark.parametrize(("version", "reserve_mb"), [("0.5.9", 2048), ("0.5.10", 4096), ("0.5.14", 0)])
+def test_default_mem_fraction_keeps_the_release_spec_reserve(version: str, reserve_mb: int) -> None:
+    plan = plan_one({k: v for k, v in MOTIVATING.items() if k != "mem-fraction-static"}, version=version)
+    total = 97_887
+    reserved = max(512 + 8192 * 1.5 + 1 / 8 * 1024 + 256 * 2, 10 * 1024) + reserve_mb
+    vlm = 0.95 * (1 - 0.1 * (24 * 1152**2 / (24 * 1024**2) - 1))
+    assert plan.memory.mem_fraction_static == pytest.approx(round((total - reserved) / total, 3) * vlm)
+
+
+def test_32gb_gpu_tier_changed_in_0_5_20() -> None:
+    old = plan_one({}, version="0.5.19", model="llama-3.1-8b", gpu_gib=32).memory.mem_fraction_static
+    new = plan_one({}, version="0.5.20", model="llama-3.1-8b", gpu_gib=32).memory.mem_fraction_static
+    total = 32 * 1024
+    assert old == round((total - (512 + 2048 * 1.5 + 128 + 24 * 2)) / total, 3)
+    assert new == round((total - (512 + 4096 * 1.5 + 128 + 48 * 2)) / total, 3)
+
+
+def test_explicit_max_running_requests_cap_per_release() -> None:
+    args = {"mem-fraction-static": 0.85, "max-running-requests": 300_000}
+    caps = {}
+    for version in ("0.5.9", "0.5.13", "0.5.14"):
+        m = plan_one(args, version=version, model="llama-3.1-8b", gpu_gib=80).memory
+        caps[version] = (m.max_running_requests, m.kv_tokens)
+    assert caps["0.5.9"][0] == 300_000  # kept as asked (model_runner.py)
+    tokens = caps["0.5.13"][1]
+    assert caps["0.5.13"][0] == max(min(int(tokens / 131_072 * 512), 4096), 2048)
+    assert caps["0.5.14"][0] == caps["0.5.14"][1] // 2 < 300_000
+
+
+def test_track_interval_is_a_bare_assertion_from_0_5_14() -> None:
+    args = {**MOTIVATING, "mamba-radix-cache-strategy": "extra_buffer", "mamba-track-interval": 2}
+    error = next(e for e in plan_one(args, version="0.5.15").errors if e.rule == "track-interval")
+    assert error.message.startswith("AssertionError (no message")
+
+
+def test_hicache_before_0_5_10_keeps_no_mamba_host_pool() -> None:
+    args = {"mem-fraction-static": 0.9, "enable-hierarchical-cache": True, "context-length": 8192}
+    old = plan_one(args, version="0.5.9")
+    new = plan_one(args, version="0.5.10")
+    assert any(w.rule == "hicache-hybrid" for w in old.warnings)
+    assert not any(w.rule == "hicache-hybrid" for w in new.warnings)
+    assert old.memory.hicache_host_bytes == int(2.0 * old.memory.kv_tokens * old.memory.kv_bytes_per_token)
+
+
+def test_version_strings_pick_the_release_read() -> None:
+    rule_sets = get_engine("sglang").rule_sets
+    assert select_rule_set(rule_sets, "0.5.10.post1")[0].name == "sglang-0.5.10.post1"
+    assert select_rule_set(rule_sets, "0.5.15+cu128") == (rules_for("0.5.15"), None)
+    rules, warning = select_rule_set(rule_sets, "0.5.23rc0")
+    assert rules.name == "sglang-0.5.23" and warning and "pre-release" in warning
+    rules, warning = select_rule_set(rule_sets, "0.6.0")
+    assert rules.name == "sglang-0.5.23" and warning and "newer than the newest" in warning
+    rules, warning = select_rule_set(rule_sets, "0.5.6.post2")
+    assert rules.name == "sglang-0.5.7" and warning and "older than the oldest" in warning
+    assert plan_one({}, version="0.5.15+cu128", gpu_gib=GPU96).rules == "sglang-0.5.15"
+
+
+# --- opt-in: re-read the wheels ---------------------------------------------------------------------------
+
+SRC = os.environ.get("FLEETGEN_SGLANG_SRC", "")
+MARKERS = {  # (feature value the marker implies, regex found somewhere under sglang/srt/*.py)
+    "radix_off": r"Disabling radix cache since speculative decoding for \{model_arch\}",
+    "raises": r"is not compatible with radix cache when using",
+    "spec_v2_true": r"SGLANG_ENABLE_SPEC_V2 = EnvBool\(True\)",
+    "joint": r"Not enough GPU memory for hybrid",
+    "padded": r"\(mamba_budget_bytes - per_req \* \(1 \+ D\)",
+    "new_flag": r'"--mamba-radix-cache-strategy"|mamba_radix_cache_strategy: A\[',
+    "old_flag": r'"--mamba-scheduler-strategy"',
+    "draft_kv": r"eagle_draft_num_layers\) / int\(num_layers\)|draft_kv_size = int\(",
+}
+
+
+def _found(release: str) -> set[str]:
+    root = Path(SRC) / release / "sglang" / "srt"
+    text = "\n".join(p.read_text(errors="replace") for p in root.rglob("*.py"))
+    return {name for name, pattern in MARKERS.items() if re.search(pattern, text)}
+
+
+@pytest.mark.skipif(
+    not SRC, reason="set FLEETGEN_SGLANG_SRC to a folder of extracted wheels (<release>/sglang)"
+)
+@pytest.mark.parametrize("release", RELEASES)
+def test_timeline_matches_the_wheels(release: str) -> None:
+    found, r = _found(release), rules_for(release)
+    assert ("radix_off" in found) == (r.spec_no_buffer_radix == "radix_off")
+    assert ("raises" in found) == r.refuses_spec_no_buffer_radix
+    assert ("spec_v2_true" in found) == r.spec_v2_default
+    assert ("joint" in found) == r.joint_mamba_spec_solve and ("padded" in found) == (
+        r.mamba_pool_solve == "joint-padded"
+    )
+    assert ("new_flag" in found) == (r.strategy_flag == "mamba-radix-cache-strategy")
+    gone = any(x.old == "mamba-scheduler-strategy" and not x.still_accepted for x in r.renames)
+    assert ("old_flag" in found) == (not gone)
+    assert ("draft_kv" in found) == r.draft_kv_in_budget
