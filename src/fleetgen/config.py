@@ -153,7 +153,9 @@ class FleetFile(_Strict):
         for host in self.hosts:
             if host.name == name:
                 return host
-        raise ConfigError(f"no host named {name!r}", fix=f"use one of: {', '.join(h.name for h in self.hosts)}")
+        raise ConfigError(
+            f"no host named {name!r}", fix=f"use one of: {', '.join(h.name for h in self.hosts)}"
+        )
 
     def instances_on(self, host: HostSpec, gpu_indices: Sequence[int] | None = None) -> list[InstanceSpec]:
         """Instances of one host: one per `tp` GPUs, in GPU order; `gpu_indices` resolves `gpus = "all"`."""
@@ -161,8 +163,13 @@ class FleetFile(_Strict):
         tp = self.engine.tp
         base = host.base_port if host.base_port is not None else self.engine.base_port
         return [
-            InstanceSpec(name=f"{host.name}-{k}", host=host.name, gpus=tuple(gpus[k * tp : (k + 1) * tp]),
-                         port=base + k, index=k)
+            InstanceSpec(
+                name=f"{host.name}-{k}",
+                host=host.name,
+                gpus=tuple(gpus[k * tp : (k + 1) * tp]),
+                port=base + k,
+                index=k,
+            )
             for k in range(len(gpus) // tp)
         ]
 
@@ -210,8 +217,9 @@ def _load(path: Path, model: type[M], what: str) -> M:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError(f"cannot read the {what} {path}: {exc.strerror}",
-                          fix="check the path, or pass another with -f") from exc
+        raise ConfigError(
+            f"cannot read the {what} {path}: {exc.strerror}", fix="check the path, or pass another with -f"
+        ) from exc
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -219,9 +227,10 @@ def _load(path: Path, model: type[M], what: str) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_render_validation(path, text, exc),
-                          fix=f"edit {path} as the lines above say; `fleetgen init` writes a commented example") \
-            from exc
+        raise ConfigError(
+            _render_validation(path, text, exc),
+            fix=f"edit {path} as the lines above say; `fleetgen init` writes a commented example",
+        ) from exc
 
 
 def _render_validation(path: Path, text: str, exc: ValidationError) -> str:
@@ -256,7 +265,9 @@ def locate(text: str, loc: tuple[int | str, ...]) -> int | None:
                 return pick + 1
     for key in reversed(keys):
         for i in range(start, end):
-            if re.match(rf'^\s*"?{re.escape(key)}"?\s*=', rows[i]) or re.search(rf'[{{,]\s*"?{re.escape(key)}"?\s*=', rows[i]):
+            if re.match(rf'^\s*"?{re.escape(key)}"?\s*=', rows[i]) or re.search(
+                rf'[{{,]\s*"?{re.escape(key)}"?\s*=', rows[i]
+            ):
                 return i + 1
     if table and keys:  # a field written as its own sub-table: `[engine.args]`
         header = rf"^\s*\[\s*{re.escape(table)}\.{re.escape(keys[0])}\s*\]"

@@ -39,7 +39,9 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
         render_error(exc)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
-        err_console.print("[yellow]interrupted[/]: nothing half-written; run the same command again to resume")
+        err_console.print(
+            "[yellow]interrupted[/]: nothing half-written; run the same command again to resume"
+        )
         raise typer.Exit(130) from None
 
 
@@ -51,8 +53,9 @@ def render_error(exc: FleetgenError) -> None:
             text = str(value)
             if "\n" in text:
                 err_console.print(f"  [dim]{key}:[/]", highlight=False)
-                err_console.print("\n".join("    " + line for line in text.splitlines()), highlight=False,
-                                  markup=False)
+                err_console.print(
+                    "\n".join("    " + line for line in text.splitlines()), highlight=False, markup=False
+                )
             else:
                 err_console.print(f"  [dim]{key}:[/] {text}", highlight=False)
     if exc.fix:
