@@ -140,32 +140,16 @@ async def up(
 
     async def per_host(hs: HostSession, instances: list[InstanceSpec]) -> list[Outcome]:
         targets = [
-            build_target(
-                fleet.file,
-                fleet.engine,
-                i,
-                hs.facts.workdir,
-                secret,
-                planned_capacity(fleet.file, fleet.engine, i, shape),
-            )
+            build_target(fleet.file, fleet.engine, i, hs.facts.workdir, secret,
+                         planned_capacity(fleet.file, fleet.engine, i, shape))
             for i in instances
-        ]
-        return list(
-            await asyncio.gather(
-                *(
-                    ensure_up(
-                        hs,
-                        t,
-                        records.get(t.inst.name),
-                        fleet.engine,
-                        force=force,
-                        progress=progress,
-                        on_record=on_record,
-                    )
-                    for t in targets
-                )
-            )
-        )
+        ]  # fmt: skip
+        runs = (
+            ensure_up(hs, t, records.get(t.inst.name), fleet.engine, force=force, progress=progress,
+                      on_record=on_record)
+            for t in targets
+        )  # fmt: skip
+        return list(await asyncio.gather(*runs))
 
     return await for_each_host(fleet, only, per_host)
 
