@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from fleetgen.config import FleetFile
 from fleetgen.deploy.script import REDACTED, InstancePaths, LaunchSpec, SecretEnv, render_script, sha256_text
 from fleetgen.deploy.state import InstanceRecord, load_state, save_state, update_state
+from fleetgen.deploy.targets import launch_spec
 from fleetgen.deploy.verify import capacity_from_info, capacity_from_log, process_drift, view_mismatches
 from fleetgen.deploy.watch import GENERIC_SIGNATURES, LogWatch, first_fatal, proc_state
 from fleetgen.engines import get_engine
@@ -68,6 +71,27 @@ def test_secret_is_read_from_the_key_file_never_written_in_the_script(tmp_path: 
     assert SECRET not in text
     assert out.stdout.splitlines() == ["--api-key", SECRET]
     assert s.environ["FLEET_KEY"] == REDACTED
+
+
+def test_vllm_public_key_reaches_the_engine_as_its_env_var_not_its_argv(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM reads VLLM_API_KEY: the script exports it from the key file; the exec'd argv has no key."""
+    fleet = FleetFile.model_validate(
+        {
+            "engine": {"kind": "vllm", "model": "/m", "bind": "0.0.0.0", "api_key_env": "FLEET_KEY"},
+            "hosts": [{"name": "h0", "gpus": [0]}],
+        }
+    )
+    s = launch_spec(fleet, get_engine("vllm"), fleet.instances()[0], str(tmp_path))
+    assert s.secret == SecretEnv("VLLM_API_KEY") and "--api-key" not in s.argv
+    text = render_script(replace(s, python="sh", launcher=("-c", 'printf "%s|%s" "$VLLM_API_KEY" "$*"', "x")))
+    (tmp_path / "h0-0").mkdir()
+    (tmp_path / "h0-0" / "api_key").write_text(SECRET)
+    (tmp_path / "launch.sh").write_text(text)
+    out = subprocess.run(["bash", str(tmp_path / "launch.sh")], capture_output=True, text=True, check=True)
+    key, argv = out.stdout.split("|", 1)
+    assert key == SECRET and SECRET not in argv and SECRET not in text
 
 
 def test_missing_key_file_stops_the_script(tmp_path: Path) -> None:

@@ -46,13 +46,23 @@ def test_sglang_argv_and_env() -> None:
     assert engine.build_env(fleet.engine, inst) == {"X": "1", "CUDA_VISIBLE_DEVICES": "2,3"}
 
 
-def test_vllm_argv_has_positional_model_and_public_key_reference() -> None:
+def test_vllm_argv_has_positional_model_and_keeps_the_public_key_off_the_argv() -> None:
     fleet = _fleet("vllm", bind="0.0.0.0", api_key_env="MY_KEY", args={"max-model-len": 4096})
     inst = fleet.instances()[0]
-    argv = get_engine("vllm").build_argv(fleet.engine, inst, model_path="/m", host_bind="0.0.0.0")
+    engine = get_engine("vllm")
+    argv = engine.build_argv(fleet.engine, inst, model_path="/m", host_bind="0.0.0.0")
     assert argv[0] == "/m"
-    assert argv[-2:] == ["--api-key", "${MY_KEY}"]  # the key itself never lands in the argv
+    assert "--api-key" not in argv and not any("MY_KEY" in a for a in argv)  # `ps` shows every argv
+    assert engine.api_key_env_var == "VLLM_API_KEY"  # the launch script exports the key under this name
     assert "--tensor-parallel-size" in argv
+
+
+def test_sglang_refers_to_the_public_key_on_its_argv() -> None:
+    fleet = _fleet("sglang", bind="0.0.0.0", api_key_env="MY_KEY", args={})
+    engine = get_engine("sglang")
+    argv = engine.build_argv(fleet.engine, fleet.instances()[0], model_path="/m", host_bind="0.0.0.0")
+    assert argv[-2:] == ["--api-key", "${MY_KEY}"]  # a reference the script expands; never the key
+    assert engine.api_key_env_var is None
 
 
 def test_renamed_flags_are_translated_per_era() -> None:

@@ -9,7 +9,7 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from fleetgen.config import FleetFile, HostSpec, InstanceSpec
+from fleetgen.config import EngineSpec, FleetFile, HostSpec, InstanceSpec
 from fleetgen.deploy.instance import Target
 from fleetgen.deploy.script import InstancePaths, LaunchSpec, SecretEnv, render_script, sha256_text
 from fleetgen.engines import Engine, select_rule_set
@@ -45,8 +45,16 @@ def launch_spec(fleet: FleetFile, engine: Engine, inst: InstanceSpec, workdir: s
         args=tuple(args),
         env=engine.build_env(spec, inst),
         paths=InstancePaths(workdir, inst.name),
-        secret=SecretEnv(spec.api_key_env) if spec.is_public and spec.api_key_env else None,
+        secret=_secret(spec, engine),
     )
+
+
+def _secret(spec: EngineSpec, engine: Engine) -> SecretEnv | None:
+    """Where the launch script puts the API key: the engine's own env var when it has one (vLLM), else the
+    variable the engine's argv refers to (`${api_key_env}`, SGLang)."""
+    if not spec.is_public or not spec.api_key_env:
+        return None
+    return SecretEnv(engine.api_key_env_var or spec.api_key_env)
 
 
 def build_target(

@@ -126,6 +126,9 @@ class Engine(Protocol):
     fatal_signatures: tuple[FatalSignature, ...]
     rule_sets: tuple[RuleSet, ...]
     api_key_flag: str
+    # An env var the engine reads its API key from, when it has one: the key then stays off the argv, which
+    # any user of the host can read with `ps` (/proc/PID/environ is readable by the owner only).
+    api_key_env_var: str | None
 
     def build_argv(
         self,

@@ -201,6 +201,7 @@ class SGLangEngine:
     fatal_signatures: tuple[FatalSignature, ...] = FATAL_SIGNATURES
     rule_sets: tuple[RuleSet, ...] = RULE_SETS
     api_key_flag = "--api-key"
+    api_key_env_var: str | None = None  # SGLang reads the key only from --api-key
 
     def build_argv(
         self,

@@ -12,7 +12,6 @@ from fleetgen.engines.base import (
     MetricNames,
     ParserVerdict,
     RuleSet,
-    api_key_reference,
     cuda_visible_devices,
     format_args,
     translate_args,
@@ -134,6 +133,7 @@ class VLLMEngine:
     fatal_signatures: tuple[FatalSignature, ...] = FATAL_SIGNATURES
     rule_sets: tuple[RuleSet, ...] = RULE_SETS
     api_key_flag = "--api-key"
+    api_key_env_var: str | None = "VLLM_API_KEY"  # vllm/envs.py; --api-key would show the key to `ps`
 
     def build_argv(
         self,
@@ -149,9 +149,7 @@ class VLLMEngine:
         argv += ["--tensor-parallel-size", str(spec.tp), "--host", host_bind, "--port", str(inst.port)]
         if spec.served_model_name:
             argv += ["--served-model-name", spec.served_model_name]
-        if spec.is_public:
-            argv += [self.api_key_flag, api_key_reference(spec)]
-        return argv
+        return argv  # a public bind's key reaches vLLM as VLLM_API_KEY (api_key_env_var), not on the argv
 
     def build_env(self, spec: EngineSpec, inst: InstanceSpec) -> dict[str, str]:
         return {**spec.env, "CUDA_VISIBLE_DEVICES": cuda_visible_devices(inst)}
