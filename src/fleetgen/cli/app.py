@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from fleetgen.errors import FleetgenError
 
@@ -47,23 +48,23 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
 def render_error(exc: FleetgenError) -> None:
     """Print an error as: what happened (red), its context lines, and the fix."""
-    err_console.print(f"[bold red]error:[/] {exc.message}", highlight=False, markup=True)
+    err_console.print(f"[bold red]error:[/] {escape(exc.message)}", highlight=False)
     for key, value in exc.context.items():
         if value not in (None, ""):
             text = str(value)
             if "\n" in text:
-                err_console.print(f"  [dim]{key}:[/]", highlight=False)
+                err_console.print(f"  [dim]{escape(key)}:[/]", highlight=False)
                 err_console.print(
                     "\n".join("    " + line for line in text.splitlines()), highlight=False, markup=False
                 )
             else:
-                err_console.print(f"  [dim]{key}:[/] {text}", highlight=False)
+                err_console.print(f"  [dim]{escape(key)}:[/] {escape(text)}", highlight=False)
     if exc.fix:
-        err_console.print(f"  [bold green]fix:[/] {exc.fix}", highlight=False)
+        err_console.print(f"  [bold green]fix:[/] {escape(exc.fix)}", highlight=False)
 
 
 def warn(message: str) -> None:
-    err_console.print(f"[yellow]warning:[/] {message}", highlight=False)
+    err_console.print(f"[yellow]warning:[/] {escape(message)}", highlight=False)
 
 
 def exit_with(code: int) -> None:

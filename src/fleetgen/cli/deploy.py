@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from fleetgen.cli.app import FLEET_OPTION, app, console, err_console, exit_with, render_error, run
@@ -23,7 +24,7 @@ LOGS_FLEET_OPTION = typer.Option(Path("fleet.toml"), "--fleet", help="The fleet 
 
 
 def _progress(instance: str, message: str) -> None:
-    err_console.print(f"[dim]{instance}:[/] {message}", highlight=False)
+    err_console.print(f"[dim]{escape(instance)}:[/] {escape(message)}", highlight=False)
 
 
 def _report(outcomes: Sequence[Outcome], verb: str) -> int:

@@ -54,7 +54,9 @@ PATH_ARGUMENT = typer.Argument(Path("fleet.toml"), help="Where to write the exam
 def init(path: Path = PATH_ARGUMENT) -> None:
     """Write a commented example fleet file to PATH (refuses to overwrite)."""
     run(_write_example(path))
-    console.print(f"wrote {path}: edit [[hosts]] and [engine], then run `fleetgen hosts check -f {path}`")
+    console.print(
+        f"wrote {path}: edit [[hosts]] and [engine], then run `fleetgen hosts check -f {path}`", markup=False
+    )
 
 
 async def _write_example(path: Path) -> None:
