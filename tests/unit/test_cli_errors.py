@@ -1,0 +1,33 @@
+"""The CLI's one error renderer: message, context and fix, printed verbatim (no markup from user text)."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from fleetgen.cli import _TOPICS, app
+
+
+def _cli() -> CliRunner:
+    """A runner over the app with every topic registered, as `main()` does before running it."""
+    for topic in _TOPICS:
+        importlib.import_module(f"fleetgen.cli.{topic}")
+    return CliRunner()
+
+
+def test_a_config_error_names_file_line_field_and_fix_with_brackets_intact(tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text('[engine]\nkind = "sglang"\nmodel = "/m"\n\n[[hosts]]\nname = "a"\ngpus = [0, 0]\n')
+    result = _cli().invoke(app, ["plan", "-f", str(fleet), "--offline"])
+    assert result.exit_code == 2
+    text = " ".join(result.output.split())
+    assert f"{fleet}:7: hosts[0].gpus: GPU indices repeat in [0, 0]" in text
+    assert "fix: edit" in text
+
+
+def test_init_names_the_tables_to_edit(tmp_path: Path) -> None:
+    result = _cli().invoke(app, ["init", str(tmp_path / "f.toml")])
+    assert result.exit_code == 0
+    assert "edit [[hosts]] and [engine]" in " ".join(result.output.split())
