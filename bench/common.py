@@ -107,15 +107,34 @@ def reap(proc: subprocess.Popen[bytes], start: float, argv: Sequence[str], log_p
 def measure(
     argv: Sequence[str], log_path: Path, env: dict[str, str] | None = None, timeout_s: float = 3600.0
 ) -> Measured:
-    """Run a child to the end and measure it; kill its group if it outlives `timeout_s`."""
+    """Run a child to the end and measure it; kill its group if it outlives `timeout_s`.
+
+    Peak RSS is the child's own VmHWM, polled while it runs: wait4's ru_maxrss is useless here, because Linux
+    carries the pre-exec image's high-water mark (this bench process, vfork'ed) across exec.
+    """
     proc, start = spawn(argv, log_path, env)
     deadline = start + timeout_s
+    peak_kb = 0
     while _alive(proc.pid):
+        peak_kb = max(peak_kb, vm_hwm_kb(proc.pid))
         if time.perf_counter() > deadline:
             kill_group(proc)
             break
         time.sleep(0.05)
-    return reap(proc, start, argv, log_path)
+    measured = reap(proc, start, argv, log_path)
+    measured.max_rss_mb = peak_kb / 1024
+    return measured
+
+
+def vm_hwm_kb(pid: int) -> int:
+    """The process's peak resident set (VmHWM, kB) so far; 0 once it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        return 0
+    return 0
 
 
 def _alive(pid: int) -> bool:

@@ -90,7 +90,7 @@ def run(ctx: Context) -> list[Row]:
         ),
         Row(
             "scale",
-            f"resume: run → first dispatch, {label} stored",
+            f"resume: run → first dispatch, {label} stored, {NUM_NEW} appended",
             "s",
             {"fleetgen": to_first},
             target="≤ 5 s",

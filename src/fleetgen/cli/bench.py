@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -28,6 +28,7 @@ ENDPOINT_OPTION = typer.Option(
 )
 PNG_OPTION = typer.Option(None, "--png", help="Write tok/s vs concurrency per instance to this PNG.")
 TABLE_WIDTH = 130
+T = TypeVar("T")
 PNG_MISSING = "the PNG plot needs matplotlib, an optional dependency"
 
 
@@ -122,48 +123,46 @@ def speedup_table(rows: Sequence[SpeedupRow]) -> Table:
     return table
 
 
+INPUT_LEN_OPTION = typer.Option(1024, "--input-len", min=1, help="Prompt tokens per request.")
+OUTPUT_LEN_OPTION = typer.Option(1024, "--output-len", min=1, help="Output tokens per request (ignore_eos).")
+LEVELS_OPTION = typer.Option(
+    ",".join(map(str, DEFAULT_CONCURRENCIES)), "--concurrency", "-c", help="Levels per instance, e.g. 1,8,32."
+)
+CAP_OPTION = typer.Option(
+    None, "--max-concurrency", min=1, help="Cap the levels (the plan's max running requests caps them too)."
+)
+ROUNDS_OPTION = typer.Option(2, "--rounds", min=1, help="Requests per level = rounds × concurrency.")
+SCOPE_OPTION = typer.Option("both", "--scope", help="instances, fleet or both.")
+MODEL_OPTION = typer.Option(None, "--model", help="Model name; default: the server's first.")
+THINKING_OPTION = typer.Option(True, "--thinking/--no-thinking", help="Chat template thinking on/off.")
+COMPARE_OPTION = typer.Option(
+    False,
+    "--compare-spec",
+    help="Deploy spec decoding off, then on (as the fleet file says); print the speedup.",
+)
+JSON_OPTION = typer.Option(False, "--json", help="Print JSON instead of tables.")
+
+
 @app.command()
 def bench(
     fleet: Path = FLEET_OPTION,
     endpoint: list[str] | None = ENDPOINT_OPTION,
-    input_len: int = typer.Option(1024, "--input-len", min=1, help="Prompt tokens per request."),
-    output_len: int = typer.Option(
-        1024, "--output-len", min=1, help="Output tokens per request (ignore_eos)."
-    ),
-    concurrency: str = typer.Option(
-        ",".join(map(str, DEFAULT_CONCURRENCIES)),
-        "--concurrency",
-        "-c",
-        help="Concurrency levels per instance, comma-separated.",
-    ),
-    max_concurrency: int | None = typer.Option(
-        None,
-        "--max-concurrency",
-        min=1,
-        help="Cap the levels (the plan's max running requests caps them too).",
-    ),
-    rounds: int = typer.Option(2, "--rounds", min=1, help="Requests per level = rounds × concurrency."),
-    scope: str = typer.Option("both", "--scope", help="instances, fleet or both."),
-    model: str | None = typer.Option(None, "--model", help="Model name; default: the server's first."),
-    thinking: bool = typer.Option(True, "--thinking/--no-thinking", help="Chat template thinking on/off."),
-    compare: bool = typer.Option(
-        False,
-        "--compare-spec",
-        help="Deploy with speculative decoding off, then "
-        "on (the fleet file's), bench both, print the speedup.",
-    ),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    input_len: int = INPUT_LEN_OPTION,
+    output_len: int = OUTPUT_LEN_OPTION,
+    concurrency: str = LEVELS_OPTION,
+    max_concurrency: int | None = CAP_OPTION,
+    rounds: int = ROUNDS_OPTION,
+    scope: str = SCOPE_OPTION,
+    model: str | None = MODEL_OPTION,
+    thinking: bool = THINKING_OPTION,
+    compare: bool = COMPARE_OPTION,
+    as_json: bool = JSON_OPTION,
     png: Path | None = PNG_OPTION,
 ) -> None:
     """Measure output tok/s, req/s, TTFT, ITL and spec accept length over a concurrency sweep."""
-    if scope not in ("both", "instances", "fleet"):
-        raise typer.BadParameter("--scope is one of: instances, fleet, both")
-    try:
-        plotter = load_plotter() if png else None
-        levels_wanted = parse_levels(concurrency)
-    except FleetgenError as exc:
-        render_error(exc)
-        raise typer.Exit(exc.exit_code) from None
+    _check_args(scope, compare, endpoint)
+    plotter = _or_exit(lambda: load_plotter() if png else None)
+    levels_wanted = _or_exit(lambda: parse_levels(concurrency))
     spec = BenchSpec(
         input_len=input_len,
         output_len=output_len,
@@ -172,16 +171,37 @@ def bench(
         model=model,
         thinking=thinking,
     )
+    rows: list[SpeedupRow] = []
     if compare:
-        if endpoint:
-            raise typer.BadParameter("--compare-spec deploys the fleet twice: use --fleet, not --endpoint")
         off, on, rows = run(compare_spec(fleet, spec, scope=scope, cap=max_concurrency, on_level=_progress))
         levels = [dataclasses.replace(r, target=f"{r.target} (spec off)") for r in off] + list(on)
     else:
         levels = run(
             bench_fleet(fleet, endpoint or [], spec, scope=scope, cap=max_concurrency, on_level=_progress)
         )
-        rows = []
+    _print(spec, levels, rows, as_json)
+    if plotter is not None and png is not None:
+        plotter.plot_throughput(levels, png, title=f"in {input_len} / out {output_len} tokens")
+        err_console.print(f"wrote {png}", highlight=False)
+
+
+def _check_args(scope: str, compare: bool, endpoint: list[str] | None) -> None:
+    if scope not in ("both", "instances", "fleet"):
+        raise typer.BadParameter("--scope is one of: instances, fleet, both")
+    if compare and endpoint:
+        raise typer.BadParameter("--compare-spec deploys the fleet twice: use --fleet, not --endpoint")
+
+
+def _or_exit(step: Callable[[], T]) -> T:
+    """Run a pre-flight step; a FleetgenError is rendered (message, fix) and becomes its exit code."""
+    try:
+        return step()
+    except FleetgenError as exc:
+        render_error(exc)
+        raise typer.Exit(exc.exit_code) from None
+
+
+def _print(spec: BenchSpec, levels: Sequence[LevelResult], rows: Sequence[SpeedupRow], as_json: bool) -> None:
     if as_json:
         doc = {
             "spec": dataclasses.asdict(spec),
@@ -189,12 +209,9 @@ def bench(
             "speedups": [dataclasses.asdict(r) for r in rows],
         }
         console.print_json(json.dumps(doc, default=str))
-    else:
-        # A pipe gets rich's default 80 columns, too narrow for 12 columns of numbers: print wider there.
-        out = console if console.is_terminal else Console(width=TABLE_WIDTH)
-        out.print(level_table(levels, f"fleetgen bench: in {input_len} / out {output_len} tokens"))
-        if rows:
-            out.print(speedup_table(rows))
-    if plotter is not None and png is not None:
-        plotter.plot_throughput(levels, png, title=f"in {input_len} / out {output_len} tokens")
-        err_console.print(f"wrote {png}", highlight=False)
+        return
+    # A pipe gets rich's default 80 columns, too narrow for 12 columns of numbers: print wider there.
+    out = console if console.is_terminal else Console(width=TABLE_WIDTH)
+    out.print(level_table(levels, f"fleetgen bench: in {spec.input_len} / out {spec.output_len} tokens"))
+    if rows:
+        out.print(speedup_table(rows))
