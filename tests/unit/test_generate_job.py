@@ -4,6 +4,7 @@ every (record, sample) exactly once, resume, retries, error rows, bad input, mul
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,26 @@ async def test_rerun_does_nothing_and_deleted_rows_are_redone(tmp_path: Path) ->
         third = await Job(options(tmp_path, prompts, [a.url])).run()
     assert third.completions_this_run == 2
     assert sorted(r[0] for r in rows(tmp_path / "out", "SELECT line FROM results")) == list(range(1, 31))
+
+
+async def test_resume_after_the_input_changed_redoes_only_missing_samples(tmp_path: Path) -> None:
+    """A resume position is not trusted once the input's mtime moved: every line is checked against the
+    store again (done records by id alone), and only the missing (record, sample) pairs are redone."""
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": f"r{i}", "prompt": f"q{i}"} for i in range(40)])
+    out = tmp_path / "out"
+    async with serve(StandIn()) as a:
+        await Job(options(tmp_path, prompts, [a.url], params=params(samples=2))).run()
+        with sqlite3.connect(out / "results.sqlite") as conn:
+            conn.execute("DELETE FROM results WHERE (id = 'r5' AND sample = 1) OR id = 'r30'")
+        stat = prompts.stat()
+        os.utime(prompts, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # touched: position invalid
+        a.seen.clear()
+        again = await Job(options(tmp_path, prompts, [a.url], params=params(samples=2))).run()
+    assert again.completions_this_run == 3 and sorted(a.seen) == ["q30", "q5"]
+    got = rows(out, "SELECT id, sample FROM results")
+    assert len(got) == 80 and set(got) == {(f"r{i}", s) for i in range(40) for s in (0, 1)}
+    (position,) = rows(out, "SELECT value FROM meta WHERE key = 'position'")[0]
+    assert orjson.loads(position)["line"] == 40  # the position moved past the skipped runs to the end
 
 
 async def test_retryable_statuses_are_retried_and_400_is_not(tmp_path: Path) -> None:

@@ -13,18 +13,27 @@ import pytest
 
 from fleetgen.errors import JobError
 from fleetgen.generate import rows as rowmod
+from fleetgen.generate import source
 from fleetgen.generate.client import RequestFailed, parse_completion
 from fleetgen.generate.export import export, filter_sql
 from fleetgen.generate.progress import PositionTracker
 from fleetgen.generate.quality import flags_of, has_think_marker, is_repetitive
-from fleetgen.generate.source import BadInput, Position, Record, RecordShape, content_id, read_records
+from fleetgen.generate.source import (
+    BadInput,
+    Position,
+    Record,
+    RecordShape,
+    Skipped,
+    content_id,
+    read_records,
+)
 from fleetgen.generate.store import MIGRATIONS, Batch, Store
 from fleetgen.generate.work import Completion, Work, key_hash
 
 SHAPE = RecordShape()
 
 
-def records(path: Path, start: Position | None = None) -> list[Record | BadInput]:
+def records(path: Path, start: Position | None = None) -> list[Record | BadInput | Skipped]:
     return list(read_records(path, SHAPE, start or Position()))
 
 
@@ -40,6 +49,30 @@ def test_jsonl_records_bad_lines_and_resume_offset(tmp_path: Path) -> None:
     assert isinstance(arr, BadInput) and "expected a JSON object" in arr.reason
     resumed = records(path, Position(second.line, second.end_offset))
     assert [r.line for r in resumed] == [5]
+
+
+def test_done_records_are_skipped_in_runs_that_keep_their_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resume passes over done records by id alone, one `Skipped` per run, bad lines kept in order."""
+    lines = [orjson.dumps({"id": f"r{i}", "prompt": f"q{i}"}) for i in range(10)]
+    lines[3] = b"{oops"
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    ends = [sum(len(line) + 1 for line in lines[: k + 1]) for k in range(10)]  # offset after line k + 1
+    done = {"r0", "r1", "r2", "r4", "r5", "r7", "r8", "r9"}
+    got = list(read_records(path, SHAPE, Position(), is_done=done.__contains__))
+    assert [type(r).__name__ for r in got] == ["Skipped", "BadInput", "Skipped", "Record", "Skipped"]
+    assert got[0] == Skipped(3, ends[2]) and got[2] == Skipped(6, ends[5]) and got[4] == Skipped(10, ends[9])
+    assert isinstance(got[1], BadInput) and got[1].line == 4
+    assert isinstance(got[3], Record) and (got[3].record_id, got[3].line) == ("r6", 7)
+    # Reading on from a Skipped position gives exactly what follows it.
+    after = list(read_records(path, SHAPE, Position(got[2].line, got[2].end_offset)))
+    assert [r.line for r in after] == [7, 8, 9, 10]
+    # A long run is reported every SKIP_RUN lines, so the resume position keeps moving.
+    monkeypatch.setattr(source, "SKIP_RUN", 2)
+    runs = list(read_records(path, SHAPE, Position(), is_done=lambda rid: rid in {"r0", "r1", "r2"}))
+    assert runs[:2] == [Skipped(2, ends[1]), Skipped(3, ends[2])] and isinstance(runs[2], BadInput)
 
 
 def test_content_id_is_stable_and_key_order_free() -> None:

@@ -30,7 +30,15 @@ from fleetgen.generate.dispatch import Dispatcher, Endpoint, EndpointState, OnDe
 from fleetgen.generate.jobmeta import JobMeta
 from fleetgen.generate.progress import Counters, PositionTracker, Progress, RateMeter, Summary
 from fleetgen.generate.scrape import AcceptLengthScraper
-from fleetgen.generate.source import Position, Record, RecordShape, count_records, fingerprint, read_records
+from fleetgen.generate.source import (
+    Position,
+    Record,
+    RecordShape,
+    Skipped,
+    count_records,
+    fingerprint,
+    read_records,
+)
 from fleetgen.generate.store import Batch, Store
 from fleetgen.generate.work import BadInput, SamplingParams, Work, key_hash
 from fleetgen.generate.writer import StoreWriter
@@ -132,8 +140,8 @@ class Job:
             on_dead=opts.on_dead,
         )
         start = tracker.position if tracker else Position()
-        items = self._items(read_records(opts.input_path, opts.shape, start, opts.split), writer, tracker,
-                            wanted, done)  # fmt: skip
+        records = read_records(opts.input_path, opts.shape, start, opts.split, self._done_check(wanted, done))
+        items = self._items(records, writer, tracker, wanted, done)
         status = await self._execute(dispatcher, writer, items, wanted, started, on_progress)
         if status == "complete" and (opts.mode == "normal" or was_finished):
             jobmeta.finish(store)  # a re-run pass finishes only a job that had finished before
@@ -247,7 +255,7 @@ class Job:
 
     def _items(
         self,
-        records: Iterator[Record | BadInput],
+        records: Iterator[Record | BadInput | Skipped],
         writer: StoreWriter,
         tracker: PositionTracker | None,
         wanted: set[int] | None,
@@ -256,6 +264,10 @@ class Job:
         samples = self.options.params.samples
         seen: set[int] = set()
         for record in records:
+            if isinstance(record, Skipped):
+                if tracker is not None:
+                    tracker.open(record.line, record.end_offset, 0)
+                continue
             if isinstance(record, Record):
                 keys = [key_hash(record.record_id, s) for s in range(samples)]
                 record = self._check_duplicate(record, keys[0], seen, wanted, done)
@@ -272,6 +284,16 @@ class Job:
                 yield Work(
                     record.record_id, sample, record.source, record.line, record.segments, key=keys[sample]
                 )
+
+    def _done_check(self, wanted: set[int] | None, done: set[int]) -> Callable[[str], bool] | None:
+        """Normal runs: a record whose every sample is done is skipped from its id alone (a resume over a
+        million done records must not build a million message lists)."""
+        if wanted is not None or not done:
+            return None
+        samples = range(self.options.params.samples)
+        if len(samples) == 1:
+            return lambda record_id: key_hash(record_id, 0) in done
+        return lambda record_id: all(key_hash(record_id, s) in done for s in samples)
 
     @staticmethod
     def _check_duplicate(record: Record, first_key: int, seen: set[int], wanted: set[int] | None,

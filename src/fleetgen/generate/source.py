@@ -12,7 +12,7 @@ The id comes from a configurable field, else a stable hash of the record's canon
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,22 @@ class Record:
     line: int
     end_offset: int
     segments: list[list[Message]]
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """A run of records the caller said are done (`is_done(record id)`): where the last one ends.
+
+    One per run of consecutive done records (at most `SKIP_RUN` lines), not one per record: a resume that
+    passes over a million done records costs a JSON parse and a key lookup each, nothing more.
+    """
+
+    line: int
+    end_offset: int
+
+
+IsDone = Callable[[str], bool]
+SKIP_RUN = 65536
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,39 +151,70 @@ def _from_conversations(turns: object) -> list[list[Message]] | str:
     return segments or "no user turn in 'conversations'"
 
 
-def _record_of(raw: object, shape: RecordShape, source: str, line: int, end: int) -> Record | BadInput:
+def record_id_of(raw: dict[str, Any], shape: RecordShape) -> str:
+    """The record's id: its id field, else the hash of its content."""
+    value = raw.get(shape.id_field)
+    return str(value) if value not in (None, "") else content_id(raw)
+
+
+def _record_of(
+    raw: object, shape: RecordShape, source: str, line: int, end: int, is_done: IsDone | None = None
+) -> Record | BadInput | None:
+    """The record on a line; None when `is_done` says it is done (no messages are built for it)."""
     if not isinstance(raw, dict):
         return BadInput(source, line, f"expected a JSON object, got {type(raw).__name__}", None, end)
-    value = raw.get(shape.id_field)
-    record_id = str(value) if value not in (None, "") else content_id(raw)
+    record_id = record_id_of(raw, shape)
+    if is_done is not None and is_done(record_id):
+        return None
     segments = to_segments(raw, shape)
     if isinstance(segments, str):
         return BadInput(source, line, segments, record_id, end)
     return Record(record_id, source, line, end, segments)
 
 
-def read_jsonl(path: Path, shape: RecordShape, start: Position) -> Iterator[Record | BadInput]:
-    """Records of a JSONL file from `start`; a malformed line becomes `BadInput`; blank lines are skipped."""
+def read_jsonl(
+    path: Path, shape: RecordShape, start: Position, is_done: IsDone | None = None
+) -> Iterator[Record | BadInput | Skipped]:
+    """Records of a JSONL file from `start`; a malformed line becomes `BadInput`; blank lines are skipped;
+    runs of records `is_done` says are done become one `Skipped`."""
     source = str(path)
     with _open(path) as handle:
         handle.seek(start.offset)
         line, offset = start.line, start.offset
+        num_skipped = 0
         for raw in handle:
             line += 1
             offset += len(raw)
             if not raw.strip():
                 continue
+            item: Record | BadInput | None
             try:
                 parsed = orjson.loads(raw)
             except orjson.JSONDecodeError as exc:
-                yield BadInput(source, line, f"malformed JSON: {exc}", None, offset)
+                item = BadInput(source, line, f"malformed JSON: {exc}", None, offset)
+            else:
+                item = _record_of(parsed, shape, source, line, offset, is_done)
+            if item is None:
+                num_skipped += 1
+                if num_skipped == SKIP_RUN:
+                    num_skipped = 0
+                    yield Skipped(line, offset)
                 continue
-            yield _record_of(parsed, shape, source, line, offset)
+            if num_skipped:
+                num_skipped = 0
+                yield Skipped(line - 1, offset - len(raw))  # the run ends on the line before this one
+            yield item
+        if num_skipped:
+            yield Skipped(line, offset)
 
 
 def read_batches(
-    batches: Iterator[pa.RecordBatch], source: str, shape: RecordShape, start: Position
-) -> Iterator[Record | BadInput]:
+    batches: Iterator[pa.RecordBatch],
+    source: str,
+    shape: RecordShape,
+    start: Position,
+    is_done: IsDone | None = None,
+) -> Iterator[Record | BadInput | Skipped]:
     """Records of Arrow record batches (Parquet, HF datasets); `line` is the 1-based row number."""
     row = 0
     for batch in batches:
@@ -177,7 +224,8 @@ def read_batches(
         for raw in batch.to_pylist():
             row += 1
             if row > start.line:
-                yield _record_of(raw, shape, source, row, 0)
+                item = _record_of(raw, shape, source, row, 0, is_done)
+                yield Skipped(row, 0) if item is None else item
 
 
 def hf_arrow_files(folder: Path, split: str | None = None) -> list[Path]:
@@ -208,18 +256,22 @@ def _arrow_batches(files: list[Path]) -> Iterator[pa.RecordBatch]:
 
 
 def read_records(
-    path: Path, shape: RecordShape, start: Position = Position(), split: str | None = None
-) -> Iterator[Record | BadInput]:
-    """Stream the records of any supported input, starting after `start`."""
+    path: Path,
+    shape: RecordShape,
+    start: Position = Position(),
+    split: str | None = None,
+    is_done: IsDone | None = None,
+) -> Iterator[Record | BadInput | Skipped]:
+    """Stream the records of any supported input, starting after `start`; done ones as `Skipped`."""
     if path.is_dir():
-        return read_batches(_arrow_batches(hf_arrow_files(path, split)), str(path), shape, start)
+        return read_batches(_arrow_batches(hf_arrow_files(path, split)), str(path), shape, start, is_done)
     if path.suffix == ".parquet":
         try:
             parquet = pq.ParquetFile(str(path))
         except (OSError, pa.ArrowInvalid) as exc:
             raise InputError(f"cannot read Parquet file {path}: {exc}", fix="check the file") from exc
-        return read_batches(parquet.iter_batches(batch_size=BATCH_ROWS), str(path), shape, start)
-    return read_jsonl(path, shape, start)
+        return read_batches(parquet.iter_batches(batch_size=BATCH_ROWS), str(path), shape, start, is_done)
+    return read_jsonl(path, shape, start, is_done)
 
 
 def count_records(path: Path, split: str | None = None) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import sqlite3
 import time
 from collections.abc import Iterable
@@ -171,7 +172,7 @@ class Store:
         keys: set[int] = set()
         for table in ("results", "errors"):
             cursor = self.conn.execute(f"SELECT khash FROM {table} WHERE line > ?", (after_line,))
-            keys.update(k for (k,) in cursor)
+            keys.update(itertools.chain.from_iterable(cursor))  # rows are 1-tuples: flattened at C speed
         return keys
 
     def keys_where(self, table: str, where: str = "1") -> set[int]:
