@@ -25,6 +25,15 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+
+
+@app.callback()
+def _root() -> None:
+    """Plan, deploy and verify SGLang/vLLM servers over SSH, then generate training data exactly once."""
+    # A callback keeps `fleetgen` a command group even when only one topic module is imported (see
+    # cli/__init__.py): typer would otherwise collapse a one-command app into that command.
+
+
 console = Console()
 err_console = Console(stderr=True)
 T = TypeVar("T")
