@@ -57,7 +57,11 @@ async def test_run_against_two_sims_then_export(sim_server: SimFactory, tmp_path
         one.base_url.split("://")[1],
         two.base_url.split("://")[1],
     }
+    check_exports(out, tmp_path)
 
+
+def check_exports(out: Path, tmp_path: Path) -> None:
+    """SpecForge sharegpt (truncated rows filtered out) and Parquet with the documented columns."""
     sharegpt = tmp_path / "train.jsonl"
     exported = fleetgen(
         "export", str(out), "--format", "sharegpt", "--to", str(sharegpt), "--filter", "no-truncated"
