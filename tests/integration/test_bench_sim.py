@@ -48,10 +48,10 @@ async def test_levels_are_capped_by_the_servers_max_running_requests(sim_server:
 
 async def test_accept_length_comes_from_the_engines_metrics(sim_server: SimFactory) -> None:
     # SGLang (and the sim) refresh the accept-length gauge at each decode log line, about once a second:
-    # the level must outlast one (600 tokens at 400 tok/s ≈ 1.5 s).
+    # the level must outlast one (600 tokens at 160 steps/s × 2.5 accepted per step = 400 tok/s ≈ 1.5 s).
     spec = BenchSpec(input_len=16, output_len=600, concurrencies=(2,), rounds=1, min_requests=2)
     flags = dict(
-        speculative_algorithm="EAGLE", sim_accept_length=2.5, sim_decode_tps=400, enable_metrics=True
+        speculative_algorithm="EAGLE", sim_accept_length=2.5, sim_decode_tps=160, enable_metrics=True
     )
     async with sim_server(**flags) as (url, _):
         (level,) = await sweep([Target("i0", (url,))], spec)

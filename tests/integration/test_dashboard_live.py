@@ -116,7 +116,7 @@ async def test_dashboard_follows_a_running_job_and_flags_a_killed_instance(
 ) -> None:
     need_chromium()
     sim_flags = dict(enable_metrics=True, speculative_algorithm="NGRAM", speculative_num_draft_tokens=4,
-                     sim_decode_tps=150, sim_output_tokens=120)  # fmt: skip
+                     sim_decode_tps=60, sim_output_tokens=120)  # fmt: skip
     out, port = tmp_path / "out", free_port()
     logs = [tmp_path / "run.log", tmp_path / "dashboard.log"]
     async with contextlib.AsyncExitStack() as stack:

@@ -155,7 +155,7 @@ async def test_server_info_reflects_flags(sim_server: SimFactory) -> None:
 
 
 async def test_spec_reported_after_a_run(sim_server: SimFactory) -> None:
-    async with sim_server(speculative_algorithm="EAGLE", sim_decode_tps=400, sim_output_tokens=500) as srv:
+    async with sim_server(speculative_algorithm="EAGLE", sim_decode_tps=150, sim_output_tokens=500) as srv:
         before = await get_json(srv.base_url, "/server_info")
         assert "avg_spec_accept_length" not in before["internal_states"][0]
         status, _ = await post_chat(srv.base_url, user("hi"))

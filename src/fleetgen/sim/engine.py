@@ -1,5 +1,11 @@
 """The simulated scheduler: admission up to max_running_requests (the rest queue), decode pacing, counters,
 speculative accept statistics, the periodic "Decode batch" log line, and the hard crash knob.
+
+Decode pacing: `--sim-decode-tps` is the decode steps per second one request gets (= its tokens/s without
+speculative decoding). With speculative decoding on, one step (draft + verify) yields `accept_length`
+tokens on average (the bonus token included, as SGLang counts it), so a request decodes at
+`decode_tps × accept_length` tokens/s. The sim charges nothing for the draft model's own passes, so its
+speed-up equals the accept length: an upper bound of what a GPU gets.
 """
 
 from __future__ import annotations
@@ -158,15 +164,21 @@ class SimScheduler:
             counters.spec_accept_tokens += num_tokens
             counters.spec_forward_ct += math.ceil(num_tokens / self.accept_length)
 
+    @property
+    def tokens_per_s(self) -> float:
+        """One request's decode speed: steps/s × tokens per step (the accept length with spec on)."""
+        return self.decode_tps * (self.accept_length if self.is_spec else 1.0)
+
     async def pace(self, num_tokens: int) -> AsyncIterator[int]:
-        """Release `num_tokens` over time at `--sim-decode-tps` (all at once when it is 0)."""
-        if self.decode_tps <= 0:
+        """Release `num_tokens` over time at `tokens_per_s` (all at once when `--sim-decode-tps` is 0)."""
+        rate = self.tokens_per_s
+        if rate <= 0:
             yield num_tokens
             return
         released, start = 0, time.monotonic()
         while released < num_tokens:
-            await asyncio.sleep(max(PACE_STEP_S, 1 / self.decode_tps))
-            due = min(num_tokens, int((time.monotonic() - start) * self.decode_tps))
+            await asyncio.sleep(max(PACE_STEP_S, 1 / rate))
+            due = min(num_tokens, int((time.monotonic() - start) * rate))
             if due > released:
                 yield due - released
                 released = due

@@ -127,7 +127,8 @@ def _add_flag(parser: argparse.ArgumentParser, flag: dict[str, Any]) -> None:
 # (flag, argparse kwargs): the simulator's own knobs; none of them exists in SGLang.
 SIM_KNOBS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--sim-decode-tps", {"type": float, "default": 0.0,
-                          "help": "Decode speed per request in tokens/s; 0 answers instantly."}),
+                          "help": "Decode steps/s per request (= tokens/s without speculative decoding, "
+                                  "× the accept length with it); 0 answers instantly."}),
     ("--sim-output-tokens", {"type": int, "default": 1800,
                              "help": "Tokens per answer (reasoning + content) unless max_tokens cuts it."}),
     ("--sim-reasoning-fraction", {"type": float, "default": 0.75,
