@@ -22,6 +22,7 @@ from fleetgen.generate.bench_stats import (
     make_prompt,
     parse_metrics,
     percentile,
+    pooled_accept_length,
     read_event,
     speedups,
     summarize,
@@ -102,6 +103,30 @@ def test_accept_length_from_sglang_gauge() -> None:
     assert accept_length_from_metrics({}, parse_metrics(text), names) == 2.75
     assert accept_length_from_metrics({}, {}, names) is None
     assert accept_length_from_metrics({}, parse_metrics(VLLM_METRICS % (1, 1)), names) is None
+
+
+def sglang_metrics(accept: float, generated: int) -> dict[str, float]:
+    return parse_metrics(
+        "# TYPE sglang:spec_accept_length gauge\n"
+        f'sglang:spec_accept_length{{model_name="m"}} {accept}\n'
+        "# TYPE sglang:generation_tokens counter\n"
+        f'sglang:generation_tokens_total{{model_name="m"}} {generated}\n'
+    )
+
+
+def test_pooled_accept_length_never_adds_gauges_across_endpoints() -> None:
+    known = [get_engine("sglang").metrics, get_engine("vllm").metrics]
+    before = [sglang_metrics(0, 100), sglang_metrics(0, 100)]
+    same = [sglang_metrics(2.5, 600), sglang_metrics(2.5, 1100)]
+    assert pooled_accept_length(before, same, known) == pytest.approx(2.5)  # two engines at 2.5: not 5.0
+    # Pooled as tokens / verify steps: 500 tokens at 2 (250 steps) + 1000 at 4 (250 steps) = 1500 / 500.
+    mixed = [sglang_metrics(2.0, 600), sglang_metrics(4.0, 1100)]
+    assert pooled_accept_length(before, mixed, known) == pytest.approx(3.0)
+    # vLLM counters per endpoint; an endpoint without metrics ({}) is left out.
+    vllm = [parse_metrics(VLLM_METRICS % (100, 150)), {}]
+    vllm_after = [parse_metrics(VLLM_METRICS % (300, 550)), {}]
+    assert pooled_accept_length(vllm, vllm_after, known) == pytest.approx(3.0)
+    assert pooled_accept_length([{}, {}], [{}, {}], known) is None
 
 
 def sample(

@@ -30,12 +30,12 @@ from fleetgen.generate.bench_stats import (
     LevelResult,
     RequestSample,
     Target,
-    accept_length_from_metrics,
     build_level,
     capped_levels,
     chat_body,
     make_prompt,
     parse_metrics,
+    pooled_accept_length,
     read_event,
 )
 
@@ -94,18 +94,18 @@ async def get_json(session: aiohttp.ClientSession, url: str, headers: Mapping[st
 
 async def scrape(
     session: aiohttp.ClientSession, urls: Sequence[str], headers: Mapping[str, str]
-) -> dict[str, float]:
-    """Sum of every endpoint's /metrics samples; {} when an endpoint serves none (metrics are optional)."""
-    total: dict[str, float] = {}
+) -> list[dict[str, float]]:
+    """Every endpoint's /metrics samples, one dict per URL (kept apart: gauges do not add up across
+    endpoints); {} for an endpoint that serves none (metrics are optional)."""
+    snapshots: list[dict[str, float]] = []
     for url in urls:
         try:
             async with session.get(url + "/metrics", headers=headers) as resp:
                 text = await resp.text() if resp.status == 200 else ""
         except (aiohttp.ClientError, TimeoutError):
-            return {}
-        for name, value in parse_metrics(text).items():
-            total[name] = total.get(name, 0.0) + value
-    return total
+            text = ""
+        snapshots.append(parse_metrics(text))
+    return snapshots
 
 
 async def served_model(session: aiohttp.ClientSession, url: str, headers: Mapping[str, str]) -> str:
@@ -175,15 +175,8 @@ async def run_level(
     await asyncio.gather(*(worker(url) for url in target.urls for _ in range(concurrency)))
     duration = time.perf_counter() - start
     after = await scrape(session, target.urls, headers)
-    return build_level(target, concurrency, samples, duration, _accept(before, after))
-
-
-def _accept(before: Mapping[str, float], after: Mapping[str, float]) -> float | None:
-    for names in KNOWN_METRICS:
-        value = accept_length_from_metrics(before, after, names)
-        if value is not None:
-            return value
-    return None
+    accept = pooled_accept_length(before, after, KNOWN_METRICS)
+    return build_level(target, concurrency, samples, duration, accept)
 
 
 async def sweep(

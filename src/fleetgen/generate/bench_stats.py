@@ -164,6 +164,30 @@ def accept_length_from_metrics(
     return gauge if gauge is not None and gauge > 0 else None
 
 
+def pooled_accept_length(
+    befores: Sequence[Mapping[str, float]],
+    afters: Sequence[Mapping[str, float]],
+    known: Sequence[MetricNames],
+) -> float | None:
+    """Accept length of several endpoints benched together (a fleet target), from each one's own snapshots.
+
+    Gauges must not be summed across endpoints (two engines at 2.5 are not at 5.0): each endpoint's value is
+    read alone, then pooled as total tokens / total verify steps, i.e. the harmonic mean weighted by the
+    tokens each endpoint generated in the window (equal weights when an engine exports no token counter)."""
+    pairs: list[tuple[float, float]] = []  # (accept length, generated tokens)
+    for before, after in zip(befores, afters, strict=True):
+        for names in known:
+            value = accept_length_from_metrics(before, after, names)
+            if value is not None:
+                name = names.generation_tokens_total
+                pairs.append((value, after.get(name, 0.0) - before.get(name, 0.0) if name else 0.0))
+                break
+    if not pairs:
+        return None
+    weights = [w for _, w in pairs] if all(w > 0 for _, w in pairs) else [1.0] * len(pairs)
+    return sum(weights) / sum(w / value for (value, _), w in zip(pairs, weights, strict=True))
+
+
 def tokens_per_chunk(samples: Sequence[RequestSample]) -> float | None:
     """Tokens per token-bearing chunk: the accept length if the server sends one chunk per decode step (a
     client that reads late sees coalesced chunks, so this is a hint, not the engine's number)."""
