@@ -168,6 +168,18 @@ async def test_tail_and_follow(host: CommandHost, tmp_path: Path) -> None:
         await host.tail(str(tmp_path / "missing.log"))
 
 
+async def test_follow_with_last_lines_is_one_tail(host: CommandHost, tmp_path: Path) -> None:
+    """`follow(last=N)`: the last N lines, then the appended ones, from one `tail -F` (none lost between)."""
+    log = tmp_path / "follow-last.log"
+    log.write_text("old 1\nold 2\nold 3\n")
+    lines = host.follow(str(log), poll_s=0.1, last=2)
+    assert [await asyncio.wait_for(anext(lines), 20) for _ in range(2)] == ["old 2", "old 3"]
+    with log.open("a") as fh:
+        fh.write("new 4\n")
+    assert await asyncio.wait_for(anext(lines), 20) == "new 4"
+    await lines.aclose()  # type: ignore[attr-defined]
+
+
 async def test_closed_host_refuses_use(ssh_hosts: list[SshdHost]) -> None:
     host = open_host(ssh_hosts[0].spec())
     async with host:

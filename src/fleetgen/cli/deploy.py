@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+import signal
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.markup import escape
@@ -146,7 +148,7 @@ def status(
         if not all(s.ready for s in statuses):
             exit_with(1)
         return
-    run(_watch(fleet, only, as_json, interval))
+    run(_until_interrupted(_watch(fleet, only, as_json, interval)))
 
 
 async def _watch(fleet: Path, only: list[str] | None, as_json: bool, interval: float) -> None:
@@ -166,7 +168,7 @@ def logs(
     name: str = typer.Argument(..., help="Instance name (`fleetgen status` lists them)."),
     fleet: Path = LOGS_FLEET_OPTION,
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines."),
-    lines: int = typer.Option(100, "--lines", "-n", help="How many lines of the end to show."),
+    lines: int = typer.Option(100, "--lines", "-n", min=0, help="How many lines of the end to show."),
 ) -> None:
     """Show an instance's current log (the launch in progress or running)."""
 
@@ -174,4 +176,24 @@ def logs(
         async for line in read_log(fleet, name, lines, follow=follow):
             print(line, flush=True)
 
-    run(show())
+    run(_until_interrupted(show()) if follow else show())
+
+
+async def _until_interrupted(work: Coroutine[Any, Any, None]) -> None:
+    """Run a watch or a follow until Ctrl-C (or SIGTERM): that is how they end, so it is no error (exit
+    0). Cancelling the work closes its SSH channels, which stops the remote `tail -F` too."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    task, stopper = asyncio.create_task(work), asyncio.create_task(stop.wait())
+    try:
+        done, _ = await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        for pending in (task, stopper):
+            pending.cancel()
+        await asyncio.gather(task, stopper, return_exceptions=True)
+    if task in done:
+        task.result()  # the work ended by itself: its error (if any) is the command's

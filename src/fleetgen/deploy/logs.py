@@ -38,8 +38,9 @@ async def read_log(
                 f"{name} has no log yet ({path} does not exist on {spec.name})",
                 fix="start it with `fleetgen up`",
             )
+        if follow:  # one `tail -F -n N`: a tail then a follow would lose the lines written in between
+            async for line in hs.host.follow(path, last=num_lines):
+                yield line
+            return
         for line in (await hs.host.tail(path, num_lines)).splitlines():
             yield line
-        if follow:
-            async for line in hs.host.follow(path):
-                yield line

@@ -101,8 +101,8 @@ class Host(Protocol):
 
     async def tail(self, path: str, num_lines: int = 100) -> str: ...
 
-    def follow(self, path: str, *, poll_s: float = 0.2) -> AsyncIterator[str]:
-        """Yield lines appended to `path` from now on (and what is there already when `from_start`)."""
+    def follow(self, path: str, *, poll_s: float = 0.2, last: int = 0) -> AsyncIterator[str]:
+        """Yield the last `last` lines of `path`, then every line appended (one command: none lost)."""
         ...
 
     async def close(self) -> None: ...

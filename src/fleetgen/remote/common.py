@@ -310,14 +310,17 @@ class CommandHost(ABC):
             )
         return result.stdout
 
-    async def follow(self, path: str, *, poll_s: float = 0.2, from_start: bool = False) -> AsyncIterator[str]:
-        """Yield lines appended to `path` from now on (everything already there too with `from_start`).
+    async def follow(
+        self, path: str, *, poll_s: float = 0.2, from_start: bool = False, last: int = 0
+    ) -> AsyncIterator[str]:
+        """Yield the last `last` lines of `path` (everything with `from_start`), then the lines appended.
 
-        Follows the name (`tail -F`), so a log that is recreated keeps being followed.
+        Follows the name (`tail -F`), so a log that is recreated keeps being followed. The lines already
+        there come from the same `tail` as the new ones, so no line written in between is lost.
         """
         self._check_usable()
         target = await self.expand(path)
-        start = "+1" if from_start else "0"
+        start = "+1" if from_start else str(max(0, last))
         async for line in self._stream_lines(["tail", "-F", "-s", str(poll_s), "-n", start, "--", target]):
             yield line
 
