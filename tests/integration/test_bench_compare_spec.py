@@ -31,15 +31,15 @@ SPEC_ARGS: dict[str, ArgValue] = {
     "speculative-eagle-topk": 1,
     "speculative-num-draft-tokens": 4,
     "max-running-requests": 8,
-    # 25 decode steps/s per request: 64 tokens take ~2.6 s without speculative decoding, ~1 s with it.
-    "sim-decode-tps": 25.0,
+    # 64 decode steps/s per request: 64 tokens take ~1 s without speculative decoding, ~0.4 s with it.
+    "sim-decode-tps": 64.0,
     "sim-accept-length": ACCEPT_LENGTH,
 }
 # The sim logs its resolved ServerArgs at start (as SGLang does): one line per launch log.
 ALGORITHM_RE = re.compile(r"speculative_algorithm=('?\w+'?)")
 
 
-def fleet_file(tmp_path: Path, hosts: list[SshdHost]) -> Path:
+def fleet_file(tmp_path: Path, hosts: list[SshdHost], **extra: ArgValue) -> Path:
     model = tmp_path / "model"
     model.mkdir()
     return write_fleet(
@@ -52,7 +52,7 @@ def fleet_file(tmp_path: Path, hosts: list[SshdHost]) -> Path:
         gpus=(0, 1),
         launcher=["-m", "fleetgen.sim"],
         ready_timeout_s=300.0,
-        args=SPEC_ARGS,
+        args={**SPEC_ARGS, **extra},
     )
 
 
@@ -140,3 +140,23 @@ async def test_compare_spec_deploys_off_then_on_and_reports_a_speedup_per_level(
         stopped = await cli("down", "-f", str(fleet))
     assert stopped.returncode == 0, stopped.stderr
     assert [o.instance for o in await down(fleet) if o.pid] == []  # nothing left running
+
+
+async def test_a_failure_in_the_off_phase_says_the_fleet_runs_spec_off_and_how_to_restore(
+    ssh_hosts: list[SshdHost], tmp_path: Path
+) -> None:
+    # Each server dies hard (as on a CUDA crash) after a few requests: during the spec-off sweep.
+    fleet = fleet_file(tmp_path, ssh_hosts[:1], **{"sim-crash-after": 4})
+    try:
+        done = await cli(
+            "bench", "-f", str(fleet), "--compare-spec", "--concurrency", "1,4", "--output-len", "16",
+            "--input-len", "16", "--rounds", "1",
+        )  # fmt: skip
+        assert done.returncode != 0
+        assert "WITHOUT speculative decoding" in done.stderr, done.stderr
+        assert f"fleetgen up -f {fleet}" in " ".join(done.stderr.split()), done.stderr
+        assert not (tmp_path / "fleet.spec-off.toml").exists()
+        workdir = ssh_hosts[0].workdir / tmp_path.name
+        assert launched_algorithms(workdir, "h0-0") == ["None"]  # the spec-on deploy never happened
+    finally:
+        await down(fleet)

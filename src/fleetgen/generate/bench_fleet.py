@@ -16,7 +16,7 @@ from pathlib import Path
 
 from fleetgen.config import load_fleet
 from fleetgen.deploy.fleetops import up
-from fleetgen.errors import ConfigError
+from fleetgen.errors import ConfigError, FleetgenError
 from fleetgen.fleet.pool import ready_endpoints
 from fleetgen.generate.bench import sweep
 from fleetgen.generate.bench_stats import BenchSpec, LevelResult, SpeedupRow, Target, speedups
@@ -72,6 +72,13 @@ async def compare_spec(
     try:
         await _restart(off_path)
         off = await bench_fleet(off_path, (), spec, scope=scope, cap=cap, on_level=on_level)
+    except FleetgenError as exc:
+        # Not silent: the fleet now runs (some of) the spec-off deploy, unlike what the fleet file says.
+        exc.context["fleet left"] = "deployed WITHOUT speculative decoding (the --compare-spec off phase)"
+        exc.fix = f"{exc.fix}; then `fleetgen up -f {fleet_path}` restores the fleet file's deploy".lstrip(
+            "; "
+        )
+        raise
     finally:
         off_path.unlink(missing_ok=True)
     await _restart(fleet_path)
