@@ -26,7 +26,8 @@ def offenders(path: Path) -> list[str]:
             first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
             length = node.end_lineno - first + 1
             if length > MAX_FUNCTION_LINES:
-                found.append(f"{path}:{node.lineno}: {node.name}() has {length} lines (limit {MAX_FUNCTION_LINES})")
+                limit = f"(limit {MAX_FUNCTION_LINES})"
+                found.append(f"{path}:{node.lineno}: {node.name}() has {length} lines {limit}")
     return found
 
 

@@ -82,6 +82,28 @@ def job_inputs(tmp_path_factory: pytest.TempPathFactory, tiny_model: TinyModel) 
     return prompts, job
 
 
+def _num_rows(out: Path) -> int:
+    return query(out, "SELECT COUNT(*) FROM results")[0][0] if (out / "results.sqlite").exists() else 0
+
+
+def _kill_at_a_random_moment(proc: subprocess.Popen[bytes], out: Path, rng: random.Random) -> bool:
+    """SIGKILL the driver once it has stored a random 1–20 more rows, or after a random 1–4 s (start-up and
+    resume included), whichever comes first. Tying the moment to progress, not only to the clock, keeps the
+    job from finishing in fewer than MIN_KILLS runs however fast the servers are. False if it exited first."""
+    start_rows, target, deadline = (
+        _num_rows(out),
+        rng.randint(1, 20),
+        time.monotonic() + rng.uniform(1.0, 4.0),
+    )
+    while proc.poll() is None:
+        if _num_rows(out) - start_rows >= target or time.monotonic() >= deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            return True
+        time.sleep(rng.uniform(0.01, 0.06))
+    return False
+
+
 @pytest.fixture(scope="module")
 def killed_job(vllm_server: VllmServer, second_server: VllmServer, job_inputs: tuple[Path, Path],
                tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, list[int]]:  # fmt: skip
@@ -92,18 +114,12 @@ def killed_job(vllm_server: VllmServer, second_server: VllmServer, job_inputs: t
     seed = int(time.time())
     rng = random.Random(seed)
     kills, rows_after_kill = 0, []
-    for _ in range(60):
+    for _ in range(100):
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-        if kills < MIN_KILLS:
-            try:
-                proc.wait(timeout=rng.uniform(1.0, 3.5))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.communicate()
-                kills += 1
-                rows_after_kill.append(query(out, "SELECT COUNT(*) FROM results")[0][0] if
-                                       (out / "results.sqlite").exists() else 0)  # fmt: skip
-                continue
+        if kills < MIN_KILLS and _kill_at_a_random_moment(proc, out, rng):
+            kills += 1
+            rows_after_kill.append(_num_rows(out))
+            continue
         _, stderr = proc.communicate(timeout=600)
         assert proc.returncode == 0, f"seed {seed}: driver failed:\n{stderr.decode()[-3000:]}"
         assert kills >= MIN_KILLS, f"seed {seed}: the job finished after only {kills} kills"
