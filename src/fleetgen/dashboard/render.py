@@ -194,6 +194,7 @@ def charts(
     store's series when `run` recorded it, else from `live` (what the dashboard scraped while open)."""
     recorded = any(s.accept_len is not None for s in job.samples)
     accept = gauge_series(job.samples if recorded else live, "accept_len")
+    scraped_here = not recorded and bool(live)  # the report has no `live`: it never claims a page was open
     capacity = [
         (r.name, r.planned_capacity, r.actual_capacity,
          r.planned_capacity is not None and (r.actual_capacity or 0.0) < r.planned_capacity)
@@ -203,7 +204,7 @@ def charts(
         **_rate_charts(job, "output_tokens", "output tok/s", width),
         **_rate_charts(job, "completions", "completions/s", width),
         "chart-accept": svg.line_chart(
-            accept, title="speculative accept length" + ("" if recorded else " (since the page opened)"),
+            accept, title="speculative accept length" + (" (since the page opened)" if scraped_here else ""),
             width=width,
             y_min=None, empty_text="no speculative decoding metrics", klass="accept",
         ),
