@@ -15,12 +15,13 @@ from typing import Annotated, Any
 
 import typer
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from fleetgen.cli.app import app, console, err_console, run
 from fleetgen.config import JobFile, load_fleet, load_job
 from fleetgen.errors import ConfigError, FleetDown
-from fleetgen.fleet.pool import open_endpoints
+from fleetgen.fleet.pool import Endpoint, open_fleet
 from fleetgen.generate.dispatch import OnDead, RetryPolicy
 from fleetgen.generate.export import FORMATS, ExportSummary, export
 from fleetgen.generate.fleetlink import endpoints_meta, fleet_meta, revive
@@ -51,18 +52,23 @@ def render(progress: Progress) -> Table:
     )
     if progress.stopping:
         head += "  [yellow]stopping: finishing in-flight requests (Ctrl-C again to abandon them)[/]"
+    if progress.waiting_s is not None:
+        head = (
+            f"[yellow]no server is ready yet[/]: waiting up to {progress.waiting_s:.0f} s more for a first "
+            "one (`fleetgen up` brings them up; `fleetgen status` says why)"
+        )
     table = Table(title=head, title_justify="left", expand=False)
     for column in ("instance", "state", "in flight", "done", "compl/s", "last error"):
         table.add_column(column)
     for e in progress.endpoints:
-        state = e.state if e.state == "ready" else f"[red]{e.state}[/]"
+        state = {"ready": e.state, "waiting": f"[yellow]{e.state}[/]"}.get(e.state, f"[red]{e.state}[/]")
         table.add_row(
             e.name,
             state,
             f"{e.in_flight}/{e.cap}",
             str(e.completions),
             f"{e.completions_per_s:.1f}",
-            e.last_error[:60],
+            escape(e.last_error[:60]),
         )
     return table
 
@@ -113,6 +119,15 @@ def run_command(
     dead_timeout: Annotated[
         float, Opt("--dead-timeout", help="Stop after this long with no healthy server.")
     ] = 300.0,
+    wait_ready: Annotated[
+        float | None,
+        Opt(
+            "--wait-ready",
+            min=0.0,
+            help="No server ready at the start: wait this long for one "
+            "(default: the fleet's engine.ready_timeout_s; 0 with --endpoint).",
+        ),
+    ] = None,
     split: Annotated[str | None, Opt("--split", help="Split of a DatasetDict folder.")] = None,
     json_out: Annotated[bool, Opt("--json", help="Print the summary as JSON.")] = False,
     no_live: Annotated[bool, Opt("--no-live", help="No live view (logs, CI).")] = False,
@@ -148,6 +163,7 @@ class RunFlags:
     restart_dead: bool
     max_retries: int | None
     dead_timeout: float
+    wait_ready: float | None
     split: str | None
     json_out: bool
     no_live: bool
@@ -201,26 +217,58 @@ async def _run_flags(f: RunFlags) -> Summary:
     if f.endpoint:
         options = _options(f, job, _url_endpoints(f.endpoint), api_key=None, planned_cap=None, on_dead=None,
                            describe=endpoints_meta(f.endpoint), engine_kind=None)  # fmt: skip
+        options = dataclasses.replace(options, wait_ready_s=f.wait_ready or 0.0)
         return await _run_job(Job(options), live=not f.no_live)
-    fleet = f.fleet or Path("fleet.toml")
+    return await _run_on_fleet(f, job, f.fleet or Path("fleet.toml"))
+
+
+async def _run_on_fleet(f: RunFlags, job: JobFile, fleet: Path) -> Summary:
+    """Every instance `fleetgen up` deployed, reached through tunnels held for the job; those not ready yet
+    (loading, dead, host unreachable) start drained and join once ready."""
     fleet_file = load_fleet(fleet)
-    # The ready instances of `fleetgen up`, reached through live tunnels for as long as the job runs.
-    async with open_endpoints(fleet) as (ready, _view):
-        if not ready:
+    async with open_fleet(fleet) as links:
+        endpoints = await links.read_all()
+        if not endpoints:
             raise FleetDown(
-                f"no instance of {fleet} is ready", fix="run `fleetgen up -f FLEET` (then status)"
+                f"no instance of {fleet} is deployed", fix=f"run `fleetgen up -f {fleet}`, then this again"
             )
-        caps = [e.max_running_requests for e in ready if e.max_running_requests]
+        wait = fleet_file.engine.ready_timeout_s if f.wait_ready is None else f.wait_ready
+        _say_not_ready(endpoints, fleet, wait, f.restart_dead)
+        caps = [e.max_running_requests for e in endpoints if e.max_running_requests]
 
         async def restart_one(name: str) -> None:
             await revive(fleet, name)
 
-        options = _options(f, job, [(e.name, e.url) for e in ready], api_key=ready[0].api_key,
+        options = _options(f, job, [(e.name, e.url) for e in endpoints], api_key=links.secret,
                            planned_cap=min(caps) if caps else None,
                            on_dead=restart_one if f.restart_dead else None,
-                           describe=fleet_meta(fleet_file, fleet, [e.name for e in ready]),
+                           describe=fleet_meta(fleet_file, fleet, links.names),
                            engine_kind=fleet_file.engine.kind)  # fmt: skip
+        options = dataclasses.replace(
+            options,
+            not_ready={e.name: e.problem for e in endpoints if not e.is_ready},
+            dead=frozenset(e.name for e in endpoints if e.is_dead),
+            check=links.check,
+            wait_ready_s=wait,
+        )
         return await _run_job(Job(options), live=not f.no_live)
+
+
+def _say_not_ready(endpoints: list[Endpoint], fleet: Path, wait_s: float, restart_dead: bool) -> None:
+    """One line per instance not ready at the start (they join once ready), and what waiting for one means."""
+    where = escape(str(fleet))
+    for e in endpoints:
+        if e.is_ready:
+            continue
+        then = "restarting it in the background" if e.is_dead and restart_dead else "it joins once ready"
+        err_console.print(f"[yellow]{e.name} is not ready[/] ({escape(e.problem)}): {then}", highlight=False)
+    if not any(e.is_ready for e in endpoints):
+        err_console.print(
+            f"[yellow]no instance of {where} is ready yet[/]: waiting up to {wait_s:.0f} s for a first one "
+            f"(`fleetgen up -f {where}` brings them up, `fleetgen status -f {where}` says why; "
+            "--wait-ready S sets the wait)",
+            highlight=False,
+        )
 
 
 async def _run_job(job: Job, live: bool) -> Summary:

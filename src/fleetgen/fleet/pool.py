@@ -1,18 +1,21 @@
-"""The ready endpoints of a fleet, for `fleetgen run`: name, URL (a live tunnel), API key, concurrency.
+"""The endpoints of a fleet: name, URL (a live tunnel), API key, concurrency.
 
 Tunnels live as long as the SSH connections behind them. `open_endpoints` is the context manager that owns
-them; `ready_endpoints` enters one into the caller's `AsyncExitStack` (or, without one, keeps the
-connections open until the process exits: the duration of the command).
+the ready ones; `ready_endpoints` enters one into the caller's `AsyncExitStack` (or, without one, keeps the
+connections open until the process exits: the duration of the command). `open_fleet` (for `fleetgen run`)
+owns every deployed instance, ready or not, and re-reads one on demand so a job can take it in once ready.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleetgen.errors import FleetDown
+from fleetgen.deploy.state import load_state
+from fleetgen.errors import FleetDown, FleetgenError
 from fleetgen.fleet.status import FleetView, InstanceStatus, open_view
 
 # Views opened without a caller's stack: kept referenced so their tunnels stay up for the command.
@@ -21,12 +24,15 @@ _KEPT: list[contextlib.AsyncExitStack] = []
 
 @dataclass(frozen=True)
 class Endpoint:
-    """One ready engine as a client sees it."""
+    """One engine as a client sees it: ready, or (from `FleetLinks`) not yet, and why."""
 
     name: str
-    url: str
+    url: str  # "" while no tunnel could be opened (its host is unreachable)
     api_key: str | None
     max_running_requests: int | None
+    is_ready: bool = True
+    is_dead: bool = False  # its host answered and its process is gone: a restart may bring it back
+    problem: str = ""
 
 
 def endpoints_of(statuses: Sequence[InstanceStatus], api_key: str | None) -> list[Endpoint]:
@@ -61,3 +67,92 @@ async def ready_endpoints(
             fix="run `fleetgen up` (then `fleetgen status` to see each instance)",
         )
     return endpoints
+
+
+NOT_RUNNING = "not running"  # FleetView's problem for an instance whose process is gone
+
+
+class FleetLinks:
+    """Every instance `fleetgen up` deployed, for a job, ready or not, each reached through a tunnel held
+    open for the job; `check(name)` re-reads one instance now. Use `open_fleet`."""
+
+    def __init__(self, fleet_path: Path, view: FleetView, stack: contextlib.AsyncExitStack,
+                 hosts: Mapping[str, str]) -> None:  # fmt: skip
+        self.fleet_path = fleet_path
+        self.secret = view.secret
+        self._hosts = dict(hosts)  # instance → its host's name
+        self._stack = stack
+        self._views: dict[str, FleetView] = {}
+        self._failed = {s.instance: s.problem for s in view.failed}
+        self._lock = asyncio.Lock()
+        self._adopt(view)
+
+    @property
+    def names(self) -> list[str]:
+        """The deployed instances, in name order."""
+        return sorted(self._hosts)
+
+    async def read_all(self) -> list[Endpoint]:
+        """Every deployed instance as it is now (an unreachable host is not retried here)."""
+        return list(await asyncio.gather(*(self._read(name) for name in self.names)))
+
+    async def check(self, name: str) -> Endpoint:
+        """One instance as it is now: its host reconnected if it was unreachable (SSH connections that
+        dropped reconnect, and re-open their tunnels, on the read itself)."""
+        if name not in self._views:
+            await self._reconnect(self._hosts[name])
+        return await self._read(name)
+
+    def _adopt(self, view: FleetView) -> None:
+        """One single-instance view per watched instance, so that a probe reads only its own instance."""
+        for watched in view.watched:
+            name = watched.target.inst.name
+            if name in self._hosts and name not in self._views:
+                one = FleetView(view.fleet, view.secret)
+                one.watched.append(watched)
+                self._views[name] = one
+
+    async def _read(self, name: str) -> Endpoint:
+        one = self._views.get(name)
+        if one is None:
+            problem = self._failed.get(name) or "its host is unreachable"
+            return Endpoint(name, "", self.secret, None, is_ready=False, problem=problem)
+        [status] = await one.refresh(rate_window_s=0)
+        url = status.url or await _tunnel(one, status.port)
+        problem = "" if status.ready else status.problem or "not ready"
+        return Endpoint(name, url, self.secret, status.max_running_requests, is_ready=status.ready,
+                        is_dead=status.problem == NOT_RUNNING, problem=problem)  # fmt: skip
+
+    async def _reconnect(self, host: str) -> None:
+        async with self._lock:  # one attempt per host at a time; the others then see its outcome
+            if all(name in self._views for name, h in self._hosts.items() if h == host):
+                return
+            attempt = contextlib.AsyncExitStack()
+            view = await attempt.enter_async_context(open_view(self.fleet_path, only=[host]))
+            self._adopt(view)
+            self._failed.update({s.instance: s.problem for s in view.failed})
+            if view.watched:
+                await self._stack.enter_async_context(attempt)  # kept open (with its tunnels) for the job
+            else:
+                await attempt.aclose()
+
+
+async def _tunnel(view: FleetView, port: int) -> str:
+    """The URL of an instance that does not run yet. Opening the forward connects nothing (each connection
+    through it does), so it opens before anything listens on the port; "" while its host is unreachable."""
+    try:
+        return await view.watched[0].hs.url_for(port)
+    except FleetgenError:  # the status read beside it has already said why (e.g. the connection dropped)
+        return ""
+
+
+@contextlib.asynccontextmanager
+async def open_fleet(fleet_path: Path) -> AsyncIterator[FleetLinks]:
+    """Every instance of `fleetgen up` state (`.fleetgen/state.json`) that the fleet file still has, for a
+    job; SSH connections and tunnels close on exit."""
+    records = load_state(fleet_path)
+    async with contextlib.AsyncExitStack() as stack:
+        view = await stack.enter_async_context(open_view(fleet_path))
+        known = {w.target.inst.name for w in view.watched} | {s.instance for s in view.failed}
+        hosts = {name: rec.host for name, rec in records.items() if name in known}
+        yield FleetLinks(fleet_path, view, stack, hosts)

@@ -5,8 +5,9 @@ Failure policy:
 - a retryable failure (connection, timeout, 408/409/425/429/5xx) is retried with exponential backoff and
   jitter, up to `max_retries`, on whichever endpoint is least loaded then; other 4xx → an error row at once;
 - an endpoint whose connection fails (or that fails `drain_after` times in a row) is drained: no new work,
-  its in-flight requests are cancelled and re-queued elsewhere (not counted as attempts); it is probed on
-  `/health` and used again once healthy; `on_dead` (the `--restart-dead` hook) is called once per death;
+  its in-flight requests are cancelled and re-queued elsewhere (not counted as attempts); the `Watch`
+  (health.py) probes it and it is used again once healthy, like endpoints not ready when the job started;
+  `on_dead` (the `--restart-dead` hook) restarts a dead one in the background;
 - `max_consecutive_failures` failures in a row fleet-wide, or no ready endpoint for `dead_timeout_s`, ends
   the job with `FleetDown`: the servers are gone, so the dataset is not burned into error rows.
 """
@@ -15,59 +16,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import random
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from fleetgen.errors import FleetDown, FleetgenError
-from fleetgen.generate.client import ChatClient, RequestFailed
+from fleetgen.errors import FleetDown
+from fleetgen.generate.client import RequestFailed
+from fleetgen.generate.health import Endpoint, EndpointState, OnDead, RetryPolicy, Watch
 from fleetgen.generate.work import Work
 
 OnSuccess = Callable[[str, Work, float, float], None]  # endpoint, work, started_at (epoch), latency_s
 OnError = Callable[[str, Work, RequestFailed], None]  # endpoint, work, the final failure
-OnDead = Callable[[str], Awaitable[None]]  # endpoint name → restart it (deploy layer)
 BodyFor = Callable[[Work], dict[str, Any]]
 
-
-class EndpointState(enum.Enum):
-    READY = "ready"
-    DOWN = "down"
-
-
-@dataclass(eq=False)
-class Endpoint:
-    """One server as the dispatcher sees it; counters feed the progress view and the time series."""
-
-    name: str
-    client: ChatClient
-    cap: int
-    state: EndpointState = EndpointState.READY
-    in_flight: int = 0
-    num_failures_in_row: int = 0
-    completions: int = 0
-    output_tokens: int = 0
-    num_restarts: int = 0
-    last_error: str = ""
-    tasks: set[asyncio.Task[None]] = field(default_factory=set)
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How hard to try. Defaults suit days-long jobs; tests shorten the waits."""
-
-    max_retries: int = 5
-    max_consecutive_failures: int = 50
-    backoff_base_s: float = 0.5
-    backoff_max_s: float = 30.0
-    drain_after: int = 3
-    probe_interval_s: float = 1.0
-    probe_interval_max_s: float = 15.0
-    dead_timeout_s: float = 300.0
-    restart_attempts: int = 3
+__all__ = ["Dispatcher", "Endpoint", "EndpointState", "OnDead", "RetryPolicy", "Watch"]
 
 
 class Dispatcher:
@@ -81,19 +45,22 @@ class Dispatcher:
         on_success: OnSuccess,
         on_error: OnError,
         on_dead: OnDead | None = None,
+        watch: Watch | None = None,
     ) -> None:
         self.endpoints = endpoints
         self.policy = policy
         self._body_for = body_for
         self._on_success = on_success
         self._on_error = on_error
-        self._on_dead = on_dead
+        # The job's runner hands over the Watch it started before the model was known (the first ready
+        # endpoint names it); a bare dispatcher watches its endpoints itself.
+        self._watch = watch or Watch(endpoints, policy, on_dead=on_dead)
         self._retries: deque[Work] = deque()
         self._num_waiting = 0
         self._num_active = 0
         self._changed = asyncio.Event()
         self._drained: set[asyncio.Task[None]] = set()
-        self._background: set[asyncio.Task[None]] = set()
+        self._watch.on_ready = self._changed.set
         self._timers: set[asyncio.TimerHandle] = set()
         self._stopping = False
         self._fatal: FleetDown | None = None
@@ -116,11 +83,7 @@ class Dispatcher:
 
     async def run(self, items: Iterator[Work]) -> None:
         """Dispatch until the items and retries are done, `stop()` is called, or the fleet is down."""
-        for endpoint in self.endpoints:
-            if endpoint.state is EndpointState.DOWN:  # found dead before the job started
-                self._spawn(self._probe(endpoint))
-                if self._on_dead is not None:
-                    self._spawn(self._restart(endpoint, self._on_dead))
+        self._watch.start()  # endpoints not ready at the start join once healthy
         exhausted = False
         while True:
             self._changed.clear()
@@ -158,12 +121,10 @@ class Dispatcher:
         await self.close()
 
     async def close(self) -> None:
-        """Stop background probes and pending retry timers."""
+        """Stop background probes, restarts and pending retry timers."""
         for timer in self._timers:
             timer.cancel()
-        for task in self._background:
-            task.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
+        await self._watch.close()
 
     def _pick(self) -> Endpoint | None:
         best: Endpoint | None = None
@@ -265,54 +226,14 @@ class Dispatcher:
         self._timers.add(handle)
 
     def _mark_down(self, endpoint: Endpoint) -> None:
-        if endpoint.state is EndpointState.DOWN:
+        if endpoint.state is not EndpointState.READY:
             return
-        endpoint.state = EndpointState.DOWN
         current = asyncio.current_task()
         for task in list(endpoint.tasks):
             if task is not current:
                 self._drained.add(task)
                 task.cancel()
-        self._spawn(self._probe(endpoint))
-        if self._on_dead is not None:
-            self._spawn(self._restart(endpoint, self._on_dead))
-
-    async def _restart(self, endpoint: Endpoint, on_dead: OnDead) -> None:
-        """Restart a dead endpoint while it stays down, up to `restart_attempts` times; once it is back,
-        probe it at once (the probe's own interval may have grown long while it was dead)."""
-        for attempt in range(self.policy.restart_attempts):
-            if endpoint.state is not EndpointState.DOWN:
-                return
-            if attempt:
-                await asyncio.sleep(self.policy.probe_interval_max_s)
-            try:
-                await on_dead(endpoint.name)
-            except FleetgenError as exc:  # the probe keeps watching; the reason shows in the progress view
-                endpoint.last_error = f"restart failed: {exc.message}"
-                continue
-            endpoint.num_restarts += 1
-            if endpoint.state is EndpointState.DOWN and await endpoint.client.is_healthy():
-                self._mark_ready(endpoint)
-            return
-
-    async def _probe(self, endpoint: Endpoint) -> None:
-        interval = self.policy.probe_interval_s
-        while endpoint.state is EndpointState.DOWN:
-            await asyncio.sleep(interval)
-            if await endpoint.client.is_healthy():
-                self._mark_ready(endpoint)
-                return
-            interval = min(interval * 2, self.policy.probe_interval_max_s)
-
-    def _mark_ready(self, endpoint: Endpoint) -> None:
-        endpoint.state = EndpointState.READY
-        endpoint.num_failures_in_row = 0
-        self._changed.set()
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._watch.lost(endpoint)
 
     def _fleet_down(self, why: str) -> FleetDown:
         states = ", ".join(f"{e.name}={e.state.value}" for e in self.endpoints)

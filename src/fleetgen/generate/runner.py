@@ -1,7 +1,8 @@
 """The generation job: input → dispatcher → writer → store, resumable and exactly once.
 
 Life of a run:
-1. open the store (the folder's lock), resolve the model from the endpoints, refuse changed sampling params;
+1. open the store (the folder's lock); resolve the model from the ready endpoints (none ready: wait a bounded
+   time for one; those not ready join once healthy, health.py); refuse changed sampling params;
 2. decide what is not done: normal runs skip committed keys (from the resume position on), `--retry-errors`
    picks the error rows, `--redo-truncated` the truncated rows;
 3. stream the input; each (record, sample) not done becomes a `Work` for the dispatcher; bad lines become
@@ -16,19 +17,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from fleetgen.errors import EndpointError, JobError, ParamsMismatch
+from fleetgen.errors import JobError, ParamsMismatch
+from fleetgen.fleet import pool
 from fleetgen.generate import jobmeta, rows
 from fleetgen.generate.client import ChatClient
 from fleetgen.generate.dispatch import Dispatcher, Endpoint, EndpointState, OnDead, RetryPolicy
+from fleetgen.generate.health import Health, Watch, served_models
 from fleetgen.generate.jobmeta import JobMeta
-from fleetgen.generate.progress import Counters, PositionTracker, Progress, RateMeter, Summary
+from fleetgen.generate.progress import Counters, PositionTracker, Progress, RateMeter, Summary, waiting
 from fleetgen.generate.scrape import AcceptLengthScraper
 from fleetgen.generate.source import (
     Position,
@@ -66,6 +69,13 @@ class JobOptions:
     describe: Mapping[str, Any] = field(default_factory=dict)  # meta: what generates the data (fleetlink)
     engine_kind: str | None = None  # whose /metrics names to read; None: try every engine's
     metrics_interval_s: float = 3.0
+    # With a fleet file: the instances not ready at the start (name → why); they start drained and join once
+    # `check` (re-reading one instance from its host) says they are ready. `dead` ones have no process:
+    # `on_dead` restarts them. No instance ready: wait up to `wait_ready_s` for one, then FleetDown.
+    not_ready: Mapping[str, str] = field(default_factory=dict)
+    dead: frozenset[str] = frozenset()
+    check: Callable[[str], Awaitable[pool.Endpoint]] | None = None
+    wait_ready_s: float = 0.0
 
 
 @dataclass
@@ -81,6 +91,7 @@ class Job:
     _endpoint_rates: dict[str, float] = field(default_factory=dict)
     _meta: JobMeta | None = None
     _scraper: AcceptLengthScraper | None = None
+    _stack: contextlib.AsyncExitStack | None = None
 
     def stop(self) -> None:
         """First call: take no new work, let in-flight requests finish. Second: abandon them now."""
@@ -95,32 +106,50 @@ class Job:
         opts = self.options
         store = Store.open(opts.out_dir)
         try:
-            clients = [
-                ChatClient(
-                    url,
-                    max_connections=opts.concurrency,
-                    timeout_s=opts.request_timeout_s,
-                    api_key=opts.api_key,
-                )
-                for _, url in opts.endpoints
-            ]
             async with contextlib.AsyncExitStack() as stack:
-                for client in clients:
-                    await stack.enter_async_context(client)
-                return await self._run(store, clients, on_progress)
+                self._stack = stack
+                endpoints = [await self._endpoint(name, url) for name, url in opts.endpoints]
+                admit = self._admit if opts.check is not None else None
+                watch = Watch(endpoints, opts.policy, on_dead=opts.on_dead, admit=admit)
+                stack.push_async_callback(watch.close)
+                return await self._run(store, endpoints, watch, on_progress)
         finally:
             store.close()
 
-    async def _run(
-        self, store: Store, clients: list[ChatClient], on_progress: Callable[[Progress], None] | None
-    ) -> Summary:
+    async def _endpoint(self, name: str, url: str) -> Endpoint:
+        endpoint = Endpoint(name, await self._client(url), self.options.concurrency)
+        why = self.options.not_ready.get(name)
+        if why is not None:  # drained from the start: the Watch brings it in once ready
+            endpoint.state = EndpointState.DOWN if name in self.options.dead else EndpointState.WAITING
+            endpoint.last_error = why
+        return endpoint
+
+    async def _client(self, url: str) -> ChatClient:
+        """A client for one endpoint, closed with the job."""
+        assert self._stack is not None
+        opts = self.options
+        client = ChatClient(url, max_connections=opts.concurrency, timeout_s=opts.request_timeout_s,
+                            api_key=opts.api_key)  # fmt: skip
+        return await self._stack.enter_async_context(client)
+
+    async def _admit(self, endpoint: Endpoint) -> Health:
+        """Re-read the endpoint's instance from its host: may it take work? Its reason goes to the view."""
+        assert self.options.check is not None
+        link = await self.options.check(endpoint.name)
+        if link.url and link.url.rstrip("/") != endpoint.client.base_url:
+            endpoint.client = await self._client(link.url)  # its host was unreachable when the job started
+        if link.is_ready:
+            return Health.UP
+        endpoint.last_error = link.problem
+        return Health.DEAD if link.is_dead else Health.STARTING
+
+    async def _run(self, store: Store, endpoints: list[Endpoint], watch: Watch,
+                   on_progress: Callable[[Progress], None] | None) -> Summary:  # fmt: skip
         opts = self.options
         started = time.monotonic()
-        endpoints = [
-            Endpoint(name, client, opts.concurrency)
-            for (name, _), client in zip(opts.endpoints, clients, strict=True)
-        ]
-        model = await self._resolve_model(endpoints)
+        model = await self._resolve_model(endpoints, watch, started, on_progress)
+        if model is None:  # stopped (Ctrl-C) while waiting for a first ready server
+            return rows.summary(store, "stopped", "", self.counters, time.monotonic() - started, {})
         builder = rows.RowBuilder(model, self._check_params(store, model))
         tracker, wanted, done = self._plan_resume(store)
         was_finished = jobmeta.begin(store, opts.describe)
@@ -137,7 +166,7 @@ class Job:
             lambda work: rows.request_body(base, work, opts.params.seed),
             on_success=lambda ep, work, t0, dt: writer.put_result(builder.result(ep, work, t0, dt)),
             on_error=lambda ep, work, exc: writer.put_error(builder.error(ep, work, exc)),
-            on_dead=opts.on_dead,
+            watch=watch,
         )
         start = tracker.position if tracker else Position()
         records = read_records(opts.input_path, opts.shape, start, opts.split, self._done_check(wanted, done))
@@ -193,21 +222,19 @@ class Job:
         drain.cancel()
         abandon.cancel()
 
-    async def _resolve_model(self, endpoints: list[Endpoint]) -> str:
-        infos: dict[str, str] = {}
-        failures: list[str] = []
-        for endpoint in endpoints:
-            try:
-                infos[endpoint.name] = (await endpoint.client.server_info()).model
-            except EndpointError as exc:
-                endpoint.state = EndpointState.DOWN  # probed in the background; used once healthy
-                failures.append(f"{endpoint.name}: {exc.message}")
+    async def _resolve_model(self, endpoints: list[Endpoint], watch: Watch, started: float,
+                             on_progress: Callable[[Progress], None] | None) -> str | None:  # fmt: skip
+        """The served model, from the first ready endpoints (None: stopped while waiting for one)."""
+
+        def on_wait(remaining_s: float) -> None:
+            if on_progress is not None:
+                on_progress(waiting(endpoints, time.monotonic() - started, remaining_s))
+
+        infos = await served_models(endpoints, watch, wait_s=self.options.wait_ready_s,
+                                    tick_s=self.options.progress_interval_s, on_wait=on_wait,
+                                    is_stopped=lambda: bool(self._stops))  # fmt: skip
         if not infos:
-            raise EndpointError(
-                "no endpoint answered GET /v1/models",
-                context={"failures": "\n".join(failures)},
-                fix="start the servers (`fleetgen up`) or check the --endpoint URLs",
-            )
+            return None
         wanted = self.options.params.model
         served = set(infos.values())
         if wanted is None and len(served) > 1:
@@ -253,14 +280,9 @@ class Job:
         self.counters.done_before = counts.results + counts.errors
         return PositionTracker(start), None, store.done_keys(start.line)
 
-    def _items(
-        self,
-        records: Iterator[Record | BadInput | Skipped],
-        writer: StoreWriter,
-        tracker: PositionTracker | None,
-        wanted: set[int] | None,
-        done: set[int],
-    ) -> Iterator[Work]:
+    def _items(self, records: Iterator[Record | BadInput | Skipped], writer: StoreWriter,
+               tracker: PositionTracker | None, wanted: set[int] | None,
+               done: set[int]) -> Iterator[Work]:  # fmt: skip
         samples = self.options.params.samples
         seen: set[int] = set()
         for record in records:
@@ -340,13 +362,8 @@ class Job:
         if self._meta is not None:
             self._meta.num_records = num  # the writer stores the total with its next batch
 
-    async def _tick(
-        self,
-        dispatcher: Dispatcher,
-        writer: StoreWriter,
-        started: float,
-        on_progress: Callable[[Progress], None] | None,
-    ) -> None:
+    async def _tick(self, dispatcher: Dispatcher, writer: StoreWriter, started: float,
+                    on_progress: Callable[[Progress], None] | None) -> None:  # fmt: skip
         done_meter, token_meter = RateMeter(), RateMeter()
         meters = {e.name: RateMeter() for e in dispatcher.endpoints}
         last_series = time.monotonic()

@@ -1,0 +1,250 @@
+"""Which servers of a job may take work, and bringing the others (back) in.
+
+An endpoint is READY (takes work), WAITING (not ready since the job started: still loading, its host
+unreachable, drifted from the fleet file — it joins once healthy) or DOWN (its process is gone, or it failed
+requests and was drained). A `Watch` probes every endpoint that is not READY — first asking the fleet
+(`admit`, with a fleet file: does the instance run as the fleet file says and answer; where is its tunnel
+now), then GET /health — at a growing interval, and marks it READY once it answers. With `--restart-dead`
+(`on_dead`), a DOWN endpoint is restarted through the deploy layer in the background, so the other
+endpoints keep taking work meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetgen.errors import EndpointError, FleetDown, FleetgenError
+from fleetgen.generate.client import ChatClient
+
+
+class EndpointState(enum.Enum):
+    READY = "ready"
+    WAITING = "waiting"
+    DOWN = "down"
+
+
+class Health(enum.Enum):
+    """What the fleet says of an endpoint that is not READY (the `admit` hook's answer)."""
+
+    UP = "up"  # runs as wanted and answers: use it once /health says 200
+    STARTING = "starting"  # not yet (loading, host unreachable, drift): keep probing
+    DEAD = "dead"  # its process is gone: `--restart-dead` may start it
+
+
+OnDead = Callable[[str], Awaitable[None]]  # endpoint name → restart it (deploy layer)
+Admit = Callable[["Endpoint"], Awaitable[Health]]  # refresh the endpoint from the fleet; may it be used?
+
+
+@dataclass(eq=False)
+class Endpoint:
+    """One server as the job sees it; counters feed the progress view and the time series."""
+
+    name: str
+    client: ChatClient
+    cap: int
+    state: EndpointState = EndpointState.READY
+    in_flight: int = 0
+    num_failures_in_row: int = 0
+    completions: int = 0
+    output_tokens: int = 0
+    num_restarts: int = 0
+    last_error: str = ""
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How hard to try. Defaults suit days-long jobs; tests shorten the waits."""
+
+    max_retries: int = 5
+    max_consecutive_failures: int = 50
+    backoff_base_s: float = 0.5
+    backoff_max_s: float = 30.0
+    drain_after: int = 3
+    probe_interval_s: float = 1.0
+    probe_interval_max_s: float = 15.0
+    dead_timeout_s: float = 300.0
+    restart_attempts: int = 3
+
+
+class Watch:
+    """Probes (and with `on_dead` restarts) the endpoints that are not READY; `on_ready` fires when one
+    becomes READY. Background tasks end with `close()`."""
+
+    def __init__(self, endpoints: list[Endpoint], policy: RetryPolicy, *, on_dead: OnDead | None = None,
+                 admit: Admit | None = None) -> None:  # fmt: skip
+        self.endpoints = endpoints
+        self.policy = policy
+        self.on_ready: Callable[[], None] | None = None
+        self._on_dead = on_dead
+        self._admit = admit
+        self._ready = asyncio.Event()
+        self._probing: set[Endpoint] = set()
+        self._restarting: set[Endpoint] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._started = False
+
+    def start(self) -> None:
+        """Watch every endpoint not READY now (those not ready when the job starts); once."""
+        if self._started:
+            return
+        self._started = True
+        for endpoint in self.endpoints:
+            if endpoint.state is not EndpointState.READY:
+                self._watch(endpoint)
+
+    def lost(self, endpoint: Endpoint, reason: str = "") -> None:
+        """The endpoint failed (connection, repeated errors): DOWN, probed, restarted with `on_dead`."""
+        endpoint.state = EndpointState.DOWN
+        if reason:
+            endpoint.last_error = reason
+        self._watch(endpoint)
+
+    async def wait_ready(self, timeout_s: float) -> bool:
+        """Whether an endpoint is READY, waiting for one up to `timeout_s`."""
+        self.start()
+        deadline = time.monotonic() + timeout_s
+        while not any(e.state is EndpointState.READY for e in self.endpoints):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._ready.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._ready.wait(), remaining)
+        return True
+
+    async def close(self) -> None:
+        """Stop the probes and restarts."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _watch(self, endpoint: Endpoint) -> None:
+        if endpoint not in self._probing:
+            self._probing.add(endpoint)
+            self._spawn(self._probe(endpoint))
+        if endpoint.state is EndpointState.DOWN:
+            self._restart_soon(endpoint)
+
+    def _restart_soon(self, endpoint: Endpoint) -> None:
+        if self._on_dead is not None and endpoint not in self._restarting:
+            self._restarting.add(endpoint)
+            self._spawn(self._restart(endpoint, self._on_dead))
+
+    async def _probe(self, endpoint: Endpoint) -> None:
+        interval = self.policy.probe_interval_s
+        try:
+            while endpoint.state is not EndpointState.READY:
+                await asyncio.sleep(interval)
+                if await self._is_back(endpoint):
+                    self._mark_ready(endpoint)
+                    return
+                interval = min(interval * 2, self.policy.probe_interval_max_s)
+        finally:
+            self._probing.discard(endpoint)
+
+    async def _restart(self, endpoint: Endpoint, on_dead: OnDead) -> None:
+        """Restart a dead endpoint while it stays down, up to `restart_attempts` times; once it is back,
+        check it at once (the probe's own interval may have grown long while it was dead)."""
+        try:
+            for attempt in range(self.policy.restart_attempts):
+                if endpoint.state is EndpointState.READY:
+                    return
+                if attempt:
+                    await asyncio.sleep(self.policy.probe_interval_max_s)
+                try:
+                    await on_dead(endpoint.name)
+                except FleetgenError as exc:  # the probe keeps watching; the reason shows in the live view
+                    endpoint.last_error = f"restart failed: {exc.message}"
+                    continue
+                endpoint.num_restarts += 1
+                if await self._is_back(endpoint):  # False too when the probe got there first
+                    self._mark_ready(endpoint)
+                return
+        finally:
+            self._restarting.discard(endpoint)
+
+    async def _is_back(self, endpoint: Endpoint) -> bool:
+        health = Health.UP
+        if self._admit is not None:
+            try:
+                health = await self._admit(endpoint)
+            except FleetgenError as exc:  # e.g. the host is unreachable: not back yet, and why
+                endpoint.last_error, health = exc.message, Health.STARTING
+        if health is Health.DEAD and endpoint.state is EndpointState.WAITING:
+            endpoint.state = EndpointState.DOWN  # it was starting and died: a restart may bring it back
+            self._restart_soon(endpoint)
+        return (
+            health is Health.UP
+            and endpoint.state is not EndpointState.READY
+            and await endpoint.client.is_healthy()
+        )
+
+    def _mark_ready(self, endpoint: Endpoint) -> None:
+        endpoint.state = EndpointState.READY
+        endpoint.num_failures_in_row = 0
+        self._ready.set()
+        if self.on_ready is not None:
+            self.on_ready()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+async def served_models(
+    endpoints: list[Endpoint],
+    watch: Watch,
+    *,
+    wait_s: float,
+    tick_s: float,
+    on_wait: Callable[[float], None],
+    is_stopped: Callable[[], bool],
+) -> dict[str, str]:
+    """The model each READY endpoint serves (GET /v1/models), from the first that answer.
+
+    With none ready, wait up to `wait_s` for one (a big model loads for minutes; `fleetgen up` or a restart
+    may be on its way), calling `on_wait(seconds left)` every `tick_s`; then raise FleetDown naming each
+    endpoint's problem. An endpoint that does not answer is drained like a failing one. {} when stopped.
+    """
+    deadline = time.monotonic() + wait_s
+    watch.start()
+    models: dict[str, str] = {}
+    while not models:
+        for endpoint in endpoints:
+            if endpoint.state is EndpointState.READY and endpoint.name not in models:
+                try:
+                    models[endpoint.name] = (await endpoint.client.server_info()).model
+                except EndpointError as exc:
+                    watch.lost(endpoint, exc.message)
+        remaining = deadline - time.monotonic()
+        if models or is_stopped():
+            break
+        if remaining <= 0:
+            raise none_ready(endpoints, wait_s)
+        on_wait(remaining)
+        await watch.wait_ready(min(remaining, tick_s))
+    return models
+
+
+def none_ready(endpoints: list[Endpoint], wait_s: float) -> FleetDown:
+    """No endpoint became ready: each one's problem, and what to do."""
+    what = f"no server became ready within {wait_s:g} s" if wait_s > 0 else "no server is ready"
+    return FleetDown(
+        f"{what}: nothing to generate with",
+        context={
+            "servers": "\n".join(
+                f"{e.name} ({e.state.value}): {e.last_error or 'not ready'}" for e in endpoints
+            )
+        },
+        fix="see why with `fleetgen status -f FLEET` (and `fleetgen logs INSTANCE --fleet FLEET`), bring "
+        "them up with `fleetgen up -f FLEET` (or rerun with --restart-dead, or a longer --wait-ready), then "
+        "rerun the same command: it resumes. With --endpoint URLs: start those servers",
+    )
