@@ -263,10 +263,13 @@ async def test_only_touches_the_named_instances(
 async def test_public_bind_uses_the_key_and_never_writes_it(
     ssh_hosts: list[SshdHost], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """bind = 127.0.0.2 (still loopback) with an API key: reached directly, key only in a 0600 file."""
+    """bind = 127.0.0.2 with an API key on a `local` host (reachable there; on an SSH host such a bind is
+    refused, see test_netns_fleet): reached directly, the key only in a 0600 file."""
     key = "sk-test-" + os.urandom(8).hex()
     monkeypatch.setenv("FLEETGEN_TEST_KEY", key)
     fleet = sim_fleet(tmp_path, ssh_hosts[:1])
+    fleet.write_text(fleet.read_text().replace(f'ssh = "{ssh_hosts[0].ssh}"', 'ssh = "local"', 1))
+    assert 'ssh = "local"' in fleet.read_text()
     _append_engine(fleet, 'bind = "127.0.0.2"\napi_key_env = "FLEETGEN_TEST_KEY"\n')
     root = ssh_hosts[0].workdir / tmp_path.name / "h0-0"
     try:

@@ -192,11 +192,6 @@ async def test_public_bind_is_reached_at_the_hosts_address_with_the_key(
     assert down_code == 0, down_out + down_err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: a loopback bind other than 127.0.0.1 on an SSH host is polled at THIS machine's "
-    "127.0.0.2 (deploy/instance.py HostSession.url_for) until ready_timeout_s, then reported as a slow load",
-)
 async def test_loopback_bind_on_an_ssh_host_is_refused_before_anything_starts(
     netns_hosts: list[NetnsHost], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

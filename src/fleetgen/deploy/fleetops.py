@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 
-from fleetgen.config import FleetFile, HostSpec, InstanceSpec, load_fleet
+from fleetgen.config import LOOPBACK, FleetFile, HostSpec, InstanceSpec, load_fleet
 from fleetgen.deploy.hostside import prepare_host, sh
 from fleetgen.deploy.instance import HostSession, Outcome, Progress, ensure_up, stop_instance
 from fleetgen.deploy.state import InstanceRecord, load_state, update_state
@@ -54,12 +55,36 @@ def wanted_hosts(fleet: FleetFile, only: Sequence[str] | None) -> list[HostSpec]
     return [h for h in fleet.hosts if any(n == h.name or n.startswith(h.name + "-") for n in only)]
 
 
+def refuse_unreachable_bind(bind: str, spec: HostSpec) -> None:
+    """A loopback bind other than 127.0.0.1 on an SSH host is the HOST's loopback: fleetgen, elsewhere, can
+    reach it neither directly nor through its tunnels (they go to 127.0.0.1). Refused before anything
+    starts."""
+    if spec.is_local or bind == LOOPBACK or not _is_loopback(bind):
+        return
+    raise ConfigError(
+        f"engine.bind = {bind!r} is {spec.name}'s own loopback: fleetgen cannot reach a server there",
+        fix="keep engine.bind = '127.0.0.1' (reached through SSH tunnels), or bind '0.0.0.0' or an "
+        "address of the host with engine.api_key_env set",
+        context={"host": spec.name},
+    )
+
+
+def _is_loopback(address: str) -> bool:
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
 @contextlib.asynccontextmanager
 async def open_session(
     fleet: Fleet, spec: HostSpec, http: aiohttp.ClientSession, *, check_launch: bool = True
 ) -> AsyncIterator[HostSession]:
     """An open host plus its facts; closes the connection (and its tunnels) on exit."""
     engine_spec = fleet.file.engine
+    refuse_unreachable_bind(engine_spec.bind, spec)
     async with open_host(spec) as host:
         facts = await prepare_host(
             host,
