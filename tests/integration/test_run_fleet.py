@@ -167,3 +167,109 @@ async def test_restart_dead_brings_a_killed_instance_back_into_the_job(fleet: Pa
         out, f"SELECT COUNT(*) FROM results WHERE instance = '{victim}' AND started_at > {killed_at}"
     )
     assert after[0][0] > 0  # and used again by the same job after the restart
+
+
+async def kill_instances(fleet: Path, names: list[str]) -> dict[str, int]:
+    """SIGKILL instances (the test hosts are this machine) and wait until each process is gone; their PIDs."""
+    pids = {name: pid for name, pid in instance_pids(fleet).items() if name in names}
+    for pid in pids.values():
+        os.kill(pid, signal.SIGKILL)
+    for pid in pids.values():
+        await asyncio.wait_for(process_gone(pid), 30)
+    return pids
+
+
+def is_gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in ("Z", "X")  # dead, perhaps not yet reaped
+
+
+async def process_gone(pid: int) -> None:
+    while True:
+        if is_gone(pid):
+            return
+        await asyncio.sleep(0.1)
+
+
+async def start_run(*args: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        FLEETGEN, "run", *args, "--max-tokens", "64", "--no-live", "--json",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+
+
+async def finish(proc: asyncio.subprocess.Process) -> tuple[bytes, bytes]:
+    try:
+        return await asyncio.wait_for(proc.communicate(), 300)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+def assert_every_record_once(out: Path, stdout: bytes, count: int) -> None:
+    summary = json.loads(stdout)
+    assert summary["status"] == "complete" and summary["results"] == count and summary["errors"] == 0
+    got = query(out, "SELECT id, sample FROM results")
+    assert len(got) == count and set(got) == {(f"r{i}", 0) for i in range(count)}
+
+
+async def test_an_instance_down_at_the_start_joins_once_fleetgen_up_brings_it_back(
+    fleet: Path, tmp_path: Path
+) -> None:
+    """h0-0 is dead when the job starts; the user runs `fleetgen up` while the job runs: the job takes it in
+    (its tunnel was opened at the start, before anything listened behind it) and gives it rows."""
+    victim = "h0-0"
+    await kill_instances(fleet, [victim])
+    prompts = write_prompts(tmp_path / "p.jsonl", 300)
+    out = tmp_path / "out"
+    proc = await start_run(str(prompts), "-o", str(out), "-f", str(fleet), "--concurrency", "2")
+    try:
+        await asyncio.wait_for(wait_for_rows(out, 20, proc), 120)
+        assert query(out, f"SELECT COUNT(*) FROM results WHERE instance = '{victim}'")[0][0] == 0
+        up_at = time.time()
+        code, up_out, up_err = await cli("up", "-f", str(fleet))
+        assert code == 0, up_out + up_err
+    finally:
+        stdout, stderr = await finish(proc)
+    assert proc.returncode == 0, stderr.decode()
+    assert f"{victim} is not ready (not running): it joins once ready" in stderr.decode()
+    assert_every_record_once(out, stdout, 300)
+    after = query(out, f"SELECT COUNT(*) FROM results WHERE instance = '{victim}' AND started_at > {up_at}")
+    assert after[0][0] > 0  # it came back and the same job used it
+    assert read_meta(out)["fleet"]["instances"] == sorted(INSTANCES)  # the job's set: every instance
+
+
+async def test_restart_dead_restarts_an_instance_dead_at_the_start(fleet: Path, tmp_path: Path) -> None:
+    victim = "h1-1"
+    old_pid = (await kill_instances(fleet, [victim]))[victim]
+    prompts = write_prompts(tmp_path / "p.jsonl", 240)
+    out = tmp_path / "out"
+    proc = await start_run(
+        str(prompts), "-o", str(out), "-f", str(fleet), "--restart-dead", "--concurrency", "2"
+    )
+    stdout, stderr = await finish(proc)
+    assert proc.returncode == 0, stderr.decode()
+    assert f"{victim} is not ready (not running): restarting it in the background" in stderr.decode()
+    assert_every_record_once(out, stdout, 240)
+    assert instance_pids(fleet)[victim] != old_pid  # restarted through the deploy layer, by the job
+    assert query(out, f"SELECT COUNT(*) FROM results WHERE instance = '{victim}'")[0][0] > 0
+
+
+async def test_no_instance_ready_waits_then_fails_naming_each_problem(fleet: Path, tmp_path: Path) -> None:
+    await kill_instances(fleet, sorted(INSTANCES))
+    prompts = write_prompts(tmp_path / "p.jsonl", 10)
+    out = tmp_path / "out"
+    code, stdout, err = await cli("run", str(prompts), "-o", str(out), "-f", str(fleet), "--wait-ready", "2",
+                                  "--no-live")  # fmt: skip
+    assert code != 0 and stdout == ""
+    text = " ".join(err.split())  # rich wraps long lines
+    assert f"no instance of {fleet} is ready yet: waiting up to 2 s for a first one" in text
+    assert "no server became ready within 2 s: nothing to generate with" in text
+    for name in INSTANCES:
+        assert f"{name} (down): not running" in text
+    assert "fleetgen status" in text and "fleetgen up" in text
+    assert query(out, "SELECT COUNT(*) FROM results")[0][0] == 0

@@ -156,9 +156,10 @@ class Job:
         bad_lines = store.bad_lines(str(opts.input_path)) if tracker is not None else set()
         meta = self._meta = JobMeta(opts.input_path, opts.params.samples, tracker, bad_lines)
         writer = StoreWriter(store, lambda batch: self._committed(batch, tracker, meta), meta=meta.current)
-        self._scraper = AcceptLengthScraper.for_engine(
-            opts.endpoints, opts.engine_kind, interval_s=opts.metrics_interval_s, api_key=opts.api_key
-        )
+        self._scraper = AcceptLengthScraper.for_engine(  # URLs as now: a late host may have one by now
+            [(e.name, e.client.base_url) for e in endpoints], opts.engine_kind,
+            interval_s=opts.metrics_interval_s, api_key=opts.api_key,
+        )  # fmt: skip
         base = opts.params.base_body(model)
         dispatcher = Dispatcher(
             endpoints,
