@@ -273,3 +273,28 @@ async def test_no_instance_ready_waits_then_fails_naming_each_problem(fleet: Pat
         assert f"{name} (down): not running" in text
     assert "fleetgen status" in text and "fleetgen up" in text
     assert query(out, "SELECT COUNT(*) FROM results")[0][0] == 0
+
+
+async def test_a_host_whose_ssh_went_away_comes_back_into_the_job(
+    fleet: Path, ssh_hosts: list[SshdHost], tmp_path: Path
+) -> None:
+    """h0's sshd goes away mid-job (its connections drop, reconnects are refused until the tunnels' own
+    reconnect gives up); the job goes on with h1. Once sshd is back, the job's probes reconnect h0, its
+    tunnels re-open on the same local ports, and h0's instances get rows again."""
+    prompts = write_prompts(tmp_path / "p.jsonl", 200)
+    out = tmp_path / "out"
+    proc = await start_run(str(prompts), "-o", str(out), "-f", str(fleet), "--concurrency", "2")
+    try:
+        await asyncio.wait_for(wait_for_rows(out, 20, proc), 120)
+        await asyncio.to_thread(ssh_hosts[0].stop)
+        try:
+            await asyncio.wait_for(wait_for_rows(out, 60, proc), 120)  # on h1 alone meanwhile
+        finally:
+            await asyncio.to_thread(ssh_hosts[0].start)
+        back_at = time.time()
+    finally:
+        stdout, stderr = await finish(proc)
+    assert proc.returncode == 0, stderr.decode()
+    assert_every_record_once(out, stdout, 200)
+    after = query(out, f"SELECT COUNT(*) FROM results WHERE instance LIKE 'h0-%' AND started_at > {back_at}")
+    assert after[0][0] > 0
