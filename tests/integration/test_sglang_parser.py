@@ -40,11 +40,21 @@ def _sglang_version() -> str:
 
 
 VERSION = _sglang_version()
+# Skipped only when no python is named (scripts/test.sh and CI name one); a named python without SGLang
+# 0.5.23 is a failure, never a silent skip.
 needs_sglang = pytest.mark.skipif(
-    not VERSION.startswith("0.5.23"),
-    reason="set FLEETGEN_SGLANG_PYTHON to a python with SGLang 0.5.23 (pip install --no-deps the wheel + "
-    f"server_args' imports); found {VERSION or 'none'}",
+    not PYTHON,
+    reason="set FLEETGEN_SGLANG_PYTHON to a python with SGLang 0.5.23 (scripts/install-sglang-parser.sh)",
 )
+
+
+@pytest.fixture(autouse=True)
+def _the_named_python_has_sglang_0_5_23() -> None:
+    if PYTHON:
+        assert VERSION.startswith("0.5.23"), (
+            f"FLEETGEN_SGLANG_PYTHON={PYTHON} has SGLang {VERSION or 'not importable'}; "
+            "run scripts/install-sglang-parser.sh"
+        )
 
 
 def _parse(argv: list[str]) -> dict[str, object]:
