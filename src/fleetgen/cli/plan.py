@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
 
 import typer
@@ -48,10 +49,20 @@ def _gib(n: int) -> str:
     return f"{n / GIB:.2f}"
 
 
-def _memory_table(p: InstancePlan) -> Table:
+def _title(group: list[InstancePlan]) -> str:
+    p = group[0]
+    if len(group) == 1:
+        return f"{p.instance}  ({p.host}, GPU {','.join(map(str, p.gpus))}, port {p.port}, {p.rules})"
+    gpus = " ".join(",".join(map(str, g.gpus)) for g in group)
+    ports = f"{group[0].port}–{group[-1].port}"
+    where = f"{p.host}, GPUs {gpus}, ports {ports}, {p.rules}"
+    return f"{p.instance} … {group[-1].instance}: {len(group)} identical instances  ({where})"
+
+
+def _memory_table(p: InstancePlan, title: str) -> Table:
     m = p.memory
     table = Table(
-        title=f"{p.instance}  ({p.host}, GPU {','.join(map(str, p.gpus))}, port {p.port}, {p.rules})",
+        title=title,
         show_header=True,
         title_justify="left",
     )
@@ -93,11 +104,16 @@ def _issues(title: str, issues: tuple[Issue, ...], style: str) -> None:
             console.print(f"    [green]fix:[/] {escape(issue.fix)}", highlight=False)
 
 
-def _render_instance(p: InstancePlan) -> None:
-    console.print(_memory_table(p))
+def _render_group(group: list[InstancePlan]) -> None:
+    """One table for instances whose plans differ only in GPU and port (a node of identical GPUs)."""
+    p = group[0]
+    console.print(_memory_table(p, _title(group)))
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(p.env.items()))
+    label = "launch:" if len(group) == 1 else f"launch ({p.instance}; the others differ in GPU and port):"
     console.print(
-        f"  [dim]launch:[/] {escape(env)} {escape(shlex.join(p.argv))}", highlight=False, soft_wrap=True
+        f"  [dim]{escape(label)}[/] {escape(env)} {escape(shlex.join(p.argv))}",
+        highlight=False,
+        soft_wrap=True,
     )
     _issues("error", p.errors, "bold red")
     _issues("warning", p.warnings, "yellow")
@@ -107,9 +123,17 @@ def _render_instance(p: InstancePlan) -> None:
     console.print(f"  verdict: {verdict}\n")
 
 
+def _groups(instances: Sequence[InstancePlan]) -> list[list[InstancePlan]]:
+    groups: dict[str, list[InstancePlan]] = {}
+    for p in instances:
+        key = repr((p.host, p.rules, p.memory, p.errors, p.warnings, p.fixes))
+        groups.setdefault(key, []).append(p)
+    return list(groups.values())
+
+
 def _render(result: FleetPlan) -> None:
-    for inst in result.instances:
-        _render_instance(inst)
+    for group in _groups(result.instances):
+        _render_group(group)
     _issues("error", result.errors, "bold red")
     _issues("warning", result.warnings, "yellow")
     total = sum(i.memory.max_running_requests for i in result.instances if i.fits)
