@@ -31,3 +31,13 @@ def test_init_names_the_tables_to_edit(tmp_path: Path) -> None:
     result = _cli().invoke(app, ["init", str(tmp_path / "f.toml")])
     assert result.exit_code == 0
     assert "edit [[hosts]] and [engine]" in " ".join(result.output.split())
+
+
+def test_plan_shows_one_table_per_group_of_identical_instances() -> None:
+    example = Path(__file__).parents[2] / "examples" / "qwen36-27b-mtp.toml"
+    result = _cli().invoke(app, ["plan", "--offline", "-f", str(example)])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "node96-0 … node96-3: 4 identical instances" in text
+    assert "node183-0 … node183-6: 7 identical instances" in text
+    assert "11 instance(s)" in text and "all instances fit" in text
