@@ -13,12 +13,14 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
+from fleetgen.cli.run import render
 from fleetgen.errors import FleetDown
 from fleetgen.fleet.pool import Endpoint as Link
 from fleetgen.generate.client import ChatClient
 from fleetgen.generate.health import Endpoint, EndpointState, Health, RetryPolicy, Watch, served_models
-from fleetgen.generate.progress import Progress
+from fleetgen.generate.progress import Progress, waiting
 from fleetgen.generate.runner import Job
 from tests.unit.test_generate_job import options, rows, write_jsonl
 from tests.unit.test_generate_standin import StandIn, serve
@@ -133,8 +135,8 @@ async def test_none_ready_at_the_start_waits_for_the_first_then_runs(tmp_path: P
                           wait_ready_s=HANG_GUARD_S))  # fmt: skip
         summary = await asyncio.wait_for(job.run(seen.append), HANG_GUARD_S)
     assert summary.status == "complete" and summary.results == 30
-    waiting = [p for p in seen if p.waiting_s is not None]
-    assert waiting and waiting[0].endpoints[0].state == "waiting" and waiting[0].endpoints[0].last_error
+    shown = [p for p in seen if p.waiting_s is not None]
+    assert shown and shown[0].endpoints[0].state == "waiting" and shown[0].endpoints[0].last_error
     assert seen[-1].waiting_s is None
 
 
@@ -149,3 +151,17 @@ async def test_stop_while_waiting_for_a_first_server_ends_stopped(tmp_path: Path
     run = asyncio.create_task(job.run(lambda _p: job.stop()))  # Ctrl-C as soon as the wait shows
     summary = await asyncio.wait_for(run, HANG_GUARD_S)
     assert summary.status == "stopped" and summary.results == 0
+
+
+def test_the_live_view_shows_waiting_and_down_servers_with_why() -> None:
+    client = ChatClient("http://127.0.0.1:9", max_connections=1, timeout_s=1)
+    endpoints = [Endpoint("h0-0", client, 8, EndpointState.WAITING, last_error="loading [model] shards"),
+                 Endpoint("h0-1", client, 8, EndpointState.DOWN, last_error="not running")]  # fmt: skip
+    console = Console(width=200, record=True)
+    console.print(render(waiting(endpoints, 1.0, 42.0)))
+    text = console.export_text()
+    assert "no server is ready yet: waiting up to 42 s more for a first one" in " ".join(text.split())
+    cells = {row[0]: row for row in ([c.strip() for c in line.split("│")[1:]] for line in text.splitlines())
+             if row and row[0].startswith("h0-")}  # fmt: skip
+    assert cells["h0-0"][1] == "waiting" and cells["h0-0"][5] == "loading [model] shards"  # not markup
+    assert cells["h0-1"][1] == "down" and cells["h0-1"][5] == "not running"

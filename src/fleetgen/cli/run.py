@@ -88,6 +88,11 @@ def _url_endpoints(urls: list[str]) -> list[tuple[str, str]]:
 
 
 Opt = typer.Option
+WaitReady = Annotated[
+    float | None,
+    Opt("--wait-ready", min=0.0, help="No server ready at the start: wait this long (s) for one "
+        "(default: the fleet's engine.ready_timeout_s; 0 with --endpoint)."),
+]  # fmt: skip
 
 
 @app.command("run")
@@ -119,15 +124,7 @@ def run_command(
     dead_timeout: Annotated[
         float, Opt("--dead-timeout", help="Stop after this long with no healthy server.")
     ] = 300.0,
-    wait_ready: Annotated[
-        float | None,
-        Opt(
-            "--wait-ready",
-            min=0.0,
-            help="No server ready at the start: wait this long for one "
-            "(default: the fleet's engine.ready_timeout_s; 0 with --endpoint).",
-        ),
-    ] = None,
+    wait_ready: WaitReady = None,
     split: Annotated[str | None, Opt("--split", help="Split of a DatasetDict folder.")] = None,
     json_out: Annotated[bool, Opt("--json", help="Print the summary as JSON.")] = False,
     no_live: Annotated[bool, Opt("--no-live", help="No live view (logs, CI).")] = False,
