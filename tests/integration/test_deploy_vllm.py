@@ -17,25 +17,11 @@ from fleetgen.fleet.status import fleet_status
 from tests.fixtures.sshd import SshdHost
 from tests.fixtures.vllm import TinyModel
 from tests.integration.test_deploy_support import log_files, read, resolved, write_fleet
+from tests.unit.test_deploy_metrics import STATUS_JSON_KEYS
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 NGRAM = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}'
-JSON_KEYS = {
-    "instance",
-    "host",
-    "gpus",
-    "pid",
-    "port",
-    "url",
-    "ready",
-    "drift",
-    "uptime_s",
-    "running",
-    "queued",
-    "gen_tokens_per_s",
-    "spec_accept_length",
-}
 
 
 def _fleet(path: Path, host: SshdHost, python: Path, model: TinyModel, cache: Path, max_len: int) -> Path:
@@ -100,7 +86,7 @@ async def test_vllm_lifecycle(
         [st] = await fleet_status(fleet)
         assert st.ready and st.drift == [] and st.pid == first.pid and st.running == 0
         assert st.uptime_s is not None and st.uptime_s > 0 and st.gen_tokens_per_s is not None
-        assert set(st.to_json()) >= JSON_KEYS
+        assert set(st.to_json()) >= STATUS_JSON_KEYS
 
         old_log = Path(first.log_path)
         _fleet(fleet, host, vllm_python, tiny_model, tmp_path, 1024)
