@@ -283,7 +283,10 @@ async def _run_job(job: Job, live: bool) -> Summary:
         if not live:
             return await job.run()
         with Live(console=err_console, refresh_per_second=2, transient=False) as view:
-            return await job.run(lambda progress: view.update(render(progress)))
+            summary = await job.run(lambda progress: view.update(render(progress)))
+        if not err_console.is_terminal:
+            err_console.line()  # off a terminal the last frame ends without a newline; the summary follows
+        return summary
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
