@@ -52,6 +52,7 @@ class ModelShape:
     mtp_weight_bytes: int = 0
     is_moe: bool = False
     is_multimodal: bool = False
+    is_quantized: bool = False  # a `quantization_config`: the checkpoint's weights are already quantised
     vision_num_layers: int | None = None
     vision_hidden_size: int | None = None
     notes: tuple[str, ...] = ()
@@ -200,6 +201,7 @@ def parse_model_shape(config: Mapping[str, Any], index: Mapping[str, Any] | None
         mtp_layers=mtp_layers,
         mtp_weight_bytes=mtp_bytes,
         is_multimodal="vision_config" in config,
+        is_quantized="quantization_config" in config or "quantization_config" in text,
         vision_num_layers=vision.get("num_hidden_layers") if vision else None,
         vision_hidden_size=vision.get("hidden_size") if vision else None,
         notes=notes,

@@ -1,7 +1,8 @@
 """Ways out when an instance does not fit, ranked by cost, and the flags for a target concurrency (pure).
 
 Every candidate is re-sized with the same engine arithmetic, so a fix is only offered when it really fits.
-Cost: 0 a flag the rule demands, 1 a pool size, 2 lower state precision, 3 shorter context, 4 more GPUs.
+Cost: 0 a flag the rule demands, 1 a pool size, 2 lower state precision, 3 shorter context, 4 more GPUs
+(the smallest tp that fits) or FP8 weights. Weights that alone fill the GPU leave only the cost-4 ways out.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from fleetgen.plan.instance import Ask, Sizing, size
+from fleetgen.plan.instance import Ask, Sizing, can_quantize_fp8, size
 from fleetgen.plan.types import Fix
 
 MAX_SCAN = 1024
 MIN_TOKENS_PER_REQUEST = 4096  # a "concurrent request" must have room for at least this much context
+TP_FACTORS = (2, 4, 8, 16)  # tp grows by these factors; the smallest that fits is offered
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,17 @@ class Candidate:
 
 def _apply(ask: Ask, c: Candidate) -> Ask:
     return replace(ask, args={**ask.args, **c.args}, env={**ask.env, **c.env}, tp=c.tp or ask.tp)
+
+
+def _bigger(ask: Ask) -> list[Candidate]:
+    """More GPUs (tp × 2, × 4, …: the first that fits is kept) and, for 16-bit weights not quantised yet,
+    online FP8 quantisation (half the weight bytes)."""
+    out = [Candidate(4, f"tp = {ask.tp * f}", tp=ask.tp * f) for f in TP_FACTORS]
+    if can_quantize_fp8(ask) and "quantization" not in ask.args:
+        fp8 = ask.shape.weight_bytes // 2 // ask.tp
+        text = f"--quantization fp8 (weights {fp8 / (1 << 30):.1f} GiB per GPU; check the quality)"
+        out.append(Candidate(4, text, {"quantization": "fp8"}))
+    return out
 
 
 def _is_usable(sized: Sizing, need: int = 1) -> bool:
@@ -54,8 +67,7 @@ def _sglang_variants(ask: Ask) -> list[Candidate]:
         out.append(Candidate(2, "--mamba-ssm-dtype bfloat16", {"mamba-ssm-dtype": "bfloat16"}))
     if ctx > 4096:
         out.append(Candidate(3, f"context {ctx} → {ctx // 2}", {"context-length": ctx // 2}))
-    out.append(Candidate(4, f"tp = {ask.tp * 2}", tp=ask.tp * 2))
-    return out
+    return out + _bigger(ask)
 
 
 def _vllm_variants(ask: Ask) -> list[Candidate]:
@@ -63,8 +75,7 @@ def _vllm_variants(ask: Ask) -> list[Candidate]:
     out = [Candidate(1, "--gpu-memory-utilization 0.95", {"gpu-memory-utilization": 0.95})]
     if ctx > 4096:
         out.append(Candidate(3, f"max-model-len {ctx} → {ctx // 2}", {"max-model-len": ctx // 2}))
-    out.append(Candidate(4, f"tp = {ask.tp * 2}", tp=ask.tp * 2))
-    return out
+    return out + _bigger(ask)
 
 
 VARIANTS: dict[str, Callable[[Ask], list[Candidate]]] = {"sglang": _sglang_variants, "vllm": _vllm_variants}
@@ -122,10 +133,14 @@ def ranked_fixes(engine: str, ask: Ask, base: Sizing) -> tuple[Fix, ...]:
         n = alone.memory.max_running_requests
         text = required.change + _yield(n, alone)
         fixes.append(Fix(0, text, dict(required.args), dict(required.env), 0, n, alone.memory.kv_tokens))
+    has_tp = False
     for variant in VARIANTS[engine](fixed):
+        if variant.tp and has_tp:
+            continue  # a smaller tp already fits
         n, extra, sized = _best(engine, _apply(fixed, variant))
         if sized is None or (base.fits and n <= base.memory.max_running_requests):
             continue
+        has_tp = has_tp or bool(variant.tp)
         if any((f.max_running_requests, f.kv_tokens) == (n, sized.memory.kv_tokens) for f in fixes):
             continue  # a cheaper change already gives exactly this
         flags = " ".join(f"--{k} {v}" for k, v in extra.items())

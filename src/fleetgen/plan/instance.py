@@ -126,8 +126,55 @@ SIZERS: dict[str, Callable[[Ask], Sizing]] = {"sglang": _size_sglang, "vllm": _s
 
 
 def size(engine: str, ask: Ask) -> Sizing:
-    """Size one instance with its engine's rules."""
-    return SIZERS[engine](ask)
+    """Size one instance with its engine's rules (`--quantization fp8` of 16-bit weights: one byte each)."""
+    if can_quantize_fp8(ask) and ask.args.get("quantization") == "fp8":
+        shape = ask.shape
+        fp8 = replace(
+            shape, weight_bytes=shape.weight_bytes // 2, mtp_weight_bytes=shape.mtp_weight_bytes // 2
+        )
+        ask = replace(ask, shape=fp8)
+    return _weights_first(SIZERS[engine](ask), ask)
+
+
+def can_quantize_fp8(ask: Ask) -> bool:
+    """Online FP8 quantisation (SGLang's and vLLM's `--quantization fp8`) halves 16-bit weights that are not
+    quantised already."""
+    return ask.shape.dtype_bytes == 2 and not ask.shape.is_quantized
+
+
+# What an engine's arithmetic reports when the weights leave nothing: the consequences (a negative Mamba pool,
+# no KV pool), not the cause. `_weights_first` names the cause instead.
+CONSEQUENCES = frozenset({"mamba-pool", "weights", "kv-cache"})
+WEIGHTS_FIX = "more GPUs per instance (tp) or smaller weights (FP8 quantisation, a quantised checkpoint)"
+
+
+def _weights_first(sized: Sizing, ask: Ask) -> Sizing:
+    """Weights that alone fill the GPU (or the engine's static budget): that is the error, named with both
+    numbers, and nothing is left for the pools (zero, never the negative numbers the arithmetic reaches)."""
+    m = sized.memory
+    if m.weights_bytes < min(ask.total_bytes, m.budget_bytes):
+        return sized
+    weights = f"the weights alone need {m.weights_bytes / GIB:.1f} GiB per GPU (tp = {ask.tp})"
+    if m.weights_bytes >= ask.total_bytes:
+        text = f"{weights}; the GPU has {ask.total_bytes / GIB:.1f} GiB"
+    else:
+        text = (
+            f"{weights}; the engine's static budget is {m.budget_bytes / GIB:.1f} GiB "
+            f"(memory fraction {m.mem_fraction_static:.3f}): nothing is left for the KV cache"
+        )
+    issue = Issue("weights-exceed-gpu", text, WEIGHTS_FIX)
+    empty = replace(
+        m,
+        rest_bytes=0,
+        mamba_slots=0,
+        mamba_pool_bytes=0,
+        spec_scratch_bytes=0,
+        kv_pool_bytes=0,
+        kv_tokens=0,
+        max_running_requests=0,
+    )
+    others = tuple(e for e in sized.errors if e.rule not in CONSEQUENCES)
+    return replace(sized, memory=empty, errors=(issue, *others))
 
 
 def gpu_of(inst: InstanceSpec, gpus: Mapping[int, GpuFacts]) -> tuple[GpuFacts | None, list[Issue]]:
