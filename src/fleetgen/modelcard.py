@@ -50,6 +50,7 @@ class ModelShape:
     ssm_dtype: str = "float32"
     mtp_layers: int = 0
     mtp_weight_bytes: int = 0
+    tie_word_embeddings: bool = False
     is_moe: bool = False
     is_multimodal: bool = False
     is_quantized: bool = False  # a `quantization_config`: the checkpoint's weights are already quantised
@@ -200,6 +201,7 @@ def parse_model_shape(config: Mapping[str, Any], index: Mapping[str, Any] | None
         weight_bytes=weights,
         mtp_layers=mtp_layers,
         mtp_weight_bytes=mtp_bytes,
+        tie_word_embeddings=bool(text.get("tie_word_embeddings", config.get("tie_word_embeddings", False))),
         is_multimodal="vision_config" in config,
         is_quantized="quantization_config" in config or "quantization_config" in text,
         vision_num_layers=vision.get("num_hidden_layers") if vision else None,

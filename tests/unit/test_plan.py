@@ -135,9 +135,10 @@ def test_0_5_23_joint_solve_and_draft_inside() -> None:
     plan = plan_one({**MOTIVATING, "mamba-radix-cache-strategy": "extra_buffer"}, version="0.5.23")
     m = plan.memory
     p, d, rho = 153_944_064, 4, 5
-    assert m.weights_bytes == QWEN.weight_bytes  # target + MTP draft weights inside the budget
+    draft_tables = 2 * QWEN.vocab_size * QWEN.hidden_size * 2  # the MTP head's own embedding + LM head
+    assert m.weights_bytes == QWEN.weight_bytes + draft_tables  # target + MTP draft weights inside the budget
     assert m.kv_bytes_per_token == 69_632
-    rest = (GPU96 * GIB - CUDA_CONTEXT_BYTES) * 0.9 - QWEN.weight_bytes - 100 * (1 << 20)
+    rest = (GPU96 * GIB - CUDA_CONTEXT_BYTES) * 0.9 - m.weights_bytes - 100 * (1 << 20)
     budget = rest * 0.9 / 1.9
     slots = int((budget - p * (1 + d)) // (p * (1 + d / rho)))
     assert m.mamba_slots == slots

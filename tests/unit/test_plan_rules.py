@@ -190,6 +190,7 @@ def test_vllm_uses_total_memory_and_refuses_when_free_is_short() -> None:
 
 
 def test_vllm_hybrid_keeps_state_in_the_paged_pool() -> None:
+    """vLLM 0.24's hybrid allocator, written out again: GDN state in attention-sized pages, grouped layers."""
     fleet = _fleet(
         [{"name": "a", "gpus": [0], "gpu_memory_gib": GPU183}],
         kind="vllm",
@@ -197,8 +198,16 @@ def test_vllm_hybrid_keeps_state_in_the_paged_pool() -> None:
         args={"max-model-len": 8192, "speculative-config": '{"method":"mtp","num_speculative_tokens":2}'},
     )
     m = plan_fleet(fleet, QWEN, _facts(fleet), None).instances[0].memory
-    assert m.mamba_slots == 0 and m.state_bytes_per_request == 153_944_064
-    assert m.max_running_requests == min(256, m.kv_pool_bytes // (8192 * 65_536 + 3 * 153_944_064))
+    conv = (16 * 128 * 2 + 48 * 128) * (4 - 1 + 2) * 2  # bf16 conv window grows by the 2 speculative tokens
+    ssm = 48 * 128 * 128 * 4  # fp32 SSM state
+    block = 16 * -(-(conv + ssm) // (16 * 4096))  # attention page (4 KiB/token/layer) >= one Mamba state
+    per_request = -(-8192 // block) + 3 * (
+        1 + 2
+    )  # 17 attention layers (16 + MTP) = 1 group; 48 GDN = 3 groups
+    blocks = m.rest_bytes // (17 * block * 4096)
+    assert m.mamba_slots == 0 and block == 800
+    assert m.kv_tokens == int(blocks / per_request * 8192)
+    assert m.max_running_requests == min(1024, blocks // per_request)  # H200-class GPUs: max_num_seqs 1024
 
 
 def _write(tmp_path: Path, args: dict[str, Any], env: dict[str, str], gpu_gib: float, version: str) -> Path:

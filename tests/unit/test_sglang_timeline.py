@@ -192,24 +192,31 @@ def test_disable_cuda_graph_is_deprecated_not_refused_in_0_5_23() -> None:
     assert "--disable-cuda-graph" in plan.argv
 
 
-def _joint(gpu_gib: float, padded: bool, vlm_mib: int) -> tuple[int, int, int]:
+# The MTP head allocates its own embedding and LM head at load (vocab × hidden × bf16, twice, untied)
+DRAFT_VOCAB_TABLES = 2 * 248_320 * 5_120 * 2
+
+
+def _joint(gpu_gib: float, padded: bool, vlm_mib: int, cell: int) -> tuple[int, int, int]:
     """`handle_max_mamba_cache` joint solve (0.5.13–0.5.16 unpadded, 0.5.17+ padded), written out again."""
     pad, d, rho = int(padded), 4, 5
-    rest = (gpu_gib * GIB - CUDA_CONTEXT_BYTES) * 0.9 - QWEN.weight_bytes - vlm_mib * (1 << 20)
+    weights = QWEN.weight_bytes + DRAFT_VOCAB_TABLES
+    rest = (gpu_gib * GIB - CUDA_CONTEXT_BYTES) * 0.9 - weights - vlm_mib * (1 << 20)
     budget = rest * 0.9 / 1.9
     slots = int((budget - pad * P * (1 + d)) // (P * (1 + d / rho)))
     running = min(48, slots // rho)
-    tokens = int(rest - P * (running + pad) * d - (slots + pad) * P) // 69_632
+    tokens = int(rest - P * (running + pad) * d - (slots + pad) * P) // cell
     return slots, tokens, running
 
 
 @pytest.mark.parametrize(
-    ("version", "padded", "vlm_mib"), [("0.5.15", False, 0), ("0.5.17", True, 0), ("0.5.19", True, 100)]
+    ("version", "padded", "vlm_mib", "cell"),
+    [("0.5.15", False, 0, 65_536), ("0.5.17", True, 0, 65_536), ("0.5.19", True, 100, 69_632)],
 )
-def test_joint_solve_variants(version: str, padded: bool, vlm_mib: int) -> None:
+def test_joint_solve_variants(version: str, padded: bool, vlm_mib: int, cell: int) -> None:
+    """A path-less MTP head's KV joins the target's cell only from 0.5.19 (before: its own pool, outside)."""
     m = plan_one(dict(MOTIVATING), version=version, gpu_gib=GPU183).memory  # auto → extra_buffer, ρ 5
-    assert (m.mamba_slots, m.kv_tokens, m.max_running_requests) == _joint(GPU183, padded, vlm_mib)
-    assert m.weights_bytes == QWEN.weight_bytes and m.kv_bytes_per_token == 69_632
+    assert (m.mamba_slots, m.kv_tokens, m.max_running_requests) == _joint(GPU183, padded, vlm_mib, cell)
+    assert m.weights_bytes == QWEN.weight_bytes + DRAFT_VOCAB_TABLES and m.kv_bytes_per_token == cell
 
 
 def test_0_5_8_reserves_the_scratch_even_with_an_explicit_pool() -> None:

@@ -89,6 +89,9 @@ class RuleSet:
     gpu_tier_35g: tuple[int, int, int] = (4096, 48, 160)  # 20–35 GiB GPUs: chunk, max bs tp<4, tp>=4
     draft_weights_in_budget: bool = False
     draft_kv_in_budget: bool = False
+    # an MTP head without --speculative-draft-model-path also gets its KV in the cell (else: its own pool,
+    # out of the headroom); 0.5.14–0.5.18 count only a draft with a path (`eagle_draft_num_layers`)
+    pathless_draft_kv_in_budget: bool = True
     mamba_ratio_rule: str = "by-overlap"  # "by-spec-quirk" | "by-spec" | "by-overlap" (slots/request)
     has_extra_buffer_lazy: bool = False
     # "ratio-scratch" | "scratch-first-512" | "scratch-first" | "joint" | "joint-padded"

@@ -114,6 +114,11 @@ TIMELINE: tuple[Change, ...] = (
     Change("gpu_tier_35g", "0.5.20", (4096, 48, 160), "arg_groups/memory_hook.py"),
     Change("draft_weights_in_budget", "0.5.14", True, "'draft weights are now counted' (kv profiling)"),
     Change("draft_kv_in_budget", "0.5.14", True, "pool_configurator.py eagle_draft_num_layers"),
+    # 0.5.15 `ModelRunner.__init__` sets eagle_draft_num_layers only with a speculative_draft_model_path:
+    # a path-less MTP head (Qwen3.5/3.6) keeps its own KV pool outside the budget: two "KV Cache is allocated"
+    # lines on a real H200 (tests/data/real-engines/sglang-0.5.15-h200/mtp); still gated in 0.5.16–0.5.18.
+    Change("pathless_draft_kv_in_budget", "0.5.14", False, "model_runner.py eagle_draft_num_layers"),
+    Change("pathless_draft_kv_in_budget", "0.5.19", True, "spec_aux_hidden_state.py: sized off the target"),
     # ≤0.5.9 `init_memory_pool`: extra_buffer → 4 with spec, else 5 — and 0.5.7 gives no_buffer 5 too;
     # 0.5.10 `_calculate_mamba_ratio`: by overlap (extra_buffer 5 with overlap, 4 without; no_buffer 3).
     Change("mamba_ratio_rule", "0.5.7", "by-spec-quirk", "model_runner_kv_cache_mixin.py init_memory_pool"),

@@ -14,7 +14,7 @@ from fleetgen.engines import RuleSet, get_engine, translate_args
 from fleetgen.modelcard import ModelShape
 from fleetgen.plan.rules import RuleInput, check_sglang_flags
 from fleetgen.plan.settings import resolve_settings
-from fleetgen.plan.sglang import size_sglang
+from fleetgen.plan.sglang import draft_kv_in_cell, size_sglang
 from fleetgen.plan.types import GIB, GpuFacts, Issue, Memory
 from fleetgen.plan.vllm import size_vllm
 
@@ -57,7 +57,7 @@ def _size_sglang(ask: Ask) -> Sizing:
     flags = check_sglang_flags(RuleInput(ask.args, ask.env, translation, s, ask.rules, ask.shape))
     warnings = list(flags.warnings)
     if memory.headroom_needed_bytes > memory.headroom_bytes:
-        warnings.append(_headroom_warning(memory, s.is_spec and not ask.rules.draft_kv_in_budget))
+        warnings.append(_headroom_warning(memory, s.is_spec and not draft_kv_in_cell(s, ask.rules)))
     if 0 < memory.kv_tokens < memory.context_length:
         warnings.append(_context_warning(memory))
     if s.is_hicache:

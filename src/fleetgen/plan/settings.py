@@ -45,6 +45,7 @@ class SGLangSettings:
     hicache_size_gb: int
     cuda_graph_max_bs: int | None
     ratio_rule: str = "by-overlap"
+    has_draft_path: bool = False  # --speculative-draft-model-path given (an MTP head needs none)
     radix_dropped_for_spec: bool = False  # 0.5.9 turned radix cache off for spec + no_buffer
 
     @property
@@ -161,4 +162,5 @@ def resolve_settings(
         cuda_graph_max_bs=_int(args, "cuda-graph-max-bs") or _int(args, "cuda-graph-max-bs-decode"),
         ratio_rule=rules.mamba_ratio_rule,
         radix_dropped_for_spec=st.radix_dropped,
+        has_draft_path=bool(args.get("speculative-draft-model-path")),
     )

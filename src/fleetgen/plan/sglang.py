@@ -5,6 +5,9 @@ rest = free·mfs − weights, then the Mamba pool and spec scratch (`RuleSet.mam
 Mamba pool by ratio (M = rest·r/(1+r) // P); the MTP draft's weights and KV live outside the budget.
 0.5.13: Mamba pool and scratch solved jointly; 0.5.14: draft weights and the MTP layer's KV inside the
 budget; 0.5.17 (`kv_cache_configurator.py`): the joint solve counts the pool's padding slot.
+An MTP head without a draft path keeps its own KV pool out of the headroom in 0.5.14–0.5.15, and it allocates
+its own embedding and LM head at load (`Qwen3_5ForCausalLMMTP.__init__`; shared with the target only later,
+by `set_embed_and_head`), so its load counts vocab × hidden twice more: "mem usage=5.53 GB" on Qwen3.6-27B.
 """
 
 from __future__ import annotations
@@ -46,6 +49,21 @@ def kv_bytes_per_token(shape: ModelShape, tp: int, kv_dtype_bytes: int, *, draft
             cell * draft_layers / num_layers
         )  # `DefaultPoolConfigurator`: EAGLE/MTP draft KV in the cell
     return cell
+
+
+def draft_weight_bytes(shape: ModelShape, tp: int) -> int:
+    """What loading the MTP draft takes on one GPU: its layers + its own embedding and LM head (tied: one)."""
+    if not shape.mtp_layers:
+        return 0
+    vocab_tables = 1 if shape.tie_word_embeddings else 2
+    return (
+        shape.mtp_weight_bytes + vocab_tables * shape.vocab_size * shape.hidden_size * shape.dtype_bytes
+    ) // tp
+
+
+def draft_kv_in_cell(s: SGLangSettings, rules: RuleSet) -> bool:
+    """Whether the draft's KV is folded into the target's per-token cell (inside the budget)."""
+    return s.is_spec and rules.draft_kv_in_budget and (s.has_draft_path or rules.pathless_draft_kv_in_budget)
 
 
 def _gpu_tier(total_mib: float, tp: int, rules: RuleSet) -> tuple[int, int]:
@@ -160,7 +178,7 @@ def size_sglang(
     draft_w, weights, rest = _rest(shape, s, rules, tp, free * mfs)
     p = state_bytes_per_request(shape, tp, s.ssm_dtype)
     pool = _mamba_pool(rest, p, s, rules) if shape.is_hybrid else _Pool(0, 0, rest)
-    draft_layers = shape.mtp_layers if s.is_spec and rules.draft_kv_in_budget else 0
+    draft_layers = shape.mtp_layers if draft_kv_in_cell(s, rules) else 0
     cell = kv_bytes_per_token(shape, tp, s.kv_dtype_bytes, draft_layers=draft_layers)
     tokens = max(int(pool.rest_after) // cell // s.page_size * s.page_size, 0) if cell else 0
     if s.max_total_tokens is not None:
@@ -194,7 +212,7 @@ def _rest(
     shape: ModelShape, s: SGLangSettings, rules: RuleSet, tp: int, budget: float
 ) -> tuple[int, int, float]:
     """(draft weights, weights counted in the budget, what the budget leaves for the pools)."""
-    draft_w = shape.mtp_weight_bytes // tp if s.is_spec else 0
+    draft_w = draft_weight_bytes(shape, tp) if s.is_spec else 0
     in_budget = draft_w if rules.draft_weights_in_budget else 0
     weights = (shape.weight_bytes - shape.mtp_weight_bytes) // tp + in_budget
     rest = budget - weights
@@ -209,8 +227,8 @@ def _outside_budget(
     """Early 2026: the MTP draft's weights and its own KV pool come out of the (1 - mfs) headroom."""
     if not s.is_spec:
         return 0
-    outside = 0 if rules.draft_weights_in_budget else shape.mtp_weight_bytes // tp
-    if not rules.draft_kv_in_budget:
+    outside = 0 if rules.draft_weights_in_budget else draft_weight_bytes(shape, tp)
+    if not draft_kv_in_cell(s, rules):
         with_draft = kv_bytes_per_token(shape, tp, s.kv_dtype_bytes, draft_layers=shape.mtp_layers)
         outside += tokens * (with_draft - cell)
     return outside

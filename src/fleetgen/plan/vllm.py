@@ -1,25 +1,46 @@
-"""vLLM's GPU-memory arithmetic (pure): `--gpu-memory-utilization` is a fraction of TOTAL memory.
+"""vLLM's GPU-memory arithmetic (pure), read from vLLM 0.24.0's source, checked against its logs on an H200.
 
-`Worker.determine_available_memory`: requested = total × util; KV = requested − weights − peak activations
-(− CUDA graphs). Hybrid GDN state lives in the same paged pool: each request holds 1 + num_speculative_tokens
-Mamba blocks next to its attention blocks, so there is no fixed Mamba:KV split to plan.
+KV memory (`v1/worker/gpu_worker.py::Worker.determine_available_memory`): total × util − weights − the
+profiled peak (the larger of the forward pass over `max_num_batched_tokens` and the sampler's dummy run over
+`max_num_seqs` rows of vocabulary logits) − the CUDA-graph estimate.
+
+The hybrid allocator (`v1/core/kv_cache_utils.py`, `platforms/interface.py`): GDN state lives in the same
+paged pool as attention KV. The attention block size is raised (in steps of the kernel alignment, 16) until
+one attention page holds one Mamba state (conv window of `kernel − 1 + num_spec` tokens + fp32 SSM state);
+the Mamba page is padded to equal it. Layers are grouped by type into groups of equal size (the smallest
+type's count, or the largest when it is < 1.5× the smallest), padding the last group. The MTP drafter's layer
+is one more full-attention layer. One block = page × group size; a request needs ⌈len/block⌉ blocks in each
+attention group and 1 + num_spec blocks in each Mamba group (2 + num_spec in `align` mode). vLLM logs
+"GPU KV cache size: N tokens" = max concurrency × max_model_len.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from fleetgen.engines import RuleSet
 from fleetgen.modelcard import DTYPE_BYTES, ModelShape
-from fleetgen.plan.sglang import kv_bytes_per_token, state_bytes_per_request
 from fleetgen.plan.types import GIB, Issue, Memory
 
-ACTIVATION_BYTES_PER_TOKEN = 512 * 1024  # peak activation estimate per batched token (not measured)
-GRAPH_BYTES = 1 * GIB  # CUDA-graph pool estimate
-DEFAULT_MAX_NUM_SEQS = 256
-DEFAULT_BATCHED_TOKENS = 8192
+ACTIVATION_BYTES_PER_TOKEN = 512 * 1024  # forward-pass peak per batched token (estimate, not profiled here)
+GRAPH_BYTES = 1 * GIB  # CUDA-graph estimate (vLLM 0.24 logged 0.96 GiB, 1.30 GiB with MTP-3 on a 27B model)
+KERNEL_BLOCK_ALIGN = (
+    16  # FlashAttention's kernel block sizes are MultipleOf(16); cache block_size defaults to 16
+)
+# `EngineArgs._set_default_max_num_seqs_and_batched_tokens_args`: GPUs of >= 70 GiB (not A100) get 1024 / 8192
+BIG_GPU_BYTES = 70 * GIB
+DEFAULT_MAX_NUM_SEQS = {True: 1024, False: 256}
+DEFAULT_BATCHED_TOKENS = {True: 8192, False: 2048}
+# The sampler's dummy run (`GPUModelRunner._dummy_sampler_run`) over R = max_num_seqs rows of V logits keeps,
+# at its peak, per logit: the bf16 logits (2 B), their fp32 copy (4), the sort's fp32 values (4) and int64
+# indices (8) of the PyTorch top-k/top-p path. With speculative decoding it then runs the rejection sampler on
+# 2R rows of random bf16 logits (4 B per row-of-R logit), copies bonus and target rows (2 + 2), softmaxes the
+# target rows in fp32 (4) and samples the bonus rows again (18): 30 B per logit of R rows.
+SAMPLER_BYTES_PER_LOGIT = 18
+REJECTION_SAMPLER_BYTES_PER_LOGIT = 30
 
 FREE_LESS_THAN_UTIL = (
     "Free memory on device cuda:0 ({free:.2f}/{total:.2f} GiB) on startup is less than desired GPU memory "
@@ -32,15 +53,95 @@ ONE_REQUEST = (
 )
 
 
-def _num_spec_tokens(args: Mapping[str, Any]) -> int:
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def num_spec_tokens(args: Mapping[str, Any]) -> int:
+    """`num_speculative_tokens` of `--speculative-config` (0 without speculative decoding)."""
     raw = args.get("speculative-config")
     if not raw:
         return 0
     try:
-        conf = json.loads(str(raw))
+        conf = json.loads(str(raw)) if not isinstance(raw, Mapping) else raw
     except json.JSONDecodeError:
         return 0
-    return int(conf.get("num_speculative_tokens", 0)) if isinstance(conf, dict) else 0
+    return int(conf.get("num_speculative_tokens", 0)) if isinstance(conf, Mapping) else 0
+
+
+def mamba_page_bytes(shape: ModelShape, tp: int, num_spec: int, ssm_dtype: str, conv_bytes: int) -> int:
+    """One GDN layer's state of one request (`MambaStateShapeCalculator.gated_delta_net_state_shape`)."""
+    if not shape.is_hybrid:
+        return 0
+    conv_dim = (
+        shape.linear_key_head_dim * shape.linear_num_key_heads * 2
+        + shape.linear_value_head_dim * shape.linear_num_value_heads
+    )
+    conv = conv_dim // tp * (shape.conv_kernel - 1 + num_spec) * conv_bytes
+    ssm = shape.linear_num_value_heads // tp * shape.linear_value_head_dim * shape.linear_key_head_dim
+    return conv + ssm * DTYPE_BYTES[ssm_dtype]
+
+
+@dataclass(frozen=True)
+class Pool:
+    """vLLM's paged pool layout: block size, page, layers per group, groups by type, blocks per request."""
+
+    block_size: int
+    page_bytes: int
+    group_size: int
+    attention_groups: int
+    mamba_groups: int
+    blocks_per_request: int
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.page_bytes * self.group_size
+
+
+def pool_layout(shape: ModelShape, args: Mapping[str, Any], tp: int, ctx: int) -> Pool:
+    """Block size, page size and groups of the hybrid allocator for this model and these flags."""
+    num_spec = num_spec_tokens(args)
+    kv_dtype = str(args.get("kv-cache-dtype") or "auto")
+    kv_bytes = shape.dtype_bytes if kv_dtype == "auto" else DTYPE_BYTES.get(kv_dtype, 1)
+    heads = max(1, shape.num_kv_heads // tp)
+    attn_token = 2 * heads * shape.head_dim * kv_bytes  # one token, one layer (K + V)
+    ssm = str(args.get("mamba-ssm-cache-dtype") or "auto")
+    ssm = shape.ssm_dtype if ssm == "auto" else ssm
+    conv = str(args.get("mamba-cache-dtype") or "auto")
+    mamba_page = mamba_page_bytes(
+        shape, tp, num_spec, ssm, shape.dtype_bytes if conv == "auto" else DTYPE_BYTES.get(conv, 2)
+    )
+    block = max(int(args.get("block-size") or KERNEL_BLOCK_ALIGN), KERNEL_BLOCK_ALIGN)
+    if mamba_page:
+        block = max(block, KERNEL_BLOCK_ALIGN * _cdiv(mamba_page, KERNEL_BLOCK_ALIGN * attn_token))
+    num_attn = len(shape.full_attention_layer_ids) + (shape.mtp_layers if num_spec else 0)
+    counts = [n for n in (num_attn, len(shape.linear_layer_ids)) if n]
+    group = min(counts)
+    if max(counts) < group * 1.5:
+        group = max(counts)
+    attn_groups = _cdiv(num_attn, group)
+    mamba_groups = _cdiv(len(shape.linear_layer_ids), group) if mamba_page else 0
+    per_request = attn_groups * _cdiv(ctx, block) + mamba_groups * _mamba_blocks(args, ctx, block, num_spec)
+    return Pool(block, block * attn_token, group, attn_groups, mamba_groups, per_request)
+
+
+def _mamba_blocks(args: Mapping[str, Any], ctx: int, block: int, num_spec: int) -> int:
+    """Blocks one request holds in one Mamba group (`MambaSpec.max_memory_usage_bytes`) by cache mode:
+    `none` without prefix caching (vLLM's default for hybrid models), `align` when it is enabled."""
+    mode = str(args.get("mamba-cache-mode") or ("align" if args.get("enable-prefix-caching") else "none"))
+    if mode == "all":
+        return _cdiv(ctx, block) + num_spec
+    return (2 if mode == "align" else 1) + num_spec
+
+
+def profiled_peak_bytes(shape: ModelShape, args: Mapping[str, Any], *, is_big_gpu: bool) -> int:
+    """The profile run's peak: the larger of the forward pass and the sampler's dummy run, + CUDA graphs."""
+    batched = int(args.get("max-num-batched-tokens") or DEFAULT_BATCHED_TOKENS[is_big_gpu])
+    rows = int(args.get("max-num-seqs") or DEFAULT_MAX_NUM_SEQS[is_big_gpu])
+    per_logit = REJECTION_SAMPLER_BYTES_PER_LOGIT if num_spec_tokens(args) else SAMPLER_BYTES_PER_LOGIT
+    sampler = rows * shape.vocab_size * per_logit
+    graphs = 0 if args.get("enforce-eager") else GRAPH_BYTES
+    return max(batched * ACTIVATION_BYTES_PER_TOKEN, sampler) + graphs
 
 
 def size_vllm(
@@ -49,20 +150,17 @@ def size_vllm(
     """The per-GPU plan of one vLLM instance, and the start-up errors vLLM would raise."""
     util = float(args.get("gpu-memory-utilization") or rules.default_gpu_memory_utilization)
     requested = int(total_bytes * util)
-    num_spec = _num_spec_tokens(args)
+    num_spec = num_spec_tokens(args)
     weights = shape.weight_bytes // tp if num_spec else (shape.weight_bytes - shape.mtp_weight_bytes) // tp
-    batched = int(args.get("max-num-batched-tokens") or DEFAULT_BATCHED_TOKENS)
-    activations = batched * ACTIVATION_BYTES_PER_TOKEN + (0 if args.get("enforce-eager") else GRAPH_BYTES)
-    kv_pool = max(requested - weights - activations, 0)
-    kv_dtype = str(args.get("kv-cache-dtype") or "auto")
-    cell = kv_bytes_per_token(
-        shape, tp, shape.dtype_bytes if kv_dtype == "auto" else DTYPE_BYTES.get(kv_dtype, 1)
-    )
-    ssm = str(args.get("mamba-ssm-cache-dtype") or shape.ssm_dtype)
-    state = state_bytes_per_request(shape, tp, "float32" if ssm == "auto" else ssm)
+    is_big = total_bytes >= BIG_GPU_BYTES
+    peak = profiled_peak_bytes(shape, args, is_big_gpu=is_big)
+    kv_pool = max(requested - weights - peak, 0)
     ctx = int(args.get("max-model-len") or shape.context_length)
-    per_request = ctx * cell + (1 + num_spec) * state
-    seqs = int(args.get("max-num-seqs") or DEFAULT_MAX_NUM_SEQS)
+    pool = pool_layout(shape, args, tp, ctx)
+    num_blocks = kv_pool // pool.bytes_per_block if pool.bytes_per_block else 0
+    concurrency = num_blocks / pool.blocks_per_request if pool.blocks_per_request else 0.0
+    seqs = int(args.get("max-num-seqs") or DEFAULT_MAX_NUM_SEQS[is_big])
+    cell = pool.page_bytes // pool.block_size * len(shape.full_attention_layer_ids) if pool.block_size else 0
     memory = Memory(
         free_bytes=free_bytes,
         mem_fraction_static=util,
@@ -70,16 +168,16 @@ def size_vllm(
         weights_bytes=weights,
         rest_bytes=kv_pool,
         kv_bytes_per_token=cell,
-        state_bytes_per_request=state,
-        kv_pool_bytes=kv_pool,
-        kv_tokens=kv_pool // cell if cell else 0,
+        state_bytes_per_request=pool.mamba_groups * pool.group_size * pool.page_bytes * (1 + num_spec),
+        kv_pool_bytes=num_blocks * pool.bytes_per_block,
+        kv_tokens=int(concurrency * ctx),
         spec_scratch_bytes=0,
-        max_running_requests=min(seqs, kv_pool // per_request) if per_request else 0,
+        max_running_requests=min(seqs, int(concurrency)),
         headroom_bytes=total_bytes - requested,
-        headroom_needed_bytes=activations,
+        headroom_needed_bytes=peak,
         context_length=ctx,
     )
-    return memory, _errors(memory, free_bytes, total_bytes, per_request)
+    return memory, _errors(memory, free_bytes, total_bytes, pool.blocks_per_request * pool.bytes_per_block)
 
 
 def _errors(m: Memory, free_bytes: int, total_bytes: int, per_request: int) -> list[Issue]:
@@ -90,7 +188,7 @@ def _errors(m: Memory, free_bytes: int, total_bytes: int, per_request: int) -> l
             free=free_bytes / GIB, total=total_bytes / GIB, util=m.mem_fraction_static, req=requested / GIB
         )
         return [Issue("gpu-memory-utilization", text, "lower gpu-memory-utilization or free the GPU")]
-    if m.kv_pool_bytes < per_request:
-        text = ONE_REQUEST.format(ctx=m.context_length, need=per_request / GIB, avail=m.kv_pool_bytes / GIB)
+    if m.rest_bytes < per_request:
+        text = ONE_REQUEST.format(ctx=m.context_length, need=per_request / GIB, avail=m.rest_bytes / GIB)
         return [Issue("kv-cache", text, "raise gpu-memory-utilization, lower max-model-len or use tp = 2")]
     return []
