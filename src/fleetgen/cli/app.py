@@ -41,6 +41,13 @@ T = TypeVar("T")
 FLEET_OPTION = typer.Option(Path("fleet.toml"), "--fleet", "-f", help="The fleet file (TOML).")
 
 
+def flag(name: str, help: str, default: bool | None = False, *, short: str = "") -> Any:
+    """A boolean option in the one convention of every command: `--NAME` / `--no-NAME`, never a value after
+    it; help shows both spellings, not `<bool>`. `default=None`: neither given (the job file decides)."""
+    decls = [f"--{name}/--no-{name}", *([short] if short else [])]
+    return typer.Option(default, *decls, help=help, metavar="")
+
+
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """Run one command's coroutine; render a FleetgenError (message, context, fix) and exit with its code."""
     try:

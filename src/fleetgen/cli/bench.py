@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fleetgen.cli.app import FLEET_OPTION, app, console, err_console, render_error, run
+from fleetgen.cli.app import FLEET_OPTION, app, console, err_console, flag, render_error, run
 from fleetgen.errors import ConfigError, FleetgenError
 from fleetgen.generate.bench_fleet import bench_fleet, compare_spec
 from fleetgen.generate.bench_stats import DEFAULT_CONCURRENCIES, BenchSpec, LevelResult, SpeedupRow
@@ -134,13 +134,11 @@ CAP_OPTION = typer.Option(
 ROUNDS_OPTION = typer.Option(2, "--rounds", min=1, help="Requests per level = rounds × concurrency.")
 SCOPE_OPTION = typer.Option("both", "--scope", help="instances, fleet or both.")
 MODEL_OPTION = typer.Option(None, "--model", help="Model name; default: the server's first.")
-THINKING_OPTION = typer.Option(True, "--thinking/--no-thinking", help="Chat template thinking on/off.")
-COMPARE_OPTION = typer.Option(
-    False,
-    "--compare-spec",
-    help="Deploy spec decoding off, then on (as the fleet file says); print the speedup.",
+THINKING_OPTION = flag("thinking", "Chat template thinking on/off.", True)
+COMPARE_OPTION = flag(
+    "compare-spec", "Deploy spec decoding off, then on (as the fleet file says); print the speedup."
 )
-JSON_OPTION = typer.Option(False, "--json", help="Print JSON instead of tables.")
+JSON_OPTION = flag("json", "Print JSON instead of tables.")
 
 
 @app.command()

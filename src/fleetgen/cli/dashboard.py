@@ -12,7 +12,7 @@ from typing import Annotated
 import aiohttp
 import typer
 
-from fleetgen.cli.app import app, console, err_console, render_error, run
+from fleetgen.cli.app import app, console, err_console, flag, render_error, run
 from fleetgen.config import load_fleet
 from fleetgen.dashboard.fleetdata import EndpointSource, FleetViewSource, planned_capacity
 from fleetgen.dashboard.report import write_report
@@ -86,7 +86,7 @@ def dashboard_command(
 def report_command(
     out_dir: Annotated[Path, typer.Argument(help="The folder given to `fleetgen run -o`.")],
     to: Annotated[Path | None, Opt("--to", help="The HTML file (default: OUT_DIR/report.html).")] = None,
-    png: Annotated[bool, Opt("--png", help="Also write one PNG per chart (needs Chromium).")] = False,
+    png: bool = flag("png", "Also write one PNG per chart (needs Chromium)."),
 ) -> None:
     """Write one self-contained HTML report of a finished or running job (and PNGs with --png)."""
     files = run(write_report(out_dir, to, png=png))

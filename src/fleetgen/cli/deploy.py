@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from fleetgen.cli.app import FLEET_OPTION, app, console, err_console, exit_with, render_error, run
+from fleetgen.cli.app import FLEET_OPTION, app, console, err_console, exit_with, flag, render_error, run
 from fleetgen.deploy.fleetops import down as do_down
 from fleetgen.deploy.fleetops import up as do_up
 from fleetgen.deploy.instance import Outcome
@@ -134,8 +134,8 @@ def _fmt(value: float | int | None, pattern: str = "{}") -> str:
 def status(
     fleet: Path = FLEET_OPTION,
     only: list[str] | None = ONLY_OPTION,
-    as_json: bool = typer.Option(False, "--json", help="Print a JSON list, one object per instance."),
-    watch: bool = typer.Option(False, "--watch", help="Refresh every few seconds until Ctrl-C."),
+    as_json: bool = flag("json", "Print a JSON list, one object per instance."),
+    watch: bool = flag("watch", "Refresh every few seconds until Ctrl-C."),
     interval: float = typer.Option(2.0, "--interval", help="Seconds between refreshes with --watch."),
 ) -> None:
     """Re-read every instance from its host: process, drift, health, load, accept length."""
@@ -167,7 +167,7 @@ async def _watch(fleet: Path, only: list[str] | None, as_json: bool, interval: f
 def logs(
     name: str = typer.Argument(..., help="Instance name (`fleetgen status` lists them)."),
     fleet: Path = LOGS_FLEET_OPTION,
-    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines."),
+    follow: bool = flag("follow", "Keep printing new lines.", short="-f"),
     lines: int = typer.Option(100, "--lines", "-n", min=0, help="How many lines of the end to show."),
 ) -> None:
     """Show an instance's current log (the launch in progress or running)."""

@@ -9,14 +9,14 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from fleetgen.cli.app import FLEET_OPTION, app, console, exit_with, run, warn
+from fleetgen.cli.app import FLEET_OPTION, app, console, exit_with, flag, run, warn
 from fleetgen.config import load_fleet
 from fleetgen.fleet.hostcheck import HostReport, check_hosts
 
 hosts_app = typer.Typer(help="Inspect the hosts of a fleet.", no_args_is_help=True)
 app.add_typer(hosts_app, name="hosts")
 
-JSON_OPTION = typer.Option(False, "--json", help="Print a JSON list, one object per host.")
+JSON_OPTION = flag("json", "Print a JSON list, one object per host.")
 
 
 @hosts_app.command("check")

@@ -11,17 +11,17 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from fleetgen.cli.app import FLEET_OPTION, app, console, exit_with, run
+from fleetgen.cli.app import FLEET_OPTION, app, console, exit_with, flag, run
 from fleetgen.config import load_fleet
 from fleetgen.fleet.planning import plan_from_file
 from fleetgen.plan import FleetPlan, InstancePlan, Issue
 
 GIB = 1 << 30
-OFFLINE_OPTION = typer.Option(False, "--offline", help="Use only the fleet file and local model folders.")
+OFFLINE_OPTION = flag("offline", "Use only the fleet file and local model folders.")
 TARGET_OPTION = typer.Option(
     None, "--target-concurrency", min=1, help="Solve for the flags giving N concurrent requests per instance."
 )
-JSON_OPTION = typer.Option(False, "--json", help='Print {"instances": [...]} as JSON.')
+JSON_OPTION = flag("json", 'Print {"instances": [...]} as JSON.')
 
 
 @app.command("plan")

@@ -18,7 +18,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from fleetgen.cli.app import app, console, err_console, run
+from fleetgen.cli.app import app, console, err_console, flag, run
 from fleetgen.config import JobFile, load_fleet, load_job
 from fleetgen.errors import ConfigError, FleetDown
 from fleetgen.fleet.pool import Endpoint, open_fleet
@@ -113,21 +113,21 @@ def run_command(
     top_k: Annotated[int | None, Opt("--top-k")] = None,
     seed: Annotated[int | None, Opt("--seed")] = None,
     samples: Annotated[int | None, Opt("--samples", min=1, help="Samples per record.")] = None,
-    no_thinking: Annotated[bool, Opt("--no-thinking", help="enable_thinking=false (default: on).")] = False,
-    retry_errors: Annotated[bool, Opt("--retry-errors", help="Re-run only the error rows.")] = False,
-    redo_truncated: Annotated[bool, Opt("--redo-truncated", help="Re-run only truncated rows.")] = False,
-    force_params: Annotated[
-        bool, Opt("--force-params", help="Resume despite other sampling params.")
-    ] = False,
-    restart_dead: Annotated[bool, Opt("--restart-dead", help="Restart dead instances (fleet file).")] = False,
+    thinking: bool | None = flag(
+        "thinking", "enable_thinking on/off (default: the job file's, else on).", None
+    ),
+    retry_errors: bool = flag("retry-errors", "Re-run only the error rows."),
+    redo_truncated: bool = flag("redo-truncated", "Re-run only truncated rows."),
+    force_params: bool = flag("force-params", "Resume despite other sampling params."),
+    restart_dead: bool = flag("restart-dead", "Restart dead instances (fleet file)."),
     max_retries: Annotated[int | None, Opt("--max-retries", min=0)] = None,
     dead_timeout: Annotated[
         float, Opt("--dead-timeout", help="Stop after this long with no healthy server.")
     ] = 300.0,
     wait_ready: WaitReady = None,
     split: Annotated[str | None, Opt("--split", help="Split of a DatasetDict folder.")] = None,
-    json_out: Annotated[bool, Opt("--json", help="Print the summary as JSON.")] = False,
-    no_live: Annotated[bool, Opt("--no-live", help="No live view (logs, CI).")] = False,
+    json_out: bool = flag("json", "Print the summary as JSON."),
+    live: bool = flag("live", "The live view on a terminal (--no-live: plain log lines, as off one).", True),
 ) -> None:
     """Generate completions for every (record, sample) exactly once, across all servers; resumable."""
     flags = RunFlags(**locals())
@@ -153,7 +153,7 @@ class RunFlags:
     top_k: int | None
     seed: int | None
     samples: int | None
-    no_thinking: bool
+    thinking: bool | None
     retry_errors: bool
     redo_truncated: bool
     force_params: bool
@@ -163,7 +163,7 @@ class RunFlags:
     wait_ready: float | None
     split: str | None
     json_out: bool
-    no_live: bool
+    live: bool
 
 
 def _check_flags(f: RunFlags) -> None:
@@ -191,7 +191,7 @@ def _options(f: RunFlags, job: JobFile, endpoints: list[tuple[str, str]], *, api
         top_k=f.top_k,
         seed=f.seed,
         samples=f.samples,
-        thinking=False if f.no_thinking else None,
+        thinking=f.thinking,
     )
     mode = "retry_errors" if f.retry_errors else "redo_truncated" if f.redo_truncated else "normal"
     policy = RetryPolicy(
@@ -215,7 +215,7 @@ async def _run_flags(f: RunFlags) -> Summary:
         options = _options(f, job, _url_endpoints(f.endpoint), api_key=None, planned_cap=None, on_dead=None,
                            describe=endpoints_meta(f.endpoint), engine_kind=None)  # fmt: skip
         options = dataclasses.replace(options, wait_ready_s=f.wait_ready or 0.0)
-        return await _run_job(Job(options), live=not f.no_live)
+        return await _run_job(Job(options), live=f.live)
     return await _run_on_fleet(f, job, f.fleet or Path("fleet.toml"))
 
 
@@ -248,7 +248,7 @@ async def _run_on_fleet(f: RunFlags, job: JobFile, fleet: Path) -> Summary:
             check=links.check,
             wait_ready_s=wait,
         )
-        return await _run_job(Job(options), live=not f.no_live)
+        return await _run_job(Job(options), live=f.live)
 
 
 def _say_not_ready(endpoints: list[Endpoint], fleet: Path, wait_s: float, restart_dead: bool) -> None:
@@ -327,10 +327,8 @@ def export_command(
             help="clean | FLAG | no-FLAG (repeatable); truncated, empty, leaked_think, repetitive.",
         ),
     ] = None,
-    inline_think: Annotated[
-        bool, Opt("--inline-think", help="Reasoning inline as <think>…</think>.")
-    ] = False,
-    json_out: Annotated[bool, Opt("--json", help="Print the summary as JSON.")] = False,
+    inline_think: bool = flag("inline-think", "Reasoning inline as <think>…</think>."),
+    json_out: bool = flag("json", "Print the summary as JSON."),
 ) -> None:
     """Export results (streamed): parquet, jsonl, SpecForge sharegpt, or OpenAI batch output."""
     ext = "parquet" if fmt == "parquet" else "jsonl"
