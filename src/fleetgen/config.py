@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import re
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from fleetgen.errors import ConfigError
 
@@ -102,6 +104,11 @@ class HostSpec(_Strict):
     @field_validator("gpus")
     @classmethod
     def _distinct_gpus(cls, value: list[int] | str) -> list[int] | str:
+        if isinstance(value, list) and not value:
+            raise ValueError(
+                "an empty GPU list starts no instance on this host: list its GPUs (gpus = [0, 1]), "
+                'write gpus = "all", or remove this [[hosts]] entry'
+            )
         if isinstance(value, list) and len(set(value)) != len(value):
             raise ValueError(f"GPU indices repeat in {value}: two instances would share one GPU")
         return value
@@ -149,6 +156,22 @@ class FleetFile(_Strict):
             raise ValueError(f"host names repeat: {', '.join(dupes)}; every [[hosts]] needs its own name")
         return self
 
+    @model_validator(mode="after")
+    def _layout(self) -> FleetFile:
+        """GPU lists `tp` divides, and no host named like another host's instance (`gpu` + `gpu-1`)."""
+        problems = layout_problems(self)
+        if problems:
+            raise ValidationError.from_exception_data(
+                "FleetFile",
+                [
+                    InitErrorDetails(
+                        type=PydanticCustomError("fleet_layout", "{why}", {"why": why}), loc=loc, input=None
+                    )
+                    for loc, why in problems
+                ],
+            )
+        return self
+
     def host(self, name: str) -> HostSpec:
         for host in self.hosts:
             if host.name == name:
@@ -157,14 +180,37 @@ class FleetFile(_Strict):
             f"no host named {name!r}", fix=f"use one of: {', '.join(h.name for h in self.hosts)}"
         )
 
-    def instances_on(self, host: HostSpec, gpu_indices: Sequence[int] | None = None) -> list[InstanceSpec]:
-        """Instances of one host: one per `tp` GPUs, in GPU order; `gpu_indices` resolves `gpus = "all"`."""
-        gpus = list(host.gpus) if host.gpus != "all" else list(gpu_indices or [0])
+    def host_index(self, name: str) -> int:
+        return next(i for i, h in enumerate(self.hosts) if h.name == name)
+
+    def instances_on(
+        self, host: HostSpec, gpu_indices: Sequence[int] | None = None, *, source: Path | None = None
+    ) -> list[InstanceSpec]:
+        """Instances of one host: one per `tp` GPUs, in GPU order; `gpu_indices` resolves `gpus = "all"`
+        (None: not detected, planned as GPU 0). Detected GPUs that `tp` does not divide, or none, are refused
+        (naming `source`'s line when given)."""
         tp = self.engine.tp
+        if host.gpus != "all":
+            gpus = list(host.gpus)
+        elif gpu_indices is None:
+            gpus = list(range(tp))
+        else:
+            gpus = list(gpu_indices)
+            why = _gpu_count_problem(gpus, tp, f'gpus = "all" found {_gpu_list(gpus)} on {host.name}')
+            if why:
+                where = self.where(source, ("hosts", self.host_index(host.name), "gpus"))
+                usable = gpus[: len(gpus) // tp * tp]
+                example = f"gpus = {_gpu_list(usable)}" if usable else "another host"
+                raise ConfigError(
+                    f"{where}: {why}",
+                    fix=f"list the GPUs to use in host {host.name}'s entry, a multiple of {tp} ({example}), "
+                    "or change engine.tp",
+                    context={"host": host.name},
+                )
         base = host.base_port if host.base_port is not None else self.engine.base_port
         return [
             InstanceSpec(
-                name=f"{host.name}-{k}",
+                name=instance_name(host.name, k),
                 host=host.name,
                 gpus=tuple(gpus[k * tp : (k + 1) * tp]),
                 port=base + k,
@@ -173,10 +219,164 @@ class FleetFile(_Strict):
             for k in range(len(gpus) // tp)
         ]
 
-    def instances(self, detected: dict[str, Sequence[int]] | None = None) -> list[InstanceSpec]:
+    def instances(
+        self, detected: Mapping[str, Sequence[int]] | None = None, *, source: Path | None = None
+    ) -> list[InstanceSpec]:
         """Every instance of the fleet; `detected` maps host name → GPU indices for `gpus = "all"` hosts."""
         detected = detected or {}
-        return [inst for h in self.hosts for inst in self.instances_on(h, detected.get(h.name))]
+        return [
+            inst for h in self.hosts for inst in self.instances_on(h, detected.get(h.name), source=source)
+        ]
+
+    def where(self, source: Path | None, loc: tuple[int | str, ...]) -> str:
+        """`file:line: field` for a field of this fleet file (`field` alone without a source)."""
+        field = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in loc).replace(".[", "[")
+        if source is None:
+            return field
+        try:
+            line = locate(source.read_text(encoding="utf-8"), loc)
+        except OSError:
+            line = None
+        return f"{source}:{line}: {field}" if line else f"{source}: {field}"
+
+    def select(self, only: Sequence[str] | None) -> Selection:
+        """What `--only NAME…` picks (instance or host names), host by host; an unknown name is an error."""
+        if not only:
+            return Selection({h.name: None for h in self.hosts})
+        static = {i.name: i.host for h in self.hosts if h.gpus != "all" for i in self.instances_on(h)}
+        whole = {h.name for h in self.hosts if h.name in only}
+        named: dict[str, set[str]] = {}
+        unknown = []
+        for name in only:
+            host = static.get(name) or self._detected_host_of(name)
+            if host is not None:
+                named.setdefault(host, set()).add(name)
+            elif name not in whole:
+                unknown.append(name)
+        if unknown:
+            raise ConfigError(
+                f"no instance or host is named {', '.join(map(repr, unknown))}",
+                fix=f"use host names ({', '.join(h.name for h in self.hosts)}) or instance names "
+                f"({', '.join(static) or '<host>-<k>'}); `fleetgen status` lists the instances",
+            )
+        return Selection(
+            {
+                h.name: None if h.name in whole else frozenset(named[h.name])
+                for h in self.hosts
+                if h.name in whole or h.name in named
+            }
+        )
+
+    def host_of_instance(self, name: str) -> HostSpec:
+        """The host an instance name belongs to, from the expanded fleet (never a prefix match)."""
+        for host in self.hosts:
+            if host.gpus != "all" and any(i.name == name for i in self.instances_on(host)):
+                return host
+        found = self._detected_host_of(name)
+        if found is None:
+            raise ConfigError(
+                f"no instance named {name!r}",
+                fix="`fleetgen status` lists the instances (host names are not instance names)",
+            )
+        return self.host(found)
+
+    def _detected_host_of(self, name: str) -> str | None:
+        """The `gpus = "all"` host whose instance `name` would be (`<host>-<k>` exactly)."""
+        for host in self.hosts:
+            if host.gpus == "all" and re.fullmatch(re.escape(host.name) + r"-(0|[1-9][0-9]*)", name):
+                return host.name
+        return None
+
+
+def instance_name(host: str, index: int) -> str:
+    """`<host>-<k>`: unique across a fleet, since host names are and the last `-k` is the index."""
+    return f"{host}-{index}"
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What `--only` picks, host by host: None = every instance of that host, else these instance names."""
+
+    picks: Mapping[str, frozenset[str] | None]
+
+    def hosts(self, fleet: FleetFile) -> list[HostSpec]:
+        return [h for h in fleet.hosts if h.name in self.picks]
+
+    def pick(self, host: str, instances: Sequence[InstanceSpec]) -> list[InstanceSpec]:
+        """The picked ones among a host's expanded instances; a picked name the host lacks is an error."""
+        wanted = self.picks.get(host, frozenset())
+        if wanted is None:
+            return list(instances)
+        missing = sorted(wanted - {i.name for i in instances})
+        if missing:
+            have = ", ".join(i.name for i in instances) or "none"
+            raise ConfigError(
+                f"host {host} has no instance {', '.join(missing)} (it has: {have})",
+                fix="`fleetgen status` lists the instances",
+                context={"host": host},
+            )
+        return [i for i in instances if i.name in wanted]
+
+    def names(self, host: str, instances: Sequence[InstanceSpec]) -> list[str]:
+        """Picked instance names of a host without checking them (for a host that could not be reached)."""
+        wanted = self.picks.get(host, frozenset())
+        return [i.name for i in instances] if wanted is None else sorted(wanted)
+
+
+def layout_problems(fleet: FleetFile) -> list[tuple[tuple[int | str, ...], str]]:
+    """(field location, why + fix) for GPU lists `tp` does not divide and names two things could share."""
+    problems: list[tuple[tuple[int | str, ...], str]] = []
+    tp = fleet.engine.tp
+    for i, host in enumerate(fleet.hosts):
+        if host.gpus != "all":
+            why = _gpu_count_problem(list(host.gpus), tp, f"gpus = {_gpu_list(host.gpus)}")
+            if why:
+                k = len(host.gpus) // tp * tp
+                example = f"gpus = {_gpu_list(host.gpus[:k])}" if k else f"tp = {len(host.gpus)}"
+                fix = f"list a multiple of {tp} GPUs ({example}) or change engine.tp"
+                problems.append((("hosts", i, "gpus"), f"{why}; {fix}"))
+    for j, other in enumerate(fleet.hosts):
+        for host in fleet.hosts:
+            clash = _name_clash(fleet, host, other.name)
+            if clash:
+                problems.append((("hosts", j, "name"), clash))
+    return problems
+
+
+def _name_clash(fleet: FleetFile, host: HostSpec, name: str) -> str:
+    """Why host name `name` is ambiguous with an instance of `host` (empty when it is not)."""
+    match = re.fullmatch(re.escape(host.name) + r"-(0|[1-9][0-9]*)", name)
+    if match is None:
+        return ""
+    rename = f"rename host {name!r} (e.g. {name.replace('-', '_')!r})"
+    if host.gpus == "all":
+        return (
+            f'host {name!r} is named like instance {match.group(1)} of host {host.name!r} (gpus = "all"; '
+            f"instances are named <host>-<k>): --only, logs and down could not tell them apart; {rename}, "
+            f"or list host {host.name!r}'s GPUs"
+        )
+    if name in {i.name for i in fleet.instances_on(host)}:
+        return (
+            f"host {name!r} has the name of instance {match.group(1)} of host {host.name!r} (instances are "
+            f"named <host>-<k>): --only, logs and down could not tell them apart; {rename}"
+        )
+    return ""
+
+
+def _gpu_count_problem(gpus: Sequence[int], tp: int, what: str) -> str:
+    if not gpus:
+        return f"{what}: no GPU, so no instance"
+    unused = gpus[len(gpus) // tp * tp :]
+    if not unused:
+        return ""
+    return (
+        f"{what} with engine.tp = {tp} leaves GPU {', '.join(map(str, unused))} unused "
+        f"({len(gpus) // tp} instance(s) of {tp} GPUs)"
+    )
+
+
+def _gpu_list(gpus: Sequence[int]) -> str:
+    return "[" + ", ".join(map(str, gpus)) + "]"
 
 
 class JobFile(_Strict):

@@ -141,9 +141,14 @@ def test_instances_for_all_gpus_use_detected_indices() -> None:
     )
     assert [i.gpus for i in fleet.instances({"x": [0, 1, 2]})] == [(0,), (1,), (2,)]
     assert [i.port for i in fleet.instances({"x": [0, 1, 2]})] == [30000, 30001, 30002]
-    # tp=2 over 3 GPUs: the odd one out gets no instance rather than half of one
+    # tp=2 over 3 detected GPUs: refused (GPU 2 would sit unused without a word), naming file, line, fix
     tp2 = fleet.model_copy(update={"engine": fleet.engine.model_copy(update={"tp": 2})})
-    assert [i.gpus for i in tp2.instances({"x": [0, 1, 2]})] == [(0, 1)]
+    with pytest.raises(ConfigError) as caught:
+        tp2.instances({"x": [0, 1, 2]})
+    assert "hosts[0].gpus" in caught.value.message and "GPU 2 unused" in caught.value.message
+    assert "gpus = [0, 1]" in caught.value.fix
+    with pytest.raises(ConfigError, match="no GPU, so no instance"):
+        fleet.instances({"x": []})
 
 
 def test_locate_finds_nested_keys() -> None:

@@ -20,7 +20,7 @@ from fleetgen.config import LOOPBACK, FleetFile, HostSpec, InstanceSpec, load_fl
 from fleetgen.deploy.hostside import prepare_host, sh
 from fleetgen.deploy.instance import HostSession, Outcome, Progress, ensure_up, stop_instance
 from fleetgen.deploy.state import InstanceRecord, load_state, update_state
-from fleetgen.deploy.targets import api_key, build_target, local_shape, planned_capacity, select
+from fleetgen.deploy.targets import api_key, build_target, local_shape, planned_capacity
 from fleetgen.engines import Engine, get_engine
 from fleetgen.errors import ConfigError, FleetgenError
 from fleetgen.remote import open_host
@@ -46,13 +46,6 @@ class Fleet:
 
 def _noop(_instance: str, _message: str) -> None:
     return None
-
-
-def wanted_hosts(fleet: FleetFile, only: Sequence[str] | None) -> list[HostSpec]:
-    """Hosts that `--only` can touch (by host name, or an instance name `<host>-<k>`)."""
-    if not only:
-        return list(fleet.hosts)
-    return [h for h in fleet.hosts if any(n == h.name or n.startswith(h.name + "-") for n in only)]
 
 
 def refuse_unreachable_bind(bind: str, spec: HostSpec) -> None:
@@ -114,41 +107,27 @@ async def host_instances(fleet: Fleet, hs: HostSession) -> list[InstanceSpec]:
             )
         res = await hs.host.run(sh(GPU_INDEX_SH))
         detected = [int(x) for x in res.stdout.split() if x.strip().isdigit()]
-    return fleet.file.instances_on(hs.spec, detected)
+    return fleet.file.instances_on(hs.spec, detected, source=fleet.path)
 
 
 async def for_each_host(
     fleet: Fleet, only: Sequence[str] | None, per_host: PerHost, *, check_launch: bool = True
 ) -> list[Outcome]:
     """Run `per_host(hs, instances)` on every wanted host concurrently; a host error fails its instances."""
-    hosts = wanted_hosts(fleet.file, only)
-    if only and not hosts:
-        select(fleet.file.instances(), only)  # raises the error naming the valid names
+    selection = fleet.file.select(only)
     async with aiohttp.ClientSession() as http:
 
         async def one(spec: HostSpec) -> list[Outcome]:
             try:
                 async with open_session(fleet, spec, http, check_launch=check_launch) as hs:
-                    mine = select(await host_instances(fleet, hs), _only_here(only, spec, fleet))
+                    mine = selection.pick(spec.name, await host_instances(fleet, hs))
                     return list(await per_host(hs, mine))
             except FleetgenError as exc:
-                names = (
-                    [i.name for i in fleet.file.instances_on(spec, [0])]
-                    if spec.gpus == "all"
-                    else [
-                        i.name for i in select(fleet.file.instances_on(spec), _only_here(only, spec, fleet))
-                    ]
-                )
+                names = selection.names(spec.name, fleet.file.instances_on(spec))
                 return [Outcome(instance=n, host=spec.name, error=exc) for n in names]
 
-        results = await asyncio.gather(*(one(h) for h in hosts))
+        results = await asyncio.gather(*(one(h) for h in selection.hosts(fleet.file)))
     return [o for outs in results for o in outs]
-
-
-def _only_here(only: Sequence[str] | None, spec: HostSpec, fleet: Fleet) -> list[str] | None:
-    if not only or spec.name in only:
-        return None
-    return [n for n in only if n.startswith(spec.name + "-")]
 
 
 async def up(

@@ -12,21 +12,12 @@ from fleetgen.deploy.script import InstancePaths
 from fleetgen.errors import ConfigError
 
 
-def _host_of(fleet: Fleet, name: str) -> str:
-    for host in fleet.file.hosts:
-        if name.startswith(host.name + "-"):
-            return host.name
-    raise ConfigError(
-        f"no instance named {name!r}", fix="instance names are <host>-<k>; `fleetgen status` lists them"
-    )
-
-
 async def read_log(
     fleet_path: Path, name: str, num_lines: int = 100, *, follow: bool = False
 ) -> AsyncIterator[str]:
     """The last `num_lines` lines of the instance's current log; with `follow`, then every new line."""
     fleet = Fleet.load(fleet_path)
-    spec = fleet.file.host(_host_of(fleet, name))
+    spec = fleet.file.host_of_instance(name)
     async with aiohttp.ClientSession() as http, open_session(fleet, spec, http, check_launch=False) as hs:
         if name not in {i.name for i in await host_instances(fleet, hs)}:
             raise ConfigError(

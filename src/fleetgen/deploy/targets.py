@@ -6,10 +6,10 @@ Pure apart from reading the API key from fleetgen's own environment (named by `e
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
-from fleetgen.config import EngineSpec, FleetFile, HostSpec, InstanceSpec
+from fleetgen.config import EngineSpec, FleetFile, InstanceSpec
 from fleetgen.deploy.instance import Target
 from fleetgen.deploy.script import InstancePaths, LaunchSpec, SecretEnv, render_script, sha256_text
 from fleetgen.engines import Engine, select_rule_set
@@ -117,22 +117,3 @@ def planned_capacity(
         "mamba_slots": mem.mamba_slots,
     }
     return {what: float(value) for what, value in figures.items() if value}
-
-
-def select(instances: Sequence[InstanceSpec], only: Sequence[str] | None) -> list[InstanceSpec]:
-    """The instances named by `--only` (instance or host names); all when none given."""
-    if not only:
-        return list(instances)
-    known = {i.name for i in instances} | {i.host for i in instances}
-    unknown = [name for name in only if name not in known]
-    if unknown:
-        raise ConfigError(
-            f"--only names no instance or host: {', '.join(unknown)}",
-            fix=f"use instance names ({', '.join(i.name for i in instances)}) or host names",
-        )
-    return [i for i in instances if i.name in only or i.host in only]
-
-
-def hosts_of(fleet: FleetFile, instances: Sequence[InstanceSpec]) -> list[HostSpec]:
-    names = {i.host for i in instances}
-    return [h for h in fleet.hosts if h.name in names]

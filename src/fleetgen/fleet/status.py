@@ -18,12 +18,12 @@ from typing import Any
 
 import aiohttp
 
-from fleetgen.config import InstanceSpec
-from fleetgen.deploy.fleetops import Fleet, host_instances, open_session, wanted_hosts
+from fleetgen.config import HostSpec
+from fleetgen.deploy.fleetops import Fleet, host_instances, open_session
 from fleetgen.deploy.instance import HostSession, Target, find_running
 from fleetgen.deploy.probe import EngineClient, parse_metrics
 from fleetgen.deploy.state import load_state
-from fleetgen.deploy.targets import api_key, build_target, select
+from fleetgen.deploy.targets import api_key, build_target
 from fleetgen.deploy.verify import flag_value, process_drift
 from fleetgen.errors import FleetgenError
 from fleetgen.fleet.metrics import Load, Scrape, load_from, max_running_from_info
@@ -154,43 +154,35 @@ def _int(text: str | None) -> int | None:
 async def open_view(fleet_path: Path, *, only: Sequence[str] | None = None) -> AsyncIterator[FleetView]:
     """A FleetView with every wanted host connected; hosts that fail show up as not-ready statuses."""
     fleet = Fleet.load(fleet_path)
+    selection = fleet.file.select(only)
     view = FleetView(fleet, api_key(fleet.file))
     async with aiohttp.ClientSession() as http, contextlib.AsyncExitStack() as stack:
 
-        async def connect(spec_host: Any) -> None:
+        async def connect(spec_host: HostSpec) -> None:
             try:
                 hs = await stack.enter_async_context(open_session(fleet, spec_host, http, check_launch=False))
-                for inst in select(await host_instances(fleet, hs), _only_here(only, spec_host.name)):
+                for inst in selection.pick(spec_host.name, await host_instances(fleet, hs)):
                     view.watched.append(
                         _Watched(
                             hs, build_target(fleet.file, fleet.engine, inst, hs.facts.workdir, view.secret)
                         )
                     )
             except FleetgenError as exc:
-                for inst in _static_instances(fleet, spec_host, only):
+                static = {i.name: i for i in fleet.file.instances_on(spec_host)}
+                for name in selection.names(spec_host.name, list(static.values())):
+                    known = static.get(name)
                     view.failed.append(
                         InstanceStatus(
-                            instance=inst.name,
-                            host=inst.host,
-                            gpus=inst.gpus,
-                            port=inst.port,
+                            instance=name,
+                            host=spec_host.name,
+                            gpus=known.gpus if known else (),
+                            port=known.port if known else 0,
                             problem=exc.message,
                         )
                     )
 
-        await asyncio.gather(*(connect(h) for h in wanted_hosts(fleet.file, only)))
+        await asyncio.gather(*(connect(h) for h in selection.hosts(fleet.file)))
         yield view
-
-
-def _only_here(only: Sequence[str] | None, host: str) -> list[str] | None:
-    if not only or host in only:
-        return None
-    return [n for n in only if n.startswith(host + "-")]
-
-
-def _static_instances(fleet: Fleet, spec_host: Any, only: Sequence[str] | None) -> list[InstanceSpec]:
-    insts = fleet.file.instances_on(spec_host, None)
-    return select(insts, _only_here(only, spec_host.name)) if insts else []
 
 
 async def fleet_status(

@@ -31,7 +31,9 @@ def facts_from_file(host: HostSpec) -> HostFacts:
 
 
 def _machine(host: HostSpec) -> str:
-    return "local" if host.is_local else f"{host.address}"
+    """One machine per SSH address and port: a gateway forwarding its ports to several machines (as GPU
+    rentals do) is several machines; two [[hosts]] entries with one `ssh` share GPUs and ports."""
+    return "local" if host.is_local else f"{host.address}:{host.port}"
 
 
 def plan_instance(
