@@ -34,8 +34,20 @@ def _root() -> None:
     # cli/__init__.py): typer would otherwise collapse a one-command app into that command.
 
 
-console = Console()
-err_console = Console(stderr=True)
+UNCUT_WIDTH = 100_000  # off a terminal: wider than any line fleetgen prints
+
+
+def _console(*, stderr: bool) -> Console:
+    """Rich on a terminal. Off one (a pipe, a log file, `nohup`) nothing is wrapped or cut, whatever COLUMNS
+    says: a path stays one string, a table cell stays whole (`--json` is there for machines)."""
+    console = Console(stderr=stderr)
+    if console.is_terminal:
+        return console
+    return Console(stderr=stderr, width=UNCUT_WIDTH, soft_wrap=True)
+
+
+console = _console(stderr=False)
+err_console = _console(stderr=True)
 T = TypeVar("T")
 
 FLEET_OPTION = typer.Option(Path("fleet.toml"), "--fleet", "-f", help="The fleet file (TOML).")
@@ -55,11 +67,24 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     except FleetgenError as exc:
         render_error(exc)
         raise typer.Exit(exc.exit_code) from None
+    except OSError as exc:  # a path the user gave (a file where a folder goes, no permission, disk full)
+        render_error(os_error(exc))
+        raise typer.Exit(1) from None
     except KeyboardInterrupt:
         err_console.print(
             "[yellow]interrupted[/]: nothing half-written; run the same command again to resume"
         )
         raise typer.Exit(130) from None
+
+
+def os_error(exc: OSError) -> FleetgenError:
+    """An OSError that reached the CLI, as one error: what failed on which path, and the fix."""
+    where = " → ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
+    what = exc.strerror or type(exc).__name__
+    return FleetgenError(
+        f"{what}: {where}" if where else f"{what}: {exc}",
+        fix="check the path and its permissions (and free disk space), then run the same command again",
+    )
 
 
 def render_error(exc: FleetgenError) -> None:

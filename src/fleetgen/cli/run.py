@@ -166,7 +166,18 @@ class RunFlags:
     live: bool
 
 
+def _check_out_dir(out: Path, flag: str) -> None:
+    """The output is a folder (the store, its lock, exports): a file there is refused before anything runs."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(
+            f"{flag} {out} is a file: the output of a job is a folder (results.sqlite and its lock)",
+            fix=f"give {flag} a folder: a new path, or the folder of an earlier run to resume it",
+            context={"path": str(out)},
+        )
+
+
 def _check_flags(f: RunFlags) -> None:
+    _check_out_dir(f.out, "-o")
     if f.retry_errors and f.redo_truncated:
         raise ConfigError(
             "--retry-errors and --redo-truncated are separate passes", fix="run one, then the other"
@@ -335,6 +346,7 @@ def export_command(
     target = to or out_dir / f"export.{fmt}.{ext}"
 
     async def go() -> ExportSummary:
+        _check_out_dir(out_dir, "OUT_DIR")
         return await asyncio.to_thread(export, out_dir, fmt, target, filters or [], inline_think)
 
     summary = run(go())

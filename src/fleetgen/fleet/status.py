@@ -181,7 +181,14 @@ async def open_view(fleet_path: Path, *, only: Sequence[str] | None = None) -> A
                         )
                     )
 
-        await asyncio.gather(*(connect(h) for h in selection.hosts(fleet.file)))
+        # Every connect ends before the first error (if any) is raised: one raised while others are still
+        # connecting would close the stack under them (and the event loop with their SSH tasks pending).
+        results = await asyncio.gather(
+            *(connect(h) for h in selection.hosts(fleet.file)), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
         yield view
 
 
