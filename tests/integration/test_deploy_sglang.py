@@ -260,30 +260,36 @@ async def test_only_touches_the_named_instances(
         await down(fleet)
 
 
+@pytest.mark.parametrize(
+    ("bind", "reached_at"), [("127.0.0.2", "127.0.0.2"), ("0.0.0.0", "127.0.0.1"), ("::", "[::1]")]
+)
 async def test_public_bind_uses_the_key_and_never_writes_it(
-    ssh_hosts: list[SshdHost], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ssh_hosts: list[SshdHost], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bind: str, reached_at: str
 ) -> None:
-    """bind = 127.0.0.2 with an API key on a `local` host (reachable there; on an SSH host such a bind is
-    refused, see test_netns_fleet): reached directly, the key only in a 0600 file."""
+    """A public bind with an API key on a `local` host (a specific loopback address is reachable there; on
+    an SSH host it is refused, see test_netns_fleet; a wildcard bind is reached at the host's own loopback,
+    not at "local"): reached directly, healthy, the key only in a 0600 file."""
     key = "sk-test-" + os.urandom(8).hex()
     monkeypatch.setenv("FLEETGEN_TEST_KEY", key)
     fleet = sim_fleet(tmp_path, ssh_hosts[:1])
     fleet.write_text(fleet.read_text().replace(f'ssh = "{ssh_hosts[0].ssh}"', 'ssh = "local"', 1))
     assert 'ssh = "local"' in fleet.read_text()
-    _append_engine(fleet, 'bind = "127.0.0.2"\napi_key_env = "FLEETGEN_TEST_KEY"\n')
+    _append_engine(fleet, f'bind = "{bind}"\napi_key_env = "FLEETGEN_TEST_KEY"\n')
     root = ssh_hosts[0].workdir / tmp_path.name / "h0-0"
     try:
         [out] = await up(fleet)
         _ok([out])
-        assert out.url.startswith("http://127.0.0.2:")
+        assert out.url.startswith(f"http://{reached_at}:")
         async with aiohttp.ClientSession() as http:
             async with http.get(out.url + "/v1/models") as anonymous:
                 assert anonymous.status == 401
             async with http.get(out.url + "/v1/models", headers={"Authorization": f"Bearer {key}"}) as ok:
                 assert ok.status == 200
-        assert key not in _read(root / "launch.sh")
+        assert key not in _read(root / "launch.sh") and _mode(root / "launch.sh") == 0o700
         assert key not in _read(tmp_path / ".fleetgen" / "state.json")
-        assert _read(root / "api_key") == key and _mode(root / "api_key") == 0o600
+        assert not (root / "api_key").exists() and not (root / "api_key.yaml").exists()  # read, then removed
+        log = _read(Path(out.log_path))
+        assert "api_key='<redacted>'" in log and key not in log and _mode(Path(out.log_path)) == 0o600
         [st] = await fleet_status(fleet, rate_window_s=0)
         assert st.ready and st.drift == [] and key not in json.dumps(st.to_json())
     finally:

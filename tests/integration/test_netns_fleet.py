@@ -196,7 +196,7 @@ async def test_loopback_bind_on_an_ssh_host_is_refused_before_anything_starts(
     netns_hosts: list[NetnsHost], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """bind = 127.0.0.2 is the host's own loopback: fleetgen, on another machine, can never reach it there."""
-    monkeypatch.setenv("FLEETGEN_NETNS_KEY", "sk-unused")
+    monkeypatch.setenv("FLEETGEN_NETNS_KEY", "sk-unused-0123456789")
     lines = 'bind = "127.0.0.2"\napi_key_env = "FLEETGEN_NETNS_KEY"\n'
     fleet = sim_fleet(tmp_path, netns_hosts[:1], lines, ready_timeout_s=5.0)
     try:

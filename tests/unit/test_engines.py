@@ -7,6 +7,8 @@ import re
 import pytest
 
 from fleetgen.config import ArgValue, FleetFile
+from fleetgen.deploy.script import SecretEnv
+from fleetgen.deploy.targets import launch_spec
 from fleetgen.engines import format_args, get_engine, parse_version, select_rule_set, translate_args
 from fleetgen.engines.base import release_key
 from fleetgen.engines.sglang import EARLY_2026, V0_5_23, parse_marked_verdict
@@ -57,12 +59,21 @@ def test_vllm_argv_has_positional_model_and_keeps_the_public_key_off_the_argv() 
     assert "--tensor-parallel-size" in argv
 
 
-def test_sglang_refers_to_the_public_key_on_its_argv() -> None:
+def test_sglang_gets_the_public_key_by_config_file_never_on_its_argv() -> None:
+    """SGLang has no env var for its key: `--config <instance>/api_key.yaml`; `--api-key` never appears, and a
+    user's own `config` in engine.args is refused (SGLang takes one config file) with the way out."""
     fleet = _fleet("sglang", bind="0.0.0.0", api_key_env="MY_KEY", args={})
     engine = get_engine("sglang")
-    argv = engine.build_argv(fleet.engine, fleet.instances()[0], model_path="/m", host_bind="0.0.0.0")
-    assert argv[-2:] == ["--api-key", "${MY_KEY}"]  # a reference the script expands; never the key
-    assert engine.api_key_env_var is None
+    s = launch_spec(fleet, engine, fleet.instances()[0], "/w")
+    assert s.args[-2:] == ("--config", "/w/a-0/api_key.yaml") and "--api-key" not in s.args
+    assert engine.api_key_env_var is None and s.secret == SecretEnv("MY_KEY", config_key="api-key")
+    assert s.secret_files("k" * 16)["/w/a-0/api_key.yaml"] == b'api-key: "kkkkkkkkkkkkkkkk"\n'
+    own = _fleet("sglang", bind="0.0.0.0", api_key_env="MY_KEY", args={"config": "/mine.yaml"})
+    with pytest.raises(ConfigError) as err:
+        launch_spec(own, engine, own.instances()[0], "/w")
+    assert "--config" in err.value.message and "engine.args" in err.value.fix
+    loopback = _fleet("sglang", args={"config": "/mine.yaml"})
+    assert "--config" in launch_spec(loopback, engine, loopback.instances()[0], "/w").args
 
 
 def test_renamed_flags_are_translated_per_era() -> None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from fleetgen.sim.configfile import merge_config
 from fleetgen.sim.flags import build_parser, human_readable_int, load_flag_data
 
 
@@ -77,3 +80,25 @@ def test_deprecated_flag_still_works_and_warns(caplog: pytest.LogCaptureFixture)
 )
 def test_human_readable_int(text: str, value: int) -> None:
     assert human_readable_int(text) == value
+
+
+def test_config_file_merges_like_sglang(tmp_path: Path) -> None:
+    """`--config FILE.yaml` as SGLang 0.5.23 merges it: the file's flags first (the command line wins),
+    `true` → a bare store_true flag, the key readable only from the file (never on the argv)."""
+    parser = build_parser()
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text('api-key: "sk-\\"quoted\\"-0123456789"\nenable-metrics: true\nport: 1\n')
+    argv = ["--model-path", "/m", "--config", str(cfg), "--port", "2"]
+    merged = merge_config(parser, argv)
+    assert merged[:5] == ["--api-key", 'sk-"quoted"-0123456789', "--enable-metrics", "--port", "1"]
+    ns = parser.parse_args(merged)
+    assert ns.api_key == 'sk-"quoted"-0123456789' and ns.enable_metrics and ns.port == 2
+    assert merge_config(parser, ["--port", "2"]) == ["--port", "2"]
+    for bad, words in [
+        (tmp_path / "c.txt", "must be YAML"),
+        (tmp_path / "missing.yaml", "not found"),
+    ]:
+        with pytest.raises(ValueError, match=words):
+            merge_config(parser, ["--config", str(bad)])
+    with pytest.raises(ValueError, match="Multiple config files"):
+        merge_config(parser, ["--config", str(cfg), "--config", str(cfg)])

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from fleetgen.errors import FleetgenError
+from fleetgen.redact import redacting
 
 app = typer.Typer(
     name="fleetgen",
@@ -32,6 +33,10 @@ def _root() -> None:
     """Plan, deploy and verify SGLang/vLLM servers over SSH, then generate training data exactly once."""
     # A callback keeps `fleetgen` a command group even when only one topic module is imported (see
     # cli/__init__.py): typer would otherwise collapse a one-command app into that command.
+    # Every command prints through these: each secret fleetgen read (the API key) is redacted from every
+    # line it prints, whatever the line came from (a host's log, an error, a table).
+    sys.stdout = redacting(sys.stdout)
+    sys.stderr = redacting(sys.stderr)
 
 
 UNCUT_WIDTH = 100_000  # off a terminal: wider than any line fleetgen prints

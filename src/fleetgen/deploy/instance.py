@@ -28,6 +28,9 @@ from fleetgen.remote.base import Host, ProcInfo
 
 Progress = Callable[[str, str], None]  # (instance, message)
 
+# The instance's folder: its owner's only (key files, script, logs live there).
+PRIVATE_DIR_SH = 'mkdir -p -- "$1" && chmod 700 -- "$1"'
+
 
 class Action(enum.StrEnum):
     UNCHANGED = "unchanged"  # the running process already matched: left alone
@@ -62,11 +65,23 @@ class HostSession:
 
     async def url_for(self, port: int) -> str:
         """Where fleetgen reaches a port: a local SSH forward, or directly on a public bind (the bind address,
-        or the host's SSH address when bound to every interface)."""
+        or, bound to every interface, the host's SSH address, or loopback on a `local` host)."""
         if self.public_bind:
-            address = self.spec.address if self.public_bind in ("0.0.0.0", "::") else self.public_bind
-            return f"http://{address}:{port}"
+            return f"http://{public_address(self.spec, self.public_bind)}:{port}"
         return f"http://127.0.0.1:{await self.host.forward(port)}"
+
+
+def public_address(spec: HostSpec, bind: str) -> str:
+    """The address (URL form) fleetgen reaches a server bound to `bind` on host `spec` at.
+
+    A wildcard bind listens on every interface: an SSH host is reached at its SSH address, a `local` host
+    (whose `address` is the word "local", no host name) at its own loopback.
+    """
+    if bind in ("0.0.0.0", "::"):
+        if spec.is_local:
+            return "127.0.0.1" if bind == "0.0.0.0" else "[::1]"
+        return spec.address
+    return f"[{bind}]" if ":" in bind else bind
 
 
 @dataclass
@@ -159,6 +174,8 @@ async def _ensure_up(
         await hs.host.stop(rec.pid, start_time=rec.start_time, timeout=10.0)
         exc.context["stopped"] = f"pid {rec.pid} (its log stays at {rec.log_path})"
         raise
+    finally:
+        await remove_secret_files(hs.host, target.spec)  # read at start: a healthy engine is past that
     progress(name, "healthy; verifying the process and the engine's own view")
     out.verified = await _verify(hs, target, engine, client, rec.pid, rec.start_time, watch.lines)
 
@@ -214,9 +231,10 @@ async def _clear_way(
 async def _launch(hs: HostSession, target: Target, progress: Progress) -> InstanceRecord:
     """Push the key file and the script (verified), spawn detached with a new log, link current.log."""
     paths = target.spec.paths
-    if target.secret_value is not None:
-        await hs.host.put(paths.keyfile, target.secret_value.encode(), mode=0o600)
-    await hs.host.put(paths.script, target.script.encode(), mode=0o755)
+    await hs.host.run(["sh", "-c", PRIVATE_DIR_SH, "fleetgen", paths.root])
+    for path, data in target.spec.secret_files(target.secret_value or "").items():
+        await hs.host.put(path, data, mode=0o600)  # created 0600 (never readable by others), then filled
+    await hs.host.put(paths.script, target.script.encode(), mode=0o700)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
     log_path = paths.log_for(stamp)
     spawned = await hs.host.spawn(paths.script, log_path, paths.pidfile, cwd=paths.root)
@@ -264,10 +282,17 @@ async def _verify(
     return await verify_engine(target.spec, engine, client, log_lines=log_lines, planned=target.planned)
 
 
+async def remove_secret_files(host: Host, spec: LaunchSpec) -> None:
+    """Remove the key files a launch read (whether or not this run pushed them: `down` cleans up too)."""
+    if spec.secret is not None:
+        await host.run(["rm", "-f", "--", *spec.secret_files("")])
+
+
 async def stop_instance(hs: HostSession, target: Target, record: InstanceRecord | None) -> Outcome:
     """Stop one instance (TERM → wait → KILL of its process group) and wait until its port is free."""
     out = Outcome(instance=target.inst.name, host=hs.spec.name)
     try:
+        await remove_secret_files(hs.host, target.spec)
         running, _ = await find_running(hs, target, record)
         if running is None:
             out.action = Action.ABSENT

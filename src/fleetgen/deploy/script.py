@@ -4,21 +4,45 @@ The script is the single source of truth for how an engine runs: `set -euo pipef
 exported line by line, then `exec <python> <launcher> <argv>` so the engine *is* the spawned PID and its
 argv/environ in /proc can be compared with what was rendered here. Every value is shell-quoted.
 
-Secrets never enter the script (nor fleetgen's state or logs): an API key is written by fleetgen to a 0600
-file next to the script and the script reads it into the environment at start (`"$(cat FILE)"`), so the
-rendered text and its sha256 are identical whatever the key is.
+Secrets never enter the script, argv, fleetgen's state or the logs. An API key is written by fleetgen to a
+0600 file in the instance's 0700 folder; the script reads it into the environment at start (`"$(cat FILE)"`)
+so the rendered text and its sha256 are identical whatever the key is. An engine with an env var for its key
+(vLLM: VLLM_API_KEY) reads it from there; one without (SGLang) is given `--config FILE.yaml`, a second 0600
+file holding `api-key: KEY`. fleetgen removes both files once the engine has started. The engine's output
+goes through `REDACTOR` (the engine's own python, the key from its environment) before it reaches the log:
+engines print their own arguments at start (SGLang's `server_args=…` holds `api_key`). `umask 077`: what
+the engine writes is its owner's only.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import posixpath
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-# What a diff or the state shows where a secret would be.
-REDACTED = "<redacted>"
+from fleetgen.redact import REDACTED
+
+# Copies stdin to stdout with the key (from the env var named by argv[1]) replaced, keeping back only a tail
+# that could be the start of a key; never dies of TERM/INT/HUP, so the engine's last words still reach the
+# log (it ends at EOF, when the engine and its children are gone, or with the group's KILL).
+REDACTOR = f"""import os, signal, sys
+for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    signal.signal(s, signal.SIG_IGN)
+key, mark, pending = os.environb[sys.argv[1].encode()], {REDACTED.encode()!r}, b""
+while True:
+    chunk = os.read(0, 65536)
+    pending = (pending + chunk).replace(key, mark)
+    keep = 0 if not chunk else next(
+        (n for n in range(min(len(key) - 1, len(pending)), 0, -1) if key.startswith(pending[-n:])), 0)
+    out, pending = pending[: len(pending) - keep], pending[len(pending) - keep :]
+    while out:
+        out = out[os.write(1, out) :]
+    if not chunk:
+        break
+"""
 
 
 @dataclass(frozen=True)
@@ -45,6 +69,11 @@ class InstancePaths:
         return posixpath.join(self.root, "api_key")
 
     @property
+    def key_config(self) -> str:
+        """The YAML config an engine without a key env var reads its key from (SGLang's `--config`)."""
+        return posixpath.join(self.root, "api_key.yaml")
+
+    @property
     def logs(self) -> str:
         return posixpath.join(self.root, "logs")
 
@@ -61,15 +90,17 @@ class InstancePaths:
 class SecretEnv:
     """An API key the script reads into variable `name` from the 0600 key file at start.
 
-    The engine refers to it on its argv as `${name}` (see `engines.base.api_key_reference`); the script
-    expands that token, so the rendered text never holds the key.
+    `config_key`: the engine takes its key from a YAML config file (`--config`, on the argv by name), under
+    this key (`api-key`); None when the engine reads variable `name` itself (vLLM's VLLM_API_KEY).
     """
 
     name: str
+    config_key: str | None = None
 
-    @property
-    def reference(self) -> str:
-        return f"${{{self.name}}}"
+
+def key_config_text(config_key: str, secret_value: str) -> str:
+    """The YAML config holding the key: a JSON string is a YAML double-quoted scalar (the key is ASCII)."""
+    return f"{config_key}: {json.dumps(secret_value)}\n"
 
 
 @dataclass(frozen=True)
@@ -86,8 +117,17 @@ class LaunchSpec:
 
     @property
     def argv(self) -> tuple[str, ...]:
-        """The process argv as rendered; a key on the argv shows as its `${NAME}` reference."""
+        """The process argv as rendered (never a key)."""
         return (self.python, *self.launcher, *self.args)
+
+    def secret_files(self, secret_value: str) -> dict[str, bytes]:
+        """The 0600 files fleetgen pushes before a launch and removes once the engine started."""
+        if self.secret is None:
+            return {}
+        files = {self.paths.keyfile: secret_value.encode()}
+        if self.secret.config_key:
+            files[self.paths.key_config] = key_config_text(self.secret.config_key, secret_value).encode()
+        return files
 
     @property
     def environ(self) -> dict[str, str]:
@@ -104,20 +144,19 @@ def render_script(spec: LaunchSpec) -> str:
         "#!/usr/bin/env bash",
         f"# fleetgen launch script for instance {spec.instance}: rewritten by `fleetgen up`, do not edit.",
         "set -euo pipefail",
+        "umask 077",
     ]
     lines += [f"export {name}={shlex.quote(value)}" for name, value in sorted(spec.env.items())]
     if spec.secret:
         # Read at start from a 0600 file so the key is never part of this text or its checksum.
-        lines.append(f'{spec.secret.name}="$(cat {shlex.quote(spec.paths.keyfile)})"')
-        lines.append(f"export {spec.secret.name}")
-    lines.append("exec " + " ".join(_quote(part, spec.secret) for part in spec.argv))
+        name = spec.secret.name
+        lines.append(f'{name}="$(cat {shlex.quote(spec.paths.keyfile)})"')
+        lines.append(f"export {name}")
+        # The engine prints its own arguments: its output reaches the log with the key redacted.
+        redactor = shlex.join([spec.python, "-u", "-c", REDACTOR, name])
+        lines.append(f"exec > >(exec {redactor}) 2>&1")
+    lines.append("exec " + shlex.join(spec.argv))
     return "\n".join(lines) + "\n"
-
-
-def _quote(part: str, secret: SecretEnv | None) -> str:
-    if secret and part == secret.reference:
-        return f'"{part}"'  # the one token the shell must expand: the key, read from its file above
-    return shlex.quote(part)
 
 
 def sha256_text(text: str) -> str:
@@ -125,10 +164,10 @@ def sha256_text(text: str) -> str:
 
 
 def redact_argv(argv: Sequence[str], spec: LaunchSpec, secret_value: str | None) -> tuple[str, ...]:
-    """A running process's argv with the key shown as its `${NAME}` reference, for comparison and display."""
+    """A running process's argv with a key (an old launch may have had one there) shown as REDACTED."""
     if not spec.secret or not secret_value:
         return tuple(argv)
-    return tuple(spec.secret.reference if part == secret_value else part for part in argv)
+    return tuple(part.replace(secret_value, REDACTED) for part in argv)
 
 
 def redact_environ(environ: Mapping[str, str], spec: LaunchSpec, secret_value: str | None) -> dict[str, str]:

@@ -6,6 +6,7 @@ Pure apart from reading the API key from fleetgen's own environment (named by `e
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -16,6 +17,11 @@ from fleetgen.engines import Engine, select_rule_set
 from fleetgen.errors import ConfigError, ModelCardError, PlanError
 from fleetgen.modelcard import ModelShape, load_model_shape
 from fleetgen.plan import facts_from_file, plan_instance
+from fleetgen.redact import remember
+
+# An API key as an HTTP header carries it (printable ASCII, no space), long enough to guess at no cost, and
+# without `<`/`>`: no key can then be formed across the `<redacted>` mark put where a key was.
+KEY_FORM = re.compile(r"[\x21-\x3b=\x3f-\x7e]{16,}")
 
 
 def api_key(fleet: FleetFile) -> str | None:
@@ -27,9 +33,16 @@ def api_key(fleet: FleetFile) -> str | None:
     if not value:
         raise ConfigError(
             f"engine.bind = {spec.bind!r} needs an API key, but ${spec.api_key_env} is empty",
-            fix=f"export {spec.api_key_env}=<key> before running fleetgen (the key is copied to a "
-            "0600 file next to each launch script, never into the script or fleetgen's state)",
+            fix=f"export {spec.api_key_env}=<key> before running fleetgen (the key reaches each engine "
+            "through 0600 files removed once it started, never argv, the script or fleetgen's state)",
         )
+    if not KEY_FORM.fullmatch(value):
+        raise ConfigError(
+            f"${spec.api_key_env} is no usable API key: it needs 16 or more printable ASCII characters, "
+            "no space, `<` or `>` (it travels in an HTTP header, and is redacted from every log line)",
+            fix=f"set {spec.api_key_env} to e.g. the output of `openssl rand -hex 24`",
+        )
+    remember(value)
     return value
 
 
@@ -38,23 +51,37 @@ def launch_spec(fleet: FleetFile, engine: Engine, inst: InstanceSpec, workdir: s
     spec = fleet.engine
     rules, _ = select_rule_set(engine.rule_sets, spec.version)
     args = engine.build_argv(spec, inst, model_path=spec.model, host_bind=spec.bind, rules=rules)
+    paths = InstancePaths(workdir, inst.name)
+    secret = _secret(spec, engine)
+    if secret is not None and secret.config_key and engine.api_key_config_flag:
+        if engine.api_key_config_flag.removeprefix("--") in spec.args:
+            raise ConfigError(
+                f"engine.args sets {engine.api_key_config_flag}, which a public bind needs for the API key "
+                f"({engine.name} reads its key from no environment variable, and argv is public to `ps`)",
+                fix=f"move the options of that file into [engine.args] and remove "
+                f"{engine.api_key_config_flag.removeprefix('--')} from it",
+            )
+        args += [engine.api_key_config_flag, paths.key_config]
     return LaunchSpec(
         instance=inst.name,
         python=spec.python,
         launcher=spec.launcher_argv,
         args=tuple(args),
         env=engine.build_env(spec, inst),
-        paths=InstancePaths(workdir, inst.name),
-        secret=_secret(spec, engine),
+        paths=paths,
+        secret=secret,
     )
 
 
 def _secret(spec: EngineSpec, engine: Engine) -> SecretEnv | None:
-    """Where the launch script puts the API key: the engine's own env var when it has one (vLLM), else the
-    variable the engine's argv refers to (`${api_key_env}`, SGLang)."""
+    """How the API key reaches the engine, never on its argv: the engine's own env var when it has one
+    (vLLM), else a YAML config file named on the argv (SGLang's `--config`, under its flag's name); the
+    launch script holds it in `api_key_env` too, for the log redactor and for `up` to see a rotated key."""
     if not spec.is_public or not spec.api_key_env:
         return None
-    return SecretEnv(engine.api_key_env_var or spec.api_key_env)
+    if engine.api_key_env_var:
+        return SecretEnv(engine.api_key_env_var)
+    return SecretEnv(spec.api_key_env, config_key=engine.api_key_flag.removeprefix("--"))
 
 
 def build_target(

@@ -132,6 +132,8 @@ class Engine(Protocol):
     # An env var the engine reads its API key from, when it has one: the key then stays off the argv, which
     # any user of the host can read with `ps` (/proc/PID/environ is readable by the owner only).
     api_key_env_var: str | None
+    # Else the flag naming a YAML config file the engine reads flags from (`api-key: KEY` in a 0600 file).
+    api_key_config_flag: str | None
 
     def build_argv(
         self,
@@ -288,9 +290,3 @@ def _scalar(value: ArgValue) -> str:
 
 def cuda_visible_devices(inst: InstanceSpec) -> str:
     return ",".join(str(g) for g in inst.gpus)
-
-
-def api_key_reference(spec: EngineSpec) -> str:
-    """The API key as a shell reference (`${NAME}`): the launch script expands it on the host, so the key
-    itself never lands in fleetgen's files, plans or logs."""
-    return f"${{{spec.api_key_env}}}"

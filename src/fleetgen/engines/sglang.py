@@ -14,7 +14,6 @@ from fleetgen.engines.base import (
     MetricNames,
     ParserVerdict,
     RuleSet,
-    api_key_reference,
     cuda_visible_devices,
     format_args,
     translate_args,
@@ -201,7 +200,11 @@ class SGLangEngine:
     fatal_signatures: tuple[FatalSignature, ...] = FATAL_SIGNATURES
     rule_sets: tuple[RuleSet, ...] = RULE_SETS
     api_key_flag = "--api-key"
-    api_key_env_var: str | None = None  # SGLang reads the key only from --api-key
+    # SGLang reads its key from no env var, only from `--api-key` (argv: public to `ps`) or from a
+    # `--config` YAML file (every release 0.5.7…0.5.23: server_args.py prepare_server_args →
+    # ConfigArgumentMerger, in-process, so /proc shows only `--config PATH`).
+    api_key_env_var: str | None = None
+    api_key_config_flag: str | None = "--config"
 
     def build_argv(
         self,
@@ -229,9 +232,7 @@ class SGLangEngine:
             argv += ["--served-model-name", spec.served_model_name]
         if "enable-metrics" not in args:
             argv.append("--enable-metrics")  # /metrics is off by default; fleetgen's live view reads it
-        if spec.is_public:
-            argv += [self.api_key_flag, api_key_reference(spec)]
-        return argv
+        return argv  # a public bind's key: `--config FILE` (deploy.targets), never `--api-key KEY`
 
     def build_env(self, spec: EngineSpec, inst: InstanceSpec) -> dict[str, str]:
         return {**spec.env, "CUDA_VISIBLE_DEVICES": cuda_visible_devices(inst)}

@@ -134,6 +134,7 @@ class VLLMEngine:
     rule_sets: tuple[RuleSet, ...] = RULE_SETS
     api_key_flag = "--api-key"
     api_key_env_var: str | None = "VLLM_API_KEY"  # vllm/envs.py; --api-key would show the key to `ps`
+    api_key_config_flag: str | None = None
 
     def build_argv(
         self,

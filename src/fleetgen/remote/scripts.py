@@ -23,10 +23,12 @@ EXIT_RENAME = 77
 # setsid: new session and process group (the group is what `stop` signals); nohup: ignore SIGHUP when the
 # SSH session ends; stdin </dev/null and output to the log: nothing ties the process to the channel.
 # `set -C` (noclobber): the log must be NEW; truncating a log another process still writes would lose it.
+# `umask 077`: the log, its folder and the pidfile are the owner's only (a log may hold what a user typed).
 # The stat line is read with the `read` builtin before any other fork, so even a script that exits at once
 # is still an unreaped zombie of this shell and its start time can be read.
 SPAWN_SH = r"""
 set -C
+umask 077
 cwd=$1 script=$2 log=$3 pidfile=$4
 cd "$cwd" 2>/dev/null || { echo "folder $cwd does not exist or is not accessible" >&2; exit 66; }
 [ -f "$script" ] || { echo "script $script does not exist (relative to $cwd)" >&2; exit 67; }

@@ -19,6 +19,7 @@ from typing import Any
 from aiohttp import web
 
 from fleetgen.sim import startup
+from fleetgen.sim.configfile import merge_config
 from fleetgen.sim.engine import SimScheduler
 from fleetgen.sim.flags import build_parser
 from fleetgen.sim.memory import Capacity, MemoryInputs, compute_capacity
@@ -152,7 +153,9 @@ async def _serve(res: Resolution, shape: ModelShape, knobs: SimKnobs, launch_com
 
 def main(argv: list[str]) -> int:
     """`python -m fleetgen.sim ARGS`: returns the exit code (argparse exits 2 by itself on a bad flag)."""
-    namespace = build_parser().parse_args(argv)
+    parser = build_parser()
+    argv = merge_config(parser, argv)  # `--config FILE.yaml`, as prepare_server_args merges it
+    namespace = parser.parse_args(argv)
     raw, knobs = _split(vars(namespace))
     startup.configure_logging(raw["log_level"])
     startup.logger.warning(startup.SIMULATION_NOTICE)
