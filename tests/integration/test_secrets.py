@@ -119,6 +119,7 @@ async def test_the_key_leaks_nowhere_through_a_whole_sglang_session(
         assert "api_key='<redacted>'" in log  # SGLang prints its arguments, key included: redacted on the way
 
         assert (await s.cli("status", "-f", str(fleet)))[0] == 0
+        assert (await s.cli("status", "--json", "-f", str(fleet)))[0] == 0
         code, stdout, _ = await s.cli("logs", "h0-0", "-n", "400", "--fleet", str(fleet))
         assert code == 0 and "api_key='<redacted>'" in stdout
 

@@ -13,8 +13,11 @@ from typing import Any
 import pytest
 
 from fleetgen.config import FleetFile
+from fleetgen.engines import get_engine
+from fleetgen.engines.sglang import SGLangEngine
 from fleetgen.modelcard import load_model_shape
 from fleetgen.plan import InstancePlan, facts_from_file, plan_fleet
+from fleetgen.plan.fleet import api_key_way
 from fleetgen.plan.sglang import CUDA_CONTEXT_BYTES, kv_bytes_per_token, state_bytes_per_request
 
 MODELS = Path(__file__).parents[1] / "data" / "models"
@@ -230,3 +233,30 @@ def test_json_has_the_keys_and_integer_bytes() -> None:
     ):
         assert isinstance(data[key], int)
     assert data["rules"] == "sglang-0.5.10" and data["env"]["CUDA_VISIBLE_DEVICES"] == "0"
+
+
+def _public(kind: str, args: dict[str, Any]) -> FleetFile:
+    return FleetFile.model_validate(
+        {
+            "engine": {"kind": kind, "model": "/m", "bind": "0.0.0.0", "api_key_env": "K", "args": args},
+            "hosts": [{"name": "n", "gpus": [0], "gpu_memory_gib": GPU183}],
+        }
+    )
+
+
+def test_plan_says_how_a_public_key_reaches_the_engine() -> None:
+    """Never on the argv: vLLM and SGLang both have a way (no issue); SGLang's `--config` cannot also be the
+    user's own (error, the fix moves its options); an engine with no way at all is warned about."""
+    for kind in ("sglang", "vllm"):
+        assert api_key_way(_public(kind, {}), get_engine(kind)) == ([], [])
+    [error], [] = api_key_way(_public("sglang", {"config": "/mine.yaml"}), get_engine("sglang"))
+    assert error.rule == "api-key" and "--config" in error.message and "engine.args" in error.fix
+    fleet = _public("sglang", {"config": "/mine.yaml"})
+    plan = plan_fleet(fleet, QWEN, {h.name: facts_from_file(h) for h in fleet.hosts}, None)
+    assert not plan.fits and [e.rule for e in plan.errors] == ["api-key"]
+
+    class NoWay(SGLangEngine):
+        api_key_config_flag = None
+
+    [], [warning] = api_key_way(_public("sglang", {}), NoWay())
+    assert "argv" in warning.message and "`ps`" in warning.message and "127.0.0.1" in warning.fix

@@ -17,6 +17,7 @@ from fleetgen.engines import Engine, select_rule_set
 from fleetgen.errors import ConfigError, ModelCardError, PlanError
 from fleetgen.modelcard import ModelShape, load_model_shape
 from fleetgen.plan import facts_from_file, plan_instance
+from fleetgen.plan.fleet import api_key_way
 from fleetgen.redact import remember
 
 # An API key as an HTTP header carries it (printable ASCII, no space), long enough to guess at no cost, and
@@ -54,13 +55,9 @@ def launch_spec(fleet: FleetFile, engine: Engine, inst: InstanceSpec, workdir: s
     paths = InstancePaths(workdir, inst.name)
     secret = _secret(spec, engine)
     if secret is not None and secret.config_key and engine.api_key_config_flag:
-        if engine.api_key_config_flag.removeprefix("--") in spec.args:
-            raise ConfigError(
-                f"engine.args sets {engine.api_key_config_flag}, which a public bind needs for the API key "
-                f"({engine.name} reads its key from no environment variable, and argv is public to `ps`)",
-                fix=f"move the options of that file into [engine.args] and remove "
-                f"{engine.api_key_config_flag.removeprefix('--')} from it",
-            )
+        refused, _ = api_key_way(fleet, engine)
+        if refused:
+            raise ConfigError(refused[0].message, fix=refused[0].fix)
         args += [engine.api_key_config_flag, paths.key_config]
     return LaunchSpec(
         instance=inst.name,

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from fleetgen.config import FleetFile, HostSpec, InstanceSpec
-from fleetgen.engines import RuleSet, get_engine, select_rule_set
+from fleetgen.engines import Engine, RuleSet, get_engine, select_rule_set
 from fleetgen.engines.sglang import HICACHE_HOST_MEMORY
 from fleetgen.modelcard import ModelShape
 from fleetgen.plan.fixes import ranked_fixes, solve_target
@@ -113,11 +113,39 @@ def plan_fleet(
         for inst in instances
     ]
     warnings = [Issue("rule-set", rule_warning)] if rule_warning else []
-    errors = _shared_gpus(fleet, instances) + _port_clashes(fleet, instances)
+    key_errors, key_warnings = api_key_way(fleet, engine)
+    warnings += key_warnings
+    errors = key_errors + _shared_gpus(fleet, instances) + _port_clashes(fleet, instances)
     errors += _host_memory(fleet, plans, facts)
     return FleetPlan(
         tuple(plans), tuple(errors), tuple(warnings), {"target_concurrency": target} if target else {}
     )
+
+
+def api_key_way(fleet: FleetFile, engine: Engine) -> tuple[list[Issue], list[Issue]]:
+    """(errors, warnings) about how a public bind's key reaches the engine: never on its argv, which `ps`
+    shows every user of the host. An env var (vLLM), else a 0600 config file (SGLang's `--config`, which
+    then cannot also be the user's); an engine with neither is warned about."""
+    spec = fleet.engine
+    if not spec.is_public:
+        return [], []
+    if engine.api_key_env_var:
+        return [], []
+    flag = engine.api_key_config_flag
+    if flag is None:
+        why = f"{engine.name} reads its API key from no environment variable or config file"
+        return [], [Issue("api-key", f"{why}: it would be on its argv, readable by every user via `ps`",
+                          "bind 127.0.0.1 (reached through SSH tunnels) on shared hosts")]  # fmt: skip
+    if flag.removeprefix("--") in spec.args:
+        return [
+            Issue(
+                "api-key",
+                f"engine.args sets {flag}, which a public bind needs for the API key "
+                f"({engine.name} reads its key from no environment variable, and argv is public to `ps`)",
+                f"move the options of that file into [engine.args] and remove {flag.removeprefix('--')}",
+            )
+        ], []
+    return [], []
 
 
 def _machines(fleet: FleetFile) -> dict[str, str]:
