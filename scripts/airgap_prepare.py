@@ -1,0 +1,534 @@
+"""Prepare, on a machine with internet, what an air-gapped GPU host needs to serve a model with a real engine.
+
+    python scripts/airgap_prepare.py --engine sglang --version 0.5.15 \\
+        --config tests/data/models/qwen3.6-27b/config.json --out /tmp/bundle [--fa3] [--chunk-mib 60]
+
+Writes OUT/:
+  wheels/        the engine's wheel set for the host's Python (cp312 manylinux by default), `--no-deps` each,
+                 slimmed where the recipe (shared/reference/gpu.md) shows how: members the engine never loads
+                 are removed and the wheel's RECORD rewritten, so pip installs it as usual
+  extra/         big members carried apart, as raw deflate (SGLang's FA3 `flash_ops.abi3.so` with --fa3)
+  model/         the model's real config.json + a tokenizer padded to its vocabulary (every id decodes) + a
+                 Qwen-style chat template with thinking (+ SGLang's processor configs): serve it with
+                 `--load-format dummy` (random weights, the real shape, real memory use)
+  model-shape/   config.json + model.safetensors.index.json (weight bytes for `fleetgen plan`), when given
+  install.sh     on the host: `bash install.sh SITE` installs the wheels into SITE and puts extra/ back
+  chunks/cNN/    with --chunk-mib: the whole bundle as one tar cut into pieces (size-limited transfers);
+                 `cat chunks/c*/part* | tar -x` reassembles it
+Only wheels are fetched (`pip download --only-binary=:all:`); nothing is built. The host's own packages
+(torch and what its image ships) are not fetched: `--host-has` names them (default: the H200 image's list,
+KINDS.md), and the script checks that every requirement of every fetched wheel is fetched or on the host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import io
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def words(text: str) -> list[str]:
+    return text.split()
+
+
+PLATFORMS = [
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux_2_24_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_28_x86_64",
+    "manylinux_2_31_x86_64",
+    "manylinux_2_34_x86_64",
+    "manylinux1_x86_64",
+    "any",
+]
+
+# Small wheels both engines' API servers import (gpu.md: found one ImportError at a time on the H200).
+COMMON = [
+    "pydantic==2.13.4",
+    "pydantic-core==2.46.4",
+    "annotated-types",
+    "typing-inspection",
+    "fastapi==0.136.3",
+    "starlette==1.10.0",
+    "uvicorn==0.54.0",
+    "watchfiles",
+    "python-multipart",
+    "pyzmq==27.3.0",
+    "msgspec",
+    "cbor2",
+    "cachetools",
+    "blake3",
+    "jiter",
+    "distro",
+    "sniffio",
+    "partial-json-parser",
+    "pybase64",
+    "setproctitle",
+    "prometheus-fastapi-instrumentator==8.1.0",
+    "compressed-tensors==0.17.0",
+    "loguru",
+    "depyf==0.20.0",
+    "astor",
+    "dill",
+    "llguidance==1.7.6",
+    "outlines_core==0.2.14",
+    "diskcache",
+    "lark==1.2.2",
+    "lm-format-enforcer==0.11.3",
+    "interegular",
+]
+# fleetgen itself on the host (the scenario drives the engine from there): what the GPU image lacks.
+FLEETGEN = ["asyncssh==2.24.1", "cryptography==50.0.2", "cffi==2.1.1", "pycparser==3.12", "orjson==3.13.0"]
+
+SETS: dict[tuple[str, str], list[str]] = {
+    ("vllm", "0.24.0"): [
+        "vllm==0.24.0",
+        "openai==2.54.0",
+        "openai-harmony==0.0.8",
+        "xgrammar==0.2.9",
+        "apache-tvm-ffi==0.1.15.post2",
+        "model-hosting-container-standards==0.1.16",
+        "jmespath",
+        "supervisor",
+        "httpx",
+        "anyio",
+        *COMMON,
+    ],
+    ("sglang", "0.5.15"): [
+        "sglang==0.5.15",
+        "sglang-kernel==0.4.4",
+        "flashinfer_python==0.6.12",
+        "transformers==5.12.1",
+        "tokenizers==0.22.2",
+        "apache-tvm-ffi==0.1.11",
+        "xgrammar==0.2.9",
+        "zstandard",
+        "soundfile==0.13.1",
+        "openai==2.6.1",
+        "openai-harmony==0.0.4",
+        "gguf",
+        "datasets",
+        "multiprocess",
+        "easydict",
+        "blobfile==3.0.0",
+        "pycryptodomex",
+        "nvidia-cutlass-dsl==4.5.2",
+        "nvidia-cutlass-dsl-libs-cu13==4.5.2",
+        "sgl-deep-gemm==0.1.4",
+        "nvidia-cudnn-frontend",
+        "torchao==0.17.0",
+        "ipython",
+        "traitlets",
+        "jedi",
+        "parso",
+        "decorator",
+        "matplotlib-inline",
+        "pexpect",
+        "ptyprocess",
+        "prompt-toolkit",
+        "wcwidth",
+        "stack-data",
+        "asttokens",
+        "executing",
+        "pure-eval",
+        "ipython-pygments-lexers",
+        "jsonschema",
+        "jsonschema-specifications",
+        "referencing",
+        "rpds-py",
+        *COMMON,
+    ],
+}
+
+# Members the engine never loads on a Hopper GPU with the recipe's flags (gpu.md), removed from the wheel.
+SLIM: dict[str, list[str]] = {
+    "vllm": [
+        r"vllm/_vllm_fa2_C\.abi3\.so",
+        r"vllm/third_party/deep_gemm/",
+        r"vllm/third_party/fmha_sm100/",
+        r"vllm/.*rust.*\.so",
+        r"vllm/frontend_rs",
+    ],
+    "sglang": [r"sglang/srt/grpc/_core.*\.so", r"sglang/multimodal_gen/"],
+    "sglang_kernel": [r"sgl_kernel/flash_ops\.abi3\.so", r"sgl_kernel/sm100/", r"sgl_kernel/flashmla_ops"],
+}
+# Members carried apart as the wheel's raw deflate stream (send in pieces); install.sh inflates them.
+APART = {"sglang_kernel": [r"sgl_kernel/flash_ops\.abi3\.so"]}
+
+# The H200 image's packages (KINDS.md, 2026-11-17) that the engines' wheels may require.
+HOST_HAS = words(
+    """absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs certifi
+charset-normalizer click cloudpickle cmake cuda-bindings cuda-core cuda-pathfinder cuda-python cuda-
+toolkit einops filelock frozenlist fsspec grpcio h11 hf-xet httpcore httpx huggingface-hub idna
+jinja2 joblib markupsafe msgpack multidict networkx ninja numba numpy nvidia-ml-py opencv-python-
+headless packaging pandas pillow pip prometheus-client propcache protobuf psutil py-cpuinfo pyarrow
+pybind11 pydantic pygments python-dateutil pyyaml regex requests rich safetensors scipy
+sentencepiece setuptools six sympy tabulate tiktoken timm torch torchaudio torchvision tqdm triton
+typer typing-extensions urllib3 uvloop wheel xxhash yarl zipp"""
+)
+# Required by the metadata, never imported on this path (optional backends, other architectures, the gRPC
+# router, profilers; cutlass-dsl libs-base: libs-cu13 is a whole copy for CUDA 13): not fetched, listed so the closure check names only real gaps.
+NOT_NEEDED = words(
+    """anthropic av decord2 nvidia-cutlass-dsl-libs-base lxml colorama aiocontextvars win32-setctime flash-attn-4 flashinfer-cubin kernels mistral-common modelscope nvidia-mathdx
+outlines py-spy quack-kernels smg-grpc-servicer tilelang tokenspeed-mla torch-memory-saver
+torchcodec cuda-tile mcp opentelemetry-api opentelemetry-sdk opentelemetry-exporter-otlp
+opentelemetry-semantic-conventions-ai flashinfer-jit-cache build gpt-oss ray nvidia-cutlass-dsl-
+libs-cu12 pyobjc lazy-loader"""
+)
+
+
+def norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def download(specs: list[str], dest: Path, python: str) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    plat = [a for p in PLATFORMS for a in ("--platform", p)]
+    argv = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--python-version",
+        python,
+        "--implementation",
+        "cp",
+        *plat,
+        "-d",
+        str(dest),
+        *specs,
+    ]
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+
+
+def wheel_name(path: Path) -> str:
+    return norm(path.name.split("-")[0])
+
+
+def record_line(name: str, data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"{name},sha256={digest},{len(data)}"
+
+
+def slim(wheel: Path, drop: list[str], apart: list[str], extra: Path) -> tuple[int, int]:
+    """Rewrite `wheel` without the members matching `drop`; members matching `apart` go to extra/ (raw deflate)."""
+    pats = [re.compile(p) for p in drop]
+    keep_apart = [re.compile(p) for p in apart]
+    before = wheel.stat().st_size
+    out = io.BytesIO()
+    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as dst:
+        record_name = next(n for n in src.namelist() if n.endswith(".dist-info/RECORD"))
+        lines = []
+        for info in src.infolist():
+            if info.filename == record_name:
+                continue
+            if any(p.match(info.filename) for p in keep_apart):
+                copy_raw_member(wheel, info, extra / (info.filename + ".deflate"))
+            if any(p.match(info.filename) for p in pats):
+                continue
+            data = src.read(info)
+            dst.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED)
+            lines.append(record_line(info.filename, data))
+        dst.writestr(record_name, "\n".join([*lines, f"{record_name},,"]) + "\n")
+    wheel.write_bytes(out.getvalue())
+    return before, wheel.stat().st_size
+
+
+def copy_raw_member(wheel: Path, info: zipfile.ZipInfo, target: Path) -> None:
+    """The member's compressed bytes as they sit in the wheel (raw deflate): no recompression here."""
+    assert info.compress_type == zipfile.ZIP_DEFLATED
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with wheel.open("rb") as f, target.open("wb") as g:
+        f.seek(info.header_offset)
+        header = f.read(30)
+        name_len, extra_len = int.from_bytes(header[26:28], "little"), int.from_bytes(header[28:30], "little")
+        f.seek(info.header_offset + 30 + name_len + extra_len)
+        left = info.compress_size
+        while left:
+            block = f.read(min(left, 1 << 24))
+            g.write(block)
+            left -= len(block)
+
+
+def requirements(wheel: Path) -> list[str]:
+    """The names a wheel requires on Linux x86-64 (extras and other platforms' markers left out)."""
+    with zipfile.ZipFile(wheel) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        text = z.read(meta).decode("utf-8", "replace")
+    names = []
+    for line in text.splitlines():
+        if not line.startswith("Requires-Dist:"):
+            continue
+        req, _, marker = line[len("Requires-Dist:") :].partition(";")
+        if "extra ==" in marker or 'sys_platform == "win32"' in marker or "darwin" in marker:
+            continue
+        if "aarch64" in marker and "!=" not in marker:
+            continue
+        names.append(norm(re.split(r"[\s\[<>=!~(]", req.strip(), maxsplit=1)[0]))
+    return names
+
+
+def missing_requirements(wheels: list[Path], host_has: list[str]) -> dict[str, list[str]]:
+    have = {wheel_name(w) for w in wheels} | {norm(n) for n in host_has} | {norm(n) for n in NOT_NEEDED}
+    gaps: dict[str, list[str]] = {}
+    for w in wheels:
+        for name in requirements(w):
+            if name not in have:
+                gaps.setdefault(name, []).append(wheel_name(w))
+    return gaps
+
+
+# Qwen's added tokens in their order (Qwen2.5-VL / Qwen3 / Qwen3.5): the config's vision ids fall on them.
+QWEN_SPECIALS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+]
+PREPROCESSOR = {
+    "image_processor_type": "Qwen2VLImageProcessorFast",
+    "patch_size": 16,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "min_pixels": 65536,
+    "max_pixels": 16777216,
+    "processor_class": "Qwen3VLProcessor",
+}
+VIDEO_PREPROCESSOR = {**PREPROCESSOR, "video_processor_type": "Qwen3VLVideoProcessor", "fps": 2.0}
+
+
+def special_base(config: dict[str, object], vocab_size: int) -> int:
+    """Where Qwen's added tokens start: from the config's vision_start_token_id (the 10th), else the top."""
+    start = config.get("vision_start_token_id")
+    if isinstance(start, int) and 9 <= start < vocab_size - len(QWEN_SPECIALS) + 9:
+        return start - 9
+    return vocab_size - len(QWEN_SPECIALS)
+
+
+def filler(i: int) -> str:
+    """An ordinary byte-level token (decodes to ' fill<letters>'); never produced by encoding."""
+    s = ""
+    while True:
+        s = chr(ord("a") + i % 26) + s
+        i //= 26
+        if not i:
+            return "Ġfill" + s
+
+
+def padded_tokenizer(config: dict[str, object], out: Path) -> None:
+    """A byte-level BPE trained on tests/data/corpus, padded with ordinary tokens to the model's vocab_size,
+    Qwen's special tokens at the ids the config names; tokenizer.json + tokenizer_config.json in `out`."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    text = config.get("text_config", config)
+    assert isinstance(text, dict)
+    vocab_size = int(text["vocab_size"])
+    base = special_base(config, vocab_size)
+    small = Tokenizer(models.BPE())
+    small.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=2048,
+        min_frequency=1,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    small.train(sorted(str(p) for p in (HERE.parent / "tests/data/corpus").glob("*.txt")), trainer)
+    model = json.loads(small.to_str())["model"]
+    vocab: dict[str, int] = dict(model["vocab"])
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]]
+    specials = {tok: base + i for i, tok in enumerate(QWEN_SPECIALS)}
+    ids = sorted(vocab.values())
+    assert ids == list(range(len(ids))) and len(ids) <= base
+    taken, i = set(vocab), 0
+    for next_id in range(len(ids), vocab_size):
+        if next_id in specials.values():
+            continue
+        while filler(i) in taken:
+            i += 1
+        vocab[filler(i)] = next_id
+        taken.add(filler(i))
+    vocab.update(specials)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN_SPECIALS])
+    assert tok.get_vocab_size() == vocab_size and tok.token_to_id("<|im_end|>") == specials["<|im_end|>"]
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(specials), indent=1))
+
+
+def tokenizer_config(specials: dict[str, int]) -> dict[str, object]:
+    sys.path.insert(0, str(HERE))
+    from build_tiny_model import CHAT_TEMPLATE  # the tiny model's Qwen3-style template with <think>
+
+    decoder = {
+        str(i): {
+            "content": t,
+            "special": True,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "single_word": False,
+        }
+        for t, i in specials.items()
+    }
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "bos_token": None,
+        "unk_token": None,
+        "model_max_length": 262144,
+        "clean_up_tokenization_spaces": False,
+        "added_tokens_decoder": decoder,
+        "chat_template": CHAT_TEMPLATE,
+    }
+
+
+def model_folder(config_path: Path, out: Path, engine: str) -> None:
+    (out / "model").mkdir(parents=True, exist_ok=True)
+    config = json.loads(config_path.read_text())
+    shutil.copy(config_path, out / "model" / "config.json")
+    padded_tokenizer(config, out / "model")
+    if engine == "sglang" and "ForConditionalGeneration" in str(config.get("architectures")):
+        # SGLang treats *ForConditionalGeneration as multimodal and loads AutoProcessor (gpu.md).
+        (out / "model" / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR, indent=1))
+        (out / "model" / "video_preprocessor_config.json").write_text(
+            json.dumps(VIDEO_PREPROCESSOR, indent=1)
+        )
+    index = config_path.parent / "model.safetensors.index.json"
+    if index.exists():
+        (out / "model-shape").mkdir(exist_ok=True)
+        shutil.copy(config_path, out / "model-shape" / "config.json")
+        shutil.copy(index, out / "model-shape" / index.name)
+
+
+INSTALL_SH = r"""#!/usr/bin/env bash
+# bash install.sh SITE [PYTHON]: the wheels into SITE (no index, no deps), big members put back from extra/.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd); site=${1:?usage: install.sh SITE [PYTHON]}; py=${2:-python3}
+"$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target "$site" "$here"/wheels/*.whl
+if [ -d "$here/extra" ]; then
+  (cd "$here/extra" && find . -name '*.deflate' | while read -r f; do
+     mkdir -p "$site/$(dirname "$f")"
+     "$py" "$here/inflate.py" "$f" "$site/${f%.deflate}"
+   done)
+fi
+echo "installed into $site"
+"""
+
+
+INFLATE_PY = """import sys, zlib
+
+d = zlib.decompressobj(-15)
+with open(sys.argv[1], "rb") as f, open(sys.argv[2], "wb") as g:
+    while block := f.read(1 << 24):
+        g.write(d.decompress(block))
+    g.write(d.flush())
+"""
+
+
+def chunk(out: Path, mib: int) -> list[Path]:
+    """The bundle (wheels, extra, model, model-shape, install.sh) as one tar cut into ≤ `mib` MiB pieces."""
+    chunks = out / "chunks"
+    shutil.rmtree(chunks, ignore_errors=True)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name in ("install.sh", "inflate.py", "model", "model-shape", "wheels", "extra"):
+            if (out / name).exists():
+                tar.add(out / name, arcname=name)
+    data, size, parts = buf.getvalue(), mib << 20, []
+    for n, start in enumerate(range(0, len(data), size), 1):
+        (chunks / f"c{n:02d}").mkdir(parents=True)
+        part = chunks / f"c{n:02d}" / f"part{n:02d}"
+        part.write_bytes(data[start : start + size])
+        parts.append(part)
+    return parts
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--engine", choices=["vllm", "sglang"], required=True)
+    ap.add_argument("--version", required=True)
+    ap.add_argument("--config", type=Path, required=True, help="the model's config.json")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--python", default="3.12", help="the host's Python version")
+    ap.add_argument("--fa3", action="store_true", help="SGLang: carry FA3 (flash_ops) apart, compressed")
+    ap.add_argument("--with-fleetgen", action="store_true", help="also the wheels fleetgen needs there")
+    ap.add_argument("--chunk-mib", type=int, default=0, help="cut the bundle into pieces of this size")
+    ap.add_argument(
+        "--host-has", type=Path, help="file: the host's packages, one a line (default: H200 image)"
+    )
+    ap.add_argument("--skip-download", action="store_true", help="reuse OUT/wheels as it is")
+    a = ap.parse_args()
+    specs = SETS.get((a.engine, a.version))
+    if specs is None:
+        known = ", ".join(f"{e} {v}" for e, v in SETS)
+        raise SystemExit(f"no wheel set for {a.engine} {a.version}; known: {known} (add one to SETS)")
+    wheels_dir, extra = a.out / "wheels", a.out / "extra"
+    if not a.skip_download:
+        download(specs + (FLEETGEN if a.with_fleetgen else []), wheels_dir, a.python)
+    shutil.rmtree(extra, ignore_errors=True)
+    wheels = sorted(wheels_dir.glob("*.whl"))
+    for w in wheels:
+        name = wheel_name(w).replace("-", "_")
+        apart = APART.get(name, []) if a.fa3 else []
+        if name in SLIM:
+            before, after = slim(w, SLIM[name], apart, extra)
+            print(f"slimmed {w.name}: {before / 2**20:.1f} -> {after / 2**20:.1f} MiB")
+    host_has = a.host_has.read_text().split() if a.host_has else HOST_HAS
+    gaps = missing_requirements(wheels, host_has)
+    for name, by in sorted(gaps.items()):
+        print(f"WARNING: {name} is required by {', '.join(by)}: neither fetched nor on the host")
+    model_folder(a.config, a.out, a.engine)
+    (a.out / "install.sh").write_text(INSTALL_SH)
+    (a.out / "inflate.py").write_text(INFLATE_PY)
+    total = sum(p.stat().st_size for p in a.out.rglob("*") if p.is_file() and "chunks" not in p.parts)
+    print(f"bundle: {len(wheels)} wheels, {total / 2**20:.1f} MiB in {a.out}")
+    if a.chunk_mib:
+        parts = chunk(a.out, a.chunk_mib)
+        print(f"{len(parts)} pieces in {a.out / 'chunks'}: cat chunks/c*/part* | tar -x")
+
+
+if __name__ == "__main__":
+    main()
