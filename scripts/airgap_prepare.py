@@ -179,13 +179,14 @@ sentencepiece setuptools six sympy tabulate tiktoken timm torch torchaudio torch
 typer typing-extensions urllib3 uvloop wheel xxhash yarl zipp"""
 )
 # Required by the metadata, never imported on this path (optional backends, other architectures, the gRPC
-# router, profilers; cutlass-dsl libs-base: libs-cu13 is a whole copy for CUDA 13): not fetched, listed so the closure check names only real gaps.
+# router, profilers; cutlass-dsl libs-base: libs-cu13 is a whole copy for CUDA 13): not fetched,
+# listed so the closure check names only real gaps.
 NOT_NEEDED = words(
-    """anthropic av decord2 nvidia-cutlass-dsl-libs-base lxml colorama aiocontextvars win32-setctime flash-attn-4 flashinfer-cubin kernels mistral-common modelscope nvidia-mathdx
-outlines py-spy quack-kernels smg-grpc-servicer tilelang tokenspeed-mla torch-memory-saver
-torchcodec cuda-tile mcp opentelemetry-api opentelemetry-sdk opentelemetry-exporter-otlp
-opentelemetry-semantic-conventions-ai flashinfer-jit-cache build gpt-oss ray nvidia-cutlass-dsl-
-libs-cu12 pyobjc lazy-loader"""
+    """anthropic av decord2 nvidia-cutlass-dsl-libs-base lxml colorama aiocontextvars win32-setctime flash-
+attn-4 flashinfer-cubin kernels mistral-common modelscope nvidia-mathdx outlines py-spy quack-
+kernels smg-grpc-servicer tilelang tokenspeed-mla torch-memory-saver torchcodec cuda-tile mcp
+opentelemetry-api opentelemetry-sdk opentelemetry-exporter-otlp opentelemetry-semantic-conventions-
+ai flashinfer-jit-cache build gpt-oss ray nvidia-cutlass-dsl- libs-cu12 pyobjc lazy-loader"""
 )
 
 
@@ -225,7 +226,7 @@ def record_line(name: str, data: bytes) -> str:
 
 
 def slim(wheel: Path, drop: list[str], apart: list[str], extra: Path) -> tuple[int, int]:
-    """Rewrite `wheel` without the members matching `drop`; members matching `apart` go to extra/ (raw deflate)."""
+    """Rewrite `wheel` without the members matching `drop`; those matching `apart` go to extra/ (raw)."""
     pats = [re.compile(p) for p in drop]
     keep_apart = [re.compile(p) for p in apart]
     before = wheel.stat().st_size
