@@ -186,8 +186,8 @@ NOT_NEEDED = words(
 flash-attn-4 flashinfer-cubin kernels mistral-common modelscope nvidia-mathdx outlines py-spy
 quack-kernels smg-grpc-servicer tilelang tokenspeed-mla torch-memory-saver torchcodec cuda-tile mcp
 opentelemetry-api opentelemetry-sdk opentelemetry-exporter-otlp
-opentelemetry-semantic-conventions-ai flashinfer-jit-cache build gpt-oss ray nvidia-cutlass-dsl-
-libs-cu12 pyobjc lazy-loader"""
+opentelemetry-semantic-conventions-ai flashinfer-jit-cache build gpt-oss ray
+nvidia-cutlass-dsl-libs-cu12 pyobjc lazy-loader"""
 )
 
 
