@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetgen.config import load_fleet
+from fleetgen.config import FleetFile, load_fleet
+from fleetgen.deploy.targets import launch_spec
 from fleetgen.engines import get_engine
 from fleetgen.fleet.planning import plan_from_file
 from fleetgen.modelcard import load_model_shape
@@ -194,3 +195,30 @@ async def test_online_plan_runs_the_hosts_own_parser(tmp_path: Path) -> None:
     error = next(e for e in refused.instances[0].errors if e.rule == "engine-parser")
     assert "unrecognized arguments: --not-a-real-flag 1" in error.message
     assert not refused.fits
+
+
+@needs_sglang
+def test_real_sglang_reads_the_key_from_the_config_file_fleetgen_writes(tmp_path: Path) -> None:
+    """SGLang's own `prepare_server_args` (what `python -m sglang.launch_server` runs) reads `api_key` from
+    the 0600 `--config` YAML fleetgen renders, quotes and backslashes included; the argv holds no key."""
+    fleet = FleetFile.model_validate(
+        {
+            "engine": {"kind": "sglang", "model": "/m", "bind": "0.0.0.0", "api_key_env": "K"},
+            "hosts": [{"name": "h", "gpus": [0]}],
+        }
+    )
+    key = 'sk-"q"\\x-' + os.urandom(8).hex()
+    spec = launch_spec(fleet, get_engine("sglang"), fleet.instances()[0], str(tmp_path))
+    (tmp_path / "h-0").mkdir()
+    for path, data in spec.secret_files(key).items():
+        Path(path).write_bytes(data)
+    code = (
+        "import sys\nfrom sglang.srt.server_args import prepare_server_args\n"
+        "print(repr(prepare_server_args(sys.argv[1:]).api_key))"
+    )
+    done = subprocess.run(
+        [PYTHON, "-c", code, *spec.args], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == repr(key)
+    assert not any(key in a for a in spec.args) and "--config" in spec.args
