@@ -18,6 +18,7 @@ FleetgenError                 message + fix + context (host, argv, exit code, st
 ├── EndpointError             an engine's HTTP endpoint answered badly or not at all
 └── JobError                  a generation job cannot go on
     ├── InputError            an input file cannot be read at all
+    ├── InputMismatch         an output folder run with another input (or a stored id with other content)
     ├── ParamsMismatch        resuming with other sampling params
     └── FleetDown             too many consecutive failures fleet-wide
 ```
@@ -122,6 +123,12 @@ class JobError(FleetgenError):
 
 class InputError(JobError):
     """An input file cannot be read at all (a bad record becomes an error row instead)."""
+
+    exit_code = 2
+
+
+class InputMismatch(JobError):
+    """The output folder holds another input's results, or a record's id is stored with other content."""
 
     exit_code = 2
 

@@ -90,16 +90,20 @@ async def test_rerun_does_nothing_and_deleted_rows_are_redone(tmp_path: Path) ->
 
 
 async def test_resume_after_the_input_changed_redoes_only_missing_samples(tmp_path: Path) -> None:
-    """A resume position is not trusted once the input's mtime moved: every line is checked against the
-    store again (done records by id alone), and only the missing (record, sample) pairs are redone."""
+    """A resume position that cannot be trusted (the input's bytes before it changed: here, a position whose
+    check no longer holds) makes every line be checked against the store again (done records by id and
+    content), and only the missing (record, sample) pairs are redone."""
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": f"r{i}", "prompt": f"q{i}"} for i in range(40)])
     out = tmp_path / "out"
     async with serve(StandIn()) as a:
         await Job(options(tmp_path, prompts, [a.url], params=params(samples=2))).run()
         with sqlite3.connect(out / "results.sqlite") as conn:
             conn.execute("DELETE FROM results WHERE (id = 'r5' AND sample = 1) OR id = 'r30'")
+            saved = orjson.loads(conn.execute("SELECT value FROM meta WHERE key = 'position'").fetchone()[0])
+            saved["chain"][-1][1] = "0" * 32  # the prefix no longer hashes as it did
+            conn.execute("UPDATE meta SET value = ? WHERE key = 'position'", (orjson.dumps(saved).decode(),))
         stat = prompts.stat()
-        os.utime(prompts, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # touched: position invalid
+        os.utime(prompts, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # touched: the stat differs
         a.seen.clear()
         again = await Job(options(tmp_path, prompts, [a.url], params=params(samples=2))).run()
     assert again.completions_this_run == 3 and sorted(a.seen) == ["q30", "q5"]
@@ -248,7 +252,7 @@ async def test_retry_errors_reruns_only_error_rows(tmp_path: Path) -> None:
     with sqlite3.connect(tmp_path / "out" / "results.sqlite") as conn:  # turn two results into error rows
         conn.execute(
             "INSERT INTO errors SELECT id, sample, khash, source, line, 'http_400', 'x', 400, 1, "
-            "instance, finished_at FROM results WHERE id IN ('r2', 'r7')"
+            "instance, finished_at, chash FROM results WHERE id IN ('r2', 'r7')"
         )
         conn.execute("DELETE FROM results WHERE id IN ('r2', 'r7')")
     async with serve(failing), serve(StandIn()) as good:

@@ -22,7 +22,8 @@ from fleetgen.generate.jobmeta import JobMeta
 from fleetgen.generate.progress import PositionTracker, Progress
 from fleetgen.generate.runner import Job
 from fleetgen.generate.scrape import metric_names_for, window_accept_length
-from fleetgen.generate.source import Position
+from fleetgen.generate.identity import ResumeCheck, identify
+from fleetgen.generate.source import Position, RecordShape
 from fleetgen.generate.store import Store
 from tests.unit.test_generate_job import options, params, write_jsonl
 from tests.unit.test_generate_standin import StandIn, serve
@@ -83,7 +84,8 @@ def test_fleet_meta_has_the_engine_section_but_never_env_values() -> None:
 
 def test_total_counts_work_items_without_bad_lines(tmp_path: Path) -> None:
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "q"}] * 5)
-    meta = JobMeta(prompts, 3, PositionTracker(Position()), {2})
+    resume = ResumeCheck(prompts, identify(prompts, None, RecordShape()), None)
+    meta = JobMeta(resume, 3, PositionTracker(Position()), {2})
     assert meta.total is None and "total" not in meta.current()  # not counted yet
     meta.num_records = 5
     meta.note_bad(4)

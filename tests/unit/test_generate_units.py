@@ -61,7 +61,7 @@ def test_done_records_are_skipped_in_runs_that_keep_their_place(
     path.write_bytes(b"\n".join(lines) + b"\n")
     ends = [sum(len(line) + 1 for line in lines[: k + 1]) for k in range(10)]  # offset after line k + 1
     done = {"r0", "r1", "r2", "r4", "r5", "r7", "r8", "r9"}
-    got = list(read_records(path, SHAPE, Position(), is_done=done.__contains__))
+    got = list(read_records(path, SHAPE, Position(), is_done=lambda rid: 0 if rid in done else None))
     assert [type(r).__name__ for r in got] == ["Skipped", "BadInput", "Skipped", "Record", "Skipped"]
     assert got[0] == Skipped(3, ends[2]) and got[2] == Skipped(6, ends[5]) and got[4] == Skipped(10, ends[9])
     assert isinstance(got[1], BadInput) and got[1].line == 4
@@ -71,7 +71,7 @@ def test_done_records_are_skipped_in_runs_that_keep_their_place(
     assert [r.line for r in after] == [7, 8, 9, 10]
     # A long run is reported every SKIP_RUN lines, so the resume position keeps moving.
     monkeypatch.setattr(source, "SKIP_RUN", 2)
-    runs = list(read_records(path, SHAPE, Position(), is_done=lambda rid: rid in {"r0", "r1", "r2"}))
+    runs = list(read_records(path, SHAPE, Position(), is_done=lambda rid: 0 if rid in {"r0", "r1", "r2"} else None))
     assert runs[:2] == [Skipped(2, ends[1]), Skipped(3, ends[2])] and isinstance(runs[2], BadInput)
 
 
@@ -97,7 +97,7 @@ def test_shapes_messages_conversations_prompt_and_problems(tmp_path: Path) -> No
     assert isinstance(c, Record) and [[x["content"] for x in seg] for seg in c.segments] == [["u1"], ["u2"]]
     assert isinstance(e, BadInput) and e.reason.startswith("empty messages") and e.record_id == "e"
     assert isinstance(n, BadInput) and n.reason.startswith("missing field")
-    assert isinstance(s, BadInput) and "unknown speaker" in s.reason
+    assert isinstance(s, BadInput) and "unsupported role" in s.reason
 
 
 def test_parquet_and_datasets_folder_stream_with_resume(tmp_path: Path) -> None:
@@ -128,7 +128,7 @@ def test_migrations_apply_once_and_upserts_are_idempotent(tmp_path: Path) -> Non
     store.write_batch(Batch(results=[row, row]))
     store.write_batch(Batch(results=[row], meta={"k": "v"}))
     assert store.counts().results == 1 and store.counts().truncated == 1 and store.get_meta("k") == "v"
-    assert store.done_keys() == {work.key} and store.done_keys(after_line=3) == set()
+    assert store.done_keys() == {work.key: 0} and store.done_keys(after_line=3) == {}
     store.close()
     Store.open(tmp_path).close()  # reopening migrates nothing twice
 

@@ -1,6 +1,8 @@
 """The meta rows a job keeps current for its readers: the next run, the dashboard and the report.
 
-- `position`: where a rerun may start reading (see `PositionTracker`), with the input's fingerprint;
+- `input_identity`: what ties the folder to its input (`identity.py`), refreshed by each run;
+  `earlier_inputs`: the identities of inputs this folder held before an `--add-input` run;
+- `position`: where a rerun may start reading (see `PositionTracker`), with its check (`ResumeCheck`);
 - `total`: the number of work items, (records − bad lines) × samples, a JSON int. Known once the input is
   counted (a background count: JSONL lines at C speed; Parquet / datasets from their metadata), kept up to
   date as bad lines turn up, and made exact (results + errors) when the job completes;
@@ -14,25 +16,27 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import orjson
 
+from fleetgen.generate import identity
 from fleetgen.generate.progress import PositionTracker
-from fleetgen.generate.source import fingerprint
 from fleetgen.generate.store import Store
 
 TOTAL = "total"
 FINISHED_AT = "finished_at"
 POSITION = "position"
+INPUT_IDENTITY = "input_identity"
+EARLIER_INPUTS = "earlier_inputs"
 
 
 class JobMeta:
     """The live meta of one run. `current()` is what the writer stores with each batch."""
 
-    def __init__(self, input_path: Path, samples: int, tracker: PositionTracker | None, bad_lines: set[int]):
-        self._input_path = input_path
+    def __init__(self, resume: identity.ResumeCheck, samples: int, tracker: PositionTracker | None,
+                 bad_lines: set[int]):  # fmt: skip
+        self._resume = resume
         self._samples = samples
         self._tracker = tracker
         self._bad_lines = bad_lines
@@ -53,13 +57,7 @@ class JobMeta:
         items: dict[str, str] = {}
         if self._tracker is not None:
             position = self._tracker.position
-            items[POSITION] = _json(
-                {
-                    "line": position.line,
-                    "offset": position.offset,
-                    "fingerprint": fingerprint(self._input_path),
-                }
-            )
+            items[POSITION] = _json(self._resume.value(position.line, position.offset))
         total = self.total
         if total is not None:
             items[TOTAL] = _json(total)
@@ -77,6 +75,14 @@ def begin(store: Store, describe: Mapping[str, Any]) -> bool:
     if describe:
         store.set_meta({key: _json(value) for key, value in describe.items()})
     return was_finished
+
+
+def add_input(store: Store, stored_identity: str) -> None:
+    """`--add-input`: keep the folder's earlier input identity; its resume position does not apply."""
+    earlier = orjson.loads(store.get_meta(EARLIER_INPUTS) or "[]")
+    earlier.append(orjson.loads(stored_identity))
+    store.set_meta({EARLIER_INPUTS: _json(earlier)})
+    store.delete_meta(POSITION)
 
 
 def finish(store: Store) -> None:

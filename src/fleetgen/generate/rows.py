@@ -66,6 +66,7 @@ class RowBuilder:
             _sum(t.prompt_tokens for t in turns), _sum(t.completion_tokens for t in turns),
             endpoint, self.model, self.params_hash, work.attempts + 1, started_at, latency_s, time.time(),
             int(is_truncated), int(flags.is_empty), int(flags.has_leaked_think), int(flags.is_repetitive),
+            work.content_hash,
         )  # fmt: skip
 
     def error(self, endpoint: str, work: Work, exc: RequestFailed) -> tuple[Any, ...]:
@@ -86,6 +87,7 @@ class RowBuilder:
             work.attempts + (0 if exc.is_retryable else 1),
             endpoint,
             time.time(),
+            work.content_hash,
         )
 
 

@@ -26,7 +26,7 @@ import orjson
 
 from fleetgen.errors import JobError, ParamsMismatch
 from fleetgen.fleet import pool
-from fleetgen.generate import jobmeta, rows
+from fleetgen.generate import identity, jobmeta, rows
 from fleetgen.generate.client import ChatClient
 from fleetgen.generate.dispatch import Dispatcher, Endpoint, EndpointState, OnDead, RetryPolicy
 from fleetgen.generate.health import Health, Watch, served_models
@@ -34,12 +34,13 @@ from fleetgen.generate.jobmeta import JobMeta
 from fleetgen.generate.progress import Counters, PositionTracker, Progress, RateMeter, Summary, waiting
 from fleetgen.generate.scrape import AcceptLengthScraper
 from fleetgen.generate.source import (
+    IsDone,
     Position,
     Record,
     RecordShape,
     Skipped,
+    conflict,
     count_records,
-    fingerprint,
     read_records,
 )
 from fleetgen.generate.store import Batch, Store
@@ -61,6 +62,7 @@ class JobOptions:
     request_timeout_s: float = 3600.0
     mode: str = "normal"  # "normal", "retry_errors", "redo_truncated"
     force_params: bool = False
+    add_input: bool = False  # `--add-input`: run another input into a folder that holds one on purpose
     split: str | None = None
     api_key: str | None = None
     progress_interval_s: float = 0.5
@@ -90,8 +92,14 @@ class Job:
     _total: int | None = None
     _endpoint_rates: dict[str, float] = field(default_factory=dict)
     _meta: JobMeta | None = None
+    _resume: identity.ResumeCheck | None = None
     _scraper: AcceptLengthScraper | None = None
     _stack: contextlib.AsyncExitStack | None = None
+
+    @property
+    def _resume_check(self) -> identity.ResumeCheck:
+        assert self._resume is not None, "set when the run starts"
+        return self._resume
 
     def stop(self) -> None:
         """First call: take no new work, let in-flight requests finish. Second: abandon them now."""
@@ -106,6 +114,7 @@ class Job:
         opts = self.options
         store = Store.open(opts.out_dir)
         try:
+            self._resume = identity.ResumeCheck(opts.input_path, self._check_input(store), opts.split)
             async with contextlib.AsyncExitStack() as stack:
                 self._stack = stack
                 endpoints = [await self._endpoint(name, url) for name, url in opts.endpoints]
@@ -154,7 +163,7 @@ class Job:
         tracker, wanted, done = self._plan_resume(store)
         was_finished = jobmeta.begin(store, opts.describe)
         bad_lines = store.bad_lines(str(opts.input_path)) if tracker is not None else set()
-        meta = self._meta = JobMeta(opts.input_path, opts.params.samples, tracker, bad_lines)
+        meta = self._meta = JobMeta(self._resume_check, opts.params.samples, tracker, bad_lines)
         writer = StoreWriter(store, lambda batch: self._committed(batch, tracker, meta), meta=meta.current)
         self._scraper = AcceptLengthScraper.for_engine(  # URLs as now: a late host may have one by now
             [(e.name, e.client.base_url) for e in endpoints], opts.engine_kind,
@@ -260,30 +269,41 @@ class Job:
                     "to mix them (each row records its params hash)",
                 )
         if stored is None or (self.options.force_params and self.options.mode == "normal"):
-            store.set_meta({"params": params.to_json(), "input": str(self.options.input_path)})
+            store.set_meta({"params": params.to_json()})
         return params.digest
 
-    def _plan_resume(self, store: Store) -> tuple[PositionTracker | None, set[int] | None, set[int]]:
+    def _check_input(self, store: Store) -> dict[str, Any]:
+        """Refuse another input than the folder's (InputMismatch); record its identity as it is now."""
+        opts = self.options
+        stored = store.get_meta(jobmeta.INPUT_IDENTITY)
+        now = identity.check(stored, opts.input_path, opts.split, opts.shape, opts.out_dir,
+                             add_input=opts.add_input)  # fmt: skip
+        if stored is not None and opts.add_input:
+            jobmeta.add_input(store, stored)
+        store.set_meta({jobmeta.INPUT_IDENTITY: orjson.dumps(now).decode(), "input": str(opts.input_path)})
+        return now
+
+    def _plan_resume(self, store: Store) -> tuple[PositionTracker | None, set[int] | None, dict[int, int]]:
         """(position tracker, wanted keys for the re-run modes, keys already done)."""
         opts = self.options
         counts = store.counts()
         self.counters.errors_before, self.counters.truncated_before = counts.errors, counts.truncated
         if opts.mode == "retry_errors":
-            return None, store.keys_where("errors"), set()
+            return None, store.keys_where("errors"), {}
         if opts.mode == "redo_truncated":
-            return None, store.keys_where("results", "is_truncated = 1"), set()
+            return None, store.keys_where("results", "is_truncated = 1"), {}
         start = Position()
-        saved = store.get_meta("position")
+        saved = store.get_meta(jobmeta.POSITION)
         if saved is not None:
             data = orjson.loads(saved)
-            if data.get("fingerprint") == fingerprint(opts.input_path):
+            if self._resume_check.trusts(data):
                 start = Position(int(data["line"]), int(data["offset"]))
         self.counters.done_before = counts.results + counts.errors
         return PositionTracker(start), None, store.done_keys(start.line)
 
     def _items(self, records: Iterator[Record | BadInput | Skipped], writer: StoreWriter,
                tracker: PositionTracker | None, wanted: set[int] | None,
-               done: set[int]) -> Iterator[Work]:  # fmt: skip
+               done: dict[int, int]) -> Iterator[Work]:  # fmt: skip
         samples = self.options.params.samples
         seen: set[int] = set()
         for record in records:
@@ -300,27 +320,32 @@ class Job:
                         tracker.open(record.line, record.end_offset, 1)
                     writer.put_bad(rows.bad_row(record))
                 continue
+            _check_content(record, keys, done)
             todo = [s for s, k in enumerate(keys) if (k in wanted if wanted is not None else k not in done)]
             if tracker is not None:
                 tracker.open(record.line, record.end_offset, len(todo))
             for sample in todo:
-                yield Work(
-                    record.record_id, sample, record.source, record.line, record.segments, key=keys[sample]
-                )
+                yield Work(record.record_id, sample, record.source, record.line, record.segments,
+                           key=keys[sample], content_hash=record.content_hash)  # fmt: skip
 
-    def _done_check(self, wanted: set[int] | None, done: set[int]) -> Callable[[str], bool] | None:
-        """Normal runs: a record whose every sample is done is skipped from its id alone (a resume over a
-        million done records must not build a million message lists)."""
+    def _done_check(self, wanted: set[int] | None, done: dict[int, int]) -> IsDone | None:
+        """Normal runs: a record whose every sample is done is skipped once its content is checked against
+        the stored hash (the source refuses a done id with other content)."""
         if wanted is not None or not done:
             return None
         samples = range(self.options.params.samples)
         if len(samples) == 1:
-            return lambda record_id: key_hash(record_id, 0) in done
-        return lambda record_id: all(key_hash(record_id, s) in done for s in samples)
+            return lambda record_id: done.get(key_hash(record_id, 0))
+
+        def is_done(record_id: str) -> int | None:
+            keys = [key_hash(record_id, s) for s in samples]
+            return done[keys[0]] if all(k in done for k in keys) else None
+
+        return is_done
 
     @staticmethod
     def _check_duplicate(record: Record, first_key: int, seen: set[int], wanted: set[int] | None,
-                         done: set[int]) -> Record | BadInput:  # fmt: skip
+                         done: dict[int, int]) -> Record | BadInput:  # fmt: skip
         """A second record with an id already seen in this run is bad input (its key would collide).
 
         Records done in an earlier run are not remembered: their duplicates were reported then, and a
@@ -396,3 +421,11 @@ class Job:
             bool(self._stops),
             self.options.mode == "normal",
         )
+
+
+def _check_content(record: Record, keys: list[int], done: dict[int, int]) -> None:
+    """A sample of this record already stored for another prompt (same id, other content) is an error."""
+    for key in keys:
+        stored = done.get(key, 0)
+        if stored and stored != record.content_hash:
+            raise conflict(record.record_id, record.source, record.line)

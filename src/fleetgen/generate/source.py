@@ -1,17 +1,29 @@
-"""Input records, streamed: JSONL, Parquet, or a local Hugging Face `datasets` folder (its Arrow files).
+"""Input records, streamed: JSONL (plain, or gzip / zstd / bz2 / xz compressed, recognised by their first
+bytes whatever the file is called), Parquet, or a local Hugging Face `datasets` folder (its Arrow files).
 
 Each record becomes the segments of a `Work` item (see `work.py`) or a `BadInput` naming file, line and
 reason. Memory does not grow with the dataset: files are read line by line or batch by batch, and a resume
 position (`Position`) lets a rerun start past the prefix that is already complete.
 
-Record shapes: `messages` (chat, sent as given), `conversations` (ShareGPT `from`/`value` or `role`/`content`:
-the assistant turns are dropped and regenerated in order), or a prompt field (one user message).
+Record shapes, and which turns the model writes (README "Input shapes"): a prompt field (one user message:
+one answer is generated), or a conversation in `messages` / `conversations` (`role`/`content` or ShareGPT
+`from`/`value`). In a conversation every assistant turn is a placeholder: the model regenerates each one, in
+order, on its own earlier answers, so every assistant turn of the output is the model's. The input's
+system and user turns are the context, normalised to what a trainer takes: leading system messages are
+merged into one; consecutive user turns are merged into one (joined by a blank line); consecutive assistant
+turns are one answer; assistant turns before the first user turn are dropped (there is no question to
+answer); a system message after the first user turn, an unknown role, or an empty user turn makes the
+record bad input.
 The id comes from a configurable field, else a stable hash of the record's canonical JSON.
 """
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import hashlib
+import io
+import lzma
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,8 +32,9 @@ from typing import Any
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
+import zstandard
 
-from fleetgen.errors import InputError
+from fleetgen.errors import InputError, InputMismatch
 from fleetgen.generate.work import BadInput, Message
 
 ROLE_OF = {
@@ -30,6 +43,7 @@ ROLE_OF = {
     "model": "assistant", "bot": "assistant",
 }  # fmt: skip
 BATCH_ROWS = 1024
+MAGIC = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd", b"BZh": "bz2", b"\xfd7zXZ\x00": "xz"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +63,7 @@ class Record:
     line: int
     end_offset: int
     segments: list[list[Message]]
+    content_hash: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +78,9 @@ class Skipped:
     end_offset: int
 
 
-IsDone = Callable[[str], bool]
+# `is_done(record id)`: None when the record still has work; else the content hash stored with it (0: unknown,
+# rows written before content hashes were stored). A done id stored with other content is an error.
+IsDone = Callable[[str], int | None]
 SKIP_RUN = 65536
 
 
@@ -82,12 +99,18 @@ def content_id(record: dict[str, Any]) -> str:
     return "h" + hashlib.blake2b(canonical, digest_size=12).hexdigest()
 
 
+def content_hash(segments: list[list[Message]]) -> int:
+    """A stable signed 64-bit hash of what a record sends (its segments): the same prompt → the same hash."""
+    digest = hashlib.blake2b(orjson.dumps(segments, option=orjson.OPT_SORT_KEYS), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True) or 1  # 0 means "not known"
+
+
 def to_segments(record: dict[str, Any], shape: RecordShape) -> list[list[Message]] | str:
     """The turn segments of a record, or the reason it cannot be used."""
     if "messages" in record:
-        segments = _from_messages(record["messages"])
+        segments = _from_turns(record["messages"], "messages")
     elif "conversations" in record:
-        segments = _from_conversations(record["conversations"])
+        segments = _from_turns(record["conversations"], "conversations")
     elif shape.prompt_field in record:
         prompt = record[shape.prompt_field]
         if not isinstance(prompt, str) or not prompt.strip():
@@ -102,53 +125,59 @@ def to_segments(record: dict[str, Any], shape: RecordShape) -> list[list[Message
     return segments
 
 
-def _check_message(message: object, index: int) -> str | None:
-    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-        return f"message {index} is not an object with a string 'role'"
-    content = message.get("content")
-    if not isinstance(content, str | list) or not content:
-        return f"message {index} has empty or missing 'content'"
-    return None
+def _text_of(content: object) -> bool:
+    """Whether a turn's content holds text: a non-blank string, or a list of parts with a non-blank text."""
+    if isinstance(content, str):
+        return bool(content.strip())
+    return isinstance(content, list) and any(
+        isinstance(p, dict) and isinstance(p.get("text"), str) and p["text"].strip() for p in content
+    )
 
 
-def _from_messages(messages: object) -> list[list[Message]] | str:
-    if not isinstance(messages, list) or not messages:
-        return "empty messages: 'messages' must be a non-empty list"
-    for index, message in enumerate(messages):
-        if (problem := _check_message(message, index)) is not None:
-            return problem
-    kept = list(messages)
-    while kept and kept[-1]["role"] == "assistant":  # a trailing answer is the one to regenerate
-        kept.pop()
-    if not any(m["role"] == "user" for m in kept):
-        return "no user message in 'messages'"
-    return [kept]
+def _join(first: Any, second: Any) -> Any:
+    """Two consecutive turns of one role as one: strings joined by a blank line, else their parts."""
+    if isinstance(first, str) and isinstance(second, str):
+        return f"{first}\n\n{second}"
+    return [*_parts(first), *_parts(second)]
 
 
-def _from_conversations(turns: object) -> list[list[Message]] | str:
+def _parts(content: Any) -> list[Any]:
+    return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+
+
+def _from_turns(turns: object, field: str) -> list[list[Message]] | str:
+    """Segments of a conversation (see the module docstring for the rules per shape)."""
     if not isinstance(turns, list) or not turns:
-        return "empty conversations: 'conversations' must be a non-empty list"
+        return f"empty {field}: {field!r} must be a non-empty list"
     segments: list[list[Message]] = []
-    pending: list[Message] = []
+    pending: list[Message] = []  # system/user turns since the last answer
     for index, turn in enumerate(turns):
         if not isinstance(turn, dict):
-            return f"conversation turn {index} is not an object"
-        speaker = turn.get("from", turn.get("role"))
-        text = turn.get("value", turn.get("content"))
+            return f"{field} turn {index} is not an object"
+        speaker = turn.get("role", turn.get("from"))
         role = ROLE_OF.get(str(speaker).lower())
         if role is None:
-            return f"conversation turn {index} has unknown speaker {speaker!r}"
+            return f"{field} turn {index} has unsupported role {speaker!r} (user, assistant, leading system)"
         if role == "assistant":
-            if any(m["role"] == "user" for m in pending):
+            if pending and pending[-1]["role"] == "user":
                 segments.append(pending)
                 pending = []
-            continue  # the model writes its own answers
-        if not isinstance(text, str) or not text.strip():
-            return f"conversation turn {index} has empty text"
-        pending.append({"role": role, "content": text})
-    if any(m["role"] == "user" for m in pending):
+            continue  # the model writes its own answers; one before any user turn has no question: dropped
+        text = turn.get("content", turn.get("value"))
+        if not _text_of(text):
+            return f"{field} turn {index} ({role}) has empty or missing text"
+        if role == "system" and (segments or any(m["role"] == "user" for m in pending)):
+            return (
+                f"{field} turn {index} is a system message after the conversation started: trainers and chat "
+                "templates take one only at the start (move it there or drop it)"
+            )
+        if pending and pending[-1]["role"] == role:
+            pending[-1]["content"] = _join(pending[-1]["content"], text)
+        else:
+            pending.append({"role": role, "content": text})
+    if pending and pending[-1]["role"] == "user":
         segments.append(pending)
-    return segments or "no user turn in 'conversations'"
+    return segments or f"no user turn in {field!r}"
 
 
 def record_id_of(raw: dict[str, Any], shape: RecordShape) -> str:
@@ -160,16 +189,33 @@ def record_id_of(raw: dict[str, Any], shape: RecordShape) -> str:
 def _record_of(
     raw: object, shape: RecordShape, source: str, line: int, end: int, is_done: IsDone | None = None
 ) -> Record | BadInput | None:
-    """The record on a line; None when `is_done` says it is done (no messages are built for it)."""
+    """The record on a line; None when `is_done` says it is done with the same content."""
     if not isinstance(raw, dict):
         return BadInput(source, line, f"expected a JSON object, got {type(raw).__name__}", None, end)
     record_id = record_id_of(raw, shape)
-    if is_done is not None and is_done(record_id):
-        return None
+    stored = is_done(record_id) if is_done is not None else None
+    if stored == 0:
+        return None  # done before content hashes were stored: nothing to compare
     segments = to_segments(raw, shape)
     if isinstance(segments, str):
+        if stored is not None:
+            raise conflict(record_id, source, line)
         return BadInput(source, line, segments, record_id, end)
-    return Record(record_id, source, line, end, segments)
+    digest = content_hash(segments)
+    if stored is not None:
+        if stored == digest:
+            return None
+        raise conflict(record_id, source, line)
+    return Record(record_id, source, line, end, segments, digest)
+
+
+def conflict(record_id: str, source: str, line: int) -> InputMismatch:
+    """The error for a record whose id is stored with other content (never a silent skip)."""
+    return InputMismatch(
+        f"record {record_id!r} ({source}:{line}) is already stored with other content: the input changed "
+        "since that record was generated (its stored answer belongs to another prompt)",
+        fix="write this input to another folder (-o), or give changed records new ids",
+    )
 
 
 def read_jsonl(
@@ -179,7 +225,7 @@ def read_jsonl(
     runs of records `is_done` says are done become one `Skipped`."""
     source = str(path)
     with _open(path) as handle:
-        handle.seek(start.offset)
+        _seek(handle, start.offset)
         line, offset = start.line, start.offset
         num_skipped = 0
         for raw in handle:
@@ -288,17 +334,45 @@ def count_records(path: Path, split: str | None = None) -> int:
     return count + (last != b"\n")
 
 
-def fingerprint(path: Path) -> str:
-    """Size and mtime of the input: a resume position is trusted only while the input is unchanged."""
-    stat = path.stat()
-    return f"{stat.st_size}:{stat.st_mtime_ns}"
+def input_files(path: Path, split: str | None = None) -> list[Path]:
+    """The files an input reads: the file itself, or a `datasets` folder's Arrow files."""
+    return hf_arrow_files(path, split) if path.is_dir() else [path]
+
+
+def compression_of(path: Path) -> str | None:
+    """The compression of a file from its first bytes (gzip, zstd, bz2, xz), None for a plain file."""
+    with _open_raw(path) as handle:
+        head = handle.read(6)
+    return next((name for magic, name in MAGIC.items() if head.startswith(magic)), None)
 
 
 def _open(path: Path) -> Any:
+    """A binary line reader over the input, decompressed when it is compressed (seek: decompressed bytes)."""
+    kind = compression_of(path)
+    if kind is None:
+        return _open_raw(path)
+    if kind == "zstd":
+        reader = zstandard.ZstdDecompressor().stream_reader(_open_raw(path), read_across_frames=True)
+        return io.BufferedReader(reader)
+    if kind == "gzip":
+        return gzip.open(path, "rb")
+    return bz2.open(path, "rb") if kind == "bz2" else lzma.open(path, "rb")
+
+
+def _seek(handle: Any, offset: int) -> None:
+    """Move to `offset`; a compressed stream that cannot seek is read (decompressed) up to it."""
+    if handle.seekable():
+        handle.seek(offset)
+        return
+    while offset > 0 and (chunk := handle.read(min(offset, 1 << 20))):
+        offset -= len(chunk)
+
+
+def _open_raw(path: Path) -> Any:
     try:
         return path.open("rb")
     except OSError as exc:
         raise InputError(
             f"cannot read the input {path}: {exc.strerror}",
-            fix="check the path; inputs are JSONL, Parquet or a datasets folder",
+            fix="check the path; inputs are JSONL (plain or .gz/.zst/.bz2/.xz), Parquet or a datasets folder",
         ) from exc

@@ -1,7 +1,8 @@
 """The durable store of a job: one SQLite file (WAL) in the output folder.
 
-Tables: `results` (one row per (record id, sample), upserted), `errors` (same key, with the reason),
-`inputs_bad` (file, line, reason), `meta` (sampling params, resume position), `timeseries` (per instance
+Tables: `results` (one row per (record id, sample), upserted, with the hash of the prompt it answers),
+`errors` (same key, with the reason), `inputs_bad` (file, line, reason), `meta` (sampling params, the input's
+identity, resume position), `timeseries` (per instance
 every few seconds, for reports). Schema changes are an append-only list of migrations (`PRAGMA
 user_version` counts those applied).
 
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import itertools
 import sqlite3
 import time
 from collections.abc import Iterable
@@ -31,10 +31,11 @@ RESULT_COLUMNS = (
     "id", "sample", "khash", "source", "line", "prompt", "content", "reasoning_content", "turns", "num_turns",
     "finish_reason", "prompt_tokens", "completion_tokens", "instance", "model", "params_hash", "attempts",
     "started_at", "latency_s", "finished_at", "is_truncated", "is_empty", "has_leaked_think", "is_repetitive",
+    "chash",
 )  # fmt: skip
 ERROR_COLUMNS = (
     "id", "sample", "khash", "source", "line", "kind", "reason", "status", "attempts", "instance",
-    "finished_at",
+    "finished_at", "chash",
 )  # fmt: skip
 BAD_COLUMNS = ("source", "line", "record_id", "reason", "finished_at")
 SERIES_COLUMNS = ("t", "instance", "completions", "output_tokens", "in_flight", "accept_length")
@@ -70,6 +71,16 @@ MIGRATIONS: tuple[str, ...] = (
     # 2: counting truncated rows (progress, resume summary, --redo-truncated) must not scan every row's text.
     """
     CREATE INDEX results_truncated ON results (is_truncated, khash) WHERE is_truncated = 1;
+    """,
+    # 3: each row keeps the hash of the prompt it answers (`chash`): a rerun refuses a record whose id is
+    # stored with other content instead of skipping it. Resume reads it through the covering indexes.
+    """
+    ALTER TABLE results ADD COLUMN chash INTEGER;
+    ALTER TABLE errors ADD COLUMN chash INTEGER;
+    DROP INDEX results_resume;
+    DROP INDEX errors_resume;
+    CREATE INDEX results_resume ON results (line, khash, chash);
+    CREATE INDEX errors_resume ON errors (line, khash, chash);
     """,
 )
 
@@ -167,12 +178,15 @@ class Store:
             line for (line,) in self.conn.execute("SELECT line FROM inputs_bad WHERE source = ?", (source,))
         }
 
-    def done_keys(self, after_line: int = 0) -> set[int]:
-        """Keys (`khash`) of every result and error row past `after_line`, read through covering indexes."""
-        keys: set[int] = set()
+    def done_keys(self, after_line: int = 0) -> dict[int, int]:
+        """Key (`khash`) → content hash (`chash`, 0 when unknown) of every result and error row past
+        `after_line`, read through covering indexes."""
+        keys: dict[int, int] = {}
         for table in ("results", "errors"):
-            cursor = self.conn.execute(f"SELECT khash FROM {table} WHERE line > ?", (after_line,))
-            keys.update(itertools.chain.from_iterable(cursor))  # rows are 1-tuples: flattened at C speed
+            cursor = self.conn.execute(
+                f"SELECT khash, IFNULL(chash, 0) FROM {table} WHERE line > ?", (after_line,)
+            )
+            keys.update(cursor)  # (key, hash) pairs straight into the dict, at C speed
         return keys
 
     def keys_where(self, table: str, where: str = "1") -> set[int]:

@@ -47,6 +47,7 @@ class Work:
     line: int
     segments: list[list[Message]]
     key: int = 0
+    content_hash: int = 0  # of `segments` (source.content_hash): stored with the row
     attempts: int = 0
     done: list[Completion] = field(default_factory=list)
 
