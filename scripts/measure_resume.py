@@ -3,10 +3,13 @@
     .venv/bin/python scripts/measure_resume.py [--rows 1000000] [--todo 1000] [--prompt-bytes 170] [--dir DIR]
 
 Builds (once, cached in --dir) an input of ROWS + TODO JSONL records and a store holding the first ROWS of
-them as results, then times three resumes to the first chat request a local stand-in server receives:
-  - `valid`: the saved resume position matches the input (the fast path: seek past the done prefix);
-  - `touched`: the input's mtime changed, so the position is not trusted and the done prefix is re-scanned;
-  - `no-id`: like `touched`, with records that have no id field (ids are content hashes).
+them as results, then times resumes to the first chat request a local stand-in server receives:
+  - `valid`: the input is unchanged since the position was saved (size + mtime): seek past the done prefix;
+  - `touched`: the input's mtime changed (as when records are appended): the done prefix is hashed once and
+    compared with the saved digests, then the same seek;
+  - `no-id`: like `touched`, with records that have no id field (ids are content hashes);
+  - `rescan`: the saved position no longer holds (the prefix hashes differently): every record is re-read
+    and checked against the store (id and content), as after `--add-input`.
 A measurement, not a test: it prints the numbers and asserts nothing about them.
 """
 
@@ -23,8 +26,9 @@ import orjson
 from aiohttp import web
 
 from fleetgen.generate.dispatch import RetryPolicy
+from fleetgen.generate.identity import ResumeCheck, identify
 from fleetgen.generate.runner import Job, JobOptions
-from fleetgen.generate.source import RecordShape, content_id, fingerprint
+from fleetgen.generate.source import RecordShape, content_hash, content_id
 from fleetgen.generate.store import Store
 from fleetgen.generate.work import SamplingParams, key_hash
 
@@ -49,14 +53,22 @@ def build(folder: Path, rows: int, todo: int, with_id: bool, prompt_bytes: int) 
         for i in range(rows + todo):
             fh.write(orjson.dumps(record(i, with_id, prompt_bytes)) + b"\n")
     store = Store.open(out)
-    store.set_meta({"params": PARAMS.to_json(), "input": str(prompts)})
+    store.set_meta(
+        {
+            "params": PARAMS.to_json(),
+            "input": str(prompts),
+            "input_identity": orjson.dumps(identify(prompts, None, RecordShape())).decode(),
+        }
+    )
     conn = store.conn
     conn.execute("BEGIN")
     chunk: list[tuple[Any, ...]] = []
     for i in range(rows):
-        rid = f"rec-{i:08d}" if with_id else content_id(record(i, False, prompt_bytes))
+        raw = record(i, with_id, prompt_bytes)
+        rid = f"rec-{i:08d}" if with_id else content_id(raw)
+        chash = content_hash([[{"role": "user", "content": raw["prompt"]}]])
         chunk.append(
-            (rid, 0, key_hash(rid, 0), str(prompts), i + 1, "answer", "thinking", "stop", 5, 5, "s0")
+            (rid, 0, key_hash(rid, 0), str(prompts), i + 1, "answer", "thinking", "stop", 5, 5, "s0", chash)
         )
         if len(chunk) == 50_000:
             _insert(conn, chunk)
@@ -70,19 +82,23 @@ def build(folder: Path, rows: int, todo: int, with_id: bool, prompt_bytes: int) 
 def _insert(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
     conn.executemany(
         "INSERT INTO results (id, sample, khash, source, line, content, reasoning_content, finish_reason, "
-        "prompt_tokens, completion_tokens, instance) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "prompt_tokens, completion_tokens, instance, chash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         rows,
     )
 
 
-def set_position(out: Path, prompts: Path, line: int, *, valid: bool) -> None:
+def set_position(out: Path, prompts: Path, line: int, *, case: str) -> None:
     offset = 0
     with prompts.open("rb") as fh:
         for _ in range(line):
             offset += len(fh.readline())
     store = Store.open(out)
-    fp = fingerprint(prompts) if valid else "0:0"  # "0:0": an input changed since (e.g. touched)
-    store.set_meta({"position": orjson.dumps({"line": line, "offset": offset, "fingerprint": fp}).decode()})
+    saved = ResumeCheck(prompts, identify(prompts, None, RecordShape()), None).value(line, offset)
+    if case != "valid":
+        saved["stat"] = [[0, 0]]  # the input's size or mtime changed since (touched, or records appended)
+    if case == "rescan":
+        saved["chain"][-1][1] = "0" * 32  # and the bytes before the position changed too
+    store.set_meta({"position": orjson.dumps(saved).decode()})
     store.conn.execute("DELETE FROM results WHERE line > ?", (line,))  # redo the tail each time
     store.close()
 
@@ -131,11 +147,11 @@ def main() -> None:
     parser.add_argument("--todo", type=int, default=1000)
     parser.add_argument("--prompt-bytes", type=int, default=170)
     parser.add_argument("--dir", type=Path, default=Path("/tmp/fleetgen-resume"))
-    parser.add_argument("--cases", default="valid,touched,no-id")
+    parser.add_argument("--cases", default="valid,touched,no-id,rescan")
     args = parser.parse_args()
     for case in args.cases.split(","):
         prompts, out = build(args.dir, args.rows, args.todo, case != "no-id", args.prompt_bytes)
-        set_position(out, prompts, args.rows, valid=case == "valid")
+        set_position(out, prompts, args.rows, case=case)
         seconds = asyncio.run(first_request_s(prompts, out))
         size = prompts.stat().st_size / 1e6
         print(

@@ -18,11 +18,11 @@ from fleetgen.errors import DeployError
 from fleetgen.generate import jobmeta
 from fleetgen.generate.dispatch import RetryPolicy
 from fleetgen.generate.fleetlink import endpoints_meta, fleet_meta
+from fleetgen.generate.identity import ResumeCheck, identify
 from fleetgen.generate.jobmeta import JobMeta
 from fleetgen.generate.progress import PositionTracker, Progress
 from fleetgen.generate.runner import Job
 from fleetgen.generate.scrape import metric_names_for, window_accept_length
-from fleetgen.generate.identity import ResumeCheck, identify
 from fleetgen.generate.source import Position, RecordShape
 from fleetgen.generate.store import Store
 from tests.unit.test_generate_job import options, params, write_jsonl

@@ -135,6 +135,8 @@ def run_command(
     _print_summary(summary, json_out)
     if summary.status == "stopped":
         raise typer.Exit(130)
+    if summary.status == "failed":
+        raise typer.Exit(1)  # nothing useful was produced: never exit 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -324,6 +326,12 @@ def _print_summary(summary: Summary, json_out: bool) -> None:
         )
     if summary.errors:
         console.print(f"  {summary.errors} error rows: see table errors; rerun with --retry-errors")
+    if summary.status == "failed":
+        err_console.print(
+            "[bold red]error:[/] the job produced no result: every work item is an error row or bad input, "
+            "or the input holds no record (see the lines above)",
+            highlight=False,
+        )
 
 
 @app.command("export")

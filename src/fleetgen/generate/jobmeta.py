@@ -85,6 +85,14 @@ def add_input(store: Store, stored_identity: str) -> None:
     store.delete_meta(POSITION)
 
 
+def forget(store: Store) -> None:
+    """A folder with no result or error row holds no job yet: forget its input, params, position and bad
+    lines, so a run stopped by bad input can start again with a fixed job file or input."""
+    for key in (INPUT_IDENTITY, EARLIER_INPUTS, POSITION, TOTAL, "params"):
+        store.delete_meta(key)
+    store.conn.execute("DELETE FROM inputs_bad")
+
+
 def finish(store: Store) -> None:
     """The job is complete: its exact total (every work item is a result or an error row) and the time."""
     counts = store.counts()

@@ -82,7 +82,7 @@ class BadInputSample:
 class Summary:
     """The end of a run: what was done this run and what the store holds now."""
 
-    status: str  # "complete", "stopped" or "fleet_down"
+    status: str  # "complete", "failed" (complete, but the store holds no result), "stopped" or "fleet_down"
     out_dir: str
     model: str
     completions_this_run: int

@@ -26,7 +26,7 @@ import orjson
 
 from fleetgen.errors import JobError, ParamsMismatch
 from fleetgen.fleet import pool
-from fleetgen.generate import identity, jobmeta, rows
+from fleetgen.generate import diagnose, identity, jobmeta, rows
 from fleetgen.generate.client import ChatClient
 from fleetgen.generate.dispatch import Dispatcher, Endpoint, EndpointState, OnDead, RetryPolicy
 from fleetgen.generate.health import Health, Watch, served_models
@@ -93,6 +93,9 @@ class Job:
     _endpoint_rates: dict[str, float] = field(default_factory=dict)
     _meta: JobMeta | None = None
     _resume: identity.ResumeCheck | None = None
+    _num_good: int = 0  # good records read this run
+    _first_bad: list[BadInput] = field(default_factory=list)  # while no good one was read: the first ones
+    _had_results: bool = False  # the store held results when the run started
     _scraper: AcceptLengthScraper | None = None
     _stack: contextlib.AsyncExitStack | None = None
 
@@ -182,6 +185,8 @@ class Job:
         records = read_records(opts.input_path, opts.shape, start, opts.split, self._done_check(wanted, done))
         items = self._items(records, writer, tracker, wanted, done)
         status = await self._execute(dispatcher, writer, items, wanted, started, on_progress)
+        if status == "complete" and store.counts().results == 0:
+            status = "failed"  # nothing useful: every item an error or bad input, or no input at all
         if status == "complete" and (opts.mode == "normal" or was_finished):
             jobmeta.finish(store)  # a re-run pass finishes only a job that had finished before
         elapsed = time.monotonic() - started
@@ -275,6 +280,12 @@ class Job:
     def _check_input(self, store: Store) -> dict[str, Any]:
         """Refuse another input than the folder's (InputMismatch); record its identity as it is now."""
         opts = self.options
+        counts = store.counts()
+        self._had_results = counts.results > 0
+        if counts.results == 0 and counts.errors == 0:
+            jobmeta.forget(
+                store
+            )  # nothing generated yet (e.g. a fail-fast stop): any input and params may start
         stored = store.get_meta(jobmeta.INPUT_IDENTITY)
         now = identity.check(stored, opts.input_path, opts.split, opts.shape, opts.out_dir,
                              add_input=opts.add_input)  # fmt: skip
@@ -306,6 +317,13 @@ class Job:
                done: dict[int, int]) -> Iterator[Work]:  # fmt: skip
         samples = self.options.params.samples
         seen: set[int] = set()
+        yield from self._work_of(records, writer, tracker, wanted, done, samples, seen)
+        if self._first_bad and not self._num_good and not self._had_results:
+            raise self._all_bad()  # a short input, every record bad
+
+    def _work_of(self, records: Iterator[Record | BadInput | Skipped], writer: StoreWriter,
+                 tracker: PositionTracker | None, wanted: set[int] | None, done: dict[int, int],
+                 samples: int, seen: set[int]) -> Iterator[Work]:  # fmt: skip
         for record in records:
             if isinstance(record, Skipped):
                 if tracker is not None:
@@ -319,7 +337,9 @@ class Job:
                     if tracker is not None:
                         tracker.open(record.line, record.end_offset, 1)
                     writer.put_bad(rows.bad_row(record))
+                    self._note_bad(record)
                 continue
+            self._num_good += 1
             _check_content(record, keys, done)
             todo = [s for s, k in enumerate(keys) if (k in wanted if wanted is not None else k not in done)]
             if tracker is not None:
@@ -327,6 +347,18 @@ class Job:
             for sample in todo:
                 yield Work(record.record_id, sample, record.source, record.line, record.segments,
                            key=keys[sample], content_hash=record.content_hash)  # fmt: skip
+
+    def _note_bad(self, record: BadInput) -> None:
+        """The first FAIL_FAST records of a job that has no results all bad: stop, naming the likely cause."""
+        if self._num_good or self._had_results or len(self._first_bad) >= diagnose.FAIL_FAST:
+            return
+        self._first_bad.append(record)
+        if len(self._first_bad) == diagnose.FAIL_FAST:
+            raise self._all_bad()
+
+    def _all_bad(self) -> Exception:
+        opts = self.options
+        return diagnose.all_bad(opts.input_path, opts.shape, self._first_bad, opts.split)
 
     def _done_check(self, wanted: set[int] | None, done: dict[int, int]) -> IsDone | None:
         """Normal runs: a record whose every sample is done is skipped once its content is checked against

@@ -44,6 +44,9 @@ ROLE_OF = {
 }  # fmt: skip
 BATCH_ROWS = 1024
 MAGIC = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd", b"BZh": "bz2", b"\xfd7zXZ\x00": "xz"}
+ARCHIVES = {b"PK\x03\x04": "a zip archive", b"7z\xbc\xaf": "a 7z archive", b"Rar!": "a rar archive",
+            b"PAR1": "a Parquet file without the .parquet suffix", b"ARROW1": "an Arrow file",
+            b"SQLite format 3": "an SQLite database"}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,7 +227,7 @@ def read_jsonl(
     """Records of a JSONL file from `start`; a malformed line becomes `BadInput`; blank lines are skipped;
     runs of records `is_done` says are done become one `Skipped`."""
     source = str(path)
-    with _open(path) as handle:
+    with open_input(path) as handle:
         _seek(handle, start.offset)
         line, offset = start.line, start.offset
         num_skipped = 0
@@ -327,7 +330,7 @@ def count_records(path: Path, split: str | None = None) -> int:
     if path.suffix == ".parquet":
         return int(pq.ParquetFile(str(path)).metadata.num_rows)
     count, last = 0, b"\n"
-    with _open(path) as handle:
+    with open_input(path) as handle:
         while chunk := handle.read(1 << 20):  # newlines counted at C speed; blank lines are rare
             count += chunk.count(b"\n")
             last = chunk[-1:]
@@ -340,19 +343,28 @@ def input_files(path: Path, split: str | None = None) -> list[Path]:
 
 
 def compression_of(path: Path) -> str | None:
-    """The compression of a file from its first bytes (gzip, zstd, bz2, xz), None for a plain file."""
-    with _open_raw(path) as handle:
-        head = handle.read(6)
+    """The compression of a file from its first bytes (gzip, zstd, bz2, xz), None for a plain file.
+
+    An archive or another binary format is refused here, before a line of it is read as JSON."""
+    with open_raw(path) as handle:
+        head = handle.read(16)
+    kind = next((name for magic, name in ARCHIVES.items() if head.startswith(magic)), None)
+    if kind is not None:
+        raise InputError(
+            f"{path} is {kind}, not JSON Lines",
+            fix="extract it (a Parquet file: name it .parquet); fleetgen reads JSONL plain or compressed "
+            "with gzip, zstd, bz2 or xz directly",
+        )
     return next((name for magic, name in MAGIC.items() if head.startswith(magic)), None)
 
 
-def _open(path: Path) -> Any:
+def open_input(path: Path) -> Any:
     """A binary line reader over the input, decompressed when it is compressed (seek: decompressed bytes)."""
     kind = compression_of(path)
     if kind is None:
-        return _open_raw(path)
+        return open_raw(path)
     if kind == "zstd":
-        reader = zstandard.ZstdDecompressor().stream_reader(_open_raw(path), read_across_frames=True)
+        reader = zstandard.ZstdDecompressor().stream_reader(open_raw(path), read_across_frames=True)
         return io.BufferedReader(reader)
     if kind == "gzip":
         return gzip.open(path, "rb")
@@ -368,7 +380,7 @@ def _seek(handle: Any, offset: int) -> None:
         offset -= len(chunk)
 
 
-def _open_raw(path: Path) -> Any:
+def open_raw(path: Path) -> Any:
     try:
         return path.open("rb")
     except OSError as exc:
