@@ -31,6 +31,7 @@ from fleetgen.generate.source import RecordShape
 from fleetgen.generate.work import SamplingParams
 
 DEFAULT_CONCURRENCY = 64
+EXIT_CODES = {"stopped": 130, "failed": 1}
 
 
 def _duration(seconds: float | None) -> str:
@@ -119,6 +120,7 @@ def run_command(
     retry_errors: bool = flag("retry-errors", "Re-run only the error rows."),
     redo_truncated: bool = flag("redo-truncated", "Re-run only truncated rows."),
     force_params: bool = flag("force-params", "Resume despite other sampling params."),
+    add_input: bool = flag("add-input", "Run this input into a folder made from another (it holds both)."),
     restart_dead: bool = flag("restart-dead", "Restart dead instances (fleet file)."),
     max_retries: Annotated[int | None, Opt("--max-retries", min=0)] = None,
     dead_timeout: Annotated[
@@ -131,12 +133,14 @@ def run_command(
 ) -> None:
     """Generate completions for every (record, sample) exactly once, across all servers; resumable."""
     flags = RunFlags(**locals())
-    summary = run(_run_flags(flags))
+    _finish(run(_run_flags(flags)), json_out)
+
+
+def _finish(summary: Summary, json_out: bool) -> None:
+    """Print the summary; exit 130 when stopped, 1 when nothing useful was produced (never 0 then)."""
     _print_summary(summary, json_out)
-    if summary.status == "stopped":
-        raise typer.Exit(130)
-    if summary.status == "failed":
-        raise typer.Exit(1)  # nothing useful was produced: never exit 0
+    if summary.status in EXIT_CODES:
+        raise typer.Exit(EXIT_CODES[summary.status])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,6 +163,7 @@ class RunFlags:
     retry_errors: bool
     redo_truncated: bool
     force_params: bool
+    add_input: bool
     restart_dead: bool
     max_retries: int | None
     dead_timeout: float
@@ -217,6 +222,7 @@ def _options(f: RunFlags, job: JobFile, endpoints: list[tuple[str, str]], *, api
         shape=RecordShape(job.id_field, job.prompt_field, job.system_prompt),
         concurrency=f.concurrency or job.concurrency or planned_cap or DEFAULT_CONCURRENCY, policy=policy,
         request_timeout_s=job.request_timeout_s, mode=mode, force_params=f.force_params, split=f.split,
+        add_input=f.add_input,
         on_dead=on_dead, describe=describe, engine_kind=engine_kind,
     )  # fmt: skip
 
@@ -362,5 +368,7 @@ def export_command(
         console.print_json(json.dumps(dataclasses.asdict(summary)))
     else:
         console.print(f"wrote {summary.rows} rows to {summary.path} ({summary.format})")
-        if summary.skipped:
-            console.print(f"  skipped {summary.skipped}: {summary.skipped_reason}")
+        for note in summary.notes:
+            console.print(f"  {note}", highlight=False, markup=False)
+        for why, num in summary.dropped.items():
+            console.print(f"  dropped {num}: {why}", highlight=False, markup=False)

@@ -3,10 +3,16 @@
 Formats:
 - `jsonl` / `parquet`: one row per (record, sample) with id, sample, content, reasoning_content,
   finish_reason, prompt_tokens, completion_tokens, instance, the quality flags and the prompt.
-- `sharegpt`: SpecForge's regenerated-data rows: `id`, `status: "success"`, `conversations` alternating
-  user/assistant, assistant turns carrying `reasoning_content` (or, with `inline_think`, the reasoning inline
-  as `<think>…</think>` before the answer). Rows with an empty assistant answer are skipped and counted:
-  SpecForge refuses them.
+- `sharegpt`: SpecForge's regenerated-data rows: `id`, `status: "success"`, `conversations`: an optional
+  leading system message, then user / assistant alternating, ending with an assistant turn. Every assistant
+  turn is one the target model generated, with its `reasoning_content` (or, with `inline_think`, the
+  reasoning inline as `<think>…</think>` before the answer); the input's own assistant turns never appear
+  (the source regenerates each one; README "Input shapes"). A row SpecForge's validator
+  (`validate_regenerated_data.py --expect-reasoning --strict-think-markers` for a thinking job) would refuse
+  is dropped and counted by reason: an empty answer (e.g. cut inside the reasoning), a think marker left in
+  the answer or reasoning, no reasoning in a thinking job, or a prompt stored by an older fleetgen with the
+  input's assistant turns in it. Truncated rows (cut at max_tokens after the answer began) are kept: the
+  text is the target model's own; the summary counts them (`--filter no-truncated` drops them).
 - `openai-batch`: the OpenAI Batch API output shape (`custom_id` = `id:sample`, `response.body` a
   chat.completion).
 The file is written to a temporary name and renamed: an interrupted export leaves no half file.
@@ -15,8 +21,9 @@ The file is written to a temporary name and renamed: an interrupted export leave
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -25,6 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fleetgen.errors import JobError
+from fleetgen.generate.quality import has_think_marker
 from fleetgen.generate.store import Store
 
 FORMATS = ("parquet", "jsonl", "sharegpt", "openai-batch")
@@ -43,13 +51,16 @@ PARQUET_SCHEMA = pa.schema([
 
 @dataclass(frozen=True)
 class ExportSummary:
-    """What an export wrote."""
+    """What an export wrote, what it dropped and why, and what it kept that a reader should know about."""
 
     path: str
     format: str
     rows: int
     skipped: int
     skipped_reason: str = ""
+    dropped: dict[str, int] = field(default_factory=dict)  # reason → rows
+    truncated_written: int = 0
+    notes: list[str] = field(default_factory=list)
 
 
 def filter_sql(filters: list[str]) -> str:
@@ -82,19 +93,41 @@ def _turns(row: Any) -> list[tuple[str, str]]:
     return [(row["content"] or "", row["reasoning_content"] or "")]
 
 
-def sharegpt_row(row: Any, inline_think: bool) -> dict[str, Any] | None:
-    """One SpecForge row, or None when an assistant answer is empty (SpecForge rejects those)."""
+EMPTY = "empty assistant answer (SpecForge rejects it; a truncated row may have spent its tokens reasoning)"
+THINK = "a <think> marker in the answer or reasoning (SpecForge --strict-think-markers rejects it)"
+NO_REASONING = "no reasoning in a thinking job (SpecForge --expect-reasoning rejects it)"
+OLD_PROMPT = (
+    "the prompt holds assistant turns the model did not write (stored by an older fleetgen: rerun it)"
+)
+
+
+def sharegpt_row(row: Any, inline_think: bool, thinking: bool = False) -> dict[str, Any] | str:
+    """One SpecForge row, or why it is dropped (the reason is counted in the summary)."""
     segments = orjson.loads(row["prompt"])
     conversation: list[dict[str, Any]] = []
-    for segment, (content, reasoning) in zip(segments, _turns(row), strict=False):
-        conversation.extend({"role": m["role"], "content": _text(m["content"])} for m in segment)
+    turns = _turns(row)
+    for segment, (content, reasoning) in zip(segments, turns, strict=False):
+        for message in segment:
+            role = message["role"]
+            if role not in ("system", "user") or (role == "system" and conversation):
+                return OLD_PROMPT
+            text = _text(message["content"])
+            if conversation and conversation[-1]["role"] == role == "user":
+                return OLD_PROMPT  # two user turns in a row: merged by today's source, not by older ones
+            conversation.append({"role": role, "content": text})
+        if not inline_think and (has_think_marker(content) or has_think_marker(reasoning)):
+            return THINK
+        if thinking and not inline_think and not reasoning.strip():
+            return NO_REASONING
         answer = inline(reasoning, content) if inline_think else content
         if not answer.strip():
-            return None
-        message: dict[str, Any] = {"role": "assistant", "content": answer}
+            return EMPTY
+        generated: dict[str, Any] = {"role": "assistant", "content": answer}
         if not inline_think:
-            message["reasoning_content"] = reasoning
-        conversation.append(message)
+            generated["reasoning_content"] = reasoning
+        conversation.append(generated)
+    if len(turns) != len(segments) or not any(m["role"] == "user" for m in conversation):
+        return OLD_PROMPT
     row_id = row["id"] if row["sample"] == 0 else f"{row['id']}-s{row['sample']}"
     return {"id": row_id, "status": "success", "conversations": conversation}
 
@@ -135,42 +168,74 @@ def batch_row(row: Any) -> dict[str, Any]:
 def export(
     out_dir: Path, fmt: str, to: Path, filters: list[str] | None = None, inline_think: bool = False
 ) -> ExportSummary:
-    """Stream the results of `out_dir` into `to` in `fmt`; returns what was written."""
+    """Stream the results of `out_dir` into `to` in `fmt`; returns what was written and dropped, and why."""
     if fmt not in FORMATS:
         raise JobError(f"unknown export format {fmt!r}", fix=f"use one of {', '.join(FORMATS)}")
     store = Store.open(out_dir, writer=False)
     tmp = to.with_name(f".{to.name}.tmp-{os.getpid()}")
+    tally = _Tally()
     try:
+        params = orjson.loads(store.get_meta("params") or "{}")
         rows = store.iter_rows(f"SELECT * FROM results WHERE {filter_sql(filters or [])} ORDER BY rowid")
         to.parent.mkdir(parents=True, exist_ok=True)
-        written, skipped = (_parquet(rows, tmp, inline_think) if fmt == "parquet"
-                            else _jsonl(rows, tmp, fmt, inline_think))  # fmt: skip
+        if fmt == "parquet":
+            _parquet(rows, tmp, inline_think, tally)
+        else:
+            _jsonl(rows, tmp, lambda row: _item(row, fmt, inline_think, bool(params.get("thinking"))), tally)
         tmp.replace(to)
     except OSError as exc:
         raise JobError(f"cannot write {to}: {exc.strerror}", fix="check the path and free space") from exc
     finally:
         store.close()
         tmp.unlink(missing_ok=True)
-    why = "empty assistant answer (SpecForge rejects it)" if skipped else ""
-    return ExportSummary(str(to), fmt, written, skipped, why)
+    return tally.summary(str(to), fmt)
 
 
-def _jsonl(rows: Iterable[Any], path: Path, fmt: str, inline_think: bool) -> tuple[int, int]:
-    written = skipped = 0
+@dataclass
+class _Tally:
+    written: int = 0
+    truncated_written: int = 0
+    truncated_dropped: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)
+
+    def wrote(self, row: Any) -> None:
+        self.written += 1
+        self.truncated_written += bool(row["is_truncated"])
+
+    def drop(self, row: Any, reason: str) -> None:
+        self.dropped[reason] += 1
+        self.truncated_dropped += bool(row["is_truncated"])
+
+    def summary(self, path: str, fmt: str) -> ExportSummary:
+        notes = []
+        if self.truncated_written:
+            notes.append(
+                f"{self.truncated_written} truncated rows written (cut at max_tokens after the answer "
+                "began): the text is the target model's own, and a drafter learns from every token of it; "
+                "--filter no-truncated leaves them out"
+            )
+        if self.truncated_dropped:
+            notes.append(f"{self.truncated_dropped} truncated rows dropped (counted in the reasons below)")
+        dropped = dict(self.dropped.most_common())
+        reason = "; ".join(f"{n}: {why}" for why, n in dropped.items())
+        return ExportSummary(path, fmt, self.written, sum(dropped.values()), reason, dropped,
+                             self.truncated_written, notes)  # fmt: skip
+
+
+def _jsonl(rows: Iterable[Any], path: Path, item_of: Any, tally: _Tally) -> None:
     with path.open("wb") as handle:
         for row in rows:
-            item = _item(row, fmt, inline_think)
-            if item is None:
-                skipped += 1
+            item = item_of(row)
+            if isinstance(item, str):
+                tally.drop(row, item)
                 continue
             _write_line(handle, item)
-            written += 1
-    return written, skipped
+            tally.wrote(row)
 
 
-def _item(row: Any, fmt: str, inline_think: bool) -> dict[str, Any] | None:
+def _item(row: Any, fmt: str, inline_think: bool, thinking: bool) -> dict[str, Any] | str:
     if fmt == "sharegpt":
-        return sharegpt_row(row, inline_think)
+        return sharegpt_row(row, inline_think, thinking)
     return batch_row(row) if fmt == "openai-batch" else flat_row(row, inline_think)
 
 
@@ -179,17 +244,14 @@ def _write_line(handle: IO[bytes], item: dict[str, Any]) -> None:
     handle.write(b"\n")
 
 
-def _parquet(rows: Iterable[Any], path: Path, inline_think: bool) -> tuple[int, int]:
-    written = 0
+def _parquet(rows: Iterable[Any], path: Path, inline_think: bool, tally: _Tally) -> None:
     with pq.ParquetWriter(str(path), PARQUET_SCHEMA) as writer:
         chunk: list[dict[str, Any]] = []
         for row in rows:
             chunk.append(flat_row(row, inline_think))
+            tally.wrote(row)
             if len(chunk) >= PARQUET_ROWS:
                 writer.write_table(pa.Table.from_pylist(chunk, schema=PARQUET_SCHEMA))
-                written += len(chunk)
                 chunk = []
         if chunk:
             writer.write_table(pa.Table.from_pylist(chunk, schema=PARQUET_SCHEMA))
-            written += len(chunk)
-    return written, 0

@@ -26,25 +26,20 @@ import orjson
 
 from fleetgen.errors import JobError, ParamsMismatch
 from fleetgen.fleet import pool
-from fleetgen.generate import diagnose, identity, jobmeta, rows
+from fleetgen.generate import jobmeta, rows
 from fleetgen.generate.client import ChatClient
 from fleetgen.generate.dispatch import Dispatcher, Endpoint, EndpointState, OnDead, RetryPolicy
 from fleetgen.generate.health import Health, Watch, served_models
+from fleetgen.generate.intake import Intake
 from fleetgen.generate.jobmeta import JobMeta
 from fleetgen.generate.progress import Counters, PositionTracker, Progress, RateMeter, Summary, waiting
 from fleetgen.generate.scrape import AcceptLengthScraper
 from fleetgen.generate.source import (
-    IsDone,
-    Position,
-    Record,
     RecordShape,
-    Skipped,
-    conflict,
     count_records,
-    read_records,
 )
 from fleetgen.generate.store import Batch, Store
-from fleetgen.generate.work import BadInput, SamplingParams, Work, key_hash
+from fleetgen.generate.work import SamplingParams, Work
 from fleetgen.generate.writer import StoreWriter
 
 
@@ -92,17 +87,9 @@ class Job:
     _total: int | None = None
     _endpoint_rates: dict[str, float] = field(default_factory=dict)
     _meta: JobMeta | None = None
-    _resume: identity.ResumeCheck | None = None
-    _num_good: int = 0  # good records read this run
-    _first_bad: list[BadInput] = field(default_factory=list)  # while no good one was read: the first ones
-    _had_results: bool = False  # the store held results when the run started
+    _intake: Intake | None = None
     _scraper: AcceptLengthScraper | None = None
     _stack: contextlib.AsyncExitStack | None = None
-
-    @property
-    def _resume_check(self) -> identity.ResumeCheck:
-        assert self._resume is not None, "set when the run starts"
-        return self._resume
 
     def stop(self) -> None:
         """First call: take no new work, let in-flight requests finish. Second: abandon them now."""
@@ -117,7 +104,8 @@ class Job:
         opts = self.options
         store = Store.open(opts.out_dir)
         try:
-            self._resume = identity.ResumeCheck(opts.input_path, self._check_input(store), opts.split)
+            self._intake = Intake.open(store, opts.input_path, opts.out_dir, opts.shape, opts.split,
+                                       opts.params.samples, add_input=opts.add_input)  # fmt: skip
             async with contextlib.AsyncExitStack() as stack:
                 self._stack = stack
                 endpoints = [await self._endpoint(name, url) for name, url in opts.endpoints]
@@ -163,10 +151,12 @@ class Job:
         if model is None:  # stopped (Ctrl-C) while waiting for a first ready server
             return rows.summary(store, "stopped", "", self.counters, time.monotonic() - started, {})
         builder = rows.RowBuilder(model, self._check_params(store, model))
-        tracker, wanted, done = self._plan_resume(store)
+        intake = self._intake
+        assert intake is not None
+        tracker, wanted, done = intake.plan(store, opts.mode, self.counters)
         was_finished = jobmeta.begin(store, opts.describe)
         bad_lines = store.bad_lines(str(opts.input_path)) if tracker is not None else set()
-        meta = self._meta = JobMeta(self._resume_check, opts.params.samples, tracker, bad_lines)
+        meta = self._meta = JobMeta(intake.resume, opts.params.samples, tracker, bad_lines)
         writer = StoreWriter(store, lambda batch: self._committed(batch, tracker, meta), meta=meta.current)
         self._scraper = AcceptLengthScraper.for_engine(  # URLs as now: a late host may have one by now
             [(e.name, e.client.base_url) for e in endpoints], opts.engine_kind,
@@ -181,9 +171,7 @@ class Job:
             on_error=lambda ep, work, exc: writer.put_error(builder.error(ep, work, exc)),
             watch=watch,
         )
-        start = tracker.position if tracker else Position()
-        records = read_records(opts.input_path, opts.shape, start, opts.split, self._done_check(wanted, done))
-        items = self._items(records, writer, tracker, wanted, done)
+        items = intake.work(writer, tracker, wanted, done)
         status = await self._execute(dispatcher, writer, items, wanted, started, on_progress)
         if status == "complete" and store.counts().results == 0:
             status = "failed"  # nothing useful: every item an error or bad input, or no input at all
@@ -277,121 +265,6 @@ class Job:
             store.set_meta({"params": params.to_json()})
         return params.digest
 
-    def _check_input(self, store: Store) -> dict[str, Any]:
-        """Refuse another input than the folder's (InputMismatch); record its identity as it is now."""
-        opts = self.options
-        counts = store.counts()
-        self._had_results = counts.results > 0
-        if counts.results == 0 and counts.errors == 0:
-            jobmeta.forget(
-                store
-            )  # nothing generated yet (e.g. a fail-fast stop): any input and params may start
-        stored = store.get_meta(jobmeta.INPUT_IDENTITY)
-        now = identity.check(stored, opts.input_path, opts.split, opts.shape, opts.out_dir,
-                             add_input=opts.add_input)  # fmt: skip
-        if stored is not None and opts.add_input:
-            jobmeta.add_input(store, stored)
-        store.set_meta({jobmeta.INPUT_IDENTITY: orjson.dumps(now).decode(), "input": str(opts.input_path)})
-        return now
-
-    def _plan_resume(self, store: Store) -> tuple[PositionTracker | None, set[int] | None, dict[int, int]]:
-        """(position tracker, wanted keys for the re-run modes, keys already done)."""
-        opts = self.options
-        counts = store.counts()
-        self.counters.errors_before, self.counters.truncated_before = counts.errors, counts.truncated
-        if opts.mode == "retry_errors":
-            return None, store.keys_where("errors"), {}
-        if opts.mode == "redo_truncated":
-            return None, store.keys_where("results", "is_truncated = 1"), {}
-        start = Position()
-        saved = store.get_meta(jobmeta.POSITION)
-        if saved is not None:
-            data = orjson.loads(saved)
-            if self._resume_check.trusts(data):
-                start = Position(int(data["line"]), int(data["offset"]))
-        self.counters.done_before = counts.results + counts.errors
-        return PositionTracker(start), None, store.done_keys(start.line)
-
-    def _items(self, records: Iterator[Record | BadInput | Skipped], writer: StoreWriter,
-               tracker: PositionTracker | None, wanted: set[int] | None,
-               done: dict[int, int]) -> Iterator[Work]:  # fmt: skip
-        samples = self.options.params.samples
-        seen: set[int] = set()
-        yield from self._work_of(records, writer, tracker, wanted, done, samples, seen)
-        if self._first_bad and not self._num_good and not self._had_results:
-            raise self._all_bad()  # a short input, every record bad
-
-    def _work_of(self, records: Iterator[Record | BadInput | Skipped], writer: StoreWriter,
-                 tracker: PositionTracker | None, wanted: set[int] | None, done: dict[int, int],
-                 samples: int, seen: set[int]) -> Iterator[Work]:  # fmt: skip
-        for record in records:
-            if isinstance(record, Skipped):
-                if tracker is not None:
-                    tracker.open(record.line, record.end_offset, 0)
-                continue
-            if isinstance(record, Record):
-                keys = [key_hash(record.record_id, s) for s in range(samples)]
-                record = self._check_duplicate(record, keys[0], seen, wanted, done)
-            if isinstance(record, BadInput):
-                if wanted is None:  # re-run modes have already recorded the input's bad lines
-                    if tracker is not None:
-                        tracker.open(record.line, record.end_offset, 1)
-                    writer.put_bad(rows.bad_row(record))
-                    self._note_bad(record)
-                continue
-            self._num_good += 1
-            _check_content(record, keys, done)
-            todo = [s for s, k in enumerate(keys) if (k in wanted if wanted is not None else k not in done)]
-            if tracker is not None:
-                tracker.open(record.line, record.end_offset, len(todo))
-            for sample in todo:
-                yield Work(record.record_id, sample, record.source, record.line, record.segments,
-                           key=keys[sample], content_hash=record.content_hash)  # fmt: skip
-
-    def _note_bad(self, record: BadInput) -> None:
-        """The first FAIL_FAST records of a job that has no results all bad: stop, naming the likely cause."""
-        if self._num_good or self._had_results or len(self._first_bad) >= diagnose.FAIL_FAST:
-            return
-        self._first_bad.append(record)
-        if len(self._first_bad) == diagnose.FAIL_FAST:
-            raise self._all_bad()
-
-    def _all_bad(self) -> Exception:
-        opts = self.options
-        return diagnose.all_bad(opts.input_path, opts.shape, self._first_bad, opts.split)
-
-    def _done_check(self, wanted: set[int] | None, done: dict[int, int]) -> IsDone | None:
-        """Normal runs: a record whose every sample is done is skipped once its content is checked against
-        the stored hash (the source refuses a done id with other content)."""
-        if wanted is not None or not done:
-            return None
-        samples = range(self.options.params.samples)
-        if len(samples) == 1:
-            return lambda record_id: done.get(key_hash(record_id, 0))
-
-        def is_done(record_id: str) -> int | None:
-            keys = [key_hash(record_id, s) for s in samples]
-            return done[keys[0]] if all(k in done for k in keys) else None
-
-        return is_done
-
-    @staticmethod
-    def _check_duplicate(record: Record, first_key: int, seen: set[int], wanted: set[int] | None,
-                         done: dict[int, int]) -> Record | BadInput:  # fmt: skip
-        """A second record with an id already seen in this run is bad input (its key would collide).
-
-        Records done in an earlier run are not remembered: their duplicates were reported then, and a
-        million done keys need not be held twice.
-        """
-        if wanted is None and first_key in done:
-            return record
-        record_key = key_hash(record.record_id, -1)
-        if record_key in seen:
-            reason = f"duplicate id {record.record_id!r}"
-            return BadInput(record.source, record.line, reason, record.record_id, record.end_offset)
-        seen.add(record_key)
-        return record
-
     def _committed(self, batch: Batch, tracker: PositionTracker | None, meta: JobMeta) -> None:
         c = self.counters
         c.results += len(batch.results)
@@ -453,11 +326,3 @@ class Job:
             bool(self._stops),
             self.options.mode == "normal",
         )
-
-
-def _check_content(record: Record, keys: list[int], done: dict[int, int]) -> None:
-    """A sample of this record already stored for another prompt (same id, other content) is an error."""
-    for key in keys:
-        stored = done.get(key, 0)
-        if stored and stored != record.content_hash:
-            raise conflict(record.record_id, record.source, record.line)

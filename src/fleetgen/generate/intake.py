@@ -1,0 +1,161 @@
+"""What a run reads: its input checked against the output folder, the resume plan, records → work items.
+
+- `Intake.open`: refuse another input than the folder's (`identity.check`), record the input's identity;
+  a folder with no result or error row holds no job yet (e.g. after a fail-fast stop) and takes any input;
+- `plan`: where reading starts (a trusted resume position, `identity.ResumeCheck`) and which keys are done;
+- `items`: each (record, sample) not done becomes a `Work`; a bad record an `inputs_bad` row; a stored id
+  with other content an `InputMismatch`; the first `diagnose.FAIL_FAST` records of a job with no result all
+  bad (or a whole short input) an `InputError` naming the likely cause.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from fleetgen.generate import diagnose, identity, jobmeta, rows
+from fleetgen.generate.progress import Counters, PositionTracker
+from fleetgen.generate.source import IsDone, Position, Record, RecordShape, Skipped, conflict, read_records
+from fleetgen.generate.store import Store
+from fleetgen.generate.work import BadInput, Work, key_hash
+from fleetgen.generate.writer import StoreWriter
+
+Records = Iterator[Record | BadInput | Skipped]
+Plan = tuple[PositionTracker | None, set[int] | None, dict[int, int]]
+
+
+@dataclass
+class Intake:
+    """The input side of one run. Open with `Intake.open` (it checks the input against the folder)."""
+
+    input_path: Path
+    shape: RecordShape
+    split: str | None
+    samples: int
+    resume: identity.ResumeCheck
+    had_results: bool  # the store held results when the run started
+    num_good: int = 0  # good records read this run
+    first_bad: list[BadInput] = field(default_factory=list)  # while no good one was read: the first ones
+
+    @classmethod
+    def open(cls, store: Store, input_path: Path, out_dir: Path, shape: RecordShape, split: str | None,
+             samples: int, *, add_input: bool) -> Intake:  # fmt: skip
+        """Refuse another input than the folder's (InputMismatch); record its identity as it is now."""
+        counts = store.counts()
+        if counts.results == 0 and counts.errors == 0:
+            jobmeta.forget(store)  # nothing generated yet: any input and params may start here
+        stored = store.get_meta(jobmeta.INPUT_IDENTITY)
+        now = identity.check(stored, input_path, split, shape, out_dir, add_input=add_input)
+        if stored is not None and add_input:
+            jobmeta.add_input(store, stored)
+        store.set_meta({jobmeta.INPUT_IDENTITY: orjson.dumps(now).decode(), "input": str(input_path)})
+        resume = identity.ResumeCheck(input_path, now, split)
+        return cls(input_path, shape, split, samples, resume, had_results=counts.results > 0)
+
+    def plan(self, store: Store, mode: str, counters: Counters) -> Plan:
+        """(position tracker, wanted keys for the re-run modes, done keys → their content hashes)."""
+        counts = store.counts()
+        counters.errors_before, counters.truncated_before = counts.errors, counts.truncated
+        if mode == "retry_errors":
+            return None, store.keys_where("errors"), {}
+        if mode == "redo_truncated":
+            return None, store.keys_where("results", "is_truncated = 1"), {}
+        start = Position()
+        saved = store.get_meta(jobmeta.POSITION)
+        if saved is not None:
+            data = orjson.loads(saved)
+            if self.resume.trusts(data):
+                start = Position(int(data["line"]), int(data["offset"]))
+        counters.done_before = counts.results + counts.errors
+        return PositionTracker(start), None, store.done_keys(start.line)
+
+    def done_check(self, wanted: set[int] | None, done: dict[int, int]) -> IsDone | None:
+        """Normal runs: a record whose every sample is done is skipped once its content is checked against
+        the stored hash (the source refuses a done id with other content)."""
+        if wanted is not None or not done:
+            return None
+        samples = range(self.samples)
+        if len(samples) == 1:
+            return lambda record_id: done.get(key_hash(record_id, 0))
+
+        def is_done(record_id: str) -> int | None:
+            keys = [key_hash(record_id, s) for s in samples]
+            return done[keys[0]] if all(k in done for k in keys) else None
+
+        return is_done
+
+    def work(self, writer: StoreWriter, tracker: PositionTracker | None, wanted: set[int] | None,
+             done: dict[int, int]) -> Iterator[Work]:  # fmt: skip
+        """Read the input from the resume position: the work of every (record, sample) not done."""
+        start = tracker.position if tracker else Position()
+        records = read_records(self.input_path, self.shape, start, self.split, self.done_check(wanted, done))
+        return self.items(records, writer, tracker, wanted, done)
+
+    def items(self, records: Records, writer: StoreWriter, tracker: PositionTracker | None,
+              wanted: set[int] | None, done: dict[int, int]) -> Iterator[Work]:  # fmt: skip
+        """The work of the records not done; bad records go to the writer as `inputs_bad` rows."""
+        seen: set[int] = set()
+        for record in records:
+            if isinstance(record, Skipped):
+                if tracker is not None:
+                    tracker.open(record.line, record.end_offset, 0)
+                continue
+            if isinstance(record, Record):
+                keys = [key_hash(record.record_id, s) for s in range(self.samples)]
+                record = _check_duplicate(record, keys[0], seen, wanted, done)
+            if isinstance(record, BadInput):
+                if wanted is None:  # re-run modes have already recorded the input's bad lines
+                    if tracker is not None:
+                        tracker.open(record.line, record.end_offset, 1)
+                    writer.put_bad(rows.bad_row(record))
+                    self._note_bad(record)
+                continue
+            self.num_good += 1
+            _check_content(record, keys, done)
+            todo = [s for s, k in enumerate(keys) if (k in wanted if wanted is not None else k not in done)]
+            if tracker is not None:
+                tracker.open(record.line, record.end_offset, len(todo))
+            for sample in todo:
+                yield Work(record.record_id, sample, record.source, record.line, record.segments,
+                           key=keys[sample], content_hash=record.content_hash)  # fmt: skip
+        if self.first_bad and not self.num_good and not self.had_results:
+            raise self._all_bad()  # a short input, every record bad
+
+    def _note_bad(self, record: BadInput) -> None:
+        """The first FAIL_FAST records of a job that has no results all bad: stop, naming the likely cause."""
+        if self.num_good or self.had_results or len(self.first_bad) >= diagnose.FAIL_FAST:
+            return
+        self.first_bad.append(record)
+        if len(self.first_bad) == diagnose.FAIL_FAST:
+            raise self._all_bad()
+
+    def _all_bad(self) -> Exception:
+        return diagnose.all_bad(self.input_path, self.shape, self.first_bad, self.split)
+
+
+def _check_duplicate(record: Record, first_key: int, seen: set[int], wanted: set[int] | None,
+                     done: dict[int, int]) -> Record | BadInput:  # fmt: skip
+    """A second record with an id already seen in this run is bad input (its key would collide).
+
+    Records done in an earlier run are not remembered: their duplicates were reported then, and a million
+    done keys need not be held twice.
+    """
+    if wanted is None and first_key in done:
+        return record
+    record_key = key_hash(record.record_id, -1)
+    if record_key in seen:
+        reason = f"duplicate id {record.record_id!r}"
+        return BadInput(record.source, record.line, reason, record.record_id, record.end_offset)
+    seen.add(record_key)
+    return record
+
+
+def _check_content(record: Record, keys: list[int], done: dict[int, int]) -> None:
+    """A sample of this record already stored for another prompt (same id, other content) is an error."""
+    for key in keys:
+        stored = done.get(key, 0)
+        if stored and stored != record.content_hash:
+            raise conflict(record.record_id, record.source, record.line)
