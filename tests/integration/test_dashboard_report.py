@@ -61,6 +61,7 @@ def result_row(i: int, rnd: random.Random, t0: float) -> tuple[Any, ...]:
         is_empty=0,
         has_leaked_think=0,
         is_repetitive=int(i % 29 == 0),
+        chash=i + 1,
     )
     return tuple(row[c] for c in RESULT_COLUMNS)
 
@@ -78,6 +79,7 @@ def error_row(i: int, t0: float) -> tuple[Any, ...]:
         attempts=5,
         instance="gpu-b-0",
         finished_at=t0 + i,
+        chash=i + 1,
     )
     return tuple(row[c] for c in ERROR_COLUMNS)
 
