@@ -100,7 +100,9 @@ async def test_two_hosts_two_instances_come_up_in_parallel_verified(
         ]
         assert kinds[:4] == ["spawned"] * 4 and kinds.count("healthy") == 4
         for out in outs:
-            assert out.verified is not None and out.verified.accept_length is not None
+            # speculation proven by the verify-call counter moving (the accept length comes later, as on
+            # real SGLang)
+            assert out.verified is not None and out.verified.spec_steps and out.verified.spec_steps > 0
             rows = {r.what: r for r in out.verified.capacity}
             assert rows["kv_tokens"].actual and rows["max_running_requests"].actual
             assert rows["kv_tokens"].planned and rows["max_running_requests"].planned

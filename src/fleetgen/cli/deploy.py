@@ -59,13 +59,22 @@ def _print_verified(out: Outcome) -> None:
     if ver is None:
         return
     parts = [f"model {ver.model}"]
+    if ver.spec_steps:
+        parts.append(f"speculative decoding ran ({ver.spec_steps:,.0f} verify steps during the test request)")
     if ver.accept_length is not None:
         parts.append(f"spec accept length {ver.accept_length:.2f}")
     console.print("    verified: " + ", ".join(parts), highlight=False)
+    for warning in ver.warnings:
+        console.print(f"    [yellow]warning:[/] {warning}", highlight=False)
     for row in ver.capacity:
-        planned = "—" if row.planned is None else f"{row.planned:,.0f}"
-        actual = "—" if row.actual is None else f"{row.actual:,.0f}"
+        planned = "—" if row.planned is None else _figure(row.planned)
+        actual = "—" if row.actual is None else _figure(row.actual)
         console.print(f"    {row.what:<22} planned {planned:>12}   actual {actual:>12}", highlight=False)
+
+
+def _figure(value: float) -> str:
+    """A capacity figure: whole numbers as counts, vLLM's fractional concurrency (55.22x) with decimals."""
+    return f"{value:,.0f}" if value == int(value) else f"{value:,.2f}"
 
 
 @app.command()

@@ -145,7 +145,7 @@ async def up(
     async def per_host(hs: HostSession, instances: list[InstanceSpec]) -> list[Outcome]:
         targets = [
             build_target(fleet.file, fleet.engine, i, hs.facts.workdir, secret,
-                         planned_capacity(fleet.file, fleet.engine, i, shape))
+                         planned_capacity(fleet.file, fleet.engine, i, shape, hs.facts.gpus))
             for i in instances
         ]  # fmt: skip
         runs = (

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from fleetgen.config import HostSpec
 from fleetgen.errors import DeployError, LaunchFailed
+from fleetgen.plan.types import MIB, GpuFacts
 from fleetgen.remote.base import Host, ProcInfo
 from fleetgen.remote.procfs import proc_info_from_dump
 
@@ -32,7 +33,11 @@ else
   echo "python=missing"
 fi
 if [ -z "$model" ] || [ -d "$model" ]; then echo "model=ok"; else echo "model=missing"; fi
-if command -v nvidia-smi >/dev/null 2>&1; then echo "nvidia_smi=yes"; else echo "nvidia_smi=no"; fi
+if command -v nvidia-smi >/dev/null 2>&1; then
+  echo "nvidia_smi=yes"
+  nvidia-smi --query-gpu=index,memory.total,memory.used --format=csv,noheader,nounits 2>/dev/null \
+    | tr -d ' ' | sed 's/^/gpu_mib=/'
+else echo "nvidia_smi=no"; fi
 echo "uptime=$(cut -d' ' -f1 /proc/uptime)"
 echo "clk_tck=$(getconf CLK_TCK)"
 """
@@ -78,6 +83,7 @@ class HostFacts:
     clk_tck: int
     checks: dict[str, str] = field(default_factory=dict)
     measured_at: float = field(default_factory=time.monotonic)
+    gpus: tuple[GpuFacts, ...] = ()  # nvidia-smi's total and free memory per GPU, when it answered
 
     def uptime_of(self, start_time: int) -> float:
         """Seconds a process with this /proc start time (clock ticks since boot) has been running."""
@@ -128,7 +134,22 @@ async def prepare_host(
         uptime_s=float(kv.get("uptime") or 0),
         clk_tck=int(kv.get("clk_tck") or 100),
         checks=kv,
+        gpus=gpus_from_prep(res.stdout),
     )
+
+
+def gpus_from_prep(stdout: str) -> tuple[GpuFacts, ...]:
+    """`gpu_mib=INDEX,TOTAL,USED` lines (nvidia-smi, MiB) → measured GPU facts; malformed lines skipped."""
+    gpus: list[GpuFacts] = []
+    for line in stdout.splitlines():
+        if not line.startswith("gpu_mib="):
+            continue
+        fields = line.removeprefix("gpu_mib=").split(",")
+        if len(fields) != 3 or not all(f.isdigit() for f in fields):
+            continue  # "[N/A]" on some boards
+        index, total, used = (int(f) for f in fields)
+        gpus.append(GpuFacts(index, total * MIB, (total - used) * MIB, measured=True))
+    return tuple(gpus)
 
 
 def _check_launch(

@@ -126,6 +126,34 @@ def parse_metrics(text: str) -> dict[str, float]:
     return totals
 
 
+def info_labels(text: str, name: str) -> dict[str, str]:
+    """The labels of an info-style sample (`vllm:cache_config_info{block_size="800",…} 1.0`); {} if absent."""
+    if not name:
+        return {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name:
+                    return dict(sample.labels)
+    except ValueError as exc:
+        raise EndpointError(f"unparseable /metrics text: {exc}") from exc
+    return {}
+
+
+def capacity_from_metrics(names: MetricNames, text: str) -> dict[str, float]:
+    """Capacity the engine exports in /metrics labels (vLLM: KV tokens, max concurrency at max-model-len)."""
+    labels = info_labels(text, names.capacity_info)
+    found: dict[str, float] = {}
+    for label, what in names.capacity_labels:
+        try:
+            value = float(labels[label])
+        except (KeyError, ValueError):
+            continue
+        if value > 0:
+            found[what] = value
+    return found
+
+
 def accept_length(names: MetricNames, samples: Mapping[str, float], info: Any = None) -> float | None:
     """Mean tokens accepted per speculative step, or None when no step happened (or spec is off).
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from fleetgen.config import EngineSpec, FleetFile, InstanceSpec
@@ -16,7 +17,7 @@ from fleetgen.deploy.script import InstancePaths, LaunchSpec, SecretEnv, render_
 from fleetgen.engines import Engine, select_rule_set
 from fleetgen.errors import ConfigError, ModelCardError, PlanError
 from fleetgen.modelcard import ModelShape, load_model_shape
-from fleetgen.plan import facts_from_file, plan_instance
+from fleetgen.plan import GpuFacts, facts_from_file, plan_instance
 from fleetgen.plan.fleet import api_key_way
 from fleetgen.redact import remember
 
@@ -121,9 +122,14 @@ def local_shape(fleet: FleetFile) -> tuple[ModelShape | None, str]:
 
 
 def planned_capacity(
-    fleet: FleetFile, engine: Engine, inst: InstanceSpec, shape: ModelShape | None
+    fleet: FleetFile,
+    engine: Engine,
+    inst: InstanceSpec,
+    shape: ModelShape | None,
+    measured: Sequence[GpuFacts] = (),
 ) -> dict[str, float]:
-    """The plan's KV tokens, concurrency and Mamba slots for one instance (GPU facts from the fleet file).
+    """The plan's KV tokens, concurrency and Mamba slots for one instance: GPU facts measured on the host
+    (nvidia-smi, during the host check), else those the fleet file states.
 
     Empty when the plan cannot size it: `fleetgen plan` is where its errors are shown; deploying goes on.
     """
@@ -131,7 +137,10 @@ def planned_capacity(
         return {}
     rules, _ = select_rule_set(engine.rule_sets, fleet.engine.version)
     try:
-        plan = plan_instance(fleet, inst, shape, facts_from_file(fleet.host(inst.host)), rules)
+        facts = facts_from_file(fleet.host(inst.host))
+        if measured:
+            facts = replace(facts, gpus=tuple(measured))
+        plan = plan_instance(fleet, inst, shape, facts, rules)
     except PlanError:
         return {}
     mem = plan.memory

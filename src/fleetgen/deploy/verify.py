@@ -2,8 +2,11 @@
 
 Nothing is taken on trust: argv and environ come from /proc and must equal what was rendered ("drift"
 otherwise); the engine's /server_info must show the intended speculative settings, Mamba strategy, memory
-fraction and concurrency; one chat completion must succeed; with speculative decoding configured, an accept
-length must be readable afterwards (no speculative step = not ready). Capacity is reported planned vs actual.
+fraction and concurrency; one chat completion must succeed. Speculative decoding is proven by what the engine
+exposes right after that request (its verify-step counter moving: `sglang:spec_verify_calls_total`,
+`vllm:spec_decode_num_drafts_total`), not by an average it fills in later; a counter that exists and did not
+move refuses the server, acceptance near zero is a warning naming the likely causes. Capacity is reported
+planned vs actual (start-up log, /server_info, and /metrics labels such as `vllm:cache_config_info`).
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetgen.deploy.probe import EngineClient, accept_length, parse_metrics
+from fleetgen.deploy.probe import EngineClient, accept_length, capacity_from_metrics, parse_metrics
 from fleetgen.deploy.script import LaunchSpec, redact_argv, redact_environ
-from fleetgen.engines.base import Engine
+from fleetgen.engines.base import Engine, MetricNames
 from fleetgen.errors import VerifyError
 from fleetgen.remote.base import ProcInfo
 
@@ -44,6 +47,7 @@ CAPACITY_LINES: tuple[tuple[str, str], ...] = (
     ("kv_tokens", r"KV Cache is allocated\..*#tokens: (\d+)"),
     ("kv_tokens", r"KV cache size: ([\d,]+) tokens"),
     ("max_running_requests", r"max_running_requests=(\d+)"),
+    ("max_running_requests", r"Maximum concurrency for [\d,]+ tokens per request: ([\d.]+)x"),
     ("mamba_slots", r"Mamba Cache is allocated\..*?(?:max_mamba_cache_size|#slots|size)[:=] ?(\d+)"),
 )
 
@@ -62,10 +66,62 @@ class Verified:
     """Everything verification established about one instance."""
 
     model: str = ""
-    accept_length: float | None = None
+    accept_length: float | None = None  # None right after start: SGLang reports it after "Decode batch" lines
+    spec_steps: float | None = None  # speculative verify steps during the test request (the proof it runs)
     capacity: list[CapacityRow] = field(default_factory=list)
     info: Any = None
     max_running_requests: int | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+# Fewer accepted draft tokens per verify step than this after the test request: speculation accepts nothing.
+NEAR_ZERO_ACCEPTED_PER_STEP = 0.05
+
+
+@dataclass(frozen=True)
+class SpecEvidence:
+    """What the engine exposes about speculation over the test request."""
+
+    steps: float | None  # verify steps during the request; None: the engine has no such counter
+    accept_length: float | None  # mean tokens per step (bonus included); None: not reported (yet)
+
+
+def spec_evidence(
+    names: MetricNames, before: Mapping[str, float], after: Mapping[str, float], info: Any
+) -> SpecEvidence:
+    """Speculation over the test request: counters as differences (`before` → `after`), gauges as read."""
+    counters = (names.spec_steps_total, names.spec_num_drafts_total, names.spec_num_accepted_tokens_total)
+    during = dict(after)
+    for name in counters:
+        if name and name in after:
+            during[name] = after[name] - before.get(name, 0.0)
+    steps = during.get(names.spec_steps_total) if names.spec_steps_total else None
+    return SpecEvidence(steps=steps, accept_length=accept_length(names, during, info))
+
+
+def judge_spec(instance: str, ev: SpecEvidence) -> tuple[str | None, str | None]:
+    """(error, warning): refuse only when the step counter exists and did not move; warn on ~0 acceptance."""
+    if ev.steps is not None and ev.steps <= 0 and ev.accept_length is None:
+        error = (
+            f"{instance}: speculative decoding is configured but no speculative step happened during the "
+            "test request (the engine's verify-step counter did not move)"
+        )
+        return error, None
+    if ev.steps is None and ev.accept_length is None:
+        warning = (
+            f"{instance}: speculative decoding could not be confirmed: this engine exposes no verify-step "
+            "counter and no accept length yet"
+        )
+        return None, warning
+    if ev.accept_length is not None and ev.accept_length - 1.0 < NEAR_ZERO_ACCEPTED_PER_STEP:
+        return None, (
+            f"{instance}: speculative decoding runs but accepts almost nothing: accept length "
+            f"{ev.accept_length:.2f} ({ev.accept_length - 1.0:.3f} draft tokens accepted per step) after the "
+            "test request. Likely: the draft weights are missing or do not match the target (an MTP head "
+            "absent from the checkpoint, a draft model made for another model); with --load-format dummy "
+            "(random weights) this is expected. Until fixed, speculation only costs time"
+        )
+    return None, None
 
 
 def process_drift(spec: LaunchSpec, proc: ProcInfo, secret_value: str | None) -> list[str]:
@@ -174,10 +230,16 @@ async def verify_engine(
     out = Verified(model=await _served_model(spec, client))
     _, out.info = await client.first_json(engine.info_paths)
     _check_view(spec, client, out.info)
+    before = parse_metrics(await client.get_text(engine.metrics_path))
     await client.chat(out.model)
+    metrics_text = await client.get_text(engine.metrics_path)
     if is_spec_configured(spec.args):
-        out.accept_length = await _spec_accept_length(spec, engine, client)
-    actual = {**capacity_from_log(log_lines), **capacity_from_info(out.info)}
+        out.accept_length = await _check_spec(spec, engine, client, before, parse_metrics(metrics_text), out)
+    actual = {
+        **capacity_from_log(log_lines),
+        **capacity_from_info(out.info),
+        **capacity_from_metrics(engine.metrics, metrics_text),
+    }
     out.capacity = capacity_rows(planned, actual)
     mrr = actual.get("max_running_requests")
     out.max_running_requests = int(mrr) if mrr else None
@@ -207,20 +269,29 @@ def _check_view(spec: LaunchSpec, client: EngineClient, info: Any) -> None:
         )
 
 
-async def _spec_accept_length(spec: LaunchSpec, engine: Engine, client: EngineClient) -> float:
-    """Accept length after the test request; no speculative step at all means not ready."""
-    samples = parse_metrics(await client.get_text(engine.metrics_path))
+async def _check_spec(
+    spec: LaunchSpec,
+    engine: Engine,
+    client: EngineClient,
+    before: Mapping[str, float],
+    after: Mapping[str, float],
+    out: Verified,
+) -> float | None:
+    """Refuse a server whose speculation never stepped; warn when it accepts nothing. The accept length."""
     _, info = await client.first_json(engine.info_paths)
-    value = accept_length(engine.metrics, samples, info)
-    if value is None:
+    evidence = spec_evidence(engine.metrics, before, after, info)
+    error, warning = judge_spec(spec.instance, evidence)
+    if error:
         raise VerifyError(
-            f"{spec.instance}: speculative decoding is configured but no speculative step happened during "
-            "the test request",
+            error,
             fix="check the speculative flags and the draft model in the log; the server runs without it "
             "(slower than planned)",
             context={"url": client.base_url},
         )
-    return value
+    if warning:
+        out.warnings.append(warning)
+    out.spec_steps = evidence.steps
+    return evidence.accept_length
 
 
 def _looks_like_server_args(info: Any) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import posixpath
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,9 +28,12 @@ GENERIC_SIGNATURES = (
         "set engine.python to an interpreter that exists on the host (e.g. /opt/venv/bin/python)",
     ),
     FatalSignature(
-        r"No module named ['\"]?([\w.]+)",
-        "the engine's python cannot import the launcher module",
-        "install the engine in that python, or point engine.python / engine.launcher at the right one",
+        # only a raised exception: "No module named" inside a warning ("… not available (No module named
+        # 'cuda.tile'), falling back …") or an "Ignore import error …" line is harmless
+        r"^(?:\(\w+ pid=\d+\)\s+)?(?:ModuleNotFoundError|ImportError): No module named ['\"]?([\w.]+)",
+        "the engine's python cannot import a module it needs",
+        "install the missing module into engine.python's environment (or point engine.python / "
+        "engine.launcher at one that has it)",
     ),
     FatalSignature(
         r"Permission denied",
@@ -42,6 +46,13 @@ GENERIC_SIGNATURES = (
         "read the log lines below; they end with the exception",
     ),
 )
+# The last line of a raised exception ("ModuleNotFoundError: No module named 'x'"), also behind vLLM's
+# "(EngineCore pid=…) " process prefix; not a log line that merely mentions an error.
+EXCEPTION_LINE = re.compile(
+    r"^(?:\(\w+ pid=\d+\)\s+)?((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt)(?::\s.*)?)$"
+)
+# An exception whose own words put the cause elsewhere (vLLM's API server after its engine core died).
+POINTS_ELSEWHERE = re.compile(r"root cause above|see (?:the )?(?:error|log|traceback)s? above", re.IGNORECASE)
 # Tail of the log carried by an error.
 NUM_ERROR_LINES = 25
 # Lines still read after a fatal line: the traceback or message that follows it.
@@ -96,6 +107,18 @@ def first_fatal(
             if sig.search(line):
                 return sig, line
     return None
+
+
+def root_cause(lines: Sequence[str]) -> str | None:
+    """The exception that caused a failed start: the last one raised, unless its words say the cause is
+    elsewhere ("Engine core initialization failed. See root cause above") — then the last before it that
+    does not (vLLM: the `(EngineCore pid=…)` traceback's `ModuleNotFoundError: No module named 'flashinfer'`).
+    """
+    raised = [m.group(1) for line in lines if (m := EXCEPTION_LINE.match(line.strip()))]
+    for exc in reversed(raised):
+        if not POINTS_ELSEWHERE.search(exc):
+            return exc
+    return raised[-1] if raised else None
 
 
 def proc_state(stat_line: str, start_time: int) -> bool:
@@ -154,7 +177,7 @@ async def wait_ready(
         if fatal:
             await asyncio.sleep(SETTLE_S)
             await poll_once(target.host, watch, target.pid, target.start_time)
-            raise _launch_failed(target, watch, fatal[0], fatal[1])
+            raise _launch_failed(target, watch, fatal[0], fatal[1], signatures)
         if not watch.is_alive:
             await poll_once(target.host, watch, target.pid, target.start_time)
             raise _exited(target, watch, signatures)
@@ -181,26 +204,58 @@ def _context(target: WaitTarget, watch: LogWatch, **extra: object) -> dict[str, 
     }
 
 
-def _launch_failed(target: WaitTarget, watch: LogWatch, sig: FatalSignature, line: str) -> LaunchFailed:
+def _launch_failed(
+    target: WaitTarget, watch: LogWatch, sig: FatalSignature, line: str, signatures: Sequence[FatalSignature]
+) -> LaunchFailed:
+    """A fatal line was logged; when the engine's words put the cause elsewhere, name the root cause."""
+    if not POINTS_ELSEWHERE.search(line):
+        return LaunchFailed(
+            f"{target.instance}: {sig.cause}",
+            fix=sig.fix,
+            context=_context(target, watch, matched=line.strip()[:300]),
+        )
+    return _from_root_cause(target, watch, f"{target.instance}: {sig.cause}", sig.fix, line, signatures)
+
+
+def _from_root_cause(
+    target: WaitTarget,
+    watch: LogWatch,
+    headline: str,
+    fallback_fix: str,
+    matched: str,
+    signatures: Sequence[FatalSignature],
+) -> LaunchFailed:
+    root = root_cause([*watch.lines, watch.partial])
+    if root is None:
+        return LaunchFailed(
+            headline, fix=fallback_fix, context=_context(target, watch, matched=matched[:300])
+        )
+    known = first_fatal([root], signatures)
+    fix = known[0].fix if known else "read the traceback that ends with it in the log"
+    cause = f"{known[0].cause}: " if known and known[0].cause not in headline else ""
     return LaunchFailed(
-        f"{target.instance}: {sig.cause}",
-        fix=sig.fix,
-        context=_context(target, watch, matched=line.strip()[:300]),
+        f"{headline}: {cause}{root}",
+        fix=fix,
+        context=_context(target, watch, matched=matched.strip()[:300], **{"root cause": root[:300]}),
     )
 
 
 def _exited(target: WaitTarget, watch: LogWatch, signatures: Sequence[FatalSignature]) -> LaunchFailed:
+    """The process is gone: the root-cause exception if it raised one, else the first fatal line."""
+    headline = f"{target.instance}: the process exited while starting"
+    root = root_cause([*watch.lines, watch.partial])
+    if root is not None:
+        return _from_root_cause(target, watch, headline, "", root, signatures)
     fatal = first_fatal([*watch.lines, watch.partial], signatures)
     if fatal:
         sig, line = fatal
         return LaunchFailed(
-            f"{target.instance}: the process exited while starting: {sig.cause}",
+            f"{headline}: {sig.cause}",
             fix=sig.fix,
             context=_context(target, watch, matched=line.strip()[:300]),
         )
     return LaunchFailed(
-        f"{target.instance}: the process exited while starting (killed, or it stopped without "
-        "logging a known error)",
+        f"{headline} (killed, or it stopped without logging a known error)",
         fix=f"read the log ({target.log_path}); if it was killed (OOM killer, a person), "
         "check `dmesg` on the host, then run `fleetgen up` again",
         context=_context(target, watch),

@@ -40,6 +40,11 @@ class MetricNames:
     spec_num_drafts_total: str = ""
     spec_num_accepted_tokens_total: str = ""
     kv_usage: str = ""
+    # an info-style metric whose labels carry the capacity the engine settled on, and label → figure
+    capacity_info: str = ""
+    capacity_labels: tuple[tuple[str, str], ...] = ()
+    # a counter that moves on every speculative verify step (proof that speculation runs)
+    spec_steps_total: str = ""
 
 
 @dataclass(frozen=True)

@@ -195,6 +195,7 @@ class SGLangEngine:
         prompt_tokens_total="sglang:prompt_tokens_total",
         spec_accept_length="sglang:spec_accept_length",
         kv_usage="sglang:token_usage",
+        spec_steps_total="sglang:spec_verify_calls_total",
     )
     ready_line = "The server is fired up and ready to roll!"
     fatal_signatures: tuple[FatalSignature, ...] = FATAL_SIGNATURES

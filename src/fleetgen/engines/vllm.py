@@ -128,6 +128,12 @@ class VLLMEngine:
         spec_num_drafts_total="vllm:spec_decode_num_drafts_total",
         spec_num_accepted_tokens_total="vllm:spec_decode_num_accepted_tokens_total",
         kv_usage="vllm:kv_cache_usage_perc",
+        capacity_info="vllm:cache_config_info",
+        capacity_labels=(
+            ("kv_cache_size_tokens", "kv_tokens"),
+            ("kv_cache_max_concurrency", "max_running_requests"),
+        ),
+        spec_steps_total="vllm:spec_decode_num_drafts_total",
     )
     ready_line = "Application startup complete."
     fatal_signatures: tuple[FatalSignature, ...] = FATAL_SIGNATURES

@@ -73,3 +73,15 @@ def max_running_from_info(info: Any) -> int | None:
     if isinstance(info, dict) and isinstance(info.get("max_running_requests"), int):
         return int(info["max_running_requests"])
     return None
+
+
+def max_running_from_capacity(capacity: Mapping[str, float], max_num_seqs: str | None = None) -> int | None:
+    """vLLM's "maximum concurrency" at max-model-len (`kv_cache_max_concurrency`), capped by max-num-seqs.
+
+    A floor, not a ceiling: shorter requests let vLLM run more at once; fleetgen plans for full-length ones.
+    """
+    value = capacity.get("max_running_requests")
+    if not value or value < 1:
+        return None
+    cap = int(max_num_seqs) if max_num_seqs and max_num_seqs.isdigit() else None
+    return min(int(value), cap) if cap else int(value)

@@ -21,12 +21,12 @@ import aiohttp
 from fleetgen.config import HostSpec
 from fleetgen.deploy.fleetops import Fleet, host_instances, open_session
 from fleetgen.deploy.instance import HostSession, Target, find_running
-from fleetgen.deploy.probe import EngineClient, parse_metrics
+from fleetgen.deploy.probe import EngineClient, capacity_from_metrics, parse_metrics
 from fleetgen.deploy.state import load_state
 from fleetgen.deploy.targets import api_key, build_target
 from fleetgen.deploy.verify import flag_value, process_drift
 from fleetgen.errors import FleetgenError
-from fleetgen.fleet.metrics import Load, Scrape, load_from, max_running_from_info
+from fleetgen.fleet.metrics import Load, Scrape, load_from, max_running_from_capacity, max_running_from_info
 
 
 @dataclass
@@ -120,21 +120,26 @@ class FleetView:
             st.problem = "process runs but the health endpoint does not answer 200 (loading, or hung)"
             return
         info = (await client.first_json(engine.info_paths))[1] if engine.info_paths else None
-        load = await self._load(w, client, info, rate_window_s)
+        load, capacity = await self._load(w, client, info, rate_window_s)
         st.running, st.queued = load.running, load.queued
         st.gen_tokens_per_s, st.spec_accept_length = load.gen_tokens_per_s, load.spec_accept_length
-        st.max_running_requests = max_running_from_info(info) or _int(
-            flag_value(w.target.spec.args, ("max-num-seqs",))
+        st.max_running_requests = (
+            max_running_from_info(info)
+            or max_running_from_capacity(capacity, flag_value(w.target.spec.args, ("max-num-seqs",)))
+            or _int(flag_value(w.target.spec.args, ("max-num-seqs",)))
         )
         st.ready = not st.drift
         if st.drift:
             st.problem = "drift: the running process differs from the fleet file"
 
-    async def _load(self, w: _Watched, client: EngineClient, info: Any, rate_window_s: float) -> Load:
+    async def _load(
+        self, w: _Watched, client: EngineClient, info: Any, rate_window_s: float
+    ) -> tuple[Load, dict[str, float]]:
+        """The engine's load now, and the capacity its /metrics labels carry (vLLM's cache_config_info)."""
         names = self.fleet.engine.metrics
-        scrape = Scrape(
-            time.monotonic(), parse_metrics(await client.get_text(self.fleet.engine.metrics_path))
-        )
+        text = await client.get_text(self.fleet.engine.metrics_path)
+        capacity = capacity_from_metrics(names, text)
+        scrape = Scrape(time.monotonic(), parse_metrics(text))
         if not names.gen_throughput and w.before is None and rate_window_s > 0:
             await asyncio.sleep(rate_window_s)
             w.before = scrape
@@ -143,7 +148,7 @@ class FleetView:
             )
         load = load_from(names, scrape, w.before, info)
         w.before = scrape
-        return load
+        return load, capacity
 
 
 def _int(text: str | None) -> int | None:

@@ -54,8 +54,14 @@ class Counters:
     num_running: int = 0
     num_queued: int = 0
     used_tokens: int = 0
+    # SGLang's MetricsReporter: per-period accept counts, moved into the totals only when a "Decode batch"
+    # line is logged (so `avg_spec_accept_length` and the accept-length gauge exist only after one), while
+    # the verify-call counter moves on every step (`sglang:spec_verify_calls_total`).
     spec_accept_tokens: int = 0
     spec_forward_ct: int = 0
+    spec_total_accept_tokens: int = 0
+    spec_total_forward_ct: int = 0
+    spec_verify_calls: int = 0
     last_gen_throughput: float = 0.0
     last_accept_length: float = 0.0
 
@@ -161,8 +167,10 @@ class SimScheduler:
         counters.generation_tokens[streaming] += num_tokens
         self._tokens_since_log += num_tokens
         if self.is_spec and num_tokens:
+            steps = math.ceil(num_tokens / self.accept_length)
             counters.spec_accept_tokens += num_tokens
-            counters.spec_forward_ct += math.ceil(num_tokens / self.accept_length)
+            counters.spec_forward_ct += steps
+            counters.spec_verify_calls += steps
 
     @property
     def tokens_per_s(self) -> float:
@@ -185,11 +193,11 @@ class SimScheduler:
 
     @property
     def avg_spec_accept_length(self) -> float | None:
-        """Mean accepted tokens per verify pass since start (bonus token included), once spec has run."""
+        """Mean accepted tokens per verify pass (bonus token included) over logged periods, once one was."""
         counters = self.counters
-        if not self.is_spec or counters.spec_forward_ct == 0:
+        if not self.is_spec or counters.spec_total_forward_ct == 0:
             return None
-        return counters.spec_accept_tokens / counters.spec_forward_ct
+        return counters.spec_total_accept_tokens / counters.spec_total_forward_ct
 
     @property
     def token_usage(self) -> float:
@@ -217,9 +225,13 @@ class SimScheduler:
         else:
             parts += [f"#token: {used}, token usage: {self.token_usage:.2f}"]
         if self.is_spec:
-            counters.last_accept_length = self.accept_length
-            rate = (self.accept_length - 1) / max(1, self.spec_draft_tokens - 1)
-            parts += [f"accept len: {self.accept_length:.2f}", f"accept rate: {rate:.2f}"]
+            accept = counters.spec_accept_tokens / max(1, counters.spec_forward_ct)
+            counters.last_accept_length = accept
+            counters.spec_total_accept_tokens += counters.spec_accept_tokens
+            counters.spec_total_forward_ct += counters.spec_forward_ct
+            counters.spec_accept_tokens = counters.spec_forward_ct = 0
+            rate = max(0.0, accept - 1) / max(1, self.spec_draft_tokens - 1)
+            parts += [f"accept len: {accept:.2f}", f"accept rate: {rate:.2f}"]
         parts += [
             "cuda graph: True",
             f"gen throughput (token/s): {counters.last_gen_throughput:.2f}",

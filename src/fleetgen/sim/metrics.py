@@ -45,14 +45,20 @@ def _gauges(sched: SimScheduler, labels: str, max_total_tokens: int) -> list[tup
     if sched.hybrid:
         usage = counters.num_running / max(1, sched.mamba_cache_size)
         gauges.append(("sglang:mamba_usage", "The token usage for Mamba layers.", round(usage, 2)))
-    if sched.is_spec:
-        rate = (counters.last_accept_length - 1) / max(1, sched.spec_draft_tokens - 1)
-        gauges += [
-            ("sglang:spec_accept_length", "The average acceptance length of speculative decoding.",
-             counters.last_accept_length),
-            ("sglang:spec_accept_rate", "The average acceptance rate of speculative decoding.",
-             max(0.0, rate)),
-        ]  # fmt: skip
+    # exported with or without speculation (0.0 until a "Decode batch" line with spec), as real SGLang does
+    rate = (counters.last_accept_length - 1) / max(1, sched.spec_draft_tokens - 1)
+    gauges += [
+        (
+            "sglang:spec_accept_length",
+            "The average acceptance length of speculative decoding.",
+            counters.last_accept_length,
+        ),
+        (
+            "sglang:spec_accept_rate",
+            "The average acceptance rate of speculative decoding.",
+            max(0.0, rate) if counters.last_accept_length else 0.0,
+        ),
+    ]
     return [(name, doc, value) for name, doc, value in gauges]
 
 
@@ -74,6 +80,9 @@ def render_metrics(sched: SimScheduler, model_name: str, max_total_tokens: int) 
             for is_streaming, count in per_stream.items()
         ]
         _family(lines, name, "counter", doc, samples)
+    if sched.is_spec:
+        verify = [("_total", _labels(base), float(counters.spec_verify_calls))]
+        _family(lines, "sglang:spec_verify_calls", "counter", "Number of speculative verify calls.", verify)
     buckets: list[tuple[str, str, float]] = []
     cumulative = 0
     for bound, count in zip(E2E_BUCKETS, counters.e2e_buckets, strict=True):

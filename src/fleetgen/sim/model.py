@@ -102,7 +102,8 @@ def load_shape(model_path: str, architecture: str | None, weights_gib: float | N
         heads = int(text.get("num_attention_heads", 8))
         eos = text.get("eos_token_id", shape.eos_token_id)
         shape = dataclasses.replace(
-            shape, architecture=arch, model_type=str(text.get("model_type", "")),
+            shape, architecture=arch,
+            model_type=str(config.get("model_type") or text.get("model_type", "")),  # hf_config's, not text's
             num_hidden_layers=num_layers,
             num_full_attention_layers=_full_attention_layers(text, num_layers, arch in HYBRID_ARCHS),
             num_key_value_heads=int(text.get("num_key_value_heads", heads)),

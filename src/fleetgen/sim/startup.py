@@ -106,11 +106,7 @@ def log_pools(cap: Capacity, args: dict[str, object], shape: ModelShape, num_dra
     dtype = (
         "torch.bfloat16" if args["kv_cache_dtype"] in ("auto", "bf16", "bfloat16") else "torch.float8_e4m3fn"
     )
-    logger.info(
-        f"KV Cache is allocated. dtype: {dtype}, #tokens: {cap.max_total_num_tokens}, "
-        f"K size: {cap.kv_k_gib:.2f} GB, V size: {cap.kv_v_gib:.2f} GB"
-    )
-    if shape.is_hybrid:
+    if shape.is_hybrid:  # the target's Mamba pool first, then its KV pool (real 0.5.15 order)
         message = (
             f"Mamba Cache is allocated. max_mamba_cache_size: {cap.mamba_cache_size}, "
             f"conv_state size: {cap.mamba_conv_gib:.2f}GB, ssm_state size: {cap.mamba_ssm_gib:.2f}GB "
@@ -118,6 +114,14 @@ def log_pools(cap: Capacity, args: dict[str, object], shape: ModelShape, num_dra
         if num_draft_tokens:
             message += f"intermediate_ssm_state_cache size: {cap.mamba_intermediate_gib:.2f}GB "
         logger.info(message)
+    kv_line = (
+        "KV Cache is allocated. dtype: {dtype}, #tokens: {tokens}, K size: {k:.2f} GB, V size: {v:.2f} GB"
+    )
+    logger.info(kv_line.format(dtype=dtype, tokens=cap.max_total_num_tokens, k=cap.kv_k_gib, v=cap.kv_v_gib))
+    if num_draft_tokens:  # the MTP draft worker's own one-layer KV pool, same #tokens: a second line
+        layers = max(1, shape.num_full_attention_layers)
+        k, v = cap.kv_k_gib / layers, cap.kv_v_gib / layers
+        logger.info(kv_line.format(dtype=dtype, tokens=cap.max_total_num_tokens, k=k, v=v))
     for warning in cap.warnings:
         logger.warning(warning)
     logger.info(

@@ -130,7 +130,7 @@ class SimState:
             "object": "model",
             "created": int(time.time()),
             "owned_by": "sglang",
-            "root": self.args["model_path"],
+            "root": self.served_model_name,  # `http_server.py` available_models: root=served_model_name
             "parent": None,
             "max_model_len": self.args["context_length"],
         }

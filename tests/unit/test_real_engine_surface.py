@@ -1,0 +1,170 @@
+"""What fleetgen reads from real engines, checked on their captured output (tests/data/real-engines/).
+
+Invariants, each on the real engine's own words:
+- the cause shown for a failed start is the exception that caused it, not the last traceback and not a
+  harmless line that mentions an error;
+- a server whose speculation stepped during the test request is never refused; one whose speculation
+  accepts nothing is never silently "verified";
+- capacity the engine reports (log lines, /server_info, /metrics labels) is read for every engine.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from fleetgen.config import FleetFile
+from fleetgen.deploy.hostside import PREP_SH, gpus_from_prep
+from fleetgen.deploy.probe import accept_length, capacity_from_metrics, parse_metrics
+from fleetgen.deploy.targets import planned_capacity
+from fleetgen.deploy.verify import capacity_from_info, capacity_from_log, judge_spec, spec_evidence
+from fleetgen.deploy.watch import GENERIC_SIGNATURES, first_fatal, root_cause
+from fleetgen.engines import get_engine
+from fleetgen.fleet.metrics import max_running_from_capacity
+from fleetgen.modelcard import load_model_shape
+from fleetgen.plan.types import MIB, GpuFacts
+
+REAL = Path(__file__).parents[1] / "data" / "real-engines"
+VLLM = REAL / "vllm-0.24.0-h200"
+SGL_MTP = REAL / "sglang-0.5.15-h200" / "mtp"
+QWEN = load_model_shape(Path(__file__).parents[1] / "data" / "models" / "qwen3.6-27b")
+SGLANG, VLLM_ENGINE = get_engine("sglang"), get_engine("vllm")
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines()
+
+
+def _matched_line(up_output: Path) -> str:
+    """The engine's own log line that fleetgen's old signature matched, as `up` quoted it."""
+    line = next(x for x in _lines(up_output) if x.strip().startswith("matched: "))
+    return line.strip().removeprefix("matched: ")
+
+
+# ---- root cause, not the last traceback ------------------------------------------------------------------
+
+
+def test_vllm_root_cause_is_the_engine_core_traceback_not_the_api_servers() -> None:
+    lines = _lines(VLLM / "engine-mtp-attempt1-tail.txt")
+    assert "See root cause above" in lines[-1] or any("See root cause above" in x for x in lines)
+    assert root_cause(lines) == "ModuleNotFoundError: No module named 'flashinfer'"
+
+
+def test_sglang_root_cause_is_the_module_below_a_harmless_no_module_line() -> None:
+    harmless = _matched_line(SGL_MTP / "up-attempt1-cutlass.txt")
+    assert "No module named 'cuda.tile'" in harmless
+    lines = [harmless, *_lines(SGL_MTP / "engine-attempt1-tail.txt")]
+    assert root_cause(lines) == "ModuleNotFoundError: No module named 'cutlass'"
+    # "Ignore import error … No module named 'cutlass'" lines and the warning are not failures
+    assert first_fatal([harmless], GENERIC_SIGNATURES) is None
+    ignored = [x for x in lines if "Ignore import error" in x]
+    assert ignored and first_fatal(ignored, GENERIC_SIGNATURES) is None
+    hit = first_fatal(lines, GENERIC_SIGNATURES)
+    assert hit is not None and hit[1] == "ModuleNotFoundError: No module named 'cutlass'"
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "[2026-11-30 22:09:22] flashinfer.comm allreduce_fusion API is not available (No module named "
+        "'cuda.tile'), falling back to standard implementation",
+        "(EngineCore pid=1) WARNING 11-30 [x.py:1] Failed to import foo: No module named 'bar'",
+        "/site/triton/semantic.py:1670: UserWarning: tl.where with a non-boolean condition is deprecated",
+        "[2026-11-30 22:09:44] Ignore import error when loading sglang.srt.models.x: "
+        "No module named 'cutlass'",
+    ],
+)
+def test_lines_that_only_mention_an_error_are_no_root_cause(line: str) -> None:
+    assert root_cause([line]) is None and first_fatal([line], GENERIC_SIGNATURES) is None
+
+
+# ---- speculation: proven by what moves, never silently verified at zero acceptance -----------------------
+
+
+def test_sglang_mtp_that_stepped_is_not_refused_before_its_averages_exist() -> None:
+    """After the 24-token test request the real 0.5.15 server had 30 verify calls, accept length 0.0 and
+    no avg_spec_accept_length: the old check (accept length only) refused it."""
+    after = parse_metrics((SGL_MTP / "metrics-before.txt").read_text())
+    info = json.loads((SGL_MTP / "server_info.json").read_text())
+    assert accept_length(SGLANG.metrics, after, info) is None  # what the old check relied on
+    evidence = spec_evidence(SGLANG.metrics, {}, after, info)
+    assert evidence.steps == 30
+    assert judge_spec("h200-0", evidence) == (None, None)
+
+
+def test_sglang_mtp_accepting_nothing_is_a_warning_naming_the_causes() -> None:
+    before = parse_metrics((SGL_MTP / "metrics-before.txt").read_text())
+    after = parse_metrics((SGL_MTP / "metrics-after-chat.txt").read_text())
+    info = json.loads((SGL_MTP / "server_info-after-chat.json").read_text())
+    error, warning = judge_spec("h200-0", spec_evidence(SGLANG.metrics, before, after, info))
+    assert error is None and warning is not None
+    assert "accept length 1.00" in warning and "draft weights" in warning and "dummy" in warning
+
+
+def test_vllm_mtp_with_3_of_838500_draft_tokens_accepted_is_not_silently_verified() -> None:
+    after = parse_metrics((VLLM / "metrics-end-selected.txt").read_text())
+    error, warning = judge_spec("h200-0", spec_evidence(VLLM_ENGINE.metrics, {}, after, None))
+    assert error is None and warning is not None and "accepts almost nothing" in warning
+
+
+def test_a_step_counter_that_did_not_move_refuses_the_server() -> None:
+    samples = parse_metrics((SGL_MTP / "metrics-before.txt").read_text())
+    zero = {k: v for k, v in samples.items() if k != "sglang:spec_accept_length"}
+    error, _ = judge_spec("h200-0", spec_evidence(SGLANG.metrics, zero, zero, None))
+    assert error is not None and "no speculative step happened" in error
+
+
+# ---- capacity as the engines report it -------------------------------------------------------------------
+
+
+def test_vllm_capacity_from_its_cache_config_info_and_its_log() -> None:
+    text = (VLLM / "metrics-end-selected.txt").read_text()
+    capacity = capacity_from_metrics(VLLM_ENGINE.metrics, text)
+    assert capacity == {"kv_tokens": 452_340, "max_running_requests": pytest.approx(55.2174, rel=1e-4)}
+    assert max_running_from_capacity(capacity) == 55
+    assert max_running_from_capacity(capacity, "32") == 32
+    logged = capacity_from_log(_lines(VLLM / "engine-mtp.log"))
+    assert logged == {"kv_tokens": 452_340, "max_running_requests": 55.22}
+
+
+def test_sglang_capacity_from_server_info() -> None:
+    info = json.loads((SGL_MTP / "server_info.json").read_text())
+    assert capacity_from_info(info) == {"kv_tokens": 535_802, "mamba_slots": 112, "max_running_requests": 22}
+
+
+@pytest.mark.parametrize(
+    "fleet_file", [VLLM / "fleet-mtp.toml", REAL / "sglang-0.5.15-h200" / "fleet-mtp.toml"]
+)
+def test_up_plans_with_the_gpu_it_measured_when_the_fleet_file_states_none(fleet_file: Path) -> None:
+    """The captured fleet files state no GPU memory: `up` showed "planned —" for every figure."""
+    fleet = FleetFile.model_validate(tomllib.loads(fleet_file.read_text()))
+    inst = fleet.instances()[0]
+    engine = get_engine(fleet.engine.kind)
+    assert planned_capacity(fleet, engine, inst, QWEN) == {}  # nothing known, nothing invented
+    measured = gpus_from_prep("gpu_mib=0,143771,0\n")
+    planned = planned_capacity(fleet, engine, inst, QWEN, measured)
+    assert planned["kv_tokens"] > 0 and planned["max_running_requests"] > 0
+
+
+def test_gpu_memory_comes_from_nvidia_smi_in_the_host_check(tmp_path: Path) -> None:
+    """The host check's own shell snippet, with an nvidia-smi that prints what a real H200 + a board
+    without memory readings print (a stand-in: no GPU here)."""
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\nprintf '0, 143771, 0\\n1, 143771, 1024\\n2, [N/A], [N/A]\\n'\n")
+    fake.chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
+    out = subprocess.run(
+        ["sh", "-c", PREP_SH, "fleetgen", "python3", "", "", str(tmp_path / "work")],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert gpus_from_prep(out) == (
+        GpuFacts(0, 143_771 * MIB, 143_771 * MIB, measured=True),
+        GpuFacts(1, 143_771 * MIB, 142_747 * MIB, measured=True),
+    )
