@@ -20,6 +20,7 @@ FleetgenError                 message + fix + context (host, argv, exit code, st
     ├── InputError            an input file cannot be read at all
     ├── InputMismatch         an output folder run with another input (or a stored id with other content)
     ├── ParamsMismatch        resuming with other sampling params
+    ├── RequestRejected       the servers refuse every request the same way: the job's request is wrong
     └── FleetDown             too many consecutive failures fleet-wide
 ```
 
@@ -135,6 +136,12 @@ class InputMismatch(JobError):
 
 class ParamsMismatch(JobError):
     """The output folder was made with other sampling parameters."""
+
+    exit_code = 2
+
+
+class RequestRejected(JobError):
+    """Every request is refused the same way (HTTP 4xx): a sampling parameter or the prompts, not a server."""
 
     exit_code = 2
 

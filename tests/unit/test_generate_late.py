@@ -160,7 +160,7 @@ def test_the_live_view_shows_waiting_and_down_servers_with_why() -> None:
     console = Console(width=200, record=True)
     console.print(render(waiting(endpoints, 1.0, 42.0)))
     text = console.export_text()
-    assert "no server is ready yet: waiting up to 42 s more for a first one" in " ".join(text.split())
+    assert "no server is ready: waiting up to 42 s more for one, then the job stops" in " ".join(text.split())
     cells = {row[0]: row for row in ([c.strip() for c in line.split("│")[1:]] for line in text.splitlines())
              if row and row[0].startswith("h0-")}  # fmt: skip
     assert cells["h0-0"][1] == "waiting" and cells["h0-0"][5] == "loading [model] shards"  # not markup

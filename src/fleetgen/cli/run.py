@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
+import shlex
 import signal
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -19,6 +23,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from fleetgen.cli.app import app, console, err_console, flag, run
+from fleetgen.cli.runlog import PlainLog, duration
 from fleetgen.config import JobFile, load_fleet, load_job
 from fleetgen.errors import ConfigError, FleetDown
 from fleetgen.fleet.pool import Endpoint, open_fleet
@@ -34,13 +39,6 @@ DEFAULT_CONCURRENCY = 64
 EXIT_CODES = {"stopped": 130, "failed": 1}
 
 
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "–"
-    seconds = int(seconds)
-    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
-
-
 def render(progress: Progress) -> Table:
     """The live view: one line of totals, one row per endpoint."""
     total = progress.total
@@ -48,15 +46,15 @@ def render(progress: Progress) -> Table:
     head = (
         f"{progress.done}/{total if total is not None else '?'}{share}  "
         f"{progress.completions_per_s:.1f} compl/s  {progress.output_tokens_per_s:.0f} tok/s  "
-        f"ETA {_duration(progress.eta_s)}  errors {progress.errors}  truncated {progress.truncated}  "
+        f"ETA {duration(progress.eta_s)}  errors {progress.errors}  truncated {progress.truncated}  "
         f"bad input {progress.bad_inputs}  in flight {progress.in_flight}  retrying {progress.retrying}"
     )
     if progress.stopping:
         head += "  [yellow]stopping: finishing in-flight requests (Ctrl-C again to abandon them)[/]"
-    if progress.waiting_s is not None:
+    if progress.waiting_s is not None and not progress.is_final:
         head = (
-            f"[yellow]no server is ready yet[/]: waiting up to {progress.waiting_s:.0f} s more for a first "
-            "one (`fleetgen up` brings them up; `fleetgen status` says why)"
+            f"[yellow]no server is ready[/]: waiting up to {progress.waiting_s:.0f} s more for one, then the "
+            "job stops (`fleetgen up` brings them up; `fleetgen status` says why)"
         )
     table = Table(title=head, title_justify="left", expand=False)
     for column in ("instance", "state", "in flight", "done", "compl/s", "last error"):
@@ -91,9 +89,11 @@ def _url_endpoints(urls: list[str]) -> list[tuple[str, str]]:
 Opt = typer.Option
 WaitReady = Annotated[
     float | None,
-    Opt("--wait-ready", min=0.0, help="No server ready at the start: wait this long (s) for one "
-        "(default: the fleet's engine.ready_timeout_s; 0 with --endpoint)."),
+    Opt("--wait-ready", min=0.0, help="No server ready (at the start, or every one gone mid-job): wait this "
+        "long (s) for one, then stop with FleetDown (default: the fleet's engine.ready_timeout_s; with "
+        "--endpoint 0 at the start)."),
 ]  # fmt: skip
+DEFAULT_DEAD_TIMEOUT_S = 300.0  # --endpoint URLs: the mid-job wait for a server to come back
 
 
 @app.command("run")
@@ -124,12 +124,21 @@ def run_command(
     restart_dead: bool = flag("restart-dead", "Restart dead instances (fleet file)."),
     max_retries: Annotated[int | None, Opt("--max-retries", min=0)] = None,
     dead_timeout: Annotated[
-        float, Opt("--dead-timeout", help="Stop after this long with no healthy server.")
-    ] = 300.0,
+        float | None,
+        Opt(
+            "--dead-timeout",
+            min=0.0,
+            help="Every server gone mid-job: stop after this long (s) "
+            "(default: --wait-ready's; 300 with --endpoint).",
+        ),
+    ] = None,
     wait_ready: WaitReady = None,
     split: Annotated[str | None, Opt("--split", help="Split of a DatasetDict folder.")] = None,
     json_out: bool = flag("json", "Print the summary as JSON."),
     live: bool = flag("live", "The live view on a terminal (--no-live: plain log lines, as off one).", True),
+    log_every: Annotated[
+        float, Opt("--log-every", min=1.0, help="Off a terminal (or --no-live): a progress line every S s.")
+    ] = 30.0,
 ) -> None:
     """Generate completions for every (record, sample) exactly once, across all servers; resumable."""
     flags = RunFlags(**locals())
@@ -166,11 +175,12 @@ class RunFlags:
     add_input: bool
     restart_dead: bool
     max_retries: int | None
-    dead_timeout: float
+    dead_timeout: float | None
     wait_ready: float | None
     split: str | None
     json_out: bool
     live: bool
+    log_every: float
 
 
 def _check_out_dir(out: Path, flag: str) -> None:
@@ -215,7 +225,7 @@ def _options(f: RunFlags, job: JobFile, endpoints: list[tuple[str, str]], *, api
     policy = RetryPolicy(
         max_retries=job.max_retries if f.max_retries is None else f.max_retries,
         max_consecutive_failures=job.max_consecutive_failures,
-        dead_timeout_s=f.dead_timeout,
+        dead_timeout_s=DEFAULT_DEAD_TIMEOUT_S if f.dead_timeout is None else f.dead_timeout,
     )
     return JobOptions(
         input_path=f.input_path, out_dir=f.out, params=params, endpoints=endpoints, api_key=api_key,
@@ -234,7 +244,8 @@ async def _run_flags(f: RunFlags) -> Summary:
         options = _options(f, job, _url_endpoints(f.endpoint), api_key=None, planned_cap=None, on_dead=None,
                            describe=endpoints_meta(f.endpoint), engine_kind=None)  # fmt: skip
         options = dataclasses.replace(options, wait_ready_s=f.wait_ready or 0.0)
-        return await _run_job(Job(options), live=f.live)
+        meanwhile = _meanwhile("the servers", None, restart_dead=False)
+        return await _run_job(Job(options), f, meanwhile)
     return await _run_on_fleet(f, job, f.fleet or Path("fleet.toml"))
 
 
@@ -260,14 +271,18 @@ async def _run_on_fleet(f: RunFlags, job: JobFile, fleet: Path) -> Summary:
                            on_dead=restart_one if f.restart_dead else None,
                            describe=fleet_meta(fleet_file, fleet, links.names),
                            engine_kind=fleet_file.engine.kind)  # fmt: skip
+        policy = dataclasses.replace(
+            options.policy, dead_timeout_s=wait if f.dead_timeout is None else f.dead_timeout
+        )
         options = dataclasses.replace(
             options,
             not_ready={e.name: e.problem for e in endpoints if not e.is_ready},
             dead=frozenset(e.name for e in endpoints if e.is_dead),
             check=links.check,
             wait_ready_s=wait,
+            policy=policy,
         )
-        return await _run_job(Job(options), live=f.live)
+        return await _run_job(Job(options), f, _meanwhile(f"the instances of {fleet}", fleet, f.restart_dead))
 
 
 def _say_not_ready(endpoints: list[Endpoint], fleet: Path, wait_s: float, restart_dead: bool) -> None:
@@ -287,7 +302,22 @@ def _say_not_ready(endpoints: list[Endpoint], fleet: Path, wait_s: float, restar
         )
 
 
-async def _run_job(job: Job, live: bool) -> Summary:
+def _meanwhile(what: str, fleet: Path | None, restart_dead: bool) -> Callable[[float], str]:
+    """What the job does while no server is ready, given the seconds it still waits."""
+    bring = f"`fleetgen up -f {fleet}` brings them back" if fleet else "start them again"
+    if restart_dead:
+        bring = "restarting the dead ones (--restart-dead)"
+
+    def say(wait_s: float) -> str:
+        return (
+            f"waiting up to {wait_s:.0f} s for one of {what} to come back ({bring}); then the job stops with "
+            "FleetDown and prints the command that resumes it"
+        )
+
+    return say
+
+
+async def _run_job(job: Job, f: RunFlags, meanwhile: Callable[[float], str]) -> Summary:
     loop = asyncio.get_running_loop()
 
     def on_signal() -> None:
@@ -299,13 +329,14 @@ async def _run_job(job: Job, live: bool) -> Summary:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
     try:
-        if not live:
-            return await job.run()
+        if not (f.live and err_console.is_terminal):  # off a terminal: a log, not a redrawn frame
+            say = functools.partial(err_console.print, markup=False, highlight=False)
+            return await job.run(PlainLog(say, every_s=f.log_every, meanwhile=meanwhile))
         with Live(console=err_console, refresh_per_second=2, transient=False) as view:
-            summary = await job.run(lambda progress: view.update(render(progress)))
-        if not err_console.is_terminal:
-            err_console.line()  # off a terminal the last frame ends without a newline; the summary follows
-        return summary
+            return await job.run(lambda progress: view.update(render(progress)))
+    except FleetDown as exc:
+        exc.context["resume"] = shlex.join(["fleetgen", *sys.argv[1:]])
+        raise
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)

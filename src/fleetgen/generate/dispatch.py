@@ -3,7 +3,9 @@ blocking (each request is its own task; a slow one holds only its own slot).
 
 Failure policy:
 - a retryable failure (connection, timeout, 408/409/425/429/5xx) is retried with exponential backoff and
-  jitter, up to `max_retries`, on whichever endpoint is least loaded then; other 4xx → an error row at once;
+  jitter, up to `max_retries`, on whichever endpoint is least loaded then; other 4xx → an error row, unless
+  the same refusal keeps coming with no success between: then the request is wrong, not a record, and the job
+  stops with RequestRejected (rejects.py) before the dataset is burned into error rows;
 - an endpoint whose connection fails (or that fails `drain_after` times in a row) is drained: no new work,
   its in-flight requests are cancelled and re-queued elsewhere (not counted as attempts); the `Watch`
   (health.py) probes it and it is used again once healthy, like endpoints not ready when the job started;
@@ -22,9 +24,10 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from fleetgen.errors import FleetDown
+from fleetgen.errors import FleetDown, FleetgenError
 from fleetgen.generate.client import RequestFailed
 from fleetgen.generate.health import Endpoint, EndpointState, OnDead, RetryPolicy, Watch
+from fleetgen.generate.rejects import Streak
 from fleetgen.generate.work import Work
 
 OnSuccess = Callable[[str, Work, float, float], None]  # endpoint, work, started_at (epoch), latency_s
@@ -63,7 +66,9 @@ class Dispatcher:
         self._watch.on_ready = self._changed.set
         self._timers: set[asyncio.TimerHandle] = set()
         self._stopping = False
-        self._fatal: FleetDown | None = None
+        self._fatal: FleetgenError | None = None
+        self._refused = Streak(policy.max_identical_rejections)
+        self._num_succeeded = 0
         self._down_since: float | None = None
         self.failures_in_row = 0
         self.last_error = ""
@@ -75,6 +80,13 @@ class Dispatcher:
     @property
     def num_retrying(self) -> int:
         return self._num_waiting + len(self._retries)
+
+    @property
+    def wait_left_s(self) -> float | None:
+        """With no endpoint ready: the seconds left before the job stops with FleetDown; None while one is."""
+        if self._down_since is None or any(e.state is EndpointState.READY for e in self.endpoints):
+            return None
+        return max(0.0, self.policy.dead_timeout_s - (time.monotonic() - self._down_since))
 
     def stop(self) -> None:
         """Stop taking new work (Ctrl-C); in-flight requests go on until `drain` or `abandon`."""
@@ -101,6 +113,9 @@ class Dispatcher:
                 exhausted = work is None
             if work is None:
                 if self._num_active == 0 and self._num_waiting == 0:
+                    self._end_refusals()
+                    if self._fatal is not None:
+                        raise self._fatal
                     return
                 await self._changed.wait()
                 continue
@@ -176,6 +191,9 @@ class Dispatcher:
         else:
             endpoint.num_failures_in_row = 0
             self.failures_in_row = 0
+            self._num_succeeded += 1
+            for held in self._refused.release():  # a success: the refusals held were the records' own
+                self._on_error(*held)
             endpoint.completions += 1
             endpoint.output_tokens += sum(c.completion_tokens or 0 for c in work.done)
             self._on_success(endpoint.name, work, started, time.monotonic() - t0)
@@ -189,22 +207,33 @@ class Dispatcher:
         self.last_error = f"{endpoint.name}: {exc.message}"
         endpoint.last_error = exc.message
         is_backpressure = exc.status == 429  # the server is alive and asks us to slow down
+        if not exc.is_retryable:  # the server is alive and refuses this request: held, see rejects.py
+            for held in self._refused.add(endpoint.name, work, exc):
+                self._on_error(*held)
+            if self._refused.is_the_jobs:
+                self._fatal = self._refused.error(self._body_for(work))
+            return
         if not is_backpressure:
             self.failures_in_row += 1
-        if not exc.is_retryable:
+            endpoint.num_failures_in_row += 1
+            if exc.is_connection or endpoint.num_failures_in_row >= self.policy.drain_after:
+                self._mark_down(endpoint)
+        work.attempts += 1
+        if work.attempts > self.policy.max_retries:
             self._on_error(endpoint.name, work, exc)
         else:
-            if not is_backpressure:
-                endpoint.num_failures_in_row += 1
-                if exc.is_connection or endpoint.num_failures_in_row >= self.policy.drain_after:
-                    self._mark_down(endpoint)
-            work.attempts += 1
-            if work.attempts > self.policy.max_retries:
-                self._on_error(endpoint.name, work, exc)
-            else:
-                self._retry_later(work, self._backoff(work.attempts))
+            self._retry_later(work, self._backoff(work.attempts))
         if self.failures_in_row >= self.policy.max_consecutive_failures:
             self._fatal = self._fleet_down(f"{self.failures_in_row} requests failed in a row")
+
+    def _end_refusals(self) -> None:
+        """The work is done: refusals still held are error rows, unless nothing at all succeeded this run
+        and they are one refusal repeated (a small job whose every request is wrong)."""
+        if self._num_succeeded == 0 and len(self._refused.held) >= 2:
+            self._fatal = self._refused.error(self._body_for(self._refused.held[-1][1]))
+            return
+        for held in self._refused.release():
+            self._on_error(*held)
 
     def _backoff(self, attempt: int) -> float:
         ceiling = min(self.policy.backoff_max_s, self.policy.backoff_base_s * 2.0 ** (attempt - 1))
@@ -236,7 +265,9 @@ class Dispatcher:
         self._watch.lost(endpoint)
 
     def _fleet_down(self, why: str) -> FleetDown:
-        states = ", ".join(f"{e.name}={e.state.value}" for e in self.endpoints)
+        states = "\n".join(
+            f"{e.name} ({e.state.value}): {e.last_error or 'no error'}" for e in self.endpoints
+        )
         return FleetDown(
             f"stopping the job: {why}; the servers look gone",
             context={"endpoints": states, "last error": self.last_error},

@@ -64,6 +64,9 @@ class RetryPolicy:
 
     max_retries: int = 5
     max_consecutive_failures: int = 50
+    max_identical_rejections: int = (
+        16  # the same 4xx this often in a row, no success between: the job's fault
+    )
     backoff_base_s: float = 0.5
     backoff_max_s: float = 30.0
     drain_after: int = 3

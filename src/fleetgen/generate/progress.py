@@ -58,7 +58,8 @@ class Progress:
     elapsed_s: float
     stopping: bool
     endpoints: list[EndpointProgress] = field(default_factory=list)
-    waiting_s: float | None = None  # no server ready yet: seconds left to wait for a first one
+    waiting_s: float | None = None  # no server ready (yet, or any more): seconds left to wait for one
+    is_final: bool = False  # the job's end: the rates are its averages
 
 
 def waiting(endpoints: Sequence[Endpoint], elapsed_s: float, remaining_s: float) -> Progress:

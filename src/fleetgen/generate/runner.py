@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -209,8 +210,13 @@ class Job:
             writer.close()
             await asyncio.gather(writer_task, ticker, count_task, *filter(None, [scrape_task]),
                                  return_exceptions=True)  # fmt: skip
-            if on_progress is not None:
-                on_progress(self._snapshot(dispatcher, started, 0.0, 0.0))
+            if on_progress is not None:  # the last frame shows the job's averages, not the last window's
+                elapsed = max(time.monotonic() - started, 1e-9)
+                c = self.counters
+                final = self._snapshot(
+                    dispatcher, started, (c.results + c.errors) / elapsed, c.output_tokens / elapsed
+                )
+                on_progress(dataclasses.replace(final, is_final=True, waiting_s=None))
         failure = writer_task.exception()
         if failure is not None:
             raise failure
@@ -314,7 +320,7 @@ class Job:
         return self._scraper.latest if self._scraper is not None else {}
 
     def _snapshot(self, dispatcher: Dispatcher, started: float, rate: float, tok_rate: float) -> Progress:
-        return rows.snapshot(
+        progress = rows.snapshot(
             self.counters,
             self.options.params.samples,
             self._total,
@@ -326,3 +332,4 @@ class Job:
             bool(self._stops),
             self.options.mode == "normal",
         )
+        return dataclasses.replace(progress, waiting_s=dispatcher.wait_left_s)  # every server gone: the wait

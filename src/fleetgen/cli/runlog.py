@@ -1,0 +1,88 @@
+"""`fleetgen run` off a terminal (a pipe, `nohup`, a tmux log) or with `--no-live`: a log, not a frame.
+
+One plain line of progress every `--log-every` seconds and at the end (with the job's averages); a line at
+once when an instance goes down or comes back; and when every instance is down, at once, each one's reason
+and what the job does meanwhile (waits, restarts, or stops with FleetDown when the wait runs out).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from fleetgen.generate.progress import Progress
+
+
+def duration(seconds: float | None) -> str:
+    """h:mm:ss, or – when unknown."""
+    if seconds is None:
+        return "–"
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def progress_line(p: Progress) -> str:
+    """One line of totals: the same numbers as the live view's head."""
+    total = p.total
+    share = f" ({100 * p.done / total:.1f}%)" if total else ""
+    ready = sum(e.state == "ready" for e in p.endpoints)
+    rates = "average " if p.is_final else ""
+    waiting = f"  no server ready: stopping in {p.waiting_s:.0f} s" if p.waiting_s is not None else ""
+    return (
+        f"[{duration(p.elapsed_s)}] {p.done}/{total if total is not None else '?'}{share}  "
+        f"{rates}{p.completions_per_s:.1f} compl/s  {p.output_tokens_per_s:.0f} tok/s  "
+        f"ETA {duration(p.eta_s) if not p.is_final else '–'}  errors {p.errors}  truncated {p.truncated}  "
+        f"bad input {p.bad_inputs}  in flight {p.in_flight}  retrying {p.retrying}  "
+        f"ready {ready}/{len(p.endpoints)}{waiting}"
+    )
+
+
+class PlainLog:
+    """The `on_progress` callback of a job run off a terminal; prints through `say` (the CLI's stderr).
+
+    `meanwhile` says what the job does while no instance is ready (wait how long, how to bring them back).
+    """
+
+    def __init__(
+        self, say: Callable[[str], None], *, every_s: float, meanwhile: Callable[[float], str]
+    ) -> None:
+        self._say = say
+        self._every_s = every_s
+        self._meanwhile = meanwhile
+        self._last_line = time.monotonic()
+        self._states: dict[str, str] = {}
+        self._reasons: dict[str, str] = {}
+        self._all_down = False
+
+    def __call__(self, p: Progress) -> None:
+        if p.total is None and p.done == 0 and p.waiting_s is not None:
+            return  # the start-up wait: `run` said which instances are not ready, and what it waits for
+        self._changes(p)
+        now = time.monotonic()
+        if p.is_final:
+            self._say(progress_line(p))
+        elif now - self._last_line >= self._every_s:
+            self._last_line = now
+            self._say(progress_line(p))
+
+    def _changes(self, p: Progress) -> None:
+        """A line per instance that went down or came back; the whole picture when none is left."""
+        all_down = p.waiting_s is not None and not p.is_final
+        for e in p.endpoints:
+            before = self._states.get(e.name, "ready")
+            self._states[e.name] = e.state
+            if before == "ready" and e.state != "ready" and not all_down:
+                self._say(f"{e.name} is {e.state}: {e.last_error or 'no reason known yet'}; the others go on")
+            elif before != "ready" and e.state == "ready":
+                self._say(f"{e.name} is ready again: it takes work")
+        if all_down and not self._all_down:
+            self._say(f"every instance is down: {self._meanwhile(p.waiting_s or 0.0)}")
+            for e in p.endpoints:
+                self._say(f"  {e.name} ({e.state}): {e.last_error or 'no reason known yet'}")
+                self._reasons[e.name] = e.last_error
+        elif all_down:
+            for e in p.endpoints:  # the fleet's own reason replaces the failed request's, once probed
+                if e.last_error != self._reasons.get(e.name):
+                    self._reasons[e.name] = e.last_error
+                    self._say(f"  {e.name} ({e.state}): {e.last_error or 'no reason known yet'}")
+        self._all_down = all_down
