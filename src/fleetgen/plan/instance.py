@@ -10,12 +10,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fleetgen.config import EngineSpec, InstanceSpec
-from fleetgen.engines import RuleSet, get_engine, translate_args
+from fleetgen.engines import RuleSet, get_engine, select_rule_set, translate_args
 from fleetgen.modelcard import ModelShape
 from fleetgen.plan.rules import RuleInput, check_sglang_flags
 from fleetgen.plan.settings import resolve_settings
 from fleetgen.plan.sglang import draft_kv_in_cell, size_sglang
-from fleetgen.plan.types import GIB, GpuFacts, Issue, Memory
+from fleetgen.plan.types import GIB, GpuFacts, HostFacts, Issue, Memory
 from fleetgen.plan.vllm import size_vllm
 
 HICACHE_RESERVE_BYTES = 10 * GIB  # SGLang's HICACHE_HOST_MEMORY_RESERVE_BYTES
@@ -193,8 +193,33 @@ def gpu_of(inst: InstanceSpec, gpus: Mapping[int, GpuFacts]) -> tuple[GpuFacts |
     return min((gpus[g] for g in inst.gpus), key=lambda g: g.free_bytes), []
 
 
-def launch(spec: EngineSpec, inst: InstanceSpec, rules: RuleSet) -> tuple[list[str], dict[str, str]]:
-    """The exact argv (python, launcher, arguments) and env the instance will be started with."""
+@dataclass(frozen=True)
+class Launch:
+    """What one instance runs, and what decided it: the engine version and the rule set read for it."""
+
+    argv: tuple[str, ...]  # python, launcher, the engine's arguments
+    env: Mapping[str, str]
+    rules: RuleSet
+    version: str | None  # the host's engine version, else engine.version; None: unknown (newest rules)
+    rule_warning: str | None = None
+
+    @property
+    def python(self) -> str:
+        return self.argv[0]
+
+
+def decide_launch(
+    spec: EngineSpec, inst: InstanceSpec, facts: HostFacts, version: str | None = None
+) -> Launch:
+    """THE place an instance's argv and env are decided: `plan` shows them and `up` launches them.
+
+    From the fleet file's engine section, the instance, and the engine version the host runs (`facts`, as
+    measured), else `version`, else `engine.version`. The model shape and GPU facts size the plan but
+    change no flag: fleetgen launches what the user wrote (a plan's fixes are suggestions).
+    """
     engine = get_engine(spec.kind)
+    chosen = facts.engine_version or version or spec.version
+    rules, warning = select_rule_set(engine.rule_sets, chosen)
     args = engine.build_argv(spec, inst, model_path=spec.model, host_bind=spec.bind, rules=rules)
-    return [spec.python, *spec.launcher_argv, *args], engine.build_env(spec, inst)
+    argv = (spec.python, *spec.launcher_argv, *args)
+    return Launch(argv, engine.build_env(spec, inst), rules, chosen, warning)
