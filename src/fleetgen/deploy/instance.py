@@ -15,8 +15,9 @@ from datetime import UTC, datetime
 
 import aiohttp
 
-from fleetgen.config import HostSpec, InstanceSpec
+from fleetgen.config import LOOPBACK, HostSpec, InstanceSpec
 from fleetgen.deploy.hostside import HostFacts, probe_instance, wait_gpus_released, wait_port_free
+from fleetgen.deploy.listener import port_owners, stranger_problem
 from fleetgen.deploy.probe import EngineClient
 from fleetgen.deploy.script import LaunchSpec
 from fleetgen.deploy.state import InstanceRecord
@@ -178,6 +179,12 @@ async def _ensure_up(
         raise
     finally:
         await remove_secret_files(hs.host, target.spec)  # read at start: a healthy engine is past that
+    try:
+        await prove_listener(hs, target, rec.pid)
+    except VerifyError as exc:  # it cannot serve on its port: leave nothing half-started behind
+        await hs.host.stop(rec.pid, start_time=rec.start_time, timeout=10.0)
+        exc.context["stopped"] = f"pid {rec.pid} (its log stays at {rec.log_path})"
+        raise
     progress(name, "healthy; verifying the process and the engine's own view")
     out.verified = await _verify(hs, target, engine, client, rec.pid, rec.start_time, watch.lines)
 
@@ -197,6 +204,7 @@ async def _keep(
     out.record = record if same else None
     out.log_path = record.log_path if record is not None and same else target.spec.paths.current_log
     progress(target.inst.name, f"already running as wanted (pid {running.pid}); verifying")
+    await prove_listener(hs, target, running.pid)
     out.url = await hs.url_for(target.inst.port)
     client = EngineClient(out.url, hs.http, target.secret_value)
     log_lines = (await hs.host.tail(out.log_path, 400)).splitlines()
@@ -222,8 +230,10 @@ async def _clear_way(
         if hs.facts.has_nvidia_smi:
             await wait_gpus_released(hs.host, target.inst.gpus)
     elif port_busy:
+        owners = await port_owners(hs.host, port)
         raise LaunchFailed(
-            f"{target.inst.name}: port {port} on {hs.spec.name} is already in use by another process",
+            f"{target.inst.name}: port {port} on {hs.spec.name} is already in use by "
+            + (owners.describe(list(owners.listeners), set()) or "another process"),
             context={"host": hs.spec.name, "port": port},
             fix=f"stop what listens there (`ss -ltnp | grep :{port}` on the host) or set "
             "hosts.base_port / engine.base_port to free ports",
@@ -290,6 +300,20 @@ async def remove_secret_files(host: Host, spec: LaunchSpec) -> None:
     """Remove the key files a launch read (whether or not this run pushed them: `down` cleans up too)."""
     if spec.secret is not None:
         await host.run(["rm", "-f", "--", *spec.secret_files("")])
+
+
+async def prove_listener(hs: HostSession, target: Target, pid: int) -> None:
+    """Raise VerifyError unless the process fleetgen started (or its child) alone holds the sockets that
+    answer on the instance's port: a health check answered by another process proves nothing."""
+    port = target.inst.port
+    why = stranger_problem(await port_owners(hs.host, port), pid, hs.public_bind or LOOPBACK)
+    if why:
+        raise VerifyError(
+            f"{target.inst.name}: on {hs.spec.name}, {why}",
+            fix="stop that process, or give this instance a free port (hosts.base_port / engine.base_port "
+            "in the fleet file), then `fleetgen up` again (`fleetgen plan` shows clashes between instances)",
+            context={"host": hs.spec.name, "port": port, "pid": pid},
+        )
 
 
 async def stop_instance(hs: HostSession, target: Target, record: InstanceRecord | None) -> Outcome:
