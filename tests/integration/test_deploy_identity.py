@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -25,7 +26,9 @@ import pytest
 
 from fleetgen.config import load_fleet
 from fleetgen.deploy.fleetops import down, up
+from fleetgen.deploy.listener import port_owners, stranger_problem
 from fleetgen.errors import LaunchFailed, PlanError, VerifyError
+from fleetgen.remote import open_host
 from tests.fixtures.sshd import SshdHost
 from tests.integration.test_deploy_sglang import QWEN36, sim_fleet
 from tests.integration.test_deploy_support import free_ports, write_fleet
@@ -133,3 +136,35 @@ async def test_port_held_before_up_names_the_holder(ssh_hosts: list[SshdHost], t
         holder.kill()
         await holder.wait()
         await down(fleet)
+
+
+async def test_a_child_holding_the_socket_counts_as_the_started_process(
+    ssh_hosts: list[SshdHost], tmp_path: Path
+) -> None:
+    """An engine may serve HTTP from a child; the parent's /proc/PID/stat `comm` may hold `) ` and spaces."""
+    weird = tmp_path / "x) S 1 (y"  # a comm that fools a naive split of /proc/PID/stat
+    weird.symlink_to(sys.executable)
+    child = "import socket, sys; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+    child += "print(s.getsockname()[1], flush=True); sys.stdin.read()"
+    parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])"
+    proc = await asyncio.create_subprocess_exec(
+        str(weird), "-c", parent, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        assert proc.stdout is not None
+        port = int(await proc.stdout.readline())
+        async with open_host(ssh_hosts[0].spec()) as host:
+            owners = await port_owners(host, port)
+        [listener] = owners.listeners
+        [holder] = listener.holders
+        assert owners.parents[holder] == proc.pid and holder in owners.family_of(proc.pid)
+        assert stranger_problem(owners, proc.pid, "127.0.0.1") == ""
+        other = stranger_problem(owners, holder + 10**6, "127.0.0.1")  # a PID that is not its ancestor
+        assert f"held by pid {holder} (" in other and "s.getsockname()" in other
+        assert stranger_problem(owners, proc.pid, "10.1.2.3") == (
+            f"the process fleetgen started (pid {proc.pid}) does not listen on port {port}; "
+            "nothing listens there now"
+        )
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the parent and its child
+        await proc.wait()

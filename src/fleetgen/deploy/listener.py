@@ -154,11 +154,8 @@ def stranger_problem(owners: PortOwners, pid: int, bind: str) -> str:
     family = owners.family_of(pid)
     if strangers is None:
         others = [lst for lst in owners.listeners if lst.can_receive(bind)]
-        who = owners.describe(others, family) if others else "nothing listens there now"
-        return (
-            f"the process fleetgen started (pid {pid}) does not listen on port {owners.port}; "
-            f"it is held by {who}"
-        )
+        who = f"it is held by {owners.describe(others, family)}" if others else "nothing listens there now"
+        return f"the process fleetgen started (pid {pid}) does not listen on port {owners.port}; {who}"
     if strangers:
         return (
             f"port {owners.port} is also listened on by {owners.describe(strangers, family)}: requests may "
