@@ -34,6 +34,9 @@ SPEC_ARGS: dict[str, ArgValue] = {
     # 64 decode steps/s per request: 64 tokens take ~1 s without speculative decoding, ~0.4 s with it.
     "sim-decode-tps": 64.0,
     "sim-accept-length": ACCEPT_LENGTH,
+    # an H200: on the sim's default 80 GiB the MTP draft's weights (counted, as SGLang does) leave Mamba
+    # slots for 3 running requests, fewer than the levels below
+    "sim-gpu-memory-gib": 141.0,
 }
 # The sim logs its resolved ServerArgs at start (as SGLang does): one line per launch log.
 ALGORITHM_RE = re.compile(r"speculative_algorithm=('?\w+'?)")

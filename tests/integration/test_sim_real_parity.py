@@ -10,10 +10,12 @@ allocated" lines, and every metric and /server_info key fleetgen reads exists.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from fleetgen.deploy.probe import parse_metrics
 from fleetgen.deploy.verify import VIEW_CHECKS, capacity_from_info, judge_spec, spec_evidence
@@ -24,6 +26,11 @@ DATA = Path(__file__).parents[1] / "data"
 REAL = DATA / "real-engines" / "sglang-0.5.15-h200" / "mtp"
 MODEL = DATA / "models" / "qwen3.6-27b"
 SGLANG = get_engine("sglang")
+CAPACITY_LINES = (
+    r"type=Qwen3_5ForCausalLMMTP, .*mem usage=([\d.]+) GB",
+    r"max_mamba_cache_size: (\d+)",
+    r"max_total_num_tokens=.*max_running_requests=(\d+)",
+)
 # The real run's flags (fleet-mtp.toml), on a simulated 140.4 GiB GPU.
 MTP = dict(
     context_length=8192,
@@ -91,6 +98,17 @@ async def test_the_simulated_mtp_server_shows_what_real_sglang_shows(sim_server:
     ]
     sim_kv = [x for x in log.splitlines() if "KV Cache is allocated" in x]
     assert len(real_kv) == len(sim_kv) == 2
+    # the draft's own load and the pools it leaves: Mamba slots and max running as the real engine's
+    real_log = (REAL / "startup-key-lines.txt").read_text()
+    for pattern in CAPACITY_LINES:
+        real_value, sim_value = _last(pattern, real_log), _last(pattern, log)
+        assert sim_value == pytest.approx(real_value, rel=0.05), (pattern, sim_value, real_value)
+
+
+def _last(pattern: str, text: str) -> float:
+    found = re.findall(pattern, text)
+    assert found, pattern
+    return float(found[-1])
 
 
 async def test_without_speculation_the_accept_gauges_exist_and_read_zero(sim_server: SimFactory) -> None:

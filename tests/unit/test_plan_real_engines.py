@@ -115,3 +115,11 @@ def test_vllm_pool_layout_is_the_one_vllm_logged() -> None:
     blocks = _number(r'num_gpu_blocks="(\d+)"', metrics)
     concurrency = _number(r'kv_cache_max_concurrency="([\d.]+)"', metrics)
     assert blocks / mtp.blocks_per_request == pytest.approx(concurrency, rel=1e-9)
+
+
+def test_sglang_mtp_draft_weights_are_what_the_engine_loaded() -> None:
+    """The MTP head loads its own embedding and LM head: "mem usage=5.53 GB" (GiB), not one layer's 0.83."""
+    log = (REAL / "sglang-0.5.15-h200/mtp/startup-key-lines.txt").read_text()
+    loaded = _number(r"type=Qwen3_5ForCausalLMMTP, .*mem usage=([\d.]+) GB", log) * (1 << 30)
+    planned = _plan(REAL / "sglang-0.5.15-h200/fleet-mtp.toml").memory.draft_weights_bytes
+    assert planned == pytest.approx(loaded, rel=0.05)

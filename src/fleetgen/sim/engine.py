@@ -58,10 +58,10 @@ class Counters:
     # line is logged (so `avg_spec_accept_length` and the accept-length gauge exist only after one), while
     # the verify-call counter moves on every step (`sglang:spec_verify_calls_total`).
     spec_accept_tokens: int = 0
-    spec_forward_ct: int = 0
+    spec_forward_ct: float = 0.0  # steps = tokens / accept length (fractional: tokens arrive in chunks)
     spec_total_accept_tokens: int = 0
-    spec_total_forward_ct: int = 0
-    spec_verify_calls: int = 0
+    spec_total_forward_ct: float = 0.0
+    spec_verify_steps: float = 0.0  # every step, at once; the counter exported is its ceiling
     last_gen_throughput: float = 0.0
     last_accept_length: float = 0.0
 
@@ -167,10 +167,10 @@ class SimScheduler:
         counters.generation_tokens[streaming] += num_tokens
         self._tokens_since_log += num_tokens
         if self.is_spec and num_tokens:
-            steps = math.ceil(num_tokens / self.accept_length)
+            steps = num_tokens / self.accept_length
             counters.spec_accept_tokens += num_tokens
             counters.spec_forward_ct += steps
-            counters.spec_verify_calls += steps
+            counters.spec_verify_steps += steps
 
     @property
     def tokens_per_s(self) -> float:
@@ -197,7 +197,7 @@ class SimScheduler:
         counters = self.counters
         if not self.is_spec or counters.spec_total_forward_ct == 0:
             return None
-        return counters.spec_total_accept_tokens / counters.spec_total_forward_ct
+        return self.accept_length  # the same every step: the mean over the logged periods
 
     @property
     def token_usage(self) -> float:
@@ -225,7 +225,7 @@ class SimScheduler:
         else:
             parts += [f"#token: {used}, token usage: {self.token_usage:.2f}"]
         if self.is_spec:
-            accept = counters.spec_accept_tokens / max(1, counters.spec_forward_ct)
+            accept = self.accept_length  # each step of the period accepted this many (bonus included)
             counters.last_accept_length = accept
             counters.spec_total_accept_tokens += counters.spec_accept_tokens
             counters.spec_total_forward_ct += counters.spec_forward_ct

@@ -36,6 +36,8 @@ class MemoryInputs:
     extra_buffer: bool
     overlap: bool
     ssm_dtype_bytes: int
+    draft_weights_gib: float = 0.0  # the MTP draft's load, counted inside the budget (0.5.14+)
+    draft_kv_layers: int = 0  # the draft's attention layers, folded into the KV cell (0.5.19+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +68,7 @@ def mamba_ratio(inputs: MemoryInputs) -> int:
 
 def _rest_gib(inputs: MemoryInputs, shape: ModelShape) -> tuple[float, float]:
     free_before = inputs.gpu_gib - CUDA_CONTEXT_GIB
-    free_after = free_before - shape.weights_gib
+    free_after = free_before - shape.weights_gib - inputs.draft_weights_gib
     rest = free_after - free_before * (1 - inputs.mem_fraction_static)
     if rest <= 0:
         minimum = 1 - free_after / free_before
@@ -143,7 +145,10 @@ def compute_capacity(inputs: MemoryInputs, shape: ModelShape) -> Capacity:
     if shape.is_hybrid:
         mamba_size, mamba_gib, intermediate_gib = _mamba_pool(inputs, shape, rest)
     kv_gib = rest - mamba_gib - intermediate_gib
-    tokens = int(kv_gib * GIB // shape.kv_bytes_per_token(inputs.tp_size))
+    target_cell = shape.kv_bytes_per_token(inputs.tp_size)
+    # `DefaultPoolConfigurator`: the draft's layers scale the cell (its pool gets the same #tokens)
+    draft_share = inputs.draft_kv_layers / max(1, shape.num_full_attention_layers)
+    tokens = int(kv_gib * GIB // int(target_cell * (1 + draft_share)))
     warnings: list[str] = []
     if inputs.max_total_tokens is not None:
         if inputs.max_total_tokens > tokens:
@@ -159,13 +164,14 @@ def compute_capacity(inputs: MemoryInputs, shape: ModelShape) -> Capacity:
         )
     running, more = _max_running(inputs, tokens, mamba_size, shape.is_hybrid)
     conv, ssm = shape.mamba_state_bytes(inputs.tp_size, inputs.ssm_dtype_bytes)
-    half_kv = tokens * shape.kv_bytes_per_token(inputs.tp_size) / 2 / GIB
+    half_kv = tokens * target_cell / 2 / GIB
     return Capacity(
         free_before_load_gib=free_before, free_after_load_gib=free_before - shape.weights_gib,
         weights_gib=shape.weights_gib, max_total_num_tokens=tokens, kv_k_gib=half_kv, kv_v_gib=half_kv,
         max_running_requests=running, mamba_cache_size=mamba_size,
         mamba_conv_gib=(mamba_size + 1) * conv / GIB, mamba_ssm_gib=(mamba_size + 1) * ssm / GIB,
         mamba_intermediate_gib=intermediate_gib,
-        free_after_pools_gib=free_before - shape.weights_gib - 2 * half_kv - mamba_gib - intermediate_gib,
+        free_after_pools_gib=free_before - shape.weights_gib - inputs.draft_weights_gib
+        - 2 * half_kv * (1 + draft_share) - mamba_gib - intermediate_gib,
         warnings=(*warnings, *more),
     )  # fmt: skip

@@ -81,7 +81,7 @@ def render_metrics(sched: SimScheduler, model_name: str, max_total_tokens: int) 
         ]
         _family(lines, name, "counter", doc, samples)
     if sched.is_spec:
-        verify = [("_total", _labels(base), float(counters.spec_verify_calls))]
+        verify = [("_total", _labels(base), float(math.ceil(counters.spec_verify_steps)))]
         _family(lines, "sglang:spec_verify_calls", "counter", "Number of speculative verify calls.", verify)
     buckets: list[tuple[str, str, float]] = []
     cumulative = 0

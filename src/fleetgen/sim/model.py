@@ -42,6 +42,10 @@ class ModelShape:
     context_len: int
     weights_gib: float
     eos_token_id: int
+    hidden_size: int = 5120
+    vocab_size: int = 248320
+    tie_word_embeddings: bool = False
+    mtp_layers: int = 1  # `mtp_num_hidden_layers`: the MTP head EAGLE/NEXTN loads as its draft model
 
     @property
     def is_hybrid(self) -> bool:
@@ -52,6 +56,17 @@ class ModelShape:
         """K+V bytes per token over the full-attention layers (KV heads split over TP, at least one)."""
         heads = max(1, self.num_key_value_heads // max(1, tp_size))
         return 2 * heads * self.head_dim * dtype_bytes * self.num_full_attention_layers
+
+    def draft_weights_gib(self, tp_size: int) -> float:
+        """What loading the MTP head takes (`Qwen3_5ForCausalLMMTP`): its decoder layer(s) + fc, and its own
+        embedding and LM head (shared with the target only after the load): "mem usage=5.53 GB" on a real
+        H200 for Qwen3.6-27B. The layer is estimated from the target's weights."""
+        if not self.mtp_layers:
+            return 0.0
+        tables = (1 if self.tie_word_embeddings else 2) * self.vocab_size * self.hidden_size * 2
+        layer = (self.weights_gib * 2**30 - tables) / max(1, self.num_hidden_layers)
+        fc = 2 * self.hidden_size * self.hidden_size * 2
+        return (tables + self.mtp_layers * (layer + fc)) / max(1, tp_size) / 2**30
 
     def mamba_state_bytes(self, tp_size: int, ssm_dtype_bytes: int = 4) -> tuple[int, int]:
         """(conv, ssm) state bytes per request over all linear layers (bf16 conv, fp32 SSM by default)."""
@@ -111,6 +126,10 @@ def load_shape(model_path: str, architecture: str | None, weights_gib: float | N
             context_len=int(text.get("max_position_embeddings", shape.context_len)),
             weights_gib=_weights_gib(folder) or shape.weights_gib,
             eos_token_id=int(eos[0] if isinstance(eos, list) else eos),
+            hidden_size=int(text.get("hidden_size", shape.hidden_size)),
+            vocab_size=int(text.get("vocab_size", shape.vocab_size)),
+            tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
+            mtp_layers=int(text.get("mtp_num_hidden_layers") or text.get("num_nextn_predict_layers") or 0),
             **{k: int(text[k]) for k in _LINEAR_FIELDS if k in text},
         )  # fmt: skip
     if architecture is not None:

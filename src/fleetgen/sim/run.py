@@ -78,7 +78,7 @@ def _context_rule(res: Resolution, shape: ModelShape, force: bool) -> None:
     )
 
 
-def _memory_inputs(args: dict[str, Any], knobs: SimKnobs, draft: int) -> MemoryInputs:
+def _memory_inputs(args: dict[str, Any], knobs: SimKnobs, draft: int, shape: ModelShape) -> MemoryInputs:
     return MemoryInputs(
         gpu_gib=knobs.gpu_memory_gib, tp_size=args["tp_size"],
         mem_fraction_static=args["mem_fraction_static"],
@@ -89,6 +89,8 @@ def _memory_inputs(args: dict[str, Any], knobs: SimKnobs, draft: int) -> MemoryI
         extra_buffer=args["mamba_radix_cache_strategy"] in ("extra_buffer", "extra_buffer_lazy"),
         overlap=not args["disable_overlap_schedule"],
         ssm_dtype_bytes=2 if args["mamba_ssm_dtype"] in ("bfloat16", "float16") else 4,
+        draft_weights_gib=shape.draft_weights_gib(args["tp_size"]) if draft else 0.0,
+        draft_kv_layers=shape.mtp_layers if draft else 0,
     )  # fmt: skip
 
 
@@ -96,11 +98,13 @@ async def _build_pools(res: Resolution, shape: ModelShape, knobs: SimKnobs) -> C
     """Weights then pools, with SGLang's lines; a misfit dies like SGLang's scheduler does."""
     args = res.args
     draft = (args["speculative_num_draft_tokens"] or 0) if args["speculative_algorithm"] else 0
-    inputs = _memory_inputs(args, knobs, draft)
+    inputs = _memory_inputs(args, knobs, draft, shape)
     free = inputs.gpu_gib - 0.6
     startup.logger.info(f"Load weight begin. avail mem={free:.2f} GB")
     await asyncio.sleep(knobs.start_delay * 0.4)
     startup.log_weights(shape, free, knobs.start_delay * 0.4)
+    if inputs.draft_weights_gib:  # the MTP head is loaded as a second model (its own log pair)
+        startup.log_draft_weights(shape, free - shape.weights_gib, inputs.draft_weights_gib)
     await asyncio.sleep(knobs.start_delay * 0.2)
     if knobs.fail_at_start == "oom":
         startup.die_in_scheduler(

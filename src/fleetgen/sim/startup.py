@@ -101,6 +101,16 @@ def log_weights(shape: ModelShape, cap_free_before: float, elapsed: float) -> No
     )
 
 
+def log_draft_weights(shape: ModelShape, free_gib: float, draft_gib: float) -> None:
+    """The draft model's own `Load weight begin/end` pair (type `<Arch>MTP`, e.g. Qwen3_5ForCausalLMMTP)."""
+    arch = shape.architecture.replace("ForConditionalGeneration", "ForCausalLM") + "MTP"
+    logger.info(f"Load weight begin. avail mem={free_gib:.2f} GB")
+    logger.info(
+        f"Load weight end. elapsed=0.01 s, type={arch}, avail mem={free_gib - draft_gib:.2f} GB, "
+        f"mem usage={draft_gib:.2f} GB."
+    )
+
+
 def log_pools(cap: Capacity, args: dict[str, object], shape: ModelShape, num_draft_tokens: int) -> None:
     """The KV/Mamba pool lines and the scheduler's summary line."""
     dtype = (
@@ -119,8 +129,8 @@ def log_pools(cap: Capacity, args: dict[str, object], shape: ModelShape, num_dra
     )
     logger.info(kv_line.format(dtype=dtype, tokens=cap.max_total_num_tokens, k=cap.kv_k_gib, v=cap.kv_v_gib))
     if num_draft_tokens:  # the MTP draft worker's own one-layer KV pool, same #tokens: a second line
-        layers = max(1, shape.num_full_attention_layers)
-        k, v = cap.kv_k_gib / layers, cap.kv_v_gib / layers
+        share = max(1, shape.mtp_layers) / max(1, shape.num_full_attention_layers)
+        k, v = cap.kv_k_gib * share, cap.kv_v_gib * share
         logger.info(kv_line.format(dtype=dtype, tokens=cap.max_total_num_tokens, k=k, v=v))
     for warning in cap.warnings:
         logger.warning(warning)
