@@ -18,14 +18,16 @@ from pathlib import Path
 import pytest
 
 from fleetgen.config import FleetFile
-from fleetgen.deploy.hostside import PREP_SH, gpus_from_prep
+from fleetgen.deploy.hostside import PREP_SH, VERSION_PY, gpus_from_prep
+from fleetgen.deploy.hostside import HostFacts as HostsideFacts
 from fleetgen.deploy.probe import accept_length, capacity_from_metrics, parse_metrics
-from fleetgen.deploy.targets import planned_capacity
+from fleetgen.deploy.targets import measured_facts, planned_capacity
 from fleetgen.deploy.verify import capacity_from_info, capacity_from_log, judge_spec, spec_evidence
 from fleetgen.deploy.watch import GENERIC_SIGNATURES, first_fatal, root_cause
 from fleetgen.engines import get_engine
 from fleetgen.fleet.metrics import max_running_from_capacity
 from fleetgen.modelcard import load_model_shape
+from fleetgen.plan import facts_from_file, plan_fleet
 from fleetgen.plan.types import MIB, GpuFacts
 
 REAL = Path(__file__).parents[1] / "data" / "real-engines"
@@ -142,11 +144,11 @@ def test_sglang_capacity_from_server_info() -> None:
 def test_up_plans_with_the_gpu_it_measured_when_the_fleet_file_states_none(fleet_file: Path) -> None:
     """The captured fleet files state no GPU memory: `up` showed "planned —" for every figure."""
     fleet = FleetFile.model_validate(tomllib.loads(fleet_file.read_text()))
-    inst = fleet.instances()[0]
-    engine = get_engine(fleet.engine.kind)
-    assert planned_capacity(fleet, engine, inst, QWEN) == {}  # nothing known, nothing invented
-    measured = gpus_from_prep("gpu_mib=0,143771,0\n")
-    planned = planned_capacity(fleet, engine, inst, QWEN, measured)
+    host = fleet.hosts[0]
+    assert facts_from_file(host).gpus is None  # nothing known from the file, nothing invented
+    measured = HostsideFacts("/w", True, 0.0, 100, gpus=gpus_from_prep("gpu_mib=0,143771,0\n"))
+    plan = plan_fleet(fleet, QWEN, {host.name: measured_facts(host, measured)}).instances[0]
+    planned = planned_capacity(plan)
     assert planned["kv_tokens"] > 0 and planned["max_running_requests"] > 0
 
 
@@ -158,7 +160,7 @@ def test_gpu_memory_comes_from_nvidia_smi_in_the_host_check(tmp_path: Path) -> N
     fake.chmod(0o755)
     env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
     out = subprocess.run(
-        ["sh", "-c", PREP_SH, "fleetgen", "python3", "", "", str(tmp_path / "work")],
+        ["sh", "-c", PREP_SH, "fleetgen", "python3", "", "", str(tmp_path / "work"), VERSION_PY],
         env=env,
         capture_output=True,
         text=True,
