@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shlex
+import signal
 from pathlib import Path
 
 from tests.integration.test_run_fleet import (
@@ -19,6 +21,7 @@ from tests.integration.test_run_fleet import (
     INSTANCES,
     cli,
     fleet,  # noqa: F401 (the fixture)
+    instance_pids,
     query,
     wait_for_rows,
     write_prompts,
@@ -89,3 +92,42 @@ async def test_fleet_down_mid_job_is_said_at_once_then_fleetdown_with_the_resume
     got = query(out, "SELECT id, sample FROM results")
     assert len(got) == 300 and set(got) == {(f"r{i}", 0) for i in range(300)}  # exactly once, none lost
     assert query(out, "SELECT COUNT(*) FROM errors")[0][0] == 0
+
+
+async def test_a_hung_instance_is_named_and_its_requests_move_to_the_others(
+    fleet: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """An engine that stops answering while its process lives (seen on a GPU: SGLang's scheduler crashed,
+    the job sat with 0 completions, printing nothing). Here the instance's process is SIGSTOPped: connections
+    are still accepted, nothing answers, /health times out. The job says so and goes on with the others."""
+    victim = "h0-0"
+    prompts = write_prompts(tmp_path / "p.jsonl", 200)
+    out = tmp_path / "out"
+    log = tmp_path / "run.log"
+    args = ["run", str(prompts), "-o", str(out), "-f", str(fleet), "--concurrency", "2", "--max-tokens", "64",
+            "--hung-after", "5", "--json"]  # fmt: skip
+    pid = instance_pids(fleet)[victim]
+    with log.open("wb") as err:
+        proc = await asyncio.create_subprocess_exec(
+            FLEETGEN, *args, stdout=asyncio.subprocess.PIPE, stderr=err
+        )
+    try:
+        await asyncio.wait_for(wait_for_rows(out, 20, proc), BOUND_S)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            await asyncio.wait_for(text_appears(log, f"{victim} is down: no answer for", proc), BOUND_S)
+        finally:
+            os.kill(pid, signal.SIGCONT)  # it may come back into the job; the test is about saying it
+        stdout, _ = await asyncio.wait_for(proc.communicate(), 300)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    text = log.read_text()
+    assert proc.returncode == 0, text
+    line = next(line for line in text.splitlines() if line.startswith(f"{victim} is down: "))
+    assert "requests in flight and /health failing: the engine looks hung" in line
+    assert json.loads(stdout)["status"] == "complete"
+    got = query(out, "SELECT id, sample FROM results")
+    assert len(got) == 200 and set(got) == {(f"r{i}", 0) for i in range(200)}  # its requests went elsewhere

@@ -133,6 +133,15 @@ def run_command(
         ),
     ] = None,
     wait_ready: WaitReady = None,
+    hung_after: Annotated[
+        float,
+        Opt(
+            "--hung-after",
+            min=1.0,
+            help="A server with requests in flight, no answer this long (s) "
+            "and /health failing is hung: its requests go elsewhere.",
+        ),
+    ] = 120.0,
     split: Annotated[str | None, Opt("--split", help="Split of a DatasetDict folder.")] = None,
     json_out: bool = flag("json", "Print the summary as JSON."),
     live: bool = flag("live", "The live view on a terminal (--no-live: plain log lines, as off one).", True),
@@ -177,6 +186,7 @@ class RunFlags:
     max_retries: int | None
     dead_timeout: float | None
     wait_ready: float | None
+    hung_after: float
     split: str | None
     json_out: bool
     live: bool
@@ -226,6 +236,7 @@ def _options(f: RunFlags, job: JobFile, endpoints: list[tuple[str, str]], *, api
         max_retries=job.max_retries if f.max_retries is None else f.max_retries,
         max_consecutive_failures=job.max_consecutive_failures,
         dead_timeout_s=DEFAULT_DEAD_TIMEOUT_S if f.dead_timeout is None else f.dead_timeout,
+        hung_after_s=f.hung_after,
     )
     return JobOptions(
         input_path=f.input_path, out_dir=f.out, params=params, endpoints=endpoints, api_key=api_key,

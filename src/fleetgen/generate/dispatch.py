@@ -64,6 +64,7 @@ class Dispatcher:
         self._changed = asyncio.Event()
         self._drained: set[asyncio.Task[None]] = set()
         self._watch.on_ready = self._changed.set
+        self._watch.on_hung = self._hung
         self._timers: set[asyncio.TimerHandle] = set()
         self._stopping = False
         self._fatal: FleetgenError | None = None
@@ -167,6 +168,8 @@ class Dispatcher:
             await asyncio.wait_for(self._changed.wait(), 1.0)
 
     def _launch(self, endpoint: Endpoint, work: Work) -> None:
+        if not endpoint.in_flight:
+            endpoint.answered_at = time.monotonic()  # silence is counted from here
         endpoint.in_flight += 1
         self._num_active += 1
         task = asyncio.get_running_loop().create_task(self._serve(endpoint, work))
@@ -198,6 +201,7 @@ class Dispatcher:
             endpoint.output_tokens += sum(c.completion_tokens or 0 for c in work.done)
             self._on_success(endpoint.name, work, started, time.monotonic() - t0)
         finally:
+            endpoint.answered_at = time.monotonic()
             endpoint.in_flight -= 1
             endpoint.tasks.discard(task)
             self._num_active -= 1
@@ -253,6 +257,12 @@ class Dispatcher:
 
         handle = loop.call_later(delay, ready)
         self._timers.add(handle)
+
+    def _hung(self, endpoint: Endpoint, why: str) -> None:
+        endpoint.last_error = why
+        self.last_error = f"{endpoint.name}: {why}"
+        self._mark_down(endpoint)
+        self._changed.set()
 
     def _mark_down(self, endpoint: Endpoint) -> None:
         if endpoint.state is not EndpointState.READY:

@@ -56,6 +56,7 @@ class Endpoint:
     num_restarts: int = 0
     last_error: str = ""
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    answered_at: float = 0.0  # monotonic: its last answer (or when its first request in flight left)
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,8 @@ class RetryPolicy:
     probe_interval_max_s: float = 15.0
     dead_timeout_s: float = 300.0
     restart_attempts: int = 3
+    hung_after_s: float = 120.0  # requests in flight, no answer this long, /health failing: hung
+    health_timeout_s: float = 30.0  # a busy engine's /health may take a while; a hung one never answers
 
 
 class Watch:
@@ -85,6 +88,7 @@ class Watch:
         self.endpoints = endpoints
         self.policy = policy
         self.on_ready: Callable[[], None] | None = None
+        self.on_hung: Callable[[Endpoint, str], None] | None = None
         self._on_dead = on_dead
         self._admit = admit
         self._ready = asyncio.Event()
@@ -101,6 +105,7 @@ class Watch:
         for endpoint in self.endpoints:
             if endpoint.state is not EndpointState.READY:
                 self._watch(endpoint)
+        self._spawn(self._guard_hung())
 
     def lost(self, endpoint: Endpoint, reason: str = "") -> None:
         """The endpoint failed (connection, repeated errors): DOWN, probed, restarted with `on_dead`."""
@@ -134,6 +139,24 @@ class Watch:
             self._spawn(self._probe(endpoint))
         if endpoint.state is EndpointState.DOWN:
             self._restart_soon(endpoint)
+
+    async def _guard_hung(self) -> None:
+        """A READY endpoint with requests in flight, no answer for `hung_after_s` and a /health that fails
+        is hung (an engine whose scheduler died while its HTTP server lives): `on_hung` drains it, its
+        requests go elsewhere, and the probe brings it back once healthy (`--restart-dead` restarts it)."""
+        limit = self.policy.hung_after_s
+        while True:
+            await asyncio.sleep(min(limit / 4, 10.0))
+            now = time.monotonic()
+            for e in self.endpoints:
+                if e.state is not EndpointState.READY or not e.in_flight or now - e.answered_at < limit:
+                    continue
+                if await e.client.is_healthy(min(self.policy.health_timeout_s, limit)):
+                    e.answered_at = now  # slow (long generations), not hung: look again after `limit`
+                elif e.state is EndpointState.READY and e.in_flight and self.on_hung is not None:
+                    silent = time.monotonic() - e.answered_at
+                    self.on_hung(e, f"no answer for {silent:.0f} s with {e.in_flight} requests in flight and "
+                                 "/health failing: the engine looks hung (its log says why)")  # fmt: skip
 
     def _restart_soon(self, endpoint: Endpoint) -> None:
         if self._on_dead is not None and endpoint not in self._restarting:
