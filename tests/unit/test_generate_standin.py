@@ -74,9 +74,10 @@ class StandIn:
             )
         turn = sum(1 for m in body["messages"] if m["role"] == "assistant")
         finish = marks.get("finish", "stop")
+        content = "" if "empty" in marks else f"answer {turn} to: {user}"  # empty: all tokens spent reasoning
         message = {
             "role": "assistant",
-            "content": f"answer {turn} to: {user}",
+            "content": f"<think>left over</think> {content}" if "leak" in marks else content,
             self.reasoning_field: f"thinking about {user}",
         }
         return web.json_response(
