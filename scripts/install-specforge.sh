@@ -12,7 +12,8 @@ set -euo pipefail
 
 VERSION=0.2.0
 VENV="${1:-${FLEETGEN_SPECFORGE_VENV:-$HOME/.cache/fleetgen/specforge-venv}}"
-MARKER="$VENV/.fleetgen-specforge-$VERSION-ok"
+TRANSFORMERS=5.8.1  # the version SpecForge 0.2.0 pins
+MARKER="$VENV/.fleetgen-specforge-$VERSION-transformers-$TRANSFORMERS-ok"
 say() { printf '[install-specforge] %s\n' "$*"; }
 
 if [[ -f "$MARKER" ]]; then
@@ -20,11 +21,12 @@ if [[ -f "$MARKER" ]]; then
     exit 0
 fi
 [[ -x "$VENV/bin/python" ]] || python3 -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip install --no-input --progress-bar off -q)
+# --no-compile: no .pyc for torch's thousands of files at install time (most of the install's CPU time);
+# Python compiles the few modules the test imports on first use.
+PIP=("$VENV/bin/python" -m pip install --no-input --progress-bar off -q --no-compile)
 say "torch 2.13.0 (CPU), specforge==$VERSION --no-deps, and specforge.data's imports into $VENV"
-"${PIP[@]}" torch==2.13.0
 "${PIP[@]}" --no-deps "specforge==$VERSION"
-"${PIP[@]}" transformers==5.19.0 datasets tqdm pydantic jinja2 numpy
+"${PIP[@]}" torch==2.13.0 "transformers==$TRANSFORMERS" datasets tqdm pydantic jinja2 numpy
 got="$("$VENV/bin/python" -c '
 import importlib.metadata as m
 import specforge.data.preprocessing, specforge.data.template

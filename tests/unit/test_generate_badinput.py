@@ -153,3 +153,16 @@ async def test_the_cli_never_exits_0_when_nothing_useful_was_produced(tmp_path: 
         nothing = await cli("run", str(empty), "-o", str(tmp_path / "o2"), *base)
     assert wrong_field[0] != 0 and 'prompt_field = "question"' in wrong_field[1]
     assert nothing[0] != 0 and "no result" in nothing[1]
+
+
+async def test_an_export_that_wrote_nothing_exits_non_zero_with_the_reasons(tmp_path: Path) -> None:
+    prompts = write_jsonl(
+        tmp_path / "p.jsonl", [{"prompt": f"q{i} [[sim:finish=length:empty]]"} for i in range(3)]
+    )
+    async with serve(StandIn()) as a:
+        await Job(options(tmp_path, prompts, [a.url])).run()
+    code, text = await cli(
+        "export", str(tmp_path / "out"), "--format", "sharegpt", "--to", str(tmp_path / "t.jsonl")
+    )
+    assert code != 0 and "wrote 0 rows" in text and "dropped 3: empty assistant answer" in text
+    assert "3 truncated rows dropped" in text

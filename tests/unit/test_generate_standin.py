@@ -60,6 +60,8 @@ class StandIn:
         body = await request.json()
         self.bodies.append(body)
         user = [m for m in body["messages"] if m["role"] == "user"][-1]["content"]
+        if isinstance(user, list):  # content parts: their text
+            user = " ".join(part.get("text", "") for part in user)
         self.seen[user] += 1
         if self.reject_all_with is not None:
             return web.json_response({"error": {"message": "rejected"}}, status=self.reject_all_with)

@@ -414,3 +414,6 @@ def export_command(
             console.print(f"  {note}", highlight=False, markup=False)
         for why, num in summary.dropped.items():
             console.print(f"  dropped {num}: {why}", highlight=False, markup=False)
+    if summary.rows == 0:  # an empty training file is nothing useful (SpecForge's validator refuses it)
+        err_console.print("[bold red]error:[/] no row was written (see the reasons above)", highlight=False)
+        raise typer.Exit(1)
