@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import bz2
+import dataclasses
 import gzip
 import lzma
 import sqlite3
@@ -23,7 +24,7 @@ from fleetgen.errors import InputError
 from fleetgen.generate.diagnose import FAIL_FAST
 from fleetgen.generate.runner import Job
 from fleetgen.generate.source import RecordShape
-from tests.unit.test_generate_job import options, write_jsonl
+from tests.unit.test_generate_job import FAST, options, write_jsonl
 from tests.unit.test_generate_standin import StandIn, serve
 
 COMPRESS = {
@@ -118,11 +119,14 @@ async def test_a_real_zip_of_jsonl_is_named(tmp_path: Path) -> None:
 async def test_a_run_that_produced_nothing_is_failed_not_complete(tmp_path: Path) -> None:
     empty = tmp_path / "empty.jsonl"
     empty.write_bytes(b"")
-    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"q{i}"} for i in range(5)])
-    async with serve(StandIn()) as a, serve(StandIn(reject_all_with=400)) as rejecting:
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"q{i} [[sim:status=500]]"} for i in range(2)])
+    once = dataclasses.replace(FAST, max_retries=1)
+    async with serve(StandIn()) as a:
         nothing = await Job(options(tmp_path, empty, [a.url], out_dir=tmp_path / "o1")).run()
-        all_errors = await Job(options(tmp_path, prompts, [rejecting.url], out_dir=tmp_path / "o2")).run()
-    assert nothing.status == "failed" and all_errors.status == "failed" and all_errors.errors == 5
+        all_errors = await Job(
+            options(tmp_path, prompts, [a.url], out_dir=tmp_path / "o2", policy=once)
+        ).run()
+    assert nothing.status == "failed" and all_errors.status == "failed" and all_errors.errors == 2
 
 
 async def test_bad_records_among_good_ones_do_not_stop_the_job(tmp_path: Path) -> None:
