@@ -28,6 +28,7 @@ from fleetgen.config import load_fleet
 from fleetgen.deploy.fleetops import down, up
 from fleetgen.deploy.listener import port_owners, stranger_problem
 from fleetgen.errors import LaunchFailed, PlanError, VerifyError
+from fleetgen.fleet.status import fleet_status
 from fleetgen.remote import open_host
 from tests.fixtures.sshd import SshdHost
 from tests.integration.test_deploy_sglang import QWEN36, sim_fleet
@@ -111,6 +112,18 @@ async def test_port_taken_by_another_process_after_the_check_is_not_ready(
         assert f"pid {os.getpid()} (" in message and "pytest" in message  # the holder: this test process
         assert "give this instance a free port" in out.error.fix
         assert out.pid is not None and not _is_running(out.pid)  # the started process was stopped
+
+        # Started again by hand (same script) while the port is still taken: `status` must not say ready.
+        root = ssh_hosts[0].workdir / tmp_path.name / inst.name
+        async with open_host(load_fleet(ours).host("h0")) as remote:
+            again = await remote.spawn(
+                str(root / "launch.sh"), str(root / "logs" / "hand.log"), str(root / "pid"), cwd=str(root)
+            )
+        [st] = await fleet_status(ours, rate_window_s=0)
+        assert st.pid == again.pid and st.drift == [] and not st.ready
+        assert f"pid {again.pid}) does not listen on port {inst.port}; it is held by pid {os.getpid()}" in (
+            " ".join(st.problem.split())
+        )
     finally:
         for server in relays:
             server.close()

@@ -151,6 +151,13 @@ def test_instances_for_all_gpus_use_detected_indices() -> None:
         fleet.instances({"x": []})
 
 
+def test_detected_gpus_tp_does_not_divide_name_the_fleet_files_line(tmp_path: Path) -> None:
+    path = _write(tmp_path, '[engine]\nkind = "vllm"\nmodel = "/m"\ntp = 2\n\n[[hosts]]\nname = "x"\n')
+    with pytest.raises(ConfigError) as caught:
+        load_fleet(path).instances({"x": [0, 1, 2]}, source=path)
+    assert caught.value.message.startswith(f'{path}:6: hosts[0].gpus: gpus = "all" found [0, 1, 2] on x')
+
+
 def test_locate_finds_nested_keys() -> None:
     assert locate(GOOD, ("hosts", 1, "gpus")) == _line_of(GOOD, "gpus = [4, 5]")
     assert locate(GOOD, ("engine", "model")) == _line_of(GOOD, "model =")

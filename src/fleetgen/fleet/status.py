@@ -18,9 +18,10 @@ from typing import Any
 
 import aiohttp
 
-from fleetgen.config import HostSpec
+from fleetgen.config import LOOPBACK, HostSpec
 from fleetgen.deploy.fleetops import Fleet, host_instances, open_session
 from fleetgen.deploy.instance import HostSession, Target, find_running
+from fleetgen.deploy.listener import port_owners, stranger_problem
 from fleetgen.deploy.probe import EngineClient, capacity_from_metrics, parse_metrics
 from fleetgen.deploy.state import load_state
 from fleetgen.deploy.targets import api_key, build_target
@@ -118,6 +119,12 @@ class FleetView:
         engine = self.fleet.engine
         if not await client.is_healthy(engine.health_path):
             st.problem = "process runs but the health endpoint does not answer 200 (loading, or hung)"
+            return
+        stranger = stranger_problem(
+            await port_owners(w.hs.host, st.port), running.pid, w.hs.public_bind or LOOPBACK
+        )
+        if stranger:  # the health check was answered, but maybe not by this instance's process
+            st.problem = stranger
             return
         info = (await client.first_json(engine.info_paths))[1] if engine.info_paths else None
         load, capacity = await self._load(w, client, info, rate_window_s)
