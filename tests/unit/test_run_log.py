@@ -73,4 +73,6 @@ async def test_the_jobs_last_snapshot_carries_its_averages_not_the_last_windows(
     assert last.done == 30 and last.completions_per_s > 0 and last.output_tokens_per_s > 0
     average = summary.completions_this_run / last.elapsed_s
     assert abs(last.completions_per_s - average) <= 0.05 * average  # the same job average, both clocks
+    (endpoint,) = last.endpoints
+    assert abs(endpoint.completions_per_s - average) <= 0.05 * average  # each instance's average too
     assert dataclasses.replace(last, waiting_s=None) == last

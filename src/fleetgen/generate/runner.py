@@ -213,6 +213,7 @@ class Job:
             if on_progress is not None:  # the last frame shows the job's averages, not the last window's
                 elapsed = max(time.monotonic() - started, 1e-9)
                 c = self.counters
+                self._endpoint_rates = {e.name: e.completions / elapsed for e in dispatcher.endpoints}
                 final = self._snapshot(
                     dispatcher, started, (c.results + c.errors) / elapsed, c.output_tokens / elapsed
                 )
