@@ -53,10 +53,11 @@ async def _get(session: aiohttp.ClientSession, url: str) -> tuple[int, str]:
         return resp.status, await resp.text()
 
 
-async def _chat(session: aiohttp.ClientSession, url: str) -> None:
+async def _chat(session: aiohttp.ClientSession, url: str) -> Any:
     body = {"model": "qwen3.6-27b", "messages": [{"role": "user", "content": "one two"}], "max_tokens": 24}
     async with session.post(url + "/v1/chat/completions", json=body) as resp:
         assert resp.status == 200
+        return await resp.json()
 
 
 def _read_names() -> set[str]:
@@ -73,7 +74,7 @@ async def test_the_simulated_mtp_server_shows_what_real_sglang_shows(sim_server:
     async with sim_server("--model-path", str(MODEL), **MTP) as srv, aiohttp.ClientSession() as session:
         _, text = await _get(session, srv.base_url + "/metrics")
         before = parse_metrics(text)
-        await _chat(session, srv.base_url)
+        chat = await _chat(session, srv.base_url)
         _, text = await _get(session, srv.base_url + "/metrics")
         after = parse_metrics(text)
         info = json.loads((await _get(session, srv.base_url + "/server_info"))[1])
@@ -85,6 +86,11 @@ async def test_the_simulated_mtp_server_shows_what_real_sglang_shows(sim_server:
     evidence = spec_evidence(SGLANG.metrics, before, after, info)
     assert evidence.steps and evidence.steps > 0
     assert judge_spec("sim", evidence)[0] is None
+    # the chat response's shape (keys of the response, the choice and the message)
+    real_chat = json.loads((REAL / "chat.json").read_text())
+    assert set(chat) == set(real_chat)
+    assert set(chat["choices"][0]) == set(real_chat["choices"][0])
+    assert set(chat["choices"][0]["message"]) == set(real_chat["choices"][0]["message"])
     # /v1/models root and model_type as the real server reports them
     assert models["data"][0]["root"] == real_models["data"][0]["root"] == "qwen3.6-27b"
     assert model_info["model_type"] == real_model_info["model_type"]

@@ -104,7 +104,8 @@ def usage_json(prompt_tokens: int, gens: list[Generation]) -> str:
 @functools.lru_cache(maxsize=512)
 def _message_json(gen: Generation) -> str:
     reasoning = "null" if gen.reasoning is None else _dumps(gen.reasoning)
-    return f'{{"role":"assistant","content":{_dumps(gen.content)},"reasoning_content":{reasoning}}}'
+    content = _dumps(gen.content)
+    return f'{{"role":"assistant","content":{content},"reasoning_content":{reasoning},"tool_calls":null}}'
 
 
 def _matched(gen: Generation, eos_id: int) -> str:
