@@ -62,6 +62,15 @@ def test_progress_lines_come_every_n_seconds_and_the_last_one_has_the_averages()
     assert waiting[-1].endswith("ready 0/2  no server ready: stopping in 42 s")
 
 
+def test_the_start_up_wait_is_logged_now_and_then_with_each_instances_state() -> None:
+    start = dataclasses.replace(snap({"a": ("waiting", "loading shards"), "b": ("down", "not running")},
+                                     done=0, waiting_s=1700), total=None)  # fmt: skip
+    assert run_log([start] * 3, every_s=3600) == []  # `run` itself said it at once; then every N s
+    lines = run_log([start] * 2, every_s=0)
+    assert lines == ["[0:00:12] no server ready yet, waiting 1700 s more: a (waiting): loading shards; "
+                     "b (down): not running"] * 2  # fmt: skip
+
+
 async def test_the_jobs_last_snapshot_carries_its_averages_not_the_last_windows(tmp_path: Path) -> None:
     """The live view's last frame used to read "0.0 compl/s 0 tok/s" for every finished job."""
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": f"r{i}", "prompt": f"q{i}"} for i in range(30)])

@@ -55,15 +55,24 @@ class PlainLog:
         self._all_down = False
 
     def __call__(self, p: Progress) -> None:
-        if p.total is None and p.done == 0 and p.waiting_s is not None:
-            return  # the start-up wait: `run` said which instances are not ready, and what it waits for
+        if p.total is None and p.done == 0 and p.waiting_s is not None:  # the start-up wait
+            if self._is_due():  # `run` said at once which instances are not ready; then, now and then:
+                states = "; ".join(
+                    f"{e.name} ({e.state}): {e.last_error or 'not ready'}" for e in p.endpoints
+                )
+                left = f"{p.waiting_s:.0f} s"
+                self._say(f"[{duration(p.elapsed_s)}] no server ready yet, waiting {left} more: {states}")
+            return
         self._changes(p)
+        if p.is_final or self._is_due():
+            self._say(progress_line(p))
+
+    def _is_due(self) -> bool:
         now = time.monotonic()
-        if p.is_final:
-            self._say(progress_line(p))
-        elif now - self._last_line >= self._every_s:
-            self._last_line = now
-            self._say(progress_line(p))
+        if now - self._last_line < self._every_s:
+            return False
+        self._last_line = now
+        return True
 
     def _changes(self, p: Progress) -> None:
         """A line per instance that went down or came back; the whole picture when none is left."""
