@@ -20,7 +20,8 @@ from fleetgen.remote.base import Host
 
 # $1 port. Prints `L INODE ADDR_HEX` per LISTEN socket on the port, `P PID PPID` per process, `H PID INODE`
 # per holder of one of those sockets, `C PID BASE64(cmdline)` per holder. /proc/PID/stat's comm may hold
-# spaces and parentheses: the state and ppid follow its LAST `) `.
+# spaces and parentheses: the state and ppid follow its LAST `) `. Holders come from one `ls -l` of every
+# /proc/PID/fd (POSIX ls + awk: no GNU find needed, so busybox hosts work too).
 OWNERS_SH = r"""
 hex=$(printf '%04X' "$1")
 listeners=$(awk -v p=":$hex" '$4 == "0A" && substr($2, length($2) - 4) == p {
@@ -28,10 +29,12 @@ listeners=$(awk -v p=":$hex" '$4 == "0A" && substr($2, length($2) - 4) == p {
 [ -n "$listeners" ] || exit 0
 printf '%s\n' "$listeners" | sed 's/^/L /'
 sed -n 's/^\([0-9]*\) .*) [A-Za-z] \([0-9]*\) .*/P \1 \2/p' /proc/[0-9]*/stat 2>/dev/null
-holders=$(printf '%s\n' "$listeners" | while read -r inode _; do
-  find /proc/[0-9]*/fd -maxdepth 1 -lname "socket:\[$inode\]" 2>/dev/null |
-    sed -n "s|^/proc/\([0-9]*\)/fd/.*|H \1 $inode|p"
-done)
+want=" $(printf '%s\n' "$listeners" | cut -d' ' -f1 | tr '\n' ' ')"
+holders=$(ls -l /proc/[0-9]*/fd 2>/dev/null | awk -v want="$want" '
+  /^\/proc\/[0-9]+\/fd:$/ { split($0, part, "/"); pid = part[3]; next }
+  $NF ~ /^socket:\[[0-9]+\]$/ {
+    ino = $NF; gsub(/[^0-9]/, "", ino); if (index(want, " " ino " ")) print "H", pid, ino }' |
+  sort -u)
 [ -n "$holders" ] || exit 0
 printf '%s\n' "$holders"
 for pid in $(printf '%s\n' "$holders" | cut -d' ' -f2 | sort -u); do
