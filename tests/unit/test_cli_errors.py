@@ -27,6 +27,15 @@ def test_a_config_error_names_file_line_field_and_fix_with_brackets_intact(tmp_p
     assert "fix: edit" in text
 
 
+def test_plan_refuses_an_empty_gpu_list_instead_of_zero_instances_that_all_fit(tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text('[engine]\nkind = "sglang"\nmodel = "/m"\n\n[[hosts]]\nname = "a"\ngpus = []\n')
+    result = _cli().invoke(app, ["plan", "-f", str(fleet), "--offline"])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and "all instances fit" not in text
+    assert f"{fleet}:7: hosts[0].gpus: an empty GPU list starts no instance on this host" in text
+
+
 def test_init_names_the_tables_to_edit(tmp_path: Path) -> None:
     result = _cli().invoke(app, ["init", str(tmp_path / "f.toml")])
     assert result.exit_code == 0
