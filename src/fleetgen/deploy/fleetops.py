@@ -147,7 +147,13 @@ async def for_each_host(
                 names = selection.names(spec.name, fleet.file.instances_on(spec))
                 opened.failed += [Outcome(instance=n, host=spec.name, error=exc) for n in names]
 
-        await asyncio.gather(*(connect(h) for h in selection.hosts(fleet.file)))
+        # Every connect ends before an unexpected error is raised: raised while others still connect, it
+        # would close the stack under them.
+        for result in await asyncio.gather(
+            *(connect(h) for h in selection.hosts(fleet.file)), return_exceptions=True
+        ):
+            if isinstance(result, BaseException):
+                raise result
         if check_fleet is not None:
             check_fleet(opened)
 
