@@ -334,8 +334,11 @@ def layout_problems(fleet: FleetFile) -> list[tuple[tuple[int | str, ...], str]]
             why = _gpu_count_problem(list(host.gpus), tp, f"gpus = {_gpu_list(host.gpus)}")
             if why:
                 k = len(host.gpus) // tp * tp
-                example = f"gpus = {_gpu_list(host.gpus[:k])}" if k else f"tp = {len(host.gpus)}"
-                fix = f"list a multiple of {tp} GPUs ({example}) or change engine.tp"
+                fix = (
+                    f"list a multiple of {tp} GPUs (gpus = {_gpu_list(host.gpus[:k])}) or change engine.tp"
+                    if k
+                    else f"list at least {tp} GPUs for this host or remove it (engine.tp holds for every host)"
+                )
                 problems.append((("hosts", i, "gpus"), f"{why}; {fix}"))
     for j, other in enumerate(fleet.hosts):
         for host in fleet.hosts:
