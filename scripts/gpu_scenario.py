@@ -19,6 +19,8 @@ This script needs a GPU and a real engine; it is never a test. `scripts/airgap_p
 from __future__ import annotations
 
 import argparse
+import calendar
+import itertools
 import json
 import os
 import random
@@ -93,7 +95,14 @@ class Scenario:
                 rc = 124
         wall = time.monotonic() - t0
         self.log(f"  rc={rc} in {wall:.1f} s")
-        return {"rc": rc, "wall_s": round(wall, 2), "output": str(path.relative_to(self.out))}
+        end = time.time()
+        return {
+            "rc": rc,
+            "wall_s": round(wall, 2),
+            "output": str(path.relative_to(self.out)),
+            "t0": round(end - wall, 3),
+            "t1": round(end, 3),
+        }
 
     def fg(self, name: str, args: list[str], timeout: float = 600) -> dict[str, Any]:
         return self.sh(name, [*FLEETGEN, *args], timeout)
@@ -204,6 +213,7 @@ class Scenario:
                 got[name] = f"{type(exc).__name__}: {exc}"
         self.state[v]["capture"] = got
         self.state[v]["nvidia_smi_up"] = self.gpu_used(f"{v}-nvidia-smi-up")
+        self.state["gpu"] = self.state.get("gpu") or self.gpu_name()
         self.state[v]["actual"] = self.actual(v)
 
     def step_status(self, v: str, fleet: Path) -> None:
@@ -352,6 +362,8 @@ class Scenario:
                 str(result),
             ]
         rec = self.sh(f"{v}-engine-bench", argv, 900, env=self.engine_env())
+        name = f"{self.fleet['hosts'][0]['name']}-0"
+        self.fg(f"{v}-engine-log-end", ["logs", name, "--fleet", str(fleet), "-n", "100000"], 120)
         doc = None
         if result.exists():
             text = result.read_text().strip().splitlines()
@@ -519,6 +531,7 @@ class Scenario:
                 ],
                 "sweep_peak": peak
                 and {"concurrency": peak.get("concurrency"), "output_tok_s": peak.get("output_tok_s")},
+                "server_view": self.server_view(v),
                 "export_check": (s.get("export") or {}).get("check"),
                 "gpu_used_mib_after_down": (s.get("down") or {}).get("gpu_used_mib_after"),
                 "steps": {
@@ -534,8 +547,8 @@ class Scenario:
         doc = {
             "engine": self.engine["kind"],
             "version": self.engine.get("version"),
-            "gpu": self.gpu_name(),
-            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "gpu": self.state.get("gpu") or self.gpu_name(),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started())),
             "fleet": self.fleet,
             "params": {
                 k: getattr(self.a, k)
@@ -559,6 +572,41 @@ class Scenario:
         self.log(f"wrote {path}")
         return path
 
+    def server_view(self, v: str) -> dict[str, Any]:
+        """The same pair seen from the engine: its own decode throughput while each client ran, fleetgen's
+        refill delay (finish → next dispatch), and the longest stall in the engine's batch lines."""
+        log = self.raw / f"{v}-engine-log-end.txt"
+        store = self.out / f"run-{v}" / "results.sqlite"
+        eb = self.state.get(v, {}).get("engine_bench") or {}
+        if not log.exists() or not store.exists():
+            return {}
+        with sqlite3.connect(store) as db:
+            rows = db.execute("SELECT started_at, finished_at FROM results ORDER BY started_at").fetchall()
+        starts, ends = [r[0] for r in rows], sorted(r[1] for r in rows)
+        c = self.a.concurrency
+        refill = sorted(starts[k] - ends[k - c] for k in range(c, len(starts)))
+        batches = engine_batches(log.read_text(errors="replace"))
+        view: dict[str, Any] = {
+            "fleetgen_refill_delay_s": {"p50": refill[len(refill) // 2], "max": refill[-1]}
+            if refill
+            else None,
+            "fleetgen": window_view(batches, starts[0], ends[-1]),
+        }
+        if "t0" in eb:
+            view["engine_bench"] = window_view(batches, eb["t0"], eb["t1"])
+        return view
+
+    def started(self) -> float:
+        """When the scenario's first recorded command began (the result's date), else now."""
+        t0s = [
+            x["t0"]
+            for v in self.state.values()
+            if isinstance(v, dict)
+            for x in v.values()
+            if isinstance(x, dict) and "t0" in x
+        ]
+        return min(t0s, default=time.time())
+
     def reported_version(self) -> str | None:
         """The engine version `hosts check` read on the host (the fleet file may not pin one)."""
         for v in self.state.values():
@@ -579,6 +627,55 @@ class Scenario:
             if q.returncode == 0 and q.stdout.strip():
                 return re.sub(r"[^a-z0-9]+", "", q.stdout.splitlines()[0].lower().replace("nvidia", ""))
         return "cpu"
+
+
+BATCH_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] (Decode|Prefill) batch")
+RUNNING = re.compile(r"#running-req: (\d+)")
+GEN_TPS = re.compile(r"gen throughput \(token/s\): ([\d.]+)")
+VLLM_LINE = re.compile(
+    r"INFO (\d\d-\d\d \d\d:\d\d:\d\d).*Avg generation throughput: ([\d.]+) tokens/s, Running: (\d+) reqs"
+)
+
+
+def engine_batches(text: str) -> list[tuple[float, str, int | None, float | None]]:
+    """(epoch, kind, running, gen tok/s) per batch line of an SGLang log, or per vLLM stats line (UTC)."""
+    out: list[tuple[float, str, int | None, float | None]] = []
+    year = time.gmtime().tm_year
+    for line in text.splitlines():
+        m = BATCH_LINE.match(line)
+        if m:
+            t = calendar.timegm(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S"))
+            run, gen = RUNNING.search(line), GEN_TPS.search(line)
+            out.append(
+                (t, m.group(2), int(run.group(1)) if run else None, float(gen.group(1)) if gen else None)
+            )
+            continue
+        m = VLLM_LINE.search(line)
+        if m:
+            t = calendar.timegm(time.strptime(f"{year}-{m.group(1)}", "%Y-%m-%d %H:%M:%S"))
+            out.append((t, "Decode", int(m.group(3)), float(m.group(2))))
+    return out
+
+
+def window_view(
+    batches: list[tuple[float, str, int | None, float | None]], t0: float, t1: float
+) -> dict[str, Any]:
+    """Inside [t0, t1]: the engine's mean decode tok/s (all lines, and at its fullest batch), the longest gap
+    between two batch lines (a stall: e.g. first-use kernel compilation), the most requests running."""
+    inside = [b for b in batches if t0 - 1 <= b[0] <= t1 + 1]
+    decode = [b for b in inside if b[1] == "Decode" and b[3] is not None]
+    if not decode:
+        return {}
+    top = max(b[2] or 0 for b in decode)
+    full = [b[3] for b in decode if b[2] == top and b[3] is not None]
+    times = [t0, *(b[0] for b in inside), t1]
+    return {
+        "seconds": round(t1 - t0, 2),
+        "decode_tok_s_mean": round(sum(b[3] or 0 for b in decode) / len(decode), 1),
+        "decode_tok_s_at_full_batch": round(sum(full) / len(full), 1),
+        "max_running": top,
+        "longest_stall_s": round(max(b - a for a, b in itertools.pairwise(times)), 1),
+    }
 
 
 def check_sharegpt(path: Path, expected: int) -> dict[str, Any]:
@@ -628,6 +725,31 @@ def markdown(doc: dict[str, Any]) -> str:
             f" | {fmt(r['fleetgen_over_engine_bench'], '{:.3f}')}"
             f" | {fmt(peak.get('output_tok_s'), '{:,.0f}')} ({peak.get('concurrency')})"
             f" | {r.get('gpu_used_mib_after_down')} |"
+        )
+    lines += [
+        "",
+        "The same pair seen from the engine (its own log): decode tok/s while each client ran, at its "
+        "fullest batch; the longest gap between its batch lines (a stall); fleetgen's refill delay "
+        "(finish → next dispatch).",
+        "",
+        "| variant | engine tok/s (fleetgen run) | engine tok/s (engine bench) "
+        "| longest stall (fleetgen run) | longest stall (engine bench) | refill delay p50 / max |",
+        "|---|---|---|---|---|---|",
+    ]
+    for v, r in doc["variants"].items():
+        sv = r.get("server_view") if isinstance(r, dict) else None
+        if not sv:
+            continue
+        fg, eb, rd = (
+            sv.get("fleetgen") or {},
+            sv.get("engine_bench") or {},
+            sv.get("fleetgen_refill_delay_s") or {},
+        )
+        lines.append(
+            f"| {v} | {fmt(fg.get('decode_tok_s_at_full_batch'), '{:,.1f}')}"
+            f" | {fmt(eb.get('decode_tok_s_at_full_batch'), '{:,.1f}')}"
+            f" | {fmt(fg.get('longest_stall_s'), '{} s')} | {fmt(eb.get('longest_stall_s'), '{} s')}"
+            f" | {fmt(rd.get('p50'), '{:.5f}')} / {fmt(rd.get('max'), '{:.4f}')} s |"
         )
     if "spec_vs_nospec" in doc["variants"]:
         pairs = ", ".join(f"c={c}: {x:.2f}x" for c, x in doc["variants"]["spec_vs_nospec"].items())
