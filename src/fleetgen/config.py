@@ -337,7 +337,7 @@ def layout_problems(fleet: FleetFile) -> list[tuple[tuple[int | str, ...], str]]
                 fix = (
                     f"list a multiple of {tp} GPUs (gpus = {_gpu_list(host.gpus[:k])}) or change engine.tp"
                     if k
-                    else f"list at least {tp} GPUs for this host or remove it (engine.tp holds for every host)"
+                    else f"list at least {tp} GPUs for this host or remove it (engine.tp is for every host)"
                 )
                 problems.append((("hosts", i, "gpus"), f"{why}; {fix}"))
     for j, other in enumerate(fleet.hosts):
