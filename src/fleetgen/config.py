@@ -22,10 +22,6 @@ from fleetgen.errors import ConfigError
 from fleetgen.redact import remember
 
 ArgValue = str | int | float | bool
-DEFAULT_LAUNCHERS: dict[str, tuple[str, ...]] = {
-    "sglang": ("-m", "sglang.launch_server"),
-    "vllm": ("-m", "vllm.entrypoints.cli.main", "serve"),
-}
 LOOPBACK = "127.0.0.1"
 
 
@@ -42,7 +38,7 @@ class EngineSpec(_Strict):
     model: str
     model_config_dir: str | None = Field(default=None, alias="model_config")
     served_model_name: str | None = None
-    launcher: tuple[str, ...] | None = None
+    launcher: tuple[str, ...] | None = None  # None: the engine's own (`engines.launcher_of`)
     args: dict[str, ArgValue | list[ArgValue]] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
     tp: Annotated[int, Field(ge=1, le=64)] = 1
@@ -71,10 +67,6 @@ class EngineSpec(_Strict):
                 "name of an environment variable holding an API key, or keep bind = '127.0.0.1' (SSH tunnels)"
             )
         return self
-
-    @property
-    def launcher_argv(self) -> tuple[str, ...]:
-        return self.launcher if self.launcher is not None else DEFAULT_LAUNCHERS[self.kind]
 
     @property
     def is_public(self) -> bool:

@@ -9,9 +9,10 @@ import pytest
 from fleetgen.config import ArgValue, FleetFile
 from fleetgen.deploy.script import SecretEnv
 from fleetgen.deploy.targets import launch_spec
-from fleetgen.engines import format_args, get_engine, parse_version, select_rule_set, translate_args
+from fleetgen.engines import format_args, get_engine, select_rule_set, translate_args
 from fleetgen.engines.base import release_key
-from fleetgen.engines.sglang import EARLY_2026, V0_5_23, parse_marked_verdict
+from fleetgen.engines.sglang import parse_marked_verdict
+from fleetgen.engines.sglang_timeline import rules_for
 from fleetgen.errors import ConfigError
 
 
@@ -39,7 +40,9 @@ def test_sglang_argv_and_env() -> None:
     )
     inst = fleet.instances()[1]
     engine = get_engine("sglang")
-    argv = engine.build_argv(fleet.engine, inst, model_path="/models/q", host_bind="127.0.0.1", rules=V0_5_23)
+    argv = engine.build_argv(
+        fleet.engine, inst, model_path="/models/q", host_bind="127.0.0.1", rules=rules_for("0.5.23")
+    )
     assert argv[:2] == ["--mem-fraction-static", "0.9"]
     assert "--disable-radix-cache" not in argv
     joined = " ".join(argv)
@@ -81,10 +84,10 @@ def test_renamed_flags_are_translated_per_era() -> None:
         "mamba-scheduler-strategy": "extra_buffer",
         "cuda-graph-max-bs": 32,
     }
-    new = translate_args(args, V0_5_23)
+    new = translate_args(args, rules_for("0.5.23"))
     assert new.args == {"mamba-radix-cache-strategy": "extra_buffer", "cuda-graph-max-bs-decode": 32}
     assert ("cuda-graph-max-bs", "cuda-graph-max-bs-decode") in new.renamed
-    back = translate_args(new.args, EARLY_2026)
+    back = translate_args(new.args, rules_for("0.5.10"))
     assert back.args == args
 
 
@@ -111,11 +114,6 @@ def test_rule_set_selection(version: str | None, name: str, warned: bool) -> Non
     assert (warning is not None) == warned
     if warning and version:
         assert version in warning and "nearest" in warning
-
-
-def test_parse_version() -> None:
-    assert parse_version("0.5.10.post1") == (0, 5, 10)
-    assert parse_version("v0.32.0+cpu") == (0, 32, 0)
 
 
 def test_release_key_orders_pre_final_post_and_ignores_local() -> None:

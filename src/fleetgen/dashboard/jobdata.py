@@ -16,6 +16,7 @@ from typing import Any
 
 from fleetgen.dashboard.model import Example, JobView, Sample
 from fleetgen.errors import JobError
+from fleetgen.generate import jobmeta
 from fleetgen.generate.store import DB_NAME
 
 NUM_EXAMPLES = 5
@@ -25,7 +26,6 @@ QUALITY_COLUMNS = {
     "has_leaked_think": "leaked <think>",
     "is_repetitive": "repetitive",
 }
-TOTAL_KEYS = ("total", "num_work", "total_work")  # meta keys `run` may use for the number of work items
 
 
 def connect_ro(path: Path) -> sqlite3.Connection:
@@ -159,11 +159,8 @@ def _meta(conn: sqlite3.Connection) -> dict[str, Any]:
 
 
 def _total(meta: dict[str, Any]) -> int | None:
-    for key in TOTAL_KEYS:
-        value = meta.get(key)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    return None
+    value = meta.get(jobmeta.TOTAL)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _group(conn: sqlite3.Connection, table: str, column: str) -> dict[str, int]:

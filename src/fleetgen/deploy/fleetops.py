@@ -21,7 +21,7 @@ from fleetgen.deploy.hostside import prepare_host
 from fleetgen.deploy.instance import HostSession, Outcome, Progress, ensure_up, stop_instance
 from fleetgen.deploy.state import InstanceRecord, load_state, update_state
 from fleetgen.deploy.targets import api_key, build_target, local_shape, measured_facts, planned_capacity
-from fleetgen.engines import Engine, get_engine
+from fleetgen.engines import Engine, get_engine, launcher_of
 from fleetgen.errors import ConfigError, FleetgenError, PlanError
 from fleetgen.modelcard import ModelShape
 from fleetgen.plan import HostFacts as PlanHostFacts
@@ -84,7 +84,7 @@ async def open_session(
             host,
             spec,
             engine_spec.python,
-            engine_spec.launcher_argv,
+            launcher_of(engine_spec),
             engine_spec.model,
             kind=engine_spec.kind,
             check_launch=check_launch,

@@ -15,7 +15,7 @@ from fleetgen.config import EngineSpec, FleetFile, HostSpec, InstanceSpec
 from fleetgen.deploy.hostside import HostFacts as HostsideFacts
 from fleetgen.deploy.instance import Target
 from fleetgen.deploy.script import InstancePaths, LaunchSpec, SecretEnv, render_script, sha256_text
-from fleetgen.engines import Engine
+from fleetgen.engines import Engine, launcher_of
 from fleetgen.errors import ConfigError, ModelCardError
 from fleetgen.modelcard import ModelShape, load_model_shape
 from fleetgen.plan import HostFacts, InstancePlan, Launch, decide_launch, facts_from_file
@@ -70,7 +70,7 @@ def launch_spec(
     when `launch` is None: nothing measured on the host)."""
     spec = fleet.engine
     launch = launch or decide_launch(spec, inst, facts_from_file(fleet.host(inst.host)))
-    args = list(launch.argv[1 + len(spec.launcher_argv) :])
+    args = list(launch.argv[1 + len(launcher_of(spec)) :])
     paths = InstancePaths(workdir, inst.name)
     secret = _secret(spec, engine)
     if secret is not None and secret.config_key and engine.api_key_config_flag:
@@ -81,7 +81,7 @@ def launch_spec(
     return LaunchSpec(
         instance=inst.name,
         python=launch.python,
-        launcher=spec.launcher_argv,
+        launcher=launcher_of(spec),
         args=tuple(args),
         env=dict(launch.env),
         paths=paths,

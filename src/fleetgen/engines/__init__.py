@@ -6,6 +6,7 @@ engine's name, they ask the registry.
 
 from __future__ import annotations
 
+from fleetgen.config import EngineSpec
 from fleetgen.engines.base import (
     Engine,
     FatalSignature,
@@ -15,7 +16,6 @@ from fleetgen.engines.base import (
     RuleSet,
     Translation,
     format_args,
-    parse_version,
     select_rule_set,
     translate_args,
 )
@@ -36,9 +36,9 @@ def get_engine(kind: str) -> Engine:
         ) from None
 
 
-def full_command(engine: Engine, python: str, launcher: tuple[str, ...], args: list[str]) -> list[str]:
-    """The whole command line: the host's python, the launcher (`-m sglang.launch_server`), the arguments."""
-    return [python, *launcher, *args]
+def launcher_of(spec: EngineSpec) -> tuple[str, ...]:
+    """What runs the engine after python: `engine.launcher`, else the engine's (`-m sglang.launch_server`)."""
+    return spec.launcher if spec.launcher is not None else get_engine(spec.kind).default_launcher
 
 
 __all__ = [
@@ -51,9 +51,8 @@ __all__ = [
     "RuleSet",
     "Translation",
     "format_args",
-    "full_command",
     "get_engine",
-    "parse_version",
+    "launcher_of",
     "select_rule_set",
     "translate_args",
 ]

@@ -165,19 +165,6 @@ class Engine(Protocol):
         ...
 
 
-def parse_version(text: str) -> tuple[int, ...]:
-    """`0.5.10.post1` → (0, 5, 10); `0.32.0+cpu` → (0, 32, 0). Non-numeric parts end the tuple."""
-    parts: list[int] = []
-    for piece in re.split(r"[.+-]", text.strip().lstrip("v")):
-        match = re.match(r"\d+", piece)
-        if not match:
-            break
-        parts.append(int(match.group()))
-        if match.group() != piece:
-            break
-    return tuple(parts)
-
-
 _PRE = re.compile(r"(a|b|rc|dev|alpha|beta)(\d*)$")
 
 

@@ -18,14 +18,9 @@ from fleetgen.engines.base import (
     format_args,
     translate_args,
 )
-from fleetgen.engines.sglang_timeline import RULE_SETS, rules_for
+from fleetgen.engines.sglang_timeline import RULE_SETS
 
 VERDICT_MARK = "FLEETGEN_PARSER_VERDICT "
-
-# The rule set of every release read comes from the per-feature timeline (`sglang_timeline`). The two
-# names below are kept for callers of the first version of this module.
-EARLY_2026 = rules_for("0.5.10")
-V0_5_23 = rules_for("0.5.23")
 
 # Exact texts from SGLang's source (see the reference, §2), used by the plan and by the deploy log watcher.
 SPEC_NO_BUFFER_RADIX = (

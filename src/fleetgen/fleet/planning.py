@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fleetgen.config import FleetFile, HostSpec
-from fleetgen.engines import get_engine
+from fleetgen.engines import get_engine, launcher_of
 from fleetgen.errors import ModelCardError, RemoteError
 from fleetgen.fleet.hostcheck import HostReport, check_hosts
 from fleetgen.modelcard import ModelShape, load_model_shape, parse_model_shape
@@ -148,7 +148,7 @@ async def check_with_host_parser(fleet: FleetFile, plan: FleetPlan) -> FleetPlan
 
 async def _parse_on(fleet: FleetFile, host: HostSpec, inst: InstancePlan) -> tuple[tuple[Issue, ...], ...]:
     engine = get_engine(fleet.engine.kind)
-    args = list(inst.argv[1 + len(fleet.engine.launcher_argv) :])
+    args = list(inst.argv[1 + len(launcher_of(fleet.engine)) :])
     try:
         async with open_host(host) as conn:
             result = await conn.run(

@@ -132,10 +132,6 @@ class PositionTracker:
         self._open: deque[tuple[int, int]] = deque()
         self._owed: dict[int, int] = {}
 
-    @property
-    def num_open(self) -> int:
-        return len(self._open)
-
     def open(self, line: int, end_offset: int, num_rows: int) -> None:
         if num_rows == 0 and not self._open:  # resume skipping done lines: no bookkeeping needed
             self.position = Position(line, end_offset)

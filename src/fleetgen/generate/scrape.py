@@ -74,7 +74,6 @@ class AcceptLengthScraper:
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._before: dict[str, dict[str, float]] = {}
         self.latest: dict[str, float | None] = {name: None for name in self._urls}
-        self.num_scrapes = 0
 
     @classmethod
     def for_engine(
@@ -94,7 +93,6 @@ class AcceptLengthScraper:
         async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=self._headers) as http:
             while True:
                 await asyncio.gather(*(self._scrape(http, name, url) for name, url in self._urls.items()))
-                self.num_scrapes += 1
                 await asyncio.sleep(self._interval_s)
 
     async def _scrape(self, http: aiohttp.ClientSession, name: str, url: str) -> None:

@@ -61,10 +61,6 @@ class StoreWriter:
         self._batch.series.extend(rows)
         self._added()
 
-    @property
-    def num_pending(self) -> int:
-        return len(self._batch)
-
     async def run(self) -> None:
         """Write batches until closed and drained. A write error propagates (the job cannot go on)."""
         loop = asyncio.get_running_loop()

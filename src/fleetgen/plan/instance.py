@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fleetgen.config import EngineSpec, InstanceSpec
-from fleetgen.engines import RuleSet, get_engine, select_rule_set, translate_args
+from fleetgen.engines import RuleSet, get_engine, launcher_of, select_rule_set, translate_args
 from fleetgen.modelcard import ModelShape
 from fleetgen.plan.rules import RuleInput, check_sglang_flags
 from fleetgen.plan.settings import resolve_settings
@@ -221,5 +221,5 @@ def decide_launch(
     chosen = facts.engine_version or version or spec.version
     rules, warning = select_rule_set(engine.rule_sets, chosen)
     args = engine.build_argv(spec, inst, model_path=spec.model, host_bind=spec.bind, rules=rules)
-    argv = (spec.python, *spec.launcher_argv, *args)
+    argv = (spec.python, *launcher_of(spec), *args)
     return Launch(argv, engine.build_env(spec, inst), rules, chosen, warning)

@@ -7,8 +7,6 @@ Exit codes ≥ 64 are fleetgen's own, mapped to causes and fixes by the host cla
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 # Exit codes of the snippets (sysexits-style numbers, so they do not collide with 1/2/126/127).
 EXIT_NO_FOLDER = 66
 EXIT_NO_SCRIPT = 67
@@ -85,7 +83,3 @@ df -Pk -- "$d" | awk 'NR==2 {print $4}'
 def sh(snippet: str, *args: str) -> list[str]:
     """argv running `snippet` with `args` as $1, $2, …"""
     return ["sh", "-c", snippet, "fleetgen", *args]
-
-
-def shell_args(args: Sequence[str]) -> tuple[str, ...]:
-    return tuple(args)
