@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import csv
 import hashlib
 import io
 import json
@@ -221,9 +222,16 @@ def wheel_name(path: Path) -> str:
     return norm(path.name.split("-")[0])
 
 
-def record_line(name: str, data: bytes) -> str:
+def record_row(name: str, data: bytes) -> list[str]:
     digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-    return f"{name},sha256={digest},{len(data)}"
+    return [name, f"sha256={digest}", str(len(data))]
+
+
+def record_text(rows: list[list[str]]) -> str:
+    """RECORD is CSV: a path with a comma (SGLang ships `K=2048,R=64,…json` configs) must be quoted."""
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows(rows)
+    return buf.getvalue()
 
 
 def slim(wheel: Path, drop: list[str], apart: list[str], extra: Path) -> tuple[int, int]:
@@ -234,7 +242,7 @@ def slim(wheel: Path, drop: list[str], apart: list[str], extra: Path) -> tuple[i
     out = io.BytesIO()
     with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as dst:
         record_name = next(n for n in src.namelist() if n.endswith(".dist-info/RECORD"))
-        lines = []
+        rows: list[list[str]] = []
         for info in src.infolist():
             if info.filename == record_name:
                 continue
@@ -244,8 +252,8 @@ def slim(wheel: Path, drop: list[str], apart: list[str], extra: Path) -> tuple[i
                 continue
             data = src.read(info)
             dst.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED)
-            lines.append(record_line(info.filename, data))
-        dst.writestr(record_name, "\n".join([*lines, f"{record_name},,"]) + "\n")
+            rows.append(record_row(info.filename, data))
+        dst.writestr(record_name, record_text([*rows, [record_name, "", ""]]))
     wheel.write_bytes(out.getvalue())
     return before, wheel.stat().st_size
 

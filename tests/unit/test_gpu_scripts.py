@@ -1,0 +1,177 @@
+"""The GPU scripts' pure parts over real captured outputs — no GPU, no engine.
+
+scripts/gpu_scenario.py reads the H200 run's own SGLang log, server info and export
+(bench/results/raw/gpu-sglang-0.5.15-h200/) and a vLLM 0.24.0 H200 log; scripts/airgap_prepare.py pads a
+tokenizer to Qwen3.6-27B's real vocabulary and slims wheels (RECORD must stay a valid CSV).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import csv
+import hashlib
+import importlib.util
+import io
+import json
+import random
+import re
+import sys
+import zipfile
+import zlib
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RAW = ROOT / "bench" / "results" / "raw" / "gpu-sglang-0.5.15-h200"
+VLLM_LOG = ROOT / "tests" / "data" / "real-engines" / "vllm-0.24.0-h200" / "engine-mtp.log"
+QWEN36 = ROOT / "tests" / "data" / "models" / "qwen3.6-27b" / "config.json"
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+scn = _load("gpu_scenario")
+prep = _load("airgap_prepare")
+
+
+def test_every_batch_line_of_the_real_sglang_log_is_read_in_order() -> None:
+    text = (RAW / "spec-engine.log").read_text()
+    batches = scn.engine_batches(text)
+    expected = [ln for ln in text.splitlines() if re.match(r"^\[[\d -:]+\] (Decode|Prefill) batch", ln)]
+    assert len(batches) == len(expected) > 300
+    assert [b[0] for b in batches] == sorted(b[0] for b in batches)
+    decode = [b for b in batches if b[1] == "Decode"]
+    assert decode and all(b[2] is not None and b[3] is not None for b in decode)
+    assert max(b[2] for b in decode) == 22  # the engine's "reduced from the requested 48 to 22"
+
+
+def test_the_engine_view_finds_the_first_batch_stall_in_the_first_clients_window_only() -> None:
+    state = json.loads((RAW / "state.json").read_text())["spec"]
+    batches = scn.engine_batches((RAW / "spec-engine.log").read_text())
+    run, bench = state["run"], state["engine_bench"]
+    first = scn.window_view(batches, run["t0"], run["t1"])
+    second = scn.window_view(batches, bench["t0"], bench["t1"])
+    assert first["longest_stall_s"] >= 90 > second["longest_stall_s"]
+    assert first["max_running"] == second["max_running"] == 22
+    # Same server, same load: the engine decodes at the same rate under both clients (within 2 %).
+    assert abs(first["decode_tok_s_at_full_batch"] / second["decode_tok_s_at_full_batch"] - 1) < 0.02
+    assert scn.window_view(batches, 0, 1) == {}  # a window with no batch line says nothing
+
+
+def test_vllm_stats_lines_are_read_as_decode_samples() -> None:
+    text = VLLM_LOG.read_text()
+    batches = scn.engine_batches(text)
+    assert len(batches) == text.count("Avg generation throughput") > 0
+    assert all(b[1] == "Decode" and b[2] is not None and b[3] is not None and b[3] >= 0 for b in batches)
+
+
+def _scenario(tmp_path: Path) -> object:
+    (tmp_path / "raw").mkdir()
+    for name in ("spec-server_info.txt", "spec-server_info2.txt"):
+        (tmp_path / "raw" / name).write_text((RAW / name).read_text())
+    (tmp_path / "raw" / "spec-engine-log.txt").write_text((RAW / "spec-engine.log").read_text())
+    return scn.Scenario(argparse.Namespace(out=tmp_path, fleet=RAW / "fleet-sglang.toml"))
+
+
+def test_actual_capacity_is_the_engines_own_numbers(tmp_path: Path) -> None:
+    got = _scenario(tmp_path).actual("spec")  # type: ignore[attr-defined]
+    assert got["kv_tokens"] == 535802 and got["max_total_num_tokens_log"] == [535802.0]
+    assert got["max_running_requests"] == 22 and got["max_running_requests_arg"] == 48
+    assert got["mamba_slots"] == [112.0]
+
+
+def test_sharegpt_check_accepts_the_real_export_and_names_each_defect(tmp_path: Path) -> None:
+    lines = (RAW / "spec-sharegpt.jsonl").read_text().splitlines()
+    assert scn.check_sharegpt(RAW / "spec-sharegpt.jsonl", len(lines))["ok"]
+    assert not scn.check_sharegpt(RAW / "spec-sharegpt.jsonl", len(lines) + 1)["ok"]  # a row missing
+    bad = json.loads(lines[0])
+    bad["conversations"][-1]["content"] = ""
+    swapped = json.loads(lines[1])
+    swapped["conversations"].reverse()
+    path = tmp_path / "x.jsonl"
+    path.write_text("\n".join([json.dumps(bad), json.dumps(swapped), *lines[2:]]) + "\n")
+    assert scn.check_sharegpt(path, len(lines)) == {
+        "ok": False,
+        "records": len(lines),
+        "bad": 2,
+        "expected": 5,
+    }
+    assert scn.check_sharegpt(tmp_path / "none.jsonl", 1)["ok"] is False
+
+
+@pytest.fixture(scope="module")
+def padded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("model")
+    prep.padded_tokenizer(json.loads(QWEN36.read_text()), out)
+    return out
+
+
+def test_the_padded_tokenizer_has_the_models_vocabulary_and_every_id_decodes(padded: Path) -> None:
+    from tokenizers import Tokenizer
+
+    config = json.loads(QWEN36.read_text())
+    tok = Tokenizer.from_file(str(padded / "tokenizer.json"))
+    vocab = config["text_config"]["vocab_size"]
+    assert tok.get_vocab_size() == vocab == 248320
+    decoded = tok.decode_batch([[i] for i in range(vocab)], skip_special_tokens=False)
+    assert all(decoded), "a random-weight model samples any id: every one must decode to text"
+    assert tok.token_to_id("<|vision_start|>") == config["vision_start_token_id"]
+    assert tok.token_to_id("<|image_pad|>") == config["image_token_id"]
+    assert tok.token_to_id("<|video_pad|>") == config["video_token_id"]
+    rng = random.Random(3)
+    alphabet = "aé漢字🙂\n\t <>|{}\"'\\" + "".join(chr(rng.randrange(32, 0x2FFF)) for _ in range(200))
+    for _ in range(50):
+        text = "".join(rng.choices(alphabet, k=rng.randrange(0, 80)))
+        assert tok.decode(tok.encode(text).ids) == text
+    cfg = json.loads((padded / "tokenizer_config.json").read_text())
+    assert "<think>" in cfg["chat_template"] and cfg["eos_token"] == "<|im_end|>"
+
+
+def _wheel(path: Path, members: dict[str, bytes]) -> None:
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+        z.writestr("pkg-1.0.dist-info/RECORD", "stale,,\n")
+
+
+def test_slimming_keeps_a_valid_record_and_carries_big_members_apart_byte_exact(tmp_path: Path) -> None:
+    rng = random.Random(5)
+    big = bytes(rng.randrange(256) for _ in range(300_000)) + b"\0" * 500_000
+    members = {
+        "pkg/__init__.py": b"x = 1\n",
+        "pkg/big.so": big,
+        "pkg/cfg/K=2048,R=64,S=1,device=NVIDIA_H200.json": b"{}",  # SGLang ships names with commas
+        'pkg/cfg/quote"d.json': b"[]",
+        "pkg/drop/gone.py": b"",
+        "pkg-1.0.dist-info/METADATA": b"Name: pkg\n",
+    }
+    wheel = tmp_path / "pkg-1.0-py3-none-any.whl"
+    _wheel(wheel, members)
+    extra = tmp_path / "extra"
+    prep.slim(wheel, [r"pkg/drop/", r"pkg/big\.so"], [r"pkg/big\.so"], extra)
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        rows = list(csv.reader(io.StringIO(z.read("pkg-1.0.dist-info/RECORD").decode())))
+        kept = {n: z.read(n) for n in names}
+    assert names == {n for n in members if not n.startswith(("pkg/drop/", "pkg/big"))} | {
+        "pkg-1.0.dist-info/RECORD"
+    }
+    assert all(len(r) == 3 for r in rows) and {r[0] for r in rows} == names
+    for name, digest, size in rows:
+        if name.endswith("RECORD"):
+            assert digest == size == ""
+            continue
+        want = base64.urlsafe_b64encode(hashlib.sha256(kept[name]).digest()).rstrip(b"=").decode()
+        assert (digest, int(size)) == (f"sha256={want}", len(kept[name]))
+    raw = (extra / "pkg" / "big.so.deflate").read_bytes()
+    inflater = zlib.decompressobj(-15)
+    assert inflater.decompress(raw) + inflater.flush() == big
