@@ -174,7 +174,8 @@ def _software_problems(
     if engine.version and not version.startswith(engine.version):
         return [
             f"{spec.name} has {engine.kind} {version}, the fleet file expects {engine.version}; install "
-            f"{engine.kind}=={engine.version} there or update engine.version (flag rules depend on it)"
+            f"{engine.kind}=={engine.version} there or update engine.version (plan and up decide flags by "
+            f"the {version} the host runs)"
         ]
     return []
 
