@@ -10,7 +10,7 @@ from fleetgen.config import ArgValue, FleetFile
 from fleetgen.deploy.script import SecretEnv
 from fleetgen.deploy.targets import launch_spec
 from fleetgen.engines import format_args, get_engine, select_rule_set, translate_args
-from fleetgen.engines.base import release_key
+from fleetgen.engines.base import release
 from fleetgen.engines.sglang import parse_marked_verdict
 from fleetgen.engines.sglang_timeline import rules_for
 from fleetgen.errors import ConfigError
@@ -116,12 +116,19 @@ def test_rule_set_selection(version: str | None, name: str, warned: bool) -> Non
         assert version in warning and "nearest" in warning
 
 
-def test_release_key_orders_pre_final_post_and_ignores_local() -> None:
-    keys = [release_key(v) for v in ("0.5.9", "0.5.10rc0", "0.5.10", "0.5.10.post1", "0.5.11.dev2", "0.5.11")]
+def test_release_orders_pre_final_post_and_ignores_local() -> None:
+    keys = [release(v) for v in ("0.5.9", "0.5.10rc0", "0.5.10", "0.5.10.post1", "0.5.11.dev2", "0.5.11")]
     assert keys == sorted(keys) and len(set(keys)) == len(keys)
-    assert release_key("0.5.15+cu128") == release_key("0.5.15") == (0, 5, 15, 1, 0)
-    assert release_key("0.5.23rc0") == (0, 5, 23, 0, 0)
-    assert release_key("v0.5.10.post1") == (0, 5, 10, 2, 1)
+    assert release("0.5.15+cu128") == release("0.5.15") == release(" v0.5.15 ")
+    assert release("0.5.23rc0").is_prerelease and release("0.5.23rc0") < release("0.5.23")
+    assert release("v0.5.10.post1") == release("0.5.10.post1") > release("0.5.10")
+
+
+@pytest.mark.parametrize("version", ["latest", "main", "0.5.x", "", " "])
+def test_a_string_that_is_no_version_plans_with_the_newest_rules_and_says_so(version: str) -> None:
+    rules, warning = select_rule_set(get_engine("sglang").rule_sets, version)
+    assert rules == max(get_engine("sglang").rule_sets, key=lambda r: r.min_version)
+    assert warning is not None and "engine.version" in warning
 
 
 def test_unknown_engine() -> None:

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from packaging.version import InvalidVersion, Version
+
 from fleetgen.config import ArgValue, EngineSpec, InstanceSpec
 
 
@@ -63,13 +65,13 @@ class RuleSet:
 
     Names are flag names without dashes. `renames` map names of OTHER releases to this release's names.
     SGLang's rule sets are derived from a per-feature timeline (`fleetgen.engines.sglang_timeline`); the
-    `min_version`/`max_version` tuples are release keys (`release_key`).
+    `min_version`/`max_version` are releases (`release`), both included.
     """
 
     name: str
     engine: str
-    min_version: tuple[int, ...]
-    max_version: tuple[int, ...]
+    min_version: Version
+    max_version: Version
     strategy_flag: str = ""
     renames: tuple[FlagRename, ...] = ()
     removed_flags: Mapping[str, str] = field(default_factory=dict)
@@ -165,34 +167,11 @@ class Engine(Protocol):
         ...
 
 
-_PRE = re.compile(r"(a|b|rc|dev|alpha|beta)(\d*)$")
-
-
-def release_key(text: str) -> tuple[int, ...]:
-    """A sortable key of a version string: (major, minor, patch, stage, n), local part (+cu128) ignored.
-
-    stage 0 = pre-release (`rc0`, `dev1`, `a1`), 1 = the release itself, 2 = `.postN`:
-    `0.5.23rc0` < `0.5.23` < `0.5.23.post1` < `0.5.24`.
-    """
-    public = text.strip().lstrip("v").split("+", 1)[0].lower()
-    numbers: list[int] = []
-    stage, n = 1, 0
-    for piece in re.split(r"[.\-_]", public):
-        digits = re.match(r"\d+", piece)
-        if digits and len(numbers) < 3:
-            numbers.append(int(digits.group()))
-            piece = piece[digits.end() :]
-        if not piece:
-            continue
-        post = re.fullmatch(r"post(\d*)", piece)
-        pre = _PRE.search(piece)
-        if post:
-            stage, n = 2, int(post.group(1) or 0)
-        elif pre:
-            stage, n = 0, int(pre.group(2) or 0)
-        break
-    numbers += [0] * (3 - len(numbers))
-    return (*numbers[:3], stage, n)
+def release(text: str) -> Version:
+    """A version string as the release it names, ordered as PEP 440 orders them (`packaging`):
+    `0.5.23rc0` < `0.5.23` < `0.5.23.post1` < `0.5.24`; a local build (`0.5.15+cu128`) is its release.
+    Raises `packaging.version.InvalidVersion` for a string that is no version."""
+    return Version(Version(text).public)
 
 
 def select_rule_set(rule_sets: Sequence[RuleSet], version: str | None) -> tuple[RuleSet, str | None]:
@@ -209,12 +188,18 @@ def select_rule_set(rule_sets: Sequence[RuleSet], version: str | None) -> tuple[
             f"engine version unknown: planning with the {latest.name} rules (the newest known); "
             "set engine.version or run without --offline so it is detected",
         )
-    wanted = release_key(version)
+    try:
+        wanted = release(version)
+    except InvalidVersion:
+        return latest, (
+            f"engine version {version!r} is not a version (PEP 440): planning with the {latest.name} rules "
+            "(the newest known); set engine.version to the release the hosts run (e.g. 0.5.23)"
+        )
     exact = _covering(rule_sets, wanted)
     if exact is not None:
         return exact, None
-    if wanted[3] == 0:  # a pre-release is cut from the branch that becomes the release
-        final = _covering(rule_sets, (*wanted[:3], 1, 0))
+    if wanted.is_prerelease:  # a pre-release is cut from the branch that becomes the release
+        final = _covering(rule_sets, Version(wanted.base_version))
         if final is not None:
             return final, (
                 f"{version} is a pre-release: planning with the nearest, {final.name} (read from the "
@@ -232,7 +217,7 @@ def select_rule_set(rule_sets: Sequence[RuleSet], version: str | None) -> tuple[
     )
 
 
-def _covering(rule_sets: Sequence[RuleSet], wanted: tuple[int, ...]) -> RuleSet | None:
+def _covering(rule_sets: Sequence[RuleSet], wanted: Version) -> RuleSet | None:
     return next((r for r in rule_sets if r.min_version <= wanted <= r.max_version), None)
 
 

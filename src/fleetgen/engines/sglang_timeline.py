@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from fleetgen.engines.base import FlagRename, RuleSet, release_key
+from fleetgen.engines.base import FlagRename, RuleSet, release
 
 # Every release whose source was read, oldest first. A release not listed gets the nearest (warned).
 RELEASES: tuple[str, ...] = (
@@ -143,25 +143,25 @@ TIMELINE: tuple[Change, ...] = (
 )  # fmt: skip
 
 
-def _features_at(release: str) -> dict[str, Any]:
-    key = release_key(release)
+def _features_at(version: str) -> dict[str, Any]:
+    key = release(version)
     values: dict[str, Any] = {}
-    for change in sorted(TIMELINE, key=lambda c: release_key(c.first)):
-        if release_key(change.first) <= key:
+    for change in sorted(TIMELINE, key=lambda c: release(c.first)):
+        if release(change.first) <= key:
             values[change.feature] = change.value
     return values
 
 
-def rules_for(release: str) -> RuleSet:
+def rules_for(version: str) -> RuleSet:
     """The rule set of one release read, named after it (`sglang-0.5.15`)."""
-    values = _features_at(release)
-    key = release_key(release)
+    values = _features_at(version)
+    key = release(version)
     base = RuleSet(
-        name=f"sglang-{release}",
+        name=f"sglang-{version}",
         engine="sglang",
         min_version=key,
         max_version=key,
-        source=f"sglang=={release} wheel",
+        source=f"sglang=={version} wheel",
     )
     rules = replace(base, **values)
     return replace(

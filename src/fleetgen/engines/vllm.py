@@ -6,6 +6,8 @@ CUDA graphs) and keeps hybrid (Mamba/GDN) state in the same paged pool; MTP come
 
 from __future__ import annotations
 
+from packaging.version import Version
+
 from fleetgen.config import EngineSpec, InstanceSpec
 from fleetgen.engines.base import (
     FatalSignature,
@@ -22,8 +24,8 @@ from fleetgen.engines.sglang import parse_marked_verdict
 V0_1X = RuleSet(
     name="vllm-0.x",
     engine="vllm",
-    min_version=(0, 6),
-    max_version=(0, 99),
+    min_version=Version("0.6"),
+    max_version=Version("0.99"),
     default_gpu_memory_utilization=0.9,
 )
 RULE_SETS = (V0_1X,)
