@@ -9,7 +9,7 @@ import pytest
 
 from fleetgen.config import load_fleet
 from fleetgen.errors import ConfigError
-from fleetgen.generate.bench_fleet import targets_of, toml_dumps, write_spec_off
+from fleetgen.generate.bench_fleet import targets_of, write_spec_off
 from fleetgen.generate.bench_stats import Target
 
 PAIRS = [("h0-0", "http://127.0.0.1:1"), ("h0-1", "http://127.0.0.1:2")]
@@ -78,12 +78,28 @@ def test_spec_off_refuses_a_fleet_without_spec(tmp_path: Path) -> None:
     assert not (tmp_path / "fleet.spec-off.toml").exists()
 
 
-def test_toml_dumps_round_trips() -> None:
-    data = {
-        "a": 1,
-        "b": [1, 2.5, "x"],
-        "c": {"d-e": True, "f": {"g": "h\\i\n"}},
-        "t": [{"n": 1}, {"n": 2}],
-        "weird key": "v",
-    }
-    assert tomllib.loads(toml_dumps(data)) == data
+UGLY = """\
+[engine]
+kind = "vllm"
+model = '/models/with "quotes" and \\ backslash/ünï'
+env = { "WITH SPACE" = "line one\\nline two\\ttab \\\\ back", "EMPTY" = "" }
+
+[engine.args]
+speculative-config = '{"method": "eagle", "num_speculative_tokens": 3}'
+"weird key" = [1, 2.5, "x"]
+"a.b" = true
+
+[[hosts]]
+name = "gpu-a"
+ssh = "ubuntu@10.0.0.1:2222"
+gpus = [0, 1]
+"""
+
+
+def test_spec_off_writes_back_every_other_value_as_it_was_read(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.toml"
+    path.write_text(UGLY, encoding="utf-8")
+    before = tomllib.loads(UGLY)
+    after = tomllib.loads(write_spec_off(path).read_text(encoding="utf-8"))
+    del before["engine"]["args"]["speculative-config"]
+    assert after == before

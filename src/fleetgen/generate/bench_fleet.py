@@ -11,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import tomllib
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+
+import tomli_w
 
 from fleetgen.config import load_fleet
 from fleetgen.deploy.fleetops import up
@@ -107,52 +109,6 @@ def write_spec_off(fleet_path: Path) -> Path:
         )
     data["engine"]["args"] = {k: v for k, v in args.items() if k not in spec_keys}
     off_path = fleet_path.with_name(fleet_path.stem + ".spec-off.toml")
-    off_path.write_text(toml_dumps(data), encoding="utf-8")
+    off_path.write_text(tomli_w.dumps(data), encoding="utf-8")
     load_fleet(off_path)  # what we wrote must read back as a valid fleet file
     return off_path
-
-
-def toml_dumps(data: Mapping[str, object]) -> str:
-    """TOML for what `tomllib` reads from a fleet file: scalars, lists, tables and arrays of tables."""
-    lines: list[str] = []
-    _table(data, (), lines)
-    return "\n".join(lines).lstrip("\n") + "\n"
-
-
-def _table(data: Mapping[str, object], path: tuple[str, ...], lines: list[str]) -> None:
-    subtables: list[tuple[str, object]] = []
-    for key, value in data.items():
-        if isinstance(value, Mapping) or (
-            isinstance(value, list) and value and all(isinstance(v, Mapping) for v in value)
-        ):
-            subtables.append((key, value))
-        else:
-            lines.append(f"{_key(key)} = {_value(value)}")
-    for key, value in subtables:
-        name = ".".join(_key(k) for k in (*path, key))
-        items = value if isinstance(value, list) else [value]
-        for item in items:
-            if isinstance(item, Mapping):
-                lines += ["", f"[[{name}]]" if isinstance(value, list) else f"[{name}]"]
-                _table(item, (*path, key), lines)
-
-
-def _key(key: str) -> str:
-    return key if key.replace("-", "").replace("_", "").isalnum() else _value(key)
-
-
-def _value(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-    if isinstance(value, list):
-        return "[" + ", ".join(_value(v) for v in value) + "]"
-    if isinstance(value, Mapping):
-        return "{ " + ", ".join(f"{_key(k)} = {_value(v)}" for k, v in value.items()) + " }"
-    raise ConfigError(
-        f"cannot write {type(value).__name__} {value!r} back to TOML",
-        fix="report this: the fleet file holds a value fleetgen cannot copy",
-    )
