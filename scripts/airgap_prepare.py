@@ -105,6 +105,12 @@ SETS: dict[tuple[str, str], list[str]] = {
         "supervisor",
         "httpx",
         "anyio",
+        "ijson",
+        "python-json-logger",
+        "jsonschema",
+        "jsonschema-specifications",
+        "referencing",
+        "rpds-py",
         *COMMON,
     ],
     ("sglang", "0.5.15"): [
@@ -170,25 +176,25 @@ APART = {"sglang_kernel": [r"sgl_kernel/flash_ops\.abi3\.so"]}
 
 # The H200 image's packages (KINDS.md, 2026-11-17) that the engines' wheels may require.
 HOST_HAS = words(
-    """absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs certifi
-charset-normalizer click cloudpickle cmake cuda-bindings cuda-core cuda-pathfinder cuda-python
-cuda-toolkit einops filelock frozenlist fsspec grpcio h11 hf-xet httpcore httpx huggingface-hub idna
-jinja2 joblib markupsafe msgpack multidict networkx ninja numba numpy nvidia-ml-py
-opencv-python-headless packaging pandas pillow pip prometheus-client propcache protobuf psutil
-py-cpuinfo pyarrow pybind11 pydantic pygments python-dateutil pyyaml regex requests rich safetensors
-scipy sentencepiece setuptools six sympy tabulate tiktoken timm torch torchaudio torchvision tqdm
-triton typer typing-extensions urllib3 uvloop wheel xxhash yarl zipp"""
+    """transformers tokenizers absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc
+anyio attrs certifi charset-normalizer click cloudpickle cmake cuda-bindings cuda-core
+cuda-pathfinder cuda-python cuda-toolkit einops filelock frozenlist fsspec grpcio h11 hf-xet
+httpcore httpx huggingface-hub idna jinja2 joblib markupsafe msgpack multidict networkx ninja numba
+numpy nvidia-ml-py opencv-python-headless packaging pandas pillow pip prometheus-client propcache
+protobuf psutil py-cpuinfo pyarrow pybind11 pydantic pygments python-dateutil pyyaml regex requests
+rich safetensors scipy sentencepiece setuptools six sympy tabulate tiktoken timm torch torchaudio
+torchvision tqdm triton typer typing-extensions urllib3 uvloop wheel xxhash yarl zipp"""
 )
 # Required by the metadata, never imported on this path (optional backends, other architectures, the gRPC
 # router, profilers; cutlass-dsl libs-base: libs-cu13 is a whole copy for CUDA 13): not fetched,
 # listed so the closure check names only real gaps.
 NOT_NEEDED = words(
-    """anthropic av decord2 nvidia-cutlass-dsl-libs-base lxml colorama aiocontextvars win32-setctime
-flash-attn-4 flashinfer-cubin kernels mistral-common modelscope nvidia-mathdx outlines py-spy
-quack-kernels smg-grpc-servicer tilelang tokenspeed-mla torch-memory-saver torchcodec cuda-tile mcp
-opentelemetry-api opentelemetry-sdk opentelemetry-exporter-otlp
-opentelemetry-semantic-conventions-ai flashinfer-jit-cache build gpt-oss ray
-nvidia-cutlass-dsl-libs-cu12 pyobjc lazy-loader"""
+    """fastsafetensors humming-kernels exceptiongroup anthropic av decord2 nvidia-cutlass-dsl-libs-base
+lxml colorama aiocontextvars win32-setctime flash-attn-4 flashinfer-cubin kernels mistral-common
+modelscope nvidia-mathdx outlines py-spy quack-kernels smg-grpc-servicer tilelang tokenspeed-mla
+torch-memory-saver torchcodec cuda-tile mcp opentelemetry-api opentelemetry-sdk
+opentelemetry-exporter-otlp opentelemetry-semantic-conventions-ai flashinfer-jit-cache build gpt-oss
+ray nvidia-cutlass-dsl-libs-cu12 pyobjc lazy-loader"""
 )
 
 
