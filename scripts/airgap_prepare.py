@@ -33,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -90,8 +91,22 @@ COMMON = [
     "lm-format-enforcer==0.11.3",
     "interegular",
 ]
-# fleetgen itself on the host (the scenario drives the engine from there): what the GPU image lacks.
-FLEETGEN = ["asyncssh==2.24.1", "cryptography==50.0.2", "cffi==2.1.1", "pycparser==3.12", "orjson==3.13.0"]
+# fleetgen itself on the host (the scenario drives the engine from there): pyproject's dependencies that the
+# host lacks, with their compiled needs (the closure check names any other gap).
+FLEETGEN_NEEDS = {
+    "asyncssh": ["cryptography", "cffi", "pycparser"],
+    "pydantic": ["pydantic-core", "annotated-types", "typing-inspection"],
+}
+
+
+def fleetgen_specs(engine_specs: list[str], host_has: list[str]) -> list[str]:
+    """fleetgen's runtime dependencies (pyproject.toml) not on the host and not in the engine's set."""
+    project = tomllib.loads((HERE.parent / "pyproject.toml").read_text())["project"]
+    names = [norm(re.split(r"[\s\[<>=!~;]", d, maxsplit=1)[0]) for d in project["dependencies"]]
+    names += [n for name in names for n in FLEETGEN_NEEDS.get(name, [])]
+    taken = {norm(re.split(r"[<>=!~]", s, maxsplit=1)[0]) for s in engine_specs} | {norm(h) for h in host_has}
+    return sorted({n for n in names if n not in taken})
+
 
 SETS: dict[tuple[str, str], list[str]] = {
     ("vllm", "0.24.0"): [
@@ -522,8 +537,9 @@ def main() -> None:
         known = ", ".join(f"{e} {v}" for e, v in SETS)
         raise SystemExit(f"no wheel set for {a.engine} {a.version}; known: {known} (add one to SETS)")
     wheels_dir, extra = a.out / "wheels", a.out / "extra"
+    host_has = a.host_has.read_text().split() if a.host_has else HOST_HAS
     if not a.skip_download:
-        download(specs + (FLEETGEN if a.with_fleetgen else []), wheels_dir, a.python)
+        download(specs + (fleetgen_specs(specs, host_has) if a.with_fleetgen else []), wheels_dir, a.python)
     shutil.rmtree(extra, ignore_errors=True)
     wheels = sorted(wheels_dir.glob("*.whl"))
     for w in wheels:
@@ -532,7 +548,6 @@ def main() -> None:
         if name in SLIM:
             before, after = slim(w, SLIM[name], apart, extra)
             print(f"slimmed {w.name}: {before / 2**20:.1f} -> {after / 2**20:.1f} MiB")
-    host_has = a.host_has.read_text().split() if a.host_has else HOST_HAS
     gaps = missing_requirements(wheels, host_has)
     for name, by in sorted(gaps.items()):
         print(f"WARNING: {name} is required by {', '.join(by)}: neither fetched nor on the host")

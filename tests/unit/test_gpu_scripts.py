@@ -175,3 +175,20 @@ def test_slimming_keeps_a_valid_record_and_carries_big_members_apart_byte_exact(
     raw = (extra / "pkg" / "big.so.deflate").read_bytes()
     inflater = zlib.decompressobj(-15)
     assert inflater.decompress(raw) + inflater.flush() == big
+
+
+@pytest.mark.parametrize("engine", sorted(prep.SETS))
+def test_every_fleetgen_dependency_reaches_the_air_gapped_host_exactly_once(engine: tuple[str, str]) -> None:
+    import tomllib
+
+    specs = prep.SETS[engine]
+    extra = prep.fleetgen_specs(specs, prep.HOST_HAS)
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    fetched = {prep.norm(re.split(r"[<>=!~]", s, maxsplit=1)[0]) for s in specs}
+    host = {prep.norm(h) for h in prep.HOST_HAS}
+    for dep in deps:
+        name = prep.norm(re.split(r"[\s\[<>=!~;]", dep, maxsplit=1)[0])
+        assert (name in fetched) + (name in host) + (name in extra) >= 1, name
+        assert not (name in extra and name in fetched), (
+            f"{name} would be fetched twice (pip refuses two versions)"
+        )
