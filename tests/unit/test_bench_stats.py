@@ -21,7 +21,6 @@ from fleetgen.generate.bench_stats import (
     chat_body,
     make_prompt,
     parse_metrics,
-    percentile,
     pooled_accept_length,
     read_event,
     speedups,
@@ -32,14 +31,13 @@ from fleetgen.generate.bench_stats import (
 FINITE = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False)
 
 
-@given(st.lists(FINITE, min_size=1, max_size=200), st.floats(min_value=0, max_value=100))
-def test_percentile_matches_numpy_linear(values: list[float], q: float) -> None:
-    assert percentile(sorted(values), q) == pytest.approx(float(np.percentile(values, q)), rel=1e-9, abs=1e-6)
-
-
-def test_percentile_of_nothing_is_an_error() -> None:
-    with pytest.raises(ValueError):
-        percentile([], 50)
+@given(st.lists(FINITE, min_size=1, max_size=200))
+def test_percentiles_match_numpy_linear(values: list[float]) -> None:
+    stats = summarize(values)
+    assert stats is not None
+    for got, q in ((stats.p50, 50), (stats.p90, 90), (stats.p99, 99)):
+        assert got == pytest.approx(float(np.percentile(values, q)), rel=1e-9, abs=1e-6)
+    assert stats.mean == pytest.approx(float(np.mean(values)), rel=1e-9, abs=1e-6)
 
 
 def test_summarize() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -114,27 +115,14 @@ class SpeedupRow:
     accept_length: float | None
 
 
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0–100) of already sorted values, linear interpolation (numpy's default)."""
-    if not sorted_values:
-        raise ValueError("percentile of no values")
-    pos = (len(sorted_values) - 1) * q / 100.0
-    low = math.floor(pos)
-    high = min(low + 1, len(sorted_values) - 1)
-    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (pos - low)
-
-
 def summarize(values: Sequence[float]) -> Percentiles | None:
-    """p50/p90/p99 and mean of `values`; None when there are none."""
+    """p50/p90/p99 and mean of `values`; None when there are none. The percentiles interpolate linearly
+    between the closest ranks (`statistics.quantiles`' "inclusive" method, numpy's default)."""
     if not values:
         return None
-    ordered = sorted(values)
-    return Percentiles(
-        percentile(ordered, 50),
-        percentile(ordered, 90),
-        percentile(ordered, 99),
-        math.fsum(ordered) / len(ordered),
-    )
+    # quantiles() needs two points (before Python 3.13); every percentile of one value is that value.
+    cuts = statistics.quantiles(values, n=100, method="inclusive") if len(values) > 1 else [values[0]] * 99
+    return Percentiles(cuts[49], cuts[89], cuts[98], math.fsum(values) / len(values))
 
 
 def capped_levels(requested: Sequence[int], cap: int | None) -> tuple[int, ...]:
