@@ -7,6 +7,7 @@ The engine version probe is exercised with a real python whose path holds a `vll
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -94,7 +95,7 @@ async def test_check_hosts_reports_engine_version_and_missing_python(
     (report,) = await check_hosts(no_python.model_copy(update={"hosts": [ssh_hosts[1].spec()]}))
     assert report.reachable and not report.python_ok and report.engine_version is None
     assert any("does not run" in p and "engine.python" in p for p in report.problems)
-    assert json.loads(json.dumps(report.to_json()))["python_ok"] is False
+    assert json.loads(json.dumps(dataclasses.asdict(report)))["python_ok"] is False
 
 
 async def test_check_hosts_unreachable_and_unknown_key(ssh_hosts: list[SshdHost], tmp_path: Path) -> None:

@@ -278,7 +278,17 @@ def test_state_roundtrip_upsert_and_drop(tmp_path: Path) -> None:
     assert (tmp_path / ".fleetgen" / "state.json").exists()
 
 
-@pytest.mark.parametrize("bad", ["{", "[]"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "{",
+        "[]",
+        '{"instances": {"h0-0": {"instance": "h0-0", "host": "h0"}}}',  # a record without its pid, port…
+        '{"instances": {"h0-0": "not a record"}}',
+        '{"instances": {"h0-0": {"instance": "h0-0", "host": "h0", "gpus": "0", "port": 1, "pid": 1, '
+        '"start_time": 1, "log_path": "", "script_path": "", "script_sha256": "", "launched_at": ""}}}',
+    ],
+)
 def test_corrupt_state_is_a_config_error(tmp_path: Path, bad: str) -> None:
     from fleetgen.errors import ConfigError
 

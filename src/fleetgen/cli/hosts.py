@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -27,7 +28,7 @@ def check(fleet: Path = FLEET_OPTION, as_json: bool = JSON_OPTION) -> None:
         for message in report.warnings:
             warn(message)
     if as_json:
-        typer.echo(json.dumps([report.to_json() for report in reports], indent=2))
+        typer.echo(json.dumps([dataclasses.asdict(report) for report in reports], indent=2))
     else:
         console.print(_table(reports))
         _print_problems(reports)

@@ -15,7 +15,8 @@ import tempfile
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+
+from pydantic import TypeAdapter
 
 from fleetgen.errors import ConfigError
 
@@ -44,13 +45,9 @@ class InstanceRecord:
     engine_version: str | None = None  # the version that decided argv (the host's, else engine.version)
     rule_set: str = ""  # the rule set read for it (`sglang-0.5.23`)
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> InstanceRecord:
-        raw = dict(data)
-        raw["gpus"] = tuple(raw.get("gpus") or ())
-        raw["argv"] = tuple(raw.get("argv") or ())
-        raw["env_names"] = tuple(raw.get("env_names") or ())
-        return cls(**raw)
+
+# `asdict` writes a record; this reads it back (JSON lists → tuples), refusing a record that lacks a field.
+_RECORDS = TypeAdapter(dict[str, InstanceRecord])
 
 
 def state_path(fleet_path: Path) -> Path:
@@ -65,8 +62,8 @@ def load_state(fleet_path: Path) -> dict[str, InstanceRecord]:
         return {}
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        return {name: InstanceRecord.from_json(rec) for name, rec in data.get("instances", {}).items()}
-    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        return _RECORDS.validate_python(data.get("instances", {}))
+    except (OSError, ValueError, AttributeError) as exc:
         raise ConfigError(
             f"cannot read fleetgen's state {path}: {exc}",
             fix=f"move {path} aside; `fleetgen up` re-creates it (running servers are "

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
 
 from fleetgen.config import EngineSpec, FleetFile, HostSpec
 from fleetgen.deploy.hostside import ENGINE_DISTRIBUTIONS, VERSION_PY
@@ -33,14 +32,6 @@ class GpuInfo:
     name: str
     memory_total_mib: int
     memory_used_mib: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "name": self.name,
-            "memory_total_mib": self.memory_total_mib,
-            "memory_used_mib": self.memory_used_mib,
-        }
 
 
 @dataclass(frozen=True)
@@ -70,29 +61,6 @@ class HostReport:
     def is_ready(self) -> bool:
         """Reachable and nothing missing: the host can run the engine."""
         return self.reachable and not self.problems
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict (keys as the field names; `gpus` a list of objects)."""
-        return {
-            "host": self.host,
-            "reachable": self.reachable,
-            "error": self.error,
-            "fix": self.fix,
-            "os": self.os,
-            "gpus": [gpu.to_json() for gpu in self.gpus],
-            "mem_total_gib": self.mem_total_gib,
-            "mem_available_gib": self.mem_available_gib,
-            "disk_free_gib": self.disk_free_gib,
-            "python": self.python,
-            "python_ok": self.python_ok,
-            "python_version": self.python_version,
-            "engine": self.engine,
-            "engine_version": self.engine_version,
-            "model": self.model,
-            "model_present": self.model_present,
-            "problems": list(self.problems),
-            "warnings": list(self.warnings),
-        }
 
 
 async def check_hosts(fleet: FleetFile) -> list[HostReport]:

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,24 +52,8 @@ class InstanceStatus:
     problem: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "instance": self.instance,
-            "host": self.host,
-            "gpus": list(self.gpus),
-            "pid": self.pid,
-            "port": self.port,
-            "url": self.url,
-            "ready": self.ready,
-            "drift": list(self.drift),
-            "uptime_s": None if self.uptime_s is None else round(self.uptime_s, 1),
-            "running": self.running,
-            "queued": self.queued,
-            "gen_tokens_per_s": self.gen_tokens_per_s,
-            "spec_accept_length": self.spec_accept_length,
-            "max_running_requests": self.max_running_requests,
-            "log_path": self.log_path,
-            "problem": self.problem,
-        }
+        uptime_s = None if self.uptime_s is None else round(self.uptime_s, 1)
+        return {**asdict(self), "uptime_s": uptime_s}
 
 
 @dataclass

@@ -8,7 +8,7 @@ the model's own history. A single-turn record has one segment.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import orjson
@@ -99,7 +99,7 @@ class SamplingParams:
         return orjson.dumps(self.as_dict(), option=orjson.OPT_SORT_KEYS).decode()
 
     def as_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return asdict(self)
 
     @property
     def digest(self) -> str:
