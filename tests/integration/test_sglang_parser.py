@@ -216,8 +216,13 @@ def test_real_sglang_reads_the_key_from_the_config_file_fleetgen_writes(tmp_path
         "import sys\nfrom sglang.srt.server_args import prepare_server_args\n"
         "print(repr(prepare_server_args(sys.argv[1:]).api_key))"
     )
-    done = subprocess.run(
-        [PYTHON, "-c", code, *spec.args], capture_output=True, text=True, timeout=300, check=False
+    done = subprocess.run(  # in the instance folder, as `up` spawns it (the config file is named relative)
+        [PYTHON, "-c", code, *spec.args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=tmp_path / "h-0",
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == repr(key)

@@ -37,7 +37,7 @@ SECRET = "sk-very-secret-123"
 def spec(
     tmp: str = "/w", secret: bool = False, args: tuple[str, ...] = ("--model-path", "/m x", "--port", "1")
 ) -> LaunchSpec:
-    extra = ("--config", f"{tmp}/h0-0/api_key.yaml") if secret else ()
+    extra = ("--config", "api_key.yaml") if secret else ()
     return LaunchSpec(
         instance="h0-0",
         python="/opt/venv/bin/python",
@@ -100,7 +100,13 @@ def _run_public(tmp_path: Path, kind: str) -> tuple[str, str, str]:
         Path(path).write_bytes(data)
         Path(path).chmod(0o600)
     (tmp_path / "launch.sh").write_text(text)
-    out = subprocess.run(["bash", str(tmp_path / "launch.sh")], capture_output=True, text=True, check=True)
+    out = subprocess.run(  # in the instance folder, as `up` spawns it
+        ["bash", str(tmp_path / "launch.sh")],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path / "h0-0",
+    )
     return text, out.stdout + out.stderr, s.secret.name
 
 

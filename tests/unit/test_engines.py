@@ -14,6 +14,7 @@ from fleetgen.engines.base import release
 from fleetgen.engines.sglang import parse_marked_verdict
 from fleetgen.engines.sglang_timeline import rules_for
 from fleetgen.errors import ConfigError
+from fleetgen.plan import decide_launch, facts_from_file
 
 
 def _fleet(kind: str, **engine: object) -> FleetFile:
@@ -63,12 +64,13 @@ def test_vllm_argv_has_positional_model_and_keeps_the_public_key_off_the_argv() 
 
 
 def test_sglang_gets_the_public_key_by_config_file_never_on_its_argv() -> None:
-    """SGLang has no env var for its key: `--config <instance>/api_key.yaml`; `--api-key` never appears, and a
+    """SGLang has no env var for its key: `--config api_key.yaml` (relative: the engine runs in its instance
+    folder, so `plan` and `up` show one argv); `--api-key` never appears, and a
     user's own `config` in engine.args is refused (SGLang takes one config file) with the way out."""
     fleet = _fleet("sglang", bind="0.0.0.0", api_key_env="MY_KEY", args={})
     engine = get_engine("sglang")
     s = launch_spec(fleet, engine, fleet.instances()[0], "/w")
-    assert s.args[-2:] == ("--config", "/w/a-0/api_key.yaml") and "--api-key" not in s.args
+    assert s.args[-2:] == ("--config", "api_key.yaml") and "--api-key" not in s.args
     assert engine.api_key_env_var is None and s.secret == SecretEnv("MY_KEY", config_key="api-key")
     assert s.secret_files("k" * 16)["/w/a-0/api_key.yaml"] == b'api-key: "kkkkkkkkkkkkkkkk"\n'
     own = _fleet("sglang", bind="0.0.0.0", api_key_env="MY_KEY", args={"config": "/mine.yaml"})
@@ -160,3 +162,19 @@ def test_verdict_parsing_takes_the_marked_line() -> None:
     verdict = parse_marked_verdict(out)
     assert not verdict.is_ok and verdict.version == "0.5.23" and verdict.error == "argument error: x"
     assert "no verdict" in parse_marked_verdict("Traceback ...").error
+
+
+@pytest.mark.parametrize("kind", ["sglang", "vllm"])
+@pytest.mark.parametrize("bind", ["127.0.0.1", "0.0.0.0", "::"])
+@pytest.mark.parametrize("workdir", ["/w", "/home/u/fleet work", "/tmp/x"])
+def test_plan_shows_the_argv_up_launches_for_every_bind(kind: str, bind: str, workdir: str) -> None:
+    """`plan` (decide_launch) and `up` (launch_spec) give one argv, key file included, whatever the workdir:
+    the key's config file is named relative to the instance folder the engine runs in."""
+    public = bind != "127.0.0.1"
+    fleet = _fleet(kind, bind=bind, **({"api_key_env": "MY_KEY"} if public else {}))
+    engine = get_engine(kind)
+    for inst in fleet.instances():
+        planned = decide_launch(fleet.engine, inst, facts_from_file(fleet.host(inst.host)))
+        launched = launch_spec(fleet, engine, inst, workdir)
+        assert planned.argv == launched.argv
+        assert not any(workdir in a for a in launched.argv)

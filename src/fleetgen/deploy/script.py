@@ -23,6 +23,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from fleetgen.plan import API_KEY_CONFIG
 from fleetgen.redact import REDACTED
 
 # Copies stdin to stdout with the key (from the env var named by argv[1]) replaced, keeping back only a tail
@@ -71,7 +72,7 @@ class InstancePaths:
     @property
     def key_config(self) -> str:
         """The YAML config an engine without a key env var reads its key from (SGLang's `--config`)."""
-        return posixpath.join(self.root, "api_key.yaml")
+        return posixpath.join(self.root, API_KEY_CONFIG)
 
     @property
     def logs(self) -> str:

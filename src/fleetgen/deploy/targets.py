@@ -73,11 +73,10 @@ def launch_spec(
     args = list(launch.argv[1 + len(launcher_of(spec)) :])
     paths = InstancePaths(workdir, inst.name)
     secret = _secret(spec, engine)
-    if secret is not None and secret.config_key and engine.api_key_config_flag:
+    if secret is not None and secret.config_key:
         refused, _ = api_key_way(fleet, engine)
         if refused:
             raise ConfigError(refused[0].message, fix=refused[0].fix)
-        args += [engine.api_key_config_flag, paths.key_config]
     return LaunchSpec(
         instance=inst.name,
         python=launch.python,

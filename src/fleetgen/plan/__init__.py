@@ -8,10 +8,11 @@ Modules: `types` (values in and out), `settings` (SGLang flags as the engine res
 from __future__ import annotations
 
 from fleetgen.plan.fleet import cross_instance_errors, facts_from_file, plan_fleet, plan_instance
-from fleetgen.plan.instance import Launch, decide_launch
+from fleetgen.plan.instance import API_KEY_CONFIG, Launch, decide_launch
 from fleetgen.plan.types import Fix, FleetPlan, GpuFacts, HostFacts, InstancePlan, Issue, Memory
 
 __all__ = [
+    "API_KEY_CONFIG",
     "Fix",
     "FleetPlan",
     "GpuFacts",

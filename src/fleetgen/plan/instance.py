@@ -19,6 +19,10 @@ from fleetgen.plan.types import GIB, GpuFacts, HostFacts, Issue, Memory
 from fleetgen.plan.vllm import size_vllm
 
 HICACHE_RESERVE_BYTES = 10 * GIB  # SGLang's HICACHE_HOST_MEMORY_RESERVE_BYTES
+# The 0600 config file a public bind's key reaches an engine through when it reads no key env var (SGLang's
+# `--config`). Relative: `up` starts every engine in its own instance folder, where it pushes this file, so
+# the argv `plan` shows is the argv `up` launches, whatever the host's workdir expands to.
+API_KEY_CONFIG = "api_key.yaml"
 
 
 @dataclass(frozen=True)
@@ -221,5 +225,7 @@ def decide_launch(
     chosen = facts.engine_version or version or spec.version
     rules, warning = select_rule_set(engine.rule_sets, chosen)
     args = engine.build_argv(spec, inst, model_path=spec.model, host_bind=spec.bind, rules=rules)
+    if spec.is_public and spec.api_key_env and not engine.api_key_env_var and engine.api_key_config_flag:
+        args = [*args, engine.api_key_config_flag, API_KEY_CONFIG]
     argv = (spec.python, *launcher_of(spec), *args)
     return Launch(argv, engine.build_env(spec, inst), rules, chosen, warning)
