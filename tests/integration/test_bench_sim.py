@@ -7,6 +7,7 @@ requests like SGLang and serves SGLang's speculative-decoding metrics.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import subprocess
 import sys
@@ -31,6 +32,43 @@ async def test_sweep_counts_every_request_and_token(sim_server: SimFactory) -> N
         assert level.ttft_s is not None and level.ttft_s.p50 > 0
         assert level.itl_s is not None  # several chunks per request at a finite decode speed
         assert level.accept_length is None  # no speculative decoding configured
+
+
+async def _counters(url: str) -> dict[str, float]:
+    import aiohttp
+
+    from fleetgen.generate.bench_stats import parse_metrics
+
+    async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as resp:
+        samples = parse_metrics(await resp.text())
+    return {
+        k: v
+        for k, v in samples.items()
+        if k in ("sglang:num_requests_total", "sglang:generation_tokens_total")
+    }
+
+
+async def test_a_warm_up_burst_at_the_top_level_precedes_the_measured_levels(sim_server: SimFactory) -> None:
+    # A fresh server compiles kernels on its first batched prefill (100 s on SGLang MTP, H200): one unmeasured
+    # burst at the top level (capped by the server) must come first, and count in no level.
+    spec = BenchSpec(
+        input_len=16, output_len=8, concurrencies=(1, 3, 16), rounds=1, min_requests=2, warmup_tokens=5
+    )
+    async with sim_server(max_running_requests=6, enable_metrics=True) as (url, _):
+        before = await _counters(url)
+        levels = await sweep([Target("i0", (url,))], spec)
+        after = await _counters(url)
+    assert [(r.concurrency, r.num_requests) for r in levels] == [(1, 2), (3, 3), (6, 6)]
+    probe, warm_up = 1, 6
+    sent = probe + warm_up + sum(r.num_requests for r in levels)
+    assert after["sglang:num_requests_total"] - before["sglang:num_requests_total"] == sent
+    tokens = 1 + warm_up * 5 + sum(r.output_tokens for r in levels)
+    assert after["sglang:generation_tokens_total"] - before["sglang:generation_tokens_total"] == tokens
+    no_warm_up = dataclasses.replace(spec, warmup_tokens=0)
+    async with sim_server(max_running_requests=6, enable_metrics=True) as (url, _):
+        await sweep([Target("i0", (url,))], no_warm_up)
+        counted = await _counters(url)
+    assert counted["sglang:num_requests_total"] == probe + sum(r.num_requests for r in levels)
 
 
 async def test_levels_are_capped_by_the_servers_max_running_requests(sim_server: SimFactory) -> None:

@@ -179,6 +179,28 @@ async def run_level(
     return build_level(target, concurrency, samples, duration, accept)
 
 
+async def warm_up(
+    session: aiohttp.ClientSession,
+    target: Target,
+    concurrency: int,
+    spec: BenchSpec,
+    model: str,
+    num_words: int,
+    headers: Mapping[str, str],
+) -> None:
+    """One unmeasured burst of `concurrency` short requests per URL, so that the first measured level
+    meets a warm server (its first batched prefill compiles kernels). Failures: the first level reports."""
+    rng = random.Random(spec.seed * 1_000_003 - concurrency)
+    bodies = [
+        chat_body(spec, model, make_prompt(num_words, rng), spec.warmup_tokens)
+        for _ in range(concurrency * len(target.urls))
+    ]
+    urls = [url for url in target.urls for _ in range(concurrency)]
+    await asyncio.gather(
+        *(stream_one(session, url, body, headers) for url, body in zip(urls, bodies, strict=True))
+    )
+
+
 async def sweep(
     targets: Sequence[Target],
     spec: BenchSpec,
@@ -199,7 +221,10 @@ async def sweep(
             caps = [c for c in [cap, *[await server_cap(session, u, headers) for u in target.urls]] if c]
             ratio = await words_per_token(session, first, spec, model, headers)
             num_words = max(1, round(spec.input_len * ratio))
-            for concurrency in capped_levels(spec.concurrencies, min(caps) if caps else None):
+            levels = capped_levels(spec.concurrencies, min(caps) if caps else None)
+            if levels and spec.warmup_tokens:
+                await warm_up(session, target, levels[-1], spec, model, num_words, headers)
+            for concurrency in levels:
                 level = await run_level(session, target, concurrency, spec, model, num_words, headers)
                 if level.num_failed == level.num_requests:
                     raise EndpointError(

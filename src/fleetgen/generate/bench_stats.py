@@ -49,6 +49,10 @@ class BenchSpec:
     timeout_s: float = 3600.0
     seed: int = 0
     extra_body: Mapping[str, object] = field(default_factory=dict)
+    # Before the first level, one unmeasured burst at the top level (this many output tokens each): a fresh
+    # server compiles kernels on its first batched prefill (100 s for SGLang MTP on an H200), which would
+    # otherwise land inside the first level. 0: no warm-up.
+    warmup_tokens: int = 16
 
     def num_requests(self, concurrency: int, num_instances: int) -> int:
         return max(self.rounds * concurrency, self.min_requests) * num_instances
