@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import zstandard
 from hypothesis import HealthCheck, given, settings
@@ -170,3 +172,16 @@ async def test_an_export_that_wrote_nothing_exits_non_zero_with_the_reasons(tmp_
     )
     assert code != 0 and "wrote 0 rows" in text and "dropped 3: empty assistant answer" in text
     assert "3 truncated rows dropped" in text
+
+
+async def test_parquet_and_datasets_with_the_wrong_column_name_are_named(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    data = {"instruction": [f"q{i}" for i in range(FAIL_FAST + 5)]}
+    pq.write_table(pa.table(data), tmp_path / "p.parquet")
+    datasets.Dataset.from_dict(data).save_to_disk(str(tmp_path / "ds"))
+    async with serve(StandIn()) as a:
+        for name in ("p.parquet", "ds"):
+            with pytest.raises(InputError) as err:
+                await Job(options(tmp_path, tmp_path / name, [a.url], out_dir=tmp_path / f"o-{name}")).run()
+            assert 'prompt_field = "instruction"' in err.value.fix, name
+            assert "instruction" in str(err.value.context["fields seen"])
