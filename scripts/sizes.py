@@ -1,42 +1,37 @@
-"""House limits, checked: a module ≤ 400 lines, a function ≤ 40 lines (style.md, principle 12).
+"""The module-size guide (style.md, principle 12): a module over ~400 lines is a smell, not a wall.
 
     python scripts/sizes.py [PATH ...]      (default: src/fleetgen)
 
-Prints each offender as `path:line: what` and exits 1 when there is any.
+Prints each module over the guide as `path:1: warning: …` so a reviewer looks at it, and always exits 0:
+the size is a smell detector, not a target. Functions have no line limit: a long function is split by
+meaning, or left long, never crammed (no `# fmt: skip` to save lines).
 """
 
 from __future__ import annotations
 
-import ast
 import sys
 from pathlib import Path
 
-MAX_MODULE_LINES = 400
-MAX_FUNCTION_LINES = 40
+MODULE_LINES_GUIDE = 400
 
 
-def offenders(path: Path) -> list[str]:
-    text = path.read_text(encoding="utf-8")
-    found = []
-    num_lines = len(text.splitlines())
-    if num_lines > MAX_MODULE_LINES:
-        found.append(f"{path}:1: module has {num_lines} lines (limit {MAX_MODULE_LINES})")
-    for node in ast.walk(ast.parse(text)):
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno is not None:
-            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-            length = node.end_lineno - first + 1
-            if length > MAX_FUNCTION_LINES:
-                limit = f"(limit {MAX_FUNCTION_LINES})"
-                found.append(f"{path}:{node.lineno}: {node.name}() has {length} lines {limit}")
-    return found
+def warnings(path: Path) -> list[str]:
+    num_lines = len(path.read_text(encoding="utf-8").splitlines())
+    if num_lines <= MODULE_LINES_GUIDE:
+        return []
+    return [f"{path}:1: warning: {num_lines} lines (guide: ~{MODULE_LINES_GUIDE}); does it do one job?"]
 
 
 def main(argv: list[str]) -> int:
     roots = [Path(a) for a in argv] or [Path("src/fleetgen")]
     files = sorted(p for root in roots for p in ([root] if root.is_file() else root.rglob("*.py")))
-    problems = [line for f in files for line in offenders(f)]
-    print("\n".join(problems) if problems else f"sizes: {len(files)} modules within the limits")
-    return 1 if problems else 0
+    found = [line for f in files for line in warnings(f)]
+    print(
+        "\n".join(found)
+        if found
+        else f"sizes: {len(files)} modules within the ~{MODULE_LINES_GUIDE}-line guide"
+    )
+    return 0
 
 
 if __name__ == "__main__":
