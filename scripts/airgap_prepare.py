@@ -177,11 +177,10 @@ SETS: dict[tuple[str, str], list[str]] = {
 # Members the engine never loads on a Hopper GPU with the recipe's flags (gpu.md), removed from the wheel.
 SLIM: dict[str, list[str]] = {
     "vllm": [
-        r"vllm/_vllm_fa2_C\.abi3\.so",
+        r"vllm/vllm_flash_attn/_vllm_fa2_C\.abi3\.so",  # FA2: Hopper runs FA3 (_vllm_fa3_C kept)
+        r"vllm/vllm-rs$",  # the Rust frontend binary
         r"vllm/third_party/deep_gemm/",
         r"vllm/third_party/fmha_sm100/",
-        r"vllm/.*rust.*\.so",
-        r"vllm/frontend_rs",
     ],
     "sglang": [r"sglang/srt/grpc/_core.*\.so", r"sglang/multimodal_gen/"],
     "sglang_kernel": [r"sgl_kernel/flash_ops\.abi3\.so", r"sgl_kernel/sm100/", r"sgl_kernel/flashmla_ops"],
@@ -201,15 +200,17 @@ rich safetensors scipy sentencepiece setuptools six sympy tabulate tiktoken timm
 torchvision tqdm triton typer typing-extensions urllib3 uvloop wheel xxhash yarl zipp"""
 )
 # Required by the metadata, never imported on this path (optional backends, other architectures, the gRPC
-# router, profilers; cutlass-dsl libs-base: libs-cu13 is a whole copy for CUDA 13): not fetched,
+# router, profilers; vLLM's flashinfer path, off with VLLM_USE_FLASHINFER_SAMPLER=0; cutlass-dsl libs-base:
+# libs-cu13 is a whole copy for CUDA 13): not fetched,
 # listed so the closure check names only real gaps.
 NOT_NEEDED = words(
-    """fastsafetensors humming-kernels exceptiongroup anthropic av decord2 nvidia-cutlass-dsl-libs-base
-lxml colorama aiocontextvars win32-setctime flash-attn-4 flashinfer-cubin kernels mistral-common
-modelscope nvidia-mathdx outlines py-spy quack-kernels smg-grpc-servicer tilelang tokenspeed-mla
-torch-memory-saver torchcodec cuda-tile mcp opentelemetry-api opentelemetry-sdk
-opentelemetry-exporter-otlp opentelemetry-semantic-conventions-ai flashinfer-jit-cache build gpt-oss
-ray nvidia-cutlass-dsl-libs-cu12 pyobjc lazy-loader"""
+    """flashinfer-python nvidia-cudnn-frontend nvidia-cutlass-dsl fastsafetensors humming-kernels
+exceptiongroup anthropic av decord2 nvidia-cutlass-dsl-libs-base lxml colorama aiocontextvars
+win32-setctime flash-attn-4 flashinfer-cubin kernels mistral-common modelscope nvidia-mathdx
+outlines py-spy quack-kernels smg-grpc-servicer tilelang tokenspeed-mla torch-memory-saver
+torchcodec cuda-tile mcp opentelemetry-api opentelemetry-sdk opentelemetry-exporter-otlp
+opentelemetry-semantic-conventions-ai flashinfer-jit-cache build gpt-oss ray
+nvidia-cutlass-dsl-libs-cu12 pyobjc lazy-loader"""
 )
 
 
