@@ -63,8 +63,8 @@ async def test_a_parameter_every_server_refuses_stops_the_job_naming_it(
         assert query(out, "SELECT COUNT(*) FROM results")[0][0] == 0
         assert query(out, "SELECT COUNT(*) FROM errors")[0][0] == 0  # the dataset is not burned into errors
 
-        job.write_text("max_tokens = 64\n")  # the fix the error names; the params changed: --force-params
-        fixed = fleetgen("run", str(prompts), "-o", str(out), *urls, "--job", str(job), "--force-params",
+        job.write_text("max_tokens = 64\n")  # the fix the error names: nothing was written, no --force-params
+        fixed = fleetgen("run", str(prompts), "-o", str(out), *urls, "--job", str(job),
                          "--concurrency", "4", "--json")  # fmt: skip
     assert fixed.returncode == 0, fixed.stderr
     assert json.loads(fixed.stdout)["status"] == "complete"

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
-from fleetgen.errors import FleetDown, ParamsMismatch
+from fleetgen.errors import FleetDown, ParamsMismatch, RequestRejected
 from fleetgen.generate.dispatch import RetryPolicy
 from fleetgen.generate.progress import Progress
 from fleetgen.generate.runner import Job, JobOptions
@@ -189,6 +189,21 @@ async def test_changed_params_are_refused_unless_forced(tmp_path: Path) -> None:
         forced = await Job(options(tmp_path, prompts, [a.url], params=params(temperature=0.7),
                                    force_params=True)).run()  # fmt: skip
     assert forced.status == "complete"
+
+
+async def test_a_folder_with_nothing_generated_takes_new_params(tmp_path: Path) -> None:
+    """Every request refused (a wrong sampling parameter): nothing was generated with those params, so the
+    rerun with the corrected ones needs no --force-params; once a row exists, a change is refused again."""
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"q{i}"} for i in range(40)])
+    async with serve(StandIn(reject_all_with=400)) as bad:
+        with pytest.raises(RequestRejected):
+            await Job(options(tmp_path, prompts, [bad.url], params=params(temperature=0.7))).run()
+    assert rows(tmp_path / "out", "SELECT COUNT(*) FROM results") == [(0,)]
+    async with serve(StandIn()) as a:
+        fixed = await Job(options(tmp_path, prompts, [a.url])).run()
+        assert fixed.status == "complete" and fixed.results == 40
+        with pytest.raises(ParamsMismatch):
+            await Job(options(tmp_path, prompts, [a.url], params=params(temperature=0.7))).run()
 
 
 async def test_multi_turn_is_regenerated_on_the_models_own_history(tmp_path: Path) -> None:

@@ -100,6 +100,5 @@ class Streak:
                 "as an error row",
             },
             fix="change what the server names (in the job file given with --job, or the flag that sets it), "
-            "then rerun the same command; with a changed sampling parameter add --force-params (or use a new "
-            "-o folder)",
+            "then rerun the same command: nothing was written, so the folder takes the changed parameters",
         )
