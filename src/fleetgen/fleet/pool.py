@@ -1,9 +1,9 @@
 """The endpoints of a fleet: name, URL (a live tunnel), API key, concurrency.
 
-Tunnels live as long as the SSH connections behind them. `open_endpoints` is the context manager that owns
-the ready ones; `ready_endpoints` enters one into the caller's `AsyncExitStack` (or, without one, keeps the
-connections open until the process exits: the duration of the command). `open_fleet` (for `fleetgen run`)
-owns every deployed instance, ready or not, and re-reads one on demand so a job can take it in once ready.
+Tunnels live as long as the SSH connections behind them, and those as long as the context manager that
+opened them: `ready_endpoints` (for `bench`) owns the ready instances' connections and closes them when its
+block exits; `open_fleet` (for `fleetgen run`) owns every deployed instance, ready or not, and re-reads one
+on demand so a job can take it in once ready.
 """
 
 from __future__ import annotations
@@ -17,9 +17,6 @@ from pathlib import Path
 from fleetgen.deploy.state import load_state
 from fleetgen.errors import FleetDown, FleetgenError
 from fleetgen.fleet.status import FleetView, InstanceStatus, open_view
-
-# Views opened without a caller's stack: kept referenced so their tunnels stay up for the command.
-_KEPT: list[contextlib.AsyncExitStack] = []
 
 
 @dataclass(frozen=True)
@@ -41,32 +38,22 @@ def endpoints_of(statuses: Sequence[InstanceStatus], api_key: str | None) -> lis
 
 
 @contextlib.asynccontextmanager
-async def open_endpoints(
+async def ready_endpoints(
     fleet_path: Path, *, only: Sequence[str] | None = None
-) -> AsyncIterator[tuple[list[Endpoint], FleetView]]:
-    """Ready endpoints and the view behind them (`view.refresh()` re-reads load); tunnels close on exit."""
+) -> AsyncIterator[list[Endpoint]]:
+    """The fleet's ready endpoints, their tunnels open until the block exits (the SSH connections close
+    with it); raises FleetDown when none is ready."""
     async with open_view(fleet_path, only=only) as view:
         statuses = await view.refresh(rate_window_s=0)
-        yield endpoints_of(statuses, view.secret), view
-
-
-async def ready_endpoints(
-    fleet_path: Path, *, stack: contextlib.AsyncExitStack | None = None, only: Sequence[str] | None = None
-) -> list[Endpoint]:
-    """Ready endpoints of the fleet, tunnels opened; raises FleetDown when none is ready."""
-    if stack is None:
-        stack = contextlib.AsyncExitStack()
-        _KEPT.append(stack)
-    endpoints, view = await stack.enter_async_context(open_endpoints(fleet_path, only=only))
-    if not endpoints:
-        statuses = await view.refresh(rate_window_s=0)
-        detail = "\n".join(f"{s.instance}: {s.problem or 'not ready'}" for s in statuses)
-        raise FleetDown(
-            "no instance of the fleet is ready",
-            context={"instances": detail},
-            fix="run `fleetgen up` (then `fleetgen status` to see each instance)",
-        )
-    return endpoints
+        endpoints = endpoints_of(statuses, view.secret)
+        if not endpoints:
+            detail = "\n".join(f"{s.instance}: {s.problem or 'not ready'}" for s in statuses)
+            raise FleetDown(
+                "no instance of the fleet is ready",
+                context={"instances": detail},
+                fix="run `fleetgen up` (then `fleetgen status` to see each instance)",
+            )
+        yield endpoints
 
 
 NOT_RUNNING = "not running"  # FleetView's problem for an instance whose process is gone

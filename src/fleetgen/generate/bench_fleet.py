@@ -50,7 +50,7 @@ async def bench_fleet(
             pairs = [(f"endpoint-{i}", url.rstrip("/")) for i, url in enumerate(urls)]
             caps = [cap]
         else:
-            endpoints = await ready_endpoints(fleet_path, stack=stack)
+            endpoints = await stack.enter_async_context(ready_endpoints(fleet_path))
             pairs = [(e.name, e.url) for e in endpoints]
             caps = [cap, *(e.max_running_requests for e in endpoints)]
             if endpoints[0].api_key and not spec.api_key:
