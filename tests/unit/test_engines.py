@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -10,8 +13,7 @@ from fleetgen.config import ArgValue, FleetFile
 from fleetgen.deploy.script import SecretEnv
 from fleetgen.deploy.targets import launch_spec
 from fleetgen.engines import format_args, get_engine, select_rule_set, translate_args
-from fleetgen.engines.base import release
-from fleetgen.engines.sglang import parse_marked_verdict
+from fleetgen.engines.base import VERDICT_MARK, read_verdict, release
 from fleetgen.engines.sglang_timeline import rules_for
 from fleetgen.errors import ConfigError
 from fleetgen.plan import decide_launch, facts_from_file
@@ -159,9 +161,25 @@ def test_endpoints_and_ready_lines() -> None:
 
 def test_verdict_parsing_takes_the_marked_line() -> None:
     out = 'noise\nFLEETGEN_PARSER_VERDICT {"ok": false, "version": "0.5.23", "error": "argument error: x"}\n'
-    verdict = parse_marked_verdict(out)
+    verdict = read_verdict(out)
     assert not verdict.is_ok and verdict.version == "0.5.23" and verdict.error == "argument error: x"
-    assert "no verdict" in parse_marked_verdict("Traceback ...").error
+    assert "no verdict" in read_verdict("Traceback ...").error
+
+
+@pytest.mark.parametrize("kind", ["sglang", "vllm"])
+def test_parser_check_without_the_engine_prints_one_verdict_naming_what_is_missing(kind: str) -> None:
+    """The script as the host runs it (`python -c`), under a python that lacks the engine (this one)."""
+    engine = get_engine(kind)
+    done = subprocess.run(
+        [sys.executable, "-c", engine.parser_check_script()],
+        input=json.dumps(["--port", "1"]),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.count(VERDICT_MARK) == 1 and done.stderr == ""
+    verdict = engine.parse_verdict(done.stdout)
+    assert not verdict.is_ok and verdict.error == f"ModuleNotFoundError: No module named '{kind}'"
 
 
 @pytest.mark.parametrize("kind", ["sglang", "vllm"])

@@ -7,7 +7,9 @@ era — which flags exist and how it sizes GPU memory (`RuleSet`). Pure: no I/O,
 
 from __future__ import annotations
 
+import json
 import re
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -165,6 +167,48 @@ class Engine(Protocol):
     def parse_verdict(self, stdout: str) -> ParserVerdict:
         """Read what `parser_check_script` printed."""
         ...
+
+
+VERDICT_MARK = "FLEETGEN_PARSER_VERDICT "
+_VERDICT_HEAD = f"""
+import json, sys
+MARK = {VERDICT_MARK!r}
+argv = json.loads(sys.stdin.read())
+out = {{"ok": False, "version": "", "error": "", "resolved": {{}}}}
+class _Refused(Exception):
+    pass
+try:
+"""
+_VERDICT_TAIL = """
+    out["ok"] = True
+except _Refused as exc:
+    out["error"] = "argument error: " + str(exc)
+except BaseException as exc:
+    out["error"] = type(exc).__name__ + ": " + str(exc)
+print(MARK + json.dumps(out, default=str))
+"""
+
+
+def verdict_script(body: str) -> str:
+    """Python source for the host's own python: the JSON argv on stdin goes through `body` (the engine's
+    parser: it reads `argv`, sets `out["version"]` and `out["resolved"]`, raises `_Refused(message)` for an
+    argument error), then one marked JSON verdict line is printed (the engine's imports may log to stdout).
+    """
+    return _VERDICT_HEAD + textwrap.indent(textwrap.dedent(body).strip("\n"), "    ") + _VERDICT_TAIL
+
+
+def read_verdict(stdout: str) -> ParserVerdict:
+    """The last `FLEETGEN_PARSER_VERDICT {json}` line of a `verdict_script` run."""
+    for line in reversed(stdout.splitlines()):
+        if line.startswith(VERDICT_MARK):
+            data = json.loads(line[len(VERDICT_MARK) :])
+            return ParserVerdict(
+                is_ok=bool(data.get("ok")),
+                version=str(data.get("version", "")),
+                error=str(data.get("error", "")),
+                resolved=dict(data.get("resolved") or {}),
+            )
+    return ParserVerdict(is_ok=False, error="the parser check printed no verdict: " + stdout[-500:])
 
 
 def release(text: str) -> Version:

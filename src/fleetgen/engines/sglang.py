@@ -6,8 +6,6 @@ below are copied from it so a plan can quote what the engine would say at start.
 
 from __future__ import annotations
 
-import json
-
 from fleetgen.config import EngineSpec, InstanceSpec
 from fleetgen.engines.base import (
     FatalSignature,
@@ -16,11 +14,11 @@ from fleetgen.engines.base import (
     RuleSet,
     cuda_visible_devices,
     format_args,
+    read_verdict,
     translate_args,
+    verdict_script,
 )
 from fleetgen.engines.sglang_timeline import RULE_SETS
-
-VERDICT_MARK = "FLEETGEN_PARSER_VERDICT "
 
 # Exact texts from SGLang's source (see the reference, §2), used by the plan and by the deploy log watcher.
 SPEC_NO_BUFFER_RADIX = (
@@ -142,21 +140,15 @@ FATAL_SIGNATURES = (
 )
 
 # Runs on the host with its own python: the exact parser `sglang.launch_server` uses, then from_cli_args.
-# Printed as one marked JSON line because SGLang's imports may log to stdout.
-PARSER_CHECK_SCRIPT = r"""
-import argparse, json, sys
-MARK = "FLEETGEN_PARSER_VERDICT "
-argv = json.loads(sys.stdin.read())
-out = {"ok": False, "version": "", "error": "", "resolved": {}}
-class _Refused(Exception):
-    pass
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise _Refused(message)
-try:
+PARSER_CHECK_SCRIPT = verdict_script(
+    r"""
+    import argparse
     import sglang
     out["version"] = getattr(sglang, "__version__", "")
     from sglang.srt.server_args import ServerArgs
+    class _Parser(argparse.ArgumentParser):
+        def error(self, message):
+            raise _Refused(message)
     parser = _Parser(prog="sglang.launch_server")
     ServerArgs.add_cli_args(parser)
     ns = parser.parse_args(argv)
@@ -165,13 +157,8 @@ try:
             "speculative_algorithm", "speculative_num_draft_tokens", "max_running_requests",
             "tp_size", "context_length", "port", "host")
     out["resolved"] = {k: getattr(args, k) for k in keep if hasattr(args, k)}
-    out["ok"] = True
-except _Refused as exc:
-    out["error"] = "argument error: " + str(exc)
-except BaseException as exc:
-    out["error"] = type(exc).__name__ + ": " + str(exc)
-print(MARK + json.dumps(out, default=str))
-"""
+    """
+)
 
 
 class SGLangEngine:
@@ -237,18 +224,4 @@ class SGLangEngine:
         return PARSER_CHECK_SCRIPT
 
     def parse_verdict(self, stdout: str) -> ParserVerdict:
-        return parse_marked_verdict(stdout)
-
-
-def parse_marked_verdict(stdout: str) -> ParserVerdict:
-    """The last `FLEETGEN_PARSER_VERDICT {json}` line of a parser-check run."""
-    for line in reversed(stdout.splitlines()):
-        if line.startswith(VERDICT_MARK):
-            data = json.loads(line[len(VERDICT_MARK) :])
-            return ParserVerdict(
-                is_ok=bool(data.get("ok")),
-                version=str(data.get("version", "")),
-                error=str(data.get("error", "")),
-                resolved=dict(data.get("resolved") or {}),
-            )
-    return ParserVerdict(is_ok=False, error="the parser check printed no verdict: " + stdout[-500:])
+        return read_verdict(stdout)

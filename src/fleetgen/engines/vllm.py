@@ -16,9 +16,10 @@ from fleetgen.engines.base import (
     RuleSet,
     cuda_visible_devices,
     format_args,
+    read_verdict,
     translate_args,
+    verdict_script,
 )
-from fleetgen.engines.sglang import parse_marked_verdict
 
 # vLLM main moved the default utilization to 0.92 (`vllm/config/cache.py`); releases before that use 0.9.
 V0_1X = RuleSet(
@@ -77,14 +78,8 @@ FATAL_SIGNATURES = (
 )
 
 # Runs on the host with its own python: vLLM's `serve` parser (the module moved between releases).
-PARSER_CHECK_SCRIPT = r"""
-import json, sys
-MARK = "FLEETGEN_PARSER_VERDICT "
-argv = json.loads(sys.stdin.read())
-out = {"ok": False, "version": "", "error": "", "resolved": {}}
-class _Refused(Exception):
-    pass
-try:
+PARSER_CHECK_SCRIPT = verdict_script(
+    r"""
     import vllm
     out["version"] = getattr(vllm, "__version__", "")
     try:
@@ -104,13 +99,8 @@ try:
     keep = ("model_tag", "gpu_memory_utilization", "max_model_len", "tensor_parallel_size",
             "speculative_config", "max_num_seqs", "port", "host")
     out["resolved"] = {k: getattr(ns, k) for k in keep if hasattr(ns, k)}
-    out["ok"] = True
-except _Refused as exc:
-    out["error"] = "argument error: " + str(exc)
-except BaseException as exc:
-    out["error"] = type(exc).__name__ + ": " + str(exc)
-print(MARK + json.dumps(out, default=str))
-"""
+    """
+)
 
 
 class VLLMEngine:
@@ -167,4 +157,4 @@ class VLLMEngine:
         return PARSER_CHECK_SCRIPT
 
     def parse_verdict(self, stdout: str) -> ParserVerdict:
-        return parse_marked_verdict(stdout)
+        return read_verdict(stdout)
