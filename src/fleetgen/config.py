@@ -25,6 +25,17 @@ ArgValue = str | int | float | bool
 LOOPBACK = "127.0.0.1"
 
 
+# The engine kinds a fleet file may name. `fleetgen.engines` registers each of its engines here when it is
+# imported (the package's `__init__` imports it first): config sits left of engines and cannot ask it.
+ENGINE_KINDS: list[str] = []
+
+
+def register_engine_kind(name: str) -> None:
+    """Let fleet files name engine `name` (called by the engine registry, `fleetgen.engines`)."""
+    if name not in ENGINE_KINDS:
+        ENGINE_KINDS.append(name)
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -32,7 +43,7 @@ class _Strict(BaseModel):
 class EngineSpec(_Strict):
     """`[engine]`: what to run on every instance."""
 
-    kind: Literal["sglang", "vllm"]
+    kind: str
     version: str | None = None
     python: str = "python3"
     model: str
@@ -48,6 +59,14 @@ class EngineSpec(_Strict):
     ready_timeout_s: Annotated[float, Field(gt=0)] = 1800.0
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    @field_validator("kind")
+    @classmethod
+    def _known_engine(cls, kind: str) -> str:
+        if kind not in ENGINE_KINDS:
+            known = ", ".join(repr(k) for k in ENGINE_KINDS) or "none (fleetgen.engines was not imported)"
+            raise ValueError(f"unknown engine {kind!r}; known engines: {known}")
+        return kind
 
     @field_validator("args")
     @classmethod

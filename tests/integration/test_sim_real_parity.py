@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 
 from fleetgen.deploy.probe import parse_metrics
-from fleetgen.deploy.verify import VIEW_CHECKS, capacity_from_info, judge_spec, spec_evidence
+from fleetgen.deploy.verify import capacity_from_info, judge_spec, spec_evidence
 from fleetgen.engines import get_engine
 from tests.fixtures.sim import SimFactory
 
@@ -95,7 +95,7 @@ async def test_the_simulated_mtp_server_shows_what_real_sglang_shows(sim_server:
     assert models["data"][0]["root"] == real_models["data"][0]["root"] == "qwen3.6-27b"
     assert model_info["model_type"] == real_model_info["model_type"]
     # /server_info: the keys fleetgen reads, in both
-    for _, keys in VIEW_CHECKS:
+    for _, keys in SGLANG.view_checks:
         assert any(k in real_info for k in keys) and any(k in info for k in keys), keys
     assert set(capacity_from_info(info)) == set(capacity_from_info(real_info))
     # MTP: the target's and the draft's KV pools, two lines with the same #tokens

@@ -172,6 +172,32 @@ def test_init_writes_a_valid_example_and_refuses_to_overwrite(tmp_path: Path) ->
     assert fleet.engine.kind in ("sglang", "vllm") and len(fleet.hosts) >= 1
     text = path.read_text()
     assert text.count("#") > 10  # commented
+    kind_line = next(line for line in text.splitlines() if line.startswith("kind ="))
+    from fleetgen.engines import ENGINES
+
+    assert all(f'"{known}"' in kind_line for known in ENGINES)  # the comment names every registered engine
     second = runner.invoke(app, ["init", str(path)])
     assert second.exit_code == 2
     assert path.read_text() == text
+
+
+@pytest.mark.parametrize(
+    "kind", ["tgi", "SGLang", " sglang", "vllm\\n", "", "sglang;rm -rf /", "ѕglang", "vllm-cpu"]
+)
+def test_an_engine_kind_not_registered_is_refused_naming_file_line_field_and_every_known_engine(
+    tmp_path: Path, kind: str
+) -> None:
+    """engine.kind is checked against the engine registry (`fleetgen.engines.ENGINES`), not a list in config:
+    every registered engine is accepted, anything else (case, spaces, a look-alike letter, a distribution
+    name) is refused at its line, and the message names each engine fleetgen knows."""
+    from fleetgen.engines import ENGINES
+
+    for known in ENGINES:
+        assert (
+            load_fleet(_write(tmp_path, GOOD.replace('kind = "sglang"', f'kind = "{known}"'))).engine.kind
+            == known
+        )
+    text = GOOD.replace('kind = "sglang"', f'kind = "{kind}"')
+    message = _error(tmp_path, text).message
+    assert f"fleet.toml:{_line_of(text, 'kind =')}: engine.kind: unknown engine" in message
+    assert all(repr(known) in message for known in ENGINES)

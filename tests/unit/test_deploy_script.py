@@ -222,8 +222,9 @@ def test_view_mismatch_spec_reported_as_none_and_alias() -> None:
         "mem_fraction_static": 0.8,
         "mamba_radix_cache_strategy": "extra_buffer",
     }
-    assert view_mismatches(args, good) == []
-    bad = view_mismatches(args, {**good, "speculative_algorithm": None, "mem_fraction_static": 0.7})
+    sglang = get_engine("sglang")
+    assert view_mismatches(args, good, sglang) == []
+    bad = view_mismatches(args, {**good, "speculative_algorithm": None, "mem_fraction_static": 0.7}, sglang)
     assert len(bad) == 2 and "speculative_algorithm = None" in bad[0] and "0.7" in bad[1]
 
 

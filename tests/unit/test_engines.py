@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from fleetgen.config import ArgValue, FleetFile
+import fleetgen
+from fleetgen.config import ENGINE_KINDS, ArgValue, FleetFile
 from fleetgen.deploy.script import SecretEnv
 from fleetgen.deploy.targets import launch_spec
-from fleetgen.engines import format_args, get_engine, select_rule_set, translate_args
+from fleetgen.engines import ENGINES, format_args, get_engine, select_rule_set, translate_args
 from fleetgen.engines.base import VERDICT_MARK, read_verdict, release
 from fleetgen.engines.sglang_timeline import rules_for
 from fleetgen.errors import ConfigError
 from fleetgen.plan import decide_launch, facts_from_file
+from fleetgen.plan.planners import PLANNERS
 
 
 def _fleet(kind: str, **engine: object) -> FleetFile:
@@ -196,3 +200,45 @@ def test_plan_shows_the_argv_up_launches_for_every_bind(kind: str, bind: str, wo
         launched = launch_spec(fleet, engine, inst, workdir)
         assert planned.argv == launched.argv
         assert not any(workdir in a for a in launched.argv)
+
+
+SRC = Path(fleetgen.__file__).parent
+
+
+def _engine_name_literals(path: Path) -> list[int]:
+    """Lines of `path` holding a string constant that is exactly a registered engine's name."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in ENGINES
+    ]
+
+
+def test_nothing_outside_the_engine_modules_names_an_engine() -> None:
+    """An engine is its module (+ its line in the registries): no other module of fleetgen holds an engine's
+    name as a value to branch on or look up by (the simulated SGLang server, which is one engine, aside)."""
+    found = {
+        str(path.relative_to(SRC)): lines
+        for path in sorted(SRC.rglob("*.py"))
+        if path.parent.name not in ("engines", "sim") and (lines := _engine_name_literals(path))
+    }
+    assert found == {}
+
+
+def test_every_registered_engine_has_plan_arithmetic_and_is_a_fleet_kind() -> None:
+    """The plan layer's registry (filled from the engines' plan modules) covers exactly the engines, and the
+    config accepts exactly the engines (`config.ENGINE_KINDS`, registered by `fleetgen.engines`)."""
+    assert set(PLANNERS) == set(ENGINES) == set(ENGINE_KINDS)
+    for name, engine in ENGINES.items():
+        assert engine.name == name and PLANNERS[name].engine == name
+        assert engine.distributions and engine.default_launcher and engine.fatal_signatures
+
+
+def test_no_engine_module_imports_another_engine() -> None:
+    """What two engines share lives in engines/base.py: an engine module imports no other engine's module."""
+    for name in ENGINES:
+        tree = ast.parse((SRC / "engines" / f"{name}.py").read_text(encoding="utf-8"))
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        others = {f"fleetgen.engines.{other}" for other in ENGINES if other != name}
+        assert not imported & others, name

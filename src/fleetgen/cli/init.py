@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from fleetgen.cli.app import app, console, run
+from fleetgen.engines import ENGINES
 from fleetgen.errors import ConfigError
 
 EXAMPLE_FLEET = """\
@@ -14,7 +15,7 @@ EXAMPLE_FLEET = """\
 # Next: `fleetgen hosts check` probes every host; `fleetgen plan` sizes memory; `fleetgen up` deploys.
 
 [engine]
-kind = "sglang"                    # "sglang" or "vllm"
+kind = "sglang"                    # ENGINE_KINDS
 # version = "0.5.23"               # the engine version you expect on the hosts
 python = "/opt/venv/bin/python"    # the python that has the engine installed, same path on every host
 model = "/models/Qwen3-8B"         # the model folder, same path on every host
@@ -62,7 +63,7 @@ def init(path: Path = PATH_ARGUMENT) -> None:
 async def _write_example(path: Path) -> None:
     try:
         with path.open("x", encoding="utf-8") as fh:  # "x": never replace a file the user already wrote
-            fh.write(EXAMPLE_FLEET)
+            fh.write(EXAMPLE_FLEET.replace("ENGINE_KINDS", " or ".join(f'"{k}"' for k in ENGINES)))
     except FileExistsError as exc:
         raise ConfigError(
             f"{path} exists already; fleetgen init does not overwrite files",

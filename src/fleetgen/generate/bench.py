@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import aiohttp
 
-from fleetgen.engines import ENGINES
+from fleetgen.engines import ENGINES, all_info_paths
 from fleetgen.errors import EndpointError
 from fleetgen.fleet.metrics import max_running_from_info
 from fleetgen.generate.bench_stats import (
@@ -122,9 +122,9 @@ async def served_model(session: aiohttp.ClientSession, url: str, headers: Mappin
 
 
 async def server_cap(session: aiohttp.ClientSession, url: str, headers: Mapping[str, str]) -> int | None:
-    """The server's own max running requests (SGLang's /server_info, or the deprecated /get_server_info);
-    None when it does not say (vLLM)."""
-    for path in ("/server_info", "/get_server_info"):
+    """The server's own max running requests from its info JSON (any registered engine's info paths: SGLang's
+    /server_info, or the deprecated /get_server_info); None when it does not say (vLLM)."""
+    for path in all_info_paths():
         try:
             return max_running_from_info(await get_json(session, url + path, headers))
         except EndpointError:

@@ -7,25 +7,16 @@ Cost: 0 a flag the rule demands, 1 a pool size, 2 lower state precision, 3 short
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
-from fleetgen.plan.instance import Ask, Sizing, can_quantize_fp8, size
-from fleetgen.plan.types import Fix
+from fleetgen.plan.instance import can_quantize_fp8, size
+from fleetgen.plan.planners import planner_of
+from fleetgen.plan.types import Ask, Candidate, Fix, Sizing
 
 MAX_SCAN = 1024
 MIN_TOKENS_PER_REQUEST = 4096  # a "concurrent request" must have room for at least this much context
 TP_FACTORS = (2, 4, 8, 16)  # tp grows by these factors; the smallest that fits is offered
-
-
-@dataclass(frozen=True)
-class Candidate:
-    cost: int
-    change: str
-    args: Mapping[str, Any] = field(default_factory=dict)
-    env: Mapping[str, str] = field(default_factory=dict)
-    tp: int = 0
 
 
 def _apply(ask: Ask, c: Candidate) -> Ask:
@@ -41,6 +32,11 @@ def _bigger(ask: Ask) -> list[Candidate]:
         text = f"--quantization fp8 (weights {fp8 / (1 << 30):.1f} GiB per GPU; check the quality)"
         out.append(Candidate(4, text, {"quantization": "fp8"}))
     return out
+
+
+def _variants(engine: str, ask: Ask) -> list[Candidate]:
+    """The engine's own ways out, then the ones every engine shares (more GPUs, FP8 weights)."""
+    return planner_of(engine).variants(ask) + _bigger(ask)
 
 
 def _is_usable(sized: Sizing, need: int = 1) -> bool:
@@ -60,46 +56,8 @@ def _required(engine: str, ask: Ask, base: Sizing) -> Candidate:
     return Candidate(0, "")
 
 
-def _sglang_variants(ask: Ask) -> list[Candidate]:
-    ctx = int(ask.args.get("context-length") or ask.shape.context_length)
-    out = [Candidate(1, "")]
-    if ask.shape.is_hybrid:
-        out.append(Candidate(2, "--mamba-ssm-dtype bfloat16", {"mamba-ssm-dtype": "bfloat16"}))
-    if ctx > 4096:
-        out.append(Candidate(3, f"context {ctx} → {ctx // 2}", {"context-length": ctx // 2}))
-    return out + _bigger(ask)
-
-
-def _vllm_variants(ask: Ask) -> list[Candidate]:
-    ctx = int(ask.args.get("max-model-len") or ask.shape.context_length)
-    out = [Candidate(1, "--gpu-memory-utilization 0.95", {"gpu-memory-utilization": 0.95})]
-    if ctx > 4096:
-        out.append(Candidate(3, f"max-model-len {ctx} → {ctx // 2}", {"max-model-len": ctx // 2}))
-    return out + _bigger(ask)
-
-
-VARIANTS: dict[str, Callable[[Ask], list[Candidate]]] = {"sglang": _sglang_variants, "vllm": _vllm_variants}
-
-
-def _sglang_concurrency(ask: Ask, sized: Sizing, n: int) -> dict[str, Any]:
-    out: dict[str, Any] = {"max-running-requests": n}
-    if ask.shape.is_hybrid:  # ρ Mamba slots per running request
-        out["max-mamba-cache-size"] = int(sized.resolved.get("mamba_ratio", 3)) * n
-    return out
-
-
-def _vllm_concurrency(ask: Ask, sized: Sizing, n: int) -> dict[str, Any]:
-    return {"max-num-seqs": n}
-
-
-CONCURRENCY: dict[str, Callable[[Ask, Sizing, int], dict[str, Any]]] = {
-    "sglang": _sglang_concurrency,
-    "vllm": _vllm_concurrency,
-}
-
-
 def _try(engine: str, ask: Ask, probe: Sizing, n: int) -> tuple[dict[str, Any], Sizing]:
-    extra = CONCURRENCY[engine](ask, probe, n)
+    extra = planner_of(engine).concurrency(ask, probe, n)
     return extra, size(engine, replace(ask, args={**ask.args, **extra}))
 
 
@@ -134,7 +92,7 @@ def ranked_fixes(engine: str, ask: Ask, base: Sizing) -> tuple[Fix, ...]:
         text = required.change + _yield(n, alone)
         fixes.append(Fix(0, text, dict(required.args), dict(required.env), 0, n, alone.memory.kv_tokens))
     has_tp = False
-    for variant in VARIANTS[engine](fixed):
+    for variant in _variants(engine, fixed):
         if variant.tp and has_tp:
             continue  # a smaller tp already fits
         n, extra, sized = _best(engine, _apply(fixed, variant))
@@ -157,7 +115,7 @@ def solve_target(engine: str, ask: Ask, base: Sizing, target: int) -> tuple[Fix 
     """The cheapest flags giving `target` concurrent requests, or why none do (and the most reachable)."""
     fixed = _apply(ask, _required(engine, ask, base))
     best_n, best_text = 0, ""
-    for variant in VARIANTS[engine](fixed):
+    for variant in _variants(engine, fixed):
         trial = _apply(fixed, variant)
         extra, sized = _try(engine, trial, size(engine, trial), target)
         if _is_usable(sized, target):

@@ -1,132 +1,34 @@
 """One instance's plan: size it with its engine's arithmetic, check its flags, build its argv and env.
 
-Engines plug in through `SIZERS` (name → function); nothing here branches on the engine's name.
+Engines plug in through `fleetgen.plan.planners` (name → `Planner`); nothing here branches on an
+engine's name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 from fleetgen.config import EngineSpec, InstanceSpec
-from fleetgen.engines import RuleSet, get_engine, launcher_of, select_rule_set, translate_args
-from fleetgen.modelcard import ModelShape
-from fleetgen.plan.rules import RuleInput, check_sglang_flags
-from fleetgen.plan.settings import resolve_settings
-from fleetgen.plan.sglang import draft_kv_in_cell, size_sglang
-from fleetgen.plan.types import GIB, GpuFacts, HostFacts, Issue, Memory
-from fleetgen.plan.vllm import size_vllm
+from fleetgen.engines import RuleSet, get_engine, launcher_of, select_rule_set
+from fleetgen.plan.planners import planner_of
+from fleetgen.plan.sglang import HICACHE_RESERVE_BYTES
+from fleetgen.plan.types import GIB, Ask, GpuFacts, HostFacts, Issue, Sizing
 
-HICACHE_RESERVE_BYTES = 10 * GIB  # SGLang's HICACHE_HOST_MEMORY_RESERVE_BYTES
+__all__ = [
+    "API_KEY_CONFIG",
+    "HICACHE_RESERVE_BYTES",
+    "Ask",
+    "Launch",
+    "Sizing",
+    "decide_launch",
+    "gpu_of",
+    "size",
+]
 # The 0600 config file a public bind's key reaches an engine through when it reads no key env var (SGLang's
 # `--config`). Relative: `up` starts every engine in its own instance folder, where it pushes this file, so
 # the argv `plan` shows is the argv `up` launches, whatever the host's workdir expands to.
 API_KEY_CONFIG = "api_key.yaml"
-
-
-@dataclass(frozen=True)
-class Sizing:
-    """An engine's verdict on one set of flags: numbers, errors, warnings, resolved settings."""
-
-    memory: Memory
-    errors: tuple[Issue, ...] = ()
-    warnings: tuple[Issue, ...] = ()
-    resolved: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def fits(self) -> bool:
-        return not self.errors
-
-
-@dataclass(frozen=True)
-class Ask:
-    """What to size: the flags (as the user wrote them), env, TP, the GPU and the rule set."""
-
-    args: Mapping[str, Any]
-    env: Mapping[str, str]
-    tp: int
-    free_bytes: int
-    total_bytes: int
-    rules: RuleSet
-    shape: ModelShape
-
-
-def _size_sglang(ask: Ask) -> Sizing:
-    translation = translate_args(ask.args, ask.rules)
-    s = resolve_settings(translation.args, ask.env, ask.rules, ask.shape)
-    memory, mem_errors = size_sglang(
-        ask.shape, s, ask.rules, tp=ask.tp, free_bytes=ask.free_bytes, total_bytes=ask.total_bytes
-    )
-    flags = check_sglang_flags(RuleInput(ask.args, ask.env, translation, s, ask.rules, ask.shape))
-    warnings = list(flags.warnings)
-    if memory.headroom_needed_bytes > memory.headroom_bytes:
-        warnings.append(_headroom_warning(memory, s.is_spec and not draft_kv_in_cell(s, ask.rules)))
-    if 0 < memory.kv_tokens < memory.context_length:
-        warnings.append(_context_warning(memory))
-    if s.is_hicache:
-        memory = replace(
-            memory,
-            hicache_host_bytes=_hicache_bytes(
-                memory, s.hicache_ratio, s.hicache_size_gb, ask.shape.is_hybrid and ask.rules.hicache_hybrid
-            ),
-        )
-    resolved = {
-        "mem_fraction_static": memory.mem_fraction_static,
-        "mamba_strategy": s.strategy,
-        "overlap_schedule": s.is_overlap,
-        "speculative_num_draft_tokens": s.draft_tokens,
-        "mamba_ratio": s.mamba_ratio,
-        "context_length": s.context_length,
-        "ssm_dtype": s.ssm_dtype,
-    }
-    errors = tuple(flags.errors) + (tuple(mem_errors) if not flags.errors else ())
-    return Sizing(memory, errors, tuple(warnings), resolved)
-
-
-def _context_warning(m: Memory) -> Issue:
-    return Issue(
-        "full-context",
-        f"one request of full context ({m.context_length:,} tokens) does not fit: the KV pool holds "
-        f"{m.kv_tokens:,} tokens per GPU",
-        f"set context-length <= {m.kv_tokens:,} (e.g. 8192) if requests are shorter, or use tp = 2",
-    )
-
-
-def _headroom_warning(m: Memory, with_draft: bool) -> Issue:
-    draft = " and the MTP draft (weights + its own KV pool)" if with_draft else ""
-    return Issue(
-        "headroom",
-        f"(1 - mem-fraction-static) leaves {m.headroom_bytes / GIB:.1f} GiB outside the static pools; "
-        f"activations, CUDA graphs{draft} are estimated at {m.headroom_needed_bytes / GIB:.1f} GiB "
-        "(SGLang's own reserve formula): a CUDA OOM at graph capture is likely",
-        "lower mem-fraction-static (or leave it out for SGLang's default) or cuda-graph-max-bs",
-    )
-
-
-def _hicache_bytes(m: Memory, ratio: float, size_gb: int, is_hybrid: bool) -> int:
-    """Pinned host RAM: a KV host pool and, for hybrid models, a Mamba host pool, both from ratio or size."""
-    if size_gb > 0:
-        return int(size_gb * 1e9) * (2 if is_hybrid else 1)
-    kv_host = m.kv_tokens * m.kv_bytes_per_token
-    return int(ratio * kv_host) + (int(ratio * m.mamba_slots * m.state_bytes_per_request) if is_hybrid else 0)
-
-
-def _size_vllm(ask: Ask) -> Sizing:
-    memory, errors = size_vllm(
-        ask.shape, ask.args, ask.rules, tp=ask.tp, free_bytes=ask.free_bytes, total_bytes=ask.total_bytes
-    )
-    warnings = (
-        Issue(
-            "estimate",
-            "vLLM activation and CUDA-graph memory are estimates; vLLM profiles them at "
-            "start (log: 'Available KV cache memory')",
-        ),
-    )
-    return Sizing(memory, tuple(errors), warnings, {"gpu_memory_utilization": memory.mem_fraction_static})
-
-
-SIZERS: dict[str, Callable[[Ask], Sizing]] = {"sglang": _size_sglang, "vllm": _size_vllm}
 
 
 def size(engine: str, ask: Ask) -> Sizing:
@@ -137,11 +39,11 @@ def size(engine: str, ask: Ask) -> Sizing:
             shape, weight_bytes=shape.weight_bytes // 2, mtp_weight_bytes=shape.mtp_weight_bytes // 2
         )
         ask = replace(ask, shape=fp8)
-    return _weights_first(SIZERS[engine](ask), ask)
+    return _weights_first(planner_of(engine).size(ask), ask)
 
 
 def can_quantize_fp8(ask: Ask) -> bool:
-    """Online FP8 quantisation (SGLang's and vLLM's `--quantization fp8`) halves 16-bit weights that are not
+    """Online FP8 quantisation (`--quantization fp8` in every engine) halves 16-bit weights that are not
     quantised already."""
     return ask.shape.dtype_bytes == 2 and not ask.shape.is_quantized
 

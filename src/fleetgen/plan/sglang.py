@@ -12,15 +12,18 @@ by `set_embed_and_head`), so its load counts vocab × hidden twice more: "mem us
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
-from fleetgen.engines import RuleSet
-from fleetgen.engines.sglang import MAMBA_TOO_SMALL, NOT_ENOUGH_MEMORY, WEIGHTS_LEAVE_NOTHING
+from fleetgen.engines import RuleSet, translate_args
+from fleetgen.engines.sglang import MAMBA_TOO_SMALL, NOT_ENOUGH_MEMORY, WEIGHTS_LEAVE_NOTHING, SGLangEngine
 from fleetgen.modelcard import DTYPE_BYTES, ModelShape
-from fleetgen.plan.settings import SGLangSettings
-from fleetgen.plan.types import MIB, Issue, Memory
+from fleetgen.plan.rules import RuleInput, check_sglang_flags
+from fleetgen.plan.settings import SGLangSettings, resolve_settings
+from fleetgen.plan.types import GIB, MIB, Ask, Candidate, Issue, Memory, Planner, Sizing
 
 CONV_DTYPE_BYTES = 2  # SGLANG_MAMBA_CONV_DTYPE defaults to bfloat16
+HICACHE_RESERVE_BYTES = 10 * GIB  # SGLang's HICACHE_HOST_MEMORY_RESERVE_BYTES
 CUDA_CONTEXT_BYTES = 512 * MIB  # CUDA context + NCCL before SGLang measures free memory (estimate)
 
 
@@ -265,3 +268,90 @@ def memory_errors(m: Memory, shape: ModelShape, s: SGLangSettings, rules: RuleSe
 
 
 MEMORY_FIX = "see the ranked fixes (max-mamba-cache-size, mamba-ssm-dtype bfloat16, tp = 2, shorter context)"
+
+
+# --- the SGLang planner: sizing with its flag rules and warnings, its ways out, its concurrency flags -----
+
+
+def size_instance(ask: Ask) -> Sizing:
+    """SGLang's verdict: its memory arithmetic, its startup rules (`plan.rules`), headroom and context
+    warnings."""
+    translation = translate_args(ask.args, ask.rules)
+    s = resolve_settings(translation.args, ask.env, ask.rules, ask.shape)
+    memory, mem_errors = size_sglang(
+        ask.shape, s, ask.rules, tp=ask.tp, free_bytes=ask.free_bytes, total_bytes=ask.total_bytes
+    )
+    flags = check_sglang_flags(RuleInput(ask.args, ask.env, translation, s, ask.rules, ask.shape))
+    warnings = list(flags.warnings)
+    if memory.headroom_needed_bytes > memory.headroom_bytes:
+        warnings.append(_headroom_warning(memory, s.is_spec and not draft_kv_in_cell(s, ask.rules)))
+    if 0 < memory.kv_tokens < memory.context_length:
+        warnings.append(_context_warning(memory))
+    if s.is_hicache:
+        memory = replace(
+            memory,
+            hicache_host_bytes=_hicache_bytes(
+                memory, s.hicache_ratio, s.hicache_size_gb, ask.shape.is_hybrid and ask.rules.hicache_hybrid
+            ),
+        )
+    resolved = {
+        "mem_fraction_static": memory.mem_fraction_static,
+        "mamba_strategy": s.strategy,
+        "overlap_schedule": s.is_overlap,
+        "speculative_num_draft_tokens": s.draft_tokens,
+        "mamba_ratio": s.mamba_ratio,
+        "context_length": s.context_length,
+        "ssm_dtype": s.ssm_dtype,
+    }
+    errors = tuple(flags.errors) + (tuple(mem_errors) if not flags.errors else ())
+    return Sizing(memory, errors, tuple(warnings), resolved)
+
+
+def _context_warning(m: Memory) -> Issue:
+    return Issue(
+        "full-context",
+        f"one request of full context ({m.context_length:,} tokens) does not fit: the KV pool holds "
+        f"{m.kv_tokens:,} tokens per GPU",
+        f"set context-length <= {m.kv_tokens:,} (e.g. 8192) if requests are shorter, or use tp = 2",
+    )
+
+
+def _headroom_warning(m: Memory, with_draft: bool) -> Issue:
+    draft = " and the MTP draft (weights + its own KV pool)" if with_draft else ""
+    return Issue(
+        "headroom",
+        f"(1 - mem-fraction-static) leaves {m.headroom_bytes / GIB:.1f} GiB outside the static pools; "
+        f"activations, CUDA graphs{draft} are estimated at {m.headroom_needed_bytes / GIB:.1f} GiB "
+        "(SGLang's own reserve formula): a CUDA OOM at graph capture is likely",
+        "lower mem-fraction-static (or leave it out for SGLang's default) or cuda-graph-max-bs",
+    )
+
+
+def _hicache_bytes(m: Memory, ratio: float, size_gb: int, is_hybrid: bool) -> int:
+    """Pinned host RAM: a KV host pool and, for hybrid models, a Mamba host pool, both from ratio or size."""
+    if size_gb > 0:
+        return int(size_gb * 1e9) * (2 if is_hybrid else 1)
+    kv_host = m.kv_tokens * m.kv_bytes_per_token
+    return int(ratio * kv_host) + (int(ratio * m.mamba_slots * m.state_bytes_per_request) if is_hybrid else 0)
+
+
+def variants(ask: Ask) -> list[Candidate]:
+    """SGLang's own ways out: pools sized explicitly, bfloat16 Mamba state, half the context."""
+    ctx = int(ask.args.get("context-length") or ask.shape.context_length)
+    out = [Candidate(1, "")]
+    if ask.shape.is_hybrid:
+        out.append(Candidate(2, "--mamba-ssm-dtype bfloat16", {"mamba-ssm-dtype": "bfloat16"}))
+    if ctx > 4096:
+        out.append(Candidate(3, f"context {ctx} → {ctx // 2}", {"context-length": ctx // 2}))
+    return out
+
+
+def concurrency(ask: Ask, sized: Sizing, n: int) -> dict[str, Any]:
+    """max-running-requests, and for a hybrid model the Mamba slots that many requests need."""
+    out: dict[str, Any] = {"max-running-requests": n}
+    if ask.shape.is_hybrid:  # ρ Mamba slots per running request
+        out["max-mamba-cache-size"] = int(sized.resolved.get("mamba_ratio", 3)) * n
+    return out
+
+
+PLANNER = Planner(SGLangEngine.name, size_instance, variants, concurrency)

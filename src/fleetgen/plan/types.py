@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from fleetgen.engines import RuleSet
+from fleetgen.modelcard import ModelShape
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -147,3 +150,53 @@ class FleetPlan:
             "warnings": [asdict(i) for i in self.warnings],
             "target": dict(self.target),
         }
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What to size: the flags (as the user wrote them), env, TP, the GPU and the rule set."""
+
+    args: Mapping[str, Any]
+    env: Mapping[str, str]
+    tp: int
+    free_bytes: int
+    total_bytes: int
+    rules: RuleSet
+    shape: ModelShape
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """An engine's verdict on one set of flags: numbers, errors, warnings, resolved settings."""
+
+    memory: Memory
+    errors: tuple[Issue, ...] = ()
+    warnings: tuple[Issue, ...] = ()
+    resolved: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def fits(self) -> bool:
+        return not self.errors
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A change to try when an instance does not fit: its cost rank, text, flags, env, tp (0: unchanged)."""
+
+    cost: int
+    change: str
+    args: Mapping[str, Any] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    tp: int = 0
+
+
+@dataclass(frozen=True)
+class Planner:
+    """One engine's plan arithmetic, registered by engine name in `fleetgen.plan.planners`."""
+
+    engine: str  # the engine's registered name (`Engine.name`)
+    size: Callable[[Ask], Sizing]  # the engine's own sizing of one instance
+    # the engine's own cheaper ways out (pool size, state precision, context); more GPUs and FP8 are shared
+    variants: Callable[[Ask], list[Candidate]]
+    # the flags that size the pools for n running requests, given a probe sizing
+    concurrency: Callable[[Ask, Sizing, int], dict[str, Any]]

@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetgen.engines import RuleSet
+from fleetgen.engines.vllm import VLLMEngine
 from fleetgen.modelcard import DTYPE_BYTES, ModelShape
-from fleetgen.plan.types import GIB, Issue, Memory
+from fleetgen.plan.types import GIB, Ask, Candidate, Issue, Memory, Planner, Sizing
 
 ACTIVATION_BYTES_PER_TOKEN = 512 * 1024  # forward-pass peak per batched token (estimate, not profiled here)
 GRAPH_BYTES = 1 * GIB  # CUDA-graph estimate (vLLM 0.24 logged 0.96 GiB, 1.30 GiB with MTP-3 on a 27B model)
@@ -192,3 +193,38 @@ def _errors(m: Memory, free_bytes: int, total_bytes: int, per_request: int) -> l
         text = ONE_REQUEST.format(ctx=m.context_length, need=per_request / GIB, avail=m.rest_bytes / GIB)
         return [Issue("kv-cache", text, "raise gpu-memory-utilization, lower max-model-len or use tp = 2")]
     return []
+
+
+# --- the vLLM planner ---------------------------------------------------------------------------------
+
+
+def size_instance(ask: Ask) -> Sizing:
+    """vLLM's verdict: its memory arithmetic, with the caveat that vLLM profiles what is estimated here."""
+    memory, errors = size_vllm(
+        ask.shape, ask.args, ask.rules, tp=ask.tp, free_bytes=ask.free_bytes, total_bytes=ask.total_bytes
+    )
+    warnings = (
+        Issue(
+            "estimate",
+            "vLLM activation and CUDA-graph memory are estimates; vLLM profiles them at "
+            "start (log: 'Available KV cache memory')",
+        ),
+    )
+    return Sizing(memory, tuple(errors), warnings, {"gpu_memory_utilization": memory.mem_fraction_static})
+
+
+def variants(ask: Ask) -> list[Candidate]:
+    """vLLM's own ways out: a higher utilization, half the max-model-len."""
+    ctx = int(ask.args.get("max-model-len") or ask.shape.context_length)
+    out = [Candidate(1, "--gpu-memory-utilization 0.95", {"gpu-memory-utilization": 0.95})]
+    if ctx > 4096:
+        out.append(Candidate(3, f"max-model-len {ctx} → {ctx // 2}", {"max-model-len": ctx // 2}))
+    return out
+
+
+def concurrency(ask: Ask, sized: Sizing, n: int) -> dict[str, Any]:
+    """max-num-seqs: vLLM sizes its one paged pool itself."""
+    return {"max-num-seqs": n}
+
+
+PLANNER = Planner(VLLMEngine.name, size_instance, variants, concurrency)
