@@ -170,3 +170,21 @@ def test_gpu_memory_comes_from_nvidia_smi_in_the_host_check(tmp_path: Path) -> N
         GpuFacts(0, 143_771 * MIB, 143_771 * MIB, measured=True),
         GpuFacts(1, 143_771 * MIB, 142_747 * MIB, measured=True),
     )
+
+
+def test_each_engines_capacity_comes_from_its_own_start_up_lines() -> None:
+    """Each engine reads capacity from its own log lines (`Engine.capacity_lines`), over its real H200 logs:
+    the figures are those every registered engine's lines find, and nothing when it reads the other's log."""
+    logs = {
+        SGLANG: [
+            _lines(SGL_MTP / "startup-key-lines.txt"),
+            _lines(SGL_MTP.parent / "nospec" / "startup-key-lines.txt"),
+        ],
+        VLLM_ENGINE: [_lines(VLLM / "engine-mtp.log"), _lines(VLLM / "engine-nospec.log")],
+    }
+    for engine, own in logs.items():
+        other = next(e for e in logs if e is not engine)
+        for lines in own:
+            found = capacity_from_log(lines, engine)
+            assert found["kv_tokens"] > 0 and found == capacity_from_log(lines)
+            assert capacity_from_log(lines, other) == {}

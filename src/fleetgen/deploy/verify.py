@@ -19,21 +19,12 @@ from typing import Any
 
 from fleetgen.deploy.probe import EngineClient, accept_length, capacity_from_metrics, parse_metrics
 from fleetgen.deploy.script import LaunchSpec, redact_argv, redact_environ
+from fleetgen.engines import ENGINES
 from fleetgen.engines.base import Engine, MetricNames
 from fleetgen.errors import VerifyError
 from fleetgen.remote.base import ProcInfo
 
 SPEC_FLAGS = ("speculative-algorithm", "speculative-config")
-
-# Capacity as the engines log it at start (SGLang scheduler / memory pool, vLLM KV cache manager).
-CAPACITY_LINES: tuple[tuple[str, str], ...] = (
-    ("kv_tokens", r"max_total_num_tokens=(\d+)"),
-    ("kv_tokens", r"KV Cache is allocated\..*#tokens: (\d+)"),
-    ("kv_tokens", r"KV cache size: ([\d,]+) tokens"),
-    ("max_running_requests", r"max_running_requests=(\d+)"),
-    ("max_running_requests", r"Maximum concurrency for [\d,]+ tokens per request: ([\d.]+)x"),
-    ("mamba_slots", r"Mamba Cache is allocated\..*?(?:max_mamba_cache_size|#slots|size)[:=] ?(\d+)"),
-)
 
 
 @dataclass(frozen=True)
@@ -170,11 +161,13 @@ def _same(want: str, got: Any, aliases: Mapping[str, str]) -> bool:
         return False
 
 
-def capacity_from_log(lines: Sequence[str]) -> dict[str, float]:
-    """Capacity figures the engine logged at start (the last occurrence wins)."""
+def capacity_from_log(lines: Sequence[str], engine: Engine | None = None) -> dict[str, float]:
+    """Capacity figures the engine logged at start (its `capacity_lines`; every registered engine's when
+    None); the last occurrence wins."""
+    patterns = engine.capacity_lines if engine else [p for e in ENGINES.values() for p in e.capacity_lines]
     found: dict[str, float] = {}
     for line in lines:
-        for what, pattern in CAPACITY_LINES:
+        for what, pattern in patterns:
             match = re.search(pattern, line)
             if match:
                 found[what] = float(match.group(1).replace(",", ""))
@@ -222,7 +215,7 @@ async def verify_engine(
     if is_spec_configured(spec.args):
         out.accept_length = await _check_spec(spec, engine, client, before, parse_metrics(metrics_text), out)
     actual = {
-        **capacity_from_log(log_lines),
+        **capacity_from_log(log_lines, engine),
         **capacity_from_info(out.info),
         **capacity_from_metrics(engine.metrics, metrics_text),
     }

@@ -174,6 +174,8 @@ class Engine:
     view_aliases: tuple[tuple[str, str], ...] = ()  # values the engine rewrites before it reports them
     metrics_path = "/metrics"
     metrics: MetricNames
+    # capacity figures in its start-up log: (figure, regex whose group 1 is the number)
+    capacity_lines: tuple[tuple[str, str], ...] = ()
     ready_line: str
     fatal_signatures: tuple[FatalSignature, ...]
     rule_sets: tuple[RuleSet, ...]

@@ -173,6 +173,12 @@ class SGLangEngine(Engine):
         kv_usage="sglang:token_usage",
         spec_steps_total="sglang:spec_verify_calls_total",
     )
+    capacity_lines: tuple[tuple[str, str], ...] = (  # the scheduler's and the memory pools' lines
+        ("kv_tokens", r"max_total_num_tokens=(\d+)"),
+        ("kv_tokens", r"KV Cache is allocated\..*#tokens: (\d+)"),
+        ("max_running_requests", r"max_running_requests=(\d+)"),
+        ("mamba_slots", r"Mamba Cache is allocated\..*?(?:max_mamba_cache_size|#slots|size)[:=] ?(\d+)"),
+    )
     ready_line = "The server is fired up and ready to roll!"
     fatal_signatures: tuple[FatalSignature, ...] = FATAL_SIGNATURES
     rule_sets: tuple[RuleSet, ...] = RULE_SETS

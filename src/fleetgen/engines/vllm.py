@@ -99,6 +99,10 @@ class VLLMEngine(Engine):
         ),
         spec_steps_total="vllm:spec_decode_num_drafts_total",
     )
+    capacity_lines: tuple[tuple[str, str], ...] = (  # the KV cache manager's lines
+        ("kv_tokens", r"KV cache size: ([\d,]+) tokens"),
+        ("max_running_requests", r"Maximum concurrency for [\d,]+ tokens per request: ([\d.]+)x"),
+    )
     ready_line = "Application startup complete."
     fatal_signatures: tuple[FatalSignature, ...] = FATAL_SIGNATURES
     rule_sets: tuple[RuleSet, ...] = RULE_SETS
