@@ -56,6 +56,22 @@ def test_vllm_root_cause_is_the_engine_core_traceback_not_the_api_servers() -> N
     assert root_cause(lines) == "ModuleNotFoundError: No module named 'flashinfer'"
 
 
+@pytest.mark.parametrize("kind", ["sglang", "vllm"])
+def test_oom_because_another_process_holds_the_gpu_names_that_not_the_flags(kind: str) -> None:
+    """H200, SGLang 0.5.15: a stranger held 93.64 GiB when the engine loaded its weights; `up` said "lower
+    mem-fraction-static" (the flags were fine). The engine's own OOM line names the other process."""
+    lines = _lines(REAL / "sglang-0.5.15-h200" / "oom" / "engine-tail.txt")
+    hit = first_fatal(lines, get_engine(kind).fatal_signatures)
+    assert hit is not None
+    signature, line = hit
+    assert "another process" in signature.cause and "Process 5058 has 93.64 GiB" in line
+    assert "mem-fraction" not in signature.fix and "nvidia-smi" in signature.fix
+    # the same OOM with no other process on the GPU is the engine's own sizing: its flags are the fix
+    alone = [x.split(" Process 5058")[0] for x in lines]
+    signature, _ = first_fatal(alone, get_engine(kind).fatal_signatures) or (None, "")
+    assert signature is not None and signature.cause == "GPU out of memory"
+
+
 def test_sglang_root_cause_is_the_module_below_a_harmless_no_module_line() -> None:
     harmless = _matched_line(SGL_MTP / "up-attempt1-cutlass.txt")
     assert "No module named 'cuda.tile'" in harmless
@@ -105,6 +121,32 @@ def test_sglang_mtp_accepting_nothing_is_a_warning_naming_the_causes() -> None:
     error, warning = judge_spec("h200-0", spec_evidence(SGLANG.metrics, before, after, info))
     assert error is None and warning is not None
     assert "accept length 1.00" in warning and "draft weights" in warning and "dummy" in warning
+
+
+def _verify_steps_moved_by(samples: dict[str, float], steps: int) -> dict[str, float]:
+    name = SGLANG.metrics.spec_steps_total
+    assert name is not None and name in samples
+    return {**samples, name: samples[name] + steps}
+
+
+@pytest.mark.parametrize("accepted_per_step", [0.0, 0.01, 0.049, 0.06, 0.5, 2.0, 3.0])
+@pytest.mark.parametrize("steps", [1, 23, 200])
+def test_sglang_acceptance_over_the_test_request_alone(accepted_per_step: float, steps: int) -> None:
+    """Right after start the real SGLang reports no accept length yet (H200, 0.5.15 MTP: `up` saw "23 verify
+    steps during the test request" and no figure, and said nothing of a draft that accepts nothing). The
+    request's own tokens tell: 1 + (accepted drafts + 1 per step) → warned iff ~nothing is accepted."""
+    samples = parse_metrics((SGL_MTP / "metrics-before.txt").read_text())
+    before = {k: v for k, v in samples.items() if k != "sglang:spec_accept_length"}
+    tokens = 1 + round(steps * (1 + accepted_per_step))
+    evidence = spec_evidence(SGLANG.metrics, before, _verify_steps_moved_by(before, steps), None, tokens)
+    assert evidence.steps == steps and evidence.accept_length == pytest.approx((tokens - 1) / steps)
+    error, warning = judge_spec("h200-0", evidence)
+    assert error is None
+    assert (warning is not None) == (evidence.accept_length - 1 < 0.05)
+    assert (
+        spec_evidence(SGLANG.metrics, before, _verify_steps_moved_by(before, steps), None).accept_length
+        is None
+    )
 
 
 def test_vllm_mtp_with_3_of_838500_draft_tokens_accepted_is_not_silently_verified() -> None:

@@ -62,16 +62,27 @@ class SpecEvidence:
 
 
 def spec_evidence(
-    names: MetricNames, before: Mapping[str, float], after: Mapping[str, float], info: Any
+    names: MetricNames,
+    before: Mapping[str, float],
+    after: Mapping[str, float],
+    info: Any,
+    generated_tokens: int | None = None,
 ) -> SpecEvidence:
-    """Speculation over the test request: counters as differences (`before` → `after`), gauges as read."""
+    """Speculation over the test request: counters as differences (`before` → `after`), gauges as read.
+
+    An engine that reports its accept length only later (SGLang fills it in after its "Decode batch" log
+    lines) still shows it over the test request alone: the tokens decoded after the first one, divided by
+    the verify steps that produced them (each step yields 1 + the drafts it accepted)."""
     counters = (names.spec_steps_total, names.spec_num_drafts_total, names.spec_num_accepted_tokens_total)
     during = dict(after)
     for name in counters:
         if name and name in after:
             during[name] = after[name] - before.get(name, 0.0)
     steps = during.get(names.spec_steps_total) if names.spec_steps_total else None
-    return SpecEvidence(steps=steps, accept_length=accept_length(names, during, info))
+    reported = accept_length(names, during, info)
+    if reported is None and steps and generated_tokens and generated_tokens > 1:
+        reported = (generated_tokens - 1) / steps
+    return SpecEvidence(steps=steps, accept_length=reported)
 
 
 def judge_spec(instance: str, ev: SpecEvidence) -> tuple[str | None, str | None]:
@@ -210,10 +221,11 @@ async def verify_engine(
     _, out.info = await client.first_json(engine.info_paths)
     _check_view(spec, engine, client, out.info)
     before = parse_metrics(await client.get_text(engine.metrics_path))
-    await client.chat(out.model)
+    reply = await client.chat(out.model)
     metrics_text = await client.get_text(engine.metrics_path)
     if is_spec_configured(spec.args):
-        out.accept_length = await _check_spec(spec, engine, client, before, parse_metrics(metrics_text), out)
+        after = parse_metrics(metrics_text)
+        out.accept_length = await _check_spec(spec, engine, client, before, after, _tokens(reply), out)
     actual = {
         **capacity_from_log(log_lines, engine),
         **capacity_from_info(out.info),
@@ -254,11 +266,12 @@ async def _check_spec(
     client: EngineClient,
     before: Mapping[str, float],
     after: Mapping[str, float],
+    generated_tokens: int | None,
     out: Verified,
 ) -> float | None:
     """Refuse a server whose speculation never stepped; warn when it accepts nothing. The accept length."""
     _, info = await client.first_json(engine.info_paths)
-    evidence = spec_evidence(engine.metrics, before, after, info)
+    evidence = spec_evidence(engine.metrics, before, after, info, generated_tokens)
     error, warning = judge_spec(spec.instance, evidence)
     if error:
         raise VerifyError(
@@ -271,6 +284,13 @@ async def _check_spec(
         out.warnings.append(warning)
     out.spec_steps = evidence.steps
     return evidence.accept_length
+
+
+def _tokens(reply: Any) -> int | None:
+    """The completion tokens of a chat reply (`usage.completion_tokens`), when the engine says."""
+    usage = reply.get("usage") if isinstance(reply, dict) else None
+    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    return tokens if isinstance(tokens, int) else None
 
 
 def _looks_like_server_args(info: Any) -> bool:

@@ -128,6 +128,15 @@ def common_fatal_signatures(oom_fix: str) -> tuple[FatalSignature, ...]:
     """The log lines every engine dies with: GPU out of memory (`oom_fix` names the engine's own flags),
     the CUDA runtime failed, the port is taken."""
     return (
+        # torch's OOM message lists the other processes on the GPU ("Process 5058 has 93.64 GiB memory in
+        # use"): then the engine's flags are not the cause (seen on the H200: a stranger took the GPU after
+        # `up` measured it free).
+        FatalSignature(
+            r"(CUDA out of memory|OutOfMemoryError).*\bProcess \d+ has [\d.]+ [KMGT]iB memory in use",
+            "GPU out of memory: another process holds memory on this GPU (the pid is in the line below)",
+            "stop that process or deploy to other GPUs (`nvidia-smi` on the host shows who holds what); "
+            "`fleetgen plan` sizes with the memory free when it runs",
+        ),
         FatalSignature(
             r"(CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError)", "GPU out of memory", oom_fix
         ),
