@@ -13,11 +13,10 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 from fleetgen.dashboard import chromium
 from fleetgen.dashboard.jobdata import JobReader
-from fleetgen.generate.store import ERROR_COLUMNS, RESULT_COLUMNS, Batch, Store
+from fleetgen.generate.store import Batch, ErrorRow, ResultRow, SeriesRow, Store
 from tests.integration.test_dashboard_live import need_chromium
 
 SECTIONS = (
@@ -34,9 +33,9 @@ SECTIONS = (
 INSTANCES = ("gpu-a-0", "gpu-a-1", "gpu-b-0")
 
 
-def result_row(i: int, rnd: random.Random, t0: float) -> tuple[Any, ...]:
+def result_row(i: int, rnd: random.Random, t0: float) -> ResultRow:
     truncated = i % 17 == 0
-    row = dict(
+    return ResultRow(
         id=f"rec-{i}",
         sample=0,
         khash=i + 1,
@@ -63,11 +62,10 @@ def result_row(i: int, rnd: random.Random, t0: float) -> tuple[Any, ...]:
         is_repetitive=int(i % 29 == 0),
         chash=i + 1,
     )
-    return tuple(row[c] for c in RESULT_COLUMNS)
 
 
-def error_row(i: int, t0: float) -> tuple[Any, ...]:
-    row = dict(
+def error_row(i: int, t0: float) -> ErrorRow:
+    return ErrorRow(
         id=f"bad-{i}",
         sample=0,
         khash=-(i + 1),
@@ -81,10 +79,9 @@ def error_row(i: int, t0: float) -> tuple[Any, ...]:
         finished_at=t0 + i,
         chash=i + 1,
     )
-    return tuple(row[c] for c in ERROR_COLUMNS)
 
 
-def series_rows(t0: float, steps: range, restart_at: int | None = None) -> list[tuple[Any, ...]]:
+def series_rows(t0: float, steps: range, restart_at: int | None = None) -> list[SeriesRow]:
     """Cumulative counters every 5 s; from `restart_at`, gpu-a-0 counts again from 0 (a resumed run)."""
     rows = []
     for step in steps:
@@ -92,7 +89,7 @@ def series_rows(t0: float, steps: range, restart_at: int | None = None) -> list[
             n = step - (
                 restart_at if restart_at is not None and name == "gpu-a-0" and step >= restart_at else 0
             )
-            rows.append((t0 + 5 * step + k * 0.7, name, 2 * n, 300 * n, 4, 2.4 + 0.1 * k))
+            rows.append(SeriesRow(t0 + 5 * step + k * 0.7, name, 2 * n, 300 * n, 4, 2.4 + 0.1 * k))
     return rows
 
 

@@ -27,7 +27,19 @@ from fleetgen.generate.source import (
     content_id,
     read_records,
 )
-from fleetgen.generate.store import MIGRATIONS, Batch, Store
+from fleetgen.generate.store import (
+    BAD,
+    ERRORS,
+    MIGRATIONS,
+    RESULTS,
+    SERIES,
+    TABLES,
+    BadRow,
+    Batch,
+    ErrorRow,
+    SeriesRow,
+    Store,
+)
 from fleetgen.generate.work import Completion, Work, key_hash
 
 SHAPE = RecordShape()
@@ -144,11 +156,69 @@ def test_one_writer_per_folder(tmp_path: Path) -> None:
 
 def test_failed_batch_writes_nothing(tmp_path: Path) -> None:
     store = Store.open(tmp_path)
-    good = ("a", 0, 1, "f", 1, None, "bad", 0, 1, None, 0)
+    good = ErrorRow("a", 0, 1, "f", 1, "http_500", "bad", 500, 1, "s0", 0.0, 7)
+    too_short: Any = ("f", 1, None)  # a row the table refuses (too few columns), after a good one
     with pytest.raises(JobError, match="writing results"):
-        store.write_batch(Batch(errors=[good], bad=[("f", 1, None)]))  # the bad row has too few columns
+        store.write_batch(Batch(errors=[good], bad=[too_short]))
     assert store.counts().errors == 0
     store.close()
+
+
+UGLY = ("", "é\x00😀'\"; DROP TABLE results; --", "x" * 100_000)
+
+
+def test_each_table_holds_exactly_its_record_and_gives_it_back(tmp_path: Path) -> None:
+    """A record's fields are its table's columns in order (a migration adding a column adds the field), and
+    any record written comes back equal, whatever its text and numbers."""
+    store = Store.open(tmp_path)
+    for table in TABLES:
+        columns = tuple(row[1] for row in store.conn.execute(f"PRAGMA table_info({table.name})"))
+        assert columns == table.record._fields, table.name
+    builder = rowmod.RowBuilder("m\x00é", "h")
+    results, errors = [], []
+    for i, text in enumerate(UGLY):  # built as a run builds them: one, two and three turns
+        work = Work(
+            f"r{i}{text}",
+            i,
+            text,
+            2**62 + i,
+            [[{"role": "user", "content": text}]] * (i + 1),
+            content_hash=-(2**63) + i,
+        )
+        work.done.extend(Completion(text, text, "length" if i else "stop", None, 2**40) for _ in range(i + 1))
+        results.append(builder.result(text, work, 0.5, 1e-300))
+        errors.append(builder.error(text, work, RequestFailed(text, url="u", status=None, is_retryable=True)))
+    bad = [BadRow(text, i, None if i else text, text, 0.0) for i, text in enumerate(UGLY)]
+    series = [SeriesRow(float(i), text, i, 2**63 - 1, -i, None if i else 2.5) for i, text in enumerate(UGLY)]
+    store.write_batch(Batch(results=results, errors=errors, bad=bad, series=series))
+    assert list(store.iter_rows(RESULTS)) == results and list(store.iter_rows(ERRORS)) == errors
+    assert list(store.iter_rows(BAD)) == bad and list(store.iter_rows(SERIES)) == series
+    # Rows are upserted on their key: writing them again adds no row.
+    store.write_batch(Batch(results=[r._replace(content="again") for r in results], bad=bad))
+    assert [r.content for r in store.iter_rows(RESULTS)] == ["again"] * 3 and store.counts().bad_inputs == 3
+    assert store.counts().errors == 0  # a result replaces the error row of its key (--retry-errors)
+    store.close()
+
+
+def test_export_reads_a_store_written_before_a_column_was_added(tmp_path: Path) -> None:
+    """A reader never migrates: a column the folder's schema lacks (here `chash`) reads as NULL."""
+    out = tmp_path / "out"
+    out.mkdir()
+    with sqlite3.connect(out / "results.sqlite") as conn:
+        for number, script in enumerate(MIGRATIONS[:2]):
+            conn.executescript(f"BEGIN; {script}; PRAGMA user_version = {number + 1}; COMMIT;")
+        conn.execute(
+            "INSERT INTO results (id, sample, khash, source, line, prompt, content, reasoning_content, "
+            "num_turns, finish_reason, is_truncated, is_empty, has_leaked_think, is_repetitive) "
+            "VALUES ('old', 0, 1, 'f', 1, ?, 'answer', 'why', 1, 'stop', 0, 0, 0, 0)",
+            (orjson.dumps([[{"role": "user", "content": "q"}]]).decode(),),
+        )
+    summary = export(out, "sharegpt", tmp_path / "sg.jsonl")
+    assert summary.rows == 1
+    row = orjson.loads((tmp_path / "sg.jsonl").read_bytes())
+    assert row["id"] == "old" and row["conversations"][-1]["content"] == "answer"
+    with sqlite3.connect(out / "results.sqlite") as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2  # untouched
 
 
 def test_position_moves_only_past_fully_committed_lines() -> None:

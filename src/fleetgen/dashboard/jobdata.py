@@ -17,7 +17,7 @@ from typing import Any
 from fleetgen.dashboard.model import Example, JobView, Sample
 from fleetgen.errors import JobError
 from fleetgen.generate import jobmeta
-from fleetgen.generate.store import DB_NAME
+from fleetgen.generate.store import DB_NAME, SERIES, SeriesRow
 
 NUM_EXAMPLES = 5
 QUALITY_COLUMNS = {
@@ -114,14 +114,18 @@ class JobReader:
 
     def _read_new_series(self, conn: sqlite3.Connection) -> None:
         rows = conn.execute(
-            "SELECT rowid, t, instance, completions, output_tokens, in_flight, accept_length FROM timeseries "
-            "WHERE rowid > ? ORDER BY rowid", (self._series_rowid,)).fetchall()  # fmt: skip
-        for rowid, t, instance, completions, tokens, in_flight, accept in rows:
+            f"SELECT rowid, {SERIES.columns} FROM {SERIES.name} WHERE rowid > ? ORDER BY rowid",
+            (self._series_rowid,),
+        ).fetchall()
+        for rowid, *values in rows:
             self._series_rowid = rowid
-            completions, tokens = self._monotone(instance, int(completions or 0), int(tokens or 0))
+            row = SeriesRow._make(values)
+            completions, tokens = self._monotone(
+                row.instance, int(row.completions or 0), int(row.output_tokens or 0)
+            )
             self._samples.append(
-                Sample(ts=float(t), instance=str(instance), completions=completions,
-                       output_tokens=tokens, running=in_flight, accept_len=accept)
+                Sample(ts=float(row.t), instance=str(row.instance), completions=completions,
+                       output_tokens=tokens, running=row.in_flight, accept_len=row.accept_length)
             )  # fmt: skip
         self._samples.sort(key=lambda s: s.ts)
 

@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 
 from fleetgen.errors import JobError
 from fleetgen.generate.quality import has_think_marker
-from fleetgen.generate.store import Store
+from fleetgen.generate.store import RESULTS, ResultRow, Store
 
 FORMATS = ("parquet", "jsonl", "sharegpt", "openai-batch")
 FLAGS = {"truncated": "is_truncated", "empty": "is_empty", "leaked_think": "has_leaked_think",
@@ -87,10 +87,10 @@ def inline(reasoning: str, content: str) -> str:
     return f"<think>\n{reasoning}\n</think>\n\n{content}" if reasoning else content
 
 
-def _turns(row: Any) -> list[tuple[str, str]]:
-    if row["turns"]:
-        return [(t["content"], t["reasoning_content"]) for t in orjson.loads(row["turns"])]
-    return [(row["content"] or "", row["reasoning_content"] or "")]
+def _turns(row: ResultRow) -> list[tuple[str, str]]:
+    if row.turns:
+        return [(t["content"], t["reasoning_content"]) for t in orjson.loads(row.turns)]
+    return [(row.content or "", row.reasoning_content or "")]
 
 
 EMPTY = "empty assistant answer (SpecForge rejects it; a truncated row may have spent its tokens reasoning)"
@@ -101,9 +101,9 @@ OLD_PROMPT = (
 )
 
 
-def sharegpt_row(row: Any, inline_think: bool, thinking: bool = False) -> dict[str, Any] | str:
+def sharegpt_row(row: ResultRow, inline_think: bool, thinking: bool = False) -> dict[str, Any] | str:
     """One SpecForge row, or why it is dropped (the reason is counted in the summary)."""
-    segments = orjson.loads(row["prompt"])
+    segments = orjson.loads(row.prompt)
     conversation: list[dict[str, Any]] = []
     turns = _turns(row)
     for segment, (content, reasoning) in zip(segments, turns, strict=False):
@@ -128,7 +128,7 @@ def sharegpt_row(row: Any, inline_think: bool, thinking: bool = False) -> dict[s
         conversation.append(generated)
     if len(turns) != len(segments) or not any(m["role"] == "user" for m in conversation):
         return OLD_PROMPT
-    row_id = row["id"] if row["sample"] == 0 else f"{row['id']}-s{row['sample']}"
+    row_id = row.id if row.sample == 0 else f"{row.id}-s{row.sample}"
     return {"id": row_id, "status": "success", "conversations": conversation}
 
 
@@ -138,30 +138,30 @@ def _text(content: Any) -> str:
     return "".join(part.get("text", "") for part in content if isinstance(part, dict))
 
 
-def flat_row(row: Any, inline_think: bool) -> dict[str, Any]:
+def flat_row(row: ResultRow, inline_think: bool) -> dict[str, Any]:
     """One jsonl / parquet row."""
-    content, reasoning = row["content"] or "", row["reasoning_content"] or ""
+    content, reasoning = row.content or "", row.reasoning_content or ""
     if inline_think:
         content, reasoning = inline(reasoning, content), ""
     return {
-        "id": row["id"], "sample": row["sample"], "content": content, "reasoning_content": reasoning,
-        "finish_reason": row["finish_reason"], "prompt_tokens": row["prompt_tokens"],
-        "completion_tokens": row["completion_tokens"], "instance": row["instance"], "model": row["model"],
-        "num_turns": row["num_turns"], "messages": row["prompt"], "turns": row["turns"],
-        "is_truncated": bool(row["is_truncated"]), "is_empty": bool(row["is_empty"]),
-        "has_leaked_think": bool(row["has_leaked_think"]), "is_repetitive": bool(row["is_repetitive"]),
-        "latency_s": row["latency_s"], "params_hash": row["params_hash"],
+        "id": row.id, "sample": row.sample, "content": content, "reasoning_content": reasoning,
+        "finish_reason": row.finish_reason, "prompt_tokens": row.prompt_tokens,
+        "completion_tokens": row.completion_tokens, "instance": row.instance, "model": row.model,
+        "num_turns": row.num_turns, "messages": row.prompt, "turns": row.turns,
+        "is_truncated": bool(row.is_truncated), "is_empty": bool(row.is_empty),
+        "has_leaked_think": bool(row.has_leaked_think), "is_repetitive": bool(row.is_repetitive),
+        "latency_s": row.latency_s, "params_hash": row.params_hash,
     }  # fmt: skip
 
 
-def batch_row(row: Any) -> dict[str, Any]:
+def batch_row(row: ResultRow) -> dict[str, Any]:
     """One OpenAI Batch API output line."""
-    message = {"role": "assistant", "content": row["content"], "reasoning_content": row["reasoning_content"]}
-    usage = {"prompt_tokens": row["prompt_tokens"], "completion_tokens": row["completion_tokens"],
-             "total_tokens": (row["prompt_tokens"] or 0) + (row["completion_tokens"] or 0)}  # fmt: skip
-    body = {"object": "chat.completion", "model": row["model"], "usage": usage,
-            "choices": [{"index": 0, "message": message, "finish_reason": row["finish_reason"]}]}  # fmt: skip
-    return {"custom_id": f"{row['id']}:{row['sample']}", "response": {"status_code": 200, "body": body},
+    message = {"role": "assistant", "content": row.content, "reasoning_content": row.reasoning_content}
+    usage = {"prompt_tokens": row.prompt_tokens, "completion_tokens": row.completion_tokens,
+             "total_tokens": (row.prompt_tokens or 0) + (row.completion_tokens or 0)}  # fmt: skip
+    body = {"object": "chat.completion", "model": row.model, "usage": usage,
+            "choices": [{"index": 0, "message": message, "finish_reason": row.finish_reason}]}  # fmt: skip
+    return {"custom_id": f"{row.id}:{row.sample}", "response": {"status_code": 200, "body": body},
             "error": None}  # fmt: skip
 
 
@@ -176,7 +176,7 @@ def export(
     tally = _Tally()
     try:
         params = orjson.loads(store.get_meta("params") or "{}")
-        rows = store.iter_rows(f"SELECT * FROM results WHERE {filter_sql(filters or [])} ORDER BY rowid")
+        rows = store.iter_rows(RESULTS, where=filter_sql(filters or []))
         to.parent.mkdir(parents=True, exist_ok=True)
         if fmt == "parquet":
             _parquet(rows, tmp, inline_think, tally)
@@ -198,13 +198,13 @@ class _Tally:
     truncated_dropped: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
 
-    def wrote(self, row: Any) -> None:
+    def wrote(self, row: ResultRow) -> None:
         self.written += 1
-        self.truncated_written += bool(row["is_truncated"])
+        self.truncated_written += bool(row.is_truncated)
 
-    def drop(self, row: Any, reason: str) -> None:
+    def drop(self, row: ResultRow, reason: str) -> None:
         self.dropped[reason] += 1
-        self.truncated_dropped += bool(row["is_truncated"])
+        self.truncated_dropped += bool(row.is_truncated)
 
     def summary(self, path: str, fmt: str) -> ExportSummary:
         notes = []
@@ -222,7 +222,7 @@ class _Tally:
                              self.truncated_written, notes)  # fmt: skip
 
 
-def _jsonl(rows: Iterable[Any], path: Path, item_of: Any, tally: _Tally) -> None:
+def _jsonl(rows: Iterable[ResultRow], path: Path, item_of: Any, tally: _Tally) -> None:
     with path.open("wb") as handle:
         for row in rows:
             item = item_of(row)
@@ -233,7 +233,7 @@ def _jsonl(rows: Iterable[Any], path: Path, item_of: Any, tally: _Tally) -> None
             tally.wrote(row)
 
 
-def _item(row: Any, fmt: str, inline_think: bool, thinking: bool) -> dict[str, Any] | str:
+def _item(row: ResultRow, fmt: str, inline_think: bool, thinking: bool) -> dict[str, Any] | str:
     if fmt == "sharegpt":
         return sharegpt_row(row, inline_think, thinking)
     return batch_row(row) if fmt == "openai-batch" else flat_row(row, inline_think)
@@ -244,7 +244,7 @@ def _write_line(handle: IO[bytes], item: dict[str, Any]) -> None:
     handle.write(b"\n")
 
 
-def _parquet(rows: Iterable[Any], path: Path, inline_think: bool, tally: _Tally) -> None:
+def _parquet(rows: Iterable[ResultRow], path: Path, inline_think: bool, tally: _Tally) -> None:
     with pq.ParquetWriter(str(path), PARQUET_SCHEMA) as writer:
         chunk: list[dict[str, Any]] = []
         for row in rows:

@@ -1,6 +1,6 @@
 """Rows for the store and snapshots for the view, built from finished work.
 
-Kept apart from the runner so the shape of a stored row is defined in one place (`RESULT_COLUMNS` order).
+The records themselves (`ResultRow`, …) and their columns are defined once, in `store`.
 """
 
 from __future__ import annotations
@@ -15,12 +15,9 @@ from fleetgen.generate.client import RequestFailed
 from fleetgen.generate.dispatch import Dispatcher, Endpoint
 from fleetgen.generate.progress import BadInputSample, Counters, EndpointProgress, Progress, Summary
 from fleetgen.generate.quality import flags_of_all
-from fleetgen.generate.store import RESULT_COLUMNS, Store
+from fleetgen.generate.store import BadRow, ErrorRow, ResultRow, SeriesRow, Store
 from fleetgen.generate.work import BadInput, Work
 
-LINE = RESULT_COLUMNS.index("line")
-COMPLETION_TOKENS = RESULT_COLUMNS.index("completion_tokens")
-IS_TRUNCATED = RESULT_COLUMNS.index("is_truncated")
 NUM_BAD_SAMPLES = 20
 
 
@@ -34,13 +31,13 @@ def request_body(base: dict[str, Any], work: Work, seed: int | None) -> dict[str
 
 
 class RowBuilder:
-    """Turns finished work into `results` / `errors` rows (tuples in the store's column order)."""
+    """Turns finished work into `results` / `errors` rows."""
 
     def __init__(self, model: str, params_hash: str) -> None:
         self.model = model
         self.params_hash = params_hash
 
-    def result(self, endpoint: str, work: Work, started_at: float, latency_s: float) -> tuple[Any, ...]:
+    def result(self, endpoint: str, work: Work, started_at: float, latency_s: float) -> ResultRow:
         turns = work.done
         last = turns[-1]
         flags = flags_of_all(turns)
@@ -59,35 +56,53 @@ class RowBuilder:
                     for t in turns
                 ]
             ).decode()
-        return (
-            work.record_id, work.sample, work.key, work.source, work.line,
-            orjson.dumps(work.segments).decode(), last.content, last.reasoning_content, multi, len(turns),
-            "length" if is_truncated else last.finish_reason,
-            _sum(t.prompt_tokens for t in turns), _sum(t.completion_tokens for t in turns),
-            endpoint, self.model, self.params_hash, work.attempts + 1, started_at, latency_s, time.time(),
-            int(is_truncated), int(flags.is_empty), int(flags.has_leaked_think), int(flags.is_repetitive),
-            work.content_hash,
-        )  # fmt: skip
+        return ResultRow(
+            id=work.record_id,
+            sample=work.sample,
+            khash=work.key,
+            source=work.source,
+            line=work.line,
+            prompt=orjson.dumps(work.segments).decode(),
+            content=last.content,
+            reasoning_content=last.reasoning_content,
+            turns=multi,
+            num_turns=len(turns),
+            finish_reason="length" if is_truncated else last.finish_reason,
+            prompt_tokens=_sum(t.prompt_tokens for t in turns),
+            completion_tokens=_sum(t.completion_tokens for t in turns),
+            instance=endpoint,
+            model=self.model,
+            params_hash=self.params_hash,
+            attempts=work.attempts + 1,
+            started_at=started_at,
+            latency_s=latency_s,
+            finished_at=time.time(),
+            is_truncated=int(is_truncated),
+            is_empty=int(flags.is_empty),
+            has_leaked_think=int(flags.has_leaked_think),
+            is_repetitive=int(flags.is_repetitive),
+            chash=work.content_hash,
+        )
 
-    def error(self, endpoint: str, work: Work, exc: RequestFailed) -> tuple[Any, ...]:
+    def error(self, endpoint: str, work: Work, exc: RequestFailed) -> ErrorRow:
         reason = exc.message
         if exc.is_retryable:
             reason = f"gave up after {work.attempts} attempts: {reason}"
         if exc.kind == "prompt_too_long":
             reason = f"prompt longer than the context ({work.source}:{work.line}): {reason}"
-        return (
-            work.record_id,
-            work.sample,
-            work.key,
-            work.source,
-            work.line,
-            exc.kind,
-            reason,
-            exc.status,
-            work.attempts + (0 if exc.is_retryable else 1),
-            endpoint,
-            time.time(),
-            work.content_hash,
+        return ErrorRow(
+            id=work.record_id,
+            sample=work.sample,
+            khash=work.key,
+            source=work.source,
+            line=work.line,
+            kind=exc.kind,
+            reason=reason,
+            status=exc.status,
+            attempts=work.attempts + (0 if exc.is_retryable else 1),
+            instance=endpoint,
+            finished_at=time.time(),
+            chash=work.content_hash,
         )
 
 
@@ -99,17 +114,15 @@ def _sum(values: Any) -> int | None:
     return total if seen else None
 
 
-def bad_row(bad: BadInput) -> tuple[Any, ...]:
-    return (bad.source, bad.line, bad.record_id, bad.reason, time.time())
+def bad_row(bad: BadInput) -> BadRow:
+    return BadRow(bad.source, bad.line, bad.record_id, bad.reason, finished_at=time.time())
 
 
-def series_rows(
-    endpoints: list[Endpoint], accept_lengths: Mapping[str, float | None]
-) -> list[tuple[Any, ...]]:
+def series_rows(endpoints: list[Endpoint], accept_lengths: Mapping[str, float | None]) -> list[SeriesRow]:
     """One time-series sample per endpoint: cumulative counts, in flight, the last scraped accept length."""
     t = time.time()
     return [
-        (t, e.name, e.completions, e.output_tokens, e.in_flight, accept_lengths.get(e.name))
+        SeriesRow(t, e.name, e.completions, e.output_tokens, e.in_flight, accept_lengths.get(e.name))
         for e in endpoints
     ]
 
@@ -154,8 +167,8 @@ def summary(
     """The final summary, re-read from the store (what is on disk, not what we think we wrote)."""
     counts = store.counts()
     bad = [
-        BadInputSample(str(r[0]), int(r[1]), str(r[2]))
-        for r in store.conn.execute(
+        BadInputSample(str(source), int(line), str(reason))
+        for source, line, reason in store.conn.execute(
             "SELECT source, line, reason FROM inputs_bad ORDER BY source, line LIMIT ?", (NUM_BAD_SAMPLES,)
         )
     ]

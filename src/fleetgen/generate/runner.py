@@ -277,18 +277,18 @@ class Job:
         c.results += len(batch.results)
         c.errors += len(batch.errors)
         c.bad += len(batch.bad)
-        for row in batch.bad:
-            meta.note_bad(row[1])
-        for row in batch.results:
-            c.output_tokens += row[rows.COMPLETION_TOKENS] or 0
-            c.truncated += row[rows.IS_TRUNCATED]
+        for bad in batch.bad:
+            meta.note_bad(bad.line)
+        for result in batch.results:
+            c.output_tokens += result.completion_tokens or 0
+            c.truncated += result.is_truncated
         if tracker is not None:
-            for row in batch.results:
-                tracker.paid(row[rows.LINE])
-            for row in batch.errors:
-                tracker.paid(row[rows.LINE])
-            for row in batch.bad:
-                tracker.paid(row[1])
+            for result in batch.results:
+                tracker.paid(result.line)
+            for error in batch.errors:
+                tracker.paid(error.line)
+            for bad in batch.bad:
+                tracker.paid(bad.line)
             tracker.advance()
 
     async def _count_total(self, wanted: set[int] | None) -> None:

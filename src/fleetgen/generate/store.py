@@ -2,9 +2,12 @@
 
 Tables: `results` (one row per (record id, sample), upserted, with the hash of the prompt it answers),
 `errors` (same key, with the reason), `inputs_bad` (file, line, reason), `meta` (sampling params, the input's
-identity, resume position), `timeseries` (per instance
-every few seconds, for reports). Schema changes are an append-only list of migrations (`PRAGMA
-user_version` counts those applied).
+identity, resume position), `timeseries` (per instance every few seconds, for reports). Schema changes are an
+append-only list of migrations (`PRAGMA user_version` counts those applied).
+
+A row of a table is a named record (`ResultRow`, `ErrorRow`, `BadRow`, `SeriesRow`) whose fields are the
+table's columns in order; its `Table` derives the INSERT (an upsert on the key) and SELECT column lists from
+it, so a field is named in one place. A migration that adds a column adds the field in the same change.
 
 Writes come in batches from one writer (`StoreWriter`): every ~100 ms or 512 rows, one transaction, then
 `on_commit` — so whatever the progress counts is already on disk, and a kill -9 leaves either a whole row or
@@ -17,28 +20,117 @@ import contextlib
 import fcntl
 import sqlite3
 import time
-from collections.abc import Iterable
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Generic, NamedTuple, TypeVar
 
 from fleetgen.errors import JobError
 
 DB_NAME = "results.sqlite"
 LOCK_NAME = ".fleetgen-run.lock"
 
-RESULT_COLUMNS = (
-    "id", "sample", "khash", "source", "line", "prompt", "content", "reasoning_content", "turns", "num_turns",
-    "finish_reason", "prompt_tokens", "completion_tokens", "instance", "model", "params_hash", "attempts",
-    "started_at", "latency_s", "finished_at", "is_truncated", "is_empty", "has_leaked_think", "is_repetitive",
-    "chash",
-)  # fmt: skip
-ERROR_COLUMNS = (
-    "id", "sample", "khash", "source", "line", "kind", "reason", "status", "attempts", "instance",
-    "finished_at", "chash",
-)  # fmt: skip
-BAD_COLUMNS = ("source", "line", "record_id", "reason", "finished_at")
-SERIES_COLUMNS = ("t", "instance", "completions", "output_tokens", "in_flight", "accept_length")
+
+class ResultRow(NamedTuple):
+    """A `results` row: one (record, sample) answered. The field order is the table's column order."""
+
+    id: str
+    sample: int
+    khash: int  # key_hash(id, sample): resume reads it (with chash) through a covering index
+    source: str
+    line: int
+    prompt: str  # the segments sent, JSON
+    content: str
+    reasoning_content: str
+    turns: str | None  # every turn, JSON, when there is more than one
+    num_turns: int
+    finish_reason: str
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    instance: str
+    model: str
+    params_hash: str
+    attempts: int
+    started_at: float
+    latency_s: float
+    finished_at: float
+    is_truncated: int
+    is_empty: int
+    has_leaked_think: int
+    is_repetitive: int
+    chash: int  # the hash of the prompt it answers (migration 3)
+
+
+class ErrorRow(NamedTuple):
+    """An `errors` row: a (record, sample) given up on, with the reason."""
+
+    id: str
+    sample: int
+    khash: int
+    source: str
+    line: int
+    kind: str
+    reason: str
+    status: int | None
+    attempts: int
+    instance: str
+    finished_at: float
+    chash: int
+
+
+class BadRow(NamedTuple):
+    """An `inputs_bad` row: an input line that cannot become work."""
+
+    source: str
+    line: int
+    record_id: str | None
+    reason: str
+    finished_at: float
+
+
+class SeriesRow(NamedTuple):
+    """A `timeseries` row: one instance's cumulative counts at time `t`."""
+
+    t: float
+    instance: str
+    completions: int
+    output_tokens: int
+    in_flight: int
+    accept_length: float | None
+
+
+R = TypeVar("R", ResultRow, ErrorRow, BadRow, SeriesRow)
+
+
+@dataclass(frozen=True)
+class Table(Generic[R]):
+    """A table and the record of its rows: its INSERT and SELECT column lists come from the record."""
+
+    name: str
+    record: type[R]
+    key: tuple[str, ...] = ()  # the conflict key of an upsert; none: a plain insert
+
+    @property
+    def columns(self) -> str:
+        return ", ".join(self.record._fields)
+
+    @cached_property
+    def insert(self) -> str:
+        marks = ", ".join("?" * len(self.record._fields))
+        sql = f"INSERT INTO {self.name} ({self.columns}) VALUES ({marks})"
+        if not self.key:
+            return sql
+        updates = ", ".join(f"{c} = excluded.{c}" for c in self.record._fields if c not in self.key)
+        return f"{sql} ON CONFLICT ({', '.join(self.key)}) DO UPDATE SET {updates}"
+
+
+RESULTS = Table("results", ResultRow, key=("id", "sample"))
+ERRORS = Table("errors", ErrorRow, key=("id", "sample"))
+BAD = Table("inputs_bad", BadRow, key=("source", "line"))
+SERIES = Table("timeseries", SeriesRow)
+TABLES = (RESULTS, ERRORS, BAD, SERIES)
+
 
 MIGRATIONS: tuple[str, ...] = (
     # 1: the initial schema.
@@ -85,29 +177,14 @@ MIGRATIONS: tuple[str, ...] = (
 )
 
 
-def _upsert(table: str, columns: tuple[str, ...], key: tuple[str, ...]) -> str:
-    updates = ", ".join(f"{c} = excluded.{c}" for c in columns if c not in key)
-    marks = ", ".join("?" * len(columns))
-    return (
-        f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks}) "
-        f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates}"
-    )
-
-
-UPSERT_RESULT = _upsert("results", RESULT_COLUMNS, ("id", "sample"))
-UPSERT_ERROR = _upsert("errors", ERROR_COLUMNS, ("id", "sample"))
-UPSERT_BAD = _upsert("inputs_bad", BAD_COLUMNS, ("source", "line"))
-INSERT_SERIES = f"INSERT INTO timeseries ({', '.join(SERIES_COLUMNS)}) VALUES ({', '.join('?' * 6)})"
-
-
 @dataclass
 class Batch:
     """Rows written in one transaction. `lines` maps each row to its input line (for the resume position)."""
 
-    results: list[tuple[Any, ...]] = field(default_factory=list)
-    errors: list[tuple[Any, ...]] = field(default_factory=list)
-    bad: list[tuple[Any, ...]] = field(default_factory=list)
-    series: list[tuple[Any, ...]] = field(default_factory=list)
+    results: list[ResultRow] = field(default_factory=list)
+    errors: list[ErrorRow] = field(default_factory=list)
+    bad: list[BadRow] = field(default_factory=list)
+    series: list[SeriesRow] = field(default_factory=list)
     meta: dict[str, str] = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -208,18 +285,18 @@ class Store:
         try:
             conn.execute("BEGIN IMMEDIATE")
             if batch.results:
-                conn.executemany(UPSERT_RESULT, batch.results)
+                conn.executemany(RESULTS.insert, batch.results)
                 # A success replaces an earlier error row for the same key (--retry-errors).
                 conn.executemany(
                     "DELETE FROM errors WHERE id = ? AND sample = ?",
-                    ((row[0], row[1]) for row in batch.results),
+                    ((row.id, row.sample) for row in batch.results),
                 )
             if batch.errors:
-                conn.executemany(UPSERT_ERROR, batch.errors)
+                conn.executemany(ERRORS.insert, batch.errors)
             if batch.bad:
-                conn.executemany(UPSERT_BAD, batch.bad)
+                conn.executemany(BAD.insert, batch.bad)
             if batch.series:
-                conn.executemany(INSERT_SERIES, batch.series)
+                conn.executemany(SERIES.insert, batch.series)
             if batch.meta:
                 self.set_meta(batch.meta)
             conn.execute("COMMIT")
@@ -232,13 +309,14 @@ class Store:
                 "rerun the same command to resume (nothing committed is lost)",
             ) from exc
 
-    def iter_rows(self, sql: str, params: Iterable[Any] = (), chunk: int = 1000) -> Iterable[sqlite3.Row]:
-        """Stream rows of a query, `chunk` at a time (exports never hold a whole table)."""
-        cursor = self.conn.cursor()
-        cursor.row_factory = sqlite3.Row
-        cursor.execute(sql, tuple(params))
+    def iter_rows(self, table: Table[R], where: str = "1", chunk: int = 1000) -> Iterator[R]:
+        """Stream the records of `table` matching `where`, in insertion order, `chunk` at a time (exports
+        never hold a whole table). A column an older store lacks (a reader does not migrate) reads as NULL."""
+        have = {name for _, name, *_ in self.conn.execute(f"PRAGMA table_info({table.name})")}
+        columns = ", ".join(c if c in have else f"NULL AS {c}" for c in table.record._fields)
+        cursor = self.conn.execute(f"SELECT {columns} FROM {table.name} WHERE {where} ORDER BY rowid")
         while rows := cursor.fetchmany(chunk):
-            yield from rows
+            yield from map(table.record._make, rows)
 
 
 def migrate(conn: sqlite3.Connection) -> int:

@@ -11,9 +11,8 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
-from fleetgen.generate.store import Batch, Store
+from fleetgen.generate.store import BadRow, Batch, ErrorRow, ResultRow, SeriesRow, Store
 
 
 class StoreWriter:
@@ -45,19 +44,19 @@ class StoreWriter:
         if len(self._batch) >= self._max_rows:
             self._full.set()
 
-    def put_result(self, row: tuple[Any, ...]) -> None:
+    def put_result(self, row: ResultRow) -> None:
         self._batch.results.append(row)
         self._added()
 
-    def put_error(self, row: tuple[Any, ...]) -> None:
+    def put_error(self, row: ErrorRow) -> None:
         self._batch.errors.append(row)
         self._added()
 
-    def put_bad(self, row: tuple[Any, ...]) -> None:
+    def put_bad(self, row: BadRow) -> None:
         self._batch.bad.append(row)
         self._added()
 
-    def put_series(self, rows: list[tuple[Any, ...]]) -> None:
+    def put_series(self, rows: list[SeriesRow]) -> None:
         self._batch.series.extend(rows)
         self._added()
 
