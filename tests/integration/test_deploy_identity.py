@@ -28,7 +28,7 @@ from fleetgen.config import load_fleet
 from fleetgen.deploy.fleetops import down, up
 from fleetgen.deploy.listener import port_owners, stranger_problem
 from fleetgen.errors import LaunchFailed, PlanError, VerifyError
-from fleetgen.fleet.status import fleet_status
+from fleetgen.fleet.status import Readiness, fleet_status
 from fleetgen.remote import open_host
 from tests.fixtures.sshd import SshdHost
 from tests.integration.test_deploy_sglang import QWEN36, sim_fleet
@@ -120,7 +120,7 @@ async def test_port_taken_by_another_process_after_the_check_is_not_ready(
                 str(root / "launch.sh"), str(root / "logs" / "hand.log"), str(root / "pid"), cwd=str(root)
             )
         [st] = await fleet_status(ours, rate_window_s=0)
-        assert st.pid == again.pid and st.drift == [] and not st.ready
+        assert st.pid == again.pid and st.drift == [] and st.readiness is not Readiness.READY
         assert f"pid {again.pid}) does not listen on port {inst.port}; it is held by pid {os.getpid()}" in (
             " ".join(st.problem.split())
         )

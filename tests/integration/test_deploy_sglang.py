@@ -24,7 +24,7 @@ from fleetgen.config import load_fleet
 from fleetgen.deploy.fleetops import down, up
 from fleetgen.deploy.instance import Action, Outcome
 from fleetgen.errors import LaunchFailed, VerifyError
-from fleetgen.fleet.status import fleet_status
+from fleetgen.fleet.status import Readiness, fleet_status
 from fleetgen.remote import open_host
 from tests.fixtures.sshd import SshdHost
 from tests.integration.test_deploy_support import ArgValue, log_files, write_fleet
@@ -190,13 +190,13 @@ async def test_tampered_env_shows_as_drift_then_up_replaces_it(
                 str(root / "hand.sh"), str(root / "logs" / "hand.log"), str(root / "pid"), cwd=str(root)
             )
         [st] = await fleet_status(fleet, rate_window_s=0)
-        assert st.pid == hand.pid and not st.ready
+        assert st.pid == hand.pid and st.readiness is not Readiness.READY
         assert st.drift == ["env SIM_MARK: rendered 'a', running 'tampered'"]
         [healed] = await up(fleet)
         _ok([healed])
         assert healed.action is Action.REPLACED and healed.pid != hand.pid
         [st2] = await fleet_status(fleet, rate_window_s=0)
-        assert st2.ready and st2.drift == []
+        assert st2.readiness is Readiness.READY and st2.drift == []
     finally:
         await down(fleet)
 
@@ -257,7 +257,8 @@ async def test_only_touches_the_named_instances(
         _ok(outs)
         assert [o.instance for o in outs] == ["h1-0"]
         statuses = {s.instance: s for s in await fleet_status(fleet, rate_window_s=0)}
-        assert statuses["h1-0"].ready and statuses["h0-0"].problem == "not running"
+        assert statuses["h1-0"].readiness is Readiness.READY and statuses["h0-0"].readiness is Readiness.DOWN
+        assert statuses["h0-0"].problem == "not running"
     finally:
         await down(fleet)
 
@@ -293,7 +294,7 @@ async def test_public_bind_uses_the_key_and_never_writes_it(
         log = _read(Path(out.log_path))
         assert "api_key='<redacted>'" in log and key not in log and _mode(Path(out.log_path)) == 0o600
         [st] = await fleet_status(fleet, rate_window_s=0)
-        assert st.ready and st.drift == [] and key not in json.dumps(st.to_json())
+        assert st.readiness is Readiness.READY and st.drift == [] and key not in json.dumps(st.to_json())
     finally:
         await down(fleet)
 

@@ -12,7 +12,7 @@ import pytest
 from fleetgen.deploy.fleetops import down, up
 from fleetgen.deploy.instance import Action
 from fleetgen.fleet.pool import ready_endpoints
-from fleetgen.fleet.status import fleet_status
+from fleetgen.fleet.status import Readiness, fleet_status
 from tests.fixtures.sshd import SshdHost
 from tests.fixtures.vllm import TinyModel
 from tests.integration.test_deploy_support import log_files, read, resolved, write_fleet
@@ -82,7 +82,7 @@ async def test_vllm_lifecycle(
             assert resp.status == 200 and body["usage"]["completion_tokens"] == 8
 
         [st] = await fleet_status(fleet)
-        assert st.ready and st.drift == [] and st.pid == first.pid and st.running == 0
+        assert st.readiness is Readiness.READY and st.drift == [] and st.pid == first.pid and st.running == 0
         assert st.uptime_s is not None and st.uptime_s > 0 and st.gen_tokens_per_s is not None
         assert set(st.to_json()) >= STATUS_JSON_KEYS
 
@@ -105,4 +105,4 @@ async def test_vllm_lifecycle(
         [stopped] = await down(fleet)
     assert stopped.error is None and stopped.action is Action.STOPPED
     [after] = await fleet_status(fleet, rate_window_s=0)
-    assert not after.ready and after.pid is None and after.problem == "not running"
+    assert after.readiness is Readiness.DOWN and after.pid is None and after.problem == "not running"

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from fleetgen.deploy.probe import accept_length, parse_metrics
 from fleetgen.engines import get_engine
 from fleetgen.errors import EndpointError
 from fleetgen.fleet.metrics import Scrape, counter_rate, load_from, max_running_from_info
-from fleetgen.fleet.status import InstanceStatus
+from fleetgen.fleet.status import InstanceStatus, Readiness
 
 VLLM_TEXT = """# HELP vllm:num_requests_running Number of requests running.
 # TYPE vllm:num_requests_running gauge
@@ -82,3 +84,17 @@ STATUS_JSON_KEYS = frozenset(
 
 def test_status_json_has_the_issue_keys() -> None:
     assert set(InstanceStatus("h0-0", "h0", (0,), 30000).to_json()) >= STATUS_JSON_KEYS
+
+
+@pytest.mark.parametrize("readiness", list(Readiness))
+def test_status_json_says_ready_true_only_for_ready_whatever_else_the_status_holds(
+    readiness: Readiness,
+) -> None:
+    """`status --json` is a machine interface: `ready` stays a JSON boolean (no enum leaks into it), the
+    problem text stays beside it, and the keys are the same for every readiness."""
+    status = InstanceStatus(
+        "h0-0", "h0", (0,), 30000, readiness=readiness, problem="not running", drift=["x"]
+    )
+    out = json.loads(json.dumps(status.to_json()))
+    assert out["ready"] is (readiness is Readiness.READY) and out["problem"] == "not running"
+    assert "readiness" not in out and set(out) == set(InstanceStatus("a", "b", (), 1).to_json())

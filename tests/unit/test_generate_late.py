@@ -17,9 +17,10 @@ from rich.console import Console
 
 from fleetgen.cli.run import render
 from fleetgen.errors import FleetDown
-from fleetgen.fleet.pool import Endpoint as Link
+from fleetgen.fleet.pool import Link
+from fleetgen.fleet.status import Readiness
 from fleetgen.generate.client import ChatClient
-from fleetgen.generate.health import Endpoint, EndpointState, Health, RetryPolicy, Watch, served_models
+from fleetgen.generate.health import Endpoint, RetryPolicy, Watch, served_models
 from fleetgen.generate.progress import Progress, waiting
 from fleetgen.generate.runner import Job
 from tests.unit.test_generate_job import options, rows, write_jsonl
@@ -34,7 +35,7 @@ async def all_ready(watch: Watch) -> None:
     """Return once every endpoint of `watch` is READY (woken by its `on_ready`)."""
     changed = asyncio.Event()
     watch.on_ready = changed.set
-    while not all(e.state is EndpointState.READY for e in watch.endpoints):
+    while not all(e.readiness is Readiness.READY for e in watch.endpoints):
         changed.clear()
         await asyncio.wait_for(changed.wait(), HANG_GUARD_S)
 
@@ -45,21 +46,21 @@ async def test_watch_restarts_the_dead_not_the_loading_until_it_dies(tmp_path: P
     admits: dict[str, int] = {"s0": 0, "s1": 0}
     restarted: list[tuple[str, int]] = []  # (name, admits seen for it before the restart)
 
-    async def admit(endpoint: Endpoint) -> Health:
+    async def admit(endpoint: Endpoint) -> Readiness:
         admits[endpoint.name] += 1
         if any(name == endpoint.name for name, _ in restarted):
-            return Health.UP
+            return Readiness.READY
         if endpoint.name == "s0" and admits["s0"] < 3:
-            return Health.STARTING
-        return Health.DEAD
+            return Readiness.WAITING
+        return Readiness.DOWN
 
     async def on_dead(name: str) -> None:
         restarted.append((name, admits[name]))
 
     async with serve(StandIn()) as a, ChatClient(a.url, max_connections=2, timeout_s=5) as client:
         endpoints = [
-            Endpoint("s0", client, 2, EndpointState.WAITING),
-            Endpoint("s1", client, 2, EndpointState.DOWN),
+            Endpoint("s0", client, 2, Readiness.WAITING),
+            Endpoint("s1", client, 2, Readiness.DOWN),
         ]
         watch = Watch(endpoints, QUICK, on_dead=on_dead, admit=admit)
         watch.start()
@@ -76,13 +77,13 @@ async def test_watch_restarts_the_dead_not_the_loading_until_it_dies(tmp_path: P
 async def test_no_server_ready_waits_then_fleet_down_names_each_problem() -> None:
     reasons = {"s0": "not running", "s1": "process runs but the health endpoint does not answer 200"}
 
-    async def admit(endpoint: Endpoint) -> Health:
+    async def admit(endpoint: Endpoint) -> Readiness:
         endpoint.last_error = reasons[endpoint.name]
-        return Health.DEAD if endpoint.name == "s0" else Health.STARTING
+        return Readiness.DOWN if endpoint.name == "s0" else Readiness.WAITING
 
     waits: list[float] = []
     async with ChatClient("http://127.0.0.1:9", max_connections=1, timeout_s=1) as nowhere:
-        endpoints = [Endpoint(n, nowhere, 1, EndpointState.WAITING, last_error="?") for n in reasons]
+        endpoints = [Endpoint(n, nowhere, 1, Readiness.WAITING, last_error="?") for n in reasons]
         watch = Watch(endpoints, QUICK, admit=admit)
         try:
             with pytest.raises(FleetDown) as err:
@@ -106,18 +107,21 @@ async def test_a_server_not_ready_at_the_start_joins_once_ready_through_its_new_
 
         async def check(name: str) -> Link:
             if sum(a.seen.values()) < 20:
-                return Link(name, "", None, None, is_ready=False, problem="cannot reach h1 over SSH")
+                return Link(name, "", None, None, Readiness.WAITING, "cannot reach h1 over SSH")
             return Link(name, late.url, None, None)
 
         job = Job(options(tmp_path, prompts, [a.url, ""], policy=QUICK, check=check,
-                          not_ready={"s1": "cannot reach h1 over SSH"}))  # fmt: skip
+                          not_ready={"s1": (Readiness.WAITING, "cannot reach h1 over SSH")}))  # fmt: skip
         summary = await asyncio.wait_for(job.run(seen.append), HANG_GUARD_S)
     assert summary.status == "complete" and summary.results == 200
     got = rows(tmp_path / "out", "SELECT id, instance FROM results")
     assert len(got) == 200 and {i for i, _ in got} == {f"r{i}" for i in range(200)}  # each once
     assert sum(late.seen.values()) > 0 and summary.endpoints["s1"] > 0  # it joined
     first = seen[0].endpoints[1]
-    assert (first.state, first.last_error) == ("waiting", "cannot reach h1 over SSH")  # shown, with why
+    assert (first.readiness, first.last_error) == (
+        Readiness.WAITING,
+        "cannot reach h1 over SSH",
+    )  # shown, with why
 
 
 async def test_none_ready_at_the_start_waits_for_the_first_then_runs(tmp_path: Path) -> None:
@@ -128,15 +132,25 @@ async def test_none_ready_at_the_start_waits_for_the_first_then_runs(tmp_path: P
 
         async def check(name: str) -> Link:
             calls.append(name)
-            is_ready = len(calls) > 5  # loading for the first few reads
-            return Link(name, a.url, None, None, is_ready=is_ready, problem="" if is_ready else "loading")
+            if len(calls) > 5:  # loading for the first few reads
+                return Link(name, a.url, None, None)
+            return Link(name, a.url, None, None, Readiness.WAITING, "loading")
 
-        job = Job(options(tmp_path, prompts, [a.url], policy=QUICK, check=check, not_ready={"s0": "loading"},
-                          wait_ready_s=HANG_GUARD_S))  # fmt: skip
+        job = Job(
+            options(
+                tmp_path,
+                prompts,
+                [a.url],
+                policy=QUICK,
+                check=check,
+                not_ready={"s0": (Readiness.WAITING, "loading")},
+                wait_ready_s=HANG_GUARD_S,
+            )
+        )
         summary = await asyncio.wait_for(job.run(seen.append), HANG_GUARD_S)
     assert summary.status == "complete" and summary.results == 30
     shown = [p for p in seen if p.waiting_s is not None]
-    assert shown and shown[0].endpoints[0].state == "waiting" and shown[0].endpoints[0].last_error
+    assert shown and shown[0].endpoints[0].readiness is Readiness.WAITING and shown[0].endpoints[0].last_error
     assert seen[-1].waiting_s is None
 
 
@@ -144,10 +158,19 @@ async def test_stop_while_waiting_for_a_first_server_ends_stopped(tmp_path: Path
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "r0", "prompt": "q"}])
 
     async def check(name: str) -> Link:
-        return Link(name, "", None, None, is_ready=False, problem="not running", is_dead=True)
+        return Link(name, "", None, None, Readiness.DOWN, "not running")
 
-    job = Job(options(tmp_path, prompts, [""], policy=QUICK, check=check, not_ready={"s0": "not running"},
-                      dead=frozenset({"s0"}), wait_ready_s=HANG_GUARD_S))  # fmt: skip
+    job = Job(
+        options(
+            tmp_path,
+            prompts,
+            [""],
+            policy=QUICK,
+            check=check,
+            not_ready={"s0": (Readiness.DOWN, "not running")},
+            wait_ready_s=HANG_GUARD_S,
+        )
+    )
     run = asyncio.create_task(job.run(lambda _p: job.stop()))  # Ctrl-C as soon as the wait shows
     summary = await asyncio.wait_for(run, HANG_GUARD_S)
     assert summary.status == "stopped" and summary.results == 0
@@ -155,8 +178,8 @@ async def test_stop_while_waiting_for_a_first_server_ends_stopped(tmp_path: Path
 
 def test_the_live_view_shows_waiting_and_down_servers_with_why() -> None:
     client = ChatClient("http://127.0.0.1:9", max_connections=1, timeout_s=1)
-    endpoints = [Endpoint("h0-0", client, 8, EndpointState.WAITING, last_error="loading [model] shards"),
-                 Endpoint("h0-1", client, 8, EndpointState.DOWN, last_error="not running")]  # fmt: skip
+    endpoints = [Endpoint("h0-0", client, 8, Readiness.WAITING, last_error="loading [model] shards"),
+                 Endpoint("h0-1", client, 8, Readiness.DOWN, last_error="not running")]  # fmt: skip
     console = Console(width=200, record=True)
     console.print(render(waiting(endpoints, 1.0, 42.0)))
     text = console.export_text()

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from fleetgen.dashboard import page, render, svg
 from fleetgen.dashboard.model import Example, InstanceRow, JobView, Sample, eta_seconds, rate_series
+from fleetgen.fleet.status import Readiness
 
 REPORT_SECTIONS = (
     "summary", "throughput", "accept", "lengths", "finish-reasons", "quality", "errors", "fleet", "flags",
@@ -66,8 +67,8 @@ def test_eta_is_remaining_work_over_the_recent_rate() -> None:
 
 
 def test_sick_rows_are_marked_with_their_reason() -> None:
-    rows = [InstanceRow("h-0", "h", (0,), "ready", True, gen_tps=900.0),
-            InstanceRow("h-1", "h", (1,), "down", False, problem="not running")]  # fmt: skip
+    rows = [InstanceRow("h-0", "h", (0,), Readiness.READY, gen_tps=900.0),
+            InstanceRow("h-1", "h", (1,), Readiness.DOWN, problem="not running")]  # fmt: skip
     html = render.fleet_table(rows)
     sick = re.findall(r'<tr class="instance sick"[^>]*data-instance="([^"]+)"', html)
     assert sick == ["h-1"] and "not running" in html and "1 SICK" in html

@@ -10,6 +10,7 @@ import dataclasses
 from pathlib import Path
 
 from fleetgen.cli.runlog import PlainLog
+from fleetgen.fleet.status import Readiness
 from fleetgen.generate.progress import EndpointProgress, Progress
 from fleetgen.generate.runner import Job
 from tests.unit.test_generate_job import options, write_jsonl
@@ -18,7 +19,7 @@ from tests.unit.test_generate_standin import StandIn, serve
 
 def snap(states: dict[str, tuple[str, str]], *, done: int = 10, waiting_s: float | None = None,
          is_final: bool = False, rate: float = 2.0) -> Progress:  # fmt: skip
-    endpoints = [EndpointProgress(n, s, 0, 4, 0, 0.0, why) for n, (s, why) in states.items()]
+    endpoints = [EndpointProgress(n, Readiness(s), 0, 4, 0, 0.0, why) for n, (s, why) in states.items()]
     return Progress(done=done, total=100, completions_per_s=rate, output_tokens_per_s=50.0, eta_s=45.0,
                     errors=0, truncated=0, bad_inputs=0, in_flight=0, retrying=0, elapsed_s=12.0,
                     stopping=False, endpoints=endpoints, waiting_s=waiting_s, is_final=is_final)  # fmt: skip

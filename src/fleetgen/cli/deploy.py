@@ -18,7 +18,7 @@ from fleetgen.deploy.fleetops import down as do_down
 from fleetgen.deploy.fleetops import up as do_up
 from fleetgen.deploy.instance import Outcome
 from fleetgen.deploy.logs import read_log
-from fleetgen.fleet.status import InstanceStatus, fleet_status, open_view
+from fleetgen.fleet.status import InstanceStatus, Readiness, fleet_status, open_view
 
 ONLY_OPTION = typer.Option(None, "--only", help="Instance or host names (repeatable); default: all.")
 # `-f` is --follow for `logs` (as in `tail -f`), so there the fleet file is --fleet only.
@@ -124,7 +124,7 @@ def _table(statuses: Sequence[InstanceStatus]) -> Table:
             ",".join(map(str, s.gpus)),
             str(s.pid or "—"),
             s.url or "—",
-            "[green]yes[/]" if s.ready else "[red]no[/]",
+            "[green]yes[/]" if s.readiness is Readiness.READY else "[red]no[/]",
             _fmt(s.uptime_s, "{:.0f}s"),
             _fmt(s.running),
             _fmt(s.queued),
@@ -154,7 +154,7 @@ def status(
             print(json.dumps([s.to_json() for s in statuses], indent=2))
         else:
             console.print(_table(statuses))
-        if not all(s.ready for s in statuses):
+        if any(s.readiness is not Readiness.READY for s in statuses):
             exit_with(1)
         return
     run(_until_interrupted(_watch(fleet, only, as_json, interval)))

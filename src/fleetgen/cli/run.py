@@ -26,7 +26,8 @@ from fleetgen.cli.app import app, console, err_console, flag, run
 from fleetgen.cli.runlog import PlainLog, duration
 from fleetgen.config import JobFile, load_fleet, load_job
 from fleetgen.errors import ConfigError, FleetDown
-from fleetgen.fleet.pool import Endpoint, open_fleet
+from fleetgen.fleet.pool import Link, open_fleet
+from fleetgen.fleet.status import Readiness
 from fleetgen.generate.dispatch import OnDead, RetryPolicy
 from fleetgen.generate.export import FORMATS, ExportSummary, export
 from fleetgen.generate.fleetlink import endpoints_meta, fleet_meta, revive
@@ -37,6 +38,9 @@ from fleetgen.generate.work import SamplingParams
 
 DEFAULT_CONCURRENCY = 64
 EXIT_CODES = {"stopped": 130, "failed": 1}
+
+
+READINESS_STYLE = {Readiness.READY: "{}", Readiness.WAITING: "[yellow]{}[/]", Readiness.DOWN: "[red]{}[/]"}
 
 
 def render(progress: Progress) -> Table:
@@ -60,10 +64,9 @@ def render(progress: Progress) -> Table:
     for column in ("instance", "state", "in flight", "done", "compl/s", "last error"):
         table.add_column(column)
     for e in progress.endpoints:
-        state = {"ready": e.state, "waiting": f"[yellow]{e.state}[/]"}.get(e.state, f"[red]{e.state}[/]")
         table.add_row(
             e.name,
-            state,
+            READINESS_STYLE[e.readiness].format(e.readiness.value),
             f"{e.in_flight}/{e.cap}",
             str(e.completions),
             f"{e.completions_per_s:.1f}",
@@ -287,8 +290,9 @@ async def _run_on_fleet(f: RunFlags, job: JobFile, fleet: Path) -> Summary:
         )
         options = dataclasses.replace(
             options,
-            not_ready={e.name: e.problem for e in endpoints if not e.is_ready},
-            dead=frozenset(e.name for e in endpoints if e.is_dead),
+            not_ready={
+                e.name: (e.readiness, e.problem) for e in endpoints if e.readiness is not Readiness.READY
+            },
             check=links.check,
             wait_ready_s=wait,
             policy=policy,
@@ -296,15 +300,16 @@ async def _run_on_fleet(f: RunFlags, job: JobFile, fleet: Path) -> Summary:
         return await _run_job(Job(options), f, _meanwhile(f"the instances of {fleet}", fleet, f.restart_dead))
 
 
-def _say_not_ready(endpoints: list[Endpoint], fleet: Path, wait_s: float, restart_dead: bool) -> None:
+def _say_not_ready(endpoints: list[Link], fleet: Path, wait_s: float, restart_dead: bool) -> None:
     """One line per instance not ready at the start (they join once ready), and what waiting for one means."""
     where = escape(str(fleet))
     for e in endpoints:
-        if e.is_ready:
+        if e.readiness is Readiness.READY:
             continue
-        then = "restarting it in the background" if e.is_dead and restart_dead else "it joins once ready"
+        is_restarted = e.readiness is Readiness.DOWN and restart_dead
+        then = "restarting it in the background" if is_restarted else "it joins once ready"
         err_console.print(f"[yellow]{e.name} is not ready[/] ({escape(e.problem)}): {then}", highlight=False)
-    if not any(e.is_ready for e in endpoints):
+    if not any(e.readiness is Readiness.READY for e in endpoints):
         err_console.print(
             f"[yellow]no instance of {where} is ready yet[/]: waiting up to {wait_s:.0f} s for a first one "
             f"(`fleetgen up -f {where}` brings them up, `fleetgen status -f {where}` says why; "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from fleetgen.fleet.status import Readiness
 from fleetgen.generate.progress import Progress
 
 
@@ -25,7 +26,7 @@ def progress_line(p: Progress) -> str:
     """One line of totals: the same numbers as the live view's head."""
     total = p.total
     share = f" ({100 * p.done / total:.1f}%)" if total else ""
-    ready = sum(e.state == "ready" for e in p.endpoints)
+    ready = sum(e.readiness is Readiness.READY for e in p.endpoints)
     rates = "average " if p.is_final else ""
     waiting = f"  no server ready: stopping in {p.waiting_s:.0f} s" if p.waiting_s is not None else ""
     return (
@@ -50,7 +51,7 @@ class PlainLog:
         self._every_s = every_s
         self._meanwhile = meanwhile
         self._last_line = time.monotonic()
-        self._states: dict[str, str] = {}
+        self._readiness: dict[str, Readiness] = {}
         self._reasons: dict[str, str] = {}
         self._all_down = False
 
@@ -58,7 +59,7 @@ class PlainLog:
         if p.total is None and p.done == 0 and p.waiting_s is not None:  # the start-up wait
             if self._is_due():  # `run` said at once which instances are not ready; then, now and then:
                 states = "; ".join(
-                    f"{e.name} ({e.state}): {e.last_error or 'not ready'}" for e in p.endpoints
+                    f"{e.name} ({e.readiness.value}): {e.last_error or 'not ready'}" for e in p.endpoints
                 )
                 left = f"{p.waiting_s:.0f} s"
                 self._say(f"[{duration(p.elapsed_s)}] no server ready yet, waiting {left} more: {states}")
@@ -78,20 +79,22 @@ class PlainLog:
         """A line per instance that went down or came back; the whole picture when none is left."""
         all_down = p.waiting_s is not None and not p.is_final
         for e in p.endpoints:
-            before = self._states.get(e.name, "ready")
-            self._states[e.name] = e.state
-            if before == "ready" and e.state != "ready" and not all_down:
-                self._say(f"{e.name} is {e.state}: {e.last_error or 'no reason known yet'}; the others go on")
-            elif before != "ready" and e.state == "ready":
+            was_ready = self._readiness.get(e.name, Readiness.READY) is Readiness.READY
+            is_ready = e.readiness is Readiness.READY
+            self._readiness[e.name] = e.readiness
+            if was_ready and not is_ready and not all_down:
+                why = e.last_error or "no reason known yet"
+                self._say(f"{e.name} is {e.readiness.value}: {why}; the others go on")
+            elif is_ready and not was_ready:
                 self._say(f"{e.name} is ready again: it takes work")
         if all_down and not self._all_down:
             self._say(f"every instance is down: {self._meanwhile(p.waiting_s or 0.0)}")
             for e in p.endpoints:
-                self._say(f"  {e.name} ({e.state}): {e.last_error or 'no reason known yet'}")
+                self._say(f"  {e.name} ({e.readiness.value}): {e.last_error or 'no reason known yet'}")
                 self._reasons[e.name] = e.last_error
         elif all_down:
             for e in p.endpoints:  # the fleet's own reason replaces the failed request's, once probed
                 if e.last_error != self._reasons.get(e.name):
                     self._reasons[e.name] = e.last_error
-                    self._say(f"  {e.name} ({e.state}): {e.last_error or 'no reason known yet'}")
+                    self._say(f"  {e.name} ({e.readiness.value}): {e.last_error or 'no reason known yet'}")
         self._all_down = all_down

@@ -25,7 +25,7 @@ from fleetgen.deploy.probe import EngineClient, parse_metrics
 from fleetgen.engines import Engine, engine_of_metrics
 from fleetgen.errors import EndpointError, FleetgenError
 from fleetgen.fleet.metrics import Scrape, load_from, max_running_from_info
-from fleetgen.fleet.status import FleetView, InstanceStatus
+from fleetgen.fleet.status import FleetView, InstanceStatus, Readiness
 from fleetgen.modelcard import load_model_shape
 from fleetgen.plan.fleet import facts_from_file, plan_fleet
 
@@ -35,15 +35,21 @@ PROBE_TIMEOUT_S = 3.0  # a sick server must turn red within seconds, not after a
 
 def row_from_status(status: InstanceStatus, planned: Mapping[str, int]) -> InstanceRow:
     """An `InstanceStatus` (fleet file + `up` state) as a fleet table row."""
-    problem = status.problem or ("" if status.ready else "not ready")
     return InstanceRow(
-        name=status.instance, host=status.host, gpus=tuple(status.gpus),
-        health="ready" if status.ready else ("down" if status.pid is None else "unhealthy"),
-        is_healthy=status.ready, running=status.running, queued=status.queued,
-        gen_tps=status.gen_tokens_per_s, accept_len=status.spec_accept_length,
-        drift="; ".join(status.drift), uptime_s=status.uptime_s, problem=problem,
-        planned_capacity=planned.get(status.instance), actual_capacity=status.max_running_requests,
-    )  # fmt: skip
+        name=status.instance,
+        host=status.host,
+        gpus=tuple(status.gpus),
+        readiness=status.readiness,
+        running=status.running,
+        queued=status.queued,
+        gen_tps=status.gen_tokens_per_s,
+        accept_len=status.spec_accept_length,
+        drift="; ".join(status.drift),
+        uptime_s=status.uptime_s,
+        problem=status.problem,
+        planned_capacity=planned.get(status.instance),
+        actual_capacity=status.max_running_requests,
+    )
 
 
 class FleetViewSource:
@@ -79,13 +85,13 @@ class EndpointSource:
         host = endpoint.url.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0]
         # Both engines serve /health; which engine it is shows only in the metric names, read after.
         if not await client.is_healthy(HEALTH_PATH):
-            return InstanceRow(endpoint.name, host, health="down",
-                               problem=f"GET {endpoint.url}{HEALTH_PATH} did not answer 200")  # fmt: skip
+            why = f"GET {endpoint.url}{HEALTH_PATH} did not answer 200"
+            return InstanceRow(endpoint.name, host, readiness=Readiness.DOWN, problem=why)
         try:
             samples = parse_metrics(await client.get_text("/metrics"))
         except EndpointError as exc:
             why = f"no metrics: {exc.message} (SGLang serves them with --enable-metrics)"
-            return InstanceRow(endpoint.name, host, health="ready", is_healthy=True, problem=why)
+            return InstanceRow(endpoint.name, host, readiness=Readiness.READY, problem=why)
         engine = engine_of_metrics(samples)
         info = await _info(client, engine)
         scrape = Scrape(time.monotonic(), samples)
@@ -93,7 +99,7 @@ class EndpointSource:
         endpoint.before = scrape
         kv = samples.get(engine.metrics.kv_usage) if engine.metrics.kv_usage else None
         return InstanceRow(
-            name=endpoint.name, host=host, health="ready", is_healthy=True, running=load.running,
+            name=endpoint.name, host=host, readiness=Readiness.READY, running=load.running,
             queued=load.queued, gen_tps=load.gen_tokens_per_s, accept_len=load.spec_accept_length,
             kv_usage=kv, actual_capacity=max_running_from_info(info),
         )  # fmt: skip

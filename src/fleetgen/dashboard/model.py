@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fleetgen.dashboard.svg import Series
+from fleetgen.fleet.status import Readiness
 
 MAX_POINTS = 120  # a chart over days keeps this many buckets: enough to see dips, light to ship every 1.5 s
 
@@ -23,8 +24,7 @@ class InstanceRow:
     name: str
     host: str
     gpus: tuple[int, ...] = ()
-    health: str = "unknown"
-    is_healthy: bool = False
+    readiness: Readiness = Readiness.WAITING
     running: int | None = None
     queued: int | None = None
     gen_tps: float | None = None
@@ -192,8 +192,8 @@ def eta_seconds(job: JobView, window_s: float = 300.0) -> float | None:
 
 def sick_reason(row: InstanceRow) -> str:
     """Why a fleet row should stand out in red ("" when it is fine)."""
-    if not row.is_healthy:
-        return row.problem or row.health
+    if row.readiness is not Readiness.READY:
+        return row.problem or row.readiness.value
     if row.drift:
         return f"drift: {row.drift}"
     return ""

@@ -57,7 +57,7 @@ def _fleet_row(row: InstanceRow) -> str:
     reason = sick_reason(row)
     klass = "instance sick" if reason else "instance"
     note = reason or row.problem  # a healthy row may still carry a remark (e.g. no metrics endpoint)
-    health = escape(row.health) + (f'<div class="why">{escape(note)}</div>' if note else "")
+    health = escape(row.readiness.value) + (f'<div class="why">{escape(note)}</div>' if note else "")
     kv = None if row.kv_usage is None else row.kv_usage * 100
     capacity = f"{fmt(row.planned_capacity)} / {fmt(row.actual_capacity)}"
     cells = (
@@ -69,7 +69,7 @@ def _fleet_row(row: InstanceRow) -> str:
         f'<td class="num">{escape(capacity)}</td><td>{escape(row.drift) or DASH}</td>'
         f'<td class="num">{svg.format_duration(row.uptime_s) if row.uptime_s is not None else DASH}</td>'
     )
-    data = f'data-instance="{escape(row.name)}" data-health="{escape(row.health)}"'
+    data = f'data-instance="{escape(row.name)}" data-health="{escape(row.readiness.value)}"'
     return f'<tr class="{klass}" {data}>{cells}</tr>'
 
 

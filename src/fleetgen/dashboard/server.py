@@ -24,6 +24,7 @@ from fleetgen.dashboard import page
 from fleetgen.dashboard.jobdata import JobReader
 from fleetgen.dashboard.model import InstanceRow, JobView, Sample
 from fleetgen.errors import ConfigError, FleetgenError
+from fleetgen.fleet.status import Readiness
 
 LOOPBACK = "127.0.0.1"  # never another address: from elsewhere, users tunnel (ssh -L) to it
 REFRESH_S = 1.0
@@ -73,8 +74,9 @@ class Dashboard:
         now = time.time()
         self.live.extend(
             Sample(ts=now, instance=r.name, gen_tps=r.gen_tps, accept_len=r.accept_len, running=r.running)
-            for r in self.rows if r.is_healthy
-        )  # fmt: skip
+            for r in self.rows
+            if r.readiness is Readiness.READY
+        )
         self.notices = notices
         self.state = self._state()
 

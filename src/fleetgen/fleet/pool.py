@@ -16,47 +16,47 @@ from pathlib import Path
 
 from fleetgen.deploy.state import load_state
 from fleetgen.errors import FleetDown, FleetgenError
-from fleetgen.fleet.status import FleetView, InstanceStatus, open_view
+from fleetgen.fleet.status import FleetView, InstanceStatus, Readiness, open_view
 
 
 @dataclass(frozen=True)
-class Endpoint:
-    """One engine as a client sees it: ready, or (from `FleetLinks`) not yet, and why."""
+class Link:
+    """One engine as a client reaches it: ready, or (from `FleetLinks`) not yet, and why (`problem`)."""
 
     name: str
     url: str  # "" while no tunnel could be opened (its host is unreachable)
     api_key: str | None
     max_running_requests: int | None
-    is_ready: bool = True
-    is_dead: bool = False  # its host answered and its process is gone: a restart may bring it back
+    readiness: Readiness = Readiness.READY
     problem: str = ""
 
 
-def endpoints_of(statuses: Sequence[InstanceStatus], api_key: str | None) -> list[Endpoint]:
-    """The ready instances (healthy, no drift) as endpoints."""
-    return [Endpoint(s.instance, s.url, api_key, s.max_running_requests) for s in statuses if s.ready]
+def endpoints_of(statuses: Sequence[InstanceStatus], api_key: str | None) -> list[Link]:
+    """The ready instances (healthy, no drift) as links."""
+    return [
+        Link(s.instance, s.url, api_key, s.max_running_requests)
+        for s in statuses
+        if s.readiness is Readiness.READY
+    ]
 
 
 @contextlib.asynccontextmanager
 async def ready_endpoints(
     fleet_path: Path, *, only: Sequence[str] | None = None
-) -> AsyncIterator[list[Endpoint]]:
+) -> AsyncIterator[list[Link]]:
     """The fleet's ready endpoints, their tunnels open until the block exits (the SSH connections close
     with it); raises FleetDown when none is ready."""
     async with open_view(fleet_path, only=only) as view:
         statuses = await view.refresh(rate_window_s=0)
         endpoints = endpoints_of(statuses, view.secret)
         if not endpoints:
-            detail = "\n".join(f"{s.instance}: {s.problem or 'not ready'}" for s in statuses)
+            detail = "\n".join(f"{s.instance} ({s.readiness.value}): {s.problem}" for s in statuses)
             raise FleetDown(
                 "no instance of the fleet is ready",
                 context={"instances": detail},
                 fix="run `fleetgen up` (then `fleetgen status` to see each instance)",
             )
         yield endpoints
-
-
-NOT_RUNNING = "not running"  # FleetView's problem for an instance whose process is gone
 
 
 class FleetLinks:
@@ -79,11 +79,11 @@ class FleetLinks:
         """The deployed instances, in name order."""
         return sorted(self._hosts)
 
-    async def read_all(self) -> list[Endpoint]:
+    async def read_all(self) -> list[Link]:
         """Every deployed instance as it is now (an unreachable host is not retried here)."""
         return list(await asyncio.gather(*(self._read(name) for name in self.names)))
 
-    async def check(self, name: str) -> Endpoint:
+    async def check(self, name: str) -> Link:
         """One instance as it is now: its host reconnected if it was unreachable (SSH connections that
         dropped reconnect, and re-open their tunnels, on the read itself)."""
         if name not in self._views:
@@ -99,16 +99,14 @@ class FleetLinks:
                 one.watched.append(watched)
                 self._views[name] = one
 
-    async def _read(self, name: str) -> Endpoint:
+    async def _read(self, name: str) -> Link:
         one = self._views.get(name)
         if one is None:
             problem = self._failed.get(name) or "its host is unreachable"
-            return Endpoint(name, "", self.secret, None, is_ready=False, problem=problem)
-        [status] = await one.refresh(rate_window_s=0)
-        url = status.url or await _tunnel(one, status.port)
-        problem = "" if status.ready else status.problem or "not ready"
-        return Endpoint(name, url, self.secret, status.max_running_requests, is_ready=status.ready,
-                        is_dead=status.problem == NOT_RUNNING, problem=problem)  # fmt: skip
+            return Link(name, "", self.secret, None, Readiness.WAITING, problem)
+        [s] = await one.refresh(rate_window_s=0)
+        url = s.url or await _tunnel(one, s.port)
+        return Link(name, url, self.secret, s.max_running_requests, s.readiness, s.problem)
 
     async def _reconnect(self, host: str) -> None:
         async with self._lock:  # one attempt per host at a time; the others then see its outcome

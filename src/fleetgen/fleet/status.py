@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -30,6 +31,18 @@ from fleetgen.errors import FleetgenError
 from fleetgen.fleet.metrics import Load, Scrape, load_from, max_running_from_capacity, max_running_from_info
 
 
+class Readiness(enum.Enum):
+    """Whether an instance (an endpoint of a job) takes work; the why travels beside it as a problem text.
+
+    The one readiness of the tree: `status` reads it, `pool` passes it, a job's dispatcher and live view and
+    the dashboard show it. The values are the words `run`'s live view and the dashboard print.
+    """
+
+    READY = "ready"  # runs as the fleet file says and answers: takes work
+    WAITING = "waiting"  # not yet: loading, /health failing, host unreachable, drift, a stranger on its port
+    DOWN = "down"  # its process is gone (in a job: or it failed requests and was drained); a restart may help
+
+
 @dataclass
 class InstanceStatus:
     """One instance as its host and engine report it now. `to_json` gives the `status --json` keys."""
@@ -40,7 +53,7 @@ class InstanceStatus:
     port: int
     pid: int | None = None
     url: str = ""
-    ready: bool = False
+    readiness: Readiness = Readiness.WAITING
     drift: list[str] = field(default_factory=list)
     uptime_s: float | None = None
     running: int | None = None
@@ -52,8 +65,10 @@ class InstanceStatus:
     problem: str = ""
 
     def to_json(self) -> dict[str, Any]:
+        """`ready` (true only when READY) where `readiness` stands; every other field as it is."""
+        fields = {"ready" if k == "readiness" else k: v for k, v in asdict(self).items()}
         uptime_s = None if self.uptime_s is None else round(self.uptime_s, 1)
-        return {**asdict(self), "uptime_s": uptime_s}
+        return {**fields, "ready": self.readiness is Readiness.READY, "uptime_s": uptime_s}
 
 
 @dataclass
@@ -84,7 +99,7 @@ class FleetView:
         try:
             await self._read(w, st, rate_window_s)
         except FleetgenError as exc:
-            st.problem, st.ready = exc.message, False
+            st.readiness, st.problem = Readiness.WAITING, exc.message
         st.log_path = st.log_path or w.target.spec.paths.current_log
         return st
 
@@ -92,7 +107,7 @@ class FleetView:
         records = load_state(self.fleet.path)
         running, _ = await find_running(w.hs, w.target, records.get(st.instance))
         if running is None:
-            st.problem = "not running"
+            st.readiness, st.problem = Readiness.DOWN, "not running"
             return
         st.pid, st.uptime_s = running.pid, w.hs.facts.uptime_of(running.start_time)
         rec = records.get(st.instance)
@@ -119,9 +134,10 @@ class FleetView:
             or max_running_from_capacity(capacity, flag_value(w.target.spec.args, ("max-num-seqs",)))
             or _int(flag_value(w.target.spec.args, ("max-num-seqs",)))
         )
-        st.ready = not st.drift
         if st.drift:
             st.problem = "drift: the running process differs from the fleet file"
+        else:
+            st.readiness = Readiness.READY
 
     async def _load(
         self, w: _Watched, client: EngineClient, info: Any, rate_window_s: float

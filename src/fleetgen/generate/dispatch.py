@@ -25,8 +25,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from fleetgen.errors import FleetDown, FleetgenError
+from fleetgen.fleet.status import Readiness
 from fleetgen.generate.client import RequestFailed
-from fleetgen.generate.health import Endpoint, EndpointState, OnDead, RetryPolicy, Watch
+from fleetgen.generate.health import Endpoint, OnDead, RetryPolicy, Watch
 from fleetgen.generate.rejects import Streak
 from fleetgen.generate.work import Work
 
@@ -34,7 +35,7 @@ OnSuccess = Callable[[str, Work, float, float], None]  # endpoint, work, started
 OnError = Callable[[str, Work, RequestFailed], None]  # endpoint, work, the final failure
 BodyFor = Callable[[Work], dict[str, Any]]
 
-__all__ = ["Dispatcher", "Endpoint", "EndpointState", "OnDead", "RetryPolicy", "Watch"]
+__all__ = ["Dispatcher", "Endpoint", "OnDead", "RetryPolicy", "Watch"]
 
 
 class Dispatcher:
@@ -85,7 +86,7 @@ class Dispatcher:
     @property
     def wait_left_s(self) -> float | None:
         """With no endpoint ready: the seconds left before the job stops with FleetDown; None while one is."""
-        if self._down_since is None or any(e.state is EndpointState.READY for e in self.endpoints):
+        if self._down_since is None or any(e.readiness is Readiness.READY for e in self.endpoints):
             return None
         return max(0.0, self.policy.dead_timeout_s - (time.monotonic() - self._down_since))
 
@@ -146,7 +147,7 @@ class Dispatcher:
         best: Endpoint | None = None
         for endpoint in self.endpoints:
             if (
-                endpoint.state is EndpointState.READY
+                endpoint.readiness is Readiness.READY
                 and endpoint.in_flight < endpoint.cap
                 and (best is None or endpoint.in_flight < best.in_flight)
             ):
@@ -154,7 +155,7 @@ class Dispatcher:
         return best
 
     async def _wait_for_endpoint(self) -> None:
-        if any(e.state is EndpointState.READY for e in self.endpoints):
+        if any(e.readiness is Readiness.READY for e in self.endpoints):
             self._down_since = None
             await self._changed.wait()
             return
@@ -265,7 +266,7 @@ class Dispatcher:
         self._changed.set()
 
     def _mark_down(self, endpoint: Endpoint) -> None:
-        if endpoint.state is not EndpointState.READY:
+        if endpoint.readiness is not Readiness.READY:
             return
         current = asyncio.current_task()
         for task in list(endpoint.tasks):
@@ -276,7 +277,7 @@ class Dispatcher:
 
     def _fleet_down(self, why: str) -> FleetDown:
         states = "\n".join(
-            f"{e.name} ({e.state.value}): {e.last_error or 'no error'}" for e in self.endpoints
+            f"{e.name} ({e.readiness.value}): {e.last_error or 'no error'}" for e in self.endpoints
         )
         return FleetDown(
             f"stopping the job: {why}; the servers look gone",

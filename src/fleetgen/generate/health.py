@@ -1,10 +1,11 @@
 """Which servers of a job may take work, and bringing the others (back) in.
 
-An endpoint is READY (takes work), WAITING (not ready since the job started: still loading, its host
-unreachable, drifted from the fleet file — it joins once healthy) or DOWN (its process is gone, or it failed
-requests and was drained). A `Watch` probes every endpoint that is not READY — first asking the fleet
-(`admit`, with a fleet file: does the instance run as the fleet file says and answer; where is its tunnel
-now), then GET /health — at a growing interval, and marks it READY once it answers. With `--restart-dead`
+An endpoint's `readiness` (the fleet's one `Readiness`) is READY (takes work), WAITING (not ready since the
+job started: still loading, its host unreachable, drifted from the fleet file — it joins once healthy) or
+DOWN (its process is gone, or it failed requests and was drained). A `Watch` probes every endpoint that is
+not READY — first asking the fleet (`admit`, with a fleet file: the instance's readiness as its host reports
+it now, and where its tunnel is), then GET /health — at a growing interval, and marks it READY once it
+answers. With `--restart-dead`
 (`on_dead`), a DOWN endpoint is restarted through the deploy layer in the background, so the other
 endpoints keep taking work meanwhile.
 """
@@ -13,32 +14,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 from fleetgen.errors import EndpointError, FleetDown, FleetgenError
+from fleetgen.fleet.status import Readiness
 from fleetgen.generate.client import ChatClient
 
-
-class EndpointState(enum.Enum):
-    READY = "ready"
-    WAITING = "waiting"
-    DOWN = "down"
-
-
-class Health(enum.Enum):
-    """What the fleet says of an endpoint that is not READY (the `admit` hook's answer)."""
-
-    UP = "up"  # runs as wanted and answers: use it once /health says 200
-    STARTING = "starting"  # not yet (loading, host unreachable, drift): keep probing
-    DEAD = "dead"  # its process is gone: `--restart-dead` may start it
-
-
 OnDead = Callable[[str], Awaitable[None]]  # endpoint name → restart it (deploy layer)
-Admit = Callable[["Endpoint"], Awaitable[Health]]  # refresh the endpoint from the fleet; may it be used?
+# Refresh the endpoint from the fleet: its readiness as the fleet reads it now (READY: use it once /health
+# says 200; WAITING: keep probing; DOWN: its process is gone, `--restart-dead` may start it).
+Admit = Callable[["Endpoint"], Awaitable[Readiness]]
 
 
 @dataclass(eq=False)
@@ -48,7 +36,7 @@ class Endpoint:
     name: str
     client: ChatClient
     cap: int
-    state: EndpointState = EndpointState.READY
+    readiness: Readiness = Readiness.READY
     in_flight: int = 0
     num_failures_in_row: int = 0
     completions: int = 0
@@ -83,8 +71,14 @@ class Watch:
     """Probes (and with `on_dead` restarts) the endpoints that are not READY; `on_ready` fires when one
     becomes READY. Background tasks end with `close()`."""
 
-    def __init__(self, endpoints: list[Endpoint], policy: RetryPolicy, *, on_dead: OnDead | None = None,
-                 admit: Admit | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        endpoints: list[Endpoint],
+        policy: RetryPolicy,
+        *,
+        on_dead: OnDead | None = None,
+        admit: Admit | None = None,
+    ) -> None:
         self.endpoints = endpoints
         self.policy = policy
         self.on_ready: Callable[[], None] | None = None
@@ -103,13 +97,13 @@ class Watch:
             return
         self._started = True
         for endpoint in self.endpoints:
-            if endpoint.state is not EndpointState.READY:
+            if endpoint.readiness is not Readiness.READY:
                 self._watch(endpoint)
         self._spawn(self._guard_hung())
 
     def lost(self, endpoint: Endpoint, reason: str = "") -> None:
         """The endpoint failed (connection, repeated errors): DOWN, probed, restarted with `on_dead`."""
-        endpoint.state = EndpointState.DOWN
+        endpoint.readiness = Readiness.DOWN
         if reason:
             endpoint.last_error = reason
         self._watch(endpoint)
@@ -118,7 +112,7 @@ class Watch:
         """Whether an endpoint is READY, waiting for one up to `timeout_s`."""
         self.start()
         deadline = time.monotonic() + timeout_s
-        while not any(e.state is EndpointState.READY for e in self.endpoints):
+        while not any(e.readiness is Readiness.READY for e in self.endpoints):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
@@ -137,7 +131,7 @@ class Watch:
         if endpoint not in self._probing:
             self._probing.add(endpoint)
             self._spawn(self._probe(endpoint))
-        if endpoint.state is EndpointState.DOWN:
+        if endpoint.readiness is Readiness.DOWN:
             self._restart_soon(endpoint)
 
     async def _guard_hung(self) -> None:
@@ -149,11 +143,11 @@ class Watch:
             await asyncio.sleep(min(limit / 4, 10.0))
             now = time.monotonic()
             for e in self.endpoints:
-                if e.state is not EndpointState.READY or not e.in_flight or now - e.answered_at < limit:
+                if e.readiness is not Readiness.READY or not e.in_flight or now - e.answered_at < limit:
                     continue
                 if await e.client.is_healthy(min(self.policy.health_timeout_s, limit)):
                     e.answered_at = now  # slow (long generations), not hung: look again after `limit`
-                elif e.state is EndpointState.READY and e.in_flight and self.on_hung is not None:
+                elif e.readiness is Readiness.READY and e.in_flight and self.on_hung is not None:
                     silent = time.monotonic() - e.answered_at
                     self.on_hung(e, f"no answer for {silent:.0f} s with {e.in_flight} requests in flight and "
                                  "/health failing: the engine looks hung (its log says why)")  # fmt: skip
@@ -166,7 +160,7 @@ class Watch:
     async def _probe(self, endpoint: Endpoint) -> None:
         interval = self.policy.probe_interval_s
         try:
-            while endpoint.state is not EndpointState.READY:
+            while endpoint.readiness is not Readiness.READY:
                 await asyncio.sleep(interval)
                 if await self._is_back(endpoint):
                     self._mark_ready(endpoint)
@@ -180,7 +174,7 @@ class Watch:
         check it at once (the probe's own interval may have grown long while it was dead)."""
         try:
             for attempt in range(self.policy.restart_attempts):
-                if endpoint.state is EndpointState.READY:
+                if endpoint.readiness is Readiness.READY:
                     return
                 if attempt:
                     await asyncio.sleep(self.policy.probe_interval_max_s)
@@ -197,23 +191,23 @@ class Watch:
             self._restarting.discard(endpoint)
 
     async def _is_back(self, endpoint: Endpoint) -> bool:
-        health = Health.UP
+        fleet_says = Readiness.READY
         if self._admit is not None:
             try:
-                health = await self._admit(endpoint)
+                fleet_says = await self._admit(endpoint)
             except FleetgenError as exc:  # e.g. the host is unreachable: not back yet, and why
-                endpoint.last_error, health = exc.message, Health.STARTING
-        if health is Health.DEAD and endpoint.state is EndpointState.WAITING:
-            endpoint.state = EndpointState.DOWN  # it was starting and died: a restart may bring it back
+                endpoint.last_error, fleet_says = exc.message, Readiness.WAITING
+        if fleet_says is Readiness.DOWN and endpoint.readiness is Readiness.WAITING:
+            endpoint.readiness = Readiness.DOWN  # it was starting and died: a restart may bring it back
             self._restart_soon(endpoint)
         return (
-            health is Health.UP
-            and endpoint.state is not EndpointState.READY
+            fleet_says is Readiness.READY
+            and endpoint.readiness is not Readiness.READY
             and await endpoint.client.is_healthy()
         )
 
     def _mark_ready(self, endpoint: Endpoint) -> None:
-        endpoint.state = EndpointState.READY
+        endpoint.readiness = Readiness.READY
         endpoint.num_failures_in_row = 0
         self._ready.set()
         if self.on_ready is not None:
@@ -245,7 +239,7 @@ async def served_models(
     models: dict[str, str] = {}
     while not models:
         for endpoint in endpoints:
-            if endpoint.state is EndpointState.READY and endpoint.name not in models:
+            if endpoint.readiness is Readiness.READY and endpoint.name not in models:
                 try:
                     models[endpoint.name] = (await endpoint.client.server_info()).model
                 except EndpointError as exc:
@@ -267,7 +261,7 @@ def none_ready(endpoints: list[Endpoint], wait_s: float) -> FleetDown:
         f"{what}: nothing to generate with",
         context={
             "servers": "\n".join(
-                f"{e.name} ({e.state.value}): {e.last_error or 'not ready'}" for e in endpoints
+                f"{e.name} ({e.readiness.value}): {e.last_error or 'not ready'}" for e in endpoints
             )
         },
         fix="see why with `fleetgen status -f FLEET` (and `fleetgen logs INSTANCE --fleet FLEET`), bring "

@@ -150,7 +150,7 @@ def snapshot(
         truncated=counters.truncated_before * is_normal + counters.truncated, bad_inputs=counters.bad,
         in_flight=dispatcher.num_in_flight, retrying=dispatcher.num_retrying,
         elapsed_s=time.monotonic() - started, stopping=stopping,
-        endpoints=[EndpointProgress(e.name, e.state.value, e.in_flight, e.cap, e.completions,
+        endpoints=[EndpointProgress(e.name, e.readiness, e.in_flight, e.cap, e.completions,
                                     endpoint_rates.get(e.name, 0.0), e.last_error)
                    for e in dispatcher.endpoints],
     )  # fmt: skip

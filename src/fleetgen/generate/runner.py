@@ -26,11 +26,12 @@ from typing import Any
 import orjson
 
 from fleetgen.errors import JobError, ParamsMismatch
-from fleetgen.fleet import pool
+from fleetgen.fleet.pool import Link
+from fleetgen.fleet.status import Readiness
 from fleetgen.generate import jobmeta, rows
 from fleetgen.generate.client import ChatClient
-from fleetgen.generate.dispatch import Dispatcher, Endpoint, EndpointState, OnDead, RetryPolicy
-from fleetgen.generate.health import Health, Watch, served_models
+from fleetgen.generate.dispatch import Dispatcher, Endpoint, OnDead, RetryPolicy
+from fleetgen.generate.health import Watch, served_models
 from fleetgen.generate.intake import Intake
 from fleetgen.generate.jobmeta import JobMeta
 from fleetgen.generate.progress import Counters, PositionTracker, Progress, RateMeter, Summary, waiting
@@ -67,12 +68,11 @@ class JobOptions:
     describe: Mapping[str, Any] = field(default_factory=dict)  # meta: what generates the data (fleetlink)
     engine_kind: str | None = None  # whose /metrics names to read; None: try every engine's
     metrics_interval_s: float = 3.0
-    # With a fleet file: the instances not ready at the start (name → why); they start drained and join once
-    # `check` (re-reading one instance from its host) says they are ready. `dead` ones have no process:
-    # `on_dead` restarts them. No instance ready: wait up to `wait_ready_s` for one, then FleetDown.
-    not_ready: Mapping[str, str] = field(default_factory=dict)
-    dead: frozenset[str] = frozenset()
-    check: Callable[[str], Awaitable[pool.Endpoint]] | None = None
+    # With a fleet file: the instances not ready at the start (name → readiness, why); they start drained
+    # and join once `check` (re-reading one instance from its host) says they are ready. DOWN ones have no
+    # process: `on_dead` restarts them. No instance ready: wait up to `wait_ready_s` for one, then FleetDown.
+    not_ready: Mapping[str, tuple[Readiness, str]] = field(default_factory=dict)
+    check: Callable[[str], Awaitable[Link]] | None = None
     wait_ready_s: float = 0.0
 
 
@@ -118,12 +118,10 @@ class Job:
             store.close()
 
     async def _endpoint(self, name: str, url: str) -> Endpoint:
-        endpoint = Endpoint(name, await self._client(url), self.options.concurrency)
-        why = self.options.not_ready.get(name)
-        if why is not None:  # drained from the start: the Watch brings it in once ready
-            endpoint.state = EndpointState.DOWN if name in self.options.dead else EndpointState.WAITING
-            endpoint.last_error = why
-        return endpoint
+        """An endpoint as the fleet read it at the start; one not READY waits for the Watch to admit it."""
+        readiness, why = self.options.not_ready.get(name, (Readiness.READY, ""))
+        client = await self._client(url)
+        return Endpoint(name, client, self.options.concurrency, readiness, last_error=why)
 
     async def _client(self, url: str) -> ChatClient:
         """A client for one endpoint, closed with the job."""
@@ -133,16 +131,15 @@ class Job:
                             api_key=opts.api_key)  # fmt: skip
         return await self._stack.enter_async_context(client)
 
-    async def _admit(self, endpoint: Endpoint) -> Health:
+    async def _admit(self, endpoint: Endpoint) -> Readiness:
         """Re-read the endpoint's instance from its host: may it take work? Its reason goes to the view."""
         assert self.options.check is not None
         link = await self.options.check(endpoint.name)
         if link.url and link.url.rstrip("/") != endpoint.client.base_url:
             endpoint.client = await self._client(link.url)  # its host was unreachable when the job started
-        if link.is_ready:
-            return Health.UP
-        endpoint.last_error = link.problem
-        return Health.DEAD if link.is_dead else Health.STARTING
+        if link.readiness is not Readiness.READY:
+            endpoint.last_error = link.problem
+        return link.readiness
 
     async def _run(self, store: Store, endpoints: list[Endpoint], watch: Watch,
                    on_progress: Callable[[Progress], None] | None) -> Summary:  # fmt: skip
