@@ -33,11 +33,8 @@ class Link:
 
 def endpoints_of(statuses: Sequence[InstanceStatus], api_key: str | None) -> list[Link]:
     """The ready instances (healthy, no drift) as links."""
-    return [
-        Link(s.instance, s.url, api_key, s.max_running_requests)
-        for s in statuses
-        if s.readiness is Readiness.READY
-    ]
+    ready = [s for s in statuses if s.readiness is Readiness.READY]
+    return [Link(s.instance, s.url, api_key, s.max_running_requests) for s in ready]
 
 
 @contextlib.asynccontextmanager

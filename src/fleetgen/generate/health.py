@@ -5,9 +5,8 @@ job started: still loading, its host unreachable, drifted from the fleet file �
 DOWN (its process is gone, or it failed requests and was drained). A `Watch` probes every endpoint that is
 not READY — first asking the fleet (`admit`, with a fleet file: the instance's readiness as its host reports
 it now, and where its tunnel is), then GET /health — at a growing interval, and marks it READY once it
-answers. With `--restart-dead`
-(`on_dead`), a DOWN endpoint is restarted through the deploy layer in the background, so the other
-endpoints keep taking work meanwhile.
+answers. With `--restart-dead` (`on_dead`), a DOWN endpoint is restarted through the deploy layer in the
+background, so the other endpoints keep taking work meanwhile.
 """
 
 from __future__ import annotations
