@@ -32,8 +32,18 @@ from fleetgen.generate.source import RecordShape, content_hash, content_id
 from fleetgen.generate.store import Store
 from fleetgen.generate.work import SamplingParams, key_hash
 
-PARAMS = SamplingParams(model="m", max_tokens=16, temperature=0.0, top_p=1.0, top_k=None, seed=None,
-                        samples=1, thinking=True, system_prompt=None, extra_body={})  # fmt: skip
+PARAMS = SamplingParams(
+    model="m",
+    max_tokens=16,
+    temperature=0.0,
+    top_p=1.0,
+    top_k=None,
+    seed=None,
+    samples=1,
+    thinking=True,
+    system_prompt=None,
+    extra_body={},
+)
 
 
 def record(i: int, with_id: bool, prompt_bytes: int) -> dict[str, Any]:
@@ -130,8 +140,17 @@ async def first_request_s(prompts: Path, out: Path) -> float:
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
         endpoints = [("s0", f"http://127.0.0.1:{port}")]
-        job = Job(JobOptions(input_path=prompts, out_dir=out, endpoints=endpoints, params=PARAMS,
-                             shape=RecordShape(), concurrency=1, policy=RetryPolicy()))  # fmt: skip
+        job = Job(
+            JobOptions(
+                input_path=prompts,
+                out_dir=out,
+                endpoints=endpoints,
+                params=PARAMS,
+                shape=RecordShape(),
+                concurrency=1,
+                policy=RetryPolicy(),
+            )
+        )
         started = time.monotonic()
         await job.run()
         return float(await first) - started

@@ -90,9 +90,20 @@ async def test_compare_spec_deploys_off_then_on_and_reports_a_speedup_per_level(
     workdir = ssh_hosts[0].workdir / tmp_path.name
     try:
         done = await cli(
-            "bench", "-f", str(fleet), "--compare-spec", "--concurrency", "1,4", "--output-len", "64",
-            "--input-len", "32", "--rounds", "1", "--json",
-        )  # fmt: skip
+            "bench",
+            "-f",
+            str(fleet),
+            "--compare-spec",
+            "--concurrency",
+            "1,4",
+            "--output-len",
+            "64",
+            "--input-len",
+            "32",
+            "--rounds",
+            "1",
+            "--json",
+        )
         assert done.returncode == 0, done.stderr
         doc = json.loads(done.stdout)
 
@@ -152,9 +163,19 @@ async def test_a_failure_in_the_off_phase_says_the_fleet_runs_spec_off_and_how_t
     fleet = fleet_file(tmp_path, ssh_hosts[:1], **{"sim-crash-after": 4})
     try:
         done = await cli(
-            "bench", "-f", str(fleet), "--compare-spec", "--concurrency", "1,4", "--output-len", "16",
-            "--input-len", "16", "--rounds", "1",
-        )  # fmt: skip
+            "bench",
+            "-f",
+            str(fleet),
+            "--compare-spec",
+            "--concurrency",
+            "1,4",
+            "--output-len",
+            "16",
+            "--input-len",
+            "16",
+            "--rounds",
+            "1",
+        )
         assert done.returncode != 0
         assert "WITHOUT speculative decoding" in done.stderr, done.stderr
         assert f"fleetgen up -f {fleet}" in " ".join(done.stderr.split()), done.stderr

@@ -60,8 +60,9 @@ def test_an_unwritable_output_folder_is_a_clean_error_too(tmp_path: Path) -> Non
     prompts.write_text('{"id": "a", "prompt": "hi"}\n')
     blocker = tmp_path / "file"
     blocker.write_text("")
-    done = fleetgen("run", str(prompts), "-o", str(blocker / "out"), "--endpoint", "http://127.0.0.1:9",
-                    columns="20")  # fmt: skip
+    done = fleetgen(
+        "run", str(prompts), "-o", str(blocker / "out"), "--endpoint", "http://127.0.0.1:9", columns="20"
+    )
     assert done.returncode != 0
     assert_clean(done)
     assert str(blocker / "out") in done.stderr.splitlines()[0]

@@ -43,10 +43,15 @@ async def fleetgen(*argv: str, log: Path) -> AsyncIterator[asyncio.subprocess.Pr
     """Run `fleetgen ARGV` (its own process group) for the block; SIGTERM then SIGKILL it after."""
     with log.open("wb") as out:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", "from fleetgen.cli import main; main()", *argv,
-            stdout=out, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
+            sys.executable,
+            "-c",
+            "from fleetgen.cli import main; main()",
+            *argv,
+            stdout=out,
+            stderr=asyncio.subprocess.STDOUT,
+            stdin=asyncio.subprocess.DEVNULL,
             start_new_session=True,
-        )  # fmt: skip
+        )
     try:
         yield proc
     finally:
@@ -115,18 +120,27 @@ async def test_dashboard_follows_a_running_job_and_flags_a_killed_instance(
     sim_server: Any, tmp_path: Path
 ) -> None:
     need_chromium()
-    sim_flags = dict(enable_metrics=True, speculative_algorithm="NGRAM", speculative_num_draft_tokens=4,
-                     sim_decode_tps=60, sim_output_tokens=120)  # fmt: skip
+    sim_flags = dict(
+        enable_metrics=True,
+        speculative_algorithm="NGRAM",
+        speculative_num_draft_tokens=4,
+        sim_decode_tps=60,
+        sim_output_tokens=120,
+    )
     out, port = tmp_path / "out", free_port()
     logs = [tmp_path / "run.log", tmp_path / "dashboard.log"]
     async with contextlib.AsyncExitStack() as stack:
         sims = [await stack.enter_async_context(sim_server(**sim_flags)) for _ in range(NUM_INSTANCES)]
         endpoints = [arg for s in sims for arg in ("--endpoint", s.base_url)]
         inputs = write_input(tmp_path / "in.jsonl", 5000)
-        await stack.enter_async_context(fleetgen("run", str(inputs), "-o", str(out), *endpoints,
-                                                 "--concurrency", "4", "--no-live", log=logs[0]))  # fmt: skip
-        await stack.enter_async_context(fleetgen("dashboard", "-o", str(out), *endpoints, "--port", str(port),
-                                                 log=logs[1]))  # fmt: skip
+        await stack.enter_async_context(
+            fleetgen(
+                "run", str(inputs), "-o", str(out), *endpoints, "--concurrency", "4", "--no-live", log=logs[0]
+            )
+        )
+        await stack.enter_async_context(
+            fleetgen("dashboard", "-o", str(out), *endpoints, "--port", str(port), log=logs[1])
+        )
         url = f"http://127.0.0.1:{port}/"
         http = await stack.enter_async_context(aiohttp.ClientSession())
 

@@ -59,9 +59,17 @@ def sim_fleet(
     [engine] (e.g. bind and api_key_env)."""
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)
-    fleet = write_fleet(tmp_path / "fleet.toml", hosts, kind="sglang", python=sys.executable,
-                        model=str(model), workdir_tag=tmp_path.name, launcher=["-m", "fleetgen.sim"],
-                        ready_timeout_s=ready_timeout_s, args=SIM_ARGS)  # fmt: skip
+    fleet = write_fleet(
+        tmp_path / "fleet.toml",
+        hosts,
+        kind="sglang",
+        python=sys.executable,
+        model=str(model),
+        workdir_tag=tmp_path.name,
+        launcher=["-m", "fleetgen.sim"],
+        ready_timeout_s=ready_timeout_s,
+        args=SIM_ARGS,
+    )
     fleet.write_text(fleet.read_text().replace("[engine.args]", engine_lines + "\n[engine.args]", 1))
     return fleet
 
@@ -209,11 +217,13 @@ async def test_loopback_bind_on_an_ssh_host_is_refused_before_anything_starts(
 async def run_a_small_job(fleet: Path, tmp_path: Path) -> None:
     """`fleetgen run -f`: every record once, written by both instances (each only reachable by SSH)."""
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_bytes(b"".join(orjson.dumps({"id": f"r{i}", "prompt": f"question {i}"}) + b"\n"
-                                 for i in range(24)))  # fmt: skip
+    prompts.write_bytes(
+        b"".join(orjson.dumps({"id": f"r{i}", "prompt": f"question {i}"}) + b"\n" for i in range(24))
+    )
     out = tmp_path / "out"
-    code, stdout, err = await cli("run", str(prompts), "-o", str(out), "-f", str(fleet), "--max-tokens", "16",
-                                  "--no-live", "--json")  # fmt: skip
+    code, stdout, err = await cli(
+        "run", str(prompts), "-o", str(out), "-f", str(fleet), "--max-tokens", "16", "--no-live", "--json"
+    )
     assert code == 0, err
     summary = json.loads(stdout)
     assert summary["status"] == "complete" and summary["results"] == 24 and summary["errors"] == 0, summary

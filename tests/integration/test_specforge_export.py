@@ -52,18 +52,38 @@ def human(text: str) -> dict[str, str]:
 NAMED_SHAPES: list[dict[str, Any]] = [
     {"id": "plain", "prompt": "What is 2+2?"},
     {"id": "system", "messages": [turn("system", "Be brief."), turn("user", "Hi")]},
-    {"id": "history", "conversations": [turn("system", "sys", sharegpt=True), human("u1"), gpt("a1"),
-                                        human("u2"), gpt("a2")]},
+    {
+        "id": "history",
+        "conversations": [
+            turn("system", "sys", sharegpt=True),
+            human("u1"),
+            gpt("a1"),
+            human("u2"),
+            gpt("a2"),
+        ],
+    },
     {"id": "two-users", "conversations": [human("first"), human("second"), gpt("x"), human("third")]},
     {"id": "leading-assistant", "messages": [turn("assistant", f"{OLD} Hi! Ask me."), turn("user", "Help")]},
-    {"id": "two-assistants", "messages": [turn("user", "q"), turn("assistant", f"{OLD} x"),
-                                          turn("assistant", f"{OLD} y"), turn("user", "q2")]},
-    {"id": "parts", "messages": [{"role": "user", "content": [{"type": "text", "text": "look"}]},
-                                 turn("user", "and this")]},
+    {
+        "id": "two-assistants",
+        "messages": [
+            turn("user", "q"),
+            turn("assistant", f"{OLD} x"),
+            turn("assistant", f"{OLD} y"),
+            turn("user", "q2"),
+        ],
+    },
+    {
+        "id": "parts",
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "look"}]},
+            turn("user", "and this"),
+        ],
+    },
     {"id": "truncated", "prompt": "long one [[sim:finish=length]]"},
     {"id": "truncated-in-reasoning", "prompt": "longer [[sim:finish=length:empty]]"},
     {"id": "leaked", "prompt": "leaky [[sim:leak]]"},
-]  # fmt: skip
+]
 
 ROLES = ["system", "user", "human", "assistant", "gpt"]
 TEXT = st.text(st.characters(blacklist_categories=["Cs"]), min_size=1, max_size=30).filter(str.strip)
@@ -129,8 +149,13 @@ async def export_and_read(tmp: Path, records: list[dict[str, Any]], specforge: t
 
 def read_with_specforge(path: Path, specforge: tuple[str, Path]) -> list[dict[str, Any]]:
     python, tokenizer = specforge
-    done = subprocess.run([python, str(CHECK), str(path), str(tokenizer), TEMPLATE], capture_output=True,
-                          text=True, timeout=600, check=False)  # fmt: skip
+    done = subprocess.run(
+        [python, str(CHECK), str(path), str(tokenizer), TEMPLATE],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return [json.loads(line) for line in done.stdout.splitlines()]
 
@@ -144,8 +169,12 @@ async def test_every_named_input_shape_exports_rows_specforge_reads(
     assert any("1 truncated rows written" in note for note in exported.notes)
 
 
-@settings(max_examples=3, deadline=None, phases=[Phase.explicit, Phase.generate],  # no shrink: ~20 s a try
-          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@settings(
+    max_examples=3,
+    deadline=None,
+    phases=[Phase.explicit, Phase.generate],  # no shrink: ~20 s a try
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(conversations=st.lists(CONVERSATION, min_size=30, max_size=30))
 async def test_any_accepted_conversation_exports_in_a_form_specforge_reads(
     tmp_path_factory: pytest.TempPathFactory, specforge: tuple[str, Path], conversations: list[Any]

@@ -76,10 +76,21 @@ def test_bad_metrics_text_is_an_endpoint_error() -> None:
 # The keys the deploy issue asks `status --json` to carry (tests/integration/test_deploy_vllm.py reuses them).
 STATUS_JSON_KEYS = frozenset(
     {
-        "instance", "host", "gpus", "pid", "port", "url", "ready", "drift", "uptime_s",
-        "running", "queued", "gen_tokens_per_s", "spec_accept_length",
+        "instance",
+        "host",
+        "gpus",
+        "pid",
+        "port",
+        "url",
+        "ready",
+        "drift",
+        "uptime_s",
+        "running",
+        "queued",
+        "gen_tokens_per_s",
+        "spec_accept_length",
     }
-)  # fmt: skip
+)
 
 
 def test_status_json_has_the_issue_keys() -> None:

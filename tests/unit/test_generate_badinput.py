@@ -42,8 +42,11 @@ def jsonl(records: list[Any]) -> bytes:
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(kind=st.sampled_from(sorted(COMPRESS)), name=st.sampled_from(["p.jsonl.{kind}", "p.jsonl", "p.txt"]),
-       num=st.integers(1, 30))  # fmt: skip
+@given(
+    kind=st.sampled_from(sorted(COMPRESS)),
+    name=st.sampled_from(["p.jsonl.{kind}", "p.jsonl", "p.txt"]),
+    num=st.integers(1, 30),
+)
 async def test_compressed_input_gives_the_rows_the_plain_file_gives(
     tmp_path_factory: pytest.TempPathFactory, kind: str, name: str, num: int
 ) -> None:
@@ -141,9 +144,13 @@ async def test_bad_records_among_good_ones_do_not_stop_the_job(tmp_path: Path) -
 
 async def cli(*args: str) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", "from fleetgen.cli import main; main()", *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        sys.executable,
+        "-c",
+        "from fleetgen.cli import main; main()",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await proc.communicate()
     return int(proc.returncode or 0), (out + err).decode()
 

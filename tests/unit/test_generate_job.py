@@ -19,20 +19,37 @@ from fleetgen.generate.runner import Job, JobOptions
 from fleetgen.generate.work import SamplingParams
 from tests.unit.test_generate_standin import StandIn, serve
 
-FAST = RetryPolicy(max_retries=3, backoff_base_s=0.01, backoff_max_s=0.05, probe_interval_s=0.05,
-                   dead_timeout_s=2.0, max_consecutive_failures=20)  # fmt: skip
+FAST = RetryPolicy(
+    max_retries=3,
+    backoff_base_s=0.01,
+    backoff_max_s=0.05,
+    probe_interval_s=0.05,
+    dead_timeout_s=2.0,
+    max_consecutive_failures=20,
+)
 
 
 def params(**over: Any) -> SamplingParams:
-    base: dict[str, Any] = dict(model=None, max_tokens=64, temperature=0.0, top_p=1.0, top_k=None, seed=None,
-                                samples=1, thinking=True, system_prompt=None, extra_body={})  # fmt: skip
+    base: dict[str, Any] = dict(
+        model=None,
+        max_tokens=64,
+        temperature=0.0,
+        top_p=1.0,
+        top_k=None,
+        seed=None,
+        samples=1,
+        thinking=True,
+        system_prompt=None,
+        extra_body={},
+    )
     base.update(over)
     return SamplingParams(**base)
 
 
 def write_jsonl(path: Path, lines: list[Any]) -> Path:
-    path.write_bytes(b"".join((line if isinstance(line, bytes) else orjson.dumps(line)) + b"\n"
-                              for line in lines))  # fmt: skip
+    path.write_bytes(
+        b"".join((line if isinstance(line, bytes) else orjson.dumps(line)) + b"\n" for line in lines)
+    )
     return path
 
 
@@ -114,12 +131,15 @@ async def test_resume_after_the_input_changed_redoes_only_missing_samples(tmp_pa
 
 
 async def test_retryable_statuses_are_retried_and_400_is_not(tmp_path: Path) -> None:
-    prompts = write_jsonl(tmp_path / "p.jsonl", [
-        {"id": "a", "prompt": "x [[sim:status=429:times=2]]"},
-        {"id": "b", "prompt": "y [[sim:status=503:times=2]]"},
-        {"id": "c", "prompt": "z [[sim:status=400]]"},
-        {"id": "d", "prompt": "fine"},
-    ])  # fmt: skip
+    prompts = write_jsonl(
+        tmp_path / "p.jsonl",
+        [
+            {"id": "a", "prompt": "x [[sim:status=429:times=2]]"},
+            {"id": "b", "prompt": "y [[sim:status=503:times=2]]"},
+            {"id": "c", "prompt": "z [[sim:status=400]]"},
+            {"id": "d", "prompt": "fine"},
+        ],
+    )
     async with serve(StandIn()) as a:
         summary = await Job(options(tmp_path, prompts, [a.url])).run()
         assert a.seen["z [[sim:status=400]]"] == 1  # not retried
@@ -186,8 +206,9 @@ async def test_changed_params_are_refused_unless_forced(tmp_path: Path) -> None:
         with pytest.raises(ParamsMismatch) as err:
             await Job(options(tmp_path, prompts, [a.url], params=params(temperature=0.7))).run()
         assert "temperature: 0.0 → 0.7" in str(err.value)
-        forced = await Job(options(tmp_path, prompts, [a.url], params=params(temperature=0.7),
-                                   force_params=True)).run()  # fmt: skip
+        forced = await Job(
+            options(tmp_path, prompts, [a.url], params=params(temperature=0.7), force_params=True)
+        ).run()
     assert forced.status == "complete"
 
 
@@ -207,9 +228,14 @@ async def test_a_folder_with_nothing_generated_takes_new_params(tmp_path: Path) 
 
 
 async def test_multi_turn_is_regenerated_on_the_models_own_history(tmp_path: Path) -> None:
-    conv = [{"from": "system", "value": "be brief"}, {"from": "human", "value": "u1"},
-            {"from": "gpt", "value": "OLD ANSWER"}, {"from": "human", "value": "u2"},
-            {"from": "gpt", "value": "OLD 2"}, {"from": "human", "value": "u3"}]  # fmt: skip
+    conv = [
+        {"from": "system", "value": "be brief"},
+        {"from": "human", "value": "u1"},
+        {"from": "gpt", "value": "OLD ANSWER"},
+        {"from": "human", "value": "u2"},
+        {"from": "gpt", "value": "OLD 2"},
+        {"from": "human", "value": "u3"},
+    ]
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "m", "conversations": conv}])
     async with serve(StandIn()) as a:
         await Job(options(tmp_path, prompts, [a.url])).run()
@@ -223,10 +249,17 @@ async def test_multi_turn_is_regenerated_on_the_models_own_history(tmp_path: Pat
 
 
 async def test_bad_input_lines_become_rows_and_the_run_goes_on(tmp_path: Path) -> None:
-    prompts = write_jsonl(tmp_path / "p.jsonl", [
-        {"id": "a", "prompt": "good"}, b"{not json", {"id": "b"}, {"id": "c", "messages": []},
-        {"id": "a", "prompt": "dup"}, {"id": "d", "messages": [{"role": "user", "content": "fine"}]},
-    ])  # fmt: skip
+    prompts = write_jsonl(
+        tmp_path / "p.jsonl",
+        [
+            {"id": "a", "prompt": "good"},
+            b"{not json",
+            {"id": "b"},
+            {"id": "c", "messages": []},
+            {"id": "a", "prompt": "dup"},
+            {"id": "d", "messages": [{"role": "user", "content": "fine"}]},
+        ],
+    )
     async with serve(StandIn()) as a:
         summary = await Job(options(tmp_path, prompts, [a.url])).run()
         again = await Job(options(tmp_path, prompts, [a.url])).run()
@@ -277,12 +310,15 @@ async def test_retry_errors_reruns_only_error_rows(tmp_path: Path) -> None:
 
 
 async def test_redo_truncated_reruns_only_truncated_rows(tmp_path: Path) -> None:
-    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "t", "prompt": "t [[sim:finish=length]]"},
-                                                 {"id": "ok", "prompt": "fine"}])  # fmt: skip
+    prompts = write_jsonl(
+        tmp_path / "p.jsonl",
+        [{"id": "t", "prompt": "t [[sim:finish=length]]"}, {"id": "ok", "prompt": "fine"}],
+    )
     async with serve(StandIn()) as a:
         await Job(options(tmp_path, prompts, [a.url])).run()
-        redo = await Job(options(tmp_path, prompts, [a.url], mode="redo_truncated",
-                                 params=params(max_tokens=512))).run()  # fmt: skip
+        redo = await Job(
+            options(tmp_path, prompts, [a.url], mode="redo_truncated", params=params(max_tokens=512))
+        ).run()
         assert a.seen["fine"] == 1 and a.seen["t [[sim:finish=length]]"] == 2
     assert redo.completions_this_run == 1
     assert a.bodies[-1]["max_tokens"] == 512

@@ -26,8 +26,15 @@ from fleetgen.generate.runner import Job
 from tests.unit.test_generate_job import options, rows, write_jsonl
 from tests.unit.test_generate_standin import StandIn, serve
 
-QUICK = RetryPolicy(max_retries=3, backoff_base_s=0.01, backoff_max_s=0.05, probe_interval_s=0.02,
-                    probe_interval_max_s=0.02, dead_timeout_s=5.0, max_consecutive_failures=20)  # fmt: skip
+QUICK = RetryPolicy(
+    max_retries=3,
+    backoff_base_s=0.01,
+    backoff_max_s=0.05,
+    probe_interval_s=0.02,
+    probe_interval_max_s=0.02,
+    dead_timeout_s=5.0,
+    max_consecutive_failures=20,
+)
 HANG_GUARD_S = 30.0  # only against a hung test; never asserted as a speed
 
 
@@ -87,8 +94,9 @@ async def test_no_server_ready_waits_then_fleet_down_names_each_problem() -> Non
         watch = Watch(endpoints, QUICK, admit=admit)
         try:
             with pytest.raises(FleetDown) as err:
-                await served_models(endpoints, watch, wait_s=0.3, tick_s=0.05, on_wait=waits.append,
-                                    is_stopped=lambda: False)  # fmt: skip
+                await served_models(
+                    endpoints, watch, wait_s=0.3, tick_s=0.05, on_wait=waits.append, is_stopped=lambda: False
+                )
         finally:
             await watch.close()
     assert waits and all(0 < w <= 0.3 for w in waits)
@@ -110,8 +118,16 @@ async def test_a_server_not_ready_at_the_start_joins_once_ready_through_its_new_
                 return Link(name, "", None, None, Readiness.WAITING, "cannot reach h1 over SSH")
             return Link(name, late.url, None, None)
 
-        job = Job(options(tmp_path, prompts, [a.url, ""], policy=QUICK, check=check,
-                          not_ready={"s1": (Readiness.WAITING, "cannot reach h1 over SSH")}))  # fmt: skip
+        job = Job(
+            options(
+                tmp_path,
+                prompts,
+                [a.url, ""],
+                policy=QUICK,
+                check=check,
+                not_ready={"s1": (Readiness.WAITING, "cannot reach h1 over SSH")},
+            )
+        )
         summary = await asyncio.wait_for(job.run(seen.append), HANG_GUARD_S)
     assert summary.status == "complete" and summary.results == 200
     got = rows(tmp_path / "out", "SELECT id, instance FROM results")
@@ -178,13 +194,18 @@ async def test_stop_while_waiting_for_a_first_server_ends_stopped(tmp_path: Path
 
 def test_the_live_view_shows_waiting_and_down_servers_with_why() -> None:
     client = ChatClient("http://127.0.0.1:9", max_connections=1, timeout_s=1)
-    endpoints = [Endpoint("h0-0", client, 8, Readiness.WAITING, last_error="loading [model] shards"),
-                 Endpoint("h0-1", client, 8, Readiness.DOWN, last_error="not running")]  # fmt: skip
+    endpoints = [
+        Endpoint("h0-0", client, 8, Readiness.WAITING, last_error="loading [model] shards"),
+        Endpoint("h0-1", client, 8, Readiness.DOWN, last_error="not running"),
+    ]
     console = Console(width=200, record=True)
     console.print(render(waiting(endpoints, 1.0, 42.0)))
     text = console.export_text()
     assert "no server is ready: waiting up to 42 s more for one, then the job stops" in " ".join(text.split())
-    cells = {row[0]: row for row in ([c.strip() for c in line.split("│")[1:]] for line in text.splitlines())
-             if row and row[0].startswith("h0-")}  # fmt: skip
+    cells = {
+        row[0]: row
+        for row in ([c.strip() for c in line.split("│")[1:]] for line in text.splitlines())
+        if row and row[0].startswith("h0-")
+    }
     assert cells["h0-0"][1] == "waiting" and cells["h0-0"][5] == "loading [model] shards"  # not markup
     assert cells["h0-1"][1] == "down" and cells["h0-1"][5] == "not running"

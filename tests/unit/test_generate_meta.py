@@ -66,17 +66,28 @@ def test_accept_length_sglang_gauge_and_vllm_counters_over_the_window() -> None:
 
 
 def test_fleet_meta_has_the_engine_section_but_never_env_values() -> None:
-    fleet = FleetFile.model_validate({
-        "engine": {"kind": "vllm", "version": "0.32.0", "model": "/m/tiny", "tp": 2,
-                   "args": {"max-num-seqs": 64, "enforce-eager": True}, "env": {"HF_TOKEN": "hf_secret123"}},
-        "hosts": [{"name": "g1", "ssh": "local", "gpus": [0, 1, 2, 3]}],
-    })  # fmt: skip
+    fleet = FleetFile.model_validate(
+        {
+            "engine": {
+                "kind": "vllm",
+                "version": "0.32.0",
+                "model": "/m/tiny",
+                "tp": 2,
+                "args": {"max-num-seqs": 64, "enforce-eager": True},
+                "env": {"HF_TOKEN": "hf_secret123"},
+            },
+            "hosts": [{"name": "g1", "ssh": "local", "gpus": [0, 1, 2, 3]}],
+        }
+    )
     meta = fleet_meta(fleet, Path("fleet.toml"), ["g1-1", "g1-0"])
     assert meta["engine_args"] == {"max-num-seqs": 64, "enforce-eager": True}
     described = meta["fleet"]
     assert (described["kind"], described["version"], described["model"], described["tp"]) == (
-        "vllm", "0.32.0", "/m/tiny", 2,
-    )  # fmt: skip
+        "vllm",
+        "0.32.0",
+        "/m/tiny",
+        2,
+    )
     assert described["instances"] == ["g1-0", "g1-1"] and described["env_names"] == ["HF_TOKEN"]
     assert "hf_secret123" not in orjson.dumps(meta).decode()
     assert endpoints_meta(["http://127.0.0.1:1"]) == {"fleet": {"endpoints": ["http://127.0.0.1:1"]}}
@@ -105,8 +116,14 @@ async def test_job_stores_total_finish_time_description_and_accept_length(tmp_pa
 
     server = StandIn(delay_s=0.02, metrics_text=SGLANG_METRICS)
     async with serve(server) as a:
-        opts = options(tmp_path, prompts, [a.url], params=params(samples=2), metrics_interval_s=0.05,
-                       describe=endpoints_meta([a.url]))  # fmt: skip
+        opts = options(
+            tmp_path,
+            prompts,
+            [a.url],
+            params=params(samples=2),
+            metrics_interval_s=0.05,
+            describe=endpoints_meta([a.url]),
+        )
         summary = await Job(opts).run(watch)
     assert summary.status == "complete" and summary.results == 60
     assert during and "finished_at" not in during[0]  # while running, the job is not finished
@@ -176,8 +193,14 @@ async def test_restart_hook_is_retried_until_the_dead_endpoint_is_back(tmp_path:
         await ctx.__aenter__()
         started.append(ctx)
 
-    policy = RetryPolicy(max_retries=3, backoff_base_s=0.01, backoff_max_s=0.05, probe_interval_s=0.05,
-                         probe_interval_max_s=0.05, dead_timeout_s=5.0)  # fmt: skip
+    policy = RetryPolicy(
+        max_retries=3,
+        backoff_base_s=0.01,
+        backoff_max_s=0.05,
+        probe_interval_s=0.05,
+        probe_interval_max_s=0.05,
+        dead_timeout_s=5.0,
+    )
     try:
         async with serve(StandIn(delay_s=0.05)) as alive:
             urls = [alive.url, f"http://127.0.0.1:{port}"]

@@ -98,11 +98,18 @@ def test_shapes_messages_conversations_prompt_and_problems(tmp_path: Path) -> No
     path = tmp_path / "in.jsonl"
     lines = [
         {"id": "m", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "old"}]},
-        {"id": "c", "conversations": [{"role": "user", "content": "u1"}, {"from": "gpt", "value": "x"},
-                                      {"role": "user", "content": "u2"}]},
-        {"id": "e", "messages": []}, {"id": "n"},
+        {
+            "id": "c",
+            "conversations": [
+                {"role": "user", "content": "u1"},
+                {"from": "gpt", "value": "x"},
+                {"role": "user", "content": "u2"},
+            ],
+        },
+        {"id": "e", "messages": []},
+        {"id": "n"},
         {"id": "s", "conversations": [{"from": "alien", "value": "x"}]},
-    ]  # fmt: skip
+    ]
     path.write_bytes(b"".join(orjson.dumps(line) + b"\n" for line in lines))
     m, c, e, n, s = records(path)
     assert isinstance(m, Record) and m.segments == [
@@ -127,9 +134,11 @@ def test_parquet_and_datasets_folder_stream_with_resume(tmp_path: Path) -> None:
 def test_multi_turn_history_uses_the_models_answers() -> None:
     work = Work("w", 0, "f", 1, [[{"role": "user", "content": "u1"}], [{"role": "user", "content": "u2"}]])
     work.done.append(Completion("a1", "r1", "stop", 1, 1))
-    assert work.messages_for_next_turn() == [{"role": "user", "content": "u1"},
-                                             {"role": "assistant", "content": "a1"},
-                                             {"role": "user", "content": "u2"}]  # fmt: skip
+    assert work.messages_for_next_turn() == [
+        {"role": "user", "content": "u1"},
+        {"role": "assistant", "content": "a1"},
+        {"role": "user", "content": "u2"},
+    ]
 
 
 def test_migrations_apply_once_and_upserts_are_idempotent(tmp_path: Path) -> None:

@@ -11,10 +11,16 @@ from fleetgen.generate.rejects import Streak, signature, suspects
 from fleetgen.generate.work import Work
 
 BODY = {
-    "model": "m", "max_tokens": 4096, "temperature": 0.6, "top_p": 0.95, "stream": False,
-    "separate_reasoning": True, "chat_template_kwargs": {"enable_thinking": True},
-    "logit_bias": {"42": 5}, "messages": [{"role": "user", "content": "hi"}],
-}  # fmt: skip
+    "model": "m",
+    "max_tokens": 4096,
+    "temperature": 0.6,
+    "top_p": 0.95,
+    "stream": False,
+    "separate_reasoning": True,
+    "chat_template_kwargs": {"enable_thinking": True},
+    "logit_bias": {"42": 5},
+    "messages": [{"role": "user", "content": "hi"}],
+}
 SGLANG_CONTEXT = (
     "Requested token count exceeds the model's maximum context length of {ctx} tokens. You requested a total "
     "of {total} tokens: {prompt} tokens from the input messages and {out} tokens for the completion. Please "
@@ -23,8 +29,9 @@ SGLANG_CONTEXT = (
 
 
 def refusal(message: str, status: int = 400) -> RequestFailed:
-    return RequestFailed(f"HTTP {status}: {message}", url="http://x/v1/chat/completions", status=status,
-                         is_retryable=False)  # fmt: skip
+    return RequestFailed(
+        f"HTTP {status}: {message}", url="http://x/v1/chat/completions", status=status, is_retryable=False
+    )
 
 
 @given(st.lists(st.tuples(*[st.integers(0, 10**7)] * 4), min_size=2, max_size=20))
@@ -41,8 +48,10 @@ def test_the_key_the_message_names_and_where_the_job_sets_it() -> None:
     vllm = "max_tokens=4096 cannot be greater than max_model_len=2048. Please request fewer output tokens."
     assert suspects(vllm, BODY)[0] == "`max_tokens` in the job file / --max-tokens"
     context = suspects(SGLANG_CONTEXT.format(ctx=4096, total=5000, prompt=904, out=4096), BODY)
-    assert context[:2] == ["`max_tokens` in the job file / --max-tokens",
-                           "the input records (`prompt_field`, `system_prompt` in the job file)"]  # fmt: skip
+    assert context[:2] == [
+        "`max_tokens` in the job file / --max-tokens",
+        "the input records (`prompt_field`, `system_prompt` in the job file)",
+    ]
     bias = "logit_bias is not supported with speculative decoding"
     assert suspects(bias, BODY) == ["`extra_body.logit_bias` in the job file"]
     assert suspects("enable_thinking must be a bool", BODY) == [

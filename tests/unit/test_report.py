@@ -12,8 +12,16 @@ from fleetgen.dashboard.model import Example, InstanceRow, JobView, Sample, eta_
 from fleetgen.fleet.status import Readiness
 
 REPORT_SECTIONS = (
-    "summary", "throughput", "accept", "lengths", "finish-reasons", "quality", "errors", "fleet", "flags",
-)  # fmt: skip
+    "summary",
+    "throughput",
+    "accept",
+    "lengths",
+    "finish-reasons",
+    "quality",
+    "errors",
+    "fleet",
+    "flags",
+)
 
 
 def linear_samples(
@@ -21,16 +29,22 @@ def linear_samples(
 ) -> list[Sample]:
     """Cumulative counters growing at a constant rate per instance, sampled every `step` seconds."""
     return [
-        Sample(ts=1000.0 + t * step + offset * k, instance=name, completions=int(rate * t * step),
-               output_tokens=int(100 * rate * t * step), accept_len=2.5)
+        Sample(
+            ts=1000.0 + t * step + offset * k,
+            instance=name,
+            completions=int(rate * t * step),
+            output_tokens=int(100 * rate * t * step),
+            accept_len=2.5,
+        )
         for k, (name, rate) in enumerate(rates.items())
         for t in range(int(seconds / step) + 1)
-    ]  # fmt: skip
+    ]
 
 
 def job_with(samples: list[Sample], **fields: object) -> JobView:
-    base: dict[str, object] = dict(out_dir="/data/job", total=1000, done=400, num_errors=3, num_truncated=2,
-                                   samples=tuple(samples))  # fmt: skip
+    base: dict[str, object] = dict(
+        out_dir="/data/job", total=1000, done=400, num_errors=3, num_truncated=2, samples=tuple(samples)
+    )
     base.update(fields)
     return JobView(**base)  # type: ignore[arg-type]
 
@@ -67,8 +81,10 @@ def test_eta_is_remaining_work_over_the_recent_rate() -> None:
 
 
 def test_sick_rows_are_marked_with_their_reason() -> None:
-    rows = [InstanceRow("h-0", "h", (0,), Readiness.READY, gen_tps=900.0),
-            InstanceRow("h-1", "h", (1,), Readiness.DOWN, problem="not running")]  # fmt: skip
+    rows = [
+        InstanceRow("h-0", "h", (0,), Readiness.READY, gen_tps=900.0),
+        InstanceRow("h-1", "h", (1,), Readiness.DOWN, problem="not running"),
+    ]
     html = render.fleet_table(rows)
     sick = re.findall(r'<tr class="instance sick"[^>]*data-instance="([^"]+)"', html)
     assert sick == ["h-1"] and "not running" in html and "1 SICK" in html
@@ -77,11 +93,15 @@ def test_sick_rows_are_marked_with_their_reason() -> None:
 def test_report_has_every_section_and_no_external_reference() -> None:
     samples = linear_samples({"a-0": 2.0, "b-0": 1.0}, seconds=300)
     job = job_with(
-        samples, reasoning_tokens=(900, 1200, 40), answer_tokens=(100, 300, 20),
-        finish_reasons={"stop": 398, "length": 2}, quality_flags={"truncated": 2, "repetitive": 1},
-        error_kinds={"http_500": 3}, meta={"params": {"temperature": 0.6}, "input": "in.jsonl"},
+        samples,
+        reasoning_tokens=(900, 1200, 40),
+        answer_tokens=(100, 300, 20),
+        finish_reasons={"stop": 398, "length": 2},
+        quality_flags={"truncated": 2, "repetitive": 1},
+        error_kinds={"http_500": 3},
+        meta={"params": {"temperature": 0.6}, "input": "in.jsonl"},
         error_examples=(Example("<script>alert(1)</script>#0", "a-0", "HTTP 500 </td>", "http_500"),),
-    )  # fmt: skip
+    )
     html = page.report_page(job, ())
     for section in REPORT_SECTIONS:
         assert f'<section id="{section}"' in html, section

@@ -17,12 +17,32 @@ from tests.unit.test_generate_job import options, write_jsonl
 from tests.unit.test_generate_standin import StandIn, serve
 
 
-def snap(states: dict[str, tuple[str, str]], *, done: int = 10, waiting_s: float | None = None,
-         is_final: bool = False, rate: float = 2.0) -> Progress:  # fmt: skip
+def snap(
+    states: dict[str, tuple[str, str]],
+    *,
+    done: int = 10,
+    waiting_s: float | None = None,
+    is_final: bool = False,
+    rate: float = 2.0,
+) -> Progress:
     endpoints = [EndpointProgress(n, Readiness(s), 0, 4, 0, 0.0, why) for n, (s, why) in states.items()]
-    return Progress(done=done, total=100, completions_per_s=rate, output_tokens_per_s=50.0, eta_s=45.0,
-                    errors=0, truncated=0, bad_inputs=0, in_flight=0, retrying=0, elapsed_s=12.0,
-                    stopping=False, endpoints=endpoints, waiting_s=waiting_s, is_final=is_final)  # fmt: skip
+    return Progress(
+        done=done,
+        total=100,
+        completions_per_s=rate,
+        output_tokens_per_s=50.0,
+        eta_s=45.0,
+        errors=0,
+        truncated=0,
+        bad_inputs=0,
+        in_flight=0,
+        retrying=0,
+        elapsed_s=12.0,
+        stopping=False,
+        endpoints=endpoints,
+        waiting_s=waiting_s,
+        is_final=is_final,
+    )
 
 
 UP = {"a": ("ready", ""), "b": ("ready", "")}
@@ -40,8 +60,17 @@ def run_log(snapshots: list[Progress], every_s: float = 3600.0) -> list[str]:
 
 
 def test_every_instance_down_is_said_once_with_each_reason_then_the_fleets_own_reasons() -> None:
-    lines = run_log([snap(UP), snap(A_DOWN), snap(ALL_DOWN, waiting_s=300), snap(ALL_DOWN, waiting_s=299),
-                     snap(PROBED, waiting_s=298), snap(PROBED, waiting_s=297), snap(A_DOWN)])  # fmt: skip
+    lines = run_log(
+        [
+            snap(UP),
+            snap(A_DOWN),
+            snap(ALL_DOWN, waiting_s=300),
+            snap(ALL_DOWN, waiting_s=299),
+            snap(PROBED, waiting_s=298),
+            snap(PROBED, waiting_s=297),
+            snap(A_DOWN),
+        ]
+    )
     assert lines == [
         "a is down: connection refused; the others go on",
         "every instance is down: waiting up to 300 s",
@@ -64,12 +93,20 @@ def test_progress_lines_come_every_n_seconds_and_the_last_one_has_the_averages()
 
 
 def test_the_start_up_wait_is_logged_now_and_then_with_each_instances_state() -> None:
-    start = dataclasses.replace(snap({"a": ("waiting", "loading shards"), "b": ("down", "not running")},
-                                     done=0, waiting_s=1700), total=None)  # fmt: skip
+    start = dataclasses.replace(
+        snap({"a": ("waiting", "loading shards"), "b": ("down", "not running")}, done=0, waiting_s=1700),
+        total=None,
+    )
     assert run_log([start] * 3, every_s=3600) == []  # `run` itself said it at once; then every N s
     lines = run_log([start] * 2, every_s=0)
-    assert lines == ["[0:00:12] no server ready yet, waiting 1700 s more: a (waiting): loading shards; "
-                     "b (down): not running"] * 2  # fmt: skip
+    assert (
+        lines
+        == [
+            "[0:00:12] no server ready yet, waiting 1700 s more: a (waiting): loading shards; "
+            "b (down): not running"
+        ]
+        * 2
+    )
 
 
 async def test_the_jobs_last_snapshot_carries_its_averages_not_the_last_windows(tmp_path: Path) -> None:

@@ -32,9 +32,20 @@ def test_table_is_sglang_0_5_23() -> None:
 
 def test_real_flags_parse_with_sglang_defaults() -> None:
     ns = build_parser().parse_args(
-        ["--model", "/m", "--tp", "2", "--context-length", "32k", "--no-enable-tf32-matmul",
-         "--mamba-radix-cache-strategy", "extra_buffer", "--sim-decode-tps", "5"]
-    )  # fmt: skip
+        [
+            "--model",
+            "/m",
+            "--tp",
+            "2",
+            "--context-length",
+            "32k",
+            "--no-enable-tf32-matmul",
+            "--mamba-radix-cache-strategy",
+            "extra_buffer",
+            "--sim-decode-tps",
+            "5",
+        ]
+    )
     assert ns.model_path == "/m"
     assert ns.tp_size == 2  # `--tp` is an unambiguous prefix of --tp-size, as argparse allows in SGLang
     assert ns.context_length == 32000

@@ -13,9 +13,15 @@ from fleetgen.sim.model import DEFAULT_SHAPE, ModelShape
 from fleetgen.sim.resolve import Resolution, StartupRuleError, resolve
 
 DENSE = dataclasses.replace(
-    DEFAULT_SHAPE, architecture="Qwen3ForCausalLM", num_hidden_layers=36, num_full_attention_layers=36,
-    num_key_value_heads=8, head_dim=128, weights_gib=15.3, context_len=40960,
-)  # fmt: skip
+    DEFAULT_SHAPE,
+    architecture="Qwen3ForCausalLM",
+    num_hidden_layers=36,
+    num_full_attention_layers=36,
+    num_key_value_heads=8,
+    head_dim=128,
+    weights_gib=15.3,
+    context_len=40960,
+)
 
 
 def resolved(*argv: str, shape: ModelShape = DEFAULT_SHAPE, gpu_gib: float = 80.0) -> Resolution:
@@ -47,8 +53,16 @@ def test_nextn_becomes_eagle_with_auto_params() -> None:
 
 
 def test_topk_one_forces_draft_tokens() -> None:
-    res = resolved("--speculative-algorithm", "EAGLE", "--speculative-num-steps", "2",
-                   "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "7")  # fmt: skip
+    res = resolved(
+        "--speculative-algorithm",
+        "EAGLE",
+        "--speculative-num-steps",
+        "2",
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-draft-tokens",
+        "7",
+    )
     assert res.args["speculative_num_draft_tokens"] == 3
     assert any("adjusted to speculative_num_steps + 1" in w for w in res.warnings)
 
@@ -92,10 +106,20 @@ def test_extra_buffer_with_disabled_radix_cache_is_accepted_in_0_5_23() -> None:
 
 def inputs(**changes: Any) -> MemoryInputs:
     base = MemoryInputs(
-        gpu_gib=80.0, mem_fraction_static=0.836, tp_size=1, context_len=262144, max_running_requests=None,
-        max_total_tokens=None, max_mamba_cache_size=None, mamba_full_memory_ratio=0.9, num_draft_tokens=0,
-        radix_cache=True, extra_buffer=True, overlap=True, ssm_dtype_bytes=4,
-    )  # fmt: skip
+        gpu_gib=80.0,
+        mem_fraction_static=0.836,
+        tp_size=1,
+        context_len=262144,
+        max_running_requests=None,
+        max_total_tokens=None,
+        max_mamba_cache_size=None,
+        mamba_full_memory_ratio=0.9,
+        num_draft_tokens=0,
+        radix_cache=True,
+        extra_buffer=True,
+        overlap=True,
+        ssm_dtype_bytes=4,
+    )
     return dataclasses.replace(base, **changes)
 
 

@@ -13,9 +13,15 @@ from fleetgen.sim.text import Shape, generate, parse_directives
 
 def shape(**changes: Any) -> Shape:
     base: dict[str, Any] = dict(
-        variant=1, total_tokens=100, max_tokens=None, thinking=True, separate=True, reasoning_fraction=0.75,
-        force_length=False, stream_interval=1,
-    )  # fmt: skip
+        variant=1,
+        total_tokens=100,
+        max_tokens=None,
+        thinking=True,
+        separate=True,
+        reasoning_fraction=0.75,
+        force_length=False,
+        stream_interval=1,
+    )
     return Shape(**{**base, **changes})
 
 
@@ -74,9 +80,13 @@ def test_non_stream_body_shape() -> None:
     assert first["message"]["reasoning_content"] == gens[0].reasoning
     assert first["finish_reason"] == "stop" and first["matched_stop"] == 99
     assert body["usage"] == {
-        "prompt_tokens": 12, "total_tokens": 212, "completion_tokens": 200, "prompt_tokens_details": None,
-        "reasoning_tokens": 150, "completion_tokens_details": {"reasoning_tokens": 150},
-    }  # fmt: skip
+        "prompt_tokens": 12,
+        "total_tokens": 212,
+        "completion_tokens": 200,
+        "prompt_tokens_details": None,
+        "reasoning_tokens": 150,
+        "completion_tokens_details": {"reasoning_tokens": 150},
+    }
 
 
 def test_stream_chunks_are_json_and_rebuild_the_text() -> None:

@@ -77,10 +77,17 @@ def render(progress: Progress) -> Table:
 
 def _params(job: JobFile, **flags: object) -> SamplingParams:
     values: dict[str, object] = {
-        "model": job.model, "max_tokens": job.max_tokens, "temperature": job.temperature, "top_p": job.top_p,
-        "top_k": job.top_k, "seed": job.seed, "samples": job.samples, "thinking": job.thinking,
-        "system_prompt": job.system_prompt, "extra_body": dict(job.extra_body),
-    }  # fmt: skip
+        "model": job.model,
+        "max_tokens": job.max_tokens,
+        "temperature": job.temperature,
+        "top_p": job.top_p,
+        "top_k": job.top_k,
+        "seed": job.seed,
+        "samples": job.samples,
+        "thinking": job.thinking,
+        "system_prompt": job.system_prompt,
+        "extra_body": dict(job.extra_body),
+    }
     values.update({key: value for key, value in flags.items() if value is not None})
     return SamplingParams(**values)  # type: ignore[arg-type]
 
@@ -92,10 +99,14 @@ def _url_endpoints(urls: list[str]) -> list[tuple[str, str]]:
 Opt = typer.Option
 WaitReady = Annotated[
     float | None,
-    Opt("--wait-ready", min=0.0, help="No server ready (at the start, or every one gone mid-job): wait this "
+    Opt(
+        "--wait-ready",
+        min=0.0,
+        help="No server ready (at the start, or every one gone mid-job): wait this "
         "long (s) for one, then stop with FleetDown (default: the fleet's engine.ready_timeout_s; with "
-        "--endpoint 0 at the start)."),
-]  # fmt: skip
+        "--endpoint 0 at the start).",
+    ),
+]
 DEFAULT_DEAD_TIMEOUT_S = 300.0  # --endpoint URLs: the mid-job wait for a server to come back
 
 
@@ -221,9 +232,17 @@ def _check_flags(f: RunFlags) -> None:
         )
 
 
-def _options(f: RunFlags, job: JobFile, endpoints: list[tuple[str, str]], *, api_key: str | None,
-             planned_cap: int | None, on_dead: OnDead | None, describe: dict[str, Any],
-             engine_kind: str | None) -> JobOptions:  # fmt: skip
+def _options(
+    f: RunFlags,
+    job: JobFile,
+    endpoints: list[tuple[str, str]],
+    *,
+    api_key: str | None,
+    planned_cap: int | None,
+    on_dead: OnDead | None,
+    describe: dict[str, Any],
+    engine_kind: str | None,
+) -> JobOptions:
     params = _params(
         job,
         max_tokens=f.max_tokens,
@@ -242,21 +261,39 @@ def _options(f: RunFlags, job: JobFile, endpoints: list[tuple[str, str]], *, api
         hung_after_s=f.hung_after,
     )
     return JobOptions(
-        input_path=f.input_path, out_dir=f.out, params=params, endpoints=endpoints, api_key=api_key,
+        input_path=f.input_path,
+        out_dir=f.out,
+        params=params,
+        endpoints=endpoints,
+        api_key=api_key,
         shape=RecordShape(job.id_field, job.prompt_field, job.system_prompt),
-        concurrency=f.concurrency or job.concurrency or planned_cap or DEFAULT_CONCURRENCY, policy=policy,
-        request_timeout_s=job.request_timeout_s, mode=mode, force_params=f.force_params, split=f.split,
+        concurrency=f.concurrency or job.concurrency or planned_cap or DEFAULT_CONCURRENCY,
+        policy=policy,
+        request_timeout_s=job.request_timeout_s,
+        mode=mode,
+        force_params=f.force_params,
+        split=f.split,
         add_input=f.add_input,
-        on_dead=on_dead, describe=describe, engine_kind=engine_kind,
-    )  # fmt: skip
+        on_dead=on_dead,
+        describe=describe,
+        engine_kind=engine_kind,
+    )
 
 
 async def _run_flags(f: RunFlags) -> Summary:
     _check_flags(f)
     job = load_job(f.job_file) if f.job_file else JobFile()
     if f.endpoint:
-        options = _options(f, job, _url_endpoints(f.endpoint), api_key=None, planned_cap=None, on_dead=None,
-                           describe=endpoints_meta(f.endpoint), engine_kind=None)  # fmt: skip
+        options = _options(
+            f,
+            job,
+            _url_endpoints(f.endpoint),
+            api_key=None,
+            planned_cap=None,
+            on_dead=None,
+            describe=endpoints_meta(f.endpoint),
+            engine_kind=None,
+        )
         options = dataclasses.replace(options, wait_ready_s=f.wait_ready or 0.0)
         meanwhile = _meanwhile("the servers", None, restart_dead=False)
         return await _run_job(Job(options), f, meanwhile)
@@ -280,11 +317,16 @@ async def _run_on_fleet(f: RunFlags, job: JobFile, fleet: Path) -> Summary:
         async def restart_one(name: str) -> None:
             await revive(fleet, name)
 
-        options = _options(f, job, [(e.name, e.url) for e in endpoints], api_key=links.secret,
-                           planned_cap=min(caps) if caps else None,
-                           on_dead=restart_one if f.restart_dead else None,
-                           describe=fleet_meta(fleet_file, fleet, links.names),
-                           engine_kind=fleet_file.engine.kind)  # fmt: skip
+        options = _options(
+            f,
+            job,
+            [(e.name, e.url) for e in endpoints],
+            api_key=links.secret,
+            planned_cap=min(caps) if caps else None,
+            on_dead=restart_one if f.restart_dead else None,
+            describe=fleet_meta(fleet_file, fleet, links.names),
+            engine_kind=fleet_file.engine.kind,
+        )
         policy = dataclasses.replace(
             options.policy, dead_timeout_s=wait if f.dead_timeout is None else f.dead_timeout
         )

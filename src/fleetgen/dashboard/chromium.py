@@ -17,10 +17,19 @@ CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "chrome")
 INSTALL_FIX = "install it: `apt-get install -y --no-install-recommends chromium` (Debian/Ubuntu)"
 # Quiet, sandbox-free (containers run as root), and offline: no sync, no component updates, no QUIC.
 FLAGS = (
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-default-apps", "--disable-extensions", "--hide-scrollbars", "--mute-audio",
-)  # fmt: skip
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-default-apps",
+    "--disable-extensions",
+    "--hide-scrollbars",
+    "--mute-audio",
+)
 
 
 def find_chromium() -> str | None:
@@ -38,9 +47,14 @@ async def _run(argv: list[str], timeout_s: float) -> str:
         raise FleetgenError("Chromium is needed to render PNGs and was not found on PATH", fix=INSTALL_FIX)
     with tempfile.TemporaryDirectory(prefix="fleetgen-chromium-") as profile:
         proc = await asyncio.create_subprocess_exec(
-            binary, *FLAGS, f"--user-data-dir={profile}", *argv,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL,
-        )  # fmt: skip
+            binary,
+            *FLAGS,
+            f"--user-data-dir={profile}",
+            *argv,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            stdin=asyncio.subprocess.DEVNULL,
+        )
         try:
             out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
         except TimeoutError as exc:
@@ -52,17 +66,22 @@ async def _run(argv: list[str], timeout_s: float) -> str:
                 fix="check that `chromium --headless` runs on this machine",
             ) from exc
     if proc.returncode != 0:
-        raise FleetgenError(f"Chromium exited with {proc.returncode}",
-                            context={"argv": " ".join(argv), "stderr": err.decode(errors="replace")[-2000:]},
-                            fix="run the command above by hand to see why")  # fmt: skip
+        raise FleetgenError(
+            f"Chromium exited with {proc.returncode}",
+            context={"argv": " ".join(argv), "stderr": err.decode(errors="replace")[-2000:]},
+            fix="run the command above by hand to see why",
+        )
     return out.decode(errors="replace")
 
 
-async def screenshot(url: str, png: Path, *, width: int, height: int, budget_ms: int = 2000,
-                     timeout_s: float = 60.0) -> Path:  # fmt: skip
+async def screenshot(
+    url: str, png: Path, *, width: int, height: int, budget_ms: int = 2000, timeout_s: float = 60.0
+) -> Path:
     """Save a `width`×`height` screenshot of `url` (a file:// or http://127.0.0.1 address) to `png`."""
-    await _run([f"--screenshot={png}", f"--window-size={width},{height}",
-                f"--virtual-time-budget={budget_ms}", url], timeout_s)  # fmt: skip
+    await _run(
+        [f"--screenshot={png}", f"--window-size={width},{height}", f"--virtual-time-budget={budget_ms}", url],
+        timeout_s,
+    )
     if not await asyncio.to_thread(_is_nonempty_file, png):
         raise FleetgenError(f"Chromium wrote no screenshot to {png}", fix="check the folder is writable")
     return png
@@ -81,6 +100,8 @@ async def svg_to_png(svg: str, png: Path, *, width: int, height: int) -> Path:
     """Render one SVG chart to a PNG of its own size (white background)."""
     with tempfile.TemporaryDirectory(prefix="fleetgen-svg-") as tmp:
         page = Path(tmp) / "chart.html"
-        page.write_text(f"<!doctype html><html><body style='margin:0;background:#fff'>{svg}</body></html>",
-                        encoding="utf-8")  # fmt: skip
+        page.write_text(
+            f"<!doctype html><html><body style='margin:0;background:#fff'>{svg}</body></html>",
+            encoding="utf-8",
+        )
         return await screenshot(page.as_uri(), png, width=width, height=height, budget_ms=500)

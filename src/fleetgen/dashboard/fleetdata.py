@@ -99,10 +99,16 @@ class EndpointSource:
         endpoint.before = scrape
         kv = samples.get(engine.metrics.kv_usage) if engine.metrics.kv_usage else None
         return InstanceRow(
-            name=endpoint.name, host=host, readiness=Readiness.READY, running=load.running,
-            queued=load.queued, gen_tps=load.gen_tokens_per_s, accept_len=load.spec_accept_length,
-            kv_usage=kv, actual_capacity=max_running_from_info(info),
-        )  # fmt: skip
+            name=endpoint.name,
+            host=host,
+            readiness=Readiness.READY,
+            running=load.running,
+            queued=load.queued,
+            gen_tps=load.gen_tokens_per_s,
+            accept_len=load.spec_accept_length,
+            kv_usage=kv,
+            actual_capacity=max_running_from_info(info),
+        )
 
 
 async def _info(client: EngineClient, engine: Engine) -> object:
@@ -129,5 +135,6 @@ def planned_capacity(fleet: FleetFile, fleet_path: Path) -> tuple[dict[str, int]
         plan = plan_fleet(fleet, shape, facts, fleet.engine.version)
     except FleetgenError as exc:
         return {}, f"planned capacity unknown: {exc.message}" + (f" ({exc.fix})" if exc.fix else "")
-    return {p.instance: p.memory.max_running_requests for p in plan.instances
-            if p.memory.max_running_requests}, ""  # fmt: skip
+    return {
+        p.instance: p.memory.max_running_requests for p in plan.instances if p.memory.max_running_requests
+    }, ""

@@ -90,14 +90,22 @@ class JobReader:
             self._read_new_series(conn)
             self._read_new_lengths(conn)
             view = JobView(
-                out_dir=str(self.out_dir), total=_total(meta), done=done, num_errors=num_errors,
-                num_truncated=truncated, error_examples=_errors(conn, num_errors),
+                out_dir=str(self.out_dir),
+                total=_total(meta),
+                done=done,
+                num_errors=num_errors,
+                num_truncated=truncated,
+                error_examples=_errors(conn, num_errors),
                 truncation_examples=_truncations(conn, num_truncations),
                 error_kinds=_group(conn, "errors", "kind"),
-                finish_reasons=_group(conn, "results", "finish_reason"), quality_flags=_quality(conn),
-                reasoning_tokens=tuple(self._reasoning), answer_tokens=tuple(self._answer),
-                samples=tuple(self._samples), meta=meta, **self._times(conn, meta),
-            )  # fmt: skip
+                finish_reasons=_group(conn, "results", "finish_reason"),
+                quality_flags=_quality(conn),
+                reasoning_tokens=tuple(self._reasoning),
+                answer_tokens=tuple(self._answer),
+                samples=tuple(self._samples),
+                meta=meta,
+                **self._times(conn, meta),
+            )
         finally:
             conn.execute("COMMIT")
         return view
@@ -124,9 +132,15 @@ class JobReader:
                 row.instance, int(row.completions or 0), int(row.output_tokens or 0)
             )
             self._samples.append(
-                Sample(ts=float(row.t), instance=str(row.instance), completions=completions,
-                       output_tokens=tokens, running=row.in_flight, accept_len=row.accept_length)
-            )  # fmt: skip
+                Sample(
+                    ts=float(row.t),
+                    instance=str(row.instance),
+                    completions=completions,
+                    output_tokens=tokens,
+                    running=row.in_flight,
+                    accept_len=row.accept_length,
+                )
+            )
         self._samples.sort(key=lambda s: s.ts)
 
     def _monotone(self, instance: str, completions: int, tokens: int) -> tuple[int, int]:
@@ -141,7 +155,9 @@ class JobReader:
         # Engines report one completion_tokens; the reasoning share is estimated from the characters.
         rows = conn.execute(
             "SELECT rowid, completion_tokens, length(reasoning_content), length(content) FROM results "
-            "WHERE rowid > ? ORDER BY rowid", (self._result_rowid,)).fetchall()  # fmt: skip
+            "WHERE rowid > ? ORDER BY rowid",
+            (self._result_rowid,),
+        ).fetchall()
         for rowid, tokens, reasoning_chars, answer_chars in rows:
             self._result_rowid = rowid
             reasoning_chars, answer_chars = reasoning_chars or 0, answer_chars or 0
@@ -181,21 +197,33 @@ def _quality(conn: sqlite3.Connection) -> dict[str, int]:
 def _errors(conn: sqlite3.Connection, limit: int) -> tuple[Example, ...]:
     rows = conn.execute(
         "SELECT id, sample, COALESCE(instance, ''), COALESCE(kind, ''), COALESCE(reason, ''), status, "
-        "attempts FROM errors ORDER BY finished_at DESC LIMIT ?", (limit,)).fetchall()  # fmt: skip
+        "attempts FROM errors ORDER BY finished_at DESC LIMIT ?",
+        (limit,),
+    ).fetchall()
     return tuple(
-        Example(record_id=f"{rid}#{sample}", instance=inst, kind=kind,
-                message=f"{reason}" + (f" (HTTP {status})" if status else "") + f" after {attempts} attempts")
+        Example(
+            record_id=f"{rid}#{sample}",
+            instance=inst,
+            kind=kind,
+            message=f"{reason}" + (f" (HTTP {status})" if status else "") + f" after {attempts} attempts",
+        )
         for rid, sample, inst, kind, reason, status, attempts in rows
-    )  # fmt: skip
+    )
 
 
 def _truncations(conn: sqlite3.Connection, limit: int) -> tuple[Example, ...]:
     rows = conn.execute(
         "SELECT id, sample, COALESCE(instance, ''), completion_tokens, substr(COALESCE(content, ''), -100), "
         "substr(COALESCE(reasoning_content, ''), -100) FROM results WHERE is_truncated = 1 "
-        "ORDER BY finished_at DESC LIMIT ?", (limit,)).fetchall()  # fmt: skip
+        "ORDER BY finished_at DESC LIMIT ?",
+        (limit,),
+    ).fetchall()
     return tuple(
-        Example(record_id=f"{rid}#{sample}", instance=inst, kind="length",
-                message=f"{tokens} tokens, ends: …{(content or reasoning)[-100:]!r}")
+        Example(
+            record_id=f"{rid}#{sample}",
+            instance=inst,
+            kind="length",
+            message=f"{tokens} tokens, ends: …{(content or reasoning)[-100:]!r}",
+        )
         for rid, sample, inst, tokens, content, reasoning in rows
-    )  # fmt: skip
+    )

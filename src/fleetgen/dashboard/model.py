@@ -136,8 +136,9 @@ def rate_series(samples: Sequence[Sample], attr: str, *, max_points: int = MAX_P
     grouped = by_instance(samples)
     if not grouped or len(samples) < 2:
         return []
-    edges = bucket_edges(min(s.ts for s in samples), max(s.ts for s in samples), max_points,
-                         min_width=sample_interval(grouped))  # fmt: skip
+    edges = bucket_edges(
+        min(s.ts for s in samples), max(s.ts for s in samples), max_points, min_width=sample_interval(grouped)
+    )
     series, totals = [], [0.0] * (len(edges) - 1)
     for name, rows in grouped.items():
         times, counts = [r.ts for r in rows], [int(getattr(r, attr)) for r in rows]

@@ -37,9 +37,21 @@ def fleet_table(rows: Sequence[InstanceRow]) -> str:
     """The fleet table: one `<tr class="instance">` per instance; sick ones get class `sick` and a reason."""
     head = "".join(
         f"<th>{h}</th>"
-        for h in ("instance", "host", "GPUs", "health", "running", "queued", "gen tok/s", "accept len",
-                  "KV use", "capacity plan / actual", "drift", "uptime")
-    )  # fmt: skip
+        for h in (
+            "instance",
+            "host",
+            "GPUs",
+            "health",
+            "running",
+            "queued",
+            "gen tok/s",
+            "accept len",
+            "KV use",
+            "capacity plan / actual",
+            "drift",
+            "uptime",
+        )
+    )
     body = "".join(_fleet_row(row) for row in rows) or (
         '<tr><td colspan="12" class="muted">no instances: run `fleetgen up` first</td></tr>'
     )
@@ -181,10 +193,11 @@ def _rate_charts(job: JobView, attr: str, label: str, width: int) -> dict[str, s
     per_instance, total = series[:-1], series[-1:]
     key = "tokens" if attr == "output_tokens" else "completions"
     return {
-        f"chart-{key}-total": svg.line_chart(total, title=f"{label}, fleet total", width=width,
-                                             klass=f"{key}-total"),
+        f"chart-{key}-total": svg.line_chart(
+            total, title=f"{label}, fleet total", width=width, klass=f"{key}-total"
+        ),
         f"chart-{key}": svg.line_chart(per_instance, title=f"{label} per instance", width=width, klass=key),
-    }  # fmt: skip
+    }
 
 
 def charts(
@@ -196,37 +209,59 @@ def charts(
     accept = gauge_series(job.samples if recorded else live, "accept_len")
     scraped_here = not recorded and bool(live)  # the report has no `live`: it never claims a page was open
     capacity = [
-        (r.name, r.planned_capacity, r.actual_capacity,
-         r.planned_capacity is not None and (r.actual_capacity or 0.0) < r.planned_capacity)
-        for r in rows if r.planned_capacity is not None or r.actual_capacity is not None
-    ]  # fmt: skip
+        (
+            r.name,
+            r.planned_capacity,
+            r.actual_capacity,
+            r.planned_capacity is not None and (r.actual_capacity or 0.0) < r.planned_capacity,
+        )
+        for r in rows
+        if r.planned_capacity is not None or r.actual_capacity is not None
+    ]
     return {
         **_rate_charts(job, "output_tokens", "output tok/s", width),
         **_rate_charts(job, "completions", "completions/s", width),
         "chart-accept": svg.line_chart(
-            accept, title="speculative accept length" + (" (since the page opened)" if scraped_here else ""),
+            accept,
+            title="speculative accept length" + (" (since the page opened)" if scraped_here else ""),
             width=width,
-            y_min=None, empty_text="no speculative decoding metrics", klass="accept",
+            y_min=None,
+            empty_text="no speculative decoding metrics",
+            klass="accept",
         ),
         "chart-capacity": svg.paired_bars(
-            capacity, title="capacity: planned vs actual (max running requests)",
-            labels=("planned", "actual"), width=width, klass="capacity",
+            capacity,
+            title="capacity: planned vs actual (max running requests)",
+            labels=("planned", "actual"),
+            width=width,
+            klass="capacity",
         ),
-    }  # fmt: skip
+    }
 
 
 def result_charts(job: JobView, width: int = 640) -> dict[str, str]:
     """Charts over finished results: length histograms, finish reasons, quality flags, error kinds."""
     lengths = (("reasoning", job.reasoning_tokens), ("answer", job.answer_tokens))
     return {
-        "chart-lengths": svg.histogram(lengths, title="output length (tokens; reasoning share estimated)",
-                                       width=width, klass="lengths"),
-        "chart-finish": count_bars(job.finish_reasons, title="finish reasons", klass="finish", width=width,
-                                   red=frozenset({"length", "abort", "error"})),
+        "chart-lengths": svg.histogram(
+            lengths, title="output length (tokens; reasoning share estimated)", width=width, klass="lengths"
+        ),
+        "chart-finish": count_bars(
+            job.finish_reasons,
+            title="finish reasons",
+            klass="finish",
+            width=width,
+            red=frozenset({"length", "abort", "error"}),
+        ),
         "chart-quality": count_bars(job.quality_flags, title="quality flags", klass="quality", width=width),
-        "chart-errors": count_bars(job.error_kinds, title="errors by kind", klass="errors", width=width,
-                                   red=frozenset(job.error_kinds)),
-    }  # fmt: skip
+        "chart-errors": count_bars(
+            job.error_kinds,
+            title="errors by kind",
+            klass="errors",
+            width=width,
+            red=frozenset(job.error_kinds),
+        ),
+    }
 
 
 def error_table(items: Sequence[Example], num_errors: int) -> str:
@@ -260,8 +295,18 @@ def instance_summary(job: JobView) -> str:
             f'<td class="num">{fmt(sum(accept) / len(accept) if accept else None, 2)}</td>'
             f'<td class="num">{svg.format_duration(active_s)}</td></tr>'
         )
-    head = "".join(f"<th>{h}</th>" for h in ("instance", "samples", "completions", "output tokens",
-                                               "mean output tok/s", "mean accept len", "active"))  # fmt: skip
+    head = "".join(
+        f"<th>{h}</th>"
+        for h in (
+            "instance",
+            "samples",
+            "completions",
+            "output tokens",
+            "mean output tok/s",
+            "mean accept len",
+            "active",
+        )
+    )
     body = "".join(rows) or '<tr><td colspan="7" class="muted">no time series recorded</td></tr>'
     return (
         f'<table id="instance-summary" class="grid"><thead><tr>{head}</tr></thead>'

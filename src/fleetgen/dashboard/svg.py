@@ -13,9 +13,19 @@ from dataclasses import dataclass
 from html import escape
 
 PALETTE = (
-    "#2563eb", "#16a34a", "#d97706", "#9333ea", "#0891b2", "#db2777", "#65a30d", "#7c3aed",
-    "#0d9488", "#ea580c", "#4f46e5", "#ca8a04",
-)  # fmt: skip
+    "#2563eb",
+    "#16a34a",
+    "#d97706",
+    "#9333ea",
+    "#0891b2",
+    "#db2777",
+    "#65a30d",
+    "#7c3aed",
+    "#0d9488",
+    "#ea580c",
+    "#4f46e5",
+    "#ca8a04",
+)
 TOTAL_COLOR = "#111827"
 SICK_COLOR = "#dc2626"
 _TIME_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
@@ -139,9 +149,15 @@ class _Scale:
 
 
 def line_chart(
-    series: Sequence[Series], *, title: str, width: int = 640, height: int = 220, y_min: float | None = 0.0,
-    empty_text: str = "no samples yet", klass: str = "line",
-) -> str:  # fmt: skip
+    series: Sequence[Series],
+    *,
+    title: str,
+    width: int = 640,
+    height: int = 220,
+    y_min: float | None = 0.0,
+    empty_text: str = "no samples yet",
+    klass: str = "line",
+) -> str:
     """Lines over time (x in seconds, ticks shown as elapsed time from the first sample) with a legend."""
     drawn = [s for s in series if s.points]
     if not drawn:
@@ -200,9 +216,14 @@ def bin_counts(values: Sequence[float], edges: Sequence[float]) -> list[int]:
 
 
 def histogram(
-    groups: Sequence[tuple[str, Sequence[float]]], *, title: str, num_bins: int = 24, width: int = 640,
-    height: int = 220, klass: str = "histogram",
-) -> str:  # fmt: skip
+    groups: Sequence[tuple[str, Sequence[float]]],
+    *,
+    title: str,
+    num_bins: int = 24,
+    width: int = 640,
+    height: int = 220,
+    klass: str = "histogram",
+) -> str:
     """Overlaid histograms of several groups (e.g. reasoning vs answer tokens) on shared bins."""
     pooled = [v for _, values in groups for v in values]
     if not pooled:
@@ -257,9 +278,13 @@ def bar_chart(bars: Sequence[Bar], *, title: str, width: int = 640, klass: str =
 
 
 def paired_bars(
-    rows: Sequence[tuple[str, float | None, float | None, bool]], *, title: str, labels: tuple[str, str],
-    width: int = 640, klass: str = "paired",
-) -> str:  # fmt: skip
+    rows: Sequence[tuple[str, float | None, float | None, bool]],
+    *,
+    title: str,
+    labels: tuple[str, str],
+    width: int = 640,
+    klass: str = "paired",
+) -> str:
     """Two bars per row (e.g. planned vs actual capacity); a row flagged True draws its second bar red."""
     height = _MARGIN_T + 24 + 30 * max(len(rows), 1)
     if not rows:

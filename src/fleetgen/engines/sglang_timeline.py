@@ -16,10 +16,29 @@ from fleetgen.engines.base import FlagRename, RuleSet, release
 
 # Every release whose source was read, oldest first. A release not listed gets the nearest (warned).
 RELEASES: tuple[str, ...] = (
-    "0.5.7", "0.5.8", "0.5.8.post1", "0.5.9", "0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1",
-    "0.5.13", "0.5.13.post1", "0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0.5.19",
-    "0.5.20", "0.5.21", "0.5.22", "0.5.23",
-)  # fmt: skip
+    "0.5.7",
+    "0.5.8",
+    "0.5.8.post1",
+    "0.5.9",
+    "0.5.10",
+    "0.5.10.post1",
+    "0.5.11",
+    "0.5.12",
+    "0.5.12.post1",
+    "0.5.13",
+    "0.5.13.post1",
+    "0.5.14",
+    "0.5.15",
+    "0.5.15.post1",
+    "0.5.16",
+    "0.5.17",
+    "0.5.18",
+    "0.5.19",
+    "0.5.20",
+    "0.5.21",
+    "0.5.22",
+    "0.5.23",
+)
 
 QWEN3_5_ARCHS = frozenset({"Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"})
 
@@ -140,7 +159,7 @@ TIMELINE: tuple[Change, ...] = (
     Change("mrr_cap", "0.5.14", "half-tokens", "model_runner_kv_cache_mixin.py _resolve_max_num_reqs"),
     Change("vlm_cache_reserve_mb", "0.5.18", 100, "kv_cache_configurator.py mm_runtime_reservation_gb"),
     Change("auto_strategy_extra_buffer", "0.5.14", True, "server_args.py _handle_mamba_radix_cache"),
-)  # fmt: skip
+)
 
 
 def _features_at(version: str) -> dict[str, Any]:

@@ -60,8 +60,9 @@ class FleetLinks:
     """Every instance `fleetgen up` deployed, for a job, ready or not, each reached through a tunnel held
     open for the job; `check(name)` re-reads one instance now. Use `open_fleet`."""
 
-    def __init__(self, fleet_path: Path, view: FleetView, stack: contextlib.AsyncExitStack,
-                 hosts: Mapping[str, str]) -> None:  # fmt: skip
+    def __init__(
+        self, fleet_path: Path, view: FleetView, stack: contextlib.AsyncExitStack, hosts: Mapping[str, str]
+    ) -> None:
         self.fleet_path = fleet_path
         self.secret = view.secret
         self._hosts = dict(hosts)  # instance → its host's name

@@ -36,17 +36,35 @@ from fleetgen.generate.quality import has_think_marker
 from fleetgen.generate.store import RESULTS, ResultRow, Store
 
 FORMATS = ("parquet", "jsonl", "sharegpt", "openai-batch")
-FLAGS = {"truncated": "is_truncated", "empty": "is_empty", "leaked_think": "has_leaked_think",
-         "repetitive": "is_repetitive"}  # fmt: skip
+FLAGS = {
+    "truncated": "is_truncated",
+    "empty": "is_empty",
+    "leaked_think": "has_leaked_think",
+    "repetitive": "is_repetitive",
+}
 PARQUET_ROWS = 2000
-PARQUET_SCHEMA = pa.schema([
-    ("id", pa.string()), ("sample", pa.int64()), ("content", pa.string()), ("reasoning_content", pa.string()),
-    ("finish_reason", pa.string()), ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()),
-    ("instance", pa.string()), ("model", pa.string()), ("num_turns", pa.int64()), ("messages", pa.string()),
-    ("turns", pa.string()), ("is_truncated", pa.bool_()), ("is_empty", pa.bool_()),
-    ("has_leaked_think", pa.bool_()), ("is_repetitive", pa.bool_()), ("latency_s", pa.float64()),
-    ("params_hash", pa.string()),
-])  # fmt: skip
+PARQUET_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("sample", pa.int64()),
+        ("content", pa.string()),
+        ("reasoning_content", pa.string()),
+        ("finish_reason", pa.string()),
+        ("prompt_tokens", pa.int64()),
+        ("completion_tokens", pa.int64()),
+        ("instance", pa.string()),
+        ("model", pa.string()),
+        ("num_turns", pa.int64()),
+        ("messages", pa.string()),
+        ("turns", pa.string()),
+        ("is_truncated", pa.bool_()),
+        ("is_empty", pa.bool_()),
+        ("has_leaked_think", pa.bool_()),
+        ("is_repetitive", pa.bool_()),
+        ("latency_s", pa.float64()),
+        ("params_hash", pa.string()),
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -144,25 +162,46 @@ def flat_row(row: ResultRow, inline_think: bool) -> dict[str, Any]:
     if inline_think:
         content, reasoning = inline(reasoning, content), ""
     return {
-        "id": row.id, "sample": row.sample, "content": content, "reasoning_content": reasoning,
-        "finish_reason": row.finish_reason, "prompt_tokens": row.prompt_tokens,
-        "completion_tokens": row.completion_tokens, "instance": row.instance, "model": row.model,
-        "num_turns": row.num_turns, "messages": row.prompt, "turns": row.turns,
-        "is_truncated": bool(row.is_truncated), "is_empty": bool(row.is_empty),
-        "has_leaked_think": bool(row.has_leaked_think), "is_repetitive": bool(row.is_repetitive),
-        "latency_s": row.latency_s, "params_hash": row.params_hash,
-    }  # fmt: skip
+        "id": row.id,
+        "sample": row.sample,
+        "content": content,
+        "reasoning_content": reasoning,
+        "finish_reason": row.finish_reason,
+        "prompt_tokens": row.prompt_tokens,
+        "completion_tokens": row.completion_tokens,
+        "instance": row.instance,
+        "model": row.model,
+        "num_turns": row.num_turns,
+        "messages": row.prompt,
+        "turns": row.turns,
+        "is_truncated": bool(row.is_truncated),
+        "is_empty": bool(row.is_empty),
+        "has_leaked_think": bool(row.has_leaked_think),
+        "is_repetitive": bool(row.is_repetitive),
+        "latency_s": row.latency_s,
+        "params_hash": row.params_hash,
+    }
 
 
 def batch_row(row: ResultRow) -> dict[str, Any]:
     """One OpenAI Batch API output line."""
     message = {"role": "assistant", "content": row.content, "reasoning_content": row.reasoning_content}
-    usage = {"prompt_tokens": row.prompt_tokens, "completion_tokens": row.completion_tokens,
-             "total_tokens": (row.prompt_tokens or 0) + (row.completion_tokens or 0)}  # fmt: skip
-    body = {"object": "chat.completion", "model": row.model, "usage": usage,
-            "choices": [{"index": 0, "message": message, "finish_reason": row.finish_reason}]}  # fmt: skip
-    return {"custom_id": f"{row.id}:{row.sample}", "response": {"status_code": 200, "body": body},
-            "error": None}  # fmt: skip
+    usage = {
+        "prompt_tokens": row.prompt_tokens,
+        "completion_tokens": row.completion_tokens,
+        "total_tokens": (row.prompt_tokens or 0) + (row.completion_tokens or 0),
+    }
+    body = {
+        "object": "chat.completion",
+        "model": row.model,
+        "usage": usage,
+        "choices": [{"index": 0, "message": message, "finish_reason": row.finish_reason}],
+    }
+    return {
+        "custom_id": f"{row.id}:{row.sample}",
+        "response": {"status_code": 200, "body": body},
+        "error": None,
+    }
 
 
 def export(
@@ -218,8 +257,9 @@ class _Tally:
             notes.append(f"{self.truncated_dropped} truncated rows dropped (counted in the reasons below)")
         dropped = dict(self.dropped.most_common())
         reason = "; ".join(f"{n}: {why}" for why, n in dropped.items())
-        return ExportSummary(path, fmt, self.written, sum(dropped.values()), reason, dropped,
-                             self.truncated_written, notes)  # fmt: skip
+        return ExportSummary(
+            path, fmt, self.written, sum(dropped.values()), reason, dropped, self.truncated_written, notes
+        )
 
 
 def _jsonl(rows: Iterable[ResultRow], path: Path, item_of: Any, tally: _Tally) -> None:

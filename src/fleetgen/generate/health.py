@@ -148,8 +148,11 @@ class Watch:
                     e.answered_at = now  # slow (long generations), not hung: look again after `limit`
                 elif e.readiness is Readiness.READY and e.in_flight and self.on_hung is not None:
                     silent = time.monotonic() - e.answered_at
-                    self.on_hung(e, f"no answer for {silent:.0f} s with {e.in_flight} requests in flight and "
-                                 "/health failing: the engine looks hung (its log says why)")  # fmt: skip
+                    self.on_hung(
+                        e,
+                        f"no answer for {silent:.0f} s with {e.in_flight} requests in flight and "
+                        "/health failing: the engine looks hung (its log says why)",
+                    )
 
     def _restart_soon(self, endpoint: Endpoint) -> None:
         if self._on_dead is not None and endpoint not in self._restarting:

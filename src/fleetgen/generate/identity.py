@@ -96,8 +96,15 @@ def differences(stored: dict[str, Any], path: Path, now: dict[str, Any]) -> list
     return []
 
 
-def check(stored_json: str | None, path: Path, split: str | None, shape: RecordShape, out_dir: Path,
-          *, add_input: bool) -> dict[str, Any]:  # fmt: skip
+def check(
+    stored_json: str | None,
+    path: Path,
+    split: str | None,
+    shape: RecordShape,
+    out_dir: Path,
+    *,
+    add_input: bool,
+) -> dict[str, Any]:
     """The input's identity now, after checking it is the folder's input; raise InputMismatch if not.
 
     `add_input` (`--add-input`): run another input into the folder on purpose (the caller keeps the earlier

@@ -41,8 +41,17 @@ class Intake:
     first_bad: list[BadInput] = field(default_factory=list)  # while no good one was read: the first ones
 
     @classmethod
-    def open(cls, store: Store, input_path: Path, out_dir: Path, shape: RecordShape, split: str | None,
-             samples: int, *, add_input: bool) -> Intake:  # fmt: skip
+    def open(
+        cls,
+        store: Store,
+        input_path: Path,
+        out_dir: Path,
+        shape: RecordShape,
+        split: str | None,
+        samples: int,
+        *,
+        add_input: bool,
+    ) -> Intake:
         """Refuse another input than the folder's (InputMismatch); record its identity as it is now."""
         counts = store.counts()
         if counts.results == 0 and counts.errors == 0:
@@ -87,15 +96,26 @@ class Intake:
 
         return is_done
 
-    def work(self, writer: StoreWriter, tracker: PositionTracker | None, wanted: set[int] | None,
-             done: dict[int, int]) -> Iterator[Work]:  # fmt: skip
+    def work(
+        self,
+        writer: StoreWriter,
+        tracker: PositionTracker | None,
+        wanted: set[int] | None,
+        done: dict[int, int],
+    ) -> Iterator[Work]:
         """Read the input from the resume position: the work of every (record, sample) not done."""
         start = tracker.position if tracker else Position()
         records = read_records(self.input_path, self.shape, start, self.split, self.done_check(wanted, done))
         return self.items(records, writer, tracker, wanted, done)
 
-    def items(self, records: Records, writer: StoreWriter, tracker: PositionTracker | None,
-              wanted: set[int] | None, done: dict[int, int]) -> Iterator[Work]:  # fmt: skip
+    def items(
+        self,
+        records: Records,
+        writer: StoreWriter,
+        tracker: PositionTracker | None,
+        wanted: set[int] | None,
+        done: dict[int, int],
+    ) -> Iterator[Work]:
         """The work of the records not done; bad records go to the writer as `inputs_bad` rows."""
         seen: set[int] = set()
         for record in records:
@@ -119,8 +139,15 @@ class Intake:
             if tracker is not None:
                 tracker.open(record.line, record.end_offset, len(todo))
             for sample in todo:
-                yield Work(record.record_id, sample, record.source, record.line, record.segments,
-                           key=keys[sample], content_hash=record.content_hash)  # fmt: skip
+                yield Work(
+                    record.record_id,
+                    sample,
+                    record.source,
+                    record.line,
+                    record.segments,
+                    key=keys[sample],
+                    content_hash=record.content_hash,
+                )
         if self.first_bad and not self.num_good and not self.had_results:
             raise self._all_bad()  # a short input, every record bad
 
@@ -136,8 +163,9 @@ class Intake:
         return diagnose.all_bad(self.input_path, self.shape, self.first_bad, self.split)
 
 
-def _check_duplicate(record: Record, first_key: int, seen: set[int], wanted: set[int] | None,
-                     done: dict[int, int]) -> Record | BadInput:  # fmt: skip
+def _check_duplicate(
+    record: Record, first_key: int, seen: set[int], wanted: set[int] | None, done: dict[int, int]
+) -> Record | BadInput:
     """A second record with an id already seen in this run is bad input (its key would collide).
 
     Records done in an earlier run are not remembered: their duplicates were reported then, and a million

@@ -34,8 +34,9 @@ EARLIER_INPUTS = "earlier_inputs"
 class JobMeta:
     """The live meta of one run. `current()` is what the writer stores with each batch."""
 
-    def __init__(self, resume: identity.ResumeCheck, samples: int, tracker: PositionTracker | None,
-                 bad_lines: set[int]):  # fmt: skip
+    def __init__(
+        self, resume: identity.ResumeCheck, samples: int, tracker: PositionTracker | None, bad_lines: set[int]
+    ):
         self._resume = resume
         self._samples = samples
         self._tracker = tracker

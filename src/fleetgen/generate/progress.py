@@ -66,9 +66,22 @@ class Progress:
 def waiting(endpoints: Sequence[Endpoint], elapsed_s: float, remaining_s: float) -> Progress:
     """A snapshot while the job waits for a first ready server: no counts yet, each server's state and why."""
     states = [EndpointProgress(e.name, e.readiness, 0, e.cap, 0, 0.0, e.last_error) for e in endpoints]
-    return Progress(done=0, total=None, completions_per_s=0.0, output_tokens_per_s=0.0, eta_s=None, errors=0,
-                    truncated=0, bad_inputs=0, in_flight=0, retrying=0, elapsed_s=elapsed_s, stopping=False,
-                    endpoints=states, waiting_s=remaining_s)  # fmt: skip
+    return Progress(
+        done=0,
+        total=None,
+        completions_per_s=0.0,
+        output_tokens_per_s=0.0,
+        eta_s=None,
+        errors=0,
+        truncated=0,
+        bad_inputs=0,
+        in_flight=0,
+        retrying=0,
+        elapsed_s=elapsed_s,
+        stopping=False,
+        endpoints=states,
+        waiting_s=remaining_s,
+    )
 
 
 @dataclass(frozen=True)

@@ -145,15 +145,31 @@ def snapshot(
         done += counters.done_before
     eta = (total - done) / rate if total is not None and rate > 0 and total >= done else None
     return Progress(
-        done=done, total=total, completions_per_s=rate, output_tokens_per_s=tok_rate, eta_s=eta,
+        done=done,
+        total=total,
+        completions_per_s=rate,
+        output_tokens_per_s=tok_rate,
+        eta_s=eta,
         errors=counters.errors_before * is_normal + counters.errors,
-        truncated=counters.truncated_before * is_normal + counters.truncated, bad_inputs=counters.bad,
-        in_flight=dispatcher.num_in_flight, retrying=dispatcher.num_retrying,
-        elapsed_s=time.monotonic() - started, stopping=stopping,
-        endpoints=[EndpointProgress(e.name, e.readiness, e.in_flight, e.cap, e.completions,
-                                    endpoint_rates.get(e.name, 0.0), e.last_error)
-                   for e in dispatcher.endpoints],
-    )  # fmt: skip
+        truncated=counters.truncated_before * is_normal + counters.truncated,
+        bad_inputs=counters.bad,
+        in_flight=dispatcher.num_in_flight,
+        retrying=dispatcher.num_retrying,
+        elapsed_s=time.monotonic() - started,
+        stopping=stopping,
+        endpoints=[
+            EndpointProgress(
+                e.name,
+                e.readiness,
+                e.in_flight,
+                e.cap,
+                e.completions,
+                endpoint_rates.get(e.name, 0.0),
+                e.last_error,
+            )
+            for e in dispatcher.endpoints
+        ],
+    )
 
 
 def summary(

@@ -105,8 +105,15 @@ class Job:
         opts = self.options
         store = Store.open(opts.out_dir)
         try:
-            self._intake = Intake.open(store, opts.input_path, opts.out_dir, opts.shape, opts.split,
-                                       opts.params.samples, add_input=opts.add_input)  # fmt: skip
+            self._intake = Intake.open(
+                store,
+                opts.input_path,
+                opts.out_dir,
+                opts.shape,
+                opts.split,
+                opts.params.samples,
+                add_input=opts.add_input,
+            )
             async with contextlib.AsyncExitStack() as stack:
                 self._stack = stack
                 endpoints = [await self._endpoint(name, url) for name, url in opts.endpoints]
@@ -127,8 +134,9 @@ class Job:
         """A client for one endpoint, closed with the job."""
         assert self._stack is not None
         opts = self.options
-        client = ChatClient(url, max_connections=opts.concurrency, timeout_s=opts.request_timeout_s,
-                            api_key=opts.api_key)  # fmt: skip
+        client = ChatClient(
+            url, max_connections=opts.concurrency, timeout_s=opts.request_timeout_s, api_key=opts.api_key
+        )
         return await self._stack.enter_async_context(client)
 
     async def _admit(self, endpoint: Endpoint) -> Readiness:
@@ -141,8 +149,13 @@ class Job:
             endpoint.last_error = link.problem
         return link.readiness
 
-    async def _run(self, store: Store, endpoints: list[Endpoint], watch: Watch,
-                   on_progress: Callable[[Progress], None] | None) -> Summary:  # fmt: skip
+    async def _run(
+        self,
+        store: Store,
+        endpoints: list[Endpoint],
+        watch: Watch,
+        on_progress: Callable[[Progress], None] | None,
+    ) -> Summary:
         opts = self.options
         started = time.monotonic()
         model = await self._resolve_model(endpoints, watch, started, on_progress)
@@ -157,9 +170,11 @@ class Job:
         meta = self._meta = JobMeta(intake.resume, opts.params.samples, tracker, bad_lines)
         writer = StoreWriter(store, lambda batch: self._committed(batch, tracker, meta), meta=meta.current)
         self._scraper = AcceptLengthScraper.for_engine(  # URLs as now: a late host may have one by now
-            [(e.name, e.client.base_url) for e in endpoints], opts.engine_kind,
-            interval_s=opts.metrics_interval_s, api_key=opts.api_key,
-        )  # fmt: skip
+            [(e.name, e.client.base_url) for e in endpoints],
+            opts.engine_kind,
+            interval_s=opts.metrics_interval_s,
+            api_key=opts.api_key,
+        )
         base = opts.params.base_body(model)
         dispatcher = Dispatcher(
             endpoints,
@@ -179,9 +194,15 @@ class Job:
         per_endpoint = {e.name: e.completions for e in endpoints}
         return rows.summary(store, status, model, self.counters, elapsed, per_endpoint)
 
-    async def _execute(self, dispatcher: Dispatcher, writer: StoreWriter, items: Iterator[Work],
-                       wanted: set[int] | None, started: float,
-                       on_progress: Callable[[Progress], None] | None) -> str:  # fmt: skip
+    async def _execute(
+        self,
+        dispatcher: Dispatcher,
+        writer: StoreWriter,
+        items: Iterator[Work],
+        wanted: set[int] | None,
+        started: float,
+        on_progress: Callable[[Progress], None] | None,
+    ) -> str:
         """Run the dispatcher with the writer, counter and ticker beside it; always flush and clean up."""
         self._dispatcher = dispatcher
         if self._stops:
@@ -205,8 +226,9 @@ class Job:
                 scrape_task.cancel()
             writer.put_series(rows.series_rows(dispatcher.endpoints, self._accept_lengths()))  # the end
             writer.close()
-            await asyncio.gather(writer_task, ticker, count_task, *filter(None, [scrape_task]),
-                                 return_exceptions=True)  # fmt: skip
+            await asyncio.gather(
+                writer_task, ticker, count_task, *filter(None, [scrape_task]), return_exceptions=True
+            )
             if on_progress is not None:  # the last frame shows the job's averages, not the last window's
                 elapsed = max(time.monotonic() - started, 1e-9)
                 c = self.counters
@@ -229,17 +251,27 @@ class Job:
         drain.cancel()
         abandon.cancel()
 
-    async def _resolve_model(self, endpoints: list[Endpoint], watch: Watch, started: float,
-                             on_progress: Callable[[Progress], None] | None) -> str | None:  # fmt: skip
+    async def _resolve_model(
+        self,
+        endpoints: list[Endpoint],
+        watch: Watch,
+        started: float,
+        on_progress: Callable[[Progress], None] | None,
+    ) -> str | None:
         """The served model, from the first ready endpoints (None: stopped while waiting for one)."""
 
         def on_wait(remaining_s: float) -> None:
             if on_progress is not None:
                 on_progress(waiting(endpoints, time.monotonic() - started, remaining_s))
 
-        infos = await served_models(endpoints, watch, wait_s=self.options.wait_ready_s,
-                                    tick_s=self.options.progress_interval_s, on_wait=on_wait,
-                                    is_stopped=lambda: bool(self._stops))  # fmt: skip
+        infos = await served_models(
+            endpoints,
+            watch,
+            wait_s=self.options.wait_ready_s,
+            tick_s=self.options.progress_interval_s,
+            on_wait=on_wait,
+            is_stopped=lambda: bool(self._stops),
+        )
         if not infos:
             return None
         wanted = self.options.params.model
@@ -297,8 +329,13 @@ class Job:
         if self._meta is not None:
             self._meta.num_records = num  # the writer stores the total with its next batch
 
-    async def _tick(self, dispatcher: Dispatcher, writer: StoreWriter, started: float,
-                    on_progress: Callable[[Progress], None] | None) -> None:  # fmt: skip
+    async def _tick(
+        self,
+        dispatcher: Dispatcher,
+        writer: StoreWriter,
+        started: float,
+        on_progress: Callable[[Progress], None] | None,
+    ) -> None:
         done_meter, token_meter = RateMeter(), RateMeter()
         meters = {e.name: RateMeter() for e in dispatcher.endpoints}
         last_series = time.monotonic()

@@ -38,15 +38,25 @@ from fleetgen.errors import InputError, InputMismatch
 from fleetgen.generate.work import BadInput, Message
 
 ROLE_OF = {
-    "human": "user", "user": "user", "system": "system",
-    "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
-    "model": "assistant", "bot": "assistant",
-}  # fmt: skip
+    "human": "user",
+    "user": "user",
+    "system": "system",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "model": "assistant",
+    "bot": "assistant",
+}
 BATCH_ROWS = 1024
 MAGIC = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd", b"BZh": "bz2", b"\xfd7zXZ\x00": "xz"}
-ARCHIVES = {b"PK\x03\x04": "a zip archive", b"7z\xbc\xaf": "a 7z archive", b"Rar!": "a rar archive",
-            b"PAR1": "a Parquet file without the .parquet suffix", b"ARROW1": "an Arrow file",
-            b"SQLite format 3": "an SQLite database"}  # fmt: skip
+ARCHIVES = {
+    b"PK\x03\x04": "a zip archive",
+    b"7z\xbc\xaf": "a 7z archive",
+    b"Rar!": "a rar archive",
+    b"PAR1": "a Parquet file without the .parquet suffix",
+    b"ARROW1": "an Arrow file",
+    b"SQLite format 3": "an SQLite database",
+}
 
 
 @dataclass(frozen=True, slots=True)

@@ -137,8 +137,13 @@ def api_key_way(fleet: FleetFile, engine: Engine) -> tuple[list[Issue], list[Iss
     flag = engine.api_key_config_flag
     if flag is None:
         why = f"{engine.name} reads its API key from no environment variable or config file"
-        return [], [Issue("api-key", f"{why}: it would be on its argv, readable by every user via `ps`",
-                          "bind 127.0.0.1 (reached through SSH tunnels) on shared hosts")]  # fmt: skip
+        return [], [
+            Issue(
+                "api-key",
+                f"{why}: it would be on its argv, readable by every user via `ps`",
+                "bind 127.0.0.1 (reached through SSH tunnels) on shared hosts",
+            )
+        ]
     if flag.removeprefix("--") in spec.args:
         return [
             Issue(

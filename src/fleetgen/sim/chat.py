@@ -81,12 +81,17 @@ def parse_chat_request(body: Any, server_kwargs: dict[str, Any] | None) -> ChatR
         raise RequestError("n must be positive")
     options = body.get("stream_options") or {}
     return ChatRequest(
-        model=str(body.get("model", DEFAULT_MODEL_NAME)), user_texts=user, all_texts=texts,
-        stream=bool(body.get("stream", False)), include_usage=bool(options.get("include_usage", False)),
-        max_tokens=max_tokens, n=n, seed=seed,
+        model=str(body.get("model", DEFAULT_MODEL_NAME)),
+        user_texts=user,
+        all_texts=texts,
+        stream=bool(body.get("stream", False)),
+        include_usage=bool(options.get("include_usage", False)),
+        max_tokens=max_tokens,
+        n=n,
+        seed=seed,
         separate_reasoning=bool(body.get("separate_reasoning", True)),
         enable_thinking=_thinking(body, server_kwargs),
-    )  # fmt: skip
+    )
 
 
 def usage_json(prompt_tokens: int, gens: list[Generation]) -> str:

@@ -70,10 +70,17 @@ class SimScheduler:
     """One simulated scheduler (DP=1). Coroutines only; no threads."""
 
     def __init__(
-        self, *, max_running: int, max_total_tokens: int, decode_tps: float,
-        spec_draft_tokens: int, accept_length: float, crash_after: int | None, hybrid: bool,
+        self,
+        *,
+        max_running: int,
+        max_total_tokens: int,
+        decode_tps: float,
+        spec_draft_tokens: int,
+        accept_length: float,
+        crash_after: int | None,
+        hybrid: bool,
         mamba_cache_size: int,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.max_running = max(1, max_running)
         self.max_total_tokens = max_total_tokens
         self.decode_tps = decode_tps

@@ -111,44 +111,104 @@ def _add_flag(parser: argparse.ArgumentParser, flag: dict[str, Any]) -> None:
     elif kind in ("deprecated_store_true", "deprecated_store_const"):
         nargs = 0 if kind == "deprecated_store_true" else None
         parser.add_argument(
-            *options, action=DeprecatedStoreConst, nargs=nargs, choices=flag["choices"],
-            new_flag=flag.get("new_flag"), const_value=flag.get("const", True), **common,
-        )  # fmt: skip
+            *options,
+            action=DeprecatedStoreConst,
+            nargs=nargs,
+            choices=flag["choices"],
+            new_flag=flag.get("new_flag"),
+            const_value=flag.get("const", True),
+            **common,
+        )
     elif kind in ("store", "lora_paths"):
         converter = CONVERTERS[flag["type"] or "str"]
         parser.add_argument(
-            *options, type=converter, nargs=flag["nargs"], choices=flag["choices"],
-            required=flag["required"], **common,
-        )  # fmt: skip
+            *options,
+            type=converter,
+            nargs=flag["nargs"],
+            choices=flag["choices"],
+            required=flag["required"],
+            **common,
+        )
     else:
         raise AssertionError(f"unknown action kind {kind!r} in {FLAGS_FILE}")
 
 
 # (flag, argparse kwargs): the simulator's own knobs; none of them exists in SGLang.
 SIM_KNOBS: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("--sim-decode-tps", {"type": float, "default": 0.0,
-                          "help": "Decode steps/s per request (= tokens/s without speculative decoding, "
-                                  "× the accept length with it); 0 answers instantly."}),
-    ("--sim-output-tokens", {"type": int, "default": 1800,
-                             "help": "Tokens per answer (reasoning + content) unless max_tokens cuts it."}),
-    ("--sim-reasoning-fraction", {"type": float, "default": 0.75,
-                                  "help": "Share of the output that is reasoning when thinking is on."}),
-    ("--sim-start-delay", {"type": float, "default": 0.0,
-                           "help": "Seconds the startup takes (weight load, pools, warmup)."}),
-    ("--sim-fail-at-start", {"choices": ["oom", "valueerror"], "default": None,
-                             "help": "Fail like SGLang: pools do not fit (oom) or a rule fails."}),
-    ("--sim-crash-after", {"type": int, "default": None,
-                           "help": "Serve N requests, then die hard (SIGKILL, as on a CUDA crash)."}),
-    ("--sim-no-spec", {"action": "store_true",
-                       "help": "Accept speculative flags but run (and report) no speculative decoding."}),
-    ("--sim-accept-length", {"type": float, "default": 2.6,
-                             "help": "Mean speculative accept length (bonus token included)."}),
-    ("--sim-gpu-memory-gib", {"type": float, "default": 80.0,
-                              "help": "Simulated GPU memory; capacity numbers are computed from it."}),
-    ("--sim-weights-gib", {"type": float, "default": None,
-                           "help": "Weight size (default: the model folder's safetensors, else 51)."}),
+    (
+        "--sim-decode-tps",
+        {
+            "type": float,
+            "default": 0.0,
+            "help": "Decode steps/s per request (= tokens/s without speculative decoding, "
+            "× the accept length with it); 0 answers instantly.",
+        },
+    ),
+    (
+        "--sim-output-tokens",
+        {
+            "type": int,
+            "default": 1800,
+            "help": "Tokens per answer (reasoning + content) unless max_tokens cuts it.",
+        },
+    ),
+    (
+        "--sim-reasoning-fraction",
+        {
+            "type": float,
+            "default": 0.75,
+            "help": "Share of the output that is reasoning when thinking is on.",
+        },
+    ),
+    (
+        "--sim-start-delay",
+        {"type": float, "default": 0.0, "help": "Seconds the startup takes (weight load, pools, warmup)."},
+    ),
+    (
+        "--sim-fail-at-start",
+        {
+            "choices": ["oom", "valueerror"],
+            "default": None,
+            "help": "Fail like SGLang: pools do not fit (oom) or a rule fails.",
+        },
+    ),
+    (
+        "--sim-crash-after",
+        {
+            "type": int,
+            "default": None,
+            "help": "Serve N requests, then die hard (SIGKILL, as on a CUDA crash).",
+        },
+    ),
+    (
+        "--sim-no-spec",
+        {
+            "action": "store_true",
+            "help": "Accept speculative flags but run (and report) no speculative decoding.",
+        },
+    ),
+    (
+        "--sim-accept-length",
+        {"type": float, "default": 2.6, "help": "Mean speculative accept length (bonus token included)."},
+    ),
+    (
+        "--sim-gpu-memory-gib",
+        {
+            "type": float,
+            "default": 80.0,
+            "help": "Simulated GPU memory; capacity numbers are computed from it.",
+        },
+    ),
+    (
+        "--sim-weights-gib",
+        {
+            "type": float,
+            "default": None,
+            "help": "Weight size (default: the model folder's safetensors, else 51).",
+        },
+    ),
     ("--sim-architecture", {"default": None, "help": "Architecture when --model-path has no config.json."}),
-)  # fmt: skip
+)
 
 
 def add_sim_knobs(parser: argparse.ArgumentParser) -> None:

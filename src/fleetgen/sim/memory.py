@@ -166,12 +166,22 @@ def compute_capacity(inputs: MemoryInputs, shape: ModelShape) -> Capacity:
     conv, ssm = shape.mamba_state_bytes(inputs.tp_size, inputs.ssm_dtype_bytes)
     half_kv = tokens * target_cell / 2 / GIB
     return Capacity(
-        free_before_load_gib=free_before, free_after_load_gib=free_before - shape.weights_gib,
-        weights_gib=shape.weights_gib, max_total_num_tokens=tokens, kv_k_gib=half_kv, kv_v_gib=half_kv,
-        max_running_requests=running, mamba_cache_size=mamba_size,
-        mamba_conv_gib=(mamba_size + 1) * conv / GIB, mamba_ssm_gib=(mamba_size + 1) * ssm / GIB,
+        free_before_load_gib=free_before,
+        free_after_load_gib=free_before - shape.weights_gib,
+        weights_gib=shape.weights_gib,
+        max_total_num_tokens=tokens,
+        kv_k_gib=half_kv,
+        kv_v_gib=half_kv,
+        max_running_requests=running,
+        mamba_cache_size=mamba_size,
+        mamba_conv_gib=(mamba_size + 1) * conv / GIB,
+        mamba_ssm_gib=(mamba_size + 1) * ssm / GIB,
         mamba_intermediate_gib=intermediate_gib,
-        free_after_pools_gib=free_before - shape.weights_gib - inputs.draft_weights_gib
-        - 2 * half_kv * (1 + draft_share) - mamba_gib - intermediate_gib,
+        free_after_pools_gib=free_before
+        - shape.weights_gib
+        - inputs.draft_weights_gib
+        - 2 * half_kv * (1 + draft_share)
+        - mamba_gib
+        - intermediate_gib,
         warnings=(*warnings, *more),
-    )  # fmt: skip
+    )

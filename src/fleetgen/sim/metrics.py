@@ -90,6 +90,11 @@ def render_metrics(sched: SimScheduler, model_name: str, max_total_tokens: int) 
         le = "+Inf" if math.isinf(bound) else repr(bound)
         buckets.append(("_bucket", _labels({**base, "le": le}), cumulative))
     buckets += [("_count", _labels(base), cumulative), ("_sum", _labels(base), counters.e2e_sum)]
-    _family(lines, "sglang:e2e_request_latency_seconds", "histogram",
-            "Histogram of End-to-end request latency in seconds", buckets)  # fmt: skip
+    _family(
+        lines,
+        "sglang:e2e_request_latency_seconds",
+        "histogram",
+        "Histogram of End-to-end request latency in seconds",
+        buckets,
+    )
     return "\n".join(lines) + "\n"

@@ -15,11 +15,18 @@ from typing import Any
 # SGLang 0.5.23 `arg_groups/overrides.py::_MAMBA_RADIX_CACHE_ARCHS` (the hybrid archs fleetgen cares about).
 HYBRID_ARCHS = frozenset(
     {
-        "Qwen3NextForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
-        "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM", "KimiLinearForCausalLM", "NemotronHForCausalLM",
-        "FalconH1ForCausalLM", "BailingMoeV2_5ForCausalLM", "Lfm2ForCausalLM",
+        "Qwen3NextForCausalLM",
+        "Qwen3_5ForConditionalGeneration",
+        "Qwen3_5MoeForConditionalGeneration",
+        "Qwen3_5ForCausalLM",
+        "Qwen3_5MoeForCausalLM",
+        "KimiLinearForCausalLM",
+        "NemotronHForCausalLM",
+        "FalconH1ForCausalLM",
+        "BailingMoeV2_5ForCausalLM",
+        "Lfm2ForCausalLM",
     }
-)  # fmt: skip
+)
 DEFAULT_ARCH = "Qwen3_5ForConditionalGeneration"
 DEFAULT_WEIGHTS_GIB = 51.0  # Qwen3.6-27B BF16 target weights (55.56 GB checkpoint incl. vision)
 
@@ -84,11 +91,21 @@ class ModelShape:
 
 
 DEFAULT_SHAPE = ModelShape(
-    architecture=DEFAULT_ARCH, model_type="qwen3_5", num_hidden_layers=64, num_full_attention_layers=16,
-    num_key_value_heads=4, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=48,
-    linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4, context_len=262144,
-    weights_gib=DEFAULT_WEIGHTS_GIB, eos_token_id=248046,
-)  # fmt: skip
+    architecture=DEFAULT_ARCH,
+    model_type="qwen3_5",
+    num_hidden_layers=64,
+    num_full_attention_layers=16,
+    num_key_value_heads=4,
+    head_dim=256,
+    linear_num_key_heads=16,
+    linear_num_value_heads=48,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_conv_kernel_dim=4,
+    context_len=262144,
+    weights_gib=DEFAULT_WEIGHTS_GIB,
+    eos_token_id=248046,
+)
 
 
 def _full_attention_layers(text: dict[str, Any], num_layers: int, is_hybrid: bool) -> int:
@@ -117,7 +134,8 @@ def load_shape(model_path: str, architecture: str | None, weights_gib: float | N
         heads = int(text.get("num_attention_heads", 8))
         eos = text.get("eos_token_id", shape.eos_token_id)
         shape = dataclasses.replace(
-            shape, architecture=arch,
+            shape,
+            architecture=arch,
             model_type=str(config.get("model_type") or text.get("model_type", "")),  # hf_config's, not text's
             num_hidden_layers=num_layers,
             num_full_attention_layers=_full_attention_layers(text, num_layers, arch in HYBRID_ARCHS),
@@ -131,7 +149,7 @@ def load_shape(model_path: str, architecture: str | None, weights_gib: float | N
             tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
             mtp_layers=int(text.get("mtp_num_hidden_layers") or text.get("num_nextn_predict_layers") or 0),
             **{k: int(text[k]) for k in _LINEAR_FIELDS if k in text},
-        )  # fmt: skip
+        )
     if architecture is not None:
         shape = dataclasses.replace(shape, architecture=architecture)
     if weights_gib is not None:

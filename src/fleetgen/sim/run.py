@@ -29,8 +29,12 @@ from fleetgen.sim.server import build_app
 from fleetgen.sim.state import SimKnobs, SimState
 
 logger = logging.getLogger("sglang.srt.entrypoints.engine")
-SPEC_DESTS = ("speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",
-              "speculative_num_draft_tokens")  # fmt: skip
+SPEC_DESTS = (
+    "speculative_algorithm",
+    "speculative_num_steps",
+    "speculative_eagle_topk",
+    "speculative_num_draft_tokens",
+)
 CONTEXT_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
 
 
@@ -80,18 +84,22 @@ def _context_rule(res: Resolution, shape: ModelShape, force: bool) -> None:
 
 def _memory_inputs(args: dict[str, Any], knobs: SimKnobs, draft: int, shape: ModelShape) -> MemoryInputs:
     return MemoryInputs(
-        gpu_gib=knobs.gpu_memory_gib, tp_size=args["tp_size"],
+        gpu_gib=knobs.gpu_memory_gib,
+        tp_size=args["tp_size"],
         mem_fraction_static=args["mem_fraction_static"],
-        context_len=args["context_length"], max_running_requests=args["max_running_requests"],
-        max_total_tokens=args["max_total_tokens"], max_mamba_cache_size=args["max_mamba_cache_size"],
-        mamba_full_memory_ratio=args["mamba_full_memory_ratio"], num_draft_tokens=draft,
+        context_len=args["context_length"],
+        max_running_requests=args["max_running_requests"],
+        max_total_tokens=args["max_total_tokens"],
+        max_mamba_cache_size=args["max_mamba_cache_size"],
+        mamba_full_memory_ratio=args["mamba_full_memory_ratio"],
+        num_draft_tokens=draft,
         radix_cache=not args["disable_radix_cache"],
         extra_buffer=args["mamba_radix_cache_strategy"] in ("extra_buffer", "extra_buffer_lazy"),
         overlap=not args["disable_overlap_schedule"],
         ssm_dtype_bytes=2 if args["mamba_ssm_dtype"] in ("bfloat16", "float16") else 4,
         draft_weights_gib=shape.draft_weights_gib(args["tp_size"]) if draft else 0.0,
         draft_kv_layers=shape.mtp_layers if draft else 0,
-    )  # fmt: skip
+    )
 
 
 async def _build_pools(res: Resolution, shape: ModelShape, knobs: SimKnobs) -> Capacity:
@@ -128,12 +136,15 @@ async def _serve(res: Resolution, shape: ModelShape, knobs: SimKnobs, launch_com
     args = res.args
     is_spec = args["speculative_algorithm"] is not None
     scheduler = SimScheduler(
-        max_running=capacity.max_running_requests, max_total_tokens=capacity.max_total_num_tokens,
+        max_running=capacity.max_running_requests,
+        max_total_tokens=capacity.max_total_num_tokens,
         decode_tps=knobs.decode_tps,
         spec_draft_tokens=(args["speculative_num_draft_tokens"] or 0) if is_spec else 0,
-        accept_length=knobs.accept_length, crash_after=knobs.crash_after, hybrid=shape.is_hybrid,
+        accept_length=knobs.accept_length,
+        crash_after=knobs.crash_after,
+        hybrid=shape.is_hybrid,
         mamba_cache_size=capacity.mamba_cache_size,
-    )  # fmt: skip
+    )
     state = SimState(args, launch_command, shape, capacity, scheduler, knobs)
     runner = web.AppRunner(build_app(state), access_log=None, handle_signals=False)
     await runner.setup()

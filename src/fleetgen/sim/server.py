@@ -218,9 +218,13 @@ def build_app(state: SimState) -> web.Application:
     for path in ("/health", "/health_generate", "/ready"):
         app.router.add_get(path, health)
     for path, handler in (
-        ("/server_info", server_info), ("/get_server_info", server_info), ("/model_info", model_info),
-        ("/get_model_info", model_info), ("/v1/models", models), ("/v1/loads", loads),
-    ):  # fmt: skip
+        ("/server_info", server_info),
+        ("/get_server_info", server_info),
+        ("/model_info", model_info),
+        ("/get_model_info", model_info),
+        ("/v1/models", models),
+        ("/v1/loads", loads),
+    ):
         app.router.add_get(path, handler)
     if state.args["enable_metrics"]:
         app.router.add_get("/metrics", metrics)
