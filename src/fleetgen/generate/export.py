@@ -249,9 +249,9 @@ class _Tally:
         notes = []
         if self.truncated_written:
             notes.append(
-                f"{self.truncated_written} truncated rows written (cut at max_tokens after the answer "
-                "began): the text is the target model's own, and a drafter learns from every token of it; "
-                "--filter no-truncated leaves them out"
+                f"{self.truncated_written} truncated rows written (cut at max_tokens): the text is the "
+                "target model's own, and a drafter learns from every token of it; --filter no-truncated "
+                "leaves them out"
             )
         if self.truncated_dropped:
             notes.append(f"{self.truncated_dropped} truncated rows dropped (counted in the reasons below)")
