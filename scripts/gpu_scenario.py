@@ -36,7 +36,9 @@ from pathlib import Path
 from typing import Any
 
 # The sweep runs before the measured pair: a fresh server pays one-time costs (kernel compilation and
-# autotuning on its first big batches: 100 s on SGLang MTP, H200) and the pair must meet a warm server.
+# autotuning on its first big batches: 100 s on SGLang MTP, H200) and the pair must meet a warm server. The
+# sweep samples greedily; `warm` then sends one wave with the job's own sampling (vLLM 0.24 JIT-compiles its
+# top-k/top-p kernel on the first top_p request: a 5 s stall that fell inside fleetgen's measured run).
 STEPS = [
     "check",
     "plan",
@@ -44,6 +46,7 @@ STEPS = [
     "status",
     "capture",
     "sweep",
+    "warm",
     "run",
     "export",
     "engine_bench",
@@ -261,6 +264,24 @@ class Scenario:
                     "output_tok_s": tokens / (last - first),
                 }
         self.state[v]["run"] = {**rec, "summary": summary, "window": window}
+
+    def step_warm(self, v: str, fleet: Path) -> None:
+        """One unmeasured wave (`concurrency` requests) with the job's sampling, on prompts that share no
+        prefix with the measured ones, so that the measured pair meets an equally warm server."""
+        warm = self.out / "prompts-warm.jsonl"
+        with self.prompts().open() as src, warm.open("w") as dst:
+            for line in itertools.islice(src, self.a.concurrency):
+                rec = json.loads(line)
+                dst.write(
+                    json.dumps({"id": f"warm-{rec['id']}", "prompt": "Warm-up. " + rec["prompt"]}) + "\n"
+                )
+        out = self.out / f"warm-{v}"
+        shutil.rmtree(out, ignore_errors=True)
+        args = ["run", str(warm), "-o", str(out), *self.target_args(v, fleet), "--job", str(self.job())]
+        rec = self.fg(
+            f"{v}-warm", [*args, "--concurrency", str(self.a.concurrency), "--json", "--no-live"], 600
+        )
+        self.state[v]["warm"] = {k: rec[k] for k in ("rc", "wall_s") if k in rec}
 
     def step_export(self, v: str, fleet: Path) -> None:
         to = self.raw / f"{v}-sharegpt.jsonl"
