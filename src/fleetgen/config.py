@@ -92,6 +92,13 @@ class EngineSpec(_Strict):
         return self.bind != LOOPBACK
 
 
+def ssh_form(value: str) -> str:
+    """`user@host:port`, `host` or `local` (an SSH target as fleet files write it)."""
+    if value != "local" and not re.fullmatch(r"(?:[^@\s]+@)?[^@:\s]+(?::\d{1,5})?", value):
+        raise ValueError(f"expected 'user@host:port', 'host' or 'local', got {value!r}")
+    return value
+
+
 class HostSpec(_Strict):
     """`[[hosts]]`: one machine reached over SSH (or `ssh = "local"`)."""
 
@@ -110,9 +117,7 @@ class HostSpec(_Strict):
     @field_validator("ssh")
     @classmethod
     def _ssh_form(cls, value: str) -> str:
-        if value != "local" and not re.fullmatch(r"(?:[^@\s]+@)?[^@:\s]+(?::\d{1,5})?", value):
-            raise ValueError(f"expected 'user@host:port', 'host' or 'local', got {value!r}")
-        return value
+        return ssh_form(value)
 
     @field_validator("gpus")
     @classmethod
@@ -145,6 +150,110 @@ class HostSpec(_Strict):
         return int(rest.rsplit(":", 1)[1]) if ":" in rest else 22
 
 
+# sbatch options fleetgen sets on every job: refused in cluster.sbatch_args (the ones a [cluster] field sets
+# name that field).
+SBATCH_FIELDS = {"-p": "partition", "--partition": "partition", "-t": "time", "--time": "time"}
+SBATCH_FIELDS |= {"-A": "account", "--account": "account"}
+MANAGED_SBATCH = frozenset(
+    [
+        "-J",
+        "--job-name",
+        "-o",
+        "--output",
+        "-e",
+        "--error",
+        "-N",
+        "--nodes",
+        "-n",
+        "--ntasks",
+        "-G",
+        "--gpus",
+        "--gres",
+        "--gpus-per-node",
+        "--gpus-per-task",
+        "--wrap",
+        "--parsable",
+        "-D",
+        "--chdir",
+        "--test-only",
+    ]
+) | set(SBATCH_FIELDS)
+SLURM_TIME = re.compile(
+    r"(?:\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+|\d+-\d+:\d{1,2}|\d+-\d+:\d{1,2}:\d{1,2}"
+    r"|UNLIMITED|unlimited|infinite|INFINITE)"
+)
+
+
+class ClusterSpec(_Strict):
+    """`[cluster]`: the servers are placed by a Slurm cluster, one job per server (`deploy.slurm`).
+
+    fleetgen runs `sbatch`/`squeue`/`scancel` on the submit host (`submit`: "local" = this machine, or
+    `user@login:port` over SSH); the workdir is on the filesystem the submit host and the nodes share.
+    Instances are named `<name>-<k>` (k < gpus / engine.tp) and listen on `base_port + k` on their node.
+    """
+
+    kind: Literal["slurm"]
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")] = "slurm"
+    partition: Annotated[str, Field(pattern=r"^[^\s,]+$")]
+    gpus: Annotated[int, Field(ge=1, le=4096)]
+    gpus_per_node: Annotated[int, Field(ge=1, le=64)] | None = None
+    time: str
+    account: Annotated[str, Field(pattern=r"^\S+$")] | None = None
+    sbatch_args: list[str] = Field(default_factory=list)
+    submit: str = "local"
+    identity: str | None = None
+    known_hosts: str | None = None
+    node_access: Literal["local", "ssh"] = "ssh"
+    node_ssh_user: str | None = None
+    node_ssh_port: Annotated[int, Field(ge=1, le=65535)] = 22
+    workdir: str = "~/fleetgen"
+    base_port: Annotated[int, Field(ge=1024, le=65000)] | None = None
+    gpu_memory_gib: Annotated[float, Field(gt=0)] | None = None
+    host_memory_gib: Annotated[float, Field(gt=0)] | None = None
+
+    @field_validator("time")
+    @classmethod
+    def _slurm_time(cls, value: str) -> str:
+        if not SLURM_TIME.fullmatch(value):
+            raise ValueError(
+                f'{value!r} is no Slurm time limit: write minutes ("90"), "HH:MM:SS", "D-HH:MM:SS" '
+                '(e.g. "3-00:00:00") or "UNLIMITED", as `sbatch --time` takes it'
+            )
+        return value
+
+    @field_validator("sbatch_args")
+    @classmethod
+    def _unmanaged(cls, args: list[str]) -> list[str]:
+        for arg in args:
+            option = arg.split("=", 1)[0]
+            if option in MANAGED_SBATCH:
+                field = SBATCH_FIELDS.get(option, "")
+                where = f"set cluster.{field} instead" if field else "fleetgen sets it for every job"
+                raise ValueError(f"{arg!r} is set by fleetgen: remove it from sbatch_args ({where})")
+        return args
+
+    @field_validator("submit")
+    @classmethod
+    def _submit_form(cls, value: str) -> str:
+        return ssh_form(value)
+
+    def submit_host(self) -> dict[str, Any]:
+        """The `[[hosts]]` entry the cluster stands for: the submit host, its GPUs the cluster's (slots
+        0…gpus-1, one instance per `tp` of them; Slurm picks the real devices on the node)."""
+        values: dict[str, Any] = {
+            "name": self.name,
+            "ssh": self.submit,
+            "identity": self.identity,
+            "known_hosts": self.known_hosts,
+            "gpus": list(range(self.gpus)),
+            "gpu_memory_gib": self.gpu_memory_gib,
+            "host_memory_gib": self.host_memory_gib,
+            "workdir": self.workdir,
+            "base_port": self.base_port,
+        }
+        return {key: value for key, value in values.items() if value is not None}
+
+
 class InstanceSpec(_Strict):
     """One engine server: `tp` GPUs of one host, one port. Derived from the fleet file, never written."""
 
@@ -159,7 +268,38 @@ class FleetFile(_Strict):
     """A whole fleet file."""
 
     engine: EngineSpec
-    hosts: list[HostSpec] = Field(min_length=1)
+    hosts: list[HostSpec] = Field(default_factory=list)
+    cluster: ClusterSpec | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_placement(cls, data: Any) -> Any:
+        """`[[hosts]]` (SSH hosts) or `[cluster]` (Slurm), exactly one; a valid cluster stands as one host,
+        the submit host, so everything that walks `hosts` (plan, select, status) sees the same fleet."""
+        if not isinstance(data, dict):
+            return data
+        has_hosts, has_cluster = bool(data.get("hosts")), "cluster" in data
+        if has_hosts and has_cluster:
+            raise ValueError(
+                "the fleet file has both [[hosts]] and [cluster]: a fleet is placed on SSH hosts or by a "
+                "Slurm cluster, not both; keep one (two fleet files for two placements)"
+            )
+        if not has_hosts and not has_cluster:
+            raise ValueError(
+                "no [[hosts]] and no [cluster]: add [[hosts]] entries (SSH hosts) or a [cluster] table "
+                '(kind = "slurm"); `fleetgen init` writes an example'
+            )
+        if has_cluster:
+            try:
+                cluster = ClusterSpec.model_validate(data["cluster"])
+            except ValidationError:
+                return data  # reported by the field's own validation, with its location
+            return {**data, "hosts": [cluster.submit_host()]}
+        return data
+
+    @property
+    def is_slurm(self) -> bool:
+        return self.cluster is not None
 
     @model_validator(mode="after")
     def _unique_hosts(self) -> FleetFile:
@@ -340,6 +480,8 @@ def layout_problems(fleet: FleetFile) -> list[tuple[tuple[int | str, ...], str]]
     """(field location, why + fix) for GPU lists `tp` does not divide and names two things could share."""
     problems: list[tuple[tuple[int | str, ...], str]] = []
     tp = fleet.engine.tp
+    if fleet.cluster is not None:
+        return cluster_problems(fleet.cluster, tp)
     for i, host in enumerate(fleet.hosts):
         if host.gpus != "all":
             why = _gpu_count_problem(list(host.gpus), tp, f"gpus = {_gpu_list(host.gpus)}")
@@ -356,6 +498,29 @@ def layout_problems(fleet: FleetFile) -> list[tuple[tuple[int | str, ...], str]]
             clash = _name_clash(fleet, host, other.name)
             if clash:
                 problems.append((("hosts", j, "name"), clash))
+    return problems
+
+
+def cluster_problems(cluster: ClusterSpec, tp: int) -> list[tuple[tuple[int | str, ...], str]]:
+    """A cluster's GPUs `tp` does not divide, and servers wider than a node."""
+    problems: list[tuple[tuple[int | str, ...], str]] = []
+    if cluster.gpus % tp:
+        fit = cluster.gpus // tp * tp
+        problems.append(
+            (
+                ("cluster", "gpus"),
+                f"gpus = {cluster.gpus} is no multiple of engine.tp = {tp} (servers = gpus / tp): "
+                f"set gpus = {fit or tp}{f' or {fit + tp}' if fit else ''}, or change engine.tp",
+            )
+        )
+    if cluster.gpus_per_node is not None and tp > cluster.gpus_per_node:
+        problems.append(
+            (
+                ("cluster", "gpus_per_node"),
+                f"engine.tp = {tp} is more than a node's {cluster.gpus_per_node} GPUs: one server runs on "
+                "one node here; lower engine.tp or fix gpus_per_node",
+            )
+        )
     return problems
 
 
