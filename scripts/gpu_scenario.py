@@ -176,7 +176,7 @@ class Scenario:
     def variants(self) -> dict[str, Path]:
         """spec: the fleet file as written; nospec: without its speculative args (bench's own rewrite)."""
         from fleetgen.errors import FleetgenError
-        from fleetgen.generate.bench_fleet import write_spec_off
+        from fleetgen.bench.fleet import write_spec_off
 
         off = self.fleet_path.with_name(self.fleet_path.stem + "-nospec.toml")
         try:

@@ -14,17 +14,17 @@ import sys
 from asyncio.subprocess import PIPE
 from pathlib import Path
 
-from fleetgen.generate.bench import sweep
-from fleetgen.generate.bench_stats import BenchSpec, Target
+from fleetgen.bench.sweep import sweep
+from fleetgen.bench.stats import BenchLoad, BenchTarget
 from tests.fixtures.sim import SimFactory
 
 FLEETGEN = Path(sys.executable).parent / "fleetgen"
 
 
 async def test_sweep_counts_every_request_and_token(sim_server: SimFactory) -> None:
-    spec = BenchSpec(input_len=32, output_len=16, concurrencies=(1, 4), rounds=2, min_requests=3)
+    load = BenchLoad(input_len=32, output_len=16, concurrencies=(1, 4), rounds=2, min_requests=3)
     async with sim_server(reasoning_parser="qwen3", sim_decode_tps=2000) as (url, _):
-        levels = await sweep([Target("i0", (url,))], spec)
+        levels = await sweep([BenchTarget("i0", (url,))], load)
     assert [(r.concurrency, r.num_requests, r.num_failed) for r in levels] == [(1, 3, 0), (4, 8, 0)]
     for level in levels:
         assert level.output_tokens == level.num_requests * 16  # ignore_eos + max_tokens: exactly 16 each
@@ -37,7 +37,7 @@ async def test_sweep_counts_every_request_and_token(sim_server: SimFactory) -> N
 async def _counters(url: str) -> dict[str, float]:
     import aiohttp
 
-    from fleetgen.generate.bench_stats import parse_metrics
+    from fleetgen.bench.stats import parse_metrics
 
     async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as resp:
         samples = parse_metrics(await resp.text())
@@ -51,12 +51,12 @@ async def _counters(url: str) -> dict[str, float]:
 async def test_a_warm_up_burst_at_the_top_level_precedes_the_measured_levels(sim_server: SimFactory) -> None:
     # A fresh server compiles kernels on its first batched prefill (100 s on SGLang MTP, H200): one unmeasured
     # burst at the top level (capped by the server) must come first, and count in no level.
-    spec = BenchSpec(
+    load = BenchLoad(
         input_len=16, output_len=8, concurrencies=(1, 3, 16), rounds=1, min_requests=2, warmup_tokens=5
     )
     async with sim_server(max_running_requests=6, enable_metrics=True) as (url, _):
         before = await _counters(url)
-        levels = await sweep([Target("i0", (url,))], spec)
+        levels = await sweep([BenchTarget("i0", (url,))], load)
         after = await _counters(url)
     assert [(r.concurrency, r.num_requests) for r in levels] == [(1, 2), (3, 3), (6, 6)]
     probe, warm_up = 1, 6
@@ -64,17 +64,17 @@ async def test_a_warm_up_burst_at_the_top_level_precedes_the_measured_levels(sim
     assert after["sglang:num_requests_total"] - before["sglang:num_requests_total"] == sent
     tokens = 1 + warm_up * 5 + sum(r.output_tokens for r in levels)
     assert after["sglang:generation_tokens_total"] - before["sglang:generation_tokens_total"] == tokens
-    no_warm_up = dataclasses.replace(spec, warmup_tokens=0)
+    no_warm_up = dataclasses.replace(load, warmup_tokens=0)
     async with sim_server(max_running_requests=6, enable_metrics=True) as (url, _):
-        await sweep([Target("i0", (url,))], no_warm_up)
+        await sweep([BenchTarget("i0", (url,))], no_warm_up)
         counted = await _counters(url)
     assert counted["sglang:num_requests_total"] == probe + sum(r.num_requests for r in levels)
 
 
 async def test_levels_are_capped_by_the_servers_max_running_requests(sim_server: SimFactory) -> None:
-    spec = BenchSpec(input_len=16, output_len=4, concurrencies=(1, 4, 16), rounds=1, min_requests=2)
+    load = BenchLoad(input_len=16, output_len=4, concurrencies=(1, 4, 16), rounds=1, min_requests=2)
     async with sim_server(max_running_requests=4) as (url, _):
-        levels = await sweep([Target("i0", (url,)), Target("fleet", (url, url))], spec)
+        levels = await sweep([BenchTarget("i0", (url,)), BenchTarget("fleet", (url, url))], load)
     assert [(r.target, r.concurrency, r.num_instances) for r in levels] == [
         ("i0", 1, 1),
         ("i0", 4, 1),
@@ -87,12 +87,12 @@ async def test_levels_are_capped_by_the_servers_max_running_requests(sim_server:
 async def test_accept_length_comes_from_the_engines_metrics(sim_server: SimFactory) -> None:
     # SGLang (and the sim) refresh the accept-length gauge at each decode log line, about once a second:
     # the level must outlast one (600 tokens at 160 steps/s × 2.5 accepted per step = 400 tok/s ≈ 1.5 s).
-    spec = BenchSpec(input_len=16, output_len=600, concurrencies=(2,), rounds=1, min_requests=2)
+    load = BenchLoad(input_len=16, output_len=600, concurrencies=(2,), rounds=1, min_requests=2)
     flags = dict(
         speculative_algorithm="EAGLE", sim_accept_length=2.5, sim_decode_tps=160, enable_metrics=True
     )
     async with sim_server(**flags) as (url, _):
-        (level,) = await sweep([Target("i0", (url,))], spec)
+        (level,) = await sweep([BenchTarget("i0", (url,))], load)
     assert level.accept_length is not None
     assert level.accept_length == 2.5  # the sim's configured value, read from sglang:spec_accept_length
 

@@ -9,8 +9,8 @@ import pytest
 
 from fleetgen.config import load_fleet
 from fleetgen.errors import ConfigError
-from fleetgen.generate.bench_fleet import targets_of, write_spec_off
-from fleetgen.generate.bench_stats import Target
+from fleetgen.bench.fleet import targets_of, write_spec_off
+from fleetgen.bench.stats import BenchTarget
 
 PAIRS = [("h0-0", "http://127.0.0.1:1"), ("h0-1", "http://127.0.0.1:2")]
 
@@ -44,9 +44,9 @@ gpus = "all"
 def test_targets_per_scope() -> None:
     both = targets_of(PAIRS, "both")
     assert both == [
-        Target("h0-0", ("http://127.0.0.1:1",)),
-        Target("h0-1", ("http://127.0.0.1:2",)),
-        Target("fleet", ("http://127.0.0.1:1", "http://127.0.0.1:2")),
+        BenchTarget("h0-0", ("http://127.0.0.1:1",)),
+        BenchTarget("h0-1", ("http://127.0.0.1:2",)),
+        BenchTarget("fleet", ("http://127.0.0.1:1", "http://127.0.0.1:2")),
     ]
     assert [t.name for t in targets_of(PAIRS, "instances")] == ["h0-0", "h0-1"]
     assert [t.name for t in targets_of(PAIRS, "fleet")] == ["fleet"]

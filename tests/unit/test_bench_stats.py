@@ -10,11 +10,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fleetgen.engines import get_engine
-from fleetgen.generate.bench_stats import (
-    BenchSpec,
+from fleetgen.bench.stats import (
+    BenchLoad,
     LevelResult,
     RequestSample,
-    Target,
+    BenchTarget,
     accept_length_from_metrics,
     build_level,
     capped_levels,
@@ -63,10 +63,10 @@ def test_capped_levels(requested: tuple[int, ...], cap: int | None, expected: tu
 
 
 def test_num_requests_scales_with_concurrency_and_instances() -> None:
-    spec = BenchSpec(rounds=3, min_requests=10)
-    assert spec.num_requests(1, 1) == 10
-    assert spec.num_requests(8, 1) == 24
-    assert spec.num_requests(8, 4) == 96
+    load = BenchLoad(rounds=3, min_requests=10)
+    assert load.num_requests(1, 1) == 10
+    assert load.num_requests(8, 1) == 24
+    assert load.num_requests(8, 4) == 96
 
 
 VLLM_METRICS = """\
@@ -154,7 +154,7 @@ def test_build_level_folds_samples() -> None:
         sample(100, 50, ttft=0.4, prompt=70),
         sample(0, 0, ok=False),
     ]
-    level = build_level(Target("fleet", ("http://a", "http://b")), 4, samples, 2.0, None)
+    level = build_level(BenchTarget("fleet", ("http://a", "http://b")), 4, samples, 2.0, None)
     assert (level.num_requests, level.num_failed, level.num_instances) == (3, 1, 2)
     assert level.output_tokens == 200
     assert level.output_tok_s == 100.0
@@ -213,13 +213,13 @@ def test_read_event_times_reasoning_and_content_chunks() -> None:
 
 
 def test_chat_body_flags() -> None:
-    body = chat_body(BenchSpec(thinking=False, extra_body={"top_k": 5}), "m", "hi", 64)
+    body = chat_body(BenchLoad(thinking=False, extra_body={"top_k": 5}), "m", "hi", 64)
     assert body["ignore_eos"] is True
     assert body["max_tokens"] == 64
     assert body["stream_options"] == {"include_usage": True}
     assert body["chat_template_kwargs"] == {"enable_thinking": False}
     assert body["top_k"] == 5
-    assert "ignore_eos" not in chat_body(BenchSpec(ignore_eos=False), "m", "hi", 1)
+    assert "ignore_eos" not in chat_body(BenchLoad(ignore_eos=False), "m", "hi", 1)
 
 
 def test_make_prompt_is_seeded_and_sized() -> None:

@@ -1,6 +1,6 @@
 """`fleetgen bench`: a concurrency sweep per instance and for the whole fleet, as a table, JSON or PNG.
 
-The sweep lives in `fleetgen.generate.bench` (endpoints: `bench_fleet`); this module parses options, prints,
+The sweep lives in `fleetgen.bench.sweep` (endpoints: `bench_fleet`); this module parses options, prints,
 and writes the plot. The plot module is loaded with importlib
 only when `--png` is given, because matplotlib is an optional dependency (`fleetgen[bench]`).
 """
@@ -20,8 +20,8 @@ from rich.table import Table
 
 from fleetgen.cli.app import FLEET_OPTION, app, console, err_console, flag, render_error, run
 from fleetgen.errors import ConfigError, FleetgenError
-from fleetgen.generate.bench_fleet import bench_fleet, compare_spec
-from fleetgen.generate.bench_stats import DEFAULT_CONCURRENCIES, BenchSpec, LevelResult, SpeedupRow
+from fleetgen.bench.fleet import bench_fleet, compare_spec
+from fleetgen.bench.stats import DEFAULT_CONCURRENCIES, BenchLoad, LevelResult, SpeedupRow
 
 ENDPOINT_OPTION = typer.Option(
     None, "--endpoint", "-e", help="Server base URL (repeatable); default: the fleet's ready instances."
@@ -161,7 +161,7 @@ def bench(
     _check_args(scope, compare, endpoint)
     plotter = _or_exit(lambda: load_plotter() if png else None)
     levels_wanted = _or_exit(lambda: parse_levels(concurrency))
-    spec = BenchSpec(
+    load = BenchLoad(
         input_len=input_len,
         output_len=output_len,
         concurrencies=levels_wanted,
@@ -171,13 +171,13 @@ def bench(
     )
     rows: list[SpeedupRow] = []
     if compare:
-        off, on, rows = run(compare_spec(fleet, spec, scope=scope, cap=max_concurrency, on_level=_progress))
+        off, on, rows = run(compare_spec(fleet, load, scope=scope, cap=max_concurrency, on_level=_progress))
         levels = [dataclasses.replace(r, target=f"{r.target} (spec off)") for r in off] + list(on)
     else:
         levels = run(
-            bench_fleet(fleet, endpoint or [], spec, scope=scope, cap=max_concurrency, on_level=_progress)
+            bench_fleet(fleet, endpoint or [], load, scope=scope, cap=max_concurrency, on_level=_progress)
         )
-    _print(spec, levels, rows, as_json)
+    _print(load, levels, rows, as_json)
     if plotter is not None and png is not None:
         plotter.plot_throughput(levels, png, title=f"in {input_len} / out {output_len} tokens")
         err_console.print(f"wrote {png}", highlight=False)
@@ -199,10 +199,10 @@ def _or_exit(step: Callable[[], T]) -> T:
         raise typer.Exit(exc.exit_code) from None
 
 
-def _print(spec: BenchSpec, levels: Sequence[LevelResult], rows: Sequence[SpeedupRow], as_json: bool) -> None:
+def _print(load: BenchLoad, levels: Sequence[LevelResult], rows: Sequence[SpeedupRow], as_json: bool) -> None:
     if as_json:
         doc = {
-            "spec": dataclasses.asdict(spec),
+            "load": dataclasses.asdict(load),
             "levels": [dataclasses.asdict(r) for r in levels],
             "speedups": [dataclasses.asdict(r) for r in rows],
         }
@@ -210,6 +210,6 @@ def _print(spec: BenchSpec, levels: Sequence[LevelResult], rows: Sequence[Speedu
         return
     # A pipe gets rich's default 80 columns, too narrow for 12 columns of numbers: print wider there.
     out = console if console.is_terminal else Console(width=TABLE_WIDTH)
-    out.print(level_table(levels, f"fleetgen bench: in {spec.input_len} / out {spec.output_len} tokens"))
+    out.print(level_table(levels, f"fleetgen bench: in {load.input_len} / out {load.output_len} tokens"))
     if rows:
         out.print(speedup_table(rows))

@@ -15,7 +15,7 @@ matplotlib.use("Agg")  # files only: never look for a display
 
 import matplotlib.pyplot as plt
 
-from fleetgen.generate.bench_stats import LevelResult
+from fleetgen.bench.stats import LevelResult
 
 
 def plot_throughput(levels: Sequence[LevelResult], path: Path, *, title: str) -> Path:

@@ -1,6 +1,6 @@
 """Statistics of `fleetgen bench`: the value types, percentiles, accept length, speedups (pure).
 
-`fleetgen.generate.bench` does the I/O (streaming requests, /metrics scrapes) and folds what it saw with
+`fleetgen.bench.sweep` does the I/O (streaming requests, /metrics scrapes) and folds what it saw with
 these functions; keeping them apart makes them testable without a server.
 """
 
@@ -33,7 +33,7 @@ _VOCAB = tuple(
 
 
 @dataclass(frozen=True)
-class BenchSpec:
+class BenchLoad:
     """What to send: lengths in tokens, the concurrency sweep (per instance), and the request budget."""
 
     input_len: int = 1024
@@ -59,7 +59,7 @@ class BenchSpec:
 
 
 @dataclass(frozen=True)
-class Target:
+class BenchTarget:
     """What one sweep measures: one instance (one URL) or the whole fleet (all URLs at once)."""
 
     name: str
@@ -198,7 +198,7 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 
 def build_level(
-    target: Target,
+    target: BenchTarget,
     concurrency: int,
     samples: Sequence[RequestSample],
     duration_s: float,
@@ -248,21 +248,21 @@ def make_prompt(num_words: int, rng: random.Random) -> str:
     return " ".join(rng.choices(_VOCAB, k=max(1, num_words)))
 
 
-def chat_body(spec: BenchSpec, model: str, prompt: str, max_tokens: int) -> dict[str, object]:
+def chat_body(load: BenchLoad, model: str, prompt: str, max_tokens: int) -> dict[str, object]:
     """One streaming chat completion with usage in the last chunk."""
     body: dict[str, object] = {
         "model": model,
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens,
-        "temperature": spec.temperature,
+        "temperature": load.temperature,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    if spec.ignore_eos:
+    if load.ignore_eos:
         body["ignore_eos"] = True
-    if not spec.thinking:
+    if not load.thinking:
         body["chat_template_kwargs"] = {"enable_thinking": False}
-    body.update(spec.extra_body)
+    body.update(load.extra_body)
     return body
 
 

@@ -7,7 +7,7 @@ carry several tokens). Output tokens come from the server's own `usage`, not fro
 Speculative accept length comes from the engine's /metrics (counter deltas, or its accept-length gauge), and
 falls back to tokens per chunk seen in the stream (the server emits one chunk per decode step).
 
-Life of a sweep: `sweep(targets, spec)` → per target: resolve the model, calibrate words→tokens with one
+Life of a sweep: `sweep(targets, load)` → per target: resolve the model, calibrate words→tokens with one
 probe, then for each concurrency level `run_level` → `LevelResult`. Failures are counted per level, never
 raised, unless a whole level failed (then the endpoint is broken: `EndpointError`).
 """
@@ -25,11 +25,11 @@ import aiohttp
 from fleetgen.engines import ENGINES, all_info_paths
 from fleetgen.errors import EndpointError
 from fleetgen.fleet.metrics import max_running_from_info
-from fleetgen.generate.bench_stats import (
-    BenchSpec,
+from fleetgen.bench.stats import (
+    BenchLoad,
     LevelResult,
     RequestSample,
-    Target,
+    BenchTarget,
     build_level,
     capped_levels,
     chat_body,
@@ -133,11 +133,11 @@ async def server_cap(session: aiohttp.ClientSession, url: str, headers: Mapping[
 
 
 async def words_per_token(
-    session: aiohttp.ClientSession, url: str, spec: BenchSpec, model: str, headers: Mapping[str, str]
+    session: aiohttp.ClientSession, url: str, load: BenchLoad, model: str, headers: Mapping[str, str]
 ) -> float:
     """Calibrate prompt words → prompt tokens with one probe (also warms the server up)."""
-    num_words = max(16, spec.input_len)
-    body = chat_body(spec, model, make_prompt(num_words, random.Random(spec.seed - 1)), 1)
+    num_words = max(16, load.input_len)
+    body = chat_body(load, model, make_prompt(num_words, random.Random(load.seed - 1)), 1)
     sample = await stream_one(session, url, body, headers)
     if not sample.is_ok:
         raise EndpointError(
@@ -150,16 +150,16 @@ async def words_per_token(
 
 async def run_level(
     session: aiohttp.ClientSession,
-    target: Target,
+    target: BenchTarget,
     concurrency: int,
-    spec: BenchSpec,
+    load: BenchLoad,
     model: str,
     num_words: int,
     headers: Mapping[str, str],
 ) -> LevelResult:
     """`concurrency` workers per URL, closed loop, until the level's request budget is spent."""
-    budget = spec.num_requests(concurrency, len(target.urls))
-    rng = random.Random(spec.seed * 1_000_003 + concurrency)
+    budget = load.num_requests(concurrency, len(target.urls))
+    rng = random.Random(load.seed * 1_000_003 + concurrency)
     prompts = [make_prompt(num_words, rng) for _ in range(budget)]
     samples: list[RequestSample] = []
     queue = iter(prompts)
@@ -167,7 +167,7 @@ async def run_level(
     async def worker(url: str) -> None:
         for prompt in queue:  # one shared iterator: each prompt is sent once
             samples.append(
-                await stream_one(session, url, chat_body(spec, model, prompt, spec.output_len), headers)
+                await stream_one(session, url, chat_body(load, model, prompt, load.output_len), headers)
             )
 
     before = await scrape(session, target.urls, headers)
@@ -181,18 +181,18 @@ async def run_level(
 
 async def warm_up(
     session: aiohttp.ClientSession,
-    target: Target,
+    target: BenchTarget,
     concurrency: int,
-    spec: BenchSpec,
+    load: BenchLoad,
     model: str,
     num_words: int,
     headers: Mapping[str, str],
 ) -> None:
     """One unmeasured burst of `concurrency` short requests per URL, so that the first measured level
     meets a warm server (its first batched prefill compiles kernels). Failures: the first level reports."""
-    rng = random.Random(spec.seed * 1_000_003 - concurrency)
+    rng = random.Random(load.seed * 1_000_003 - concurrency)
     bodies = [
-        chat_body(spec, model, make_prompt(num_words, rng), spec.warmup_tokens)
+        chat_body(load, model, make_prompt(num_words, rng), load.warmup_tokens)
         for _ in range(concurrency * len(target.urls))
     ]
     urls = [url for url in target.urls for _ in range(concurrency)]
@@ -202,30 +202,30 @@ async def warm_up(
 
 
 async def sweep(
-    targets: Sequence[Target],
-    spec: BenchSpec,
+    targets: Sequence[BenchTarget],
+    load: BenchLoad,
     *,
     cap: int | None = None,
     on_level: Callable[[LevelResult], Awaitable[None] | None] | None = None,
 ) -> list[LevelResult]:
     """Every target through every level (capped by `cap` and by the servers' own max running requests)."""
-    headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
-    timeout = aiohttp.ClientTimeout(total=spec.timeout_s)
+    headers = {"Authorization": f"Bearer {load.api_key}"} if load.api_key else {}
+    timeout = aiohttp.ClientTimeout(total=load.timeout_s)
     # limit=0: the connection pool must never be what caps concurrency.
     connector = aiohttp.TCPConnector(limit=0)
     results: list[LevelResult] = []
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         for target in targets:
             first = target.urls[0]
-            model = spec.model or await served_model(session, first, headers)
+            model = load.model or await served_model(session, first, headers)
             caps = [c for c in [cap, *[await server_cap(session, u, headers) for u in target.urls]] if c]
-            ratio = await words_per_token(session, first, spec, model, headers)
-            num_words = max(1, round(spec.input_len * ratio))
-            levels = capped_levels(spec.concurrencies, min(caps) if caps else None)
-            if levels and spec.warmup_tokens:
-                await warm_up(session, target, levels[-1], spec, model, num_words, headers)
+            ratio = await words_per_token(session, first, load, model, headers)
+            num_words = max(1, round(load.input_len * ratio))
+            levels = capped_levels(load.concurrencies, min(caps) if caps else None)
+            if levels and load.warmup_tokens:
+                await warm_up(session, target, levels[-1], load, model, num_words, headers)
             for concurrency in levels:
-                level = await run_level(session, target, concurrency, spec, model, num_words, headers)
+                level = await run_level(session, target, concurrency, load, model, num_words, headers)
                 if level.num_failed == level.num_requests:
                     raise EndpointError(
                         f"every request of {target.name} at concurrency {concurrency} failed",

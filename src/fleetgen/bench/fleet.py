@@ -20,25 +20,25 @@ from fleetgen.config import load_fleet
 from fleetgen.deploy.fleetops import up
 from fleetgen.errors import ConfigError, FleetgenError
 from fleetgen.fleet.pool import ready_endpoints
-from fleetgen.generate.bench import sweep
-from fleetgen.generate.bench_stats import BenchSpec, LevelResult, SpeedupRow, Target, speedups
+from fleetgen.bench.sweep import sweep
+from fleetgen.bench.stats import BenchLoad, LevelResult, SpeedupRow, BenchTarget, speedups
 
 OnLevel = Callable[[LevelResult], Awaitable[None] | None]
 SPEC_ARG_PREFIX = "speculative"  # SGLang's speculative-*, vLLM's speculative-config
 
 
-def targets_of(names_urls: Sequence[tuple[str, str]], scope: str) -> list[Target]:
+def targets_of(names_urls: Sequence[tuple[str, str]], scope: str) -> list[BenchTarget]:
     """One target per instance and/or one for the whole fleet (only when there are several instances)."""
-    targets = [Target(name, (url,)) for name, url in names_urls] if scope in ("both", "instances") else []
+    targets = [BenchTarget(name, (url,)) for name, url in names_urls] if scope in ("both", "instances") else []
     if scope in ("both", "fleet") and (len(names_urls) > 1 or not targets):
-        targets.append(Target("fleet", tuple(url for _, url in names_urls)))
+        targets.append(BenchTarget("fleet", tuple(url for _, url in names_urls)))
     return targets
 
 
 async def bench_fleet(
     fleet_path: Path,
     urls: Sequence[str],
-    spec: BenchSpec,
+    load: BenchLoad,
     *,
     scope: str = "both",
     cap: int | None = None,
@@ -53,17 +53,17 @@ async def bench_fleet(
             endpoints = await stack.enter_async_context(ready_endpoints(fleet_path))
             pairs = [(e.name, e.url) for e in endpoints]
             caps = [cap, *(e.max_running_requests for e in endpoints)]
-            if endpoints[0].api_key and not spec.api_key:
-                spec = dataclasses.replace(spec, api_key=endpoints[0].api_key)
+            if endpoints[0].api_key and not load.api_key:
+                load = dataclasses.replace(load, api_key=endpoints[0].api_key)
         known = [c for c in caps if c]
         return await sweep(
-            targets_of(pairs, scope), spec, cap=min(known) if known else None, on_level=on_level
+            targets_of(pairs, scope), load, cap=min(known) if known else None, on_level=on_level
         )
 
 
 async def compare_spec(
     fleet_path: Path,
-    spec: BenchSpec,
+    load: BenchLoad,
     *,
     scope: str = "both",
     cap: int | None = None,
@@ -73,7 +73,7 @@ async def compare_spec(
     off_path = write_spec_off(fleet_path)
     try:
         await _restart(off_path)
-        off = await bench_fleet(off_path, (), spec, scope=scope, cap=cap, on_level=on_level)
+        off = await bench_fleet(off_path, (), load, scope=scope, cap=cap, on_level=on_level)
     except FleetgenError as exc:
         # Not silent: the fleet now runs (some of) the spec-off deploy, unlike what the fleet file says.
         exc.context["fleet left"] = "deployed WITHOUT speculative decoding (the --compare-spec off phase)"
@@ -84,7 +84,7 @@ async def compare_spec(
     finally:
         off_path.unlink(missing_ok=True)
     await _restart(fleet_path)
-    on = await bench_fleet(fleet_path, (), spec, scope=scope, cap=cap, on_level=on_level)
+    on = await bench_fleet(fleet_path, (), load, scope=scope, cap=cap, on_level=on_level)
     return off, on, speedups(off, on)
 
 

@@ -1,0 +1,1 @@
+"""fleetgen.bench: `fleetgen bench`, a concurrency sweep of streaming requests against engines."""
