@@ -14,8 +14,8 @@ import sys
 from asyncio.subprocess import PIPE
 from pathlib import Path
 
-from fleetgen.bench.sweep import sweep
 from fleetgen.bench.stats import BenchLoad, BenchTarget
+from fleetgen.bench.sweep import sweep
 from tests.fixtures.sim import SimFactory
 
 FLEETGEN = Path(sys.executable).parent / "fleetgen"

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from fleetgen.config import load_fleet
-from fleetgen.errors import ConfigError
 from fleetgen.bench.fleet import targets_of, write_spec_off
 from fleetgen.bench.stats import BenchTarget
+from fleetgen.config import load_fleet
+from fleetgen.errors import ConfigError
 
 PAIRS = [("h0-0", "http://127.0.0.1:1"), ("h0-1", "http://127.0.0.1:2")]
 

@@ -9,12 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fleetgen.engines import get_engine
 from fleetgen.bench.stats import (
     BenchLoad,
+    BenchTarget,
     LevelResult,
     RequestSample,
-    BenchTarget,
     accept_length_from_metrics,
     build_level,
     capped_levels,
@@ -27,6 +26,7 @@ from fleetgen.bench.stats import (
     summarize,
     tokens_per_chunk,
 )
+from fleetgen.engines import get_engine
 
 FINITE = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False)
 

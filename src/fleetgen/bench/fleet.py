@@ -16,12 +16,12 @@ from pathlib import Path
 
 import tomli_w
 
+from fleetgen.bench.stats import BenchLoad, BenchTarget, LevelResult, SpeedupRow, speedups
+from fleetgen.bench.sweep import sweep
 from fleetgen.config import load_fleet
 from fleetgen.deploy.fleetops import up
 from fleetgen.errors import ConfigError, FleetgenError
 from fleetgen.fleet.pool import ready_endpoints
-from fleetgen.bench.sweep import sweep
-from fleetgen.bench.stats import BenchLoad, LevelResult, SpeedupRow, BenchTarget, speedups
 
 OnLevel = Callable[[LevelResult], Awaitable[None] | None]
 SPEC_ARG_PREFIX = "speculative"  # SGLang's speculative-*, vLLM's speculative-config
@@ -29,7 +29,9 @@ SPEC_ARG_PREFIX = "speculative"  # SGLang's speculative-*, vLLM's speculative-co
 
 def targets_of(names_urls: Sequence[tuple[str, str]], scope: str) -> list[BenchTarget]:
     """One target per instance and/or one for the whole fleet (only when there are several instances)."""
-    targets = [BenchTarget(name, (url,)) for name, url in names_urls] if scope in ("both", "instances") else []
+    targets = (
+        [BenchTarget(name, (url,)) for name, url in names_urls] if scope in ("both", "instances") else []
+    )
     if scope in ("both", "fleet") and (len(names_urls) > 1 or not targets):
         targets.append(BenchTarget("fleet", tuple(url for _, url in names_urls)))
     return targets

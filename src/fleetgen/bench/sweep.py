@@ -22,14 +22,11 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import aiohttp
 
-from fleetgen.engines import ENGINES, all_info_paths
-from fleetgen.errors import EndpointError
-from fleetgen.fleet.metrics import max_running_from_info
 from fleetgen.bench.stats import (
     BenchLoad,
+    BenchTarget,
     LevelResult,
     RequestSample,
-    BenchTarget,
     build_level,
     capped_levels,
     chat_body,
@@ -38,6 +35,9 @@ from fleetgen.bench.stats import (
     pooled_accept_length,
     read_event,
 )
+from fleetgen.engines import ENGINES, all_info_paths
+from fleetgen.errors import EndpointError
+from fleetgen.fleet.metrics import max_running_from_info
 
 # Every registered engine's metric names: a bench target's engine is not known up front, and the names of
 # different engines do not collide, so whichever engine's counters moved answers.

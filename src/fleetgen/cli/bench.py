@@ -18,10 +18,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fleetgen.cli.app import FLEET_OPTION, app, console, err_console, flag, render_error, run
-from fleetgen.errors import ConfigError, FleetgenError
 from fleetgen.bench.fleet import bench_fleet, compare_spec
 from fleetgen.bench.stats import DEFAULT_CONCURRENCIES, BenchLoad, LevelResult, SpeedupRow
+from fleetgen.cli.app import FLEET_OPTION, app, console, err_console, flag, render_error, run
+from fleetgen.errors import ConfigError, FleetgenError
 
 ENDPOINT_OPTION = typer.Option(
     None, "--endpoint", "-e", help="Server base URL (repeatable); default: the fleet's ready instances."
