@@ -40,7 +40,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class EngineSpec(_Strict):
+class EngineConfig(_Strict):
     """`[engine]`: what to run on every instance."""
 
     kind: str
@@ -79,7 +79,7 @@ class EngineSpec(_Strict):
         return args
 
     @model_validator(mode="after")
-    def _public_bind_needs_key(self) -> EngineSpec:
+    def _public_bind_needs_key(self) -> EngineConfig:
         if self.bind != LOOPBACK and not self.api_key_env:
             raise ValueError(
                 f"bind = {self.bind!r} exposes the servers beyond this host; set engine.api_key_env to the "
@@ -99,7 +99,7 @@ def ssh_form(value: str) -> str:
     return value
 
 
-class HostSpec(_Strict):
+class HostEntry(_Strict):
     """`[[hosts]]`: one machine reached over SSH (or `ssh = "local"`)."""
 
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
@@ -254,7 +254,7 @@ class ClusterSpec(_Strict):
         return {key: value for key, value in values.items() if value is not None}
 
 
-class InstanceSpec(_Strict):
+class Instance(_Strict):
     """One engine server: `tp` GPUs of one host, one port. Derived from the fleet file, never written."""
 
     name: str
@@ -267,8 +267,8 @@ class InstanceSpec(_Strict):
 class FleetFile(_Strict):
     """A whole fleet file."""
 
-    engine: EngineSpec
-    hosts: list[HostSpec] = Field(default_factory=list)
+    engine: EngineConfig
+    hosts: list[HostEntry] = Field(default_factory=list)
     cluster: ClusterSpec | None = None
 
     @model_validator(mode="before")
@@ -325,7 +325,7 @@ class FleetFile(_Strict):
             )
         return self
 
-    def host(self, name: str) -> HostSpec:
+    def host(self, name: str) -> HostEntry:
         for host in self.hosts:
             if host.name == name:
                 return host
@@ -337,8 +337,8 @@ class FleetFile(_Strict):
         return next(i for i, h in enumerate(self.hosts) if h.name == name)
 
     def instances_on(
-        self, host: HostSpec, gpu_indices: Sequence[int] | None = None, *, source: Path | None = None
-    ) -> list[InstanceSpec]:
+        self, host: HostEntry, gpu_indices: Sequence[int] | None = None, *, source: Path | None = None
+    ) -> list[Instance]:
         """Instances of one host: one per `tp` GPUs, in GPU order; `gpu_indices` resolves `gpus = "all"`
         (None: not detected, planned as GPU 0). Detected GPUs that `tp` does not divide, or none, are refused
         (naming `source`'s line when given)."""
@@ -362,7 +362,7 @@ class FleetFile(_Strict):
                 )
         base = host.base_port if host.base_port is not None else self.engine.base_port
         return [
-            InstanceSpec(
+            Instance(
                 name=instance_name(host.name, k),
                 host=host.name,
                 gpus=tuple(gpus[k * tp : (k + 1) * tp]),
@@ -374,7 +374,7 @@ class FleetFile(_Strict):
 
     def instances(
         self, detected: Mapping[str, Sequence[int]] | None = None, *, source: Path | None = None
-    ) -> list[InstanceSpec]:
+    ) -> list[Instance]:
         """Every instance of the fleet; `detected` maps host name → GPU indices for `gpus = "all"` hosts."""
         detected = detected or {}
         return [
@@ -420,7 +420,7 @@ class FleetFile(_Strict):
             }
         )
 
-    def host_of_instance(self, name: str) -> HostSpec:
+    def host_of_instance(self, name: str) -> HostEntry:
         """The host an instance name belongs to, from the expanded fleet (never a prefix match)."""
         for host in self.hosts:
             if host.gpus != "all" and any(i.name == name for i in self.instances_on(host)):
@@ -452,10 +452,10 @@ class Selection:
 
     picks: Mapping[str, frozenset[str] | None]
 
-    def hosts(self, fleet: FleetFile) -> list[HostSpec]:
+    def hosts(self, fleet: FleetFile) -> list[HostEntry]:
         return [h for h in fleet.hosts if h.name in self.picks]
 
-    def pick(self, host: str, instances: Sequence[InstanceSpec]) -> list[InstanceSpec]:
+    def pick(self, host: str, instances: Sequence[Instance]) -> list[Instance]:
         """The picked ones among a host's expanded instances; a picked name the host lacks is an error."""
         wanted = self.picks.get(host, frozenset())
         if wanted is None:
@@ -470,7 +470,7 @@ class Selection:
             )
         return [i for i in instances if i.name in wanted]
 
-    def names(self, host: str, instances: Sequence[InstanceSpec]) -> list[str]:
+    def names(self, host: str, instances: Sequence[Instance]) -> list[str]:
         """Picked instance names of a host without checking them (for a host that could not be reached)."""
         wanted = self.picks.get(host, frozenset())
         return [i.name for i in instances] if wanted is None else sorted(wanted)
@@ -524,7 +524,7 @@ def cluster_problems(cluster: ClusterSpec, tp: int) -> list[tuple[tuple[int | st
     return problems
 
 
-def _name_clash(fleet: FleetFile, host: HostSpec, name: str) -> str:
+def _name_clash(fleet: FleetFile, host: HostEntry, name: str) -> str:
     """Why host name `name` is ambiguous with an instance of `host` (empty when it is not)."""
     match = re.fullmatch(re.escape(host.name) + r"-(0|[1-9][0-9]*)", name)
     if match is None:

@@ -166,7 +166,7 @@ async def test_a_child_holding_the_socket_counts_as_the_started_process(
     try:
         assert proc.stdout is not None
         port = int(await proc.stdout.readline())
-        async with open_host(ssh_hosts[0].spec()) as host:
+        async with open_host(ssh_hosts[0].entry()) as host:
             owners = await port_owners(host, port)
         [listener] = owners.listeners
         [holder] = listener.holders

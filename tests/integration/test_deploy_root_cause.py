@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from fleetgen.deploy.probe import EngineClient
-from fleetgen.deploy.watch import WaitTarget, wait_ready
+from fleetgen.deploy.watch import StartedProcess, wait_ready
 from fleetgen.engines import get_engine
 from fleetgen.errors import LaunchFailed
 from fleetgen.remote.local import LocalHost
@@ -37,10 +37,10 @@ async def _replay(tmp_path: Path, engine_name: str, log_text: str) -> LaunchFail
     script.chmod(0o755)
     async with LocalHost("local") as host, aiohttp.ClientSession() as http:
         spawned = await host.spawn(str(script), str(tmp_path / "engine.log"), str(tmp_path / "pid"))
-        target = WaitTarget("h200-0", host, spawned.pid, spawned.start_time, spawned.log_path)
+        proc = StartedProcess("h200-0", host, spawned.pid, spawned.start_time, spawned.log_path)
         client = EngineClient(f"http://127.0.0.1:{free_port()}", http)
         with pytest.raises(LaunchFailed) as failed:
-            await wait_ready(target, get_engine(engine_name), client, timeout_s=HANG_GUARD_S)
+            await wait_ready(proc, get_engine(engine_name), client, timeout_s=HANG_GUARD_S)
     return failed.value
 
 

@@ -180,8 +180,8 @@ async def test_tampered_env_shows_as_drift_then_up_replaces_it(
         [first] = await up(fleet)
         _ok([first])
         # Someone restarts the server by hand with an edited environment.
-        spec = load_fleet(fleet).host("h0")
-        async with open_host(spec) as remote:
+        entry = load_fleet(fleet).host("h0")
+        async with open_host(entry) as remote:
             assert first.pid is not None
             await remote.stop(first.pid)
             text = _read(root / "launch.sh").replace("SIM_MARK=a", "SIM_MARK=tampered")

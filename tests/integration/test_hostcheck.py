@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fleetgen.config import EngineSpec, FleetFile, HostSpec
+from fleetgen.config import EngineConfig, FleetFile, HostEntry
 from fleetgen.fleet.hostcheck import GpuInfo, check_hosts, parse_gpu_csv
 from tests.fixtures.sshd import SshdHost, free_port, write_fleet_toml
 
@@ -81,8 +81,8 @@ async def test_check_hosts_reports_engine_version_and_missing_python(
     python.chmod(0o755)
     model = tmp_path / "m"
     model.mkdir()
-    engine = EngineSpec(kind="vllm", python=str(python), model=str(model))
-    fleet = FleetFile(engine=engine, hosts=[h.spec(gpus=[0]) for h in ssh_hosts[:2]])
+    engine = EngineConfig(kind="vllm", python=str(python), model=str(model))
+    fleet = FleetFile(engine=engine, hosts=[h.entry(gpus=[0]) for h in ssh_hosts[:2]])
     for ok in await check_hosts(fleet):
         assert ok.engine_version == "0.32.0+cpu" and ok.python_ok and ok.model_present
         assert ok.problems == () and ok.is_ready
@@ -92,7 +92,7 @@ async def test_check_hosts_reports_engine_version_and_missing_python(
     assert any("expects 0.31" in p and "vllm==0.31" in p for p in stale.problems)
 
     no_python = fleet.model_copy(update={"engine": engine.model_copy(update={"python": "/nowhere/python3"})})
-    (report,) = await check_hosts(no_python.model_copy(update={"hosts": [ssh_hosts[1].spec()]}))
+    (report,) = await check_hosts(no_python.model_copy(update={"hosts": [ssh_hosts[1].entry()]}))
     assert report.reachable and not report.python_ok and report.engine_version is None
     assert any("does not run" in p and "engine.python" in p for p in report.problems)
     assert json.loads(json.dumps(dataclasses.asdict(report)))["python_ok"] is False
@@ -101,10 +101,10 @@ async def test_check_hosts_reports_engine_version_and_missing_python(
 async def test_check_hosts_unreachable_and_unknown_key(ssh_hosts: list[SshdHost], tmp_path: Path) -> None:
     empty_known = tmp_path / "known_hosts"
     empty_known.write_text("")
-    engine = EngineSpec(kind="sglang", model="/m")
+    engine = EngineConfig(kind="sglang", model="/m")
     hosts = [
-        HostSpec(name="closed", ssh=f"127.0.0.1:{free_port()}"),
-        ssh_hosts[0].spec(name="stranger", known_hosts=str(empty_known)),
+        HostEntry(name="closed", ssh=f"127.0.0.1:{free_port()}"),
+        ssh_hosts[0].entry(name="stranger", known_hosts=str(empty_known)),
     ]
     closed, stranger = await check_hosts(FleetFile(engine=engine, hosts=hosts))
     assert not closed.reachable and "connection refused" in (closed.error or "")

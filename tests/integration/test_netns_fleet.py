@@ -111,7 +111,7 @@ async def test_hosts_check_reaches_each_namespace_over_its_own_network(
     assert len(set(addresses)) == 2 and all(not a.startswith("127.") for a in addresses)
     # Each host is a different network stack: it sees its own veth address and not the other host's.
     for host, other in ((netns_hosts[0], netns_hosts[1]), (netns_hosts[1], netns_hosts[0])):
-        async with open_host(host.spec()) as remote:
+        async with open_host(host.entry()) as remote:
             seen = (await remote.run(["ip", "-o", "-4", "addr", "show"])).stdout
         assert f"inet {host.address}/30" in seen and "inet 127.0.0.1/8" in seen
         assert other.address not in seen and host.gateway not in seen

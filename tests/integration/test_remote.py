@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetgen.config import HostSpec
+from fleetgen.config import HostEntry
 from fleetgen.errors import CommandError, RemoteError
 from fleetgen.remote import CommandHost, HostState, LocalHost, ProcState, SshHost, open_host
 from fleetgen.remote.base import ProcInfo
@@ -24,14 +24,14 @@ SLEEPER = "#!/bin/sh\necho started\nexec sleep 300\n"
 
 @pytest.fixture(params=["ssh", "local"])
 async def host(request: pytest.FixtureRequest, ssh_hosts: list[SshdHost]) -> AsyncIterator[CommandHost]:
-    spec = ssh_hosts[0].spec() if request.param == "ssh" else HostSpec(name="here", ssh="local")
-    async with open_host(spec) as opened:
+    entry = ssh_hosts[0].entry() if request.param == "ssh" else HostEntry(name="here", ssh="local")
+    async with open_host(entry) as opened:
         yield opened
 
 
 async def test_open_host_picks_the_transport(ssh_hosts: list[SshdHost]) -> None:
-    assert isinstance(open_host(ssh_hosts[0].spec()), SshHost)
-    assert isinstance(open_host(HostSpec(name="here", ssh="local")), LocalHost)
+    assert isinstance(open_host(ssh_hosts[0].entry()), SshHost)
+    assert isinstance(open_host(HostEntry(name="here", ssh="local")), LocalHost)
 
 
 async def test_run_returns_output_and_raises_with_context(host: CommandHost) -> None:
@@ -181,7 +181,7 @@ async def test_follow_with_last_lines_is_one_tail(host: CommandHost, tmp_path: P
 
 
 async def test_closed_host_refuses_use(ssh_hosts: list[SshdHost]) -> None:
-    host = open_host(ssh_hosts[0].spec())
+    host = open_host(ssh_hosts[0].entry())
     async with host:
         assert host.state is HostState.OPEN
     assert host.state is HostState.CLOSED

@@ -23,7 +23,7 @@ async def test_unknown_host_key_is_refused_with_the_line_that_trusts_it(
     known = tmp_path / "known_hosts"
     known.write_text("")
     with pytest.raises(HostKeyError) as caught:
-        async with SshHost(host.spec(known_hosts=str(known))):
+        async with SshHost(host.entry(known_hosts=str(known))):
             pass
     err = caught.value
     assert "unknown" in err.message and str(known) in err.message
@@ -32,13 +32,13 @@ async def test_unknown_host_key_is_refused_with_the_line_that_trusts_it(
     assert str(err.context["offered key"]).startswith("SHA256:")
 
     known.write_text(str(err.context["known_hosts line"]) + "\n")  # follow the fix …
-    async with SshHost(host.spec(known_hosts=str(known))) as trusted:  # … and it connects
+    async with SshHost(host.entry(known_hosts=str(known))) as trusted:  # … and it connects
         assert (await trusted.run(["echo", "ok"])).stdout == "ok\n"
 
 
 async def test_missing_known_hosts_file_refuses_every_host(ssh_hosts: list[SshdHost], tmp_path: Path) -> None:
     with pytest.raises(HostKeyError, match="unknown"):
-        async with SshHost(ssh_hosts[0].spec(known_hosts=str(tmp_path / "absent"))):
+        async with SshHost(ssh_hosts[0].entry(known_hosts=str(tmp_path / "absent"))):
             pass
 
 
@@ -51,7 +51,7 @@ async def test_changed_host_key_is_refused_with_how_to_replace_it(
     forged = other.host_key_line.replace(f"]:{other.port} ", f"]:{target.port} ")
     known.write_text(forged + "\n")
     with pytest.raises(HostKeyError) as caught:
-        async with SshHost(target.spec(known_hosts=str(known))):
+        async with SshHost(target.entry(known_hosts=str(known))):
             pass
     err = caught.value
     assert "CHANGED" in err.message
@@ -64,10 +64,10 @@ async def test_insecure_skip_connects_and_warns_on_every_connect(
 ) -> None:
     known = tmp_path / "known_hosts"
     known.write_text("")
-    spec = ssh_hosts[1].spec(known_hosts=str(known), insecure_skip_host_key_check=True)
+    entry = ssh_hosts[1].entry(known_hosts=str(known), insecure_skip_host_key_check=True)
     caplog.set_level(logging.WARNING, logger="fleetgen.remote")
     for _ in range(2):
-        host = SshHost(spec)
+        host = SshHost(entry)
         async with host:
             assert (await host.run(["echo", "in"])).stdout == "in\n"
         assert len(host.warnings) == 1 and "host key checking is OFF" in host.warnings[0]
@@ -77,7 +77,7 @@ async def test_insecure_skip_connects_and_warns_on_every_connect(
 async def test_closed_port_is_unreachable_with_a_fix(ssh_hosts: list[SshdHost]) -> None:
     port = free_port()
     with pytest.raises(ConnectError) as caught:
-        async with SshHost(ssh_hosts[0].spec(ssh=f"127.0.0.1:{port}")):
+        async with SshHost(ssh_hosts[0].entry(ssh=f"127.0.0.1:{port}")):
             pass
     err = caught.value
     assert "cannot reach" in err.message and "connection refused" in err.message
@@ -89,7 +89,7 @@ async def test_wrong_key_is_refused_with_how_to_authorize_it(
 ) -> None:
     host = ssh_hosts[0]
     with pytest.raises(ConnectError) as caught:
-        async with SshHost(host.spec(identity=str(ssh_keys.wrong_identity))):
+        async with SshHost(host.entry(identity=str(ssh_keys.wrong_identity))):
             pass
     err = caught.value
     assert "refused the SSH key" in err.message and host.user in err.message
@@ -99,6 +99,6 @@ async def test_wrong_key_is_refused_with_how_to_authorize_it(
 async def test_missing_identity_file_names_it(ssh_hosts: list[SshdHost], tmp_path: Path) -> None:
     missing = tmp_path / "no_key"
     with pytest.raises(ConnectError) as caught:
-        async with SshHost(ssh_hosts[0].spec(identity=str(missing))):
+        async with SshHost(ssh_hosts[0].entry(identity=str(missing))):
             pass
     assert str(missing) in caught.value.message and "ssh-keygen" in caught.value.fix

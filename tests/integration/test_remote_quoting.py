@@ -69,7 +69,7 @@ LAUNCHES = itertools.count()
 
 @pytest.fixture(scope="module")
 async def shared_host(ssh_hosts: list[SshdHost]) -> AsyncIterator[SshHost]:
-    async with SshHost(ssh_hosts[1].spec()) as host:
+    async with SshHost(ssh_hosts[1].entry()) as host:
         yield host
 
 

@@ -19,14 +19,14 @@ from tests.fixtures.sshd import SshdHost, free_port
 async def test_spawned_process_survives_its_connection_and_is_found_again(
     ssh_hosts: list[SshdHost], tmp_path: Path
 ) -> None:
-    spec = ssh_hosts[2].spec()
+    entry = ssh_hosts[2].entry()
     script, log, pidfile = tmp_path / "svc.sh", tmp_path / "svc-1.log", tmp_path / "svc.pid"
-    async with SshHost(spec) as first:
+    async with SshHost(entry) as first:
         await first.put(str(script), b"#!/bin/sh\necho up $$\nexec sleep 600\n", 0o755)
         spawned = await first.spawn(str(script), str(log), str(pidfile), cwd=str(tmp_path))
     ssh_hosts[2].drop_connections()  # and the sshd session process is gone too
 
-    async with SshHost(spec) as second:
+    async with SshHost(entry) as second:
         pid = int((await second.read(str(pidfile))).decode())
         assert pid == spawned.pid
         info = await second.inspect(pid, spawned.start_time)
@@ -40,7 +40,7 @@ async def test_dropped_connection_reconnects_on_the_next_call(
     sshd_factory: Callable[[str], SshdHost],
 ) -> None:
     server = sshd_factory("drop")
-    async with SshHost(server.spec()) as host:
+    async with SshHost(server.entry()) as host:
         assert (await host.run(["echo", "1"])).stdout == "1\n"
         first_sessions = server.session_pids()
         assert server.drop_connections() == 1
@@ -52,7 +52,7 @@ async def test_in_flight_call_fails_with_connection_lost_then_recovers(
     sshd_factory: Callable[[str], SshdHost], tmp_path: Path
 ) -> None:
     server = sshd_factory("inflight")
-    async with SshHost(server.spec()) as host:
+    async with SshHost(server.entry()) as host:
         marker = tmp_path / "started"
         call = asyncio.ensure_future(
             host.run(["sh", "-c", f"echo $$ > {marker}.tmp; mv {marker}.tmp {marker}; sleep 60"])
@@ -72,7 +72,7 @@ async def test_in_flight_call_fails_with_connection_lost_then_recovers(
 
 async def test_restarted_sshd_is_reconnected(sshd_factory: Callable[[str], SshdHost]) -> None:
     server = sshd_factory("restart")
-    async with SshHost(server.spec()) as host:
+    async with SshHost(server.entry()) as host:
         await host.run(["true"])
         server.restart()  # same port, same host key
         assert (await host.run(["echo", "again"])).stdout == "again\n"
@@ -89,7 +89,7 @@ async def test_forward_reaches_a_remote_http_server_and_survives_a_drop(
     (site / "hello.txt").write_text("hello through the tunnel")
     remote_port = free_port()
     script = f"#!/bin/sh\nexec python3 -m http.server {remote_port} --bind 127.0.0.1 --directory {site}\n"
-    async with SshHost(server.spec()) as host:
+    async with SshHost(server.entry()) as host:
         await host.put(str(tmp_path / "http.sh"), script.encode(), 0o755)
         spawned = await host.spawn(
             str(tmp_path / "http.sh"),

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from fleetgen.config import FleetFile, load_fleet
-from fleetgen.deploy.targets import launch_spec
+from fleetgen.deploy.wanted import build_command
 from fleetgen.engines import get_engine
 from fleetgen.fleet.planning import plan_from_file
 from fleetgen.modelcard import load_model_shape
@@ -208,16 +208,16 @@ def test_real_sglang_reads_the_key_from_the_config_file_fleetgen_writes(tmp_path
         }
     )
     key = 'sk-"q"\\x-' + os.urandom(8).hex()
-    spec = launch_spec(fleet, get_engine("sglang"), fleet.instances()[0], str(tmp_path))
+    command = build_command(fleet, get_engine("sglang"), fleet.instances()[0], str(tmp_path))
     (tmp_path / "h-0").mkdir()
-    for path, data in spec.secret_files(key).items():
+    for path, data in command.secret_files(key).items():
         Path(path).write_bytes(data)
     code = (
         "import sys\nfrom sglang.srt.server_args import prepare_server_args\n"
         "print(repr(prepare_server_args(sys.argv[1:]).api_key))"
     )
     done = subprocess.run(  # in the instance folder, as `up` spawns it (the config file is named relative)
-        [PYTHON, "-c", code, *spec.args],
+        [PYTHON, "-c", code, *command.args],
         capture_output=True,
         text=True,
         timeout=300,
@@ -226,4 +226,4 @@ def test_real_sglang_reads_the_key_from_the_config_file_fleetgen_writes(tmp_path
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == repr(key)
-    assert not any(key in a for a in spec.args) and "--config" in spec.args
+    assert not any(key in a for a in command.args) and "--config" in command.args

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 import fleetgen.cli.hosts
 import fleetgen.cli.init  # noqa: F401  (registers `init` on the app)
 from fleetgen.cli.app import app
-from fleetgen.config import FleetFile, HostSpec, load_fleet, locate
+from fleetgen.config import FleetFile, HostEntry, load_fleet, locate
 from fleetgen.errors import ConfigError
 
 GOOD = """\
@@ -58,7 +58,7 @@ def test_good_file_loads_and_parses_ssh_targets(tmp_path: Path) -> None:
     a, b = fleet.hosts
     assert (a.user, a.address, a.port, a.is_local) == ("root", "10.0.0.1", 2222, False)
     assert (b.user, b.address, b.port) == (None, "b.example", 22)
-    assert HostSpec(name="here").is_local
+    assert HostEntry(name="here").is_local
 
 
 def test_bad_type_in_second_host_names_file_line_and_field(tmp_path: Path) -> None:

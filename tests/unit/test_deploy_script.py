@@ -18,15 +18,15 @@ from fleetgen.config import FleetFile
 from fleetgen.deploy.script import (
     REDACTED,
     REDACTOR,
+    Command,
     InstancePaths,
-    LaunchSpec,
     SecretEnv,
     render_script,
     sha256_text,
 )
 from fleetgen.deploy.state import InstanceRecord, load_state, save_state, update_state
-from fleetgen.deploy.targets import launch_spec
 from fleetgen.deploy.verify import capacity_from_info, capacity_from_log, process_drift, view_mismatches
+from fleetgen.deploy.wanted import build_command
 from fleetgen.deploy.watch import GENERIC_SIGNATURES, LogWatch, first_fatal, proc_state
 from fleetgen.engines import get_engine
 from fleetgen.remote.base import ProcInfo, ProcState
@@ -34,11 +34,11 @@ from fleetgen.remote.base import ProcInfo, ProcState
 SECRET = "sk-very-secret-123"
 
 
-def spec(
+def command(
     tmp: str = "/w", secret: bool = False, args: tuple[str, ...] = ("--model-path", "/m x", "--port", "1")
-) -> LaunchSpec:
+) -> Command:
     extra = ("--config", "api_key.yaml") if secret else ()
-    return LaunchSpec(
+    return Command(
         instance="h0-0",
         python="/opt/venv/bin/python",
         launcher=("-m", "sglang.launch_server"),
@@ -51,7 +51,7 @@ def spec(
 
 def test_script_quotes_every_value_and_execs_the_argv(tmp_path: Path) -> None:
     """Run the rendered script with `python` replaced by `printf`, so bash shows what it would exec."""
-    s = LaunchSpec(
+    s = Command(
         instance="i",
         python="printf",
         launcher=("%s\\n",),
@@ -91,7 +91,7 @@ def _run_public(tmp_path: Path, kind: str) -> tuple[str, str, str]:
             "hosts": [{"name": "h0", "gpus": [0]}],
         }
     )
-    s = launch_spec(fleet, get_engine(kind), fleet.instances()[0], str(tmp_path))
+    s = build_command(fleet, get_engine(kind), fleet.instances()[0], str(tmp_path))
     assert s.secret is not None
     s = replace(s, python=sys.executable, launcher=("-c", ENGINE, s.secret.name))
     text = render_script(s)
@@ -165,7 +165,7 @@ def test_redactor_removes_every_key_whatever_the_chunking(
 
 
 def test_missing_key_file_stops_the_script(tmp_path: Path) -> None:
-    s = LaunchSpec(
+    s = Command(
         instance="i",
         python="printf",
         launcher=("started",),
@@ -180,8 +180,8 @@ def test_missing_key_file_stops_the_script(tmp_path: Path) -> None:
 
 
 def test_sha_is_stable_and_changes_with_a_flag() -> None:
-    assert sha256_text(render_script(spec())) == sha256_text(render_script(spec()))
-    assert sha256_text(render_script(spec())) != sha256_text(render_script(spec(args=("--port", "2"))))
+    assert sha256_text(render_script(command())) == sha256_text(render_script(command()))
+    assert sha256_text(render_script(command())) != sha256_text(render_script(command(args=("--port", "2"))))
 
 
 def _proc(argv: tuple[str, ...], env: dict[str, str]) -> ProcInfo:
@@ -189,7 +189,7 @@ def _proc(argv: tuple[str, ...], env: dict[str, str]) -> ProcInfo:
 
 
 def test_drift_empty_when_equal_and_names_each_difference() -> None:
-    s = spec(secret=True)
+    s = command(secret=True)
     argv = s.argv
     env = {"CUDA_VISIBLE_DEVICES": "0", "QUOTE": "it's $HOME", "FLEET_KEY": SECRET, "HOME": "/root"}
     assert process_drift(s, _proc(argv, env), SECRET) == []

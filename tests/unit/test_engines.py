@@ -14,7 +14,7 @@ import pytest
 import fleetgen
 from fleetgen.config import ENGINE_KINDS, ArgValue, FleetFile
 from fleetgen.deploy.script import SecretEnv
-from fleetgen.deploy.targets import launch_spec
+from fleetgen.deploy.wanted import build_command
 from fleetgen.engines import ENGINES, format_args, get_engine, select_rule_set, translate_args
 from fleetgen.engines.base import VERDICT_MARK, read_verdict, release
 from fleetgen.engines.sglang_timeline import rules_for
@@ -75,16 +75,16 @@ def test_sglang_gets_the_public_key_by_config_file_never_on_its_argv() -> None:
     user's own `config` in engine.args is refused (SGLang takes one config file) with the way out."""
     fleet = _fleet("sglang", bind="0.0.0.0", api_key_env="MY_KEY", args={})
     engine = get_engine("sglang")
-    s = launch_spec(fleet, engine, fleet.instances()[0], "/w")
+    s = build_command(fleet, engine, fleet.instances()[0], "/w")
     assert s.args[-2:] == ("--config", "api_key.yaml") and "--api-key" not in s.args
     assert engine.api_key_env_var is None and s.secret == SecretEnv("MY_KEY", config_key="api-key")
     assert s.secret_files("k" * 16)["/w/a-0/api_key.yaml"] == b'api-key: "kkkkkkkkkkkkkkkk"\n'
     own = _fleet("sglang", bind="0.0.0.0", api_key_env="MY_KEY", args={"config": "/mine.yaml"})
     with pytest.raises(ConfigError) as err:
-        launch_spec(own, engine, own.instances()[0], "/w")
+        build_command(own, engine, own.instances()[0], "/w")
     assert "--config" in err.value.message and "engine.args" in err.value.fix
     loopback = _fleet("sglang", args={"config": "/mine.yaml"})
-    assert "--config" in launch_spec(loopback, engine, loopback.instances()[0], "/w").args
+    assert "--config" in build_command(loopback, engine, loopback.instances()[0], "/w").args
 
 
 def test_renamed_flags_are_translated_per_era() -> None:
@@ -190,14 +190,14 @@ def test_parser_check_without_the_engine_prints_one_verdict_naming_what_is_missi
 @pytest.mark.parametrize("bind", ["127.0.0.1", "0.0.0.0", "::"])
 @pytest.mark.parametrize("workdir", ["/w", "/home/u/fleet work", "/tmp/x"])
 def test_plan_shows_the_argv_up_launches_for_every_bind(kind: str, bind: str, workdir: str) -> None:
-    """`plan` (decide_launch) and `up` (launch_spec) give one argv, key file included, whatever the workdir:
+    """`plan` (decide_launch) and `up` (build_command) give one argv, key file included, whatever the workdir:
     the key's config file is named relative to the instance folder the engine runs in."""
     public = bind != "127.0.0.1"
     fleet = _fleet(kind, bind=bind, **({"api_key_env": "MY_KEY"} if public else {}))
     engine = get_engine(kind)
     for inst in fleet.instances():
         planned = decide_launch(fleet.engine, inst, facts_from_file(fleet.host(inst.host)))
-        launched = launch_spec(fleet, engine, inst, workdir)
+        launched = build_command(fleet, engine, inst, workdir)
         assert planned.argv == launched.argv
         assert not any(workdir in a for a in launched.argv)
 

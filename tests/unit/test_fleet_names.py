@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from fleetgen.config import FleetFile, InstanceSpec, load_fleet
+from fleetgen.config import FleetFile, Instance, load_fleet
 from fleetgen.errors import ConfigError
 
 PARTS = ["gpu", "g", "1", "0", "10", "01", "x"]
@@ -84,7 +84,7 @@ def test_every_instance_maps_to_its_own_host_and_only_picks_exactly(
     assert got == want
 
 
-def _of(instances: list[InstanceSpec], host: str) -> list[InstanceSpec]:
+def _of(instances: list[Instance], host: str) -> list[Instance]:
     return [i for i in instances if i.host == host]
 
 

@@ -18,11 +18,10 @@ from pathlib import Path
 import pytest
 
 from fleetgen.config import FleetFile
-from fleetgen.deploy.hostside import PREP_SH, VERSION_PY, gpus_from_prep
-from fleetgen.deploy.hostside import HostFacts as HostsideFacts
+from fleetgen.deploy.hostside import PREP_SH, VERSION_PY, HostSurvey, gpus_from_prep
 from fleetgen.deploy.probe import accept_length, capacity_from_metrics, parse_metrics
-from fleetgen.deploy.targets import measured_facts, planned_capacity
 from fleetgen.deploy.verify import capacity_from_info, capacity_from_log, judge_spec, spec_evidence
+from fleetgen.deploy.wanted import measured_facts, planned_capacity
 from fleetgen.deploy.watch import GENERIC_SIGNATURES, first_fatal, root_cause
 from fleetgen.engines import get_engine
 from fleetgen.fleet.metrics import max_running_from_capacity
@@ -188,7 +187,7 @@ def test_up_plans_with_the_gpu_it_measured_when_the_fleet_file_states_none(fleet
     fleet = FleetFile.model_validate(tomllib.loads(fleet_file.read_text()))
     host = fleet.hosts[0]
     assert facts_from_file(host).gpus is None  # nothing known from the file, nothing invented
-    measured = HostsideFacts("/w", True, 0.0, 100, gpus=gpus_from_prep("gpu_mib=0,143771,0\n"))
+    measured = HostSurvey("/w", True, 0.0, 100, gpus=gpus_from_prep("gpu_mib=0,143771,0\n"))
     plan = plan_fleet(fleet, QWEN, {host.name: measured_facts(host, measured)}).instances[0]
     planned = planned_capacity(plan)
     assert planned["kv_tokens"] > 0 and planned["max_running_requests"] > 0

@@ -16,19 +16,18 @@ from pathlib import Path
 
 import aiohttp
 
-from fleetgen.config import LOOPBACK, FleetFile, HostSpec, InstanceSpec, load_fleet
+from fleetgen.config import LOOPBACK, FleetFile, HostEntry, Instance, load_fleet
 from fleetgen.deploy.hostside import prepare_host
-from fleetgen.deploy.instance import HostSession, Outcome, Progress, ensure_up, stop_instance
+from fleetgen.deploy.instance import HostSession, Narrate, Outcome, ensure_up, stop_instance
 from fleetgen.deploy.state import InstanceRecord, load_state, update_state
-from fleetgen.deploy.targets import api_key, build_target, local_shape, measured_facts, planned_capacity
+from fleetgen.deploy.wanted import api_key, build_wanted, local_shape, measured_facts, planned_capacity
 from fleetgen.engines import Engine, get_engine, launcher_of
 from fleetgen.errors import ConfigError, FleetgenError, PlanError
 from fleetgen.modelcard import ModelShape
-from fleetgen.plan import HostFacts as PlanHostFacts
-from fleetgen.plan import InstancePlan, cross_instance_errors, plan_fleet
+from fleetgen.plan import HostFacts, InstancePlan, cross_instance_errors, plan_fleet
 from fleetgen.remote import open_host
 
-PerHost = Callable[[HostSession, list[InstanceSpec]], Awaitable[list[Outcome]]]
+PerHost = Callable[[HostSession, list[Instance]], Awaitable[list[Outcome]]]
 
 
 @dataclass(frozen=True)
@@ -49,17 +48,17 @@ def _noop(_instance: str, _message: str) -> None:
     return None
 
 
-def refuse_unreachable_bind(bind: str, spec: HostSpec) -> None:
+def refuse_unreachable_bind(bind: str, entry: HostEntry) -> None:
     """A loopback bind other than 127.0.0.1 on an SSH host is the HOST's loopback: fleetgen, elsewhere, can
     reach it neither directly nor through its tunnels (they go to 127.0.0.1). Refused before anything
     starts."""
-    if spec.is_local or bind == LOOPBACK or not _is_loopback(bind):
+    if entry.is_local or bind == LOOPBACK or not _is_loopback(bind):
         return
     raise ConfigError(
-        f"engine.bind = {bind!r} is {spec.name}'s own loopback: fleetgen cannot reach a server there",
+        f"engine.bind = {bind!r} is {entry.name}'s own loopback: fleetgen cannot reach a server there",
         fix="keep engine.bind = '127.0.0.1' (reached through SSH tunnels), or bind '0.0.0.0' or an "
         "address of the host with engine.api_key_env set",
-        context={"host": spec.name},
+        context={"host": entry.name},
     )
 
 
@@ -74,48 +73,48 @@ def _is_loopback(address: str) -> bool:
 
 @contextlib.asynccontextmanager
 async def open_session(
-    fleet: Fleet, spec: HostSpec, http: aiohttp.ClientSession, *, check_launch: bool = True
+    fleet: Fleet, entry: HostEntry, http: aiohttp.ClientSession, *, check_launch: bool = True
 ) -> AsyncIterator[HostSession]:
     """An open host plus its facts; closes the connection (and its tunnels) on exit."""
-    engine_spec = fleet.file.engine
-    refuse_unreachable_bind(engine_spec.bind, spec)
-    async with open_host(spec) as host:
-        facts = await prepare_host(
+    cfg = fleet.file.engine
+    refuse_unreachable_bind(cfg.bind, entry)
+    async with open_host(entry) as host:
+        survey = await prepare_host(
             host,
-            spec,
-            engine_spec.python,
-            launcher_of(engine_spec),
-            engine_spec.model,
-            kind=engine_spec.kind,
+            entry,
+            cfg.python,
+            launcher_of(cfg),
+            cfg.model,
+            kind=cfg.kind,
             check_launch=check_launch,
         )
         yield HostSession(
-            spec=spec,
+            entry=entry,
             host=host,
-            facts=facts,
+            survey=survey,
             http=http,
-            public_bind=engine_spec.bind if engine_spec.is_public else None,
+            public_bind=cfg.bind if cfg.is_public else None,
         )
 
 
-async def host_instances(fleet: Fleet, hs: HostSession) -> list[InstanceSpec]:
+async def host_instances(fleet: Fleet, hs: HostSession) -> list[Instance]:
     """This host's instances; `gpus = "all"` is resolved with the GPUs nvidia-smi listed on the host."""
     detected: list[int] | None = None
-    if hs.spec.gpus == "all":
-        if not hs.facts.has_nvidia_smi:
+    if hs.entry.gpus == "all":
+        if not hs.survey.has_nvidia_smi:
             raise ConfigError(
-                f'{hs.spec.name}: gpus = "all" but the host has no nvidia-smi to list its GPUs',
-                fix=f"list the GPUs in the fleet file: gpus = [0, 1, …] for host {hs.spec.name}",
+                f'{hs.entry.name}: gpus = "all" but the host has no nvidia-smi to list its GPUs',
+                fix=f"list the GPUs in the fleet file: gpus = [0, 1, …] for host {hs.entry.name}",
             )
-        detected = [g.index for g in hs.facts.gpus]
-    return fleet.file.instances_on(hs.spec, detected, source=fleet.path)
+        detected = [g.index for g in hs.survey.gpus]
+    return fleet.file.instances_on(hs.entry, detected, source=fleet.path)
 
 
 @dataclass
 class Opened:
     """The wanted hosts, connected (with their instances) or failed (with their outcomes)."""
 
-    sessions: dict[str, tuple[HostSession, list[InstanceSpec]]] = field(default_factory=dict)
+    sessions: dict[str, tuple[HostSession, list[Instance]]] = field(default_factory=dict)
     failed: list[Outcome] = field(default_factory=list)
 
 
@@ -137,15 +136,15 @@ async def for_each_host(
     opened = Opened()
     async with aiohttp.ClientSession() as http, contextlib.AsyncExitStack() as stack:
 
-        async def connect(spec: HostSpec) -> None:
+        async def connect(entry: HostEntry) -> None:
             try:
                 hs = await stack.enter_async_context(
-                    open_session(fleet, spec, http, check_launch=check_launch)
+                    open_session(fleet, entry, http, check_launch=check_launch)
                 )
-                opened.sessions[spec.name] = (hs, await host_instances(fleet, hs))
+                opened.sessions[entry.name] = (hs, await host_instances(fleet, hs))
             except FleetgenError as exc:
-                names = selection.names(spec.name, fleet.file.instances_on(spec))
-                opened.failed += [Outcome(instance=n, host=spec.name, error=exc) for n in names]
+                names = selection.names(entry.name, fleet.file.instances_on(entry))
+                opened.failed += [Outcome(instance=n, host=entry.name, error=exc) for n in names]
 
         # Every connect ends before an unexpected error is raised: raised while others still connect, it
         # would close the stack under them.
@@ -157,20 +156,20 @@ async def for_each_host(
         if check_fleet is not None:
             check_fleet(opened)
 
-        async def run(hs: HostSession, instances: list[InstanceSpec]) -> list[Outcome]:
+        async def run(hs: HostSession, instances: list[Instance]) -> list[Outcome]:
             try:
-                return list(await per_host(hs, selection.pick(hs.spec.name, instances)))
+                return list(await per_host(hs, selection.pick(hs.entry.name, instances)))
             except FleetgenError as exc:
-                names = selection.names(hs.spec.name, instances)
-                return [Outcome(instance=n, host=hs.spec.name, error=exc) for n in names]
+                names = selection.names(hs.entry.name, instances)
+                return [Outcome(instance=n, host=hs.entry.name, error=exc) for n in names]
 
         results = await asyncio.gather(*(run(hs, insts) for hs, insts in opened.sessions.values()))
     return [*opened.failed, *(o for outs in results for o in outs)]
 
 
-def fleet_facts(fleet: Fleet, opened: Opened) -> dict[str, PlanHostFacts]:
+def fleet_facts(fleet: Fleet, opened: Opened) -> dict[str, HostFacts]:
     """Every host's facts as `plan` would have them: measured where connected, else the fleet file's."""
-    measured = {name: hs.facts for name, (hs, _) in opened.sessions.items()}
+    measured = {name: hs.survey for name, (hs, _) in opened.sessions.items()}
     return {h.name: measured_facts(h, measured.get(h.name)) for h in fleet.file.hosts}
 
 
@@ -196,7 +195,7 @@ def plan_for_up(fleet: Fleet, opened: Opened, shape: ModelShape | None) -> dict[
 
 
 async def up(
-    fleet_path: Path, *, only: Sequence[str] | None = None, force: bool = False, progress: Progress = _noop
+    fleet_path: Path, *, only: Sequence[str] | None = None, force: bool = False, progress: Narrate = _noop
 ) -> list[Outcome]:
     """Bring every (selected) instance up, verified; `force` restarts even matching processes (restart)."""
     fleet = Fleet.load(fleet_path)
@@ -211,9 +210,9 @@ async def up(
     def on_record(rec: InstanceRecord) -> None:
         update_state(fleet_path, put=[rec])
 
-    async def per_host(hs: HostSession, instances: list[InstanceSpec]) -> list[Outcome]:
-        targets = [
-            build_target(fleet.file, fleet.engine, i, hs.facts, secret, planned_capacity(plans.get(i.name)))
+    async def per_host(hs: HostSession, instances: list[Instance]) -> list[Outcome]:
+        wanted = [
+            build_wanted(fleet.file, fleet.engine, i, hs.survey, secret, planned_capacity(plans.get(i.name)))
             for i in instances
         ]
         runs = (
@@ -226,7 +225,7 @@ async def up(
                 progress=progress,
                 on_record=on_record,
             )
-            for t in targets
+            for t in wanted
         )
         return list(await asyncio.gather(*runs))
 
@@ -234,7 +233,7 @@ async def up(
 
 
 async def restart(
-    fleet_path: Path, *, only: Sequence[str] | None = None, progress: Progress = _noop
+    fleet_path: Path, *, only: Sequence[str] | None = None, progress: Narrate = _noop
 ) -> list[Outcome]:
     """Stop and start every (selected) instance, even those already running as wanted."""
     return await up(fleet_path, only=only, force=True, progress=progress)
@@ -245,9 +244,9 @@ async def down(fleet_path: Path, *, only: Sequence[str] | None = None) -> list[O
     fleet = Fleet.load(fleet_path)
     records = load_state(fleet_path)
 
-    async def per_host(hs: HostSession, instances: list[InstanceSpec]) -> list[Outcome]:
-        targets = [build_target(fleet.file, fleet.engine, i, hs.facts, None) for i in instances]
-        outs = list(await asyncio.gather(*(stop_instance(hs, t, records.get(t.inst.name)) for t in targets)))
+    async def per_host(hs: HostSession, instances: list[Instance]) -> list[Outcome]:
+        wanted = [build_wanted(fleet.file, fleet.engine, i, hs.survey, None) for i in instances]
+        outs = list(await asyncio.gather(*(stop_instance(hs, t, records.get(t.inst.name)) for t in wanted)))
         update_state(fleet_path, drop=[o.instance for o in outs if o.error is None])
         return outs
 

@@ -10,7 +10,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from fleetgen.config import HostSpec
+from fleetgen.config import HostEntry
 from fleetgen.engines import get_engine
 from fleetgen.errors import DeployError, LaunchFailed
 from fleetgen.plan.types import MIB, GpuFacts
@@ -93,7 +93,7 @@ def sh(snippet: str, *args: str) -> list[str]:
 
 
 @dataclass
-class HostFacts:
+class HostSurvey:
     """What the prep snippet found on a host."""
 
     workdir: str
@@ -126,14 +126,14 @@ def launcher_module(launcher: tuple[str, ...]) -> str:
 
 async def prepare_host(
     host: Host,
-    spec: HostSpec,
+    entry: HostEntry,
     python: str,
     launcher: tuple[str, ...],
     model: str,
     *,
     kind: str,
     check_launch: bool = True,
-) -> HostFacts:
+) -> HostSurvey:
     """Resolve the workdir and check python, the launcher module and the model folder, in one round trip.
 
     `check_launch=False` (for `down`, `status`, `logs`) only reports: a broken python must not stop a `down`.
@@ -141,19 +141,19 @@ async def prepare_host(
     model_arg = model if is_path_like(model) else ""
     dists = get_engine(kind).distributions
     res = await host.run(
-        sh(PREP_SH, python, launcher_module(launcher), model_arg, spec.workdir, VERSION_PY, *dists)
+        sh(PREP_SH, python, launcher_module(launcher), model_arg, entry.workdir, VERSION_PY, *dists)
     )
     kv = dict(line.split("=", 1) for line in res.stdout.splitlines() if "=" in line)
-    ctx = {"host": spec.name}
+    ctx = {"host": entry.name}
     if not kv.get("workdir"):
         raise DeployError(
-            f"{spec.name}: cannot create the workdir {spec.workdir}",
+            f"{entry.name}: cannot create the workdir {entry.workdir}",
             context=ctx,
             fix="set hosts.workdir to a folder the SSH user can write",
         )
     if check_launch:
-        _check_launch(kv, spec, python, launcher, model)
-    return HostFacts(
+        _check_launch(kv, entry, python, launcher, model)
+    return HostSurvey(
         workdir=kv["workdir"],
         has_nvidia_smi=kv.get("nvidia_smi") == "yes",
         uptime_s=float(kv.get("uptime") or 0),
@@ -182,12 +182,12 @@ def gpus_from_prep(stdout: str) -> tuple[GpuFacts, ...]:
 
 
 def _check_launch(
-    kv: dict[str, str], spec: HostSpec, python: str, launcher: tuple[str, ...], model: str
+    kv: dict[str, str], entry: HostEntry, python: str, launcher: tuple[str, ...], model: str
 ) -> None:
-    ctx = {"host": spec.name}
+    ctx = {"host": entry.name}
     if kv.get("python") != "ok":
         raise LaunchFailed(
-            f"{spec.name}: the engine's python {python!r} does not exist on the host",
+            f"{entry.name}: the engine's python {python!r} does not exist on the host",
             context=ctx,
             fix="set engine.python to the interpreter of the engine's venv "
             "on the host (an absolute path such as /opt/venv/bin/python)",
@@ -195,13 +195,13 @@ def _check_launch(
     if kv.get("module") == "missing":
         mod = launcher_module(launcher)
         raise LaunchFailed(
-            f"{spec.name}: {python} cannot import {mod!r} (the launcher {' '.join(launcher)})",
+            f"{entry.name}: {python} cannot import {mod!r} (the launcher {' '.join(launcher)})",
             context=ctx,
             fix=f"install {mod} into that python, or fix engine.python / engine.launcher",
         )
     if kv.get("model") != "ok":
         raise LaunchFailed(
-            f"{spec.name}: the model folder {model} does not exist on the host",
+            f"{entry.name}: the model folder {model} does not exist on the host",
             context=ctx,
             fix="copy the model there, or set engine.model to the folder that holds it",
         )

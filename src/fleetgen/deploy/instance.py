@@ -15,20 +15,20 @@ from datetime import UTC, datetime
 
 import aiohttp
 
-from fleetgen.config import LOOPBACK, HostSpec, InstanceSpec
-from fleetgen.deploy.hostside import HostFacts, probe_instance, wait_gpus_released, wait_port_free
+from fleetgen.config import LOOPBACK, HostEntry, Instance
+from fleetgen.deploy.hostside import HostSurvey, probe_instance, wait_gpus_released, wait_port_free
 from fleetgen.deploy.listener import port_owners, stranger_problem
 from fleetgen.deploy.probe import EngineClient
-from fleetgen.deploy.script import LaunchSpec
+from fleetgen.deploy.script import Command
 from fleetgen.deploy.state import InstanceRecord
 from fleetgen.deploy.verify import Verified, process_drift, verify_engine
-from fleetgen.deploy.watch import WaitTarget, wait_ready
+from fleetgen.deploy.watch import StartedProcess, wait_ready
 from fleetgen.engines.base import Engine
 from fleetgen.errors import FleetgenError, LaunchFailed, VerifyError
 from fleetgen.plan import Launch
 from fleetgen.remote.base import Host, ProcInfo
 
-Progress = Callable[[str, str], None]  # (instance, message)
+Narrate = Callable[[str, str], None]  # (instance, message)
 
 # The instance's folder: its owner's only (key files, script, logs live there).
 PRIVATE_DIR_SH = 'mkdir -p -- "$1" && chmod 700 -- "$1"'
@@ -43,12 +43,12 @@ class Action(enum.StrEnum):
 
 
 @dataclass(frozen=True)
-class Target:
+class WantedInstance:
     """One instance as the fleet file wants it."""
 
-    inst: InstanceSpec
+    inst: Instance
     launch: Launch  # what decided argv + env: the engine version and rule set (recorded in the state)
-    spec: LaunchSpec
+    command: Command
     script: str
     sha256: str
     secret_value: str | None
@@ -60,9 +60,9 @@ class Target:
 class HostSession:
     """An open host with what fleetgen learned about it during this command."""
 
-    spec: HostSpec
+    entry: HostEntry
     host: Host
-    facts: HostFacts
+    survey: HostSurvey
     http: aiohttp.ClientSession
     public_bind: str | None = None
 
@@ -70,20 +70,20 @@ class HostSession:
         """Where fleetgen reaches a port: a local SSH forward, or directly on a public bind (the bind address,
         or, bound to every interface, the host's SSH address, or loopback on a `local` host)."""
         if self.public_bind:
-            return f"http://{public_address(self.spec, self.public_bind)}:{port}"
+            return f"http://{public_address(self.entry, self.public_bind)}:{port}"
         return f"http://127.0.0.1:{await self.host.forward(port)}"
 
 
-def public_address(spec: HostSpec, bind: str) -> str:
-    """The address (URL form) fleetgen reaches a server bound to `bind` on host `spec` at.
+def public_address(entry: HostEntry, bind: str) -> str:
+    """The address (URL form) fleetgen reaches a server bound to `bind` on host `entry` at.
 
     A wildcard bind listens on every interface: an SSH host is reached at its SSH address, a `local` host
     (whose `address` is the word "local", no host name) at its own loopback.
     """
     if bind in ("0.0.0.0", "::"):
-        if spec.is_local:
+        if entry.is_local:
             return "127.0.0.1" if bind == "0.0.0.0" else "[::1]"
-        return spec.address
+        return entry.address
     return f"[{bind}]" if ":" in bind else bind
 
 
@@ -105,35 +105,37 @@ class Outcome:
 
 
 async def find_running(
-    hs: HostSession, target: Target, record: InstanceRecord | None
+    hs: HostSession, wanted: WantedInstance, record: InstanceRecord | None
 ) -> tuple[ProcInfo | None, bool]:
     """The live process of this instance (the recorded PID + start time, else the host's pidfile) and whether
     its port is listened on, in one round trip."""
-    recorded = (record.pid, record.start_time) if record is not None and record.host == hs.spec.name else None
-    where = await probe_instance(hs.host, target.spec.paths.pidfile, target.inst.port, recorded)
+    recorded = (
+        (record.pid, record.start_time) if record is not None and record.host == hs.entry.name else None
+    )
+    where = await probe_instance(hs.host, wanted.command.paths.pidfile, wanted.inst.port, recorded)
     if where.recorded is not None and where.recorded.is_alive:
         return where.recorded, where.is_port_busy
     # Only a process running our launch script's command counts (the PID may have been reused).
-    if where.named is not None and where.named.is_alive and where.named.argv[:1] == (target.spec.python,):
+    if where.named is not None and where.named.is_alive and where.named.argv[:1] == (wanted.command.python,):
         return where.named, where.is_port_busy
     return None, where.is_port_busy
 
 
 async def ensure_up(
     hs: HostSession,
-    target: Target,
+    wanted: WantedInstance,
     record: InstanceRecord | None,
     engine: Engine,
     *,
     force: bool,
-    progress: Progress,
+    progress: Narrate,
     on_record: Callable[[InstanceRecord], None],
 ) -> Outcome:
     """Bring one instance to the wanted state and verify it; errors are returned in the Outcome."""
-    out = Outcome(instance=target.inst.name, host=hs.spec.name)
+    out = Outcome(instance=wanted.inst.name, host=hs.entry.name)
     started = time.monotonic()
     try:
-        await _ensure_up(hs, target, record, engine, out, force=force, progress=progress, on_record=on_record)
+        await _ensure_up(hs, wanted, record, engine, out, force=force, progress=progress, on_record=on_record)
         out.is_ready = True
     except FleetgenError as exc:
         out.error = exc
@@ -143,33 +145,33 @@ async def ensure_up(
 
 async def _ensure_up(
     hs: HostSession,
-    target: Target,
+    wanted: WantedInstance,
     record: InstanceRecord | None,
     engine: Engine,
     out: Outcome,
     *,
     force: bool,
-    progress: Progress,
+    progress: Narrate,
     on_record: Callable[[InstanceRecord], None],
 ) -> None:
-    running, port_busy = await find_running(hs, target, record)
-    if running and not force and not process_drift(target.spec, running, target.secret_value):
-        await _keep(hs, target, record, engine, out, running, progress)
+    running, port_busy = await find_running(hs, wanted, record)
+    if running and not force and not process_drift(wanted.command, running, wanted.secret_value):
+        await _keep(hs, wanted, record, engine, out, running, progress)
         return
-    await _clear_way(hs, target, running, port_busy, force, progress)
+    await _clear_way(hs, wanted, running, port_busy, force, progress)
     out.action = Action.REPLACED if running else Action.STARTED
-    rec = await _launch(hs, target, progress)
+    rec = await _launch(hs, wanted, progress)
     on_record(rec)
     out.record, out.pid, out.log_path = rec, rec.pid, rec.log_path
-    out.url = await hs.url_for(target.inst.port)
-    client = EngineClient(out.url, hs.http, target.secret_value)
-    name = target.inst.name
+    out.url = await hs.url_for(wanted.inst.port)
+    client = EngineClient(out.url, hs.http, wanted.secret_value)
+    name = wanted.inst.name
     try:
         watch = await wait_ready(
-            WaitTarget(name, hs.host, rec.pid, rec.start_time, rec.log_path),
+            StartedProcess(name, hs.host, rec.pid, rec.start_time, rec.log_path),
             engine,
             client,
-            timeout_s=target.timeout_s,
+            timeout_s=wanted.timeout_s,
             progress=lambda m: progress(name, m),
         )
     except LaunchFailed as exc:
@@ -178,100 +180,100 @@ async def _ensure_up(
         exc.context["stopped"] = f"pid {rec.pid} (its log stays at {rec.log_path})"
         raise
     finally:
-        await remove_secret_files(hs.host, target.spec)  # read at start: a healthy engine is past that
+        await remove_secret_files(hs.host, wanted.command)  # read at start: a healthy engine is past that
     try:
-        await prove_listener(hs, target, rec.pid)
+        await prove_listener(hs, wanted, rec.pid)
     except VerifyError as exc:  # it cannot serve on its port: leave nothing half-started behind
         await hs.host.stop(rec.pid, start_time=rec.start_time, timeout=10.0)
         exc.context["stopped"] = f"pid {rec.pid} (its log stays at {rec.log_path})"
         raise
     progress(name, "healthy; verifying the process and the engine's own view")
-    out.verified = await _verify(hs, target, engine, client, rec.pid, rec.start_time, watch.lines)
+    out.verified = await _verify(hs, wanted, engine, client, rec.pid, rec.start_time, watch.lines)
 
 
 async def _keep(
     hs: HostSession,
-    target: Target,
+    wanted: WantedInstance,
     record: InstanceRecord | None,
     engine: Engine,
     out: Outcome,
     running: ProcInfo,
-    progress: Progress,
+    progress: Narrate,
 ) -> None:
     """The process already runs as wanted: leave it, and verify it like a new one."""
     out.action, out.pid = Action.UNCHANGED, running.pid
     same = record is not None and record.pid == running.pid
     out.record = record if same else None
-    out.log_path = record.log_path if record is not None and same else target.spec.paths.current_log
-    progress(target.inst.name, f"already running as wanted (pid {running.pid}); verifying")
-    await prove_listener(hs, target, running.pid)
-    out.url = await hs.url_for(target.inst.port)
-    client = EngineClient(out.url, hs.http, target.secret_value)
+    out.log_path = record.log_path if record is not None and same else wanted.command.paths.current_log
+    progress(wanted.inst.name, f"already running as wanted (pid {running.pid}); verifying")
+    await prove_listener(hs, wanted, running.pid)
+    out.url = await hs.url_for(wanted.inst.port)
+    client = EngineClient(out.url, hs.http, wanted.secret_value)
     log_lines = (await hs.host.tail(out.log_path, 400)).splitlines()
-    out.verified = await _verify(hs, target, engine, client, running.pid, running.start_time, log_lines)
+    out.verified = await _verify(hs, wanted, engine, client, running.pid, running.start_time, log_lines)
 
 
 async def _clear_way(
     hs: HostSession,
-    target: Target,
+    wanted: WantedInstance,
     running: ProcInfo | None,
     port_busy: bool,
     force: bool,
-    progress: Progress,
+    progress: Narrate,
 ) -> None:
     """Stop the old process (then wait for its port and GPUs), or refuse a port someone else holds."""
-    port = target.inst.port
+    port = wanted.inst.port
     if running:
         progress(
-            target.inst.name, f"stopping pid {running.pid} ({'restart' if force else 'flags or env changed'})"
+            wanted.inst.name, f"stopping pid {running.pid} ({'restart' if force else 'flags or env changed'})"
         )
         await hs.host.stop(running.pid, start_time=running.start_time)
         await wait_port_free(hs.host, port)
-        if hs.facts.has_nvidia_smi:
-            await wait_gpus_released(hs.host, target.inst.gpus)
+        if hs.survey.has_nvidia_smi:
+            await wait_gpus_released(hs.host, wanted.inst.gpus)
     elif port_busy:
         owners = await port_owners(hs.host, port)
         raise LaunchFailed(
-            f"{target.inst.name}: port {port} on {hs.spec.name} is already in use by "
+            f"{wanted.inst.name}: port {port} on {hs.entry.name} is already in use by "
             + (owners.describe(list(owners.listeners), set()) or "another process"),
-            context={"host": hs.spec.name, "port": port},
+            context={"host": hs.entry.name, "port": port},
             fix=f"stop what listens there (`ss -ltnp | grep :{port}` on the host) or set "
             "hosts.base_port / engine.base_port to free ports",
         )
 
 
-async def _launch(hs: HostSession, target: Target, progress: Progress) -> InstanceRecord:
+async def _launch(hs: HostSession, wanted: WantedInstance, progress: Narrate) -> InstanceRecord:
     """Push the key file and the script (verified), spawn detached with a new log, link current.log."""
-    paths = target.spec.paths
+    paths = wanted.command.paths
     await hs.host.run(["sh", "-c", PRIVATE_DIR_SH, "fleetgen", paths.root])
-    for path, data in target.spec.secret_files(target.secret_value or "").items():
+    for path, data in wanted.command.secret_files(wanted.secret_value or "").items():
         await hs.host.put(path, data, mode=0o600)  # created 0600 (never readable by others), then filled
-    await hs.host.put(paths.script, target.script.encode(), mode=0o700)
+    await hs.host.put(paths.script, wanted.script.encode(), mode=0o700)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
     log_path = paths.log_for(stamp)
     spawned = await hs.host.spawn(paths.script, log_path, paths.pidfile, cwd=paths.root)
-    progress(target.inst.name, f"spawned pid {spawned.pid}, log {log_path}")
+    progress(wanted.inst.name, f"spawned pid {spawned.pid}, log {log_path}")
     return InstanceRecord(
-        instance=target.inst.name,
-        host=hs.spec.name,
-        gpus=target.inst.gpus,
-        port=target.inst.port,
+        instance=wanted.inst.name,
+        host=hs.entry.name,
+        gpus=wanted.inst.gpus,
+        port=wanted.inst.port,
         pid=spawned.pid,
         start_time=spawned.start_time,
         log_path=spawned.log_path or log_path,
         script_path=paths.script,
-        script_sha256=target.sha256,
+        script_sha256=wanted.sha256,
         launched_at=datetime.now(UTC).isoformat(),
-        argv=target.spec.argv,
-        env_names=tuple(sorted(target.spec.environ)),
-        engine_version=target.launch.version,
-        rule_set=target.launch.rules.name,
+        argv=wanted.command.argv,
+        env_names=tuple(sorted(wanted.command.environ)),
+        engine_version=wanted.launch.version,
+        rule_set=wanted.launch.rules.name,
     )
 
 
 async def _verify(
     hs: HostSession,
-    target: Target,
+    wanted: WantedInstance,
     engine: Engine,
     client: EngineClient,
     pid: int,
@@ -281,52 +283,52 @@ async def _verify(
     info = await hs.host.inspect(pid, start_time)
     if not info.is_alive:
         raise LaunchFailed(
-            f"{target.inst.name}: the process (pid {pid}) is gone after becoming healthy",
-            fix=f"read its log: `fleetgen logs {target.inst.name}`",
-            context={"host": hs.spec.name},
+            f"{wanted.inst.name}: the process (pid {pid}) is gone after becoming healthy",
+            fix=f"read its log: `fleetgen logs {wanted.inst.name}`",
+            context={"host": hs.entry.name},
         )
-    drift = process_drift(target.spec, info, target.secret_value)
+    drift = process_drift(wanted.command, info, wanted.secret_value)
     if drift:
         raise VerifyError(
-            f"{target.inst.name}: the running process differs from the launch script (drift)",
-            fix=f"run `fleetgen restart --only {target.inst.name}`; if it persists, something on "
+            f"{wanted.inst.name}: the running process differs from the launch script (drift)",
+            fix=f"run `fleetgen restart --only {wanted.inst.name}`; if it persists, something on "
             "the host rewrites the command (a wrapper, a profile script)",
-            context={"host": hs.spec.name, "pid": pid, "drift": "\n".join(drift)},
+            context={"host": hs.entry.name, "pid": pid, "drift": "\n".join(drift)},
         )
-    return await verify_engine(target.spec, engine, client, log_lines=log_lines, planned=target.planned)
+    return await verify_engine(wanted.command, engine, client, log_lines=log_lines, planned=wanted.planned)
 
 
-async def remove_secret_files(host: Host, spec: LaunchSpec) -> None:
+async def remove_secret_files(host: Host, command: Command) -> None:
     """Remove the key files a launch read (whether or not this run pushed them: `down` cleans up too)."""
-    if spec.secret is not None:
-        await host.run(["rm", "-f", "--", *spec.secret_files("")])
+    if command.secret is not None:
+        await host.run(["rm", "-f", "--", *command.secret_files("")])
 
 
-async def prove_listener(hs: HostSession, target: Target, pid: int) -> None:
+async def prove_listener(hs: HostSession, wanted: WantedInstance, pid: int) -> None:
     """Raise VerifyError unless the process fleetgen started (or its child) alone holds the sockets that
     answer on the instance's port: a health check answered by another process proves nothing."""
-    port = target.inst.port
+    port = wanted.inst.port
     why = stranger_problem(await port_owners(hs.host, port), pid, hs.public_bind or LOOPBACK)
     if why:
         raise VerifyError(
-            f"{target.inst.name}: on {hs.spec.name}, {why}",
+            f"{wanted.inst.name}: on {hs.entry.name}, {why}",
             fix="stop that process, or give this instance a free port (hosts.base_port / engine.base_port "
             "in the fleet file), then `fleetgen up` again (`fleetgen plan` shows clashes between instances)",
-            context={"host": hs.spec.name, "port": port, "pid": pid},
+            context={"host": hs.entry.name, "port": port, "pid": pid},
         )
 
 
-async def stop_instance(hs: HostSession, target: Target, record: InstanceRecord | None) -> Outcome:
+async def stop_instance(hs: HostSession, wanted: WantedInstance, record: InstanceRecord | None) -> Outcome:
     """Stop one instance (TERM → wait → KILL of its process group) and wait until its port is free."""
-    out = Outcome(instance=target.inst.name, host=hs.spec.name)
+    out = Outcome(instance=wanted.inst.name, host=hs.entry.name)
     try:
-        await remove_secret_files(hs.host, target.spec)
-        running, _ = await find_running(hs, target, record)
+        await remove_secret_files(hs.host, wanted.command)
+        running, _ = await find_running(hs, wanted, record)
         if running is None:
             out.action = Action.ABSENT
             return out
         await hs.host.stop(running.pid, start_time=running.start_time)
-        await wait_port_free(hs.host, target.inst.port)
+        await wait_port_free(hs.host, wanted.inst.port)
         out.action, out.pid = Action.STOPPED, running.pid
     except FleetgenError as exc:
         out.error = exc

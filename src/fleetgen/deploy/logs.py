@@ -17,16 +17,17 @@ async def read_log(
 ) -> AsyncIterator[str]:
     """The last `num_lines` lines of the instance's current log; with `follow`, then every new line."""
     fleet = Fleet.load(fleet_path)
-    spec = fleet.file.host_of_instance(name)
-    async with aiohttp.ClientSession() as http, open_session(fleet, spec, http, check_launch=False) as hs:
+    entry = fleet.file.host_of_instance(name)
+    async with aiohttp.ClientSession() as http, open_session(fleet, entry, http, check_launch=False) as hs:
         if name not in {i.name for i in await host_instances(fleet, hs)}:
             raise ConfigError(
-                f"no instance named {name!r} on host {spec.name}", fix="`fleetgen status` lists the instances"
+                f"no instance named {name!r} on host {entry.name}",
+                fix="`fleetgen status` lists the instances",
             )
-        path = InstancePaths(hs.facts.workdir, name).current_log
+        path = InstancePaths(hs.survey.workdir, name).current_log
         if not await hs.host.exists(path):
             raise ConfigError(
-                f"{name} has no log yet ({path} does not exist on {spec.name})",
+                f"{name} has no log yet ({path} does not exist on {entry.name})",
                 fix="start it with `fleetgen up`",
             )
         if follow:  # one `tail -F -n N`: a tail then a follow would lose the lines written in between

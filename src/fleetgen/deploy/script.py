@@ -105,7 +105,7 @@ def key_config_text(config_key: str, secret_value: str) -> str:
 
 
 @dataclass(frozen=True)
-class LaunchSpec:
+class Command:
     """Everything that decides how one instance runs; equal specs mean an equal running process."""
 
     instance: str
@@ -139,24 +139,24 @@ class LaunchSpec:
         return env
 
 
-def render_script(spec: LaunchSpec) -> str:
-    """The bash text of `launch.sh` for `spec`. Pure; contains no secret."""
+def render_script(command: Command) -> str:
+    """The bash text of `launch.sh` for `command`. Pure; contains no secret."""
     lines = [
         "#!/usr/bin/env bash",
-        f"# fleetgen launch script for instance {spec.instance}: rewritten by `fleetgen up`, do not edit.",
+        f"# fleetgen launch script for instance {command.instance}: rewritten by `fleetgen up`, do not edit.",
         "set -euo pipefail",
         "umask 077",
     ]
-    lines += [f"export {name}={shlex.quote(value)}" for name, value in sorted(spec.env.items())]
-    if spec.secret:
+    lines += [f"export {name}={shlex.quote(value)}" for name, value in sorted(command.env.items())]
+    if command.secret:
         # Read at start from a 0600 file so the key is never part of this text or its checksum.
-        name = spec.secret.name
-        lines.append(f'{name}="$(cat {shlex.quote(spec.paths.keyfile)})"')
+        name = command.secret.name
+        lines.append(f'{name}="$(cat {shlex.quote(command.paths.keyfile)})"')
         lines.append(f"export {name}")
         # The engine prints its own arguments: its output reaches the log with the key redacted.
-        redactor = shlex.join([spec.python, "-u", "-c", REDACTOR, name])
+        redactor = shlex.join([command.python, "-u", "-c", REDACTOR, name])
         lines.append(f"exec > >(exec {redactor}) 2>&1")
-    lines.append("exec " + shlex.join(spec.argv))
+    lines.append("exec " + shlex.join(command.argv))
     return "\n".join(lines) + "\n"
 
 
@@ -164,20 +164,20 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def redact_argv(argv: Sequence[str], spec: LaunchSpec, secret_value: str | None) -> tuple[str, ...]:
+def redact_argv(argv: Sequence[str], command: Command, secret_value: str | None) -> tuple[str, ...]:
     """A running process's argv with a key (an old launch may have had one there) shown as REDACTED."""
-    if not spec.secret or not secret_value:
+    if not command.secret or not secret_value:
         return tuple(argv)
     return tuple(part.replace(secret_value, REDACTED) for part in argv)
 
 
-def redact_environ(environ: Mapping[str, str], spec: LaunchSpec, secret_value: str | None) -> dict[str, str]:
-    """The subset of a running process's environ that `spec` manages, the key replaced by a marker.
+def redact_environ(environ: Mapping[str, str], command: Command, secret_value: str | None) -> dict[str, str]:
+    """The subset of a running process's environ that `command` manages, the key replaced by a marker.
 
     The key reads as REDACTED when it equals `secret_value` and as `<different key>` when not, so a rotated
     key shows up as drift without ever being printed.
     """
-    out = {name: environ[name] for name in spec.environ if name in environ}
-    if spec.secret and spec.secret.name in out:
-        out[spec.secret.name] = REDACTED if out[spec.secret.name] == secret_value else "<different key>"
+    out = {name: environ[name] for name in command.environ if name in environ}
+    if command.secret and command.secret.name in out:
+        out[command.secret.name] = REDACTED if out[command.secret.name] == secret_value else "<different key>"
     return out

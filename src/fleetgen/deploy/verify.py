@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetgen.deploy.probe import EngineClient, accept_length, capacity_from_metrics, parse_metrics
-from fleetgen.deploy.script import LaunchSpec, redact_argv, redact_environ
+from fleetgen.deploy.script import Command, redact_argv, redact_environ
 from fleetgen.engines import ENGINES
 from fleetgen.engines.base import Engine, MetricNames
 from fleetgen.errors import VerifyError
@@ -110,16 +110,16 @@ def judge_spec(instance: str, ev: SpecEvidence) -> tuple[str | None, str | None]
     return None, None
 
 
-def process_drift(spec: LaunchSpec, proc: ProcInfo, secret_value: str | None) -> list[str]:
+def process_drift(command: Command, proc: ProcInfo, secret_value: str | None) -> list[str]:
     """Differences between the rendered argv/env and the running process's; empty when none."""
     drift: list[str] = []
-    running_argv = redact_argv(proc.argv, spec, secret_value)
-    if tuple(running_argv) != spec.argv:
-        diff = difflib.ndiff(list(spec.argv), list(running_argv))
+    running_argv = redact_argv(proc.argv, command, secret_value)
+    if tuple(running_argv) != command.argv:
+        diff = difflib.ndiff(list(command.argv), list(running_argv))
         changed = [d for d in diff if d[:1] in "+-"]
         drift.append("argv differs (- rendered, + running): " + " ".join(changed))
-    running_env = redact_environ(proc.environ, spec, secret_value)
-    for name, want in sorted(spec.environ.items()):
+    running_env = redact_environ(proc.environ, command, secret_value)
+    for name, want in sorted(command.environ.items()):
         got = running_env.get(name)
         if got is None:
             drift.append(f"env {name}: rendered {want!r}, missing in the running process")
@@ -209,7 +209,7 @@ def capacity_rows(planned: Mapping[str, float], actual: Mapping[str, float]) -> 
 
 
 async def verify_engine(
-    spec: LaunchSpec,
+    command: Command,
     engine: Engine,
     client: EngineClient,
     *,
@@ -217,15 +217,15 @@ async def verify_engine(
     planned: Mapping[str, float],
 ) -> Verified:
     """The engine's own view, one real chat request, the accept length (when speculative), capacity."""
-    out = Verified(model=await _served_model(spec, client))
+    out = Verified(model=await _served_model(command, client))
     _, out.info = await client.first_json(engine.info_paths)
-    _check_view(spec, engine, client, out.info)
+    _check_view(command, engine, client, out.info)
     before = parse_metrics(await client.get_text(engine.metrics_path))
     reply = await client.chat(out.model)
     metrics_text = await client.get_text(engine.metrics_path)
-    if is_spec_configured(spec.args):
+    if is_spec_configured(command.args):
         after = parse_metrics(metrics_text)
-        out.accept_length = await _check_spec(spec, engine, client, before, after, _tokens(reply), out)
+        out.accept_length = await _check_spec(command, engine, client, before, after, _tokens(reply), out)
     actual = {
         **capacity_from_log(log_lines, engine),
         **capacity_from_info(out.info),
@@ -237,31 +237,31 @@ async def verify_engine(
     return out
 
 
-async def _served_model(spec: LaunchSpec, client: EngineClient) -> str:
+async def _served_model(command: Command, client: EngineClient) -> str:
     models = await client.get_json("/v1/models")
     data = models.get("data", []) if isinstance(models, dict) else []
     ids = [m.get("id") for m in data if isinstance(m, dict) and m.get("id")]
     if not ids:
-        raise VerifyError(f"{spec.instance}: /v1/models lists no model", context={"url": client.base_url})
+        raise VerifyError(f"{command.instance}: /v1/models lists no model", context={"url": client.base_url})
     return str(ids[0])
 
 
-def _check_view(spec: LaunchSpec, engine: Engine, client: EngineClient, info: Any) -> None:
+def _check_view(command: Command, engine: Engine, client: EngineClient, info: Any) -> None:
     """Refuse when the engine's own view (SGLang's /server_info) contradicts the flags it was given."""
     if not (_looks_like_server_args(info) or (isinstance(info, dict) and "internal_states" in info)):
         return
-    problems = view_mismatches(spec.args, info, engine)
+    problems = view_mismatches(command.args, info, engine)
     if problems:
         raise VerifyError(
-            f"{spec.instance}: the engine does not run what was asked",
+            f"{command.instance}: the engine does not run what was asked",
             fix="the engine overrode or ignored these flags; read its log for the reason "
-            f"(`fleetgen logs {spec.instance}`) and adjust engine.args",
+            f"(`fleetgen logs {command.instance}`) and adjust engine.args",
             context={"mismatches": "\n".join(problems), "url": client.base_url},
         )
 
 
 async def _check_spec(
-    spec: LaunchSpec,
+    command: Command,
     engine: Engine,
     client: EngineClient,
     before: Mapping[str, float],
@@ -272,7 +272,7 @@ async def _check_spec(
     """Refuse a server whose speculation never stepped; warn when it accepts nothing. The accept length."""
     _, info = await client.first_json(engine.info_paths)
     evidence = spec_evidence(engine.metrics, before, after, info, generated_tokens)
-    error, warning = judge_spec(spec.instance, evidence)
+    error, warning = judge_spec(command.instance, evidence)
     if error:
         raise VerifyError(
             error,

@@ -70,8 +70,6 @@ tail -c "+$((off + 1))" -- "$log" 2>/dev/null | head -c 1048576
 exit 0
 """
 
-Progress = Callable[[str], None]
-
 
 @dataclass
 class LogWatch:
@@ -147,7 +145,7 @@ async def poll_once(host: Host, watch: LogWatch, pid: int, start_time: int) -> l
 
 
 @dataclass(frozen=True)
-class WaitTarget:
+class StartedProcess:
     """The launch being waited on."""
 
     instance: str
@@ -158,34 +156,34 @@ class WaitTarget:
 
 
 async def wait_ready(
-    target: WaitTarget,
+    proc: StartedProcess,
     engine: Engine,
     client: EngineClient,
     *,
     timeout_s: float,
-    progress: Progress | None = None,
+    progress: Callable[[str], None] | None = None,
     poll_s: float = 0.25,
 ) -> LogWatch:
     """Return once the engine answers its health endpoint; raise LaunchFailed or ReadyTimeout otherwise."""
-    watch = LogWatch(target.log_path)
+    watch = LogWatch(proc.log_path)
     signatures = (*engine.fatal_signatures, *GENERIC_SIGNATURES)
-    started = time.monotonic()
-    last_report = started
+    since = time.monotonic()
+    last_report = since
     while True:
-        new = await poll_once(target.host, watch, target.pid, target.start_time)
+        new = await poll_once(proc.host, watch, proc.pid, proc.start_time)
         fatal = first_fatal(new, engine.fatal_signatures)
         if fatal:
             await asyncio.sleep(SETTLE_S)
-            await poll_once(target.host, watch, target.pid, target.start_time)
-            raise _launch_failed(target, watch, fatal[0], fatal[1], signatures)
+            await poll_once(proc.host, watch, proc.pid, proc.start_time)
+            raise _launch_failed(proc, watch, fatal[0], fatal[1], signatures)
         if not watch.is_alive:
-            await poll_once(target.host, watch, target.pid, target.start_time)
-            raise _exited(target, watch, signatures)
+            await poll_once(proc.host, watch, proc.pid, proc.start_time)
+            raise _exited(proc, watch, signatures)
         if await client.is_healthy(engine.health_path):
             return watch
-        elapsed = time.monotonic() - started
+        elapsed = time.monotonic() - since
         if elapsed > timeout_s:
-            raise _timed_out(target, watch, timeout_s)
+            raise _timed_out(proc, watch, timeout_s)
         if progress and time.monotonic() - last_report >= 5.0:
             last_report = time.monotonic()
             last = watch.lines[-1][:120] if watch.lines else "(log empty so far)"
@@ -193,32 +191,36 @@ async def wait_ready(
         await asyncio.sleep(poll_s)
 
 
-def _context(target: WaitTarget, watch: LogWatch, **extra: object) -> dict[str, object]:
+def _context(proc: StartedProcess, watch: LogWatch, **extra: object) -> dict[str, object]:
     return {
-        "instance": target.instance,
-        "host": target.host.name,
-        "pid": target.pid,
-        "log": target.log_path,
+        "instance": proc.instance,
+        "host": proc.host.name,
+        "pid": proc.pid,
+        "log": proc.log_path,
         **extra,
         "log tail": watch.tail_text(),
     }
 
 
 def _launch_failed(
-    target: WaitTarget, watch: LogWatch, sig: FatalSignature, line: str, signatures: Sequence[FatalSignature]
+    proc: StartedProcess,
+    watch: LogWatch,
+    sig: FatalSignature,
+    line: str,
+    signatures: Sequence[FatalSignature],
 ) -> LaunchFailed:
     """A fatal line was logged; when the engine's words put the cause elsewhere, name the root cause."""
     if not POINTS_ELSEWHERE.search(line):
         return LaunchFailed(
-            f"{target.instance}: {sig.cause}",
+            f"{proc.instance}: {sig.cause}",
             fix=sig.fix,
-            context=_context(target, watch, matched=line.strip()[:300]),
+            context=_context(proc, watch, matched=line.strip()[:300]),
         )
-    return _from_root_cause(target, watch, f"{target.instance}: {sig.cause}", sig.fix, line, signatures)
+    return _from_root_cause(proc, watch, f"{proc.instance}: {sig.cause}", sig.fix, line, signatures)
 
 
 def _from_root_cause(
-    target: WaitTarget,
+    proc: StartedProcess,
     watch: LogWatch,
     headline: str,
     fallback_fix: str,
@@ -227,45 +229,43 @@ def _from_root_cause(
 ) -> LaunchFailed:
     root = root_cause([*watch.lines, watch.partial])
     if root is None:
-        return LaunchFailed(
-            headline, fix=fallback_fix, context=_context(target, watch, matched=matched[:300])
-        )
+        return LaunchFailed(headline, fix=fallback_fix, context=_context(proc, watch, matched=matched[:300]))
     known = first_fatal([root], signatures)
     fix = known[0].fix if known else "read the traceback that ends with it in the log"
     cause = f"{known[0].cause}: " if known and known[0].cause not in headline else ""
     return LaunchFailed(
         f"{headline}: {cause}{root}",
         fix=fix,
-        context=_context(target, watch, matched=matched.strip()[:300], **{"root cause": root[:300]}),
+        context=_context(proc, watch, matched=matched.strip()[:300], **{"root cause": root[:300]}),
     )
 
 
-def _exited(target: WaitTarget, watch: LogWatch, signatures: Sequence[FatalSignature]) -> LaunchFailed:
+def _exited(proc: StartedProcess, watch: LogWatch, signatures: Sequence[FatalSignature]) -> LaunchFailed:
     """The process is gone: the root-cause exception if it raised one, else the first fatal line."""
-    headline = f"{target.instance}: the process exited while starting"
+    headline = f"{proc.instance}: the process exited while starting"
     root = root_cause([*watch.lines, watch.partial])
     if root is not None:
-        return _from_root_cause(target, watch, headline, "", root, signatures)
+        return _from_root_cause(proc, watch, headline, "", root, signatures)
     fatal = first_fatal([*watch.lines, watch.partial], signatures)
     if fatal:
         sig, line = fatal
         return LaunchFailed(
             f"{headline}: {sig.cause}",
             fix=sig.fix,
-            context=_context(target, watch, matched=line.strip()[:300]),
+            context=_context(proc, watch, matched=line.strip()[:300]),
         )
     return LaunchFailed(
         f"{headline} (killed, or it stopped without logging a known error)",
-        fix=f"read the log ({target.log_path}); if it was killed (OOM killer, a person), "
+        fix=f"read the log ({proc.log_path}); if it was killed (OOM killer, a person), "
         "check `dmesg` on the host, then run `fleetgen up` again",
-        context=_context(target, watch),
+        context=_context(proc, watch),
     )
 
 
-def _timed_out(target: WaitTarget, watch: LogWatch, timeout_s: float) -> ReadyTimeout:
+def _timed_out(proc: StartedProcess, watch: LogWatch, timeout_s: float) -> ReadyTimeout:
     return ReadyTimeout(
-        f"{target.instance}: not healthy after {timeout_s:.0f}s (the process still runs)",
+        f"{proc.instance}: not healthy after {timeout_s:.0f}s (the process still runs)",
         fix="big models take minutes to load: raise engine.ready_timeout_s; if the log stopped "
-        "moving, read it with `fleetgen logs " + target.instance + "`",
-        context=_context(target, watch),
+        "moving, read it with `fleetgen logs " + proc.instance + "`",
+        context=_context(proc, watch),
     )

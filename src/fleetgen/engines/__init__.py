@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from fleetgen.config import EngineSpec, register_engine_kind
+from fleetgen.config import EngineConfig, register_engine_kind
 from fleetgen.engines.base import (
     Engine,
     FatalSignature,
@@ -43,9 +43,9 @@ def get_engine(kind: str) -> Engine:
         ) from None
 
 
-def launcher_of(spec: EngineSpec) -> tuple[str, ...]:
+def launcher_of(cfg: EngineConfig) -> tuple[str, ...]:
     """What runs the engine after python: `engine.launcher`, else the engine's (`-m sglang.launch_server`)."""
-    return spec.launcher if spec.launcher is not None else get_engine(spec.kind).default_launcher
+    return cfg.launcher if cfg.launcher is not None else get_engine(cfg.kind).default_launcher
 
 
 def engine_of_metrics(samples: Mapping[str, float]) -> Engine:

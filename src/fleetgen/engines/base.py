@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from packaging.version import InvalidVersion, Version
 
-from fleetgen.config import ArgValue, EngineSpec, InstanceSpec
+from fleetgen.config import ArgValue, EngineConfig, Instance
 
 
 @dataclass(frozen=True)
@@ -201,8 +201,8 @@ class Engine:
 
     def build_argv(
         self,
-        spec: EngineSpec,
-        inst: InstanceSpec,
+        cfg: EngineConfig,
+        inst: Instance,
         *,
         model_path: str,
         host_bind: str,
@@ -210,23 +210,23 @@ class Engine:
     ) -> list[str]:
         """The engine's arguments (after python + launcher): `engine.args` (renamed flags translated for
         `rules`' era), then model, TP, bind, port, served name and the engine's `extra_argv`."""
-        args = translate_args(spec.args, rules).args
+        args = translate_args(cfg.args, rules).args
         argv = [model_path] if self.model_flag is None else []
         argv += format_args(args)
         if self.model_flag is not None:
             argv += [self.model_flag, model_path]
-        argv += [self.tp_flag, str(spec.tp), "--host", host_bind, "--port", str(inst.port)]
-        if spec.served_model_name:
-            argv += ["--served-model-name", spec.served_model_name]
-        return argv + self.extra_argv(args)  # a public bind's key never goes on the argv (deploy.targets)
+        argv += [self.tp_flag, str(cfg.tp), "--host", host_bind, "--port", str(inst.port)]
+        if cfg.served_model_name:
+            argv += ["--served-model-name", cfg.served_model_name]
+        return argv + self.extra_argv(args)  # a public bind's key never goes on the argv (deploy.wanted)
 
     def extra_argv(self, args: Mapping[str, ArgValue | list[ArgValue]]) -> list[str]:
         """Flags fleetgen adds after its own, given the (translated) `engine.args`."""
         return []
 
-    def build_env(self, spec: EngineSpec, inst: InstanceSpec) -> dict[str, str]:
+    def build_env(self, cfg: EngineConfig, inst: Instance) -> dict[str, str]:
         """`engine.env` plus CUDA_VISIBLE_DEVICES for the instance's GPUs."""
-        return {**spec.env, "CUDA_VISIBLE_DEVICES": cuda_visible_devices(inst)}
+        return {**cfg.env, "CUDA_VISIBLE_DEVICES": cuda_visible_devices(inst)}
 
     def parser_check_script(self) -> str:
         """Python source: reads a JSON argv on stdin, runs the engine's own parser, prints a JSON verdict."""
@@ -377,5 +377,5 @@ def _scalar(value: ArgValue) -> str:
     return str(value)
 
 
-def cuda_visible_devices(inst: InstanceSpec) -> str:
+def cuda_visible_devices(inst: Instance) -> str:
     return ",".join(str(g) for g in inst.gpus)

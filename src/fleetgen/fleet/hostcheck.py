@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from fleetgen.config import EngineSpec, FleetFile, HostSpec
+from fleetgen.config import EngineConfig, FleetFile, HostEntry
 from fleetgen.deploy.hostside import VERSION_PY
 from fleetgen.engines import get_engine
 from fleetgen.errors import CommandError, RemoteError
@@ -66,18 +66,18 @@ class HostReport:
 
 async def check_hosts(fleet: FleetFile) -> list[HostReport]:
     """Probe every host of `fleet` at once; one report per host, in the fleet file's order."""
-    return list(await asyncio.gather(*(check_host(fleet.engine, spec) for spec in fleet.hosts)))
+    return list(await asyncio.gather(*(check_host(fleet.engine, entry) for entry in fleet.hosts)))
 
 
-async def check_host(engine: EngineSpec, spec: HostSpec) -> HostReport:
+async def check_host(engine: EngineConfig, entry: HostEntry) -> HostReport:
     """Probe one host. Never raises for the host's own trouble: the report carries it."""
-    host = open_host(spec)
+    host = open_host(entry)
     try:
         async with host:
-            return await _probe(host, engine, spec)
+            return await _probe(host, engine, entry)
     except RemoteError as exc:  # unreachable, host key, or the connection died mid-probe
         return HostReport(
-            host=spec.name,
+            host=entry.name,
             reachable=False,
             error=exc.message,
             fix=exc.fix or None,
@@ -88,26 +88,26 @@ async def check_host(engine: EngineSpec, spec: HostSpec) -> HostReport:
         )
 
 
-async def _probe(host: CommandHost, engine: EngineSpec, spec: HostSpec) -> HostReport:
+async def _probe(host: CommandHost, engine: EngineConfig, entry: HostEntry) -> HostReport:
     problems: list[str] = []
     (os_name, gpus, mem), (disk, python, version, model_present) = await asyncio.gather(
         asyncio.gather(_os(host), _gpus(host, problems), _meminfo(host)),
         asyncio.gather(
-            _disk_free_gib(host, spec.workdir),
+            _disk_free_gib(host, entry.workdir),
             _python(host, engine.python),
             _engine_version(host, engine),
             _model_present(host, engine.model),
         ),
     )
-    problems += _software_problems(engine, spec, python, version)
-    problems += _gpu_problems(spec, gpus)
+    problems += _software_problems(engine, entry, python, version)
+    problems += _gpu_problems(entry, gpus)
     if not model_present:
         problems.append(
-            f"model folder {engine.model} is missing on {spec.name}; copy the model there "
+            f"model folder {engine.model} is missing on {entry.name}; copy the model there "
             "(e.g. huggingface-cli download … --local-dir) or fix engine.model"
         )
     return HostReport(
-        host=spec.name,
+        host=entry.name,
         reachable=True,
         os=os_name,
         gpus=tuple(gpus),
@@ -127,36 +127,36 @@ async def _probe(host: CommandHost, engine: EngineSpec, spec: HostSpec) -> HostR
 
 
 def _software_problems(
-    engine: EngineSpec, spec: HostSpec, python: str | None, version: str | None
+    engine: EngineConfig, entry: HostEntry, python: str | None, version: str | None
 ) -> list[str]:
     if python is None:
         return [
-            f"engine python `{engine.python}` does not run on {spec.name}; install it there or set "
+            f"engine python `{engine.python}` does not run on {entry.name}; install it there or set "
             "engine.python to its full path (e.g. /opt/venv/bin/python)"
         ]
     if version is None:
         dists = " or ".join(get_engine(engine.kind).distributions)
         return [
-            f"{engine.kind} is not installed for {engine.python} on {spec.name} (no {dists} "
+            f"{engine.kind} is not installed for {engine.python} on {entry.name} (no {dists} "
             "distribution); pip install it into that python, or point engine.python at the venv that has it"
         ]
     if engine.version and not version.startswith(engine.version):
         return [
-            f"{spec.name} has {engine.kind} {version}, the fleet file expects {engine.version}; install "
+            f"{entry.name} has {engine.kind} {version}, the fleet file expects {engine.version}; install "
             f"{engine.kind}=={engine.version} there or update engine.version (plan and up decide flags by "
             f"the {version} the host runs)"
         ]
     return []
 
 
-def _gpu_problems(spec: HostSpec, gpus: list[GpuInfo]) -> list[str]:
-    if not gpus or spec.gpus == "all":
+def _gpu_problems(entry: HostEntry, gpus: list[GpuInfo]) -> list[str]:
+    if not gpus or entry.gpus == "all":
         return []
-    missing = sorted(set(spec.gpus) - {gpu.index for gpu in gpus})
+    missing = sorted(set(entry.gpus) - {gpu.index for gpu in gpus})
     if not missing:
         return []
     return [
-        f"GPU(s) {missing} listed for {spec.name} do not exist there (found {[g.index for g in gpus]}); "
+        f"GPU(s) {missing} listed for {entry.name} do not exist there (found {[g.index for g in gpus]}); "
         "fix `gpus` in its [[hosts]] entry"
     ]
 
@@ -224,7 +224,7 @@ async def _python(host: CommandHost, python: str) -> str | None:
     return (result.stdout.strip() or None) if result.exit_status == 0 else None
 
 
-async def _engine_version(host: CommandHost, engine: EngineSpec) -> str | None:
+async def _engine_version(host: CommandHost, engine: EngineConfig) -> str | None:
     argv = [engine.python, "-c", VERSION_PY, *get_engine(engine.kind).distributions]
     try:
         result = await host.run(argv, check=False, timeout=_PROBE_TIMEOUT_S)

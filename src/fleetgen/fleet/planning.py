@@ -11,7 +11,7 @@ import posixpath
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from fleetgen.config import FleetFile, HostSpec
+from fleetgen.config import FleetFile, HostEntry
 from fleetgen.engines import get_engine, launcher_of
 from fleetgen.errors import ModelCardError, RemoteError
 from fleetgen.fleet.hostcheck import HostReport, check_hosts
@@ -34,7 +34,7 @@ class PlanInputs:
     notes: tuple[Issue, ...] = ()
 
 
-def facts_from_report(host: HostSpec, report: HostReport) -> HostFacts:
+def facts_from_report(host: HostEntry, report: HostReport) -> HostFacts:
     """Measured facts (nvidia-smi, /proc/meminfo, engine version); the file's values where none was read."""
     base = facts_from_file(host)
     if not report.reachable:
@@ -63,9 +63,9 @@ def local_shape(model_config: str, fleet_path: Path) -> ModelShape:
 
 async def load_shape(fleet: FleetFile, fleet_path: Path, *, offline: bool) -> ModelShape:
     """The model shape from `engine.model_config` (relative to the fleet file), else from the first host."""
-    spec = fleet.engine
-    if spec.model_config_dir:
-        return local_shape(spec.model_config_dir, fleet_path)
+    cfg = fleet.engine
+    if cfg.model_config_dir:
+        return local_shape(cfg.model_config_dir, fleet_path)
     if offline:
         raise ModelCardError(
             "--offline needs the model's config.json locally, and engine.model_config is not set",
@@ -74,10 +74,10 @@ async def load_shape(fleet: FleetFile, fleet_path: Path, *, offline: bool) -> Mo
         )
     host = fleet.hosts[0]
     async with open_host(host) as conn:
-        config = await _read_json(conn, posixpath.join(spec.model, "config.json"), host.name)
+        config = await _read_json(conn, posixpath.join(cfg.model, "config.json"), host.name)
         try:
             index = await _read_json(
-                conn, posixpath.join(spec.model, "model.safetensors.index.json"), host.name
+                conn, posixpath.join(cfg.model, "model.safetensors.index.json"), host.name
             )
         except ModelCardError:
             index = None
@@ -146,7 +146,7 @@ async def check_with_host_parser(fleet: FleetFile, plan: FleetPlan) -> FleetPlan
     return replace(plan, instances=tuple(instances))
 
 
-async def _parse_on(fleet: FleetFile, host: HostSpec, inst: InstancePlan) -> tuple[tuple[Issue, ...], ...]:
+async def _parse_on(fleet: FleetFile, host: HostEntry, inst: InstancePlan) -> tuple[tuple[Issue, ...], ...]:
     engine = get_engine(fleet.engine.kind)
     args = list(inst.argv[1 + len(launcher_of(fleet.engine)) :])
     try:

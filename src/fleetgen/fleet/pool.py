@@ -91,7 +91,7 @@ class FleetLinks:
     def _adopt(self, view: FleetView) -> None:
         """One single-instance view per watched instance, so that a probe reads only its own instance."""
         for watched in view.watched:
-            name = watched.target.inst.name
+            name = watched.wanted.inst.name
             if name in self._hosts and name not in self._views:
                 one = FleetView(view.fleet, view.secret)
                 one.watched.append(watched)
@@ -136,6 +136,6 @@ async def open_fleet(fleet_path: Path) -> AsyncIterator[FleetLinks]:
     records = load_state(fleet_path)
     async with contextlib.AsyncExitStack() as stack:
         view = await stack.enter_async_context(open_view(fleet_path))
-        known = {w.target.inst.name for w in view.watched} | {s.instance for s in view.failed}
+        known = {w.wanted.inst.name for w in view.watched} | {s.instance for s in view.failed}
         hosts = {name: rec.host for name, rec in records.items() if name in known}
         yield FleetLinks(fleet_path, view, stack, hosts)

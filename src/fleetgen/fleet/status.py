@@ -19,14 +19,14 @@ from typing import Any
 
 import aiohttp
 
-from fleetgen.config import LOOPBACK, HostSpec
+from fleetgen.config import LOOPBACK, HostEntry
 from fleetgen.deploy.fleetops import Fleet, host_instances, open_session
-from fleetgen.deploy.instance import HostSession, Target, find_running
+from fleetgen.deploy.instance import HostSession, WantedInstance, find_running
 from fleetgen.deploy.listener import port_owners, stranger_problem
 from fleetgen.deploy.probe import EngineClient, capacity_from_metrics, parse_metrics
 from fleetgen.deploy.state import load_state
-from fleetgen.deploy.targets import api_key, build_target
 from fleetgen.deploy.verify import flag_value, process_drift
+from fleetgen.deploy.wanted import api_key, build_wanted
 from fleetgen.errors import FleetgenError
 from fleetgen.fleet.metrics import Load, Scrape, load_from, max_running_from_capacity, max_running_from_info
 
@@ -74,7 +74,7 @@ class InstanceStatus:
 @dataclass
 class _Watched:
     hs: HostSession
-    target: Target
+    wanted: WantedInstance
     before: Scrape | None = None
 
 
@@ -94,25 +94,25 @@ class FleetView:
         return sorted([*got, *self.failed], key=lambda s: s.instance)
 
     async def _one(self, w: _Watched, rate_window_s: float) -> InstanceStatus:
-        inst = w.target.inst
+        inst = w.wanted.inst
         st = InstanceStatus(instance=inst.name, host=inst.host, gpus=inst.gpus, port=inst.port)
         try:
             await self._read(w, st, rate_window_s)
         except FleetgenError as exc:
             st.readiness, st.problem = Readiness.WAITING, exc.message
-        st.log_path = st.log_path or w.target.spec.paths.current_log
+        st.log_path = st.log_path or w.wanted.command.paths.current_log
         return st
 
     async def _read(self, w: _Watched, st: InstanceStatus, rate_window_s: float) -> None:
         records = load_state(self.fleet.path)
-        running, _ = await find_running(w.hs, w.target, records.get(st.instance))
+        running, _ = await find_running(w.hs, w.wanted, records.get(st.instance))
         if running is None:
             st.readiness, st.problem = Readiness.DOWN, "not running"
             return
-        st.pid, st.uptime_s = running.pid, w.hs.facts.uptime_of(running.start_time)
+        st.pid, st.uptime_s = running.pid, w.hs.survey.uptime_of(running.start_time)
         rec = records.get(st.instance)
         st.log_path = rec.log_path if rec and rec.pid == running.pid else ""
-        st.drift = process_drift(w.target.spec, running, self.secret)
+        st.drift = process_drift(w.wanted.command, running, self.secret)
         st.url = await w.hs.url_for(st.port)
         client = EngineClient(st.url, w.hs.http, self.secret, timeout_s=10.0)
         engine = self.fleet.engine
@@ -131,8 +131,8 @@ class FleetView:
         st.gen_tokens_per_s, st.spec_accept_length = load.gen_tokens_per_s, load.spec_accept_length
         st.max_running_requests = (
             max_running_from_info(info)
-            or max_running_from_capacity(capacity, flag_value(w.target.spec.args, ("max-num-seqs",)))
-            or _int(flag_value(w.target.spec.args, ("max-num-seqs",)))
+            or max_running_from_capacity(capacity, flag_value(w.wanted.command.args, ("max-num-seqs",)))
+            or _int(flag_value(w.wanted.command.args, ("max-num-seqs",)))
         )
         if st.drift:
             st.problem = "drift: the running process differs from the fleet file"
@@ -170,12 +170,12 @@ async def open_view(fleet_path: Path, *, only: Sequence[str] | None = None) -> A
     view = FleetView(fleet, api_key(fleet.file))
     async with aiohttp.ClientSession() as http, contextlib.AsyncExitStack() as stack:
 
-        async def connect(spec_host: HostSpec) -> None:
+        async def connect(spec_host: HostEntry) -> None:
             try:
                 hs = await stack.enter_async_context(open_session(fleet, spec_host, http, check_launch=False))
                 for inst in selection.pick(spec_host.name, await host_instances(fleet, hs)):
                     view.watched.append(
-                        _Watched(hs, build_target(fleet.file, fleet.engine, inst, hs.facts, view.secret))
+                        _Watched(hs, build_wanted(fleet.file, fleet.engine, inst, hs.survey, view.secret))
                     )
             except FleetgenError as exc:
                 static = {i.name: i for i in fleet.file.instances_on(spec_host)}

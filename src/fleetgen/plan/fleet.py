@@ -10,7 +10,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from fleetgen.config import FleetFile, HostSpec, InstanceSpec
+from fleetgen.config import FleetFile, HostEntry, Instance
 from fleetgen.engines import Engine, get_engine
 from fleetgen.engines.sglang import HICACHE_HOST_MEMORY
 from fleetgen.modelcard import ModelShape
@@ -19,7 +19,7 @@ from fleetgen.plan.instance import HICACHE_RESERVE_BYTES, Ask, decide_launch, gp
 from fleetgen.plan.types import GIB, FleetPlan, GpuFacts, HostFacts, InstancePlan, Issue, Memory
 
 
-def facts_from_file(host: HostSpec) -> HostFacts:
+def facts_from_file(host: HostEntry) -> HostFacts:
     """Host facts written in the fleet file (`gpu_memory_gib`, `gpu_free_gib`, `host_memory_gib`)."""
     gpus = None
     if host.gpu_memory_gib is not None and host.gpus != "all":
@@ -30,7 +30,7 @@ def facts_from_file(host: HostSpec) -> HostFacts:
     return HostFacts(name=host.name, address=_machine(host), gpus=gpus, mem_available_bytes=mem)
 
 
-def _machine(host: HostSpec) -> str:
+def _machine(host: HostEntry) -> str:
     """One machine per SSH address and port: a gateway forwarding its ports to several machines (as GPU
     rentals do) is several machines; two [[hosts]] entries with one `ssh` share GPUs and ports."""
     return "local" if host.is_local else f"{host.address}:{host.port}"
@@ -38,7 +38,7 @@ def _machine(host: HostSpec) -> str:
 
 def plan_instance(
     fleet: FleetFile,
-    inst: InstanceSpec,
+    inst: Instance,
     shape: ModelShape,
     facts: HostFacts,
     version: str | None = None,
@@ -46,24 +46,24 @@ def plan_instance(
 ) -> InstancePlan:
     """Size, check and build the launch of one instance (`decide_launch`: the host's engine version, else
     `version`, else engine.version); fixes when it does not fit; flags for `target`."""
-    spec = fleet.engine
-    chosen = decide_launch(spec, inst, facts, version)
+    cfg = fleet.engine
+    chosen = decide_launch(cfg, inst, facts, version)
     rules = chosen.rules
     base = InstancePlan(
-        inst.name, inst.host, inst.gpus, inst.port, spec.kind, rules.name, Memory(), chosen.argv, chosen.env
+        inst.name, inst.host, inst.gpus, inst.port, cfg.kind, rules.name, Memory(), chosen.argv, chosen.env
     )
     if facts.gpus is None:
         return replace(base, errors=(_unknown_gpu(inst.host),))
     gpu, missing = gpu_of(inst, {g.index: g for g in facts.gpus})
     if gpu is None:
         return replace(base, errors=tuple(missing))
-    ask = Ask(dict(spec.args), dict(spec.env), spec.tp, gpu.free_bytes, gpu.total_bytes, rules, shape)
-    sized = size(spec.kind, ask)
+    ask = Ask(dict(cfg.args), dict(cfg.env), cfg.tp, gpu.free_bytes, gpu.total_bytes, rules, shape)
+    sized = size(cfg.kind, ask)
     warnings = [*sized.warnings, *(Issue("model", note) for note in shape.notes), *_facts_warning(gpu, inst)]
-    fixes = ranked_fixes(spec.kind, ask, sized) if not sized.fits else ()
+    fixes = ranked_fixes(cfg.kind, ask, sized) if not sized.fits else ()
     errors = list(sized.errors)
     if target is not None:
-        fix, why = solve_target(spec.kind, ask, sized, target)
+        fix, why = solve_target(cfg.kind, ask, sized, target)
         fixes = ((fix,) if fix else ()) + fixes
         if fix is None:
             errors.append(Issue("target-concurrency", why, "add GPUs (more instances) or lower the target"))
@@ -77,7 +77,7 @@ def plan_instance(
     )
 
 
-def _facts_warning(gpu: GpuFacts, inst: InstanceSpec) -> list[Issue]:
+def _facts_warning(gpu: GpuFacts, inst: Instance) -> list[Issue]:
     if gpu.measured:
         return []
     return [
@@ -129,8 +129,8 @@ def api_key_way(fleet: FleetFile, engine: Engine) -> tuple[list[Issue], list[Iss
     """(errors, warnings) about how a public bind's key reaches the engine: never on its argv, which `ps`
     shows every user of the host. An env var (vLLM), else a 0600 config file (SGLang's `--config`, which
     then cannot also be the user's); an engine with neither is warned about."""
-    spec = fleet.engine
-    if not spec.is_public:
+    cfg = fleet.engine
+    if not cfg.is_public:
         return [], []
     if engine.api_key_env_var:
         return [], []
@@ -144,7 +144,7 @@ def api_key_way(fleet: FleetFile, engine: Engine) -> tuple[list[Issue], list[Iss
                 "bind 127.0.0.1 (reached through SSH tunnels) on shared hosts",
             )
         ]
-    if flag.removeprefix("--") in spec.args:
+    if flag.removeprefix("--") in cfg.args:
         return [
             Issue(
                 "api-key",
@@ -158,7 +158,7 @@ def api_key_way(fleet: FleetFile, engine: Engine) -> tuple[list[Issue], list[Iss
 
 def cross_instance_errors(
     fleet: FleetFile,
-    instances: Sequence[InstanceSpec],
+    instances: Sequence[Instance],
     plans: Sequence[InstancePlan],
     facts: Mapping[str, HostFacts],
 ) -> list[Issue]:
@@ -173,7 +173,7 @@ def _machines(fleet: FleetFile) -> dict[str, str]:
     return {h.name: _machine(h) for h in fleet.hosts}
 
 
-def _shared_gpus(fleet: FleetFile, instances: Sequence[InstanceSpec]) -> list[Issue]:
+def _shared_gpus(fleet: FleetFile, instances: Sequence[Instance]) -> list[Issue]:
     owner: dict[tuple[str, int], str] = {}
     errors = []
     machines = _machines(fleet)
@@ -192,7 +192,7 @@ def _shared_gpus(fleet: FleetFile, instances: Sequence[InstanceSpec]) -> list[Is
     return errors
 
 
-def _port_clashes(fleet: FleetFile, instances: Sequence[InstanceSpec]) -> list[Issue]:
+def _port_clashes(fleet: FleetFile, instances: Sequence[Instance]) -> list[Issue]:
     owner: dict[tuple[str, int], str] = {}
     errors = []
     machines = _machines(fleet)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from fleetgen.config import EngineSpec, InstanceSpec
+from fleetgen.config import EngineConfig, Instance
 from fleetgen.engines import RuleSet, get_engine, launcher_of, select_rule_set
 from fleetgen.plan.planners import planner_of
 from fleetgen.plan.sglang import HICACHE_RESERVE_BYTES
@@ -83,7 +83,7 @@ def _weights_first(sized: Sizing, ask: Ask) -> Sizing:
     return replace(sized, memory=empty, errors=(issue, *others))
 
 
-def gpu_of(inst: InstanceSpec, gpus: Mapping[int, GpuFacts]) -> tuple[GpuFacts | None, list[Issue]]:
+def gpu_of(inst: Instance, gpus: Mapping[int, GpuFacts]) -> tuple[GpuFacts | None, list[Issue]]:
     """The binding GPU of an instance (least free memory over its TP group), or the indices missing."""
     missing = [g for g in inst.gpus if g not in gpus]
     if missing:
@@ -114,20 +114,18 @@ class Launch:
         return self.argv[0]
 
 
-def decide_launch(
-    spec: EngineSpec, inst: InstanceSpec, facts: HostFacts, version: str | None = None
-) -> Launch:
+def decide_launch(cfg: EngineConfig, inst: Instance, facts: HostFacts, version: str | None = None) -> Launch:
     """THE place an instance's argv and env are decided: `plan` shows them and `up` launches them.
 
     From the fleet file's engine section, the instance, and the engine version the host runs (`facts`, as
     measured), else `version`, else `engine.version`. The model shape and GPU facts size the plan but
     change no flag: fleetgen launches what the user wrote (a plan's fixes are suggestions).
     """
-    engine = get_engine(spec.kind)
-    chosen = facts.engine_version or version or spec.version
+    engine = get_engine(cfg.kind)
+    chosen = facts.engine_version or version or cfg.version
     rules, warning = select_rule_set(engine.rule_sets, chosen)
-    args = engine.build_argv(spec, inst, model_path=spec.model, host_bind=spec.bind, rules=rules)
-    if spec.is_public and spec.api_key_env and not engine.api_key_env_var and engine.api_key_config_flag:
+    args = engine.build_argv(cfg, inst, model_path=cfg.model, host_bind=cfg.bind, rules=rules)
+    if cfg.is_public and cfg.api_key_env and not engine.api_key_env_var and engine.api_key_config_flag:
         args = [*args, engine.api_key_config_flag, API_KEY_CONFIG]
-    argv = (spec.python, *launcher_of(spec), *args)
-    return Launch(argv, engine.build_env(spec, inst), rules, chosen, warning)
+    argv = (cfg.python, *launcher_of(cfg), *args)
+    return Launch(argv, engine.build_env(cfg, inst), rules, chosen, warning)

@@ -1,14 +1,14 @@
 """fleetgen.remote: the `Host` interface and its two implementations, `LocalHost` and `SshHost`.
 
-`open_host(spec)` picks one for a fleet file's `[[hosts]]` entry; use it as an async context manager:
+`open_host(entry)` picks one for a fleet file's `[[hosts]]` entry; use it as an async context manager:
 
-    async with open_host(spec) as host:
+    async with open_host(entry) as host:
         await host.put("~/fleetgen/launch.sh", script, 0o755)
 """
 
 from __future__ import annotations
 
-from fleetgen.config import HostSpec
+from fleetgen.config import HostEntry
 from fleetgen.remote.base import Host, ProcInfo, ProcState, RunResult, Spawned
 from fleetgen.remote.common import CommandHost, HostState
 from fleetgen.remote.local import LocalHost
@@ -28,8 +28,8 @@ __all__ = [
 ]
 
 
-def open_host(spec: HostSpec) -> CommandHost:
-    """The Host for one `[[hosts]]` entry (not connected yet: `async with open_host(spec) as host`)."""
-    if spec.is_local:
-        return LocalHost(spec.name)
-    return SshHost(spec)
+def open_host(entry: HostEntry) -> CommandHost:
+    """The Host for one `[[hosts]]` entry (not connected yet: `async with open_host(entry) as host`)."""
+    if entry.is_local:
+        return LocalHost(entry.name)
+    return SshHost(entry)

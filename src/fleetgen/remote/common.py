@@ -82,7 +82,7 @@ class CommandHost(ABC):
         if self.state is HostState.CLOSED:
             raise RemoteError(
                 f"host {self.name} was closed and cannot be used again",
-                fix="open a new Host (open_host(spec)) for further work",
+                fix="open a new Host (open_host(entry)) for further work",
             )
 
     async def __aenter__(self) -> Self:

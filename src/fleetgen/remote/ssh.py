@@ -17,7 +17,7 @@ from typing import Any
 
 import asyncssh
 
-from fleetgen.config import HostSpec
+from fleetgen.config import HostEntry
 from fleetgen.errors import CommandError, ConnectError, ConnectionLost, RemoteError, TransferError
 from fleetgen.remote import sshconnect
 from fleetgen.remote.common import CommandHost, HostState
@@ -34,11 +34,11 @@ _TIED_TO_CHANNEL_SH = '"$@" & p=$!; cat > /dev/null; kill "$p" 2>/dev/null; exit
 
 
 class SshHost(CommandHost):
-    """A Host over SSH. Use as `async with SshHost(spec) as host:`; refuses use after close."""
+    """A Host over SSH. Use as `async with SshHost(entry) as host:`; refuses use after close."""
 
-    def __init__(self, spec: HostSpec, *, reconnect_attempts: int = RECONNECT_ATTEMPTS) -> None:
-        super().__init__(spec.name)
-        self.spec = spec
+    def __init__(self, entry: HostEntry, *, reconnect_attempts: int = RECONNECT_ATTEMPTS) -> None:
+        super().__init__(entry.name)
+        self.entry = entry
         self._attempts = reconnect_attempts
         self._conn: asyncssh.SSHClientConnection | None = None
         self._sftp: asyncssh.SFTPClient | None = None
@@ -69,7 +69,7 @@ class SshHost(CommandHost):
                 return self._conn
             await self._forget_connection()
             conn = await (
-                self._reconnect() if self._has_connected else sshconnect.connect(self.spec, self.warnings)
+                self._reconnect() if self._has_connected else sshconnect.connect(self.entry, self.warnings)
             )
             self._conn, self._has_connected, self._home = conn, True, None
             if self.state is HostState.NEW:
@@ -81,7 +81,7 @@ class SshHost(CommandHost):
         delay = RECONNECT_BACKOFF_S
         for attempt in range(1, self._attempts + 1):
             try:
-                return await sshconnect.connect(self.spec, self.warnings)
+                return await sshconnect.connect(self.entry, self.warnings)
             except ConnectError:  # HostKeyError is not a ConnectError: a changed key is never retried
                 if attempt == self._attempts:
                     raise
@@ -114,7 +114,7 @@ class SshHost(CommandHost):
             f"the SSH connection to {self.name} dropped while {what}: {reason}",
             fix="run the command again (fleetgen reconnects on the next call); if it keeps dropping, "
             "check the network and the host's sshd (journalctl -u ssh)",
-            context={"host": self.name, "ssh": sshconnect.where(self.spec)},
+            context={"host": self.name, "ssh": sshconnect.where(self.entry)},
         )
 
     # ---- commands --------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Open one asyncssh connection for a HostSpec, and translate why it failed into cause + fix.
+"""Open one asyncssh connection for a HostEntry, and translate why it failed into cause + fix.
 
 Host keys are checked by default against the host's `known_hosts` file (else ~/.ssh/known_hosts). Only
 `insecure_skip_host_key_check = true` turns that off, and then every connect adds a warning.
@@ -16,7 +16,7 @@ from typing import Any
 
 import asyncssh
 
-from fleetgen.config import HostSpec
+from fleetgen.config import HostEntry
 from fleetgen.errors import ConnectError, HostKeyError
 
 log = logging.getLogger("fleetgen.remote")
@@ -29,134 +29,134 @@ KEEPALIVE_INTERVAL_S = 10.0
 KEEPALIVE_COUNT_MAX = 3
 
 
-def username(spec: HostSpec) -> str:
-    return spec.user or getpass.getuser()
+def username(entry: HostEntry) -> str:
+    return entry.user or getpass.getuser()
 
 
-def known_hosts_path(spec: HostSpec) -> Path:
-    return Path(os.path.expanduser(spec.known_hosts or "~/.ssh/known_hosts"))
+def known_hosts_path(entry: HostEntry) -> Path:
+    return Path(os.path.expanduser(entry.known_hosts or "~/.ssh/known_hosts"))
 
 
-def _known_hosts_arg(spec: HostSpec, warnings: list[str]) -> Any:
-    if spec.insecure_skip_host_key_check:
+def _known_hosts_arg(entry: HostEntry, warnings: list[str]) -> Any:
+    if entry.insecure_skip_host_key_check:
         message = (
-            f"host key checking is OFF for {spec.name} ({spec.address}:{spec.port}): anyone on the path "
-            f"can impersonate it; remove insecure_skip_host_key_check from [[hosts]] {spec.name}"
+            f"host key checking is OFF for {entry.name} ({entry.address}:{entry.port}): anyone on the path "
+            f"can impersonate it; remove insecure_skip_host_key_check from [[hosts]] {entry.name}"
         )
         warnings.append(message)
         log.warning(message)
         return None  # asyncssh: None disables host key validation
-    path = known_hosts_path(spec)
+    path = known_hosts_path(entry)
     # A missing file means "no host is known": every host is refused, with the fix to trust it.
     return str(path) if path.exists() else asyncssh.import_known_hosts("")
 
 
-def _client_keys(spec: HostSpec) -> Any:
-    if spec.identity is None:
+def _client_keys(entry: HostEntry) -> Any:
+    if entry.identity is None:
         return ()  # asyncssh default: ~/.ssh/id_* and the agent
-    path = Path(os.path.expanduser(spec.identity))
+    path = Path(os.path.expanduser(entry.identity))
     if not path.exists():
         raise ConnectError(
-            f"identity file {path} of host {spec.name} does not exist",
-            fix=f"fix `identity` in [[hosts]] {spec.name}, or create a key: ssh-keygen -t ed25519 -f {path}",
-            context={"host": spec.name},
+            f"identity file {path} of host {entry.name} does not exist",
+            fix=f"fix `identity` in [[hosts]] {entry.name}, or create a key: ssh-keygen -t ed25519 -f {path}",
+            context={"host": entry.name},
         )
     return [str(path)]
 
 
 async def connect(
-    spec: HostSpec,
+    entry: HostEntry,
     warnings: list[str],
     timeout: float = CONNECT_TIMEOUT_S,  # noqa: ASYNC109 (the Host protocol's name)
 ) -> asyncssh.SSHClientConnection:
-    """One SSH connection to `spec`, or ConnectError / HostKeyError saying why not and what to do."""
-    known = _known_hosts_arg(spec, warnings)
+    """One SSH connection to `entry`, or ConnectError / HostKeyError saying why not and what to do."""
+    known = _known_hosts_arg(entry, warnings)
     try:
         return await asyncssh.connect(
-            spec.address,
-            port=spec.port,
-            username=username(spec),
+            entry.address,
+            port=entry.port,
+            username=username(entry),
             known_hosts=known,
-            client_keys=_client_keys(spec),
+            client_keys=_client_keys(entry),
             connect_timeout=timeout,
             keepalive_interval=KEEPALIVE_INTERVAL_S,
             keepalive_count_max=KEEPALIVE_COUNT_MAX,
         )
     except asyncssh.HostKeyNotVerifiable as exc:
-        raise await host_key_error(spec) from exc
+        raise await host_key_error(entry) from exc
     except asyncssh.PermissionDenied as exc:
-        raise auth_error(spec) from exc
+        raise auth_error(entry) from exc
     except (asyncssh.KeyImportError, asyncssh.KeyEncryptionError) as exc:
         raise ConnectError(
-            f"cannot load the identity {spec.identity} for {spec.name}: {exc}",
+            f"cannot load the identity {entry.identity} for {entry.name}: {exc}",
             fix="use an unencrypted key file, or load the key into ssh-agent and drop `identity`",
-            context={"host": spec.name},
+            context={"host": entry.name},
         ) from exc
     except (TimeoutError, OSError, asyncssh.Error) as exc:
-        raise unreachable_error(spec, exc, timeout) from exc
+        raise unreachable_error(entry, exc, timeout) from exc
 
 
-def where(spec: HostSpec) -> str:
-    return f"{username(spec)}@{spec.address}:{spec.port}"
+def where(entry: HostEntry) -> str:
+    return f"{username(entry)}@{entry.address}:{entry.port}"
 
 
-def unreachable_error(spec: HostSpec, exc: BaseException, timeout: float) -> ConnectError:
+def unreachable_error(entry: HostEntry, exc: BaseException, timeout: float) -> ConnectError:
     """ConnectError for a host that could not be reached (refused, timed out, unknown name, dropped)."""
     if isinstance(exc, ConnectionRefusedError):
         cause = "connection refused (nothing listens on that port)"
     elif isinstance(exc, asyncio.TimeoutError):
         cause = f"no answer within {timeout:g}s"
     elif isinstance(exc, socket.gaierror):
-        cause = f"cannot resolve the name {spec.address!r}"
+        cause = f"cannot resolve the name {entry.address!r}"
     elif isinstance(exc, asyncssh.Error):
         cause = f"SSH handshake failed: {exc.reason}"
     else:
         cause = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
     return ConnectError(
-        f"cannot reach host {spec.name} at {spec.address}:{spec.port}: {cause}",
-        fix=f"check that {spec.name} is up and sshd listens on port {spec.port} "
-        f"(try: ssh -p {spec.port} {username(spec)}@{spec.address} true), "
-        f"or fix `ssh` in [[hosts]] {spec.name}",
-        context={"host": spec.name, "ssh": where(spec)},
+        f"cannot reach host {entry.name} at {entry.address}:{entry.port}: {cause}",
+        fix=f"check that {entry.name} is up and sshd listens on port {entry.port} "
+        f"(try: ssh -p {entry.port} {username(entry)}@{entry.address} true), "
+        f"or fix `ssh` in [[hosts]] {entry.name}",
+        context={"host": entry.name, "ssh": where(entry)},
     )
 
 
-def auth_error(spec: HostSpec) -> ConnectError:
-    key = spec.identity or "your default keys (~/.ssh/id_*, ssh-agent)"
-    pub = f"{spec.identity}.pub" if spec.identity else "~/.ssh/id_ed25519.pub"
-    user = username(spec)
+def auth_error(entry: HostEntry) -> ConnectError:
+    key = entry.identity or "your default keys (~/.ssh/id_*, ssh-agent)"
+    pub = f"{entry.identity}.pub" if entry.identity else "~/.ssh/id_ed25519.pub"
+    user = username(entry)
     return ConnectError(
-        f"host {spec.name} refused the SSH key for user {user} ({key})",
-        fix=f"authorize the key on the host: ssh-copy-id -i {pub} -p {spec.port} {user}@{spec.address} "
+        f"host {entry.name} refused the SSH key for user {user} ({key})",
+        fix=f"authorize the key on the host: ssh-copy-id -i {pub} -p {entry.port} {user}@{entry.address} "
         f"(or append {pub} to ~{user}/.ssh/authorized_keys there), "
-        f"or set `identity` in [[hosts]] {spec.name}",
-        context={"host": spec.name, "ssh": where(spec)},
+        f"or set `identity` in [[hosts]] {entry.name}",
+        context={"host": entry.name, "ssh": where(entry)},
     )
 
 
-async def host_key_error(spec: HostSpec) -> HostKeyError:
+async def host_key_error(entry: HostEntry) -> HostKeyError:
     """HostKeyError for an unknown or changed key, with the exact command (and line) that trusts it."""
-    path = known_hosts_path(spec)
-    pattern = spec.address if spec.port == 22 else f"[{spec.address}]:{spec.port}"
-    offered = await _offered_key(spec)
-    context: dict[str, object] = {"host": spec.name, "ssh": where(spec), "known_hosts": str(path)}
+    path = known_hosts_path(entry)
+    pattern = entry.address if entry.port == 22 else f"[{entry.address}]:{entry.port}"
+    offered = await _offered_key(entry)
+    context: dict[str, object] = {"host": entry.name, "ssh": where(entry), "known_hosts": str(path)}
     key_kind = _keyscan_type(offered.get_algorithm()) if offered is not None else ""
     type_flag = f"-t {key_kind} " if key_kind else ""  # only the key type the host offered us
-    keyscan = f"ssh-keyscan -p {spec.port} {type_flag}{spec.address} >> {path}"
+    keyscan = f"ssh-keyscan -p {entry.port} {type_flag}{entry.address} >> {path}"
     if offered is not None:
         context["offered key"] = f"{offered.get_fingerprint()} ({offered.get_algorithm()})"
         key_type, key_b64 = offered.export_public_key().decode().split()[:2]
         context["known_hosts line"] = f"{pattern} {key_type} {key_b64}"
-    if _is_listed(path, spec):
+    if _is_listed(path, entry):
         return HostKeyError(
-            f"the host key of {spec.name} ({pattern}) CHANGED: {path} lists another key; fleetgen refuses "
+            f"the host key of {entry.name} ({pattern}) CHANGED: {path} lists another key; fleetgen refuses "
             "to connect (a reinstalled host, or someone in between)",
             fix=f"confirm the new fingerprint with the host's owner, then replace the entry: ssh-keygen -R "
             f"'{pattern}' -f {path} && {keyscan}",
             context=context,
         )
     return HostKeyError(
-        f"the host key of {spec.name} ({pattern}) is unknown: it is not in {path}; fleetgen refuses unknown "
+        f"the host key of {entry.name} ({pattern}) is unknown: it is not in {path}; fleetgen refuses unknown "
         "hosts",
         fix=f"confirm the fingerprint with the host's owner, then trust it: {keyscan}"
         + (" (or append the known_hosts line shown above)" if offered is not None else ""),
@@ -164,20 +164,20 @@ async def host_key_error(spec: HostSpec) -> HostKeyError:
     )
 
 
-async def _offered_key(spec: HostSpec) -> asyncssh.SSHKey | None:
+async def _offered_key(entry: HostEntry) -> asyncssh.SSHKey | None:
     try:
         return await asyncio.wait_for(
-            asyncssh.get_server_host_key(spec.address, spec.port), CONNECT_TIMEOUT_S
+            asyncssh.get_server_host_key(entry.address, entry.port), CONNECT_TIMEOUT_S
         )
     except (TimeoutError, OSError, asyncssh.Error):
         return None  # the fix line still works without the fingerprint
 
 
-def _is_listed(path: Path, spec: HostSpec) -> bool:
+def _is_listed(path: Path, entry: HostEntry) -> bool:
     if not path.exists():
         return False
     try:
-        host_keys = asyncssh.read_known_hosts(str(path)).match(spec.address, spec.address, spec.port)[0]
+        host_keys = asyncssh.read_known_hosts(str(path)).match(entry.address, entry.address, entry.port)[0]
     except (OSError, ValueError):
         return False
     return bool(host_keys)

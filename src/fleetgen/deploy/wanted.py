@@ -1,4 +1,4 @@
-"""From the fleet file to one `Target` per instance: argv and env from the engine, the script, its sha256.
+"""Fleet file → one `WantedInstance` per instance: argv and env from the engine, the script, its sha256.
 
 Pure apart from reading the API key from fleetgen's own environment (named by `engine.api_key_env`).
 """
@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from fleetgen.config import EngineSpec, FleetFile, HostSpec, InstanceSpec
-from fleetgen.deploy.hostside import HostFacts as HostsideFacts
-from fleetgen.deploy.instance import Target
-from fleetgen.deploy.script import InstancePaths, LaunchSpec, SecretEnv, render_script, sha256_text
+from fleetgen.config import EngineConfig, FleetFile, HostEntry, Instance
+from fleetgen.deploy.hostside import HostSurvey
+from fleetgen.deploy.instance import WantedInstance
+from fleetgen.deploy.script import Command, InstancePaths, SecretEnv, render_script, sha256_text
 from fleetgen.engines import Engine, launcher_of
 from fleetgen.errors import ConfigError, ModelCardError
 from fleetgen.modelcard import ModelShape, load_model_shape
@@ -29,27 +29,27 @@ KEY_FORM = re.compile(r"[\x21-\x3b=\x3f-\x7e]{16,}")
 
 def api_key(fleet: FleetFile) -> str | None:
     """The API key for a public bind, from the environment variable the fleet file names; None on loopback."""
-    spec = fleet.engine
-    if not spec.is_public or not spec.api_key_env:
+    cfg = fleet.engine
+    if not cfg.is_public or not cfg.api_key_env:
         return None
-    value = os.environ.get(spec.api_key_env, "")
+    value = os.environ.get(cfg.api_key_env, "")
     if not value:
         raise ConfigError(
-            f"engine.bind = {spec.bind!r} needs an API key, but ${spec.api_key_env} is empty",
-            fix=f"export {spec.api_key_env}=<key> before running fleetgen (the key reaches each engine "
+            f"engine.bind = {cfg.bind!r} needs an API key, but ${cfg.api_key_env} is empty",
+            fix=f"export {cfg.api_key_env}=<key> before running fleetgen (the key reaches each engine "
             "through 0600 files removed once it started, never argv, the script or fleetgen's state)",
         )
     if not KEY_FORM.fullmatch(value):
         raise ConfigError(
-            f"${spec.api_key_env} is no usable API key: it needs 16 or more printable ASCII characters, "
+            f"${cfg.api_key_env} is no usable API key: it needs 16 or more printable ASCII characters, "
             "no space, `<` or `>` (it travels in an HTTP header, and is redacted from every log line)",
-            fix=f"set {spec.api_key_env} to e.g. the output of `openssl rand -hex 24`",
+            fix=f"set {cfg.api_key_env} to e.g. the output of `openssl rand -hex 24`",
         )
     remember(value)
     return value
 
 
-def measured_facts(host: HostSpec, measured: HostsideFacts | None) -> HostFacts:
+def measured_facts(host: HostEntry, measured: HostSurvey | None) -> HostFacts:
     """What `plan` knows of a host, from what `up` measured (GPUs, RAM, engine version) over the file's
     values: the same inputs `plan` gathers, so both decide the same argv (`decide_launch`)."""
     base = facts_from_file(host)
@@ -63,24 +63,24 @@ def measured_facts(host: HostSpec, measured: HostsideFacts | None) -> HostFacts:
     )
 
 
-def launch_spec(
-    fleet: FleetFile, engine: Engine, inst: InstanceSpec, workdir: str, launch: Launch | None = None
-) -> LaunchSpec:
+def build_command(
+    fleet: FleetFile, engine: Engine, inst: Instance, workdir: str, launch: Launch | None = None
+) -> Command:
     """The argv and env one instance runs with, as `decide_launch` decided them (from the fleet file alone
     when `launch` is None: nothing measured on the host)."""
-    spec = fleet.engine
-    launch = launch or decide_launch(spec, inst, facts_from_file(fleet.host(inst.host)))
-    args = list(launch.argv[1 + len(launcher_of(spec)) :])
+    cfg = fleet.engine
+    launch = launch or decide_launch(cfg, inst, facts_from_file(fleet.host(inst.host)))
+    args = list(launch.argv[1 + len(launcher_of(cfg)) :])
     paths = InstancePaths(workdir, inst.name)
-    secret = _secret(spec, engine)
+    secret = _secret(cfg, engine)
     if secret is not None and secret.config_key:
         refused, _ = api_key_way(fleet, engine)
         if refused:
             raise ConfigError(refused[0].message, fix=refused[0].fix)
-    return LaunchSpec(
+    return Command(
         instance=inst.name,
         python=launch.python,
-        launcher=launcher_of(spec),
+        launcher=launcher_of(cfg),
         args=tuple(args),
         env=dict(launch.env),
         paths=paths,
@@ -88,33 +88,33 @@ def launch_spec(
     )
 
 
-def _secret(spec: EngineSpec, engine: Engine) -> SecretEnv | None:
+def _secret(cfg: EngineConfig, engine: Engine) -> SecretEnv | None:
     """How the API key reaches the engine, never on its argv: the engine's own env var when it has one
     (vLLM), else a YAML config file named on the argv (SGLang's `--config`, under its flag's name); the
     launch script holds it in `api_key_env` too, for the log redactor and for `up` to see a rotated key."""
-    if not spec.is_public or not spec.api_key_env:
+    if not cfg.is_public or not cfg.api_key_env:
         return None
     if engine.api_key_env_var:
         return SecretEnv(engine.api_key_env_var)
-    return SecretEnv(spec.api_key_env, config_key=engine.api_key_flag.removeprefix("--"))
+    return SecretEnv(cfg.api_key_env, config_key=engine.api_key_flag.removeprefix("--"))
 
 
-def build_target(
+def build_wanted(
     fleet: FleetFile,
     engine: Engine,
-    inst: InstanceSpec,
-    measured: HostsideFacts,
+    inst: Instance,
+    measured: HostSurvey,
     secret_value: str | None,
     planned: Mapping[str, float] | None = None,
-) -> Target:
+) -> WantedInstance:
     """One instance as the fleet file wants it on its host (`measured`: what this command read there)."""
     launch = decide_launch(fleet.engine, inst, measured_facts(fleet.host(inst.host), measured))
-    spec = launch_spec(fleet, engine, inst, measured.workdir, launch)
-    script = render_script(spec)
-    return Target(
+    command = build_command(fleet, engine, inst, measured.workdir, launch)
+    script = render_script(command)
+    return WantedInstance(
         inst=inst,
         launch=launch,
-        spec=spec,
+        command=command,
         script=script,
         sha256=sha256_text(script),
         secret_value=secret_value,
