@@ -184,7 +184,7 @@ SLURM_TIME = re.compile(
 )
 
 
-class ClusterSpec(_Strict):
+class ClusterConfig(_Strict):
     """`[cluster]`: the servers are placed by a Slurm cluster, one job per server (`deploy.slurm`).
 
     fleetgen runs `sbatch`/`squeue`/`scancel` on the submit host (`submit`: "local" = this machine, or
@@ -269,7 +269,7 @@ class FleetFile(_Strict):
 
     engine: EngineConfig
     hosts: list[HostEntry] = Field(default_factory=list)
-    cluster: ClusterSpec | None = None
+    cluster: ClusterConfig | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -291,7 +291,7 @@ class FleetFile(_Strict):
             )
         if has_cluster:
             try:
-                cluster = ClusterSpec.model_validate(data["cluster"])
+                cluster = ClusterConfig.model_validate(data["cluster"])
             except ValidationError:
                 return data  # reported by the field's own validation, with its location
             return {**data, "hosts": [cluster.submit_host()]}
@@ -501,7 +501,7 @@ def layout_problems(fleet: FleetFile) -> list[tuple[tuple[int | str, ...], str]]
     return problems
 
 
-def cluster_problems(cluster: ClusterSpec, tp: int) -> list[tuple[tuple[int | str, ...], str]]:
+def cluster_problems(cluster: ClusterConfig, tp: int) -> list[tuple[tuple[int | str, ...], str]]:
     """A cluster's GPUs `tp` does not divide, and servers wider than a node."""
     problems: list[tuple[tuple[int | str, ...], str]] = []
     if cluster.gpus % tp:
