@@ -15,7 +15,7 @@ trap 'die "failed at line $LINENO (exit $?): $BASH_COMMAND"' ERR
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python3}"
-# chromium: the dashboard and report tests load the pages in headless Chromium.
+# chromium: `report --png` and `bench --png` rasterise their SVG charts with it; the dashboard tests load the pages in it.
 APT_PACKAGES=(openssh-server iproute2 chromium)
 
 missing=()

@@ -16,6 +16,8 @@ from pathlib import Path
 
 from fleetgen.bench.stats import BenchLoad, BenchTarget
 from fleetgen.bench.sweep import sweep
+from fleetgen.dashboard import chromium, svg
+from tests.fixtures.chromium import need_chromium, png_pixels
 from tests.fixtures.sim import SimFactory
 
 FLEETGEN = Path(sys.executable).parent / "fleetgen"
@@ -98,6 +100,7 @@ async def test_accept_length_comes_from_the_engines_metrics(sim_server: SimFacto
 
 
 async def test_cli_json_and_png(sim_server: SimFactory, tmp_path: Path) -> None:
+    need_chromium()
     png = tmp_path / "bench.png"
     async with sim_server(reasoning_parser="qwen3") as (url, _):
         argv = [
@@ -126,7 +129,8 @@ async def test_cli_json_and_png(sim_server: SimFactory, tmp_path: Path) -> None:
     got = [(r["target"], r["concurrency"], r["num_failed"]) for r in doc["levels"]]
     assert got == [(t, c, 0) for t in ("endpoint-0", "endpoint-1", "fleet") for c in (1, 2)]
     assert all(r["output_tokens"] == r["num_requests"] * 8 for r in doc["levels"])
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    width, _, colors = png_pixels(png)  # the chart's data: tests/unit/test_charts.py; here: it is drawn
+    assert width == svg.WIDTH * chromium.SCALE and {svg.color_for(k) for k in range(3)} <= colors
 
 
 def test_cli_rejects_bad_levels() -> None:

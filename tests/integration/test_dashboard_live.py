@@ -23,19 +23,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from fleetgen.dashboard import chromium
+from tests.fixtures.chromium import dump_dom, need_chromium, screenshot
 from tests.fixtures.sim import free_port
 
 NUM_INSTANCES = 3
 HANG_GUARD_S = 120.0  # only against a hung test; never asserted as a speed
-
-
-def need_chromium() -> None:
-    if chromium.find_chromium() is None:
-        message = "Chromium is not installed (apt-get install -y --no-install-recommends chromium)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
 
 
 @contextlib.asynccontextmanager
@@ -151,20 +143,20 @@ async def test_dashboard_follows_a_running_job_and_flags_a_killed_instance(
             return False
 
         await wait_for("the dashboard to serve a non-empty throughput chart", has_series, logs)
-        dom1 = await chromium.dump_dom(url, budget_ms=4000)
-        await chromium.screenshot(url, tmp_path / "dashboard-1.png", width=1400, height=1700, budget_ms=4000)
+        dom1 = await dump_dom(url, budget_ms=4000)
+        await screenshot(url, tmp_path / "dashboard-1.png", width=1400, height=1700, budget_ms=4000)
         check_first_paint(dom1)
 
         first = done_count(dom1)
 
         await wait_for("the done counter to move", lambda: _done_above(http, url, first), logs)
-        dom2 = await chromium.dump_dom(url, budget_ms=4000)
+        dom2 = await dump_dom(url, budget_ms=4000)
         second = done_count(dom2)
         assert second > first, (first, second)
 
         name = await kill_and_wait_sick(sims[1], http, url, logs)
-        dom3 = await chromium.dump_dom(url, budget_ms=4000)
-        await chromium.screenshot(url, tmp_path / "dashboard-2.png", width=1400, height=1700, budget_ms=4000)
+        dom3 = await dump_dom(url, budget_ms=4000)
+        await screenshot(url, tmp_path / "dashboard-2.png", width=1400, height=1700, budget_ms=4000)
         sick_rows = [row for row in fleet_rows(dom3) if "sick" in row]
         assert len(sick_rows) == 1 and f'data-instance="{name}"' in sick_rows[0], sick_rows
         assert "1 SICK" in dom3

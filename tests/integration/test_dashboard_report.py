@@ -12,12 +12,15 @@ import random
 import re
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from fleetgen.dashboard import chromium
+from fleetgen.dashboard import render
+from fleetgen.dashboard.chromium import SCALE
 from fleetgen.dashboard.jobdata import JobReader
+from fleetgen.dashboard.report import read_job
 from fleetgen.generate.store import Batch, ErrorRow, ResultRow, SeriesRow, Store
-from tests.integration.test_dashboard_live import need_chromium
+from tests.fixtures.chromium import dump_dom, need_chromium, png_pixels, screenshot
 
 SECTIONS = (
     "summary",
@@ -31,6 +34,7 @@ SECTIONS = (
     "flags",
 )
 INSTANCES = ("gpu-a-0", "gpu-a-1", "gpu-b-0")
+NS = "{http://www.w3.org/2000/svg}"
 
 
 def result_row(i: int, rnd: random.Random, t0: float) -> ResultRow:
@@ -152,16 +156,24 @@ def test_report_opens_in_chromium_with_every_section(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert hashlib.sha256(db.read_bytes()).hexdigest() == before, "the report must not change the store"
-    pngs = sorted(tmp_path.glob("report-*.png"))
-    assert {p.name for p in pngs} >= {"report-tokens.png", "report-lengths.png", "report-finish.png"}
-    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 1000 for p in pngs)
+    job = read_job(out)
+    charts = {**render.charts(job, ()), **render.result_charts(job)}
+    drawn = {f"report-{k.removeprefix('chart-')}.png": ET.fromstring(v) for k, v in charts.items()}
+    drawn = {name: root for name, root in drawn.items() if "is-empty" not in root.get("class", "")}
+    assert {p.name for p in tmp_path.glob("report-*.png")} == set(drawn), "one PNG per chart that has data"
+    for name, root in drawn.items():  # each chart rasterised at its own size (× SCALE), its marks drawn
+        width, height, colors = png_pixels(tmp_path / name)
+        assert (width, height) == (int(root.get("width", 0)) * SCALE, int(root.get("height", 0)) * SCALE)
+        marks = {e.get("fill") for e in root.iter(f"{NS}rect") if e.get("class") == "bar"}
+        marks |= {e.get("stroke") for e in root.iter(f"{NS}polyline")}
+        assert marks <= colors, (name, marks - colors)
 
-    dom = asyncio.run(chromium.dump_dom(html.as_uri(), budget_ms=1000))
+    dom = asyncio.run(dump_dom(html.as_uri(), budget_ms=1000))
     for section in SECTIONS:
         match = re.search(rf'<section id="{section}".*?</section>', dom, re.S)
         assert match, f"section {section} missing"
         assert "is-empty" not in match.group(0), f"section {section} draws an empty chart"
     assert "&lt;b&gt;engine said no&lt;/b&gt;" in dom and "<b>engine said no</b>" not in dom
     assert dom.count('class="instance"') >= len(INSTANCES)
-    asyncio.run(chromium.screenshot(html.as_uri(), tmp_path / "report-page.png", width=1400, height=2400))
+    asyncio.run(screenshot(html.as_uri(), tmp_path / "report-page.png", width=1400, height=2400))
     print(f"report screenshot: {tmp_path / 'report-page.png'}")

@@ -1,18 +1,17 @@
 """`fleetgen bench`: a concurrency sweep per instance and for the whole fleet, as a table, JSON or PNG.
 
 The sweep lives in `fleetgen.bench.sweep` (endpoints: `bench_fleet`); this module parses options, prints,
-and writes the plot. The plot module is loaded with importlib
-only when `--png` is given, because matplotlib is an optional dependency (`fleetgen[bench]`).
+and draws the PNG with the dashboard's chart renderer (`dashboard.svg`, rasterised by `dashboard.chromium`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import typer
 from rich.console import Console
@@ -21,15 +20,17 @@ from rich.table import Table
 from fleetgen.bench.fleet import bench_fleet, compare_spec
 from fleetgen.bench.stats import DEFAULT_CONCURRENCIES, BenchLoad, LevelResult, SpeedupRow
 from fleetgen.cli.app import FLEET_OPTION, app, console, err_console, flag, render_error, run
+from fleetgen.dashboard import chromium, svg
 from fleetgen.errors import ConfigError, FleetgenError
 
 ENDPOINT_OPTION = typer.Option(
     None, "--endpoint", "-e", help="Server base URL (repeatable); default: the fleet's ready instances."
 )
-PNG_OPTION = typer.Option(None, "--png", help="Write tok/s vs concurrency per instance to this PNG.")
+PNG_OPTION = typer.Option(
+    None, "--png", help="Write tok/s vs concurrency per instance to this PNG (needs Chromium)."
+)
 TABLE_WIDTH = 130
 T = TypeVar("T")
-PNG_MISSING = "the PNG plot needs matplotlib, an optional dependency"
 
 
 def parse_levels(text: str) -> tuple[int, ...]:
@@ -46,14 +47,16 @@ def parse_levels(text: str) -> tuple[int, ...]:
     return levels
 
 
-def load_plotter() -> Any:
-    """`fleetgen.cli.plot`, or a ConfigError naming the extra to install."""
-    try:
-        return importlib.import_module("fleetgen.cli.plot")
-    except ModuleNotFoundError as exc:
-        if exc.name != "matplotlib" and not (exc.name or "").startswith("matplotlib."):
-            raise
-        raise ConfigError(PNG_MISSING, fix="pip install 'fleetgen[bench]' (or drop --png)") from exc
+def throughput_chart(levels: Sequence[LevelResult], title: str) -> str:
+    """Output tok/s against concurrency (log2 x), one line per target: the SVG `--png` rasterises."""
+    series = [
+        svg.Series(
+            target, sorted((math.log2(r.concurrency), r.output_tok_s) for r in levels if r.target == target)
+        )
+        for target in dict.fromkeys(r.target for r in levels)
+    ]
+    ticks = [(math.log2(c), f"c={c}") for c in sorted({r.concurrency for r in levels})]
+    return svg.line_chart(series, title=f"output tok/s vs concurrency per instance · {title}", x_ticks=ticks)
 
 
 def _progress(level: LevelResult) -> None:
@@ -159,7 +162,8 @@ def bench(
 ) -> None:
     """Measure output tok/s, req/s, TTFT, ITL and spec accept length over a concurrency sweep."""
     _check_args(scope, compare, endpoint)
-    plotter = _or_exit(lambda: load_plotter() if png else None)
+    if png is not None:
+        _or_exit(chromium.require_chromium)  # before the sweep, not after minutes of it
     levels_wanted = _or_exit(lambda: parse_levels(concurrency))
     load = BenchLoad(
         input_len=input_len,
@@ -178,8 +182,9 @@ def bench(
             bench_fleet(fleet, endpoint or [], load, scope=scope, cap=max_concurrency, on_level=_progress)
         )
     _print(load, levels, rows, as_json)
-    if plotter is not None and png is not None:
-        plotter.plot_throughput(levels, png, title=f"in {input_len} / out {output_len} tokens")
+    if png is not None:
+        chart = throughput_chart(levels, f"in {input_len} / out {output_len} tokens")
+        _or_exit(lambda: chromium.svg_to_png(chart, png))
         err_console.print(f"wrote {png}", highlight=False)
 
 

@@ -1,13 +1,14 @@
-"""Headless Chromium as a renderer: screenshots (the report's PNGs) and the DOM after scripts ran.
+"""Headless Chromium as the rasteriser of `svg`'s charts: the PNGs of `report --png` and `bench --png`.
 
-matplotlib is not a dependency and the charts are already SVG, so PNGs come from the browser that draws the
-report anyway: one headless run per picture, with every background service off so it never leaves loopback.
+One headless run per picture, with every background service off so it never leaves loopback. The charts
+are SVG already (the live page and the report show them as they are), so no second plotting library.
 """
 
 from __future__ import annotations
 
-import asyncio
+import re
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -30,78 +31,56 @@ FLAGS = (
     "--hide-scrollbars",
     "--mute-audio",
 )
+SCALE = 2  # device pixels per SVG pixel: a 640-wide chart becomes a crisp 1280-pixel PNG
+_SIZE = re.compile(r'<svg [^>]*width="(\d+)" height="(\d+)"')
 
 
 def find_chromium() -> str | None:
     """The path of a Chromium binary on PATH, or None."""
-    for name in CANDIDATES:
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
+    return next(filter(None, map(shutil.which, CANDIDATES)), None)
 
 
-async def _run(argv: list[str], timeout_s: float) -> str:
+def require_chromium() -> str:
+    """The path of Chromium, or an error naming how to install it (checked before work that ends in a PNG)."""
     binary = find_chromium()
     if binary is None:
         raise FleetgenError("Chromium is needed to render PNGs and was not found on PATH", fix=INSTALL_FIX)
+    return binary
+
+
+def run_chromium(*argv: str, timeout_s: float = 60.0) -> str:
+    """Run headless Chromium with `argv` after the quiet, offline flags; its stdout. Blocks: use a thread."""
+    binary = require_chromium()
     with tempfile.TemporaryDirectory(prefix="fleetgen-chromium-") as profile:
-        proc = await asyncio.create_subprocess_exec(
-            binary,
-            *FLAGS,
-            f"--user-data-dir={profile}",
-            *argv,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            stdin=asyncio.subprocess.DEVNULL,
-        )
+        command = [binary, *FLAGS, f"--user-data-dir={profile}", *argv]
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
-        except TimeoutError as exc:
-            proc.kill()
-            await proc.wait()
+            done = subprocess.run(command, capture_output=True, stdin=subprocess.DEVNULL, timeout=timeout_s)
+        except subprocess.TimeoutExpired as exc:
             raise FleetgenError(
                 f"Chromium did not finish within {timeout_s:.0f} s",
                 context={"argv": " ".join(argv)},
                 fix="check that `chromium --headless` runs on this machine",
             ) from exc
-    if proc.returncode != 0:
+    if done.returncode != 0:
         raise FleetgenError(
-            f"Chromium exited with {proc.returncode}",
-            context={"argv": " ".join(argv), "stderr": err.decode(errors="replace")[-2000:]},
+            f"Chromium exited with {done.returncode}",
+            context={"argv": " ".join(argv), "stderr": done.stderr.decode(errors="replace")[-2000:]},
             fix="run the command above by hand to see why",
         )
-    return out.decode(errors="replace")
+    return done.stdout.decode(errors="replace")
 
 
-async def screenshot(
-    url: str, png: Path, *, width: int, height: int, budget_ms: int = 2000, timeout_s: float = 60.0
-) -> Path:
-    """Save a `width`×`height` screenshot of `url` (a file:// or http://127.0.0.1 address) to `png`."""
-    await _run(
-        [f"--screenshot={png}", f"--window-size={width},{height}", f"--virtual-time-budget={budget_ms}", url],
-        timeout_s,
-    )
-    if not await asyncio.to_thread(_is_nonempty_file, png):
-        raise FleetgenError(f"Chromium wrote no screenshot to {png}", fix="check the folder is writable")
-    return png
-
-
-def _is_nonempty_file(path: Path) -> bool:
-    return path.is_file() and path.stat().st_size > 0
-
-
-async def dump_dom(url: str, *, budget_ms: int = 3000, timeout_s: float = 60.0) -> str:
-    """The page's DOM as HTML after its scripts ran for `budget_ms` of virtual time."""
-    return await _run(["--dump-dom", f"--virtual-time-budget={budget_ms}", url], timeout_s)
-
-
-async def svg_to_png(svg: str, png: Path, *, width: int, height: int) -> Path:
-    """Render one SVG chart to a PNG of its own size (white background)."""
+def svg_to_png(svg: str, png: Path) -> Path:
+    """Rasterise one SVG chart to `png` at its own size (× `SCALE`) on white. Blocks: use a thread."""
+    size = _SIZE.search(svg)
+    width, height = (int(size.group(1)), int(size.group(2))) if size else (640, 480)
     with tempfile.TemporaryDirectory(prefix="fleetgen-svg-") as tmp:
         page = Path(tmp) / "chart.html"
         page.write_text(
-            f"<!doctype html><html><body style='margin:0;background:#fff'>{svg}</body></html>",
-            encoding="utf-8",
+            f"<!doctype html><body style='margin:0;background:#fff'>{svg}</body>", encoding="utf-8"
         )
-        return await screenshot(page.as_uri(), png, width=width, height=height, budget_ms=500)
+        window = [f"--window-size={width},{height}", f"--force-device-scale-factor={SCALE}"]
+        run_chromium(f"--screenshot={png}", *window, "--virtual-time-budget=500", page.as_uri())
+    if not (png.is_file() and png.stat().st_size > 0):
+        raise FleetgenError(f"Chromium wrote no screenshot to {png}", fix="check the folder is writable")
+    return png

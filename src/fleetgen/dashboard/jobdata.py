@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from array import array
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -194,36 +195,36 @@ def _quality(conn: sqlite3.Connection) -> dict[str, int]:
     return {label: int(value) for label, value in zip(QUALITY_COLUMNS.values(), row, strict=True)}
 
 
-def _errors(conn: sqlite3.Connection, limit: int) -> tuple[Example, ...]:
-    rows = conn.execute(
-        "SELECT id, sample, COALESCE(instance, ''), COALESCE(kind, ''), COALESCE(reason, ''), status, "
-        "attempts FROM errors ORDER BY finished_at DESC LIMIT ?",
-        (limit,),
-    ).fetchall()
+def _examples(conn: sqlite3.Connection, sql: str, limit: int, say: Callable[..., str]) -> tuple[Example, ...]:
+    """Rows of (id, sample, instance, kind, *the rest) as examples; `say` turns the rest into the message."""
+    rows = conn.execute(sql, (limit,)).fetchall()
     return tuple(
-        Example(
-            record_id=f"{rid}#{sample}",
-            instance=inst,
-            kind=kind,
-            message=f"{reason}" + (f" (HTTP {status})" if status else "") + f" after {attempts} attempts",
-        )
-        for rid, sample, inst, kind, reason, status, attempts in rows
+        Example(f"{rid}#{sample}", inst, say(*rest), kind) for rid, sample, inst, kind, *rest in rows
+    )
+
+
+def _errors(conn: sqlite3.Connection, limit: int) -> tuple[Example, ...]:
+    sql = (
+        "SELECT id, sample, COALESCE(instance, ''), COALESCE(kind, ''), COALESCE(reason, ''), status, "
+        "attempts FROM errors ORDER BY finished_at DESC LIMIT ?"
+    )
+    return _examples(
+        conn,
+        sql,
+        limit,
+        lambda reason, status, n: f"{reason}{f' (HTTP {status})' if status else ''} after {n} attempts",
     )
 
 
 def _truncations(conn: sqlite3.Connection, limit: int) -> tuple[Example, ...]:
-    rows = conn.execute(
-        "SELECT id, sample, COALESCE(instance, ''), completion_tokens, substr(COALESCE(content, ''), -100), "
-        "substr(COALESCE(reasoning_content, ''), -100) FROM results WHERE is_truncated = 1 "
-        "ORDER BY finished_at DESC LIMIT ?",
-        (limit,),
-    ).fetchall()
-    return tuple(
-        Example(
-            record_id=f"{rid}#{sample}",
-            instance=inst,
-            kind="length",
-            message=f"{tokens} tokens, ends: …{(content or reasoning)[-100:]!r}",
-        )
-        for rid, sample, inst, tokens, content, reasoning in rows
+    sql = (
+        "SELECT id, sample, COALESCE(instance, ''), 'length', completion_tokens, "
+        "substr(COALESCE(content, ''), -100), substr(COALESCE(reasoning_content, ''), -100) FROM results "
+        "WHERE is_truncated = 1 ORDER BY finished_at DESC LIMIT ?"
+    )
+    return _examples(
+        conn,
+        sql,
+        limit,
+        lambda tokens, content, reasoning: f"{tokens} tokens, ends: …{content or reasoning!r}",
     )

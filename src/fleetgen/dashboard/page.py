@@ -1,7 +1,8 @@
 """Whole pages: the live dashboard (first paint + the JSON each poll returns) and the self-contained report.
 
-Templates are static files (`static/page.html`, `static/report.html`) filled with `string.Template`; every
-value put in them is already escaped by `render`. The report inlines the CSS, so one file is the whole report.
+Templates are static files filled with `string.Template`: `static/page.html` is both pages' shell, `live.html`
+and `report.html` their bodies; every value put in them is already escaped by `render`. The report inlines the
+CSS, so one file is the whole report.
 """
 
 from __future__ import annotations
@@ -51,40 +52,49 @@ def state(job: JobView, rows: Sequence[InstanceRow], live: Sequence[Sample] = ()
     }
 
 
+def _page(title: str, style: str, body: str, **values: str) -> str:
+    """The shell `page.html` around the body template `body` filled with `values`."""
+    filled = Template(asset(body)).substitute(values)
+    return Template(asset("page.html")).substitute(title=escape(title), style=style, body=filled)
+
+
+def _chart_values(charts: Mapping[str, str]) -> dict[str, str]:
+    return {key.replace("-", "_"): value for key, value in charts.items() if key.startswith("chart-")}
+
+
 def dashboard_page(current: Mapping[str, Any], subtitle: str) -> str:
     """The live page with `current` (a `state()`) already in it; the script then keeps it current."""
     fragments = current["fragments"]
-    return Template(asset("page.html")).substitute(
-        title=escape(current["title"]),
+    return _page(
+        current["title"],
+        '<link rel="stylesheet" href="static/dashboard.css">',
+        "live.html",
         subtitle=escape(subtitle),
         notice=fragments.get("notice", ""),
         cards=render.summary_cards(current["numbers"]),
         progress=fragments["progress-wrap"],
         fleet_table=fragments["fleet"],
         examples=fragments["examples"],
-        **{key.replace("-", "_"): value for key, value in fragments.items() if key.startswith("chart-")},
+        **_chart_values(fragments),
     )
 
 
 def report_page(job: JobView, rows: Sequence[InstanceRow], *, generated_at: float | None = None) -> str:
     """One self-contained HTML file: inline CSS and SVG, no script, no external reference."""
-    numbers = render.summary_numbers(job)
-    charts = {**render.charts(job, rows), **render.result_charts(job)}
-    fleet = render.instance_summary(job) + (render.fleet_table(rows) if rows else "")
     generated = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(generated_at or time.time()))
-    status = "finished" if job.is_finished else "running"
-    return Template(asset("report.html")).substitute(
-        title=escape(f"fleetgen report · {job.out_dir}"),
-        subtitle=escape(f"{job.out_dir} · {status}"),
+    return _page(
+        f"fleetgen report · {job.out_dir}",
+        f"<style>\n{asset('dashboard.css')}\n</style>",
+        "report.html",
+        subtitle=escape(f"{job.out_dir} · {'finished' if job.is_finished else 'running'}"),
         generated=escape(generated),
-        css=asset("dashboard.css"),
-        cards=render.summary_cards(numbers),
+        cards=render.summary_cards(render.summary_numbers(job)),
         progress=render.progress_bar(job),
         error_table=render.error_table(job.error_examples, job.num_errors),
         examples=render.examples(job, with_errors=False),
-        fleet_table=fleet,
+        fleet_table=render.instance_summary(job) + (render.fleet_table(rows) if rows else ""),
         meta=meta_list(job.meta),
-        **{key.replace("-", "_"): value for key, value in charts.items()},
+        **_chart_values({**render.charts(job, rows), **render.result_charts(job)}),
     )
 
 

@@ -6,7 +6,7 @@ report puts the same fragments in one file, so both always agree on what a numbe
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from html import escape
 
 from fleetgen.dashboard import svg
@@ -33,35 +33,28 @@ def fmt(value: float | None, digits: int = 0, suffix: str = "") -> str:
     return f"{value:,.{digits}f}{suffix}"
 
 
+def _table(element_id: str, columns: str, rows: str, *, empty: str, caption: str = "") -> str:
+    """A `<table class="grid">`: `columns` separated by "|", the rows' HTML (else one row saying `empty`)."""
+    head = "".join(f"<th>{escape(c)}</th>" for c in columns.split("|"))
+    rows = rows or f'<tr><td colspan="{columns.count("|") + 1}" class="muted">{escape(empty)}</td></tr>'
+    caption = f"<caption>{escape(caption)}</caption>" if caption else ""
+    head = f"{caption}<thead><tr>{head}</tr></thead>"
+    return f'<table id="{element_id}" class="grid">{head}<tbody>{rows}</tbody></table>'
+
+
 def fleet_table(rows: Sequence[InstanceRow]) -> str:
     """The fleet table: one `<tr class="instance">` per instance; sick ones get class `sick` and a reason."""
-    head = "".join(
-        f"<th>{h}</th>"
-        for h in (
-            "instance",
-            "host",
-            "GPUs",
-            "health",
-            "running",
-            "queued",
-            "gen tok/s",
-            "accept len",
-            "KV use",
-            "capacity plan / actual",
-            "drift",
-            "uptime",
-        )
-    )
-    body = "".join(_fleet_row(row) for row in rows) or (
-        '<tr><td colspan="12" class="muted">no instances: run `fleetgen up` first</td></tr>'
-    )
     num_sick = sum(1 for row in rows if sick_reason(row))
     caption = f"{len(rows)} instances, {len(rows) - num_sick} healthy" + (
         f", {num_sick} SICK" if num_sick else ""
     )
-    return (
-        f'<table id="fleet-table" class="grid"><caption>{escape(caption)}</caption>'
-        f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return _table(
+        "fleet-table",
+        "instance|host|GPUs|health|running|queued|gen tok/s|accept len|KV use|capacity plan / actual|drift"
+        "|uptime",
+        "".join(_fleet_row(row) for row in rows),
+        empty="no instances: run `fleetgen up` first",
+        caption=caption,
     )
 
 
@@ -110,33 +103,29 @@ def summary_numbers(job: JobView) -> dict[str, str]:
     }
 
 
+CARDS = (  # (card, label, the ids of the numbers it shows)
+    ("done", "done", ("done", "total")),
+    ("percent", "progress", ("percent",)),
+    ("eta", "ETA", ("eta",)),
+    ("rate", "completions/s", ("completions-rate",)),
+    ("tokens", "output tok/s", ("tokens-rate",)),
+    ("errors", "errors", ("errors",)),
+    ("truncated", "truncated", ("truncated",)),
+    ("elapsed", "elapsed", ("elapsed",)),
+)
+
+
 def summary_cards(numbers: Mapping[str, str]) -> str:
     """The headline numbers as cards; each value carries its id so the live page can update it."""
-    cards = (
-        (
-            "done",
-            "done",
-            f'<span id="done">{numbers["done"]}</span> / <span id="total">{numbers["total"]}</span>',
-        ),
-        ("percent", "progress", f'<span id="percent">{numbers["percent"]}</span>'),
-        ("eta", "ETA", f'<span id="eta">{numbers["eta"]}</span>'),
-        ("rate", "completions/s", f'<span id="completions-rate">{numbers["completions-rate"]}</span>'),
-        ("tokens", "output tok/s", f'<span id="tokens-rate">{numbers["tokens-rate"]}</span>'),
-        ("errors", "errors", f'<span id="errors">{numbers["errors"]}</span>'),
-        ("truncated", "truncated", f'<span id="truncated">{numbers["truncated"]}</span>'),
-        ("elapsed", "elapsed", f'<span id="elapsed">{numbers["elapsed"]}</span>'),
-    )
-    bad = {"errors": numbers["errors"] != "0", "truncated": numbers["truncated"] != "0"}
-    return (
-        '<div class="cards">'
-        + "".join(
-            f'<div class="card{" warn" if bad.get(key) else ""}" data-card="{key}">'
-            f'<div class="label">{label}</div>'
-            f'<div class="value">{value}</div></div>'
-            for key, label, value in cards
+    cards = []
+    for card, label, ids in CARDS:
+        is_bad = card in ("errors", "truncated") and numbers[card] != "0"
+        value = " / ".join(f'<span id="{i}">{numbers[i]}</span>' for i in ids)
+        cards.append(
+            f'<div class="card{" warn" if is_bad else ""}" data-card="{card}">'
+            f'<div class="label">{label}</div><div class="value">{value}</div></div>'
         )
-        + "</div>"
-    )
+    return f'<div class="cards">{"".join(cards)}</div>'
 
 
 def progress_bar(job: JobView) -> str:
@@ -179,88 +168,68 @@ def _top(counts: Mapping[str, int], limit: int = 12) -> list[tuple[str, int]]:
     return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:limit]
 
 
-def count_bars(
-    counts: Mapping[str, int], *, title: str, klass: str, width: int, red: frozenset[str] = frozenset()
-) -> str:
+def count_bars(counts: Mapping[str, int], *, title: str, red: Collection[str] = ()) -> str:
     """A bar per key of `counts` (largest first); keys in `red` draw red."""
     bars = [svg.Bar(k, float(v), svg.SICK_COLOR if k in red else "") for k, v in _top(counts)]
-    return svg.bar_chart(bars, title=title, klass=klass, width=width)
+    return svg.bar_chart(bars, title=title)
 
 
-def _rate_charts(job: JobView, attr: str, label: str, width: int) -> dict[str, str]:
+def _rate_charts(job: JobView, attr: str, key: str, label: str) -> dict[str, str]:
     """Two charts of one rate: the fleet total alone (its scale), and one line per instance (theirs)."""
-    series = rate_series(job.samples, attr)
-    per_instance, total = series[:-1], series[-1:]
-    key = "tokens" if attr == "output_tokens" else "completions"
+    series = rate_series(job.samples, attr)  # one per instance, then the total
     return {
-        f"chart-{key}-total": svg.line_chart(
-            total, title=f"{label}, fleet total", width=width, klass=f"{key}-total"
-        ),
-        f"chart-{key}": svg.line_chart(per_instance, title=f"{label} per instance", width=width, klass=key),
+        f"chart-{key}-total": svg.line_chart(series[-1:], title=f"{label}, fleet total"),
+        f"chart-{key}": svg.line_chart(series[:-1], title=f"{label} per instance"),
     }
 
 
-def charts(
-    job: JobView, rows: Sequence[InstanceRow], width: int = 640, live: Sequence[Sample] = ()
-) -> dict[str, str]:
+def _capacity_bars(row: InstanceRow) -> list[svg.Bar]:
+    """Planned (grey) and actual max running requests of an instance; actual red when short of the plan."""
+    is_short = row.planned_capacity is not None and (row.actual_capacity or 0.0) < row.planned_capacity
+    return [
+        svg.Bar(f"{row.name} planned", row.planned_capacity, svg.GREY),
+        svg.Bar(f"{row.name} actual", row.actual_capacity, svg.SICK_COLOR if is_short else svg.PALETTE[0]),
+    ]
+
+
+def charts(job: JobView, rows: Sequence[InstanceRow], live: Sequence[Sample] = ()) -> dict[str, str]:
     """Every chart over time (and capacity) by element id, as SVG strings. Accept length comes from the
     store's series when `run` recorded it, else from `live` (what the dashboard scraped while open)."""
     recorded = any(s.accept_len is not None for s in job.samples)
-    accept = gauge_series(job.samples if recorded else live, "accept_len")
     scraped_here = not recorded and bool(live)  # the report has no `live`: it never claims a page was open
     capacity = [
-        (
-            r.name,
-            r.planned_capacity,
-            r.actual_capacity,
-            r.planned_capacity is not None and (r.actual_capacity or 0.0) < r.planned_capacity,
-        )
+        bar
         for r in rows
         if r.planned_capacity is not None or r.actual_capacity is not None
+        for bar in _capacity_bars(r)
     ]
     return {
-        **_rate_charts(job, "output_tokens", "output tok/s", width),
-        **_rate_charts(job, "completions", "completions/s", width),
+        **_rate_charts(job, "output_tokens", "tokens", "output tok/s"),
+        **_rate_charts(job, "completions", "completions", "completions/s"),
         "chart-accept": svg.line_chart(
-            accept,
+            gauge_series(job.samples if recorded else live, "accept_len"),
             title="speculative accept length" + (" (since the page opened)" if scraped_here else ""),
-            width=width,
             y_min=None,
             empty_text="no speculative decoding metrics",
-            klass="accept",
         ),
-        "chart-capacity": svg.paired_bars(
+        "chart-capacity": svg.bar_chart(
             capacity,
             title="capacity: planned vs actual (max running requests)",
-            labels=("planned", "actual"),
-            width=width,
-            klass="capacity",
+            empty_text="no plan or no metrics yet",
         ),
     }
 
 
-def result_charts(job: JobView, width: int = 640) -> dict[str, str]:
+def result_charts(job: JobView) -> dict[str, str]:
     """Charts over finished results: length histograms, finish reasons, quality flags, error kinds."""
     lengths = (("reasoning", job.reasoning_tokens), ("answer", job.answer_tokens))
     return {
-        "chart-lengths": svg.histogram(
-            lengths, title="output length (tokens; reasoning share estimated)", width=width, klass="lengths"
-        ),
+        "chart-lengths": svg.histogram(lengths, title="output length (tokens; reasoning share estimated)"),
         "chart-finish": count_bars(
-            job.finish_reasons,
-            title="finish reasons",
-            klass="finish",
-            width=width,
-            red=frozenset({"length", "abort", "error"}),
+            job.finish_reasons, title="finish reasons", red=("length", "abort", "error")
         ),
-        "chart-quality": count_bars(job.quality_flags, title="quality flags", klass="quality", width=width),
-        "chart-errors": count_bars(
-            job.error_kinds,
-            title="errors by kind",
-            klass="errors",
-            width=width,
-            red=frozenset(job.error_kinds),
-        ),
+        "chart-quality": count_bars(job.quality_flags, title="quality flags"),
+        "chart-errors": count_bars(job.error_kinds, title="errors by kind", red=job.error_kinds),
     }
 
 
@@ -275,10 +244,7 @@ def error_table(items: Sequence[Example], num_errors: int) -> str:
     )
     more = num_errors - len(items)
     caption = f"{num_errors:,} errors" + (f" ({more:,} more not listed)" if more > 0 else "")
-    return (
-        f'<table id="error-table" class="grid"><caption>{caption}</caption><thead><tr><th>record</th>'
-        f"<th>instance</th><th>kind</th><th>message</th></tr></thead><tbody>{body}</tbody></table>"
-    )
+    return _table("error-table", "record|instance|kind|message", body, empty="", caption=caption)
 
 
 def instance_summary(job: JobView) -> str:
@@ -295,20 +261,9 @@ def instance_summary(job: JobView) -> str:
             f'<td class="num">{fmt(sum(accept) / len(accept) if accept else None, 2)}</td>'
             f'<td class="num">{svg.format_duration(active_s)}</td></tr>'
         )
-    head = "".join(
-        f"<th>{h}</th>"
-        for h in (
-            "instance",
-            "samples",
-            "completions",
-            "output tokens",
-            "mean output tok/s",
-            "mean accept len",
-            "active",
-        )
-    )
-    body = "".join(rows) or '<tr><td colspan="7" class="muted">no time series recorded</td></tr>'
-    return (
-        f'<table id="instance-summary" class="grid"><thead><tr>{head}</tr></thead>'
-        f"<tbody>{body}</tbody></table>"
+    return _table(
+        "instance-summary",
+        "instance|samples|completions|output tokens|mean output tok/s|mean accept len|active",
+        "".join(rows),
+        empty="no time series recorded",
     )

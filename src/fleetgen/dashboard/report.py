@@ -1,14 +1,13 @@
 """`fleetgen report`: one self-contained HTML file for a finished or running job, plus PNGs on request.
 
 The HTML inlines its CSS and SVG charts (no script, no external reference), so it can be mailed or
-attached to a ticket. PNGs are the same SVG charts rendered by headless Chromium (`chromium.svg_to_png`).
+attached to a ticket. PNGs are the same SVG charts rasterised (`chromium.svg_to_png`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +18,6 @@ from fleetgen.dashboard.model import JobView
 from fleetgen.errors import FleetgenError
 
 NUM_LISTED_ERRORS = 200  # the error table lists the latest ones; the caption says how many are left out
-PNG_WIDTH = 900
-_SIZE = re.compile(r'<svg [^>]*width="(\d+)" height="(\d+)"')
 
 
 @dataclass(frozen=True)
@@ -64,12 +61,8 @@ async def write_report(out_dir: Path, to: Path | None = None, *, png: bool = Fal
     await asyncio.to_thread(write_atomic, html_path, page.report_page(job, ()))
     pngs: list[Path] = []
     if png:
-        charts = {**render.charts(job, (), width=PNG_WIDTH), **render.result_charts(job, width=PNG_WIDTH)}
-        for name, svg in charts.items():
-            if "is-empty" in svg:
-                continue  # an empty frame is no picture worth a file
-            size = _SIZE.search(svg)
-            width, height = (int(size.group(1)), int(size.group(2))) if size else (PNG_WIDTH, 300)
-            target = html_path.with_name(f"{html_path.stem}-{name.removeprefix('chart-')}.png")
-            pngs.append(await chromium.svg_to_png(svg, target, width=width, height=height))
+        for name, svg in {**render.charts(job, ()), **render.result_charts(job)}.items():
+            if "is-empty" not in svg:  # an empty frame is no picture worth a file
+                target = html_path.with_name(f"{html_path.stem}-{name.removeprefix('chart-')}.png")
+                pngs.append(await asyncio.to_thread(chromium.svg_to_png, svg, target))
     return ReportFiles(html=html_path, pngs=tuple(pngs), job=job)
