@@ -48,6 +48,12 @@ class FleetgenError(Exception):
         self.fix = fix
         self.context: dict[str, object] = dict(context or {})
 
+    def __init_subclass__(cls, exit_code: int | None = None) -> None:
+        """`class X(FleetgenError, exit_code=2)`: 2 says the user's input is wrong, 1 anything else."""
+        super().__init_subclass__()
+        if exit_code is not None:
+            cls.exit_code = exit_code
+
     def __str__(self) -> str:
         parts = [self.message]
         parts += [f"  {key}: {value}" for key, value in self.context.items() if value not in (None, "")]
@@ -56,22 +62,16 @@ class FleetgenError(Exception):
         return "\n".join(parts)
 
 
-class ConfigError(FleetgenError):
+class ConfigError(FleetgenError, exit_code=2):
     """A file the user wrote (fleet file, job file) is invalid."""
 
-    exit_code = 2
 
-
-class ModelCardError(FleetgenError):
+class ModelCardError(FleetgenError, exit_code=2):
     """A model folder's config.json is missing or lacks the fields planning needs."""
 
-    exit_code = 2
 
-
-class PlanError(FleetgenError):
+class PlanError(FleetgenError, exit_code=2):
     """The plan refuses: a flag rule fails or an instance does not fit."""
-
-    exit_code = 2
 
 
 class RemoteError(FleetgenError):
@@ -122,28 +122,20 @@ class JobError(FleetgenError):
     """A generation job cannot go on."""
 
 
-class InputError(JobError):
+class InputError(JobError, exit_code=2):
     """An input file cannot be read at all (a bad record becomes an error row instead)."""
 
-    exit_code = 2
 
-
-class InputMismatch(JobError):
+class InputMismatch(JobError, exit_code=2):
     """The output folder holds another input's results, or a record's id is stored with other content."""
 
-    exit_code = 2
 
-
-class ParamsMismatch(JobError):
+class ParamsMismatch(JobError, exit_code=2):
     """The output folder was made with other sampling parameters."""
 
-    exit_code = 2
 
-
-class RequestRejected(JobError):
+class RequestRejected(JobError, exit_code=2):
     """Every request is refused the same way (HTTP 4xx): a sampling parameter or the prompts, not a server."""
-
-    exit_code = 2
 
 
 class FleetDown(JobError):

@@ -15,7 +15,7 @@ import pytest
 
 from fleetgen.config import HostEntry
 from fleetgen.errors import CommandError, RemoteError
-from fleetgen.remote import CommandHost, HostState, LocalHost, ProcState, SshHost, open_host
+from fleetgen.remote import Host, HostState, LocalHost, ProcState, SshHost, open_host
 from fleetgen.remote.base import ProcInfo
 from tests.fixtures.sshd import SshdHost
 
@@ -23,7 +23,7 @@ SLEEPER = "#!/bin/sh\necho started\nexec sleep 300\n"
 
 
 @pytest.fixture(params=["ssh", "local"])
-async def host(request: pytest.FixtureRequest, ssh_hosts: list[SshdHost]) -> AsyncIterator[CommandHost]:
+async def host(request: pytest.FixtureRequest, ssh_hosts: list[SshdHost]) -> AsyncIterator[Host]:
     entry = ssh_hosts[0].entry() if request.param == "ssh" else HostEntry(name="here", ssh="local")
     async with open_host(entry) as opened:
         yield opened
@@ -34,7 +34,7 @@ async def test_open_host_picks_the_transport(ssh_hosts: list[SshdHost]) -> None:
     assert isinstance(open_host(HostEntry(name="here", ssh="local")), LocalHost)
 
 
-async def test_run_returns_output_and_raises_with_context(host: CommandHost) -> None:
+async def test_run_returns_output_and_raises_with_context(host: Host) -> None:
     result = await host.run(["sh", "-c", 'printf "%s|" "$@"; echo err >&2', "x", "a b", "$HOME"])
     assert result.stdout == "a b|$HOME|"
     assert result.stderr == "err\n"
@@ -46,20 +46,20 @@ async def test_run_returns_output_and_raises_with_context(host: CommandHost) -> 
     assert (await host.run(["false"], check=False)).exit_status == 1
 
 
-async def test_missing_program_says_not_found_and_how_to_fix(host: CommandHost) -> None:
+async def test_missing_program_says_not_found_and_how_to_fix(host: Host) -> None:
     with pytest.raises(CommandError) as caught:
         await host.run(["python-that-does-not-exist", "-V"])
     assert "was not found" in caught.value.message
     assert "install" in caught.value.fix and "full path" in caught.value.fix
 
 
-async def test_run_timeout_is_an_error_not_a_hang(host: CommandHost) -> None:
+async def test_run_timeout_is_an_error_not_a_hang(host: Host) -> None:
     with pytest.raises(CommandError, match="did not finish within"):
         await host.run(["sleep", "30"], timeout=0.5)
     assert (await host.run(["echo", "still usable"])).stdout == "still usable\n"
 
 
-async def test_put_is_verified_atomic_and_creates_folders(host: CommandHost, tmp_path: Path) -> None:
+async def test_put_is_verified_atomic_and_creates_folders(host: Host, tmp_path: Path) -> None:
     target = tmp_path / host.name / "deep" / "er" / "file.bin"
     data = bytes(range(256)) * 40
     digest = await host.put(str(target), data, 0o750)
@@ -72,7 +72,7 @@ async def test_put_is_verified_atomic_and_creates_folders(host: CommandHost, tmp
     assert sorted(p.name for p in target.parent.iterdir()) == ["file.bin"]  # no temp file left
 
 
-async def test_put_into_an_impossible_folder_names_the_cause(host: CommandHost, tmp_path: Path) -> None:
+async def test_put_into_an_impossible_folder_names_the_cause(host: Host, tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     with pytest.raises(RemoteError) as caught:
@@ -81,14 +81,14 @@ async def test_put_into_an_impossible_folder_names_the_cause(host: CommandHost, 
     assert "may write there" in caught.value.fix
 
 
-async def test_tilde_paths_expand_to_the_remote_home(host: CommandHost) -> None:
+async def test_tilde_paths_expand_to_the_remote_home(host: Host) -> None:
     home = await host.home()
     assert home.startswith("/")
     assert await host.expand("~/x/y") == f"{home.rstrip('/')}/x/y"
     assert await host.exists("~")
 
 
-async def test_spawn_inspect_stop(host: CommandHost, tmp_path: Path) -> None:
+async def test_spawn_inspect_stop(host: Host, tmp_path: Path) -> None:
     script = tmp_path / f"{host.name}-run.sh"
     await host.put(str(script), SLEEPER.encode(), 0o755)
     log, pidfile = tmp_path / "logs" / "1.log", tmp_path / "run" / "x.pid"
@@ -105,7 +105,7 @@ async def test_spawn_inspect_stop(host: CommandHost, tmp_path: Path) -> None:
     assert (await host.inspect(spawned.pid, spawned.start_time)).state is not ProcState.RUNNING
 
 
-async def test_spawn_refuses_to_reuse_a_log(host: CommandHost, tmp_path: Path) -> None:
+async def test_spawn_refuses_to_reuse_a_log(host: Host, tmp_path: Path) -> None:
     script = tmp_path / "s.sh"
     await host.put(str(script), b"#!/bin/sh\nexit 0\n", 0o755)
     log = tmp_path / "held.log"
@@ -116,7 +116,7 @@ async def test_spawn_refuses_to_reuse_a_log(host: CommandHost, tmp_path: Path) -
     assert log.read_text() == "another process's log\n"  # not truncated
 
 
-async def test_spawn_in_a_missing_folder_says_so(host: CommandHost, tmp_path: Path) -> None:
+async def test_spawn_in_a_missing_folder_says_so(host: Host, tmp_path: Path) -> None:
     missing = tmp_path / "no-such-dir"
     with pytest.raises(CommandError) as caught:
         await host.spawn("run.sh", str(tmp_path / "l.log"), str(tmp_path / "p.pid"), cwd=str(missing))
@@ -125,7 +125,7 @@ async def test_spawn_in_a_missing_folder_says_so(host: CommandHost, tmp_path: Pa
 
 
 async def test_spawn_of_a_script_that_exits_at_once_still_reports_its_start(
-    host: CommandHost, tmp_path: Path
+    host: Host, tmp_path: Path
 ) -> None:
     script = tmp_path / "quick.sh"
     await host.put(str(script), b"#!/bin/sh\necho bye\nexit 4\n", 0o755)
@@ -139,7 +139,7 @@ async def test_spawn_of_a_script_that_exits_at_once_still_reports_its_start(
     await host.stop(spawned.pid, start_time=spawned.start_time, timeout=5)  # nothing to stop: no error
 
 
-async def test_stop_kills_the_whole_group_even_if_term_is_ignored(host: CommandHost, tmp_path: Path) -> None:
+async def test_stop_kills_the_whole_group_even_if_term_is_ignored(host: Host, tmp_path: Path) -> None:
     script = tmp_path / "stubborn.sh"
     body = "#!/bin/sh\ntrap '' TERM\nsleep 300 &\necho child $!\nwhile :; do sleep 1; done\n"
     await host.put(str(script), body.encode(), 0o755)
@@ -153,7 +153,7 @@ async def test_stop_kills_the_whole_group_even_if_term_is_ignored(host: CommandH
     assert (await host.inspect(child)).state is not ProcState.RUNNING
 
 
-async def test_tail_and_follow(host: CommandHost, tmp_path: Path) -> None:
+async def test_tail_and_follow(host: Host, tmp_path: Path) -> None:
     log = tmp_path / "follow.log"
     log.write_text("old 1\nold 2\n")
     assert await host.tail(str(log), 1) == "old 2\n"
@@ -168,7 +168,7 @@ async def test_tail_and_follow(host: CommandHost, tmp_path: Path) -> None:
         await host.tail(str(tmp_path / "missing.log"))
 
 
-async def test_follow_with_last_lines_is_one_tail(host: CommandHost, tmp_path: Path) -> None:
+async def test_follow_with_last_lines_is_one_tail(host: Host, tmp_path: Path) -> None:
     """`follow(last=N)`: the last N lines, then the appended ones, from one `tail -F` (none lost between)."""
     log = tmp_path / "follow-last.log"
     log.write_text("old 1\nold 2\nold 3\n")
@@ -192,7 +192,7 @@ async def test_closed_host_refuses_use(ssh_hosts: list[SshdHost]) -> None:
             pass
 
 
-async def _wait_for_argv(host: CommandHost, pid: int, start_time: int, argv: tuple[str, ...]) -> ProcInfo:
+async def _wait_for_argv(host: Host, pid: int, start_time: int, argv: tuple[str, ...]) -> ProcInfo:
     """The script `exec`s into its final argv a moment after spawn returns: poll (bounded) until it has."""
     for _ in range(200):
         info = await host.inspect(pid, start_time)
@@ -202,7 +202,7 @@ async def _wait_for_argv(host: CommandHost, pid: int, start_time: int, argv: tup
     return info
 
 
-async def _wait_for_line(host: CommandHost, path: str, needle: str) -> str:
+async def _wait_for_line(host: Host, path: str, needle: str) -> str:
     for _ in range(200):
         for line in (await host.tail(path, 50)).splitlines():
             if needle in line:

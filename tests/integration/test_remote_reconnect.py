@@ -116,15 +116,18 @@ async def test_forward_reaches_a_remote_http_server_and_survives_a_drop(
 
 
 async def _fetch_until_ok(url: str, attempts: int = 100) -> str:
-    """GET url, retrying while the server (or the re-opened forward) is not there yet."""
+    """GET url, retrying while the server (or the re-opened forward) is not there yet.
+
+    A new TCP connection per attempt: one kept alive from before a drop rode the old SSH channel."""
     last: BaseException | None = None
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+    connector = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=10)) as session:
         for _ in range(attempts):
             try:
                 async with session.get(url) as response:
                     if response.status == 200:
                         return await response.text()
-            except aiohttp.ClientError as exc:
+            except (aiohttp.ClientError, TimeoutError) as exc:
                 last = exc
             await asyncio.sleep(0.1)
     raise AssertionError(f"{url} never answered 200: {last!r}")

@@ -106,7 +106,7 @@ def key_config_text(config_key: str, secret_value: str) -> str:
 
 @dataclass(frozen=True)
 class Command:
-    """Everything that decides how one instance runs; equal specs mean an equal running process."""
+    """Everything that decides how one instance runs; equal commands mean an equal running process."""
 
     instance: str
     python: str

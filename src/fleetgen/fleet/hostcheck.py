@@ -15,7 +15,7 @@ from fleetgen.config import EngineConfig, FleetFile, HostEntry
 from fleetgen.deploy.hostside import VERSION_PY
 from fleetgen.engines import get_engine
 from fleetgen.errors import CommandError, RemoteError
-from fleetgen.remote import CommandHost, open_host, scripts
+from fleetgen.remote import Host, open_host, scripts
 
 GPU_QUERY = ["nvidia-smi", "--query-gpu=index,name,memory.total,memory.used", "--format=csv,noheader,nounits"]
 _EXIT_NO_NVIDIA_SMI = 69
@@ -88,7 +88,7 @@ async def check_host(engine: EngineConfig, entry: HostEntry) -> HostReport:
         )
 
 
-async def _probe(host: CommandHost, engine: EngineConfig, entry: HostEntry) -> HostReport:
+async def _probe(host: Host, engine: EngineConfig, entry: HostEntry) -> HostReport:
     problems: list[str] = []
     (os_name, gpus, mem), (disk, python, version, model_present) = await asyncio.gather(
         asyncio.gather(_os(host), _gpus(host, problems), _meminfo(host)),
@@ -161,12 +161,12 @@ def _gpu_problems(entry: HostEntry, gpus: list[GpuInfo]) -> list[str]:
     ]
 
 
-async def _os(host: CommandHost) -> str | None:
+async def _os(host: Host) -> str | None:
     result = await host.run(scripts.sh(_OS_SH), check=False, timeout=_PROBE_TIMEOUT_S)
     return result.stdout.strip() or None
 
 
-async def _gpus(host: CommandHost, problems: list[str]) -> list[GpuInfo]:
+async def _gpus(host: Host, problems: list[str]) -> list[GpuInfo]:
     result = await host.run(
         ["sh", "-c", _GPU_SH, "fleetgen", *GPU_QUERY], check=False, timeout=_PROBE_TIMEOUT_S
     )
@@ -197,7 +197,7 @@ def parse_gpu_csv(text: str) -> list[GpuInfo]:
     return gpus
 
 
-async def _meminfo(host: CommandHost) -> tuple[float | None, float | None]:
+async def _meminfo(host: Host) -> tuple[float | None, float | None]:
     result = await host.run(["cat", "/proc/meminfo"], check=False, timeout=_PROBE_TIMEOUT_S)
     values: dict[str, float] = {}
     for line in result.stdout.splitlines():
@@ -208,14 +208,14 @@ async def _meminfo(host: CommandHost) -> tuple[float | None, float | None]:
     return values.get("MemTotal"), values.get("MemAvailable")
 
 
-async def _disk_free_gib(host: CommandHost, workdir: str) -> float | None:
+async def _disk_free_gib(host: Host, workdir: str) -> float | None:
     folder = await host.expand(workdir)
     result = await host.run(scripts.sh(scripts.DISK_FREE_SH, folder), check=False, timeout=_PROBE_TIMEOUT_S)
     text = result.stdout.strip()
     return round(int(text) / _KIB_PER_GIB, 2) if text.isdigit() else None
 
 
-async def _python(host: CommandHost, python: str) -> str | None:
+async def _python(host: Host, python: str) -> str | None:
     argv = [python, "-c", "import sys; print(sys.version.split()[0])"]
     try:
         result = await host.run(argv, check=False, timeout=_PROBE_TIMEOUT_S)
@@ -224,7 +224,7 @@ async def _python(host: CommandHost, python: str) -> str | None:
     return (result.stdout.strip() or None) if result.exit_status == 0 else None
 
 
-async def _engine_version(host: CommandHost, engine: EngineConfig) -> str | None:
+async def _engine_version(host: Host, engine: EngineConfig) -> str | None:
     argv = [engine.python, "-c", VERSION_PY, *get_engine(engine.kind).distributions]
     try:
         result = await host.run(argv, check=False, timeout=_PROBE_TIMEOUT_S)
@@ -233,5 +233,5 @@ async def _engine_version(host: CommandHost, engine: EngineConfig) -> str | None
     return (result.stdout.strip() or None) if result.exit_status == 0 else None
 
 
-async def _model_present(host: CommandHost, model: str) -> bool:
+async def _model_present(host: Host, model: str) -> bool:
     return await host.exists(model)

@@ -17,7 +17,7 @@ from fleetgen.errors import ModelCardError, RemoteError
 from fleetgen.fleet.hostcheck import HostReport, check_hosts
 from fleetgen.modelcard import ModelShape, load_model_shape, parse_model_shape
 from fleetgen.plan import FleetPlan, GpuFacts, HostFacts, InstancePlan, Issue, facts_from_file, plan_fleet
-from fleetgen.remote import CommandHost, open_host
+from fleetgen.remote import Host, open_host
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -84,7 +84,7 @@ async def load_shape(fleet: FleetFile, fleet_path: Path, *, offline: bool) -> Mo
     return parse_model_shape(config, index)
 
 
-async def _read_json(conn: CommandHost, path: str, host: str) -> dict[str, object]:
+async def _read_json(conn: Host, path: str, host: str) -> dict[str, object]:
     try:
         data = json.loads(await conn.read(path))
     except (RemoteError, json.JSONDecodeError) as exc:

@@ -9,13 +9,11 @@
 from __future__ import annotations
 
 from fleetgen.config import HostEntry
-from fleetgen.remote.base import Host, ProcInfo, ProcState, RunResult, Spawned
-from fleetgen.remote.common import CommandHost, HostState
+from fleetgen.remote.base import Host, HostState, ProcInfo, ProcState, RunResult, Spawned
 from fleetgen.remote.local import LocalHost
 from fleetgen.remote.ssh import SshHost
 
 __all__ = [
-    "CommandHost",
     "Host",
     "HostState",
     "LocalHost",
@@ -28,7 +26,7 @@ __all__ = [
 ]
 
 
-def open_host(entry: HostEntry) -> CommandHost:
+def open_host(entry: HostEntry) -> Host:
     """The Host for one `[[hosts]]` entry (not connected yet: `async with open_host(entry) as host`)."""
     if entry.is_local:
         return LocalHost(entry.name)

@@ -8,11 +8,10 @@ import os
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
-from fleetgen.errors import CommandError, RemoteError
-from fleetgen.remote.common import CommandHost
+from fleetgen.remote.base import Host, Output
 
 
-class LocalHost(CommandHost):
+class LocalHost(Host):
     """The local machine as a Host. Same commands and snippets as over SSH, minus the network."""
 
     async def _open(self) -> None:
@@ -21,12 +20,7 @@ class LocalHost(CommandHost):
     async def _shutdown(self) -> None:
         return None
 
-    async def _exec(
-        self,
-        argv: Sequence[str],
-        stdin: bytes | None,
-        timeout: float,  # noqa: ASYNC109 (the Host protocol's name)
-    ) -> tuple[int, bytes, bytes]:
+    async def _exec(self, argv: Sequence[str], stdin: bytes | None, timeout_s: float) -> Output:
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
@@ -40,16 +34,12 @@ class LocalHost(CommandHost):
         except PermissionError as exc:
             return 126, b"", f"{argv[0]}: {exc.strerror}".encode()
         try:
-            out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
+            out, err = await asyncio.wait_for(proc.communicate(stdin), timeout_s)
         except TimeoutError as exc:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await proc.wait()
-            raise CommandError(
-                f"`{argv[0]}` did not finish within {timeout:g}s on {self.name}",
-                fix="pass a longer timeout, or check why it hangs (is the host overloaded?)",
-                context={"host": self.name, "argv": " ".join(argv)},
-            ) from exc
+            raise self.timed_out(argv, timeout_s) from exc
         assert proc.returncode is not None  # communicate() returned, so the process was reaped
         return proc.returncode, out, err
 
@@ -86,11 +76,7 @@ class LocalHost(CommandHost):
         try:
             return await asyncio.to_thread(_read, target, size)
         except OSError as exc:
-            raise RemoteError(
-                f"cannot read {target} on {self.name}: {exc.strerror}",
-                fix="check the path and its permissions",
-                context={"host": self.name},
-            ) from exc
+            raise self.unreadable(str(target), exc.strerror or str(exc)) from exc
 
     async def forward(self, remote_port: int) -> int:
         """The host is this machine: its 127.0.0.1:port is already reachable."""

@@ -9,9 +9,31 @@ from __future__ import annotations
 
 import base64
 import binascii
-from dataclasses import dataclass
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
-from fleetgen.remote.base import ProcInfo, ProcState
+
+class ProcState(enum.StrEnum):
+    RUNNING = "running"  # R, S, D, I, … : alive
+    ZOMBIE = "zombie"  # Z or X: dead, not yet reaped (`kill -0` still succeeds: do not trust it)
+    GONE = "gone"  # no such PID, or the PID now belongs to another process (start time differs)
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    """What /proc says of a process: state, exact argv and environ, start time."""
+
+    pid: int
+    state: ProcState
+    start_time: int
+    argv: tuple[str, ...] = ()
+    environ: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def is_alive(self) -> bool:
+        return self.state is ProcState.RUNNING
+
 
 _DEAD_STATES = frozenset("ZXx")  # zombie / dead: `kill -0` still succeeds on these, the process is gone
 

@@ -12,15 +12,15 @@ import contextlib
 import logging
 import shlex
 import signal
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import asyncssh
 
 from fleetgen.config import HostEntry
-from fleetgen.errors import CommandError, ConnectError, ConnectionLost, RemoteError, TransferError
+from fleetgen.errors import ConnectError, ConnectionLost, FleetgenError, RemoteError, TransferError
 from fleetgen.remote import sshconnect
-from fleetgen.remote.common import CommandHost, HostState
+from fleetgen.remote.base import Host, HostState, Output
 
 log = logging.getLogger("fleetgen.remote")
 
@@ -33,7 +33,7 @@ _TRANSPORT_ERRORS = (asyncssh.DisconnectError, asyncssh.ChannelOpenError, Broken
 _TIED_TO_CHANNEL_SH = '"$@" & p=$!; cat > /dev/null; kill "$p" 2>/dev/null; exit 0'
 
 
-class SshHost(CommandHost):
+class SshHost(Host):
     """A Host over SSH. Use as `async with SshHost(entry) as host:`; refuses use after close."""
 
     def __init__(self, entry: HostEntry, *, reconnect_attempts: int = RECONNECT_ATTEMPTS) -> None:
@@ -118,24 +118,15 @@ class SshHost(CommandHost):
         )
 
     # ---- commands --------------------------------------------------------------------------------------
-    async def _exec(
-        self,
-        argv: Sequence[str],
-        stdin: bytes | None,
-        timeout: float,  # noqa: ASYNC109 (the Host protocol's name)
-    ) -> tuple[int, bytes, bytes]:
+    async def _exec(self, argv: Sequence[str], stdin: bytes | None, timeout_s: float) -> Output:
         command = shlex.join(argv)  # the remote login shell parses this: every value is quoted
         stdin_mode = asyncssh.DEVNULL if stdin is None else asyncssh.PIPE
         process = await self._start(argv, command, input=stdin, encoding=None, stdin=stdin_mode)
         try:
-            done = await process.wait(check=False, timeout=timeout)
+            done = await process.wait(check=False, timeout=timeout_s)
         except asyncssh.TimeoutError as exc:
             process.close()
-            raise CommandError(
-                f"`{argv[0]}` did not finish within {timeout:g}s on {self.name}",
-                fix="pass a longer timeout, or check why it hangs (is the host overloaded?)",
-                context={"host": self.name, "argv": command[:500]},
-            ) from exc
+            raise self.timed_out(argv, timeout_s) from exc
         except _TRANSPORT_ERRORS as exc:
             raise self._lost(argv, exc) from exc
         if done.exit_status is None or done.exit_status < 0:
@@ -202,40 +193,42 @@ class SshHost(CommandHost):
             raise self._lost([], exc) from exc
         return None
 
-    async def _write_temp(self, path: str, data: bytes, mode: int) -> None:
+    @contextlib.asynccontextmanager
+    async def _sftp_doing(self, failed: Callable[[str], FleetgenError]) -> AsyncIterator[asyncssh.SFTPClient]:
+        """The SFTP client for one call: an SFTP error becomes `failed(reason)`, a drop ConnectionLost."""
         sftp = await self._sftp_client()
         try:
+            yield sftp
+        except asyncssh.SFTPError as exc:
+            raise failed(str(exc.reason)) from exc
+        except _TRANSPORT_ERRORS as exc:
+            raise self._lost([], exc) from exc
+
+    async def _write_temp(self, path: str, data: bytes, mode: int) -> None:
+        def failed(why: str) -> TransferError:
+            return TransferError(
+                f"cannot write {path} on {self.name}: {why}",
+                fix=f"check that the folder is writable and the disk not full on {self.name}",
+                context={"host": self.name, "path": path},
+            )
+
+        async with self._sftp_doing(failed) as sftp:
             # "xb": O_EXCL, the temp name must be new; fsync before the hash so the rename publishes
             # bytes that are on disk, not only in the page cache.
             async with sftp.open(path, "xb", attrs=asyncssh.SFTPAttrs(permissions=mode)) as fh:
                 await fh.write(data)
                 await fh.fsync()
             await sftp.chmod(path, mode)  # the host's umask may have masked bits off at creation
-        except asyncssh.SFTPError as exc:
-            raise TransferError(
-                f"cannot write {path} on {self.name}: {exc.reason}",
-                fix=f"check that the folder is writable and the disk not full on {self.name}",
-                context={"host": self.name, "path": path},
-            ) from exc
-        except _TRANSPORT_ERRORS as exc:
-            raise self._lost([], exc) from exc
 
     async def read(self, path: str, size: int | None = None) -> bytes:
         """Read a file over SFTP; `size` is required for /proc files (their stat size is 0)."""
         target = await self.expand(path)
-        sftp = await self._sftp_client()
-        try:
-            async with sftp.open(target, "rb") as fh:
-                data: bytes = await fh.read(-1 if size is None else size)
-                return data
-        except asyncssh.SFTPError as exc:
-            raise RemoteError(
-                f"cannot read {target} on {self.name}: {exc.reason}",
-                fix="check the path and its permissions",
-                context={"host": self.name},
-            ) from exc
-        except _TRANSPORT_ERRORS as exc:
-            raise self._lost([], exc) from exc
+        async with (
+            self._sftp_doing(lambda why: self.unreadable(target, why)) as sftp,
+            sftp.open(target, "rb") as fh,
+        ):
+            data: bytes = await fh.read(-1 if size is None else size)
+        return data
 
     # ---- forwards --------------------------------------------------------------------------------------
     async def forward(self, remote_port: int) -> int:

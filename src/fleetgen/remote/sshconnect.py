@@ -67,7 +67,7 @@ def _client_keys(entry: HostEntry) -> Any:
 async def connect(
     entry: HostEntry,
     warnings: list[str],
-    timeout: float = CONNECT_TIMEOUT_S,  # noqa: ASYNC109 (the Host protocol's name)
+    timeout: float = CONNECT_TIMEOUT_S,  # noqa: ASYNC109 (the Host's public parameter name)
 ) -> asyncssh.SSHClientConnection:
     """One SSH connection to `entry`, or ConnectError / HostKeyError saying why not and what to do."""
     known = _known_hosts_arg(entry, warnings)
