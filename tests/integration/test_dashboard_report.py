@@ -157,7 +157,7 @@ def test_report_opens_in_chromium_with_every_section(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert hashlib.sha256(db.read_bytes()).hexdigest() == before, "the report must not change the store"
     job = read_job(out)
-    charts = {**render.charts(job, ()), **render.result_charts(job)}
+    charts = render.charts(job, ())
     drawn = {f"report-{k.removeprefix('chart-')}.png": ET.fromstring(v) for k, v in charts.items()}
     drawn = {name: root for name, root in drawn.items() if "is-empty" not in root.get("class", "")}
     assert {p.name for p in tmp_path.glob("report-*.png")} == set(drawn), "one PNG per chart that has data"

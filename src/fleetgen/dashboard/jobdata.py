@@ -138,7 +138,6 @@ class JobReader:
                     instance=str(row.instance),
                     completions=completions,
                     output_tokens=tokens,
-                    running=row.in_flight,
                     accept_len=row.accept_length,
                 )
             )

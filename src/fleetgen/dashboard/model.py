@@ -41,17 +41,14 @@ class InstanceRow:
 class Sample:
     """One time-series point of one instance, as `run` records it every few seconds.
 
-    `completions` and `output_tokens` are cumulative counts for the job; gauges are as scraped then.
+    `completions` and `output_tokens` are cumulative counts for the job; `accept_len` as scraped then.
     """
 
     ts: float
     instance: str
     completions: int = 0
     output_tokens: int = 0
-    gen_tps: float | None = None
     accept_len: float | None = None
-    running: int | None = None
-    queued: int | None = None
 
 
 @dataclass(frozen=True)
@@ -151,7 +148,7 @@ def rate_series(samples: Sequence[Sample], attr: str, *, max_points: int = MAX_P
 
 
 def gauge_series(samples: Sequence[Sample], attr: str, *, max_points: int = MAX_POINTS) -> list[Series]:
-    """Per-instance line of a gauge (`accept_len`, `gen_tps`): the mean of the samples in each bucket."""
+    """Per-instance line of a gauge (`accept_len`): the mean of the samples in each bucket."""
     present = [s for s in samples if getattr(s, attr) is not None]
     if not present:
         return []
@@ -160,8 +157,8 @@ def gauge_series(samples: Sequence[Sample], attr: str, *, max_points: int = MAX_
     for name, rows in by_instance(present).items():
         buckets: dict[int, list[float]] = {}
         for row in rows:
-            index = min(bisect.bisect_right(edges, row.ts) - 1, len(edges) - 2) if len(edges) > 1 else 0
-            buckets.setdefault(max(index, 0), []).append(float(getattr(row, attr)))
+            index = min(bisect.bisect_right(edges, row.ts) - 1, len(edges) - 2)  # edges[0] is the first ts
+            buckets.setdefault(index, []).append(float(getattr(row, attr)))
         points = [(edges[k], sum(v) / len(v)) for k, v in sorted(buckets.items())]
         series.append(Series(name, points))
     return series

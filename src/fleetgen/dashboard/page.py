@@ -41,7 +41,6 @@ def state(job: JobView, rows: Sequence[InstanceRow], live: Sequence[Sample] = ()
         "progress-wrap": render.progress_bar(job),
         "examples": render.examples(job),
         **render.charts(job, rows, live=live),
-        **render.result_charts(job),
     }
     return {
         "numbers": numbers,
@@ -94,7 +93,7 @@ def report_page(job: JobView, rows: Sequence[InstanceRow], *, generated_at: floa
         examples=render.examples(job, with_errors=False),
         fleet_table=render.instance_summary(job) + (render.fleet_table(rows) if rows else ""),
         meta=meta_list(job.meta),
-        **_chart_values({**render.charts(job, rows), **render.result_charts(job)}),
+        **_chart_values(render.charts(job, rows)),
     )
 
 
@@ -103,13 +102,12 @@ def meta_list(meta: Mapping[str, object]) -> str:
     if not meta:
         return '<p class="muted">the store holds no settings for this job</p>'
     items = []
-    for key in sorted(meta):
-        value = meta[key]
-        if isinstance(value, dict | list):
-            text = json.dumps(value, indent=2, sort_keys=True, default=str)
-            items.append(f"<dt>{escape(key)}</dt><dd><pre class='meta'>{escape(text)}</pre></dd>")
-        elif isinstance(value, str) and "\n" in value:
-            items.append(f"<dt>{escape(key)}</dt><dd><pre class='meta'>{escape(value)}</pre></dd>")
-        else:
-            items.append(f"<dt>{escape(key)}</dt><dd>{escape(str(value))}</dd>")
+    for key, value in sorted(meta.items()):
+        text = (
+            json.dumps(value, indent=2, sort_keys=True, default=str)
+            if isinstance(value, dict | list)
+            else str(value)
+        )
+        shown = f"<pre class='meta'>{escape(text)}</pre>" if "\n" in text else escape(text)
+        items.append(f"<dt>{escape(key)}</dt><dd>{shown}</dd>")
     return f'<dl id="meta" class="kv">{"".join(items)}</dl>'

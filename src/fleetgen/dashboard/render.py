@@ -193,7 +193,8 @@ def _capacity_bars(row: InstanceRow) -> list[svg.Bar]:
 
 
 def charts(job: JobView, rows: Sequence[InstanceRow], live: Sequence[Sample] = ()) -> dict[str, str]:
-    """Every chart over time (and capacity) by element id, as SVG strings. Accept length comes from the
+    """Every chart by element id, as SVG strings: rates over time, accept length, capacity, and over the
+    finished results: lengths, finish reasons, quality flags, error kinds. Accept length comes from the
     store's series when `run` recorded it, else from `live` (what the dashboard scraped while open)."""
     recorded = any(s.accept_len is not None for s in job.samples)
     scraped_here = not recorded and bool(live)  # the report has no `live`: it never claims a page was open
@@ -203,6 +204,7 @@ def charts(job: JobView, rows: Sequence[InstanceRow], live: Sequence[Sample] = (
         if r.planned_capacity is not None or r.actual_capacity is not None
         for bar in _capacity_bars(r)
     ]
+    lengths = (("reasoning", job.reasoning_tokens), ("answer", job.answer_tokens))
     return {
         **_rate_charts(job, "output_tokens", "tokens", "output tok/s"),
         **_rate_charts(job, "completions", "completions", "completions/s"),
@@ -217,13 +219,6 @@ def charts(job: JobView, rows: Sequence[InstanceRow], live: Sequence[Sample] = (
             title="capacity: planned vs actual (max running requests)",
             empty_text="no plan or no metrics yet",
         ),
-    }
-
-
-def result_charts(job: JobView) -> dict[str, str]:
-    """Charts over finished results: length histograms, finish reasons, quality flags, error kinds."""
-    lengths = (("reasoning", job.reasoning_tokens), ("answer", job.answer_tokens))
-    return {
         "chart-lengths": svg.histogram(lengths, title="output length (tokens; reasoning share estimated)"),
         "chart-finish": count_bars(
             job.finish_reasons, title="finish reasons", red=("length", "abort", "error")

@@ -61,7 +61,7 @@ async def write_report(out_dir: Path, to: Path | None = None, *, png: bool = Fal
     await asyncio.to_thread(write_atomic, html_path, page.report_page(job, ()))
     pngs: list[Path] = []
     if png:
-        for name, svg in {**render.charts(job, ()), **render.result_charts(job)}.items():
+        for name, svg in render.charts(job, ()).items():
             if "is-empty" not in svg:  # an empty frame is no picture worth a file
                 target = html_path.with_name(f"{html_path.stem}-{name.removeprefix('chart-')}.png")
                 pngs.append(await asyncio.to_thread(chromium.svg_to_png, svg, target))

@@ -28,7 +28,7 @@ from fleetgen.fleet.status import Readiness
 
 LOOPBACK = "127.0.0.1"  # never another address: from elsewhere, users tunnel (ssh -L) to it
 REFRESH_S = 1.0
-LIVE_SAMPLES = 100_000  # fleet gauges scraped while the page is served (hours of a dozen instances)
+LIVE_SAMPLES = 100_000  # accept lengths scraped while the page is served (hours of a dozen instances)
 FleetSource = Callable[[], Awaitable[Sequence[InstanceRow]]]
 
 
@@ -73,9 +73,9 @@ class Dashboard:
             notices.append(f"fleet: {exc.message}" + (f" — {exc.fix}" if exc.fix else ""))
         now = time.time()
         self.live.extend(
-            Sample(ts=now, instance=r.name, gen_tps=r.gen_tps, accept_len=r.accept_len, running=r.running)
+            Sample(ts=now, instance=r.name, accept_len=r.accept_len)
             for r in self.rows
-            if r.readiness is Readiness.READY
+            if r.readiness is Readiness.READY and r.accept_len is not None
         )
         self.notices = notices
         self.state = self._state()
