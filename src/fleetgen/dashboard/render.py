@@ -28,9 +28,11 @@ DASH = "–"
 
 def fmt(value: float | None, digits: int = 0, suffix: str = "") -> str:
     """A table cell for a number that may be unknown."""
-    if value is None:
-        return DASH
-    return f"{value:,.{digits}f}{suffix}"
+    return DASH if value is None else f"{value:,.{digits}f}{suffix}"
+
+
+def fmt_duration(seconds: float | None) -> str:
+    return DASH if seconds is None else svg.format_duration(seconds)
 
 
 def _table(element_id: str, columns: str, rows: str, *, empty: str, caption: str = "") -> str:
@@ -72,7 +74,7 @@ def _fleet_row(row: InstanceRow) -> str:
         f'<td class="num">{fmt(row.queued)}</td><td class="num">{fmt(row.gen_tps, 0)}</td>'
         f'<td class="num">{fmt(row.accept_len, 2)}</td><td class="num">{fmt(kv, 0, "%")}</td>'
         f'<td class="num">{escape(capacity)}</td><td>{escape(row.drift) or DASH}</td>'
-        f'<td class="num">{svg.format_duration(row.uptime_s) if row.uptime_s is not None else DASH}</td>'
+        f'<td class="num">{fmt_duration(row.uptime_s)}</td>'
     )
     data = f'data-instance="{escape(row.name)}" data-health="{escape(row.readiness.value)}"'
     return f'<tr class="{klass}" {data}>{cells}</tr>'
@@ -80,26 +82,19 @@ def _fleet_row(row: InstanceRow) -> str:
 
 def summary_numbers(job: JobView) -> dict[str, str]:
     """The headline numbers by element id: done/total, percent, ETA, rates, errors, truncations."""
-    eta = eta_seconds(job)
-    completions = recent_rate(job.samples, "completions")
-    tokens = recent_rate(job.samples, "output_tokens")
-    total = job.total
+    total, eta = job.total, eta_seconds(job)
     percent = (100.0 * (job.done + job.num_errors) / total) if total else None
-    eta_text = DASH if eta is None else svg.format_duration(eta)
-    if job.is_finished:
-        eta_text = "finished"
+    elapsed = (job.updated_at or 0) - job.started_at if job.started_at else None
     return {
         "done": f"{job.done:,}",
         "total": DASH if total is None else f"{total:,}",
         "percent": fmt(percent, 1, "%"),
-        "eta": eta_text,
-        "completions-rate": fmt(completions, 2),
-        "tokens-rate": fmt(tokens, 0),
+        "eta": "finished" if job.is_finished else fmt_duration(eta),
+        "completions-rate": fmt(recent_rate(job.samples, "completions"), 2),
+        "tokens-rate": fmt(recent_rate(job.samples, "output_tokens"), 0),
         "errors": f"{job.num_errors:,}",
         "truncated": f"{job.num_truncated:,}",
-        "elapsed": svg.format_duration((job.updated_at or 0) - (job.started_at or 0))
-        if job.started_at
-        else DASH,
+        "elapsed": fmt_duration(elapsed),
     }
 
 
