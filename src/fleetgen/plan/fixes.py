@@ -12,29 +12,29 @@ from typing import Any
 
 from fleetgen.plan.instance import can_quantize_fp8, size
 from fleetgen.plan.planners import planner_of
-from fleetgen.plan.types import Ask, Candidate, Fix, Sizing
+from fleetgen.plan.types import Ask, Fix, Sizing
 
 MAX_SCAN = 1024
 MIN_TOKENS_PER_REQUEST = 4096  # a "concurrent request" must have room for at least this much context
 TP_FACTORS = (2, 4, 8, 16)  # tp grows by these factors; the smallest that fits is offered
 
 
-def _apply(ask: Ask, c: Candidate) -> Ask:
+def _apply(ask: Ask, c: Fix) -> Ask:
     return replace(ask, args={**ask.args, **c.args}, env={**ask.env, **c.env}, tp=c.tp or ask.tp)
 
 
-def _bigger(ask: Ask) -> list[Candidate]:
+def _bigger(ask: Ask) -> list[Fix]:
     """More GPUs (tp × 2, × 4, …: the first that fits is kept) and, for 16-bit weights not quantised yet,
     online FP8 quantisation (half the weight bytes)."""
-    out = [Candidate(4, f"tp = {ask.tp * f}", tp=ask.tp * f) for f in TP_FACTORS]
+    out = [Fix(4, f"tp = {ask.tp * f}", tp=ask.tp * f) for f in TP_FACTORS]
     if can_quantize_fp8(ask) and "quantization" not in ask.args:
         fp8 = ask.shape.weight_bytes // 2 // ask.tp
         text = f"--quantization fp8 (weights {fp8 / (1 << 30):.1f} GiB per GPU; check the quality)"
-        out.append(Candidate(4, text, {"quantization": "fp8"}))
+        out.append(Fix(4, text, {"quantization": "fp8"}))
     return out
 
 
-def _variants(engine: str, ask: Ask) -> list[Candidate]:
+def _variants(engine: str, ask: Ask) -> list[Fix]:
     """The engine's own ways out, then the ones every engine shares (more GPUs, FP8 weights)."""
     return planner_of(engine).variants(ask) + _bigger(ask)
 
@@ -46,14 +46,14 @@ def _is_usable(sized: Sizing, need: int = 1) -> bool:
     return sized.fits and m.max_running_requests >= need and m.kv_tokens >= floor
 
 
-def _required(engine: str, ask: Ask, base: Sizing) -> Candidate:
+def _required(engine: str, ask: Ask, base: Sizing) -> Fix:
     """The cost-0 change a refusing rule names (SGLang 0.5.10–0.5.13: extra_buffer [+ SPEC_V2 env])."""
     if any(e.rule == "spec-no-buffer-radix" for e in base.errors):
         r = ask.rules
         env = {r.spec_v2_env: "1"} if r.spec_v2_env and not r.spec_v2_default else {}
         text = f"--{r.strategy_flag} extra_buffer" + (f" + {r.spec_v2_env}=1" if env else "")
-        return Candidate(0, text, {r.strategy_flag: "extra_buffer"}, env)
-    return Candidate(0, "")
+        return Fix(0, text, {r.strategy_flag: "extra_buffer"}, env)
+    return Fix(0, "")
 
 
 def _try(engine: str, ask: Ask, probe: Sizing, n: int) -> tuple[dict[str, Any], Sizing]:
@@ -81,6 +81,11 @@ def _yield(n: int, sized: Sizing) -> str:
     return f" → {n} concurrent, {sized.memory.kv_tokens:,} KV tokens"
 
 
+def _yielding(fix: Fix, text: str, n: int, sized: Sizing) -> Fix:
+    """`fix` as offered: its full text, `n` concurrent requests and the KV tokens of its sizing."""
+    return replace(fix, change=text, max_running_requests=n, kv_tokens=sized.memory.kv_tokens)
+
+
 def ranked_fixes(engine: str, ask: Ask, base: Sizing) -> tuple[Fix, ...]:
     """Fixes that make this instance fit (or serve more), cheapest first, each with what it yields."""
     required = _required(engine, ask, base)
@@ -89,8 +94,7 @@ def ranked_fixes(engine: str, ask: Ask, base: Sizing) -> tuple[Fix, ...]:
     alone = size(engine, fixed) if required.change else None
     if alone is not None and _is_usable(alone):
         n = alone.memory.max_running_requests
-        text = required.change + _yield(n, alone)
-        fixes.append(Fix(0, text, dict(required.args), dict(required.env), 0, n, alone.memory.kv_tokens))
+        fixes.append(_yielding(required, required.change + _yield(n, alone), n, alone))
     has_tp = False
     for variant in _variants(engine, fixed):
         if variant.tp and has_tp:
@@ -104,10 +108,10 @@ def ranked_fixes(engine: str, ask: Ask, base: Sizing) -> tuple[Fix, ...]:
         flags = " ".join(f"--{k} {v}" for k, v in extra.items())
         text = ", ".join(t for t in (required.change, variant.change, flags) if t) + _yield(n, sized)
         args = {**required.args, **variant.args, **extra}
-        env = {**required.env, **variant.env}
-        fixes.append(
-            Fix(max(required.cost, variant.cost), text, args, env, variant.tp, n, sized.memory.kv_tokens)
+        change = replace(
+            variant, cost=max(required.cost, variant.cost), args=args, env={**required.env, **variant.env}
         )
+        fixes.append(_yielding(change, text, n, sized))
     return tuple(sorted(fixes, key=lambda f: (f.cost, -f.max_running_requests)))
 
 
@@ -121,15 +125,10 @@ def solve_target(engine: str, ask: Ask, base: Sizing, target: int) -> tuple[Fix 
         if _is_usable(sized, target):
             flags = " ".join(f"--{k} {v}" for k, v in extra.items())
             text = ", ".join(t for t in (variant.change, flags) if t)
-            return Fix(
-                variant.cost,
-                text,
-                {**fixed.args, **variant.args, **extra},
-                {**fixed.env, **variant.env},
-                variant.tp,
-                sized.memory.max_running_requests,
-                sized.memory.kv_tokens,
-            ), ""
+            change = replace(
+                variant, args={**fixed.args, **variant.args, **extra}, env={**fixed.env, **variant.env}
+            )
+            return _yielding(change, text, sized.memory.max_running_requests, sized), ""
         n, _, _ = _best(engine, trial)
         if n > best_n:
             best_n, best_text = n, variant.change or "the current flags"

@@ -7,7 +7,7 @@ summed over the instances of a machine against what it has (minus SGLang's 10 Gi
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from fleetgen.config import FleetFile, HostEntry, Instance
@@ -164,8 +164,12 @@ def cross_instance_errors(
 ) -> list[Issue]:
     """The rules that span instances, run by `plan` AND by `up` before it launches anything: two instances
     on one GPU or one port of a machine, hierarchical-cache host RAM summed per machine."""
+    one_gpu = "give each [[hosts]] entry of one machine its own gpus list"
+    one_port = "give the [[hosts]] entries of one machine distinct base_port"
     return (
-        _shared_gpus(fleet, instances) + _port_clashes(fleet, instances) + _host_memory(fleet, plans, facts)
+        _clashes(fleet, instances, "gpu-shared", lambda i: i.gpus, "use GPU {}", one_gpu)
+        + _clashes(fleet, instances, "port-clash", lambda i: (i.port,), "listen on port {}", one_port)
+        + _host_memory(fleet, plans, facts)
     )
 
 
@@ -173,40 +177,26 @@ def _machines(fleet: FleetFile) -> dict[str, str]:
     return {h.name: _machine(h) for h in fleet.hosts}
 
 
-def _shared_gpus(fleet: FleetFile, instances: Sequence[Instance]) -> list[Issue]:
+def _clashes(
+    fleet: FleetFile,
+    instances: Sequence[Instance],
+    rule: str,
+    claims: Callable[[Instance], Iterable[int]],
+    what: str,
+    fix: str,
+) -> list[Issue]:
+    """Two instances claiming one thing (`what`, formatted with it) of one machine: a GPU, a port."""
     owner: dict[tuple[str, int], str] = {}
     errors = []
     machines = _machines(fleet)
     for inst in instances:
-        for gpu in inst.gpus:
-            key = (machines[inst.host], gpu)
+        for claim in claims(inst):
+            key = (machines[inst.host], claim)
             if key in owner:
                 errors.append(
-                    Issue(
-                        "gpu-shared",
-                        f"{inst.name} and {owner[key]} both use GPU {gpu} of {key[0]}",
-                        "give each [[hosts]] entry of one machine its own gpus list",
-                    )
+                    Issue(rule, f"{inst.name} and {owner[key]} both {what.format(claim)} of {key[0]}", fix)
                 )
             owner.setdefault(key, inst.name)
-    return errors
-
-
-def _port_clashes(fleet: FleetFile, instances: Sequence[Instance]) -> list[Issue]:
-    owner: dict[tuple[str, int], str] = {}
-    errors = []
-    machines = _machines(fleet)
-    for inst in instances:
-        key = (machines[inst.host], inst.port)
-        if key in owner:
-            errors.append(
-                Issue(
-                    "port-clash",
-                    f"{inst.name} and {owner[key]} both listen on port {inst.port} of {key[0]}",
-                    "give the [[hosts]] entries of one machine distinct base_port",
-                )
-            )
-        owner.setdefault(key, inst.name)
     return errors
 
 

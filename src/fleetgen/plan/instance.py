@@ -51,6 +51,10 @@ def can_quantize_fp8(ask: Ask) -> bool:
 # What an engine's arithmetic reports when the weights leave nothing: the consequences (a negative Mamba pool,
 # no KV pool), not the cause. `_weights_first` names the cause instead.
 CONSEQUENCES = frozenset({"mamba-pool", "weights", "kv-cache"})
+# What is left for the pools when the weights fill the GPU: nothing.
+POOLS = (
+    "rest_bytes mamba_slots mamba_pool_bytes spec_scratch_bytes kv_pool_bytes kv_tokens max_running_requests"
+)
 WEIGHTS_FIX = "more GPUs per instance (tp) or smaller weights (FP8 quantisation, a quantised checkpoint)"
 
 
@@ -69,16 +73,7 @@ def _weights_first(sized: Sizing, ask: Ask) -> Sizing:
             f"(memory fraction {m.mem_fraction_static:.3f}): nothing is left for the KV cache"
         )
     issue = Issue("weights-exceed-gpu", text, WEIGHTS_FIX)
-    empty = replace(
-        m,
-        rest_bytes=0,
-        mamba_slots=0,
-        mamba_pool_bytes=0,
-        spec_scratch_bytes=0,
-        kv_pool_bytes=0,
-        kv_tokens=0,
-        max_running_requests=0,
-    )
+    empty = replace(m, **dict.fromkeys(POOLS.split(), 0))
     others = tuple(e for e in sized.errors if e.rule not in CONSEQUENCES)
     return replace(sized, memory=empty, errors=(issue, *others))
 

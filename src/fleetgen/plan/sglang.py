@@ -20,7 +20,7 @@ from fleetgen.engines.sglang import MAMBA_TOO_SMALL, NOT_ENOUGH_MEMORY, WEIGHTS_
 from fleetgen.modelcard import DTYPE_BYTES, ModelShape
 from fleetgen.plan.rules import RuleInput, check_sglang_flags
 from fleetgen.plan.settings import SGLangSettings, resolve_settings
-from fleetgen.plan.types import GIB, MIB, Ask, Candidate, Issue, Memory, Planner, Sizing
+from fleetgen.plan.types import GIB, MIB, Ask, Fix, Issue, Memory, Planner, Sizing
 
 CONV_DTYPE_BYTES = 2  # SGLANG_MAMBA_CONV_DTYPE defaults to bfloat16
 HICACHE_RESERVE_BYTES = 10 * GIB  # SGLang's HICACHE_HOST_MEMORY_RESERVE_BYTES
@@ -335,14 +335,14 @@ def _hicache_bytes(m: Memory, ratio: float, size_gb: int, is_hybrid: bool) -> in
     return int(ratio * kv_host) + (int(ratio * m.mamba_slots * m.state_bytes_per_request) if is_hybrid else 0)
 
 
-def variants(ask: Ask) -> list[Candidate]:
+def variants(ask: Ask) -> list[Fix]:
     """SGLang's own ways out: pools sized explicitly, bfloat16 Mamba state, half the context."""
     ctx = int(ask.args.get("context-length") or ask.shape.context_length)
-    out = [Candidate(1, "")]
+    out = [Fix(1, "")]
     if ask.shape.is_hybrid:
-        out.append(Candidate(2, "--mamba-ssm-dtype bfloat16", {"mamba-ssm-dtype": "bfloat16"}))
+        out.append(Fix(2, "--mamba-ssm-dtype bfloat16", {"mamba-ssm-dtype": "bfloat16"}))
     if ctx > 4096:
-        out.append(Candidate(3, f"context {ctx} → {ctx // 2}", {"context-length": ctx // 2}))
+        out.append(Fix(3, f"context {ctx} → {ctx // 2}", {"context-length": ctx // 2}))
     return out
 
 

@@ -24,13 +24,14 @@ class Issue:
 
 @dataclass(frozen=True)
 class Fix:
-    """One way out, with its cost rank (0 = free) and what it yields."""
+    """A change to an instance: cost rank (0 = free), text, flags, env, tp (0: unchanged), and what it yields
+    once sized (0: a candidate, not sized yet)."""
 
     cost: int
     change: str
     args: Mapping[str, Any] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
-    tp: int = 0  # 0: unchanged
+    tp: int = 0
     max_running_requests: int = 0
     kv_tokens: int = 0
 
@@ -107,25 +108,15 @@ class InstancePlan:
         return not self.errors
 
     def to_json(self) -> dict[str, Any]:
-        mem = asdict(self.memory)
+        """Every field (issues and fixes as objects), the main numbers of `memory` beside them, and fits."""
+        out = asdict(self)
+        mem = out["memory"]
         return {
-            "instance": self.instance,
-            "host": self.host,
-            "gpus": list(self.gpus),
-            "port": self.port,
-            "engine": self.engine,
-            "rules": self.rules,
+            **out,
             **{k: mem[k] for k in ("weights_bytes", "kv_bytes_per_token", "state_bytes_per_request")},
             **{k: mem[k] for k in ("mamba_slots", "spec_scratch_bytes", "kv_tokens", "max_running_requests")},
             "fits": self.fits,
             "fits_full_context": mem["kv_tokens"] >= mem["context_length"] > 0,
-            "memory": mem,
-            "errors": [asdict(i) for i in self.errors],
-            "warnings": [asdict(i) for i in self.warnings],
-            "fixes": [{**asdict(f), "args": dict(f.args), "env": dict(f.env)} for f in self.fixes],
-            "resolved": dict(self.resolved),
-            "argv": list(self.argv),
-            "env": dict(self.env),
         }
 
 
@@ -143,13 +134,7 @@ class FleetPlan:
         return not self.errors and all(i.fits for i in self.instances)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "instances": [i.to_json() for i in self.instances],
-            "fits": self.fits,
-            "errors": [asdict(i) for i in self.errors],
-            "warnings": [asdict(i) for i in self.warnings],
-            "target": dict(self.target),
-        }
+        return {**asdict(self), "instances": [i.to_json() for i in self.instances], "fits": self.fits}
 
 
 @dataclass(frozen=True)
@@ -180,23 +165,12 @@ class Sizing:
 
 
 @dataclass(frozen=True)
-class Candidate:
-    """A change to try when an instance does not fit: its cost rank, text, flags, env, tp (0: unchanged)."""
-
-    cost: int
-    change: str
-    args: Mapping[str, Any] = field(default_factory=dict)
-    env: Mapping[str, str] = field(default_factory=dict)
-    tp: int = 0
-
-
-@dataclass(frozen=True)
 class Planner:
     """One engine's plan arithmetic, registered by engine name in `fleetgen.plan.planners`."""
 
     engine: str  # the engine's registered name (`Engine.name`)
     size: Callable[[Ask], Sizing]  # the engine's own sizing of one instance
     # the engine's own cheaper ways out (pool size, state precision, context); more GPUs and FP8 are shared
-    variants: Callable[[Ask], list[Candidate]]
+    variants: Callable[[Ask], list[Fix]]
     # the flags that size the pools for n running requests, given a probe sizing
     concurrency: Callable[[Ask, Sizing, int], dict[str, Any]]

@@ -24,7 +24,7 @@ from typing import Any
 from fleetgen.engines import RuleSet
 from fleetgen.engines.vllm import VLLMEngine
 from fleetgen.modelcard import DTYPE_BYTES, ModelShape
-from fleetgen.plan.types import GIB, Ask, Candidate, Issue, Memory, Planner, Sizing
+from fleetgen.plan.types import GIB, Ask, Fix, Issue, Memory, Planner, Sizing
 
 ACTIVATION_BYTES_PER_TOKEN = 512 * 1024  # forward-pass peak per batched token (estimate, not profiled here)
 GRAPH_BYTES = 1 * GIB  # CUDA-graph estimate (vLLM 0.24 logged 0.96 GiB, 1.30 GiB with MTP-3 on a 27B model)
@@ -213,12 +213,12 @@ def size_instance(ask: Ask) -> Sizing:
     return Sizing(memory, tuple(errors), warnings, {"gpu_memory_utilization": memory.mem_fraction_static})
 
 
-def variants(ask: Ask) -> list[Candidate]:
+def variants(ask: Ask) -> list[Fix]:
     """vLLM's own ways out: a higher utilization, half the max-model-len."""
     ctx = int(ask.args.get("max-model-len") or ask.shape.context_length)
-    out = [Candidate(1, "--gpu-memory-utilization 0.95", {"gpu-memory-utilization": 0.95})]
+    out = [Fix(1, "--gpu-memory-utilization 0.95", {"gpu-memory-utilization": 0.95})]
     if ctx > 4096:
-        out.append(Candidate(3, f"max-model-len {ctx} → {ctx // 2}", {"max-model-len": ctx // 2}))
+        out.append(Fix(3, f"max-model-len {ctx} → {ctx // 2}", {"max-model-len": ctx // 2}))
     return out
 
 
