@@ -16,6 +16,7 @@ from fleetgen.errors import DeployError, LaunchFailed
 from fleetgen.plan.types import MIB, GpuFacts
 from fleetgen.remote.base import Host, ProcInfo
 from fleetgen.remote.procfs import proc_info_from_dump
+from fleetgen.remote.scripts import sh
 
 # Prints the version of the first of argv's distributions installed; exit 3 when none is.
 VERSION_PY = """\
@@ -61,13 +62,6 @@ echo "uptime=$(cut -d' ' -f1 /proc/uptime)"
 echo "clk_tck=$(getconf CLK_TCK)"
 """
 
-# Is anything LISTENing on 127.0.0.1/0.0.0.0:$1? /proc/net/tcp{,6} hold the port in hex, state 0A = LISTEN.
-PORT_SH = r"""
-hex=$(printf '%04X' "$1")
-if awk -v p=":$hex" '$4 == "0A" && substr($2, length($2) - 4) == p { found = 1 } END { exit found ? 0 : 1 }' \
-    /proc/net/tcp /proc/net/tcp6 2>/dev/null; then echo busy; else echo free; fi
-"""
-
 # One round trip for an instance's whereabouts: is its port listened on, which PID its pidfile names, and
 # /proc of the recorded PID ($3) and of the pidfile's PID (each as INSPECT_SH's four base64 lines).
 PROBE_SH = r"""
@@ -85,11 +79,6 @@ exit 0
 
 # Compute processes still on GPUs $1 (comma-separated indices).
 GPU_APPS_SH = 'nvidia-smi --query-compute-apps=pid --format=csv,noheader -i "$1" 2>/dev/null; exit 0'
-
-
-def sh(snippet: str, *args: str) -> list[str]:
-    """argv running `snippet` with `args` as $1, $2, …"""
-    return ["sh", "-c", snippet, "fleetgen", *args]
 
 
 @dataclass
@@ -217,9 +206,10 @@ class Whereabouts:
 
 
 async def probe_instance(
-    host: Host, pidfile: str, port: int, recorded: tuple[int, int] | None
+    host: Host, pidfile: str, port: int, recorded: tuple[int, int] | None = None
 ) -> Whereabouts:
-    """Port state and /proc of the recorded (pid, start time) and of the pidfile's PID, in one round trip."""
+    """Port state and /proc of the recorded (pid, start time) and of the pidfile's PID (none for ""), in one
+    round trip."""
     pid_arg = str(recorded[0]) if recorded else ""
     res = await host.run(sh(PROBE_SH, pidfile, str(port), pid_arg))
     lines = (res.stdout.splitlines() + [""] * 10)[:10]
@@ -229,15 +219,10 @@ async def probe_instance(
     return Whereabouts(is_port_busy=lines[0] == "busy", recorded=rec, named=named_info)
 
 
-async def is_port_busy(host: Host, port: int) -> bool:
-    res = await host.run(sh(PORT_SH, str(port)))
-    return res.stdout.strip() == "busy"
-
-
 async def wait_port_free(host: Host, port: int, timeout_s: float = 30.0) -> None:
     """Wait until nothing listens on `port` (a stopped engine may take a moment to release it)."""
     deadline = time.monotonic() + timeout_s
-    while await is_port_busy(host, port):
+    while (await probe_instance(host, "", port)).is_port_busy:
         if time.monotonic() > deadline:
             raise LaunchFailed(
                 f"{host.name}: port {port} is still in use {timeout_s:.0f}s after the old server was stopped",

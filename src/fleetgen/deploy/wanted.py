@@ -70,8 +70,6 @@ def build_command(
     when `launch` is None: nothing measured on the host)."""
     cfg = fleet.engine
     launch = launch or decide_launch(cfg, inst, facts_from_file(fleet.host(inst.host)))
-    args = list(launch.argv[1 + len(launcher_of(cfg)) :])
-    paths = InstancePaths(workdir, inst.name)
     secret = _secret(cfg, engine)
     if secret is not None and secret.config_key:
         refused, _ = api_key_way(fleet, engine)
@@ -81,9 +79,9 @@ def build_command(
         instance=inst.name,
         python=launch.python,
         launcher=launcher_of(cfg),
-        args=tuple(args),
+        args=launch.argv[1 + len(launcher_of(cfg)) :],
         env=dict(launch.env),
-        paths=paths,
+        paths=InstancePaths(workdir, inst.name),
         secret=secret,
     )
 
@@ -144,12 +142,6 @@ def local_shape(fleet: FleetFile) -> tuple[ModelShape | None, str]:
 def planned_capacity(plan: InstancePlan | None) -> dict[str, float]:
     """The plan's KV tokens, concurrency and Mamba slots for one instance; empty without a plan (no model
     shape here) or when it cannot size it: `fleetgen plan` shows why; deploying goes on."""
-    if plan is None:
-        return {}
-    mem = plan.memory
-    figures = {
-        "kv_tokens": mem.kv_tokens,
-        "max_running_requests": mem.max_running_requests,
-        "mamba_slots": mem.mamba_slots,
-    }
-    return {what: float(value) for what, value in figures.items() if value}
+    mem = plan.memory if plan is not None else None
+    figures = ("kv_tokens", "max_running_requests", "mamba_slots")
+    return {what: float(getattr(mem, what)) for what in figures if getattr(mem, what, 0)}

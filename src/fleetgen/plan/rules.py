@@ -6,9 +6,8 @@ of branches) and return the `Issue`s they find: errors the engine would raise, w
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from fleetgen.engines import RuleSet, Translation
 from fleetgen.engines.sglang import (
@@ -21,21 +20,16 @@ from fleetgen.engines.sglang import (
     SPEC_V2_REMOVED,
     TRACK_INTERVAL,
 )
-from fleetgen.modelcard import ModelShape
 from fleetgen.plan.settings import SGLangSettings
-from fleetgen.plan.types import Issue
+from fleetgen.plan.types import Ask, Issue
 
 
 @dataclass(frozen=True)
-class RuleInput:
-    """Everything a flag rule may look at."""
+class RuleInput(Ask):
+    """Everything a flag rule may look at: the ask, and how the engine translates and resolves its flags."""
 
-    args: Mapping[str, Any]
-    env: Mapping[str, str]
     translation: Translation
     settings: SGLangSettings
-    rules: RuleSet
-    shape: ModelShape
 
 
 @dataclass(frozen=True)

@@ -281,7 +281,7 @@ def size_instance(ask: Ask) -> Sizing:
     memory, mem_errors = size_sglang(
         ask.shape, s, ask.rules, tp=ask.tp, free_bytes=ask.free_bytes, total_bytes=ask.total_bytes
     )
-    flags = check_sglang_flags(RuleInput(ask.args, ask.env, translation, s, ask.rules, ask.shape))
+    flags = check_sglang_flags(RuleInput(**vars(ask), translation=translation, settings=s))
     warnings = list(flags.warnings)
     if memory.headroom_needed_bytes > memory.headroom_bytes:
         warnings.append(_headroom_warning(memory, s.is_spec and not draft_kv_in_cell(s, ask.rules)))
