@@ -65,8 +65,8 @@ def test_eta_is_remaining_work_over_the_recent_rate() -> None:
 
 def test_sick_rows_are_marked_with_their_reason() -> None:
     rows = [
-        InstanceRow("h-0", "h", (0,), Readiness.READY, gen_tps=900.0),
-        InstanceRow("h-1", "h", (1,), Readiness.DOWN, problem="not running"),
+        InstanceRow("h-0", "h", (0,), 30000, readiness=Readiness.READY, gen_tokens_per_s=900.0),
+        InstanceRow("h-1", "h", (1,), 30001, readiness=Readiness.DOWN, problem="not running"),
     ]
     html = render.fleet_table(rows)
     sick = re.findall(r'<tr class="instance sick"[^>]*data-instance="([^"]+)"', html)

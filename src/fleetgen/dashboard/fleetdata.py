@@ -16,6 +16,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -25,31 +26,12 @@ from fleetgen.deploy.probe import EngineClient, parse_metrics
 from fleetgen.engines import Engine, engine_of_metrics
 from fleetgen.errors import EndpointError, FleetgenError
 from fleetgen.fleet.metrics import Scrape, load_from, max_running_from_info
-from fleetgen.fleet.status import FleetView, InstanceStatus, Readiness
+from fleetgen.fleet.status import FleetView, Readiness
 from fleetgen.modelcard import load_model_shape
 from fleetgen.plan.fleet import facts_from_file, plan_fleet
 
 HEALTH_PATH = "/health"
 PROBE_TIMEOUT_S = 3.0  # a sick server must turn red within seconds, not after a 30 s client timeout
-
-
-def row_from_status(status: InstanceStatus, planned: Mapping[str, int]) -> InstanceRow:
-    """An `InstanceStatus` (fleet file + `up` state) as a fleet table row."""
-    return InstanceRow(
-        name=status.instance,
-        host=status.host,
-        gpus=tuple(status.gpus),
-        readiness=status.readiness,
-        running=status.running,
-        queued=status.queued,
-        gen_tps=status.gen_tokens_per_s,
-        accept_len=status.spec_accept_length,
-        drift="; ".join(status.drift),
-        uptime_s=status.uptime_s,
-        problem=status.problem,
-        planned_capacity=planned.get(status.instance),
-        actual_capacity=status.max_running_requests,
-    )
 
 
 class FleetViewSource:
@@ -60,7 +42,8 @@ class FleetViewSource:
         self.planned = planned
 
     async def __call__(self) -> Sequence[InstanceRow]:
-        return [row_from_status(s, self.planned) for s in await self.view.refresh(rate_window_s=0.0)]
+        statuses = await self.view.refresh(rate_window_s=0.0)
+        return [InstanceRow(**vars(s), planned_capacity=self.planned.get(s.instance)) for s in statuses]
 
 
 @dataclass
@@ -82,33 +65,28 @@ class EndpointSource:
 
     async def _row(self, endpoint: _Endpoint) -> InstanceRow:
         client = EngineClient(endpoint.url, self.http, timeout_s=PROBE_TIMEOUT_S)
-        host = endpoint.url.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0]
+        where = urlsplit(endpoint.url)
+        row = InstanceRow(endpoint.name, where.hostname or "", (), where.port or 0, url=endpoint.url)
         # Both engines serve /health; which engine it is shows only in the metric names, read after.
         if not await client.is_healthy(HEALTH_PATH):
-            why = f"GET {endpoint.url}{HEALTH_PATH} did not answer 200"
-            return InstanceRow(endpoint.name, host, readiness=Readiness.DOWN, problem=why)
+            row.readiness, row.problem = Readiness.DOWN, f"GET {endpoint.url}{HEALTH_PATH} did not answer 200"
+            return row
+        row.readiness = Readiness.READY
         try:
             samples = parse_metrics(await client.get_text("/metrics"))
         except EndpointError as exc:
-            why = f"no metrics: {exc.message} (SGLang serves them with --enable-metrics)"
-            return InstanceRow(endpoint.name, host, readiness=Readiness.READY, problem=why)
+            row.problem = f"no metrics: {exc.message} (SGLang serves them with --enable-metrics)"
+            return row
         engine = engine_of_metrics(samples)
         info = await _info(client, engine)
         scrape = Scrape(time.monotonic(), samples)
         load = load_from(engine.metrics, scrape, endpoint.before, info)
         endpoint.before = scrape
-        kv = samples.get(engine.metrics.kv_usage) if engine.metrics.kv_usage else None
-        return InstanceRow(
-            name=endpoint.name,
-            host=host,
-            readiness=Readiness.READY,
-            running=load.running,
-            queued=load.queued,
-            gen_tps=load.gen_tokens_per_s,
-            accept_len=load.spec_accept_length,
-            kv_usage=kv,
-            actual_capacity=max_running_from_info(info),
-        )
+        row.running, row.queued = load.running, load.queued
+        row.gen_tokens_per_s, row.spec_accept_length = load.gen_tokens_per_s, load.spec_accept_length
+        row.kv_usage = samples.get(engine.metrics.kv_usage) if engine.metrics.kv_usage else None
+        row.max_running_requests = max_running_from_info(info)
+        return row
 
 
 async def _info(client: EngineClient, engine: Engine) -> object:

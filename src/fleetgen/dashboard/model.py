@@ -12,29 +12,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fleetgen.dashboard.svg import Series
-from fleetgen.fleet.status import Readiness
+from fleetgen.fleet.status import InstanceStatus, Readiness
 
 MAX_POINTS = 120  # a chart over days keeps this many buckets: enough to see dips, light to ship every 1.5 s
 
 
-@dataclass(frozen=True)
-class InstanceRow:
-    """One row of the fleet table (None = not known: the engine did not answer or lacks the metric)."""
+@dataclass
+class InstanceRow(InstanceStatus):
+    """One row of the fleet table: the instance's status (None = not known) and what only the page shows."""
 
-    name: str
-    host: str
-    gpus: tuple[int, ...] = ()
-    readiness: Readiness = Readiness.WAITING
-    running: int | None = None
-    queued: int | None = None
-    gen_tps: float | None = None
-    accept_len: float | None = None
     kv_usage: float | None = None
-    drift: str = ""
-    uptime_s: float | None = None
-    problem: str = ""
-    planned_capacity: float | None = None
-    actual_capacity: float | None = None
+    planned_capacity: int | None = None
 
 
 @dataclass(frozen=True)
@@ -193,5 +181,5 @@ def sick_reason(row: InstanceRow) -> str:
     if row.readiness is not Readiness.READY:
         return row.problem or row.readiness.value
     if row.drift:
-        return f"drift: {row.drift}"
+        return f"drift: {'; '.join(row.drift)}"
     return ""

@@ -47,7 +47,9 @@ def state(job: JobView, rows: Sequence[InstanceRow], live: Sequence[Sample] = ()
         "fragments": fragments,
         "warn": {"errors": job.num_errors > 0, "truncated": job.num_truncated > 0},
         "title": _title(job, rows),
-        "instances": [{"name": r.name, "health": r.readiness.value, "sick": sick_reason(r)} for r in rows],
+        "instances": [
+            {"name": r.instance, "health": r.readiness.value, "sick": sick_reason(r)} for r in rows
+        ],
     }
 
 

@@ -66,17 +66,17 @@ def _fleet_row(row: InstanceRow) -> str:
     note = reason or row.problem  # a healthy row may still carry a remark (e.g. no metrics endpoint)
     health = escape(row.readiness.value) + (f'<div class="why">{escape(note)}</div>' if note else "")
     kv = None if row.kv_usage is None else row.kv_usage * 100
-    capacity = f"{fmt(row.planned_capacity)} / {fmt(row.actual_capacity)}"
+    capacity = f"{fmt(row.planned_capacity)} / {fmt(row.max_running_requests)}"
     cells = (
-        f'<td class="name">{escape(row.name)}</td><td>{escape(row.host)}</td>'
+        f'<td class="name">{escape(row.instance)}</td><td>{escape(row.host)}</td>'
         f"<td>{escape(','.join(map(str, row.gpus)) or DASH)}</td>"
         f'<td class="health">{health}</td><td class="num">{fmt(row.running)}</td>'
-        f'<td class="num">{fmt(row.queued)}</td><td class="num">{fmt(row.gen_tps, 0)}</td>'
-        f'<td class="num">{fmt(row.accept_len, 2)}</td><td class="num">{fmt(kv, 0, "%")}</td>'
-        f'<td class="num">{escape(capacity)}</td><td>{escape(row.drift) or DASH}</td>'
+        f'<td class="num">{fmt(row.queued)}</td><td class="num">{fmt(row.gen_tokens_per_s, 0)}</td>'
+        f'<td class="num">{fmt(row.spec_accept_length, 2)}</td><td class="num">{fmt(kv, 0, "%")}</td>'
+        f'<td class="num">{escape(capacity)}</td><td>{escape("; ".join(row.drift)) or DASH}</td>'
         f'<td class="num">{fmt_duration(row.uptime_s)}</td>'
     )
-    data = f'data-instance="{escape(row.name)}" data-health="{escape(row.readiness.value)}"'
+    data = f'data-instance="{escape(row.instance)}" data-health="{escape(row.readiness.value)}"'
     return f'<tr class="{klass}" {data}>{cells}</tr>'
 
 
@@ -180,10 +180,11 @@ def _rate_charts(job: JobView, attr: str, key: str, label: str) -> dict[str, str
 
 def _capacity_bars(row: InstanceRow) -> list[svg.Bar]:
     """Planned (grey) and actual max running requests of an instance; actual red when short of the plan."""
-    is_short = row.planned_capacity is not None and (row.actual_capacity or 0.0) < row.planned_capacity
+    actual = row.max_running_requests
+    is_short = row.planned_capacity is not None and (actual or 0) < row.planned_capacity
     return [
-        svg.Bar(f"{row.name} planned", row.planned_capacity, svg.GREY),
-        svg.Bar(f"{row.name} actual", row.actual_capacity, svg.SICK_COLOR if is_short else svg.PALETTE[0]),
+        svg.Bar(f"{row.instance} planned", row.planned_capacity, svg.GREY),
+        svg.Bar(f"{row.instance} actual", actual, svg.SICK_COLOR if is_short else svg.PALETTE[0]),
     ]
 
 
@@ -196,7 +197,7 @@ def charts(job: JobView, rows: Sequence[InstanceRow], live: Sequence[Sample] = (
     capacity = [
         bar
         for r in rows
-        if r.planned_capacity is not None or r.actual_capacity is not None
+        if r.planned_capacity is not None or r.max_running_requests is not None
         for bar in _capacity_bars(r)
     ]
     lengths = (("reasoning", job.reasoning_tokens), ("answer", job.answer_tokens))

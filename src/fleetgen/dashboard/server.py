@@ -73,9 +73,9 @@ class Dashboard:
             notices.append(f"fleet: {exc.message}" + (f" — {exc.fix}" if exc.fix else ""))
         now = time.time()
         self.live.extend(
-            Sample(ts=now, instance=r.name, accept_len=r.accept_len)
+            Sample(ts=now, instance=r.instance, accept_len=r.spec_accept_length)
             for r in self.rows
-            if r.readiness is Readiness.READY and r.accept_len is not None
+            if r.readiness is Readiness.READY and r.spec_accept_length is not None
         )
         self.notices = notices
         self.state = self._state()
