@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 from asyncio.subprocess import PIPE
@@ -143,3 +144,18 @@ def test_cli_rejects_bad_levels() -> None:
     )
     assert out.returncode == 2
     assert "--concurrency" in out.stderr and "fix:" in out.stderr
+
+
+def test_cli_png_without_chromium_stops_before_the_sweep(tmp_path: Path) -> None:
+    """No minutes of benchmark lost to a PNG that cannot be drawn: the rasteriser is checked first."""
+    png = tmp_path / "bench.png"
+    out = subprocess.run(
+        [str(FLEETGEN), "bench", "-e", "http://127.0.0.1:9", "--png", str(png)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "PATH": str(tmp_path)},  # no chromium on it
+    )
+    assert out.returncode == 1 and "Chromium" in out.stderr and "apt-get install" in out.stderr
+    assert "127.0.0.1:9" not in out.stderr + out.stdout and not png.exists()
