@@ -232,9 +232,7 @@ def _mtp_bytes(
     hidden, vocab, layers = fields["hidden_size"], fields["vocab_size"], max(fields["num_layers"], 1)
     nbytes = DTYPE_BYTES[dtype]
     per_layer = max(weights - 2 * vocab * hidden * nbytes, 0) // layers
-    estimate = mtp_layers * (
-        per_layer + 2 * hidden * hidden * nbytes
-    )  # one decoder layer + the fc that joins
+    estimate = mtp_layers * (per_layer + 2 * hidden * hidden * nbytes)  # a decoder layer + the fc joining
     note = (
         f"MTP weights estimated at {estimate / 2**30:.2f} GiB (one decoder layer + fc): no sizes in the index"
     )

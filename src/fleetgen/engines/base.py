@@ -81,7 +81,6 @@ class RuleSet:
     # spec + no_buffer + radix cache: "unchecked" (accepted as is), "radix_off" (warning, radix cache
     # silently disabled), "raises" (ValueError), "gone" (the check no longer exists)
     spec_no_buffer_radix: str = "gone"
-    refuses_spec_no_buffer_radix: bool = False  # == (spec_no_buffer_radix == "raises")
     rejects_extra_buffer_without_radix: bool = False  # ValueError; other releases ignore extra_buffer
     explicit_no_buffer_needs_no_overlap: bool = False  # asserts instead of turning overlap off
     track_interval_text: bool = True  # False: a bare `assert` (AssertionError without a message)
@@ -104,7 +103,6 @@ class RuleSet:
     has_extra_buffer_lazy: bool = False
     # "ratio-scratch" | "scratch-first-512" | "scratch-first" | "joint" | "joint-padded"
     mamba_pool_solve: str = "joint-padded"
-    joint_mamba_spec_solve: bool = False  # == mamba_pool_solve.startswith("joint")
     mamba_oom_errors: bool = False  # explicit errors when the Mamba pool gets no slot / serves nothing
     mrr_cap: str = "half-tokens"  # an explicit --max-running-requests is capped by: none|estimate|half-tokens
     vlm_cache_reserve_mb: int = 0  # multimodal embedding cache reserved out of the KV budget
@@ -112,6 +110,14 @@ class RuleSet:
     # --- vLLM -------------------------------------------------------------------------------------
     default_gpu_memory_utilization: float = 0.9
     source: str = ""  # where the facts were read (release wheel), for the plan's output
+
+    @property
+    def refuses_spec_no_buffer_radix(self) -> bool:
+        return self.spec_no_buffer_radix == "raises"
+
+    @property
+    def joint_mamba_spec_solve(self) -> bool:
+        return self.mamba_pool_solve.startswith("joint")
 
 
 @dataclass(frozen=True)

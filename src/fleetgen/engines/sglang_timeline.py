@@ -9,7 +9,7 @@ main-branch history (the reference, §0) does not map 1:1 to releases: the wheel
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from fleetgen.engines.base import FlagRename, RuleSet, release
@@ -175,19 +175,8 @@ def rules_for(version: str) -> RuleSet:
     """The rule set of one release read, named after it (`sglang-0.5.15`)."""
     values = _features_at(version)
     key = release(version)
-    base = RuleSet(
-        name=f"sglang-{version}",
-        engine="sglang",
-        min_version=key,
-        max_version=key,
-        source=f"sglang=={version} wheel",
-    )
-    rules = replace(base, **values)
-    return replace(
-        rules,
-        refuses_spec_no_buffer_radix=rules.spec_no_buffer_radix == "raises",
-        joint_mamba_spec_solve=rules.mamba_pool_solve.startswith("joint"),
-    )
+    name, source = f"sglang-{version}", f"sglang=={version} wheel"
+    return RuleSet(name=name, engine="sglang", min_version=key, max_version=key, source=source, **values)
 
 
 RULE_SETS: tuple[RuleSet, ...] = tuple(rules_for(r) for r in RELEASES)
