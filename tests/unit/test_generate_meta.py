@@ -21,7 +21,7 @@ from fleetgen.generate.fleetlink import endpoints_meta, fleet_meta
 from fleetgen.generate.identity import ResumeCheck, identify
 from fleetgen.generate.jobmeta import JobMeta
 from fleetgen.generate.progress import PositionTracker, Progress
-from fleetgen.generate.runner import Job
+from fleetgen.generate.runner import FleetHooks, Job
 from fleetgen.generate.scrape import metric_names_for, window_accept_length
 from fleetgen.generate.source import Position, RecordShape
 from fleetgen.generate.store import Store
@@ -204,7 +204,7 @@ async def test_restart_hook_is_retried_until_the_dead_endpoint_is_back(tmp_path:
     try:
         async with serve(StandIn(delay_s=0.05)) as alive:
             urls = [alive.url, f"http://127.0.0.1:{port}"]
-            job = Job(options(tmp_path, prompts, urls, policy=policy, on_dead=on_dead))
+            job = Job(options(tmp_path, prompts, urls, policy=policy), FleetHooks(on_dead=on_dead))
             summary = await job.run()
     finally:
         for ctx in started:

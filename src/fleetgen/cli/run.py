@@ -7,13 +7,14 @@ stops taking work and lets in-flight requests finish, twice abandons them. Nothi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import json
 import shlex
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -28,16 +29,17 @@ from fleetgen.config import JobFile, load_fleet, load_job
 from fleetgen.errors import ConfigError, FleetDown
 from fleetgen.fleet.pool import Link, open_fleet
 from fleetgen.fleet.status import Readiness
-from fleetgen.generate.dispatch import OnDead, RetryPolicy
+from fleetgen.generate.dispatch import RetryPolicy
 from fleetgen.generate.export import FORMATS, ExportSummary, export
-from fleetgen.generate.fleetlink import endpoints_meta, fleet_meta, revive
+from fleetgen.generate.fleetlink import endpoints_meta, fleet_hooks, fleet_meta
 from fleetgen.generate.progress import Progress, Summary
-from fleetgen.generate.runner import Job, JobOptions
+from fleetgen.generate.runner import FleetHooks, Job, JobOptions
 from fleetgen.generate.source import RecordShape
 from fleetgen.generate.work import SamplingParams
 
 DEFAULT_CONCURRENCY = 64
 EXIT_CODES = {"stopped": 130, "failed": 1}
+SAMPLING = {field.name for field in dataclasses.fields(SamplingParams)}  # the job file's sampling settings
 
 
 READINESS_STYLE = {Readiness.READY: "{}", Readiness.WAITING: "[yellow]{}[/]", Readiness.DOWN: "[red]{}[/]"}
@@ -73,27 +75,6 @@ def render(progress: Progress) -> Table:
             escape(e.last_error[:60]),
         )
     return table
-
-
-def _params(job: JobFile, **flags: object) -> SamplingParams:
-    values: dict[str, object] = {
-        "model": job.model,
-        "max_tokens": job.max_tokens,
-        "temperature": job.temperature,
-        "top_p": job.top_p,
-        "top_k": job.top_k,
-        "seed": job.seed,
-        "samples": job.samples,
-        "thinking": job.thinking,
-        "system_prompt": job.system_prompt,
-        "extra_body": dict(job.extra_body),
-    }
-    values.update({key: value for key, value in flags.items() if value is not None})
-    return SamplingParams(**values)  # type: ignore[arg-type]
-
-
-def _url_endpoints(urls: list[str]) -> list[tuple[str, str]]:
-    return [(url.split("://", 1)[-1].rstrip("/"), url) for url in urls]
 
 
 Opt = typer.Option
@@ -164,8 +145,50 @@ def run_command(
     ] = 30.0,
 ) -> None:
     """Generate completions for every (record, sample) exactly once, across all servers; resumable."""
-    flags = RunFlags(**locals())
-    _finish(run(_run_flags(flags)), json_out)
+    overrides = {
+        "concurrency": concurrency,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "top_p": top_p,
+        "top_k": top_k,
+        "seed": seed,
+        "samples": samples,
+        "thinking": thinking,
+        "max_retries": max_retries,
+    }
+    mode = "retry_errors" if retry_errors else "redo_truncated" if redo_truncated else "normal"
+
+    async def go() -> Summary:
+        _check_flags(out, endpoint, retry_errors, redo_truncated, max_tokens, restart_dead)
+        job = load_job(job_file) if job_file else JobFile()
+        job = job.model_copy(update={key: value for key, value in overrides.items() if value is not None})
+        async with _servers(fleet, endpoint, wait_ready, restart_dead) as servers:
+            options = JobOptions(
+                input_path=input_path,
+                out_dir=out,
+                endpoints=servers.endpoints,
+                params=SamplingParams(**job.model_dump(include=SAMPLING)),
+                shape=RecordShape(job.id_field, job.prompt_field, job.system_prompt),
+                concurrency=job.concurrency or servers.planned_cap or DEFAULT_CONCURRENCY,
+                policy=RetryPolicy(
+                    max_retries=job.max_retries,
+                    max_consecutive_failures=job.max_consecutive_failures,
+                    dead_timeout_s=servers.dead_timeout_s if dead_timeout is None else dead_timeout,
+                    hung_after_s=hung_after,
+                ),
+                request_timeout_s=job.request_timeout_s,
+                mode=mode,
+                force_params=force_params,
+                add_input=add_input,
+                split=split,
+                api_key=servers.api_key,
+                wait_ready_s=servers.wait_s,
+                describe=servers.describe,
+                engine_kind=servers.engine_kind,
+            )
+            return await _run_job(Job(options, servers.hooks), servers.meanwhile, live, log_every)
+
+    _finish(run(go()), json_out)
 
 
 def _finish(summary: Summary, json_out: bool) -> None:
@@ -173,38 +196,6 @@ def _finish(summary: Summary, json_out: bool) -> None:
     _print_summary(summary, json_out)
     if summary.status in EXIT_CODES:
         raise typer.Exit(EXIT_CODES[summary.status])
-
-
-@dataclasses.dataclass(frozen=True)
-class RunFlags:
-    """The `run` command line, as given."""
-
-    input_path: Path
-    out: Path
-    fleet: Path | None
-    endpoint: list[str] | None
-    job_file: Path | None
-    concurrency: int | None
-    max_tokens: int | None
-    temperature: float | None
-    top_p: float | None
-    top_k: int | None
-    seed: int | None
-    samples: int | None
-    thinking: bool | None
-    retry_errors: bool
-    redo_truncated: bool
-    force_params: bool
-    add_input: bool
-    restart_dead: bool
-    max_retries: int | None
-    dead_timeout: float | None
-    wait_ready: float | None
-    hung_after: float
-    split: str | None
-    json_out: bool
-    live: bool
-    log_every: float
 
 
 def _check_out_dir(out: Path, flag: str) -> None:
@@ -217,129 +208,77 @@ def _check_out_dir(out: Path, flag: str) -> None:
         )
 
 
-def _check_flags(f: RunFlags) -> None:
-    _check_out_dir(f.out, "-o")
-    if f.retry_errors and f.redo_truncated:
+def _check_flags(
+    out: Path,
+    urls: list[str] | None,
+    retry_errors: bool,
+    redo_truncated: bool,
+    max_tokens: int | None,
+    restart_dead: bool,
+) -> None:
+    _check_out_dir(out, "-o")
+    if retry_errors and redo_truncated:
         raise ConfigError(
             "--retry-errors and --redo-truncated are separate passes", fix="run one, then the other"
         )
-    if f.redo_truncated and f.max_tokens is None:
+    if redo_truncated and max_tokens is None:
         raise ConfigError("--redo-truncated needs a new --max-tokens", fix="add --max-tokens N (larger)")
-    if f.restart_dead and f.endpoint:
+    if restart_dead and urls:
         raise ConfigError(
             "--restart-dead needs the fleet file, not --endpoint URLs",
             fix="drop --endpoint and pass -f fleet.toml: fleetgen restarts what it deployed",
         )
 
 
-def _options(
-    f: RunFlags,
-    job: JobFile,
-    endpoints: list[tuple[str, str]],
-    *,
-    api_key: str | None,
-    planned_cap: int | None,
-    on_dead: OnDead | None,
-    describe: dict[str, Any],
-    engine_kind: str | None,
-) -> JobOptions:
-    params = _params(
-        job,
-        max_tokens=f.max_tokens,
-        temperature=f.temperature,
-        top_p=f.top_p,
-        top_k=f.top_k,
-        seed=f.seed,
-        samples=f.samples,
-        thinking=f.thinking,
-    )
-    mode = "retry_errors" if f.retry_errors else "redo_truncated" if f.redo_truncated else "normal"
-    policy = RetryPolicy(
-        max_retries=job.max_retries if f.max_retries is None else f.max_retries,
-        max_consecutive_failures=job.max_consecutive_failures,
-        dead_timeout_s=DEFAULT_DEAD_TIMEOUT_S if f.dead_timeout is None else f.dead_timeout,
-        hung_after_s=f.hung_after,
-    )
-    return JobOptions(
-        input_path=f.input_path,
-        out_dir=f.out,
-        params=params,
-        endpoints=endpoints,
-        api_key=api_key,
-        shape=RecordShape(job.id_field, job.prompt_field, job.system_prompt),
-        concurrency=f.concurrency or job.concurrency or planned_cap or DEFAULT_CONCURRENCY,
-        policy=policy,
-        request_timeout_s=job.request_timeout_s,
-        mode=mode,
-        force_params=f.force_params,
-        split=f.split,
-        add_input=f.add_input,
-        on_dead=on_dead,
-        describe=describe,
-        engine_kind=engine_kind,
-    )
+@dataclasses.dataclass(frozen=True)
+class Servers:
+    """What a job runs on: its endpoints (name, URL) and what comes with them."""
+
+    endpoints: list[tuple[str, str]]
+    describe: dict[str, Any]  # for the store's meta (`generate.fleetlink`)
+    wait_s: float  # no server ready: wait this long for one
+    dead_timeout_s: float  # every server gone mid-job: stop after this long (unless --dead-timeout)
+    meanwhile: Callable[[float], str]  # what the job does while it waits, for the plain log
+    planned_cap: int | None = None
+    api_key: str | None = None
+    engine_kind: str | None = None
+    hooks: FleetHooks = dataclasses.field(default_factory=FleetHooks)
 
 
-async def _run_flags(f: RunFlags) -> Summary:
-    _check_flags(f)
-    job = load_job(f.job_file) if f.job_file else JobFile()
-    if f.endpoint:
-        options = _options(
-            f,
-            job,
-            _url_endpoints(f.endpoint),
-            api_key=None,
-            planned_cap=None,
-            on_dead=None,
-            describe=endpoints_meta(f.endpoint),
-            engine_kind=None,
-        )
-        options = dataclasses.replace(options, wait_ready_s=f.wait_ready or 0.0)
-        meanwhile = _meanwhile("the servers", None, restart_dead=False)
-        return await _run_job(Job(options), f, meanwhile)
-    return await _run_on_fleet(f, job, f.fleet or Path("fleet.toml"))
-
-
-async def _run_on_fleet(f: RunFlags, job: JobFile, fleet: Path) -> Summary:
-    """Every instance `fleetgen up` deployed, reached through tunnels held for the job; those not ready yet
-    (loading, dead, host unreachable) start drained and join once ready."""
+@contextlib.asynccontextmanager
+async def _servers(
+    fleet: Path | None, urls: list[str] | None, wait_ready: float | None, restart_dead: bool
+) -> AsyncIterator[Servers]:
+    """Bare `--endpoint` URLs, or every instance `fleetgen up` deployed, reached through tunnels held for the
+    job; those not ready yet (loading, dead, host unreachable) start drained and join once ready."""
+    if urls:
+        endpoints = [(url.split("://", 1)[-1].rstrip("/"), url) for url in urls]
+        say = _meanwhile("the servers", None, False)
+        yield Servers(endpoints, endpoints_meta(urls), wait_ready or 0.0, DEFAULT_DEAD_TIMEOUT_S, say)
+        return
+    fleet = fleet or Path("fleet.toml")
     fleet_file = load_fleet(fleet)
     async with open_fleet(fleet) as links:
-        endpoints = await links.read_all()
-        if not endpoints:
+        at_start = await links.read_all()
+        if not at_start:
             raise FleetDown(
                 f"no instance of {fleet} is deployed", fix=f"run `fleetgen up -f {fleet}`, then this again"
             )
-        wait = fleet_file.engine.ready_timeout_s if f.wait_ready is None else f.wait_ready
-        _say_not_ready(endpoints, fleet, wait, f.restart_dead)
-        caps = [e.max_running_requests for e in endpoints if e.max_running_requests]
-
-        async def restart_one(name: str) -> None:
-            await revive(fleet, name)
-
-        options = _options(
-            f,
-            job,
-            [(e.name, e.url) for e in endpoints],
+        wait = fleet_file.engine.ready_timeout_s if wait_ready is None else wait_ready
+        _say_not_ready(at_start, fleet, wait, restart_dead)
+        yield Servers(
+            [(e.name, e.url) for e in at_start],
+            fleet_meta(fleet_file, fleet, links.names),
+            wait,
+            wait,
+            _meanwhile(f"the instances of {fleet}", fleet, restart_dead),
+            planned_cap=min(
+                (e.max_running_requests for e in at_start if e.max_running_requests), default=None
+            ),
             api_key=links.secret,
-            planned_cap=min(caps) if caps else None,
-            on_dead=restart_one if f.restart_dead else None,
-            describe=fleet_meta(fleet_file, fleet, links.names),
             engine_kind=fleet_file.engine.kind,
+            hooks=fleet_hooks(fleet, links, at_start, restart_dead),
         )
-        policy = dataclasses.replace(
-            options.policy, dead_timeout_s=wait if f.dead_timeout is None else f.dead_timeout
-        )
-        options = dataclasses.replace(
-            options,
-            not_ready={
-                e.name: (e.readiness, e.problem) for e in endpoints if e.readiness is not Readiness.READY
-            },
-            check=links.check,
-            wait_ready_s=wait,
-            policy=policy,
-        )
-        return await _run_job(Job(options), f, _meanwhile(f"the instances of {fleet}", fleet, f.restart_dead))
 
 
 def _say_not_ready(endpoints: list[Link], fleet: Path, wait_s: float, restart_dead: bool) -> None:
@@ -375,7 +314,7 @@ def _meanwhile(what: str, fleet: Path | None, restart_dead: bool) -> Callable[[f
     return say
 
 
-async def _run_job(job: Job, f: RunFlags, meanwhile: Callable[[float], str]) -> Summary:
+async def _run_job(job: Job, meanwhile: Callable[[float], str], live: bool, log_every: float) -> Summary:
     loop = asyncio.get_running_loop()
 
     def on_signal() -> None:
@@ -387,9 +326,9 @@ async def _run_job(job: Job, f: RunFlags, meanwhile: Callable[[float], str]) -> 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
     try:
-        if not (f.live and err_console.is_terminal):  # off a terminal: a log, not a redrawn frame
+        if not (live and err_console.is_terminal):  # off a terminal: a log, not a redrawn frame
             say = functools.partial(err_console.print, markup=False, highlight=False)
-            return await job.run(PlainLog(say, every_s=f.log_every, meanwhile=meanwhile))
+            return await job.run(PlainLog(say, every_s=log_every, meanwhile=meanwhile))
         with Live(console=err_console, refresh_per_second=2, transient=False) as view:
             return await job.run(lambda progress: view.update(render(progress)))
     except FleetDown as exc:

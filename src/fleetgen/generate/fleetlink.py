@@ -1,4 +1,5 @@
-"""What a job takes from the fleet it runs on: a description for the store, and the `--restart-dead` hook.
+"""What a job takes from the fleet it runs on: a description for the store, and its hooks (`FleetHooks`:
+the instances not ready at the start, re-reading one from its host, the `--restart-dead` restart).
 
 The description goes to the store's meta (`fleet`, `engine_args`) so a report says what generated the data:
 the engine section of the fleet file — kind, version, model, args, tp — and the instance names. Never the
@@ -7,6 +8,7 @@ values of `engine.env` (they may hold tokens); only their names. With `--endpoin
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,9 @@ from fleetgen.config import FleetFile
 from fleetgen.deploy.fleetops import restart, up
 from fleetgen.deploy.instance import Action, Outcome
 from fleetgen.errors import DeployError, FleetgenError
+from fleetgen.fleet.pool import FleetLinks, Link
+from fleetgen.fleet.status import Readiness
+from fleetgen.generate.runner import FleetHooks
 
 
 def fleet_meta(fleet: FleetFile, path: Path, instances: Sequence[str]) -> dict[str, Any]:
@@ -39,6 +44,18 @@ def fleet_meta(fleet: FleetFile, path: Path, instances: Sequence[str]) -> dict[s
 def endpoints_meta(urls: Sequence[str]) -> dict[str, Any]:
     """Meta entries for a run on bare `--endpoint` URLs: all that is known is where they are."""
     return {"fleet": {"endpoints": list(urls)}}
+
+
+def fleet_hooks(
+    fleet_path: Path, links: FleetLinks, at_start: Sequence[Link], restart_dead: bool
+) -> FleetHooks:
+    """The hooks of a job on `fleet_path`: its instances not ready at the start (`at_start`: as read then),
+    `links.check` to re-read one, and with `restart_dead` a dead one brought back by `revive`."""
+    return FleetHooks(
+        not_ready={e.name: (e.readiness, e.problem) for e in at_start if e.readiness is not Readiness.READY},
+        check=links.check,
+        on_dead=functools.partial(revive, fleet_path) if restart_dead else None,
+    )
 
 
 async def revive(fleet_path: Path, instance: str) -> Outcome:

@@ -22,7 +22,7 @@ from fleetgen.errors import EndpointError, FleetDown, FleetgenError
 from fleetgen.fleet.status import Readiness
 from fleetgen.generate.client import ChatClient
 
-OnDead = Callable[[str], Awaitable[None]]  # endpoint name → restart it (deploy layer)
+OnDead = Callable[[str], Awaitable[object]]  # endpoint name → restart it (deploy layer); its result unused
 # Refresh the endpoint from the fleet: its readiness as the fleet reads it now (READY: use it once /health
 # says 200; WAITING: keep probing; DOWN: its process is gone, `--restart-dead` may start it).
 Admit = Callable[["Endpoint"], Awaitable[Readiness]]

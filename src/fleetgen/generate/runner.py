@@ -36,10 +36,7 @@ from fleetgen.generate.intake import Intake
 from fleetgen.generate.jobmeta import JobMeta
 from fleetgen.generate.progress import Counters, PositionTracker, Progress, RateMeter, Summary, waiting
 from fleetgen.generate.scrape import AcceptLengthScraper
-from fleetgen.generate.source import (
-    RecordShape,
-    count_records,
-)
+from fleetgen.generate.source import RecordShape, count_records
 from fleetgen.generate.store import Batch, Store
 from fleetgen.generate.work import SamplingParams, Work
 from fleetgen.generate.writer import StoreWriter
@@ -47,7 +44,7 @@ from fleetgen.generate.writer import StoreWriter
 
 @dataclass(frozen=True)
 class JobOptions:
-    """Everything a run needs; the CLI builds it from flags and the job file."""
+    """A job's own settings, whatever serves it; the CLI builds them once from the job file and its flags."""
 
     input_path: Path
     out_dir: Path
@@ -62,25 +59,34 @@ class JobOptions:
     add_input: bool = False  # `--add-input`: run another input into a folder that holds one on purpose
     split: str | None = None
     api_key: str | None = None
-    progress_interval_s: float = 0.5
-    series_interval_s: float = 5.0
-    on_dead: OnDead | None = None  # `--restart-dead`: restart an instance through the deploy layer
+    wait_ready_s: float = 0.0  # no endpoint ready (at the start): wait this long for one, then FleetDown
     describe: Mapping[str, Any] = field(default_factory=dict)  # meta: what generates the data (fleetlink)
     engine_kind: str | None = None  # whose /metrics names to read; None: try every engine's
+    progress_interval_s: float = 0.5
+    series_interval_s: float = 5.0
     metrics_interval_s: float = 3.0
-    # With a fleet file: the instances not ready at the start (name → readiness, why); they start drained
-    # and join once `check` (re-reading one instance from its host) says they are ready. DOWN ones have no
-    # process: `on_dead` restarts them. No instance ready: wait up to `wait_ready_s` for one, then FleetDown.
+
+
+@dataclass(frozen=True)
+class FleetHooks:
+    """What a job may ask of the fleet it runs on (`generate.fleetlink` builds them; bare URLs have none).
+
+    `not_ready`: the instances not ready at the start (name → readiness, why); they start drained and join
+    once `check` (re-reading one instance from its host) says they are ready. DOWN ones have no process:
+    `on_dead` (`--restart-dead`) restarts them through the deploy layer.
+    """
+
     not_ready: Mapping[str, tuple[Readiness, str]] = field(default_factory=dict)
     check: Callable[[str], Awaitable[Link]] | None = None
-    wait_ready_s: float = 0.0
+    on_dead: OnDead | None = None
 
 
 @dataclass
 class Job:
-    """One run of a job. `await Job(options).run(on_progress)`; `stop()` is Ctrl-C."""
+    """One run of a job. `await Job(options, fleet).run(on_progress)`; `stop()` is Ctrl-C."""
 
     options: JobOptions
+    fleet: FleetHooks = field(default_factory=FleetHooks)
     counters: Counters = field(default_factory=Counters)
     _stops: int = 0
     _abandon: asyncio.Event = field(default_factory=asyncio.Event)
@@ -117,8 +123,8 @@ class Job:
             async with contextlib.AsyncExitStack() as stack:
                 self._stack = stack
                 endpoints = [await self._endpoint(name, url) for name, url in opts.endpoints]
-                admit = self._admit if opts.check is not None else None
-                watch = Watch(endpoints, opts.policy, on_dead=opts.on_dead, admit=admit)
+                admit = self._admit if self.fleet.check is not None else None
+                watch = Watch(endpoints, opts.policy, on_dead=self.fleet.on_dead, admit=admit)
                 stack.push_async_callback(watch.close)
                 return await self._run(store, endpoints, watch, on_progress)
         finally:
@@ -126,7 +132,7 @@ class Job:
 
     async def _endpoint(self, name: str, url: str) -> Endpoint:
         """An endpoint as the fleet read it at the start; one not READY waits for the Watch to admit it."""
-        readiness, why = self.options.not_ready.get(name, (Readiness.READY, ""))
+        readiness, why = self.fleet.not_ready.get(name, (Readiness.READY, ""))
         client = await self._client(url)
         return Endpoint(name, client, self.options.concurrency, readiness, last_error=why)
 
@@ -141,8 +147,8 @@ class Job:
 
     async def _admit(self, endpoint: Endpoint) -> Readiness:
         """Re-read the endpoint's instance from its host: may it take work? Its reason goes to the view."""
-        assert self.options.check is not None
-        link = await self.options.check(endpoint.name)
+        assert self.fleet.check is not None
+        link = await self.fleet.check(endpoint.name)
         if link.url and link.url.rstrip("/") != endpoint.client.base_url:
             endpoint.client = await self._client(link.url)  # its host was unreachable when the job started
         if link.readiness is not Readiness.READY:
