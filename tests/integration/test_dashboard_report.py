@@ -15,9 +15,12 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
+
 from fleetgen.dashboard import render
 from fleetgen.dashboard.chromium import SCALE
 from fleetgen.dashboard.jobdata import JobReader
+from fleetgen.dashboard.render import error_table
 from fleetgen.dashboard.report import read_job
 from fleetgen.generate.store import Batch, ErrorRow, ResultRow, SeriesRow, Store
 from tests.fixtures.chromium import dump_dom, need_chromium, png_pixels, screenshot
@@ -130,6 +133,28 @@ def test_reader_follows_a_store_being_written_without_blocking_it(tmp_path: Path
     a0 = [s.completions for s in second.samples if s.instance == "gpu-a-0"]
     assert a0 == sorted(a0), "a counter restarted by a resumed run must be carried forward, not go back"
     assert first.error_examples[0].message.startswith("<b>engine said no</b>")
+
+
+@pytest.mark.parametrize(("num_errors", "limit"), [(0, 5), (4, 5), (5, 5), (6, 5), (300, 1), (300, 200)])
+def test_reader_lists_at_most_the_asked_errors_newest_first(
+    tmp_path: Path, num_errors: int, limit: int
+) -> None:
+    """The page lists a few errors and the report 200, each saying how many it left out: never them all."""
+    t0 = 1_700_000_000.0
+    store = Store.open(tmp_path)
+    store.write_batch(Batch(errors=[error_row(i, t0) for i in range(num_errors)]))
+    store.close()
+    reader = JobReader(tmp_path)
+    try:
+        job = reader.read(num_errors=limit)
+    finally:
+        reader.close()
+    assert job.num_errors == num_errors
+    assert [e.record_id for e in job.error_examples] == [f"bad-{i}#0" for i in range(num_errors)][::-1][
+        :limit
+    ]
+    more = num_errors - min(num_errors, limit)
+    assert (f"({more:,} more not listed)" in error_table(job.error_examples, job.num_errors)) == (more > 0)
 
 
 def test_report_opens_in_chromium_with_every_section(tmp_path: Path) -> None:

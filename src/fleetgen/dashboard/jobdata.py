@@ -87,14 +87,14 @@ class JobReader:
             done, truncated = conn.execute(
                 "SELECT COUNT(*), COALESCE(SUM(is_truncated), 0) FROM results"
             ).fetchone()
-            num_errors = conn.execute("SELECT COUNT(*) FROM errors").fetchone()[0]
+            errors = conn.execute("SELECT COUNT(*) FROM errors").fetchone()[0]
             self._read_new_series(conn)
             self._read_new_lengths(conn)
             view = JobView(
                 out_dir=str(self.out_dir),
                 total=_total(meta),
                 done=done,
-                num_errors=num_errors,
+                num_errors=errors,
                 num_truncated=truncated,
                 error_examples=_errors(conn, num_errors),
                 truncation_examples=_truncations(conn, num_truncations),

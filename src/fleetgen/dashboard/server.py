@@ -50,23 +50,22 @@ class Dashboard:
         self.fleet = fleet
         self.subtitle = subtitle
         self.notes = [n for n in notes if n]
+        if self.reader is None:
+            self.notes.append("no job folder given (-o OUT_DIR): showing the fleet only")
         self.job = JobView(out_dir=str(out_dir or ""))
         self.rows: Sequence[InstanceRow] = ()
         self.live: deque[Sample] = deque(maxlen=LIVE_SAMPLES)
-        self.notices: list[str] = list(self.notes)
         self.refresher: asyncio.Task[None] | None = None
-        self.state: dict[str, Any] = self._state()
+        self.state: dict[str, Any] = self._state(self.notes)
 
     async def refresh(self) -> None:
         """Read both sources once; a source that fails keeps its last value and adds a notice."""
         notices = list(self.notes)
-        if self.reader is None:
-            notices.append("no job folder given (-o OUT_DIR): showing the fleet only")
-        else:
-            try:
+        try:
+            if self.reader is not None:
                 self.job = await asyncio.to_thread(self.reader.read)
-            except FleetgenError as exc:
-                notices.append(f"job: {exc.message}" + (f" — {exc.fix}" if exc.fix else ""))
+        except FleetgenError as exc:
+            notices.append(f"job: {exc.message}" + (f" — {exc.fix}" if exc.fix else ""))
         try:
             self.rows = await self.fleet()
         except FleetgenError as exc:
@@ -77,12 +76,11 @@ class Dashboard:
             for r in self.rows
             if r.readiness is Readiness.READY and r.spec_accept_length is not None
         )
-        self.notices = notices
-        self.state = self._state()
+        self.state = self._state(notices)
 
-    def _state(self) -> dict[str, Any]:
+    def _state(self, notices: Sequence[str]) -> dict[str, Any]:
         state = page.state(self.job, self.rows, tuple(self.live))
-        state["fragments"]["notice"] = "".join(f"<p>{escape(n)}</p>" for n in self.notices)
+        state["fragments"]["notice"] = "".join(f"<p>{escape(n)}</p>" for n in notices)
         return state
 
     async def refresh_forever(self, interval_s: float = REFRESH_S) -> None:
