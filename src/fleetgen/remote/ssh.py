@@ -19,7 +19,7 @@ import asyncssh
 
 from fleetgen.config import HostEntry
 from fleetgen.errors import ConnectError, ConnectionLost, FleetgenError, RemoteError, TransferError
-from fleetgen.remote import sshconnect
+from fleetgen.remote import scripts, sshconnect
 from fleetgen.remote.base import Host, HostState, Output
 
 log = logging.getLogger("fleetgen.remote")
@@ -157,7 +157,7 @@ class SshHost(Host):
         raise AssertionError("unreachable: the second attempt returns or raises")
 
     async def _stream_lines(self, argv: Sequence[str]) -> AsyncIterator[str]:
-        command = shlex.join(["sh", "-c", _TIED_TO_CHANNEL_SH, "fleetgen", *argv])
+        command = shlex.join(scripts.sh(_TIED_TO_CHANNEL_SH, *argv))
         process = await self._start(argv, command, encoding="utf-8", errors="replace")
         try:
             async for line in process.stdout:
