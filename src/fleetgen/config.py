@@ -7,7 +7,6 @@ Pure: `load_fleet` / `load_job` read one file; nothing here touches a host.
 
 from __future__ import annotations
 
-import os
 import re
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -19,7 +18,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from fleetgen.errors import ConfigError
-from fleetgen.redact import remember
 
 ArgValue = str | int | float | bool
 LOOPBACK = "127.0.0.1"
@@ -585,15 +583,8 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def load_fleet(path: Path) -> FleetFile:
-    """Read and validate a fleet file; errors name the file, line and field.
-
-    Its API key (when its variable is set here) is redacted from everything fleetgen prints from then on,
-    in every command: a host's log or error may hold it (`fleetgen.redact`).
-    """
-    fleet = _load(path, FleetFile, "fleet file")
-    if fleet.engine.is_public and fleet.engine.api_key_env:
-        remember(os.environ.get(fleet.engine.api_key_env, ""))
-    return fleet
+    """Read and validate a fleet file; errors name the file, line and field."""
+    return _load(path, FleetFile, "fleet file")
 
 
 def load_job(path: Path) -> JobFile:

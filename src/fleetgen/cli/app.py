@@ -7,17 +7,19 @@ command, the error tree rendered once, here. Only the CLI prints or exits.
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from fleetgen.errors import FleetgenError
-from fleetgen.redact import redacting
+from fleetgen.config import load_fleet
+from fleetgen.errors import ConfigError, FleetgenError
+from fleetgen.redact import redacting, remember
 
 app = typer.Typer(
     name="fleetgen",
@@ -55,7 +57,29 @@ console = _console(stderr=False)
 err_console = _console(stderr=True)
 T = TypeVar("T")
 
-FLEET_OPTION = typer.Option(Path("fleet.toml"), "--fleet", "-f", help="The fleet file (TOML).")
+
+def remember_key(fleet: Path | None) -> Path | None:
+    """The callback of every fleet file option: the fleet's API key (when its variable is set) is redacted
+    from everything the command prints, before anything runs (a host's log or an error may hold it). No
+    option: fleet.toml, what a command falls back to. A file that does not load is left to the command,
+    which says what is wrong with it."""
+    try:
+        engine = load_fleet(fleet or Path("fleet.toml")).engine
+    except ConfigError:
+        return fleet
+    if engine.is_public and engine.api_key_env:
+        remember(os.environ.get(engine.api_key_env, ""))
+    return fleet
+
+
+FLEET_OPTION = typer.Option(
+    Path("fleet.toml"), "--fleet", "-f", help="The fleet file (TOML).", callback=remember_key
+)
+# `run` and `dashboard`: no fleet file given is fleet.toml unless other servers are (`--endpoint`).
+FleetOrNone = Annotated[
+    Path | None,
+    typer.Option("--fleet", "-f", help="Fleet file (`fleetgen up` state).", callback=remember_key),
+]
 
 
 def flag(name: str, help: str, default: bool | None = False, *, short: str = "") -> Any:

@@ -12,7 +12,7 @@ from typing import Annotated
 import aiohttp
 import typer
 
-from fleetgen.cli.app import app, console, err_console, flag, render_error, run
+from fleetgen.cli.app import FleetOrNone, app, console, err_console, flag, render_error, run
 from fleetgen.config import load_fleet
 from fleetgen.dashboard.fleetdata import EndpointSource, FleetViewSource, planned_capacity
 from fleetgen.dashboard.report import write_report
@@ -62,7 +62,7 @@ async def _serve(fleet: Path | None, out: Path | None, endpoints: list[str], por
 
 @app.command("dashboard")
 def dashboard_command(
-    fleet: Annotated[Path | None, Opt("--fleet", "-f", help="Fleet file (`fleetgen up` state).")] = None,
+    fleet: FleetOrNone = None,
     out: Annotated[Path | None, Opt("--out", "-o", help="The job's output folder (`run -o`).")] = None,
     endpoint: Annotated[
         list[str] | None, Opt("--endpoint", help="Server URL http://HOST:PORT instead of -f (repeatable).")

@@ -13,7 +13,17 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from fleetgen.cli.app import FLEET_OPTION, app, console, err_console, exit_with, flag, render_error, run
+from fleetgen.cli.app import (
+    FLEET_OPTION,
+    app,
+    console,
+    err_console,
+    exit_with,
+    flag,
+    remember_key,
+    render_error,
+    run,
+)
 from fleetgen.deploy.fleetops import down as do_down
 from fleetgen.deploy.fleetops import up as do_up
 from fleetgen.deploy.instance import Outcome
@@ -22,7 +32,9 @@ from fleetgen.fleet.status import InstanceStatus, Readiness, fleet_status, open_
 
 ONLY_OPTION = typer.Option(None, "--only", help="Instance or host names (repeatable); default: all.")
 # `-f` is --follow for `logs` (as in `tail -f`), so there the fleet file is --fleet only.
-LOGS_FLEET_OPTION = typer.Option(Path("fleet.toml"), "--fleet", help="The fleet file (TOML).")
+LOGS_FLEET_OPTION = typer.Option(
+    Path("fleet.toml"), "--fleet", help="The fleet file (TOML).", callback=remember_key
+)
 
 
 def _progress(instance: str, message: str) -> None:

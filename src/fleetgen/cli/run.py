@@ -23,7 +23,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from fleetgen.cli.app import app, console, err_console, flag, run
+from fleetgen.cli.app import FleetOrNone, app, console, err_console, flag, run
 from fleetgen.cli.runlog import PlainLog, duration
 from fleetgen.config import JobFile, load_fleet, load_job
 from fleetgen.errors import ConfigError, FleetDown
@@ -95,7 +95,7 @@ DEFAULT_DEAD_TIMEOUT_S = 300.0  # --endpoint URLs: the mid-job wait for a server
 def run_command(
     input_path: Annotated[Path, typer.Argument(help="Prompts: JSONL, Parquet, or a datasets folder.")],
     out: Annotated[Path, Opt("--out", "-o", help="Output folder; running again resumes.")],
-    fleet: Annotated[Path | None, Opt("--fleet", "-f", help="Fleet file (`fleetgen up` state).")] = None,
+    fleet: FleetOrNone = None,
     endpoint: Annotated[
         list[str] | None, Opt("--endpoint", help="Server URL http://HOST:PORT (repeatable).")
     ] = None,

@@ -20,7 +20,6 @@ from fleetgen.errors import ConfigError, ModelCardError
 from fleetgen.modelcard import ModelShape, load_model_shape
 from fleetgen.plan import HostFacts, InstancePlan, Launch, decide_launch, facts_from_file
 from fleetgen.plan.fleet import api_key_way
-from fleetgen.redact import remember
 
 # An API key as an HTTP header carries it (printable ASCII, no space), long enough to guess at no cost, and
 # without `<`/`>`: no key can then be formed across the `<redacted>` mark put where a key was.
@@ -45,7 +44,6 @@ def api_key(fleet: FleetFile) -> str | None:
             "no space, `<` or `>` (it travels in an HTTP header, and is redacted from every log line)",
             fix=f"set {cfg.api_key_env} to e.g. the output of `openssl rand -hex 24`",
         )
-    remember(value)
     return value
 
 
