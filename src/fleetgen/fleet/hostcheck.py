@@ -94,9 +94,9 @@ async def _probe(host: Host, engine: EngineConfig, entry: HostEntry) -> HostRepo
         asyncio.gather(_os(host), _gpus(host, problems), _meminfo(host)),
         asyncio.gather(
             _disk_free_gib(host, entry.workdir),
-            _python(host, engine.python),
-            _engine_version(host, engine),
-            _model_present(host, engine.model),
+            _python_says(host, [engine.python, "-c", "import sys; print(sys.version.split()[0])"]),
+            _python_says(host, [engine.python, "-c", VERSION_PY, *get_engine(engine.kind).distributions]),
+            host.exists(engine.model),
         ),
     )
     problems += _software_problems(engine, entry, python, version)
@@ -213,23 +213,10 @@ async def _disk_free_gib(host: Host, workdir: str) -> float | None:
     return round(int(text) / _KIB_PER_GIB, 2) if text.isdigit() else None
 
 
-async def _python(host: Host, python: str) -> str | None:
-    argv = [python, "-c", "import sys; print(sys.version.split()[0])"]
+async def _python_says(host: Host, argv: list[str]) -> str | None:
+    """What a python one-liner printed; None when it failed or hung (no such python, engine not installed)."""
     try:
         result = await host.run(argv, check=False, timeout=_PROBE_TIMEOUT_S)
     except CommandError:  # timed out
         return None
     return (result.stdout.strip() or None) if result.exit_status == 0 else None
-
-
-async def _engine_version(host: Host, engine: EngineConfig) -> str | None:
-    argv = [engine.python, "-c", VERSION_PY, *get_engine(engine.kind).distributions]
-    try:
-        result = await host.run(argv, check=False, timeout=_PROBE_TIMEOUT_S)
-    except CommandError:
-        return None
-    return (result.stdout.strip() or None) if result.exit_status == 0 else None
-
-
-async def _model_present(host: Host, model: str) -> bool:
-    return await host.exists(model)
