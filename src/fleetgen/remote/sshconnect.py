@@ -56,11 +56,8 @@ def _client_keys(entry: HostEntry) -> Any:
         return ()  # asyncssh default: ~/.ssh/id_* and the agent
     path = Path(os.path.expanduser(entry.identity))
     if not path.exists():
-        raise ConnectError(
-            f"identity file {path} of host {entry.name} does not exist",
-            fix=f"fix `identity` in [[hosts]] {entry.name}, or create a key: ssh-keygen -t ed25519 -f {path}",
-            context={"host": entry.name},
-        )
+        fix = f"fix `identity` in [[hosts]] {entry.name}, or create a key: ssh-keygen -t ed25519 -f {path}"
+        raise connect_error(entry, f"identity file {path} of host {entry.name} does not exist", fix)
     return [str(path)]
 
 
@@ -87,10 +84,9 @@ async def connect(
     except asyncssh.PermissionDenied as exc:
         raise auth_error(entry) from exc
     except (asyncssh.KeyImportError, asyncssh.KeyEncryptionError) as exc:
-        raise ConnectError(
-            f"cannot load the identity {entry.identity} for {entry.name}: {exc}",
-            fix="use an unencrypted key file, or load the key into ssh-agent and drop `identity`",
-            context={"host": entry.name},
+        fix = "use an unencrypted key file, or load the key into ssh-agent and drop `identity`"
+        raise connect_error(
+            entry, f"cannot load the identity {entry.identity} for {entry.name}: {exc}", fix
         ) from exc
     except (TimeoutError, OSError, asyncssh.Error) as exc:
         raise unreachable_error(entry, exc, timeout) from exc
@@ -98,6 +94,11 @@ async def connect(
 
 def where(entry: HostEntry) -> str:
     return f"{username(entry)}@{entry.address}:{entry.port}"
+
+
+def connect_error(entry: HostEntry, message: str, fix: str) -> ConnectError:
+    """Why fleetgen cannot use its connection to `entry`, and where it tried to connect."""
+    return ConnectError(message, fix=fix, context={"host": entry.name, "ssh": where(entry)})
 
 
 def unreachable_error(entry: HostEntry, exc: BaseException, timeout: float) -> ConnectError:
@@ -112,12 +113,13 @@ def unreachable_error(entry: HostEntry, exc: BaseException, timeout: float) -> C
         cause = f"SSH handshake failed: {exc.reason}"
     else:
         cause = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-    return ConnectError(
-        f"cannot reach host {entry.name} at {entry.address}:{entry.port}: {cause}",
-        fix=f"check that {entry.name} is up and sshd listens on port {entry.port} "
+    fix = (
+        f"check that {entry.name} is up and sshd listens on port {entry.port} "
         f"(try: ssh -p {entry.port} {username(entry)}@{entry.address} true), "
-        f"or fix `ssh` in [[hosts]] {entry.name}",
-        context={"host": entry.name, "ssh": where(entry)},
+        f"or fix `ssh` in [[hosts]] {entry.name}"
+    )
+    return connect_error(
+        entry, f"cannot reach host {entry.name} at {entry.address}:{entry.port}: {cause}", fix
     )
 
 
@@ -125,13 +127,12 @@ def auth_error(entry: HostEntry) -> ConnectError:
     key = entry.identity or "your default keys (~/.ssh/id_*, ssh-agent)"
     pub = f"{entry.identity}.pub" if entry.identity else "~/.ssh/id_ed25519.pub"
     user = username(entry)
-    return ConnectError(
-        f"host {entry.name} refused the SSH key for user {user} ({key})",
-        fix=f"authorize the key on the host: ssh-copy-id -i {pub} -p {entry.port} {user}@{entry.address} "
+    fix = (
+        f"authorize the key on the host: ssh-copy-id -i {pub} -p {entry.port} {user}@{entry.address} "
         f"(or append {pub} to ~{user}/.ssh/authorized_keys there), "
-        f"or set `identity` in [[hosts]] {entry.name}",
-        context={"host": entry.name, "ssh": where(entry)},
+        f"or set `identity` in [[hosts]] {entry.name}"
     )
+    return connect_error(entry, f"host {entry.name} refused the SSH key for user {user} ({key})", fix)
 
 
 async def host_key_error(entry: HostEntry) -> HostKeyError:
