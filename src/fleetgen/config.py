@@ -152,34 +152,11 @@ class HostEntry(_Strict):
 # name that field).
 SBATCH_FIELDS = {"-p": "partition", "--partition": "partition", "-t": "time", "--time": "time"}
 SBATCH_FIELDS |= {"-A": "account", "--account": "account"}
-MANAGED_SBATCH = frozenset(
-    [
-        "-J",
-        "--job-name",
-        "-o",
-        "--output",
-        "-e",
-        "--error",
-        "-N",
-        "--nodes",
-        "-n",
-        "--ntasks",
-        "-G",
-        "--gpus",
-        "--gres",
-        "--gpus-per-node",
-        "--gpus-per-task",
-        "--wrap",
-        "--parsable",
-        "-D",
-        "--chdir",
-        "--test-only",
-    ]
-) | set(SBATCH_FIELDS)
-SLURM_TIME = re.compile(
-    r"(?:\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+|\d+-\d+:\d{1,2}|\d+-\d+:\d{1,2}:\d{1,2}"
-    r"|UNLIMITED|unlimited|infinite|INFINITE)"
-)
+MANAGED_SBATCH = {"-J", "--job-name", "-o", "--output", "-e", "--error", "--parsable", "--test-only"}
+MANAGED_SBATCH |= {"-N", "--nodes", "-n", "--ntasks", "-G", "--gpus", "--gres", "--gpus-per-node", "--wrap"}
+MANAGED_SBATCH |= {"--gpus-per-task", "-D", "--chdir", *SBATCH_FIELDS}
+# minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S (`sbatch --time`), or no limit
+SLURM_TIME = re.compile(r"(?:\d+-)?\d+(?::\d{1,2}){0,2}|UNLIMITED|unlimited|infinite|INFINITE")
 
 
 class ClusterConfig(_Strict):
@@ -238,18 +215,9 @@ class ClusterConfig(_Strict):
     def submit_host(self) -> dict[str, Any]:
         """The `[[hosts]]` entry the cluster stands for: the submit host, its GPUs the cluster's (slots
         0…gpus-1, one instance per `tp` of them; Slurm picks the real devices on the node)."""
-        values: dict[str, Any] = {
-            "name": self.name,
-            "ssh": self.submit,
-            "identity": self.identity,
-            "known_hosts": self.known_hosts,
-            "gpus": list(range(self.gpus)),
-            "gpu_memory_gib": self.gpu_memory_gib,
-            "host_memory_gib": self.host_memory_gib,
-            "workdir": self.workdir,
-            "base_port": self.base_port,
-        }
-        return {key: value for key, value in values.items() if value is not None}
+        shared = HostEntry.model_fields.keys() & ClusterConfig.model_fields.keys()  # named alike, meant alike
+        values = self.model_dump(include=shared, exclude_none=True)
+        return {**values, "ssh": self.submit, "gpus": list(range(self.gpus))}
 
 
 class Instance(_Strict):
@@ -331,9 +299,6 @@ class FleetFile(_Strict):
             f"no host named {name!r}", fix=f"use one of: {', '.join(h.name for h in self.hosts)}"
         )
 
-    def host_index(self, name: str) -> int:
-        return next(i for i, h in enumerate(self.hosts) if h.name == name)
-
     def instances_on(
         self, host: HostEntry, gpu_indices: Sequence[int] | None = None, *, source: Path | None = None
     ) -> list[Instance]:
@@ -349,7 +314,7 @@ class FleetFile(_Strict):
             gpus = list(gpu_indices)
             why = _gpu_count_problem(gpus, tp, f'gpus = "all" found {_gpu_list(gpus)} on {host.name}')
             if why:
-                where = self.where(source, ("hosts", self.host_index(host.name), "gpus"))
+                where = self.where(source, ("hosts", self.hosts.index(host), "gpus"))
                 usable = gpus[: len(gpus) // tp * tp]
                 example = f"gpus = {_gpu_list(usable)}" if usable else "another host"
                 raise ConfigError(
@@ -381,7 +346,7 @@ class FleetFile(_Strict):
 
     def where(self, source: Path | None, loc: tuple[int | str, ...]) -> str:
         """`file:line: field` for a field of this fleet file (`field` alone without a source)."""
-        field = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in loc).replace(".[", "[")
+        field = dotted(loc)
         if source is None:
             return field
         try:
@@ -394,12 +359,11 @@ class FleetFile(_Strict):
         """What `--only NAME…` picks (instance or host names), host by host; an unknown name is an error."""
         if not only:
             return Selection({h.name: None for h in self.hosts})
-        static = {i.name: i.host for h in self.hosts if h.gpus != "all" for i in self.instances_on(h)}
         whole = {h.name for h in self.hosts if h.name in only}
         named: dict[str, set[str]] = {}
         unknown = []
         for name in only:
-            host = static.get(name) or self._detected_host_of(name)
+            host = self._host_name_of(name)
             if host is not None:
                 named.setdefault(host, set()).add(name)
             elif name not in whole:
@@ -408,7 +372,7 @@ class FleetFile(_Strict):
             raise ConfigError(
                 f"no instance or host is named {', '.join(map(repr, unknown))}",
                 fix=f"use host names ({', '.join(h.name for h in self.hosts)}) or instance names "
-                f"({', '.join(static) or '<host>-<k>'}); `fleetgen status` lists the instances",
+                f"({', '.join(self._listed()) or '<host>-<k>'}); `fleetgen status` lists the instances",
             )
         return Selection(
             {
@@ -420,10 +384,7 @@ class FleetFile(_Strict):
 
     def host_of_instance(self, name: str) -> HostEntry:
         """The host an instance name belongs to, from the expanded fleet (never a prefix match)."""
-        for host in self.hosts:
-            if host.gpus != "all" and any(i.name == name for i in self.instances_on(host)):
-                return host
-        found = self._detected_host_of(name)
+        found = self._host_name_of(name)
         if found is None:
             raise ConfigError(
                 f"no instance named {name!r}",
@@ -431,12 +392,26 @@ class FleetFile(_Strict):
             )
         return self.host(found)
 
-    def _detected_host_of(self, name: str) -> str | None:
-        """The `gpus = "all"` host whose instance `name` would be (`<host>-<k>` exactly)."""
-        for host in self.hosts:
-            if host.gpus == "all" and re.fullmatch(re.escape(host.name) + r"-(0|[1-9][0-9]*)", name):
-                return host.name
-        return None
+    def _listed(self) -> dict[str, str]:
+        """Instance → host name, for the hosts whose GPUs the file lists."""
+        return {i.name: i.host for h in self.hosts if h.gpus != "all" for i in self.instances_on(h)}
+
+    def _host_name_of(self, name: str) -> str | None:
+        """The host whose instance `name` is: a listed one, or the `gpus = "all"` host it would be
+        (`<host>-<k>` exactly)."""
+        if name in (listed := self._listed()):
+            return listed[name]
+        return next((h.name for h in self.hosts if h.gpus == "all" and _index_in(h, name)), None)
+
+
+def _index_in(host: HostEntry, name: str) -> re.Match[str] | None:
+    """`name` as `<host>-<k>` (k its instance index, no leading zero), else None."""
+    return re.fullmatch(re.escape(host.name) + r"-(0|[1-9][0-9]*)", name)
+
+
+def dotted(loc: tuple[int | str, ...]) -> str:
+    """A pydantic location as the file's reader writes it: `hosts[1].gpus`."""
+    return ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in loc).replace(".[", "[")
 
 
 def instance_name(host: str, index: int) -> str:
@@ -504,27 +479,23 @@ def cluster_problems(cluster: ClusterConfig, tp: int) -> list[tuple[tuple[int | 
     problems: list[tuple[tuple[int | str, ...], str]] = []
     if cluster.gpus % tp:
         fit = cluster.gpus // tp * tp
-        problems.append(
-            (
-                ("cluster", "gpus"),
-                f"gpus = {cluster.gpus} is no multiple of engine.tp = {tp} (servers = gpus / tp): "
-                f"set gpus = {fit or tp}{f' or {fit + tp}' if fit else ''}, or change engine.tp",
-            )
+        why = (
+            f"gpus = {cluster.gpus} is no multiple of engine.tp = {tp} (servers = gpus / tp): "
+            f"set gpus = {fit or tp}{f' or {fit + tp}' if fit else ''}, or change engine.tp"
         )
+        problems.append((("cluster", "gpus"), why))
     if cluster.gpus_per_node is not None and tp > cluster.gpus_per_node:
-        problems.append(
-            (
-                ("cluster", "gpus_per_node"),
-                f"engine.tp = {tp} is more than a node's {cluster.gpus_per_node} GPUs: one server runs on "
-                "one node here; lower engine.tp or fix gpus_per_node",
-            )
+        why = (
+            f"engine.tp = {tp} is more than a node's {cluster.gpus_per_node} GPUs: one server runs on "
+            "one node here; lower engine.tp or fix gpus_per_node"
         )
+        problems.append((("cluster", "gpus_per_node"), why))
     return problems
 
 
 def _name_clash(fleet: FleetFile, host: HostEntry, name: str) -> str:
     """Why host name `name` is ambiguous with an instance of `host` (empty when it is not)."""
-    match = re.fullmatch(re.escape(host.name) + r"-(0|[1-9][0-9]*)", name)
+    match = _index_in(host, name)
     if match is None:
         return ""
     rename = f"rename host {name!r} (e.g. {name.replace('-', '_')!r})"
@@ -616,7 +587,7 @@ def _render_validation(path: Path, text: str, exc: ValidationError) -> str:
     lines = [f"{path}: {exc.error_count()} invalid field(s)"]
     for err in exc.errors():
         loc = tuple(err["loc"])
-        field = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in loc).replace(".[", "[")
+        field = dotted(loc)
         line = locate(text, loc)
         where = f"{path}:{line}" if line else str(path)
         msg = err["msg"].removeprefix("Value error, ")
