@@ -185,6 +185,7 @@ class ClusterConfig(_Strict):
     base_port: Annotated[int, Field(ge=1024, le=65000)] | None = None
     gpu_memory_gib: Annotated[float, Field(gt=0)] | None = None
     host_memory_gib: Annotated[float, Field(gt=0)] | None = None
+    pending_timeout_s: Annotated[float, Field(gt=0)] = 3600.0  # `up` waits this long for an allocation
 
     @field_validator("time")
     @classmethod

@@ -132,7 +132,7 @@ def _table(statuses: Sequence[InstanceStatus]) -> Table:
     for s in statuses:
         table.add_row(
             s.instance,
-            s.host,
+            s.placement if s.placement and s.pid else s.host,  # a Slurm job that runs: its job and node
             ",".join(map(str, s.gpus)),
             str(s.pid or "—"),
             s.url or "—",

@@ -16,32 +16,26 @@ from pathlib import Path
 
 import aiohttp
 
-from fleetgen.config import LOOPBACK, FleetFile, HostEntry, Instance, load_fleet
+from fleetgen.config import LOOPBACK, HostEntry, Instance
 from fleetgen.deploy.hostside import prepare_host
 from fleetgen.deploy.instance import HostSession, Narrate, Outcome, ensure_up, stop_instance
+from fleetgen.deploy.slurm import down_jobs, up_jobs
 from fleetgen.deploy.state import InstanceRecord, load_state, update_state
-from fleetgen.deploy.wanted import api_key, build_wanted, local_shape, measured_facts, planned_capacity
-from fleetgen.engines import Engine, get_engine, launcher_of
+from fleetgen.deploy.wanted import (
+    Fleet,
+    api_key,
+    build_wanted,
+    local_shape,
+    measured_facts,
+    planned_capacity,
+)
+from fleetgen.engines import launcher_of
 from fleetgen.errors import ConfigError, FleetgenError, PlanError
 from fleetgen.modelcard import ModelShape
 from fleetgen.plan import HostFacts, InstancePlan, cross_instance_errors, plan_fleet
 from fleetgen.remote import open_host
 
 PerHost = Callable[[HostSession, list[Instance]], Awaitable[list[Outcome]]]
-
-
-@dataclass(frozen=True)
-class Fleet:
-    """A loaded fleet file, its engine and where its state lives."""
-
-    path: Path
-    file: FleetFile
-    engine: Engine
-
-    @classmethod
-    def load(cls, path: Path) -> Fleet:
-        fleet = load_fleet(path)
-        return cls(path=path, file=fleet, engine=get_engine(fleet.engine.kind))
 
 
 def _noop(_instance: str, _message: str) -> None:
@@ -215,6 +209,10 @@ async def up(
             build_wanted(fleet.file, fleet.engine, i, hs.survey, secret, planned_capacity(plans.get(i.name)))
             for i in instances
         ]
+        if fleet.file.cluster is not None:  # placed by Slurm: one job per server (deploy.slurm)
+            return await up_jobs(
+                fleet, hs, wanted, records, force=force, progress=progress, on_record=on_record
+            )
         runs = (
             ensure_up(
                 hs,
@@ -246,7 +244,12 @@ async def down(fleet_path: Path, *, only: Sequence[str] | None = None) -> list[O
 
     async def per_host(hs: HostSession, instances: list[Instance]) -> list[Outcome]:
         wanted = [build_wanted(fleet.file, fleet.engine, i, hs.survey, None) for i in instances]
-        outs = list(await asyncio.gather(*(stop_instance(hs, t, records.get(t.inst.name)) for t in wanted)))
+        if fleet.file.cluster is not None:
+            outs = await down_jobs(fleet, hs, wanted, records)
+        else:
+            outs = list(
+                await asyncio.gather(*(stop_instance(hs, t, records.get(t.inst.name)) for t in wanted))
+            )
         update_state(fleet_path, drop=[o.instance for o in outs if o.error is None])
         return outs
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -156,13 +156,34 @@ async def _ensure_up(
 ) -> None:
     running, port_busy = await find_running(hs, wanted, record)
     if running and not force and not process_drift(wanted.command, running, wanted.secret_value):
-        await _keep(hs, wanted, record, engine, out, running, progress)
+        await keep_running(hs, wanted, record, engine, out, running, progress)
         return
     await _clear_way(hs, wanted, running, port_busy, force, progress)
     out.action = Action.REPLACED if running else Action.STARTED
     rec = await _launch(hs, wanted, progress)
     on_record(rec)
     out.record, out.pid, out.log_path = rec, rec.pid, rec.log_path
+    await follow_launch(hs, wanted, rec, engine, out, progress)
+
+
+async def follow_launch(
+    hs: HostSession,
+    wanted: WantedInstance,
+    rec: InstanceRecord,
+    engine: Engine,
+    out: Outcome,
+    progress: Narrate,
+    *,
+    undo: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """After a launch, wherever it was placed: wait ready (reading its log), prove it alone holds its port,
+    verify the process and the engine's own view. A launch that fails here is undone (default: its process
+    stopped; a Slurm placement cancels its job) so the next `up` starts clean."""
+
+    async def stop() -> None:
+        await hs.host.stop(rec.pid, start_time=rec.start_time, timeout=10.0)
+
+    undo = undo or stop
     out.url = await hs.url_for(wanted.inst.port)
     client = EngineClient(out.url, hs.http, wanted.secret_value)
     name = wanted.inst.name
@@ -176,7 +197,7 @@ async def _ensure_up(
         )
     except LaunchFailed as exc:
         # A half-dead engine can keep its port and GPU memory: clear it so the next `up` starts clean.
-        await hs.host.stop(rec.pid, start_time=rec.start_time, timeout=10.0)
+        await undo()
         exc.context["stopped"] = f"pid {rec.pid} (its log stays at {rec.log_path})"
         raise
     finally:
@@ -184,14 +205,14 @@ async def _ensure_up(
     try:
         await prove_listener(hs, wanted, rec.pid)
     except VerifyError as exc:  # it cannot serve on its port: leave nothing half-started behind
-        await hs.host.stop(rec.pid, start_time=rec.start_time, timeout=10.0)
+        await undo()
         exc.context["stopped"] = f"pid {rec.pid} (its log stays at {rec.log_path})"
         raise
     progress(name, "healthy; verifying the process and the engine's own view")
     out.verified = await _verify(hs, wanted, engine, client, rec.pid, rec.start_time, watch.lines)
 
 
-async def _keep(
+async def keep_running(
     hs: HostSession,
     wanted: WantedInstance,
     record: InstanceRecord | None,

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import aiohttp
 
-from fleetgen.deploy.fleetops import Fleet, host_instances, open_session
+from fleetgen.deploy.fleetops import host_instances, open_session
 from fleetgen.deploy.script import InstancePaths
+from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import ConfigError
 
 

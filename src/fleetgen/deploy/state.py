@@ -44,6 +44,8 @@ class InstanceRecord:
     public_url: str | None = None
     engine_version: str | None = None  # the version that decided argv (the host's, else engine.version)
     rule_set: str = ""  # the rule set read for it (`sglang-0.5.23`)
+    slurm_job: str = ""  # a Slurm placement: the job that runs it (pid 0 until the job started)
+    node: str = ""  # a Slurm placement: the node the job runs on
 
 
 # `asdict` writes a record; this reads it back (JSON lists → tuples), refusing a record that lacks a field.

@@ -8,14 +8,14 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from fleetgen.config import EngineConfig, FleetFile, HostEntry, Instance
+from fleetgen.config import EngineConfig, FleetFile, HostEntry, Instance, load_fleet
 from fleetgen.deploy.hostside import HostSurvey
 from fleetgen.deploy.instance import WantedInstance
 from fleetgen.deploy.script import Command, InstancePaths, SecretEnv, render_script, sha256_text
-from fleetgen.engines import Engine, launcher_of
+from fleetgen.engines import Engine, get_engine, launcher_of
 from fleetgen.errors import ConfigError, ModelCardError
 from fleetgen.modelcard import ModelShape, load_model_shape
 from fleetgen.plan import HostFacts, InstancePlan, Launch, decide_launch, facts_from_file
@@ -24,6 +24,20 @@ from fleetgen.plan.fleet import api_key_way
 # An API key as an HTTP header carries it (printable ASCII, no space), long enough to guess at no cost, and
 # without `<`/`>`: no key can then be formed across the `<redacted>` mark put where a key was.
 KEY_FORM = re.compile(r"[\x21-\x3b=\x3f-\x7e]{16,}")
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """A loaded fleet file, its engine and where its state lives."""
+
+    path: Path
+    file: FleetFile
+    engine: Engine
+
+    @classmethod
+    def load(cls, path: Path) -> Fleet:
+        fleet = load_fleet(path)
+        return cls(path=path, file=fleet, engine=get_engine(fleet.engine.kind))
 
 
 def api_key(fleet: FleetFile) -> str | None:
@@ -73,12 +87,15 @@ def build_command(
         refused, _ = api_key_way(fleet, engine)
         if refused:
             raise ConfigError(refused[0].message, fix=refused[0].fix)
+    env = dict(launch.env)
+    if fleet.cluster is not None:  # Slurm assigns the job's GPUs (and sets CUDA_VISIBLE_DEVICES) itself
+        env.pop("CUDA_VISIBLE_DEVICES", None)
     return Command(
         instance=inst.name,
         python=launch.python,
         launcher=launcher_of(cfg),
         args=launch.argv[1 + len(launcher_of(cfg)) :],
-        env=dict(launch.env),
+        env=env,
         paths=InstancePaths(workdir, inst.name),
         secret=secret,
     )

@@ -68,7 +68,7 @@ class FleetLinks:
         self._hosts = dict(hosts)  # instance → its host's name
         self._stack = stack
         self._views: dict[str, FleetView] = {}
-        self._failed = {s.instance: s.problem for s in view.failed}
+        self._failed = {s.instance: s for s in view.failed}
         self._lock = asyncio.Lock()
         self._adopt(view)
 
@@ -99,9 +99,11 @@ class FleetLinks:
 
     async def _read(self, name: str) -> Link:
         one = self._views.get(name)
-        if one is None:
-            problem = self._failed.get(name) or "its host is unreachable"
-            return Link(name, "", self.secret, None, Readiness.WAITING, problem)
+        if one is None:  # its host is unreachable, or (Slurm) its job is not running
+            failed = self._failed.get(name)
+            if failed is None:
+                return Link(name, "", self.secret, None, Readiness.WAITING, "its host is unreachable")
+            return Link(name, "", self.secret, None, failed.readiness, failed.problem)
         [s] = await one.refresh(rate_window_s=0)
         url = s.url or await _tunnel(one, s.port)
         return Link(name, url, self.secret, s.max_running_requests, s.readiness, s.problem)
@@ -113,7 +115,7 @@ class FleetLinks:
             attempt = contextlib.AsyncExitStack()
             view = await attempt.enter_async_context(open_view(self.fleet_path, only=[host]))
             self._adopt(view)
-            self._failed.update({s.instance: s.problem for s in view.failed})
+            self._failed.update({s.instance: s for s in view.failed})
             if view.watched:
                 await self._stack.enter_async_context(attempt)  # kept open (with its tunnels) for the job
             else:

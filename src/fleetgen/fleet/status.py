@@ -19,14 +19,15 @@ from typing import Any
 
 import aiohttp
 
-from fleetgen.config import LOOPBACK, HostEntry
-from fleetgen.deploy.fleetops import Fleet, host_instances, open_session
+from fleetgen.config import LOOPBACK, HostEntry, Instance
+from fleetgen.deploy.fleetops import host_instances, open_session
 from fleetgen.deploy.instance import HostSession, WantedInstance, find_running
 from fleetgen.deploy.listener import port_owners, stranger_problem
 from fleetgen.deploy.probe import EngineClient, capacity_from_metrics, parse_metrics
+from fleetgen.deploy.slurm import place
 from fleetgen.deploy.state import load_state
 from fleetgen.deploy.verify import flag_value, process_drift
-from fleetgen.deploy.wanted import api_key, build_wanted
+from fleetgen.deploy.wanted import Fleet, api_key, build_wanted
 from fleetgen.errors import FleetgenError
 from fleetgen.fleet.metrics import Load, Scrape, load_from, max_running_from_capacity, max_running_from_info
 
@@ -63,6 +64,7 @@ class InstanceStatus:
     max_running_requests: int | None = None
     log_path: str = ""
     problem: str = ""
+    placement: str = ""  # a Slurm placement: its job and node ("Slurm job 12 on node1")
 
     def to_json(self) -> dict[str, Any]:
         """`ready` (true only when READY) where `readiness` stands; every other field as it is."""
@@ -76,6 +78,7 @@ class _Watched:
     hs: HostSession
     wanted: WantedInstance
     before: Scrape | None = None
+    placement: str = ""
 
 
 class FleetView:
@@ -95,7 +98,9 @@ class FleetView:
 
     async def _one(self, w: _Watched, rate_window_s: float) -> InstanceStatus:
         inst = w.wanted.inst
-        st = InstanceStatus(instance=inst.name, host=inst.host, gpus=inst.gpus, port=inst.port)
+        st = InstanceStatus(
+            instance=inst.name, host=inst.host, gpus=inst.gpus, port=inst.port, placement=w.placement
+        )
         try:
             await self._read(w, st, rate_window_s)
         except FleetgenError as exc:
@@ -173,7 +178,11 @@ async def open_view(fleet_path: Path, *, only: Sequence[str] | None = None) -> A
         async def connect(spec_host: HostEntry) -> None:
             try:
                 hs = await stack.enter_async_context(open_session(fleet, spec_host, http, check_launch=False))
-                for inst in selection.pick(spec_host.name, await host_instances(fleet, hs)):
+                instances = selection.pick(spec_host.name, await host_instances(fleet, hs))
+                if fleet.file.cluster is not None:  # placed by Slurm: each running job's node is its host
+                    await _place(view, hs, instances, stack)
+                    return
+                for inst in instances:
                     view.watched.append(
                         _Watched(hs, build_wanted(fleet.file, fleet.engine, inst, hs.survey, view.secret))
                     )
@@ -200,6 +209,30 @@ async def open_view(fleet_path: Path, *, only: Sequence[str] | None = None) -> A
             if isinstance(result, BaseException):
                 raise result
         yield view
+
+
+async def _place(
+    view: FleetView, login: HostSession, instances: list[Instance], stack: contextlib.AsyncExitStack
+) -> None:
+    """A cluster's instances: those whose job runs are watched on its node; the others say where their job
+    is (pending and why, or ended with Slurm's state and reason: down, `fleetgen up` resubmits it)."""
+    fleet = view.fleet
+    for p in await place(fleet, login, instances, load_state(fleet.path), stack):
+        if p.node is not None:
+            wanted = build_wanted(fleet.file, fleet.engine, p.inst, p.node.survey, view.secret)
+            view.watched.append(_Watched(p.node, wanted, placement=p.where))
+            continue
+        view.failed.append(
+            InstanceStatus(
+                instance=p.inst.name,
+                host=login.entry.name,
+                gpus=p.inst.gpus,
+                port=p.inst.port,
+                readiness=Readiness.DOWN if p.has_ended else Readiness.WAITING,
+                problem=p.where,
+                placement=p.where,
+            )
+        )
 
 
 async def fleet_status(

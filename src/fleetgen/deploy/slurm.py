@@ -1,0 +1,423 @@
+"""Servers placed by a Slurm cluster (`[cluster] kind = "slurm"`): one batch job per server.
+
+Why one job per server, not one job with a step per server: each server then has its own time limit, its
+own `scancel`, its own place in the queue and its own end (a preemption or a node failure ends one server,
+not the fleet), and a restart resubmits one job while the others keep serving. A multi-GPU server is one job
+on one node (`--nodes=1 --gres=gpu:<tp>`).
+
+The job's batch script is a constant (`JOB_SH`): it creates the launch's new log (0600), writes the pidfile
+and `exec`s the SAME rendered `launch.sh` SSH hosts run, so the job's batch process *is* the engine. Values
+reach it as arguments; no secret is in the script, its argv or the environment Slurm stores (`--export`
+names only PATH, HOME, USER, LANG; the key travels in 0600 files as for SSH hosts). Once Slurm allocated the
+job, the node is opened as a host (this machine, or SSH to its NodeAddr: `cluster.node_access`) and the
+verification chain of SSH hosts runs unchanged (`deploy.instance.follow_launch` / `keep_running`).
+The workdir is on the filesystem the submit host and the nodes share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import posixpath
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+from fleetgen.config import ClusterConfig, FleetFile, HostEntry, Instance
+from fleetgen.deploy.hostside import prepare_host
+from fleetgen.deploy.instance import (
+    PRIVATE_DIR_SH,
+    Action,
+    HostSession,
+    Narrate,
+    Outcome,
+    WantedInstance,
+    find_running,
+    follow_launch,
+    keep_running,
+    remove_secret_files,
+)
+from fleetgen.deploy.state import InstanceRecord
+from fleetgen.deploy.verify import process_drift
+from fleetgen.deploy.wanted import Fleet
+from fleetgen.engines import launcher_of
+from fleetgen.errors import DeployError, FleetgenError, LaunchFailed
+from fleetgen.remote import open_host
+from fleetgen.remote.slurm import HOPELESS, JobInfo, cancel, jobs, node_address, partition_gpus, queued, slurm
+from fleetgen.remote.slurm import submit as sbatch
+
+JOB_SCRIPT = "slurm-job.sh"
+EXPORT = "--export=PATH,HOME,USER,LANG"  # never ALL: fleetgen's environment may hold the API key
+
+# $1 launch script, $2 the launch's new log, $3 pidfile. `set -C`: the log must be new; `umask 077`: the
+# log and pidfile are the owner's only. `exec "$1"`: this process (Slurm's batch step) becomes the engine.
+JOB_SH = r"""#!/bin/sh
+# fleetgen: one Slurm job = one server; rewritten by `fleetgen up`, do not edit.
+set -C
+umask 077
+script=$1 log=$2 pidfile=$3
+mkdir -p -- "$(dirname -- "$log")" || exit 73
+: > "$log" || exit 73
+exec >> "$log" 2>&1 < /dev/null
+echo "fleetgen: Slurm job ${SLURM_JOB_ID:-?} on $(hostname), pid $$"
+tmp="$pidfile.$$.tmp"
+{ printf '%s\n' "$$" > "$tmp" && mv -f -- "$tmp" "$pidfile"; } || exit 74
+exec "$script"
+"""
+_PIDFILE_WAIT_S = 60.0
+
+
+def job_name(fleet_path: Path, instance: str) -> str:
+    """The Slurm job name of an instance: unique per fleet file, so `down` finds every job of ours."""
+    tag = hashlib.sha256(str(fleet_path.resolve()).encode()).hexdigest()[:8]
+    return f"fleetgen-{instance}-{tag}"
+
+
+def sbatch_argv(cluster: ClusterConfig, wanted: WantedInstance, name: str, tail: Sequence[str]) -> list[str]:
+    """sbatch's argv for one server; `tail`: the batch script and its arguments (or `--wrap=true`)."""
+    paths = wanted.command.paths
+    argv = [
+        "sbatch",
+        "--parsable",
+        f"--job-name={name}",
+        f"--partition={cluster.partition}",
+        f"--time={cluster.time}",
+        "--nodes=1",
+        "--ntasks=1",
+        f"--gres=gpu:{len(wanted.inst.gpus)}",
+        "--output=/dev/null",  # the batch script writes the launch's own log
+        f"--chdir={paths.root}",
+        EXPORT,
+    ]
+    if cluster.account:
+        argv.append(f"--account={cluster.account}")
+    return [*argv, *cluster.sbatch_args, *tail]
+
+
+async def preflight(login: HostSession, cluster: ClusterConfig, wanted: WantedInstance) -> None:
+    """Before any job is queued: Slurm accepts one server's job (`sbatch --test-only`: partition, time
+    limit, GPUs per node, account), and the partition has the GPUs the fleet asks for."""
+    test = sbatch_argv(cluster, wanted, "fleetgen-test-only", ["--wrap=true"])
+    test.insert(1, "--test-only")
+    await slurm(login.host, test, "accept a server's job")
+    have = await partition_gpus(login.host, cluster.partition)
+    if cluster.gpus > have.total:
+        raise DeployError(
+            f"cluster.gpus = {cluster.gpus}, but partition {cluster.partition} has {have.total} GPU(s) on "
+            f"nodes that can run jobs (sinfo: {'; '.join(have.lines) or 'no nodes'})",
+            fix=f"set cluster.gpus to at most {have.total} in the fleet file, or pick a larger partition",
+        )
+
+
+async def wait_running(
+    login: HostSession, job: str, instance: str, progress: Narrate, timeout_s: float
+) -> JobInfo:
+    """Poll the job until Slurm runs it (its node known); progress names the pending reason and time."""
+    started, delay = time.monotonic(), 0.2
+    said: tuple[tuple[str, str], float] = (("", ""), 0.0)
+    while True:
+        info = (await jobs(login.host, [job]))[job]
+        elapsed = time.monotonic() - started
+        if info.state == "RUNNING" and info.node:
+            progress(instance, f"Slurm job {job} runs on {info.node} after {elapsed:.0f} s in the queue")
+            return info
+        if not info.is_active:
+            raise LaunchFailed(
+                f"{instance}: Slurm job {job} ended before it ran: {info.describe()}",
+                fix=f"`scontrol show job {job}` says more; `fleetgen up` submits it again",
+            )
+        if info.reason in HOPELESS:
+            await cancel(login.host, [info.name])
+            raise DeployError(
+                f"{instance}: Slurm keeps job {job} pending for a reason that waiting does not clear: "
+                f"{info.reason}; the job was cancelled",
+                fix=HOPELESS[info.reason],
+            )
+        if elapsed > timeout_s:
+            raise DeployError(
+                f"{instance}: Slurm job {job} still {info.state.lower()} ({info.reason}) after "
+                f"{elapsed:.0f} s",
+                fix="it stays queued: `fleetgen up` again takes it over once it runs (or raise "
+                "cluster.pending_timeout_s); `fleetgen down` cancels it",
+            )
+        if (info.state, info.reason) != said[0] or elapsed - said[1] >= 30:
+            progress(instance, f"Slurm job {job} {info.state.lower()}: {info.reason or '-'}, {elapsed:.0f} s")
+            said = ((info.state, info.reason), elapsed)
+        await asyncio.sleep(delay)
+        delay = min(delay * 1.5, 5.0)
+
+
+@contextlib.asynccontextmanager
+async def node_session(file: FleetFile, login: HostSession, node: str) -> AsyncIterator[HostSession]:
+    """The allocated node as a host: this machine (`node_access = "local"`) or SSH to its NodeAddr."""
+    cluster = file.cluster
+    assert cluster is not None  # callers place cluster fleets only
+    values: dict[str, object] = {"name": login.entry.name, "workdir": login.survey.workdir}
+    if cluster.node_access == "ssh":
+        address = await node_address(login.host, node)
+        user = f"{cluster.node_ssh_user}@" if cluster.node_ssh_user else ""
+        values |= {"ssh": f"{user}{address}:{cluster.node_ssh_port}", "identity": cluster.identity}
+        values |= {"known_hosts": cluster.known_hosts}
+    entry = HostEntry.model_validate({k: v for k, v in values.items() if v is not None})
+    engine = file.engine
+    async with open_host(entry) as host:
+        survey = await prepare_host(
+            host,
+            entry,
+            engine.python,
+            launcher_of(engine),
+            engine.model,
+            kind=engine.kind,
+            check_launch=False,
+        )
+        yield HostSession(
+            entry=entry, host=host, survey=survey, http=login.http, public_bind=login.public_bind
+        )
+
+
+async def up_jobs(
+    fleet: Fleet,
+    login: HostSession,
+    all_wanted: Sequence[WantedInstance],
+    records: dict[str, InstanceRecord],
+    *,
+    force: bool,
+    progress: Narrate,
+    on_record: Callable[[InstanceRecord], None],
+) -> list[Outcome]:
+    """`up` of a cluster's servers: Slurm checked first (nothing queued if it refuses), then each server's
+    job kept, taken over (pending) or (re)submitted, and every one verified like an SSH host's."""
+    if all_wanted:
+        await preflight(login, _cluster(fleet), all_wanted[0])
+
+    async def one(wanted: WantedInstance) -> Outcome:
+        out = Outcome(instance=wanted.inst.name, host=login.entry.name)
+        started = time.monotonic()
+        try:
+            record = records.get(wanted.inst.name)
+            await _ensure(
+                fleet, login, wanted, record, out, force=force, progress=progress, on_record=on_record
+            )
+            out.is_ready = True
+        except FleetgenError as exc:
+            out.error = exc
+        out.elapsed_s = time.monotonic() - started
+        return out
+
+    return list(await asyncio.gather(*(one(w) for w in all_wanted)))
+
+
+async def _ensure(
+    fleet: Fleet,
+    login: HostSession,
+    wanted: WantedInstance,
+    record: InstanceRecord | None,
+    out: Outcome,
+    *,
+    force: bool,
+    progress: Narrate,
+    on_record: Callable[[InstanceRecord], None],
+) -> None:
+    name = wanted.inst.name
+    job = record.slurm_job if record is not None else ""
+    info = (await jobs(login.host, [job]))[job] if job else None
+    if record is not None and info is not None and info.is_active and not force:
+        if record.pid and info.state == "RUNNING":
+            async with node_session(fleet.file, login, info.node) as node:
+                running, _ = await find_running(node, wanted, record)
+                if running and not process_drift(wanted.command, running, wanted.secret_value):
+                    await keep_running(node, wanted, record, fleet.engine, out, running, progress)
+                    return
+        elif record.script_sha256 == wanted.sha256:  # queued by an earlier `up`: take it over
+            progress(name, f"Slurm job {job} is already queued for it: waiting for it")
+            out.action = Action.STARTED
+            await _follow(fleet, login, wanted, record, out, progress, on_record)
+            return
+    jname = job_name(fleet.path, name)
+    old = await queued(login.host, [jname])
+    if old:
+        why = "restart" if force else "flags or env changed, or its process is gone"
+        progress(name, f"cancelling Slurm job {', '.join(old)} ({why})")
+        await cancel(login.host, [jname])
+        await wait_left(login, [jname])
+    out.action = Action.REPLACED if old else Action.STARTED
+    rec = await _submit(fleet, login, wanted, progress)
+    on_record(rec)
+    await _follow(fleet, login, wanted, rec, out, progress, on_record)
+
+
+async def _submit(
+    fleet: Fleet, login: HostSession, wanted: WantedInstance, progress: Narrate
+) -> InstanceRecord:
+    """Push the key files, launch.sh and the job script (verified), then sbatch; the record names the job."""
+    paths, host = wanted.command.paths, login.host
+    await host.run(["sh", "-c", PRIVATE_DIR_SH, "fleetgen", paths.root])
+    for path, data in wanted.command.secret_files(wanted.secret_value or "").items():
+        await host.put(path, data, mode=0o600)
+    await host.put(paths.script, wanted.script.encode(), mode=0o700)
+    job_script = posixpath.join(paths.root, JOB_SCRIPT)
+    await host.put(job_script, JOB_SH.encode(), mode=0o700)
+    await host.run(["rm", "-f", "--", paths.pidfile])  # the job writes its own: an old one must not count
+    log = paths.log_for(datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ"))
+    name = job_name(fleet.path, wanted.inst.name)
+    job = await sbatch(
+        host, sbatch_argv(_cluster(fleet), wanted, name, [job_script, paths.script, log, paths.pidfile])
+    )
+    progress(wanted.inst.name, f"submitted Slurm job {job} ({name}), log {log}")
+    return InstanceRecord(
+        instance=wanted.inst.name,
+        host=login.entry.name,
+        gpus=wanted.inst.gpus,
+        port=wanted.inst.port,
+        pid=0,
+        start_time=0,
+        log_path=log,
+        script_path=paths.script,
+        script_sha256=wanted.sha256,
+        launched_at=datetime.now(UTC).isoformat(),
+        argv=wanted.command.argv,
+        env_names=tuple(sorted(wanted.command.environ)),
+        engine_version=wanted.launch.version,
+        rule_set=wanted.launch.rules.name,
+        slurm_job=job,
+    )
+
+
+async def _follow(
+    fleet: Fleet,
+    login: HostSession,
+    wanted: WantedInstance,
+    rec: InstanceRecord,
+    out: Outcome,
+    progress: Narrate,
+    on_record: Callable[[InstanceRecord], None],
+) -> None:
+    """Wait for the allocation, learn node and PID, then the SSH hosts' chain: ready, listener, verify."""
+    info = await wait_running(
+        login, rec.slurm_job, wanted.inst.name, progress, _cluster(fleet).pending_timeout_s
+    )
+    jname = job_name(fleet.path, wanted.inst.name)
+    async with node_session(fleet.file, login, info.node) as node:
+        pid, start_time = await _engine_pid(node, wanted, rec.slurm_job)
+        rec = replace(rec, pid=pid, start_time=start_time, node=info.node)
+        on_record(rec)
+        out.record, out.pid, out.log_path = rec, pid, rec.log_path
+
+        async def undo() -> None:
+            await cancel(login.host, [jname])
+
+        await follow_launch(node, wanted, rec, fleet.engine, out, progress, undo=undo)
+
+
+async def _engine_pid(node: HostSession, wanted: WantedInstance, job: str) -> tuple[int, int]:
+    """The PID the job's batch script wrote (it becomes the engine) and its start time, read on the node;
+    the process must carry the job's SLURM_JOB_ID (a stale pidfile names another)."""
+    pidfile, deadline = wanted.command.paths.pidfile, time.monotonic() + _PIDFILE_WAIT_S
+    while True:
+        text = (await node.host.run(["cat", "--", pidfile], check=False)).stdout.strip()
+        if text.isdigit():
+            info = await node.host.inspect(int(text))
+            if info.environ.get("SLURM_JOB_ID") == job:
+                return info.pid, info.start_time
+        if time.monotonic() > deadline:
+            raise LaunchFailed(
+                f"{wanted.inst.name}: Slurm job {job} runs, but its process did not show up on the node "
+                f"({pidfile} names {text or 'nothing'})",
+                fix=f"read the job's log in {wanted.command.paths.logs}; is the workdir on a filesystem the "
+                "nodes share with the submit host?",
+            )
+        await asyncio.sleep(0.2)
+
+
+async def wait_left(login: HostSession, names: Sequence[str], timeout_s: float = 60.0) -> None:
+    """Wait until Slurm lists no job with these names (after scancel); raise naming what stays."""
+    deadline = time.monotonic() + timeout_s
+    while left := await queued(login.host, names):
+        if time.monotonic() > deadline:
+            raise DeployError(
+                f"Slurm still lists job(s) {', '.join(left)} {timeout_s:.0f} s after scancel",
+                fix=f"look at them: `scontrol show job {' '.join(left)}` (a node may be unresponsive)",
+            )
+        await asyncio.sleep(0.3)
+
+
+async def down_jobs(
+    fleet: Fleet, login: HostSession, all_wanted: Sequence[WantedInstance], records: dict[str, InstanceRecord]
+) -> list[Outcome]:
+    """`down`: scancel every job of ours (by name, whatever the state file says), wait until Slurm lists
+    none, then check on the node that no process of ours is left (stopped if one is)."""
+    names = [job_name(fleet.path, t.inst.name) for t in all_wanted]
+    before = set((await queued(login.host, names)).values())
+    await cancel(login.host, names)
+    await wait_left(login, names)
+    outs = []
+    for wanted, jname in zip(all_wanted, names, strict=True):
+        out = Outcome(instance=wanted.inst.name, host=login.entry.name)
+        try:
+            await remove_secret_files(login.host, wanted.command)
+            stopped = await _stop_leftover(fleet, login, records.get(wanted.inst.name))
+            out.action = Action.STOPPED if jname in before or stopped else Action.ABSENT
+        except FleetgenError as exc:
+            out.error = exc
+        outs.append(out)
+    return outs
+
+
+async def _stop_leftover(fleet: Fleet, login: HostSession, rec: InstanceRecord | None) -> bool:
+    """A process of the recorded launch still alive on its node after its job is gone: stop it."""
+    if rec is None or not rec.pid or not rec.node:
+        return False
+    async with node_session(fleet.file, login, rec.node) as node:
+        info = await node.host.inspect(rec.pid, rec.start_time)
+        if not info.is_alive:
+            return False
+        await node.host.stop(rec.pid, start_time=rec.start_time)
+        return True
+
+
+@dataclass
+class Placement:
+    """Where a cluster instance is now: its node's session (its job runs), or why it is not there."""
+
+    inst: Instance
+    node: HostSession | None
+    where: str  # "Slurm job 12 on node1" / "Slurm job 12 PENDING (Resources)" / …
+    has_ended: bool = False  # its job ended (or none was submitted): only `up` brings it back
+
+
+async def place(
+    fleet: Fleet,
+    login: HostSession,
+    instances: Sequence[Instance],
+    records: dict[str, InstanceRecord],
+    stack: contextlib.AsyncExitStack,
+) -> list[Placement]:
+    """Each instance's job as Slurm reports it now; running ones get their node opened (on `stack`)."""
+    job_of = {i.name: records[i.name].slurm_job for i in instances if i.name in records}
+    infos = await jobs(login.host, [j for j in job_of.values() if j])
+    nodes: dict[str, HostSession] = {}
+    placed = []
+    for inst in instances:
+        info = infos.get(job_of.get(inst.name, ""))
+        if info is None:
+            placed.append(Placement(inst, None, "no Slurm job: `fleetgen up` submits one", has_ended=True))
+        elif info.state == "RUNNING" and info.node:
+            if info.node not in nodes:
+                nodes[info.node] = await stack.enter_async_context(node_session(fleet.file, login, info.node))
+            placed.append(Placement(inst, nodes[info.node], f"Slurm job {info.job_id} on {info.node}"))
+        elif info.is_active:
+            placed.append(
+                Placement(inst, None, f"Slurm job {info.job_id} {info.describe()}, {info.run_time}")
+            )
+        else:
+            where = f"Slurm job {info.job_id} ended: {info.describe()}"
+            placed.append(Placement(inst, None, where, has_ended=True))
+    return placed
+
+
+def _cluster(fleet: Fleet) -> ClusterConfig:
+    assert fleet.file.cluster is not None  # called for cluster fleets only
+    return fleet.file.cluster

@@ -1,0 +1,232 @@
+"""Talking to a Slurm cluster through its own commands (`sbatch`, `scontrol`, `sinfo`, `scancel`, `sacct`),
+run as argv on the submit host (a `Host`: this machine or a login node over SSH).
+
+Slurm's answers are parsed here (`scontrol -o` lines, `sinfo` GRES) and its refusals become DeployErrors that
+quote Slurm's own message and name the fleet-file field to change.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from fleetgen.errors import DeployError
+from fleetgen.remote.base import Host, RunResult
+
+# Job states in which the job holds (or waits for) its allocation: anything else has ended.
+ACTIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "RESIZING", "REQUEUED"})
+# Pending reasons that never clear by waiting: the job is cancelled and `up` says why.
+HOPELESS = {
+    "PartitionTimeLimit": "cluster.time is over the partition's MaxTime (`scontrol show partition`)",
+    "PartitionNodeLimit": "the partition allows fewer nodes (or GPUs per node) than a server needs",
+    "PartitionConfig": "the partition cannot run the job as asked (`scontrol show partition`)",
+    "BadConstraints": "no node satisfies the job's constraints: check sbatch_args and engine.tp",
+    "InvalidAccount": "set cluster.account to an account you may use (`sacctmgr show assoc user=$USER`)",
+    "InvalidQOS": "fix the --qos in cluster.sbatch_args (`sacctmgr show assoc user=$USER`)",
+    "AccountNotAllowed": "set cluster.account to an account the partition allows",
+    "QOSNotAllowed": "use a QOS the partition allows (cluster.sbatch_args)",
+    "PartitionDown": "the partition is down: ask the admins, or set cluster.partition to another",
+    "PartitionInactive": "the partition is inactive: ask the admins, or set cluster.partition to another",
+}
+# Slurm's refusal texts (sbatch / allocation failure) → which field fixes them.
+_FIXES = (
+    ("invalid partition", "set cluster.partition to one `sinfo -s` lists"),
+    ("time limit", "lower cluster.time to at most the partition's MaxTime (`sinfo -o '%P %l'`)"),
+    (
+        "node configuration is not available",
+        "no node has the GPUs one server asks for (engine.tp, `--gres=gpu:<tp>`) in this partition: "
+        "lower engine.tp or pick a partition with larger nodes (`sinfo -o '%P %G'`)",
+    ),
+    ("invalid account", "set cluster.account to one you may use (`sacctmgr show assoc user=$USER`)"),
+    ("qos", "fix the --qos in cluster.sbatch_args"),
+    ("unrecognized option", "remove the option from cluster.sbatch_args (`sbatch --help` lists them)"),
+    ("invalid option", "remove the option from cluster.sbatch_args (`sbatch --help` lists them)"),
+)
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """One Slurm job as `scontrol show job` (or `sacct`) reports it."""
+
+    job_id: str
+    state: str  # PENDING, RUNNING, CANCELLED, TIMEOUT, PREEMPTED, NODE_FAIL, COMPLETED, FAILED, …
+    reason: str = ""  # "None" is written as ""
+    nodes: str = ""  # the allocated node(s) (batch host first), "" while pending
+    run_time: str = ""
+    exit_code: str = ""
+    name: str = ""
+
+    @property
+    def is_active(self) -> bool:
+        return self.state in ACTIVE
+
+    @property
+    def node(self) -> str:
+        """The node the batch script runs on (one node per job here)."""
+        return self.nodes.split(",", 1)[0]
+
+    def describe(self) -> str:
+        """`CANCELLED (reason)`, Slurm's own words."""
+        why = f" ({self.reason})" if self.reason else ""
+        code = f", exit {self.exit_code}" if self.exit_code and self.exit_code not in ("0:0", "") else ""
+        return f"{self.state}{why}{code}"
+
+
+_FIELD = re.compile(r"(?:^|\s)(JobId|JobName|JobState|Reason|BatchHost|NodeList|RunTime|ExitCode)=(\S*)")
+
+
+def parse_jobs(text: str) -> dict[str, JobInfo]:
+    """`scontrol show job -o` output (one job per line) → JobInfo by job id."""
+    jobs: dict[str, JobInfo] = {}
+    for line in text.splitlines():
+        fields = dict(_FIELD.findall(line))
+        if "JobId" not in fields:
+            continue
+        reason = fields.get("Reason", "")
+        nodes = fields.get("BatchHost") or fields.get("NodeList", "")
+        jobs[fields["JobId"]] = JobInfo(
+            job_id=fields["JobId"],
+            state=fields.get("JobState", "UNKNOWN"),
+            reason="" if reason in ("None", "(null)") else reason,
+            nodes="" if nodes in ("(null)", "None_assigned") else nodes,
+            run_time=fields.get("RunTime", ""),
+            exit_code=fields.get("ExitCode", ""),
+            name=fields.get("JobName", ""),
+        )
+    return jobs
+
+
+def parse_sacct(text: str) -> dict[str, JobInfo]:
+    """`sacct -n -P -X -o JobID,State,Reason,NodeList,Elapsed,ExitCode,JobName` → JobInfo by job id."""
+    jobs: dict[str, JobInfo] = {}
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) < 7:
+            continue
+        job, state, reason, nodes, elapsed, code, name = parts[:7]
+        jobs[job] = JobInfo(
+            job_id=job,
+            state=state.split()[0] if state else "UNKNOWN",  # "CANCELLED by 0"
+            reason="" if reason == "None" else reason,
+            nodes="" if nodes == "None assigned" else nodes,
+            run_time=elapsed,
+            exit_code=code,
+            name=name,
+        )
+    return jobs
+
+
+def slurm_message(result: RunResult) -> str:
+    """Slurm's own words from a failed command's stderr (its `error:` lines, else the last line)."""
+    lines = [ln.strip() for ln in result.stderr.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "error" in ln.lower() or "failure" in ln.lower()]
+    return "; ".join(errors or lines[-1:]) or f"exit code {result.exit_status}"
+
+
+def fix_for(message: str) -> str:
+    """The fleet-file change that answers one of Slurm's refusals."""
+    low = message.lower()
+    for needle, fix in _FIXES:
+        if needle in low:
+            return fix
+    return (
+        "read Slurm's message above; the [cluster] table (partition, time, account, sbatch_args) sets the job"
+    )
+
+
+async def slurm(host: Host, argv: Sequence[str], what: str) -> RunResult:
+    """Run a Slurm command; a refusal raises DeployError quoting Slurm and naming the fix."""
+    result = await host.run(argv, check=False, timeout=120.0)
+    if result.exit_status == 127:
+        raise DeployError(
+            f"{argv[0]} is not found on {host.name}: fleetgen submits through Slurm's own commands",
+            fix="run fleetgen where Slurm's client commands work (a login node), or set cluster.submit to "
+            "one (`user@login:22`)",
+            context={"host": host.name},
+        )
+    if result.exit_status != 0:
+        message = slurm_message(result)
+        raise DeployError(
+            f"Slurm refused to {what}: {message}",
+            fix=fix_for(message),
+            context={"host": host.name, "argv": " ".join(argv)},
+        )
+    return result
+
+
+async def submit(host: Host, argv: Sequence[str]) -> str:
+    """`sbatch --parsable …` → the job id."""
+    result = await slurm(host, argv, "queue the server")
+    return result.stdout.strip().split(";", 1)[0]
+
+
+async def jobs(host: Host, ids: Iterable[str]) -> dict[str, JobInfo]:
+    """The state of each job; from `scontrol` while Slurm remembers it, else `sacct`; a job neither knows
+    is reported as state UNKNOWN with why."""
+    wanted = sorted(set(ids))
+    if not wanted:
+        return {}
+    shown = await host.run(["scontrol", "show", "job", "-o"], check=False, timeout=60.0)
+    found = {k: v for k, v in parse_jobs(shown.stdout).items() if k in wanted}
+    missing = [j for j in wanted if j not in found]
+    if missing:
+        fields = "JobID,State,Reason,NodeList,Elapsed,ExitCode,JobName"
+        acct = await host.run(
+            ["sacct", "-n", "-P", "-X", "-o", fields, "-j", ",".join(missing)], check=False, timeout=60.0
+        )
+        found.update({k: v for k, v in parse_sacct(acct.stdout).items() if k in missing})
+        why = slurm_message(acct) if acct.exit_status != 0 else "sacct does not list it"
+        for job in missing:
+            found.setdefault(job, JobInfo(job, "UNKNOWN", f"Slurm no longer lists it ({why})"))
+    return found
+
+
+async def queued(host: Host, names: Sequence[str]) -> dict[str, str]:
+    """Job id → job name of every job with one of `names` that Slurm still queues or runs."""
+    if not names:
+        return {}
+    result = await slurm(host, ["squeue", "-h", "--name", ",".join(names), "-o", "%i|%j"], "list the jobs")
+    rows = (line.split("|", 1) for line in result.stdout.splitlines() if "|" in line)
+    return {job: name for job, name in rows if name in names}
+
+
+async def cancel(host: Host, names: Sequence[str]) -> None:
+    """`scancel --name` each: every job fleetgen gave that name, whatever fleetgen's state recorded."""
+    for name in names:
+        await slurm(host, ["scancel", "--name", name], f"cancel job {name}")
+
+
+@dataclass(frozen=True)
+class PartitionGpus:
+    """The GPUs a partition has in all, and sinfo's lines they were counted from."""
+
+    total: int
+    lines: tuple[str, ...]
+
+
+_GPU_GRES = re.compile(r"(?:^|,)gpu(?::[^:,(]+)?:(\d+)")
+
+
+async def partition_gpus(host: Host, partition: str) -> PartitionGpus:
+    """Sum of `gpu` GRES over the partition's nodes that can run jobs (not down, drained or failed)."""
+    result = await slurm(
+        host, ["sinfo", "-h", "-N", "-p", partition, "-o", "%N|%G|%t"], f"describe partition {partition}"
+    )
+    total, lines = 0, []
+    for line in result.stdout.splitlines():
+        parts = line.split("|")
+        if len(parts) != 3:
+            continue
+        node, gres, state = parts
+        lines.append(f"{node} {gres} {state}")
+        if not state.rstrip("*~#!%$@^-").startswith(("down", "drain", "fail", "inval")):
+            total += sum(int(n) for n in _GPU_GRES.findall(gres))
+    return PartitionGpus(total, tuple(lines))
+
+
+async def node_address(host: Host, node: str) -> str:
+    """The address Slurm reaches a node at (NodeAddr), for SSH to it."""
+    result = await slurm(host, ["scontrol", "show", "node", "-o", node], f"describe node {node}")
+    match = re.search(r"(?:^|\s)NodeAddr=(\S+)", result.stdout)
+    return match.group(1) if match else node

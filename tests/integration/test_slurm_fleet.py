@@ -1,0 +1,166 @@
+"""A fleet placed by a REAL Slurm cluster (tests/fixtures/slurm.py): `up`, `status`, `run`, a job ended by
+Slurm mid-run, `--restart-dead`, `down`; and the cluster's refusals answered before anything is queued.
+
+The servers are `fleetgen.sim` processes (SGLang cannot start without a GPU); everything else is real: sbatch,
+the allocation, Slurm's GRES, `scancel`, the node (this machine, `node_access = "local"`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.slurm import SlurmCluster
+from tests.integration.test_deploy_support import free_ports, toml_value
+from tests.integration.test_run_fleet import cli, is_gone, query, start_run, wait_for_rows, write_prompts
+
+NUM_SERVERS = 4
+SIM_ARGS = {
+    "speculative-algorithm": "EAGLE",
+    "speculative-num-steps": 3,
+    "speculative-eagle-topk": 1,
+    "speculative-num-draft-tokens": 4,
+    "mamba-radix-cache-strategy": "extra_buffer",
+    "max-running-requests": 8,
+    "sim-decode-tps": 12.0,  # slow enough that a job ended mid-run has requests in flight
+    "sim-output-tokens": 32,
+}
+
+
+def write_cluster_fleet(tmp_path: Path, **cluster: object) -> Path:
+    """A fleet file of NUM_SERVERS sim servers placed by the test cluster; `cluster` overrides [cluster]."""
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    values: dict[str, object] = {
+        "kind": "slurm",
+        "partition": "gpu",
+        "gpus": NUM_SERVERS,
+        "time": "00:30:00",
+        "node_access": "local",
+        "workdir": str(tmp_path / "work"),
+        "base_port": free_ports(1)[0],
+        "gpu_memory_gib": 80.0,
+        "pending_timeout_s": 60.0,
+        **cluster,
+    }
+    lines = [
+        "[engine]",
+        'kind = "sglang"',
+        f"python = {toml_value(sys.executable)}",
+        f"model = {toml_value(str(model))}",
+        'launcher = ["-m", "fleetgen.sim"]',
+        "ready_timeout_s = 120.0",
+        "",
+        "[engine.args]",
+        *(f"{json.dumps(k)} = {toml_value(v)}" for k, v in SIM_ARGS.items()),
+        "",
+        "[cluster]",
+        *(f"{k} = {toml_value(v)}" for k, v in values.items()),  # type: ignore[arg-type]
+    ]
+    path = tmp_path / "fleet.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def state(fleet: Path) -> dict[str, dict[str, object]]:
+    records: dict[str, dict[str, object]] = json.loads(
+        (fleet.parent / ".fleetgen" / "state.json").read_text()
+    )["instances"]
+    return records
+
+
+async def statuses(fleet: Path) -> dict[str, dict[str, object]]:
+    code, out, err = await cli("status", "--json", "-f", str(fleet))
+    assert code in (0, 1), out + err
+    return {s["instance"]: s for s in json.loads(out)}
+
+
+def our_processes(workdir: Path) -> list[int]:
+    """PIDs of live processes whose cwd is in this fleet's workdir (the servers run there)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or is_gone(int(proc.name)):
+            continue
+        try:
+            cwd = (proc / "cwd").readlink()
+        except OSError:
+            continue
+        if cwd.is_relative_to(workdir):
+            found.append(int(proc.name))
+    return found
+
+
+async def test_a_slurm_fleet_serves_a_job_exactly_once_through_a_preemption(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    fleet = write_cluster_fleet(tmp_path)
+    names = {f"slurm-{k}" for k in range(NUM_SERVERS)}
+    try:
+        code, out, err = await cli("up", "-f", str(fleet))
+        assert code == 0, out + err
+        assert f"{NUM_SERVERS}/{NUM_SERVERS} ready" in out
+        jobs = {name: str(rec["slurm_job"]) for name, rec in state(fleet).items()}
+        assert set(jobs) == names and set(slurm_cluster.job_ids()) == set(jobs.values())  # one job per server
+        for name, st in (await statuses(fleet)).items():
+            assert st["ready"] is True, st
+            assert st["placement"] == f"Slurm job {jobs[name]} on {slurm_cluster.node}"
+
+        prompts = write_prompts(tmp_path / "p.jsonl", 500)
+        result = tmp_path / "out"
+        proc = await start_run(str(prompts), "-o", str(result), "-f", str(fleet), "--restart-dead")
+        victim = "slurm-1"
+        try:
+            await asyncio.wait_for(wait_for_rows(result, 40, proc), 120)
+            ended_at = time.time()
+            slurm_cluster.run("scancel", jobs[victim])  # as a preemption would end it
+            stdout, stderr = await asyncio.wait_for(proc.communicate(), 300)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        assert proc.returncode == 0, stderr.decode()
+        summary = json.loads(stdout)
+        assert summary["status"] == "complete" and summary["results"] == 500 and summary["errors"] == 0
+        got = query(result, "SELECT id, sample FROM results")
+        assert len(got) == 500 and set(got) == {(f"r{i}", 0) for i in range(500)}  # exactly once
+        back = state(fleet)[victim]
+        assert back["slurm_job"] != jobs[victim]  # resubmitted through Slurm by --restart-dead
+        after = f"SELECT COUNT(*) FROM results WHERE instance = '{victim}' AND started_at > {ended_at}"
+        assert query(result, after)[0][0] > 0  # and used again by the same job
+
+        other = "slurm-2"
+        slurm_cluster.run("scancel", str(state(fleet)[other]["slurm_job"]))
+        await asyncio.sleep(0.5)
+        shown = (await statuses(fleet))[other]
+        assert shown["ready"] is False and "ended: CANCELLED" in str(shown["problem"])  # Slurm's own state
+    finally:
+        code, out, err = await cli("down", "-f", str(fleet))
+    assert code == 0, out + err
+    assert slurm_cluster.job_ids() == []  # nothing of ours queued or running
+    assert our_processes(tmp_path / "work") == []  # and no process left on the node
+
+
+@pytest.mark.parametrize(
+    ("cluster", "slurm_says", "fix"),
+    [
+        ({"partition": "nosuchpartition"}, "invalid partition", "cluster.partition"),
+        ({"time": "02:00:00"}, "Requested time limit is invalid", "cluster.time"),
+        ({"gpus": 16}, "has 4 GPU(s)", "cluster.gpus to at most 4"),
+        ({"sbatch_args": ["--gres-flags=nonsense"]}, "Slurm refused", "sbatch_args"),
+    ],
+)
+async def test_what_the_cluster_refuses_is_answered_before_anything_is_queued(
+    slurm_cluster: SlurmCluster, tmp_path: Path, cluster: dict[str, object], slurm_says: str, fix: str
+) -> None:
+    fleet = write_cluster_fleet(tmp_path, **cluster)
+    code, out, err = await cli("up", "-f", str(fleet))
+    text = " ".join((out + err).split())  # rich wraps long lines
+    assert code != 0 and slurm_says in text and fix in text, text
+    assert slurm_cluster.job_ids() == []
+    assert our_processes(tmp_path / "work") == []
+    assert not (fleet.parent / ".fleetgen" / "state.json").exists() or state(fleet) == {}
