@@ -12,10 +12,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from fleetgen.deploy.probe import EngineClient
 from fleetgen.deploy.watch import StartedProcess, wait_ready
 from fleetgen.engines import get_engine
 from fleetgen.errors import LaunchFailed
+from fleetgen.http.client import EngineClient
 from fleetgen.remote.local import LocalHost
 from tests.fixtures.sim import free_port
 
@@ -38,7 +38,7 @@ async def _replay(tmp_path: Path, engine_name: str, log_text: str) -> LaunchFail
     async with LocalHost("local") as host, aiohttp.ClientSession() as http:
         spawned = await host.spawn(str(script), str(tmp_path / "engine.log"), str(tmp_path / "pid"))
         proc = StartedProcess("h200-0", host, spawned.pid, spawned.start_time, spawned.log_path)
-        client = EngineClient(f"http://127.0.0.1:{free_port()}", http)
+        client = EngineClient(f"http://127.0.0.1:{free_port()}", session=http)
         with pytest.raises(LaunchFailed) as failed:
             await wait_ready(proc, get_engine(engine_name), client, timeout_s=HANG_GUARD_S)
     return failed.value

@@ -17,9 +17,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from fleetgen.deploy.probe import parse_metrics
 from fleetgen.deploy.verify import capacity_from_info, judge_spec, spec_evidence
 from fleetgen.engines import get_engine
+from fleetgen.http.metrics import parse_metrics
 from tests.fixtures.sim import SimFactory
 
 DATA = Path(__file__).parents[1] / "data"

@@ -14,19 +14,18 @@ from fleetgen.bench.stats import (
     BenchTarget,
     LevelResult,
     RequestSample,
-    accept_length_from_metrics,
     build_level,
     capped_levels,
     chat_body,
     make_prompt,
-    parse_metrics,
     pooled_accept_length,
     read_event,
     speedups,
     summarize,
     tokens_per_chunk,
 )
-from fleetgen.engines import get_engine
+from fleetgen.engines import MetricNames, get_engine
+from fleetgen.http.metrics import accept_length, counter_deltas, parse_metrics
 
 FINITE = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False)
 
@@ -86,6 +85,12 @@ def test_parse_metrics_sums_label_sets() -> None:
     assert values["vllm:spec_decode_num_accepted_tokens_total"] == 5.0
 
 
+def accept_length_from_metrics(
+    before: dict[str, float], after: dict[str, float], names: MetricNames
+) -> float | None:
+    return accept_length(names, counter_deltas(names, before, after))
+
+
 def test_accept_length_from_vllm_counter_deltas() -> None:
     names = get_engine("vllm").metrics
     before = parse_metrics(VLLM_METRICS % (100, 150))
@@ -113,18 +118,17 @@ def sglang_metrics(accept: float, generated: int) -> dict[str, float]:
 
 
 def test_pooled_accept_length_never_adds_gauges_across_endpoints() -> None:
-    known = [get_engine("sglang").metrics, get_engine("vllm").metrics]
     before = [sglang_metrics(0, 100), sglang_metrics(0, 100)]
     same = [sglang_metrics(2.5, 600), sglang_metrics(2.5, 1100)]
-    assert pooled_accept_length(before, same, known) == pytest.approx(2.5)  # two engines at 2.5: not 5.0
+    assert pooled_accept_length(before, same) == pytest.approx(2.5)  # two engines at 2.5: not 5.0
     # Pooled as tokens / verify steps: 500 tokens at 2 (250 steps) + 1000 at 4 (250 steps) = 1500 / 500.
     mixed = [sglang_metrics(2.0, 600), sglang_metrics(4.0, 1100)]
-    assert pooled_accept_length(before, mixed, known) == pytest.approx(3.0)
+    assert pooled_accept_length(before, mixed) == pytest.approx(3.0)
     # vLLM counters per endpoint; an endpoint without metrics ({}) is left out.
     vllm = [parse_metrics(VLLM_METRICS % (100, 150)), {}]
     vllm_after = [parse_metrics(VLLM_METRICS % (300, 550)), {}]
-    assert pooled_accept_length(vllm, vllm_after, known) == pytest.approx(3.0)
-    assert pooled_accept_length([{}, {}], [{}, {}], known) is None
+    assert pooled_accept_length(vllm, vllm_after) == pytest.approx(3.0)
+    assert pooled_accept_length([{}, {}], [{}, {}]) is None
 
 
 def sample(

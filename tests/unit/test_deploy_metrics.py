@@ -6,11 +6,17 @@ import json
 
 import pytest
 
-from fleetgen.deploy.probe import accept_length, parse_metrics
 from fleetgen.engines import get_engine
 from fleetgen.errors import EndpointError
-from fleetgen.fleet.metrics import Scrape, counter_rate, load_from, max_running_from_info
 from fleetgen.fleet.status import InstanceStatus, Readiness
+from fleetgen.http.metrics import (
+    Scrape,
+    accept_length,
+    counter_rate,
+    load_from,
+    max_running_from_info,
+    parse_metrics,
+)
 
 VLLM_TEXT = """# HELP vllm:num_requests_running Number of requests running.
 # TYPE vllm:num_requests_running gauge

@@ -19,10 +19,10 @@ from fleetgen.cli.run import render
 from fleetgen.errors import FleetDown
 from fleetgen.fleet.pool import Link
 from fleetgen.fleet.status import Readiness
-from fleetgen.generate.client import ChatClient
 from fleetgen.generate.health import Endpoint, RetryPolicy, Watch, served_models
 from fleetgen.generate.progress import Progress, waiting
 from fleetgen.generate.runner import FleetHooks, Job
+from fleetgen.http.client import EngineClient
 from tests.unit.test_generate_job import options, rows, write_jsonl
 from tests.unit.test_generate_standin import StandIn, serve
 
@@ -64,7 +64,7 @@ async def test_watch_restarts_the_dead_not_the_loading_until_it_dies(tmp_path: P
     async def on_dead(name: str) -> None:
         restarted.append((name, admits[name]))
 
-    async with serve(StandIn()) as a, ChatClient(a.url, max_connections=2, timeout_s=5) as client:
+    async with serve(StandIn()) as a, EngineClient(a.url, max_connections=2, timeout_s=5) as client:
         endpoints = [
             Endpoint("s0", client, 2, Readiness.WAITING),
             Endpoint("s1", client, 2, Readiness.DOWN),
@@ -89,7 +89,7 @@ async def test_no_server_ready_waits_then_fleet_down_names_each_problem() -> Non
         return Readiness.DOWN if endpoint.name == "s0" else Readiness.WAITING
 
     waits: list[float] = []
-    async with ChatClient("http://127.0.0.1:9", max_connections=1, timeout_s=1) as nowhere:
+    async with EngineClient("http://127.0.0.1:9", max_connections=1, timeout_s=1) as nowhere:
         endpoints = [Endpoint(n, nowhere, 1, Readiness.WAITING, last_error="?") for n in reasons]
         watch = Watch(endpoints, QUICK, admit=admit)
         try:
@@ -173,7 +173,7 @@ async def test_stop_while_waiting_for_a_first_server_ends_stopped(tmp_path: Path
 
 
 def test_the_live_view_shows_waiting_and_down_servers_with_why() -> None:
-    client = ChatClient("http://127.0.0.1:9", max_connections=1, timeout_s=1)
+    client = EngineClient("http://127.0.0.1:9", max_connections=1, timeout_s=1)
     endpoints = [
         Endpoint("h0-0", client, 8, Readiness.WAITING, last_error="loading [model] shards"),
         Endpoint("h0-1", client, 8, Readiness.DOWN, last_error="not running"),

@@ -22,7 +22,7 @@ from fleetgen.generate.identity import ResumeCheck, identify
 from fleetgen.generate.jobmeta import JobMeta
 from fleetgen.generate.progress import PositionTracker, Progress
 from fleetgen.generate.runner import FleetHooks, Job
-from fleetgen.generate.scrape import metric_names_for, window_accept_length
+from fleetgen.generate.scrape import window_accept_length
 from fleetgen.generate.source import Position, RecordShape
 from fleetgen.generate.store import Store
 from tests.unit.test_generate_job import options, params, write_jsonl
@@ -50,19 +50,19 @@ def _decode(value: str) -> Any:
 
 
 def test_accept_length_sglang_gauge_and_vllm_counters_over_the_window() -> None:
-    assert window_accept_length([SGLANG], {"sglang:spec_accept_length": 2.6}, None) == 2.6
+    assert window_accept_length(SGLANG, {"sglang:spec_accept_length": 2.6}, None) == 2.6
     drafts, accepted = VLLM.spec_num_drafts_total, VLLM.spec_num_accepted_tokens_total
     first = {drafts: 100.0, accepted: 150.0}
-    assert window_accept_length([VLLM], first, None) == 2.5  # lifetime until there is a window
+    assert window_accept_length(VLLM, first, None) == 2.5  # lifetime until there is a window
     later = {drafts: 200.0, accepted: 350.0}
-    assert window_accept_length([VLLM], later, first) == 3.0  # 1 + 200 / 100 in the window, not 1 + 350/200
-    assert window_accept_length([VLLM], later, later) is None  # no speculative step in the window
+    assert window_accept_length(VLLM, later, first) == 3.0  # 1 + 200 / 100 in the window, not 1 + 350/200
+    assert window_accept_length(VLLM, later, later) is None  # no speculative step in the window
     restarted = {drafts: 10.0, accepted: 5.0}
-    assert window_accept_length([VLLM], restarted, later) == 1.5  # counters went down: the new totals
-    assert window_accept_length([SGLANG, VLLM], {"sglang:num_running_reqs": 3.0}, None) is None  # spec off
-    # Bare --endpoint URLs: the engine is unknown, every engine's names are tried.
-    assert window_accept_length(metric_names_for(None), later, first) == 3.0
-    assert metric_names_for("vllm") == (VLLM,)
+    assert window_accept_length(VLLM, restarted, later) == 1.5  # counters went down: the new totals
+    assert window_accept_length(None, {"sglang:num_running_reqs": 3.0}, None) is None  # spec off
+    # Bare --endpoint URLs: the engine is unknown, it is recognised from the metric names.
+    assert window_accept_length(None, later, first) == 3.0
+    assert window_accept_length(None, {"sglang:spec_accept_length": 2.6}, first) == 2.6
 
 
 def test_fleet_meta_has_the_engine_section_but_never_env_values() -> None:

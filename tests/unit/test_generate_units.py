@@ -14,7 +14,6 @@ import pytest
 from fleetgen.errors import JobError
 from fleetgen.generate import rows as rowmod
 from fleetgen.generate import source
-from fleetgen.generate.client import RequestFailed, parse_completion
 from fleetgen.generate.export import export, filter_sql
 from fleetgen.generate.progress import PositionTracker
 from fleetgen.generate.quality import flags_of, has_think_marker, is_repetitive
@@ -40,7 +39,8 @@ from fleetgen.generate.store import (
     SeriesRow,
     Store,
 )
-from fleetgen.generate.work import Completion, Work, key_hash
+from fleetgen.generate.work import Work, key_hash
+from fleetgen.http.client import Completion, RequestFailed, parse_completion
 
 SHAPE = RecordShape()
 

@@ -19,12 +19,16 @@ import pytest
 
 from fleetgen.config import FleetFile
 from fleetgen.deploy.hostside import PREP_SH, VERSION_PY, HostSurvey, gpus_from_prep
-from fleetgen.deploy.probe import accept_length, capacity_from_metrics, parse_metrics
 from fleetgen.deploy.verify import capacity_from_info, capacity_from_log, judge_spec, spec_evidence
 from fleetgen.deploy.wanted import measured_facts, planned_capacity
 from fleetgen.deploy.watch import GENERIC_SIGNATURES, first_fatal, root_cause
 from fleetgen.engines import get_engine
-from fleetgen.fleet.metrics import max_running_from_capacity
+from fleetgen.http.metrics import (
+    accept_length,
+    capacity_from_metrics,
+    max_running_from_capacity,
+    parse_metrics,
+)
 from fleetgen.modelcard import load_model_shape
 from fleetgen.plan import facts_from_file, plan_fleet
 from fleetgen.plan.types import MIB, GpuFacts

@@ -6,9 +6,9 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fleetgen.generate.client import RequestFailed
 from fleetgen.generate.rejects import Streak, signature, suspects
 from fleetgen.generate.work import Work
+from fleetgen.http.client import RequestFailed
 
 BODY = {
     "model": "m",

@@ -13,9 +13,8 @@ from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from prometheus_client.parser import text_string_to_metric_families
-
-from fleetgen.engines.base import MetricNames
+from fleetgen.engines import engine_of_metrics
+from fleetgen.http.metrics import accept_length, counter_deltas
 
 DEFAULT_CONCURRENCIES = (1, 8, 32, 128, 512)
 # Plain words; each is about one token for BPE tokenizers, and a seeded shuffle per request defeats prefix
@@ -140,40 +139,22 @@ def capped_levels(requested: Sequence[int], cap: int | None) -> tuple[int, ...]:
     return tuple(kept)
 
 
-def accept_length_from_metrics(
-    before: Mapping[str, float], after: Mapping[str, float], names: MetricNames
-) -> float | None:
-    """Mean accepted tokens per verify step from two /metrics snapshots: 1 + Δaccepted/Δdrafts (the bonus
-    token counts), else the engine's own accept-length gauge read after the level."""
-    if names.spec_num_drafts_total and names.spec_num_accepted_tokens_total:
-        drafts = after.get(names.spec_num_drafts_total, 0.0) - before.get(names.spec_num_drafts_total, 0.0)
-        accepted = after.get(names.spec_num_accepted_tokens_total, 0.0) - before.get(
-            names.spec_num_accepted_tokens_total, 0.0
-        )
-        if drafts > 0:
-            return 1.0 + accepted / drafts
-    gauge = after.get(names.spec_accept_length) if names.spec_accept_length else None
-    return gauge if gauge is not None and gauge > 0 else None
-
-
 def pooled_accept_length(
-    befores: Sequence[Mapping[str, float]],
-    afters: Sequence[Mapping[str, float]],
-    known: Sequence[MetricNames],
+    befores: Sequence[Mapping[str, float]], afters: Sequence[Mapping[str, float]]
 ) -> float | None:
-    """Accept length of several endpoints benched together (a fleet target), from each one's own snapshots.
+    """Accept length of several endpoints benched together (a fleet target), from each one's own /metrics
+    before and after the level (the engine recognised from its metric names).
 
     Gauges must not be summed across endpoints (two engines at 2.5 are not at 5.0): each endpoint's value is
     read alone, then pooled as total tokens / total verify steps, i.e. the harmonic mean weighted by the
     tokens each endpoint generated in the window (equal weights when an engine exports no token counter)."""
     pairs: list[tuple[float, float]] = []  # (accept length, generated tokens)
     for before, after in zip(befores, afters, strict=True):
-        for names in known:
-            value = accept_length_from_metrics(before, after, names)
-            if value is not None:
-                name = names.generation_tokens_total
-                pairs.append((value, after.get(name, 0.0) - before.get(name, 0.0) if name else 0.0))
-                break
+        names = engine_of_metrics(after).metrics
+        during = counter_deltas(names, before, after)
+        value = accept_length(names, during)
+        if value is not None:
+            pairs.append((value, during.get(names.generation_tokens_total, 0.0)))
     if not pairs:
         return None
     weights = [w for _, w in pairs] if all(w > 0 for _, w in pairs) else [1.0] * len(pairs)
@@ -186,15 +167,6 @@ def tokens_per_chunk(samples: Sequence[RequestSample]) -> float | None:
     tokens = sum(s.output_tokens for s in samples if s.is_ok)
     chunks = sum(s.num_chunks for s in samples if s.is_ok)
     return tokens / chunks if chunks else None
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text → {sample name: value}, summing samples that differ only by labels."""
-    values: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            values[sample.name] = values.get(sample.name, 0.0) + float(sample.value)
-    return values
 
 
 def build_level(

@@ -165,14 +165,7 @@ def bench(
     if png is not None:
         _or_exit(chromium.require_chromium)  # before the sweep, not after minutes of it
     levels_wanted = _or_exit(lambda: parse_levels(concurrency))
-    load = BenchLoad(
-        input_len=input_len,
-        output_len=output_len,
-        concurrencies=levels_wanted,
-        rounds=rounds,
-        model=model,
-        thinking=thinking,
-    )
+    load = BenchLoad(input_len, output_len, levels_wanted, rounds, model=model, thinking=thinking)
     rows: list[SpeedupRow] = []
     if compare:
         off, on, rows = run(compare_spec(fleet, load, scope=scope, cap=max_concurrency, on_level=_progress))

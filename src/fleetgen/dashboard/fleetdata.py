@@ -12,7 +12,6 @@ cannot be made leaves the column empty and says why.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,11 +21,11 @@ import aiohttp
 
 from fleetgen.config import FleetFile
 from fleetgen.dashboard.model import InstanceRow
-from fleetgen.deploy.probe import EngineClient, parse_metrics
 from fleetgen.engines import Engine, engine_of_metrics
 from fleetgen.errors import EndpointError, FleetgenError
-from fleetgen.fleet.metrics import Scrape, load_from, max_running_from_info
 from fleetgen.fleet.status import FleetView, Readiness
+from fleetgen.http.client import EngineClient
+from fleetgen.http.metrics import Scrape, load_from, max_running_from_info
 from fleetgen.modelcard import load_model_shape
 from fleetgen.plan.fleet import facts_from_file, plan_fleet
 
@@ -64,7 +63,7 @@ class EndpointSource:
         return await asyncio.gather(*(self._row(e) for e in self.endpoints))
 
     async def _row(self, endpoint: _Endpoint) -> InstanceRow:
-        client = EngineClient(endpoint.url, self.http, timeout_s=PROBE_TIMEOUT_S)
+        client = EngineClient(endpoint.url, session=self.http, timeout_s=PROBE_TIMEOUT_S)
         where = urlsplit(endpoint.url)
         row = InstanceRow(endpoint.name, where.hostname or "", (), where.port or 0, url=endpoint.url)
         # Both engines serve /health; which engine it is shows only in the metric names, read after.
@@ -73,28 +72,25 @@ class EndpointSource:
             return row
         row.readiness = Readiness.READY
         try:
-            samples = parse_metrics(await client.get_text("/metrics"))
+            scrape = await client.metrics()
         except EndpointError as exc:
             row.problem = f"no metrics: {exc.message} (SGLang serves them with --enable-metrics)"
             return row
-        engine = engine_of_metrics(samples)
+        engine = engine_of_metrics(scrape.samples)
         info = await _info(client, engine)
-        scrape = Scrape(time.monotonic(), samples)
         load = load_from(engine.metrics, scrape, endpoint.before, info)
         endpoint.before = scrape
         row.running, row.queued = load.running, load.queued
         row.gen_tokens_per_s, row.spec_accept_length = load.gen_tokens_per_s, load.spec_accept_length
-        row.kv_usage = samples.get(engine.metrics.kv_usage) if engine.metrics.kv_usage else None
+        row.kv_usage = scrape.samples.get(engine.metrics.kv_usage) if engine.metrics.kv_usage else None
         row.max_running_requests = max_running_from_info(info)
         return row
 
 
 async def _info(client: EngineClient, engine: Engine) -> object:
-    """The engine's info JSON, or None when it has none (vLLM) or it does not answer."""
-    if not engine.info_paths:
-        return None
+    """The engine's info JSON, or None when it has none or it does not answer."""
     try:
-        return (await client.first_json(engine.info_paths))[1]
+        return await client.info(engine.info_paths)
     except EndpointError:
         return None
 

@@ -18,13 +18,13 @@ import aiohttp
 from fleetgen.config import LOOPBACK, HostEntry, Instance
 from fleetgen.deploy.hostside import HostSurvey, probe_instance, wait_gpus_released, wait_port_free
 from fleetgen.deploy.listener import port_owners, stranger_problem
-from fleetgen.deploy.probe import EngineClient
 from fleetgen.deploy.script import Command
 from fleetgen.deploy.state import InstanceRecord
 from fleetgen.deploy.verify import Verified, process_drift, verify_engine
 from fleetgen.deploy.watch import StartedProcess, wait_ready
 from fleetgen.engines.base import Engine
 from fleetgen.errors import FleetgenError, LaunchFailed, VerifyError
+from fleetgen.http.client import EngineClient
 from fleetgen.plan import Launch
 from fleetgen.remote.base import Host, ProcInfo
 
@@ -185,7 +185,7 @@ async def follow_launch(
 
     undo = undo or stop
     out.url = await hs.url_for(wanted.inst.port)
-    client = EngineClient(out.url, hs.http, wanted.secret_value)
+    client = EngineClient(out.url, session=hs.http, api_key=wanted.secret_value)
     name = wanted.inst.name
     try:
         watch = await wait_ready(
@@ -229,7 +229,7 @@ async def keep_running(
     progress(wanted.inst.name, f"already running as wanted (pid {running.pid}); verifying")
     await prove_listener(hs, wanted, running.pid)
     out.url = await hs.url_for(wanted.inst.port)
-    client = EngineClient(out.url, hs.http, wanted.secret_value)
+    client = EngineClient(out.url, session=hs.http, api_key=wanted.secret_value)
     log_lines = (await hs.host.tail(out.log_path, 400)).splitlines()
     out.verified = await _verify(hs, wanted, engine, client, running.pid, running.start_time, log_lines)
 

@@ -17,14 +17,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetgen.deploy.probe import EngineClient, accept_length, capacity_from_metrics, parse_metrics
 from fleetgen.deploy.script import Command, redact_argv, redact_environ
 from fleetgen.engines import ENGINES
 from fleetgen.engines.base import Engine, MetricNames
 from fleetgen.errors import VerifyError
+from fleetgen.http.client import EngineClient
+from fleetgen.http.metrics import accept_length, capacity_from_metrics, counter_deltas
 from fleetgen.remote.base import ProcInfo
 
 SPEC_FLAGS = ("speculative-algorithm", "speculative-config")
+# A repetitive prompt: n-gram / EAGLE drafts get accepted on it, so a speculative step is observable.
+PROBE_PROMPT = "Count: one two three four, one two three four, one two three four, one two three four,"
+PROBE_MAX_TOKENS = 24
 
 
 @dataclass(frozen=True)
@@ -73,11 +77,7 @@ def spec_evidence(
     An engine that reports its accept length only later (SGLang fills it in after its "Decode batch" log
     lines) still shows it over the test request alone: the tokens decoded after the first one, divided by
     the verify steps that produced them (each step yields 1 + the drafts it accepted)."""
-    counters = (names.spec_steps_total, names.spec_num_drafts_total, names.spec_num_accepted_tokens_total)
-    during = dict(after)
-    for name in counters:
-        if name and name in after:
-            during[name] = after[name] - before.get(name, 0.0)
+    during = counter_deltas(names, before, after)
     steps = during.get(names.spec_steps_total) if names.spec_steps_total else None
     reported = accept_length(names, during, info)
     if reported is None and steps and generated_tokens and generated_tokens > 1:
@@ -217,19 +217,20 @@ async def verify_engine(
     planned: Mapping[str, float],
 ) -> Verified:
     """The engine's own view, one real chat request, the accept length (when speculative), capacity."""
-    out = Verified(model=await _served_model(command, client))
-    _, out.info = await client.first_json(engine.info_paths)
+    out = Verified(model=await client.served_model())
+    out.info = await client.info(engine.info_paths)
     _check_view(command, engine, client, out.info)
-    before = parse_metrics(await client.get_text(engine.metrics_path))
-    reply = await client.chat(out.model)
-    metrics_text = await client.get_text(engine.metrics_path)
+    before = await client.metrics(engine.metrics_path)
+    reply = await client.chat(probe_body(out.model))
+    after = await client.metrics(engine.metrics_path)
     if is_spec_configured(command.args):
-        after = parse_metrics(metrics_text)
-        out.accept_length = await _check_spec(command, engine, client, before, after, _tokens(reply), out)
+        info = await client.info(engine.info_paths)  # SGLang's averages, as they are after the request
+        evidence = spec_evidence(engine.metrics, before.samples, after.samples, info, reply.completion_tokens)
+        out.accept_length = _check_spec(command.instance, evidence, out, client.base_url)
     actual = {
         **capacity_from_log(log_lines, engine),
         **capacity_from_info(out.info),
-        **capacity_from_metrics(engine.metrics, metrics_text),
+        **capacity_from_metrics(engine.metrics, after.text),
     }
     out.capacity = capacity_rows(planned, actual)
     mrr = actual.get("max_running_requests")
@@ -237,13 +238,15 @@ async def verify_engine(
     return out
 
 
-async def _served_model(command: Command, client: EngineClient) -> str:
-    models = await client.get_json("/v1/models")
-    data = models.get("data", []) if isinstance(models, dict) else []
-    ids = [m.get("id") for m in data if isinstance(m, dict) and m.get("id")]
-    if not ids:
-        raise VerifyError(f"{command.instance}: /v1/models lists no model", context={"url": client.base_url})
-    return str(ids[0])
+def probe_body(model: str) -> dict[str, Any]:
+    """The test chat request: short, at temperature 0, thinking off."""
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": PROBE_PROMPT}],
+        "max_tokens": PROBE_MAX_TOKENS,
+        "temperature": 0,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
 
 
 def _check_view(command: Command, engine: Engine, client: EngineClient, info: Any) -> None:
@@ -260,37 +263,20 @@ def _check_view(command: Command, engine: Engine, client: EngineClient, info: An
         )
 
 
-async def _check_spec(
-    command: Command,
-    engine: Engine,
-    client: EngineClient,
-    before: Mapping[str, float],
-    after: Mapping[str, float],
-    generated_tokens: int | None,
-    out: Verified,
-) -> float | None:
+def _check_spec(instance: str, evidence: SpecEvidence, out: Verified, url: str) -> float | None:
     """Refuse a server whose speculation never stepped; warn when it accepts nothing. The accept length."""
-    _, info = await client.first_json(engine.info_paths)
-    evidence = spec_evidence(engine.metrics, before, after, info, generated_tokens)
-    error, warning = judge_spec(command.instance, evidence)
+    error, warning = judge_spec(instance, evidence)
     if error:
         raise VerifyError(
             error,
             fix="check the speculative flags and the draft model in the log; the server runs without it "
             "(slower than planned)",
-            context={"url": client.base_url},
+            context={"url": url},
         )
     if warning:
         out.warnings.append(warning)
     out.spec_steps = evidence.steps
     return evidence.accept_length
-
-
-def _tokens(reply: Any) -> int | None:
-    """The completion tokens of a chat reply (`usage.completion_tokens`), when the engine says."""
-    usage = reply.get("usage") if isinstance(reply, dict) else None
-    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
-    return tokens if isinstance(tokens, int) else None
 
 
 def _looks_like_server_args(info: Any) -> bool:

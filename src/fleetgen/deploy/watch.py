@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from fleetgen.deploy.probe import EngineClient
 from fleetgen.engines.base import Engine, FatalSignature
 from fleetgen.errors import LaunchFailed, ReadyTimeout, tail
+from fleetgen.http.client import EngineClient
 from fleetgen.remote.base import Host
 from fleetgen.remote.procfs import parse_stat
 from fleetgen.remote.scripts import sh

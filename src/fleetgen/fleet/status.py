@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,13 +22,20 @@ from fleetgen.config import LOOPBACK, HostEntry, Instance
 from fleetgen.deploy.fleetops import host_instances, open_session
 from fleetgen.deploy.instance import HostSession, WantedInstance, find_running
 from fleetgen.deploy.listener import port_owners, stranger_problem
-from fleetgen.deploy.probe import EngineClient, capacity_from_metrics, parse_metrics
 from fleetgen.deploy.slurm import place
 from fleetgen.deploy.state import load_state
 from fleetgen.deploy.verify import flag_value, process_drift
 from fleetgen.deploy.wanted import Fleet, api_key, build_wanted
 from fleetgen.errors import FleetgenError
-from fleetgen.fleet.metrics import Load, Scrape, load_from, max_running_from_capacity, max_running_from_info
+from fleetgen.http.client import EngineClient
+from fleetgen.http.metrics import (
+    Load,
+    Scrape,
+    capacity_from_metrics,
+    load_from,
+    max_running_from_capacity,
+    max_running_from_info,
+)
 
 
 class Readiness(enum.Enum):
@@ -119,7 +125,7 @@ class FleetView:
         st.log_path = rec.log_path if rec and rec.pid == running.pid else ""
         st.drift = process_drift(w.wanted.command, running, self.secret)
         st.url = await w.hs.url_for(st.port)
-        client = EngineClient(st.url, w.hs.http, self.secret, timeout_s=10.0)
+        client = EngineClient(st.url, session=w.hs.http, api_key=self.secret, timeout_s=10.0)
         engine = self.fleet.engine
         if not await client.is_healthy(engine.health_path):
             st.problem = "process runs but the health endpoint does not answer 200 (loading, or hung)"
@@ -130,7 +136,7 @@ class FleetView:
         if stranger:  # the health check was answered, but maybe not by this instance's process
             st.problem = stranger
             return
-        info = (await client.first_json(engine.info_paths))[1] if engine.info_paths else None
+        info = await client.info(engine.info_paths)
         load, capacity = await self._load(w, client, info, rate_window_s)
         st.running, st.queued = load.running, load.queued
         st.gen_tokens_per_s, st.spec_accept_length = load.gen_tokens_per_s, load.spec_accept_length
@@ -149,15 +155,12 @@ class FleetView:
     ) -> tuple[Load, dict[str, float]]:
         """The engine's load now, and the capacity its /metrics labels carry (vLLM's cache_config_info)."""
         names = self.fleet.engine.metrics
-        text = await client.get_text(self.fleet.engine.metrics_path)
-        capacity = capacity_from_metrics(names, text)
-        scrape = Scrape(time.monotonic(), parse_metrics(text))
+        scrape = await client.metrics(self.fleet.engine.metrics_path)
+        capacity = capacity_from_metrics(names, scrape.text)
         if not names.gen_throughput and w.before is None and rate_window_s > 0:
             await asyncio.sleep(rate_window_s)
             w.before = scrape
-            scrape = Scrape(
-                time.monotonic(), parse_metrics(await client.get_text(self.fleet.engine.metrics_path))
-            )
+            scrape = await client.metrics(self.fleet.engine.metrics_path)
         load = load_from(names, scrape, w.before, info)
         w.before = scrape
         return load, capacity

@@ -26,10 +26,10 @@ from typing import Any
 
 from fleetgen.errors import FleetDown, FleetgenError
 from fleetgen.fleet.status import Readiness
-from fleetgen.generate.client import RequestFailed
 from fleetgen.generate.health import Endpoint, OnDead, RetryPolicy, Watch
 from fleetgen.generate.rejects import Streak
 from fleetgen.generate.work import Work
+from fleetgen.http.client import RequestFailed
 
 OnSuccess = Callable[[str, Work, float, float], None]  # endpoint, work, started_at (epoch), latency_s
 OnError = Callable[[str, Work, RequestFailed], None]  # endpoint, work, the final failure

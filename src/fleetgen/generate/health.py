@@ -20,8 +20,9 @@ from typing import Any
 
 from fleetgen.errors import EndpointError, FleetDown, FleetgenError
 from fleetgen.fleet.status import Readiness
-from fleetgen.generate.client import ChatClient
+from fleetgen.http.client import EngineClient
 
+PROBE_TIMEOUT_S = 5.0  # a probe of a server not taking work: a live one answers /health at once
 OnDead = Callable[[str], Awaitable[object]]  # endpoint name → restart it (deploy layer); its result unused
 # Refresh the endpoint from the fleet: its readiness as the fleet reads it now (READY: use it once /health
 # says 200; WAITING: keep probing; DOWN: its process is gone, `--restart-dead` may start it).
@@ -33,7 +34,7 @@ class Endpoint:
     """One server as the job sees it; counters feed the progress view and the time series."""
 
     name: str
-    client: ChatClient
+    client: EngineClient
     cap: int
     readiness: Readiness = Readiness.READY
     in_flight: int = 0
@@ -144,7 +145,7 @@ class Watch:
             for e in self.endpoints:
                 if e.readiness is not Readiness.READY or not e.in_flight or now - e.answered_at < limit:
                     continue
-                if await e.client.is_healthy(min(self.policy.health_timeout_s, limit)):
+                if await e.client.is_healthy(timeout_s=min(self.policy.health_timeout_s, limit)):
                     e.answered_at = now  # slow (long generations), not hung: look again after `limit`
                 elif e.readiness is Readiness.READY and e.in_flight and self.on_hung is not None:
                     silent = time.monotonic() - e.answered_at
@@ -205,7 +206,7 @@ class Watch:
         return (
             fleet_says is Readiness.READY
             and endpoint.readiness is not Readiness.READY
-            and await endpoint.client.is_healthy()
+            and await endpoint.client.is_healthy(timeout_s=PROBE_TIMEOUT_S)
         )
 
     def _mark_ready(self, endpoint: Endpoint) -> None:
@@ -243,7 +244,7 @@ async def served_models(
         for endpoint in endpoints:
             if endpoint.readiness is Readiness.READY and endpoint.name not in models:
                 try:
-                    models[endpoint.name] = (await endpoint.client.server_info()).model
+                    models[endpoint.name] = await endpoint.client.served_model()
                 except EndpointError as exc:
                     watch.lost(endpoint, exc.message)
         remaining = deadline - time.monotonic()

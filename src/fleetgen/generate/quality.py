@@ -12,7 +12,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
-from fleetgen.generate.work import Completion
+from fleetgen.http.client import Completion
 
 # Only the tail is examined: a degenerate loop runs until max_tokens, so it always reaches the end.
 TAIL_WORDS = 400

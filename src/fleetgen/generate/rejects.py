@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetgen.errors import RequestRejected
-from fleetgen.generate.client import CONTEXT_MARKERS, RequestFailed
 from fleetgen.generate.work import Work
+from fleetgen.http.client import CONTEXT_MARKERS, RequestFailed
 
 # A request body field → where the job sets it (job-file key, and the `run` flag where there is one).
 SOURCES = {

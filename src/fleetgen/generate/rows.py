@@ -11,12 +11,12 @@ from typing import Any
 
 import orjson
 
-from fleetgen.generate.client import RequestFailed
 from fleetgen.generate.dispatch import Dispatcher, Endpoint
 from fleetgen.generate.progress import BadInputSample, Counters, EndpointProgress, Progress, Summary
 from fleetgen.generate.quality import flags_of_all
 from fleetgen.generate.store import BadRow, ErrorRow, ResultRow, SeriesRow, Store
 from fleetgen.generate.work import BadInput, Work
+from fleetgen.http.client import RequestFailed
 
 NUM_BAD_SAMPLES = 20
 

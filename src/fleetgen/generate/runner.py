@@ -29,7 +29,6 @@ from fleetgen.errors import JobError, ParamsMismatch
 from fleetgen.fleet.pool import Link
 from fleetgen.fleet.status import Readiness
 from fleetgen.generate import jobmeta, rows
-from fleetgen.generate.client import ChatClient
 from fleetgen.generate.dispatch import Dispatcher, Endpoint, OnDead, RetryPolicy
 from fleetgen.generate.health import Watch, served_models
 from fleetgen.generate.intake import Intake
@@ -40,6 +39,7 @@ from fleetgen.generate.source import RecordShape, count_records
 from fleetgen.generate.store import Batch, Store
 from fleetgen.generate.work import SamplingParams, Work
 from fleetgen.generate.writer import StoreWriter
+from fleetgen.http.client import EngineClient
 
 
 @dataclass(frozen=True)
@@ -136,11 +136,11 @@ class Job:
         client = await self._client(url)
         return Endpoint(name, client, self.options.concurrency, readiness, last_error=why)
 
-    async def _client(self, url: str) -> ChatClient:
+    async def _client(self, url: str) -> EngineClient:
         """A client for one endpoint, closed with the job."""
         assert self._stack is not None
         opts = self.options
-        client = ChatClient(
+        client = EngineClient(
             url, max_connections=opts.concurrency, timeout_s=opts.request_timeout_s, api_key=opts.api_key
         )
         return await self._stack.enter_async_context(client)
@@ -175,7 +175,7 @@ class Job:
         bad_lines = store.bad_lines(str(opts.input_path)) if tracker is not None else set()
         meta = self._meta = JobMeta(intake.resume, opts.params.samples, tracker, bad_lines)
         writer = StoreWriter(store, lambda batch: self._committed(batch, tracker, meta), meta=meta.current)
-        self._scraper = AcceptLengthScraper.for_engine(  # URLs as now: a late host may have one by now
+        self._scraper = AcceptLengthScraper(  # URLs as now: a late host may have one by now
             [(e.name, e.client.base_url) for e in endpoints],
             opts.engine_kind,
             interval_s=opts.metrics_interval_s,

@@ -13,6 +13,8 @@ from typing import Any
 
 import orjson
 
+from fleetgen.http.client import Completion
+
 Message = dict[str, Any]
 
 
@@ -24,17 +26,6 @@ def key_hash(record_id: str, sample: int) -> int:
     """
     digest = hashlib.blake2b(f"{record_id}\x1f{sample}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little", signed=True)
-
-
-@dataclass(slots=True)
-class Completion:
-    """One normalized chat completion (one turn), whatever the engine called its fields."""
-
-    content: str
-    reasoning_content: str
-    finish_reason: str
-    prompt_tokens: int | None
-    completion_tokens: int | None
 
 
 @dataclass(slots=True)

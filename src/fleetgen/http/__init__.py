@@ -1,0 +1,1 @@
+"""fleetgen.http: HTTP to an engine (`client`) and the numbers it reports (`metrics`)."""

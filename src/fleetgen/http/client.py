@@ -1,0 +1,309 @@
+"""HTTP to one engine, the only module that does it: health, its own view (info JSON, /v1/models), /metrics
+text, and chat completions (one reply, or a stream of events).
+
+A client owns an aiohttp session (`async with EngineClient(url, max_connections=N)`: keep-alive, at most N
+sockets, excess requests queue here instead of opening connections; a job's dispatch, bench, the metrics
+scraper) or borrows one (`session=`: deploy, status and the dashboard talk to many engines through one).
+The chat call is the job's hot path: the body is serialized and the reply parsed once with orjson, nothing
+per token.
+
+Errors are translated here, once: a chat request's into `RequestFailed`, classified for the dispatcher
+(retryable: connection errors, timeouts, 408/409/425/429/5xx, an `abort` finish; any other 4xx is the
+request's own fault), everything else into `EndpointError` carrying the URL. Engine differences in a reply
+are normalized here too: SGLang returns `reasoning_content`, vLLM 0.32 `reasoning`; a missing `content` is
+an empty answer; a missing usage is `None`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+
+from fleetgen.errors import EndpointError
+from fleetgen.http.metrics import Scrape, parse_metrics
+
+RETRYABLE_STATUS = frozenset({408, 409, 425, 429})
+FINISH_ALIASES = {"max_tokens": "length", "eos": "stop", "stop_sequence": "stop"}
+CONTEXT_MARKERS = ("maximum context length", "context length", "too long", "longer than")
+CHAT_PATH = "/v1/chat/completions"
+
+
+class RequestFailed(EndpointError):
+    """One request failed. `is_retryable` decides retry vs error row; `is_connection` marks a dead server.
+
+    Internal to generation: the dispatcher turns it into a retry or an error row, never into an exit.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        url: str,
+        status: int | None = None,
+        is_retryable: bool,
+        is_connection: bool = False,
+    ) -> None:
+        super().__init__(message, context={"url": url, "status": status})
+        self.status = status
+        self.is_retryable = is_retryable
+        self.is_connection = is_connection
+
+    @property
+    def kind(self) -> str:
+        """A short class of failure for the error table."""
+        if self.status is None:
+            return "connection" if self.is_connection else "timeout_or_protocol"
+        if self.status == 400 and any(m in self.message.lower() for m in CONTEXT_MARKERS):
+            return "prompt_too_long"
+        return f"http_{self.status}"
+
+
+@dataclass(slots=True)
+class Completion:
+    """One normalized chat completion (one turn), whatever the engine called its fields."""
+
+    content: str
+    reasoning_content: str
+    finish_reason: str
+    prompt_tokens: int | None
+    completion_tokens: int | None
+
+
+class EngineClient:
+    """HTTP to one engine at `base_url` (`http://host:port`, often the local end of a tunnel).
+
+    With `session`, it borrows that session (its key and timeout go with each request); without, it is an
+    async context manager that owns one (`max_connections`: 0 is no limit).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 30.0,
+        session: aiohttp.ClientSession | None = None,
+        max_connections: int = 0,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._chat_url = self.base_url + CHAT_PATH
+        self._headers = {"Content-Type": "application/json"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=10)
+        self._max_connections = max_connections
+        self._session = session
+        self._is_owner = session is None
+        self._per_request: dict[str, Any] = {}
+        if session is not None:
+            self._per_request = {"headers": self._headers, "timeout": self._timeout}
+
+    async def __aenter__(self) -> EngineClient:
+        if self._is_owner:
+            connector = aiohttp.TCPConnector(
+                limit=self._max_connections,
+                limit_per_host=self._max_connections,
+                ttl_dns_cache=300,
+                enable_cleanup_closed=True,
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                headers=self._headers,
+                timeout=self._timeout,
+                skip_auto_headers=("User-Agent",),
+            )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._is_owner and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("EngineClient used outside `async with`")
+        return self._session
+
+    async def _get(self, path: str, timeout_s: float | None = None) -> tuple[int, bytes]:
+        url = self.base_url + path
+        options = dict(self._per_request)
+        if timeout_s is not None:
+            options["timeout"] = aiohttp.ClientTimeout(total=timeout_s)
+        try:
+            async with self.session.get(url, **options) as resp:
+                return resp.status, await resp.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise EndpointError(
+                f"GET {url} failed: {type(exc).__name__}: {exc}",
+                context={"url": url},
+                fix="check that the server is up and reachable (`fleetgen status`)",
+            ) from exc
+
+    async def is_healthy(self, path: str = "/health", timeout_s: float | None = None) -> bool:
+        """True on HTTP 200; False while the engine refuses connections or answers 503 (still loading)."""
+        try:
+            status, _ = await self._get(path, timeout_s)
+        except EndpointError:
+            return False
+        return status == 200
+
+    async def get_text(self, path: str, timeout_s: float | None = None) -> str:
+        """The body of GET `path` (e.g. the /metrics text); EndpointError unless it answers 200."""
+        status, raw = await self._get(path, timeout_s)
+        text = raw.decode(errors="replace")
+        if status != 200:
+            url = self.base_url + path
+            raise EndpointError(
+                f"GET {url} answered HTTP {status}",
+                context={"url": url, "body": _error_text(raw)},
+                fix="check that the server is up and ready (`fleetgen status`)",
+            )
+        return text
+
+    async def get_json(self, path: str, timeout_s: float | None = None) -> Any:
+        text = await self.get_text(path, timeout_s)
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError as exc:
+            raise EndpointError(
+                f"GET {self.base_url}{path} did not return JSON", context={"body": text[:500]}
+            ) from exc
+
+    async def info(self, paths: Sequence[str]) -> Any:
+        """The engine's own view: the first of `paths` that answers JSON (SGLang renamed /get_server_info to
+        /server_info); None for an engine that has none (no paths)."""
+        errors: list[str] = []
+        for path in paths:
+            try:
+                return await self.get_json(path)
+            except EndpointError as exc:
+                errors.append(exc.message)
+        if not errors:
+            return None
+        raise EndpointError(
+            "the engine's info endpoint did not answer: " + "; ".join(errors), context={"url": self.base_url}
+        )
+
+    async def metrics(self, path: str = "/metrics") -> Scrape:
+        """One read of the engine's Prometheus text, parsed (`fleetgen.http.metrics`)."""
+        text = await self.get_text(path)
+        return Scrape(time.monotonic(), parse_metrics(text), text)
+
+    async def served_model(self) -> str:
+        """The served model: the first id in /v1/models."""
+        doc = await self.get_json("/v1/models", min(self._timeout.total or 30.0, 30.0))
+        data = doc.get("data") if isinstance(doc, dict) else None
+        first = data[0] if isinstance(data, list) and data else None
+        if not isinstance(first, dict) or not first.get("id"):
+            raise EndpointError(
+                f"{self.base_url}/v1/models lists no model",
+                fix="check the URL (http://host:port, no /v1) and that it is an OpenAI-compatible server "
+                "that is up; or name the model (--model)",
+                context={"url": self.base_url, "answer": str(doc)[:300]},
+            )
+        return str(first["id"])
+
+    async def chat(self, body: Mapping[str, Any]) -> Completion:
+        """Send one chat completion; return it normalized or raise `RequestFailed`."""
+        try:
+            async with self.session.post(
+                self._chat_url, data=orjson.dumps(body), **self._per_request
+            ) as resp:
+                raw = await resp.read()
+                status = resp.status
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise self._failed(exc) from exc
+        if status != 200:
+            raise self._refused(status, raw)
+        return parse_completion(raw, self._chat_url)
+
+    async def stream_chat(self, body: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """Send one streaming chat completion; yield its events (server-sent `data:` JSON) as they come."""
+        try:
+            async with self.session.post(
+                self._chat_url, data=orjson.dumps(body), **self._per_request
+            ) as resp:
+                if resp.status != 200:
+                    raise self._refused(resp.status, await resp.read())
+                async for line in resp.content:
+                    if not line.startswith(b"data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        return
+                    yield orjson.loads(data)
+        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
+            raise self._failed(exc) from exc
+
+    def _failed(self, exc: Exception) -> RequestFailed:
+        if isinstance(
+            exc, aiohttp.ClientConnectorError | aiohttp.ServerDisconnectedError | aiohttp.ClientOSError
+        ):
+            return RequestFailed(
+                f"connection to {self.base_url} failed: {exc}",
+                url=self._chat_url,
+                is_retryable=True,
+                is_connection=True,
+            )
+        return RequestFailed(
+            f"request to {self.base_url} failed: {type(exc).__name__}: {exc}",
+            url=self._chat_url,
+            is_retryable=True,
+        )
+
+    def _refused(self, status: int, raw: bytes) -> RequestFailed:
+        retryable = status in RETRYABLE_STATUS or status >= 500
+        return RequestFailed(
+            f"HTTP {status}: {_error_text(raw)}", url=self._chat_url, status=status, is_retryable=retryable
+        )
+
+
+def parse_completion(raw: bytes, url: str) -> Completion:
+    """Normalize one chat completion body into `Completion` (one shape whatever the engine)."""
+    try:
+        data = orjson.loads(raw)
+        choice = data["choices"][0]
+        message = choice.get("message") or {}
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError) as exc:
+        raise RequestFailed(f"unreadable completion: {raw[:200]!r}", url=url, is_retryable=True) from exc
+    finish = choice.get("finish_reason")
+    if isinstance(finish, dict):  # SGLang's native form {"type": "length", ...}
+        finish = finish.get("type")
+    finish = FINISH_ALIASES.get(finish, finish) if isinstance(finish, str) else "unknown"
+    if finish == "abort":
+        raise RequestFailed(
+            "the engine aborted the request (finish_reason=abort)", url=url, is_retryable=True
+        )
+    reasoning = message.get("reasoning_content")
+    if reasoning is None:
+        reasoning = message.get("reasoning")
+    usage = data.get("usage") or {}
+    return Completion(
+        content=message.get("content") or "",
+        reasoning_content=reasoning or "",
+        finish_reason=finish,
+        prompt_tokens=usage.get("prompt_tokens"),
+        completion_tokens=usage.get("completion_tokens"),
+    )
+
+
+def _error_text(raw: bytes) -> str:
+    """The server's error message (OpenAI `{"error": {"message"}}`, FastAPI `detail`), else the raw text."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw[:500].decode(errors="replace").strip() or "(empty body)"
+    if isinstance(data, dict):
+        error = data.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])[:500]
+        for key in ("message", "detail", "error"):
+            if data.get(key):
+                return str(data[key])[:500]
+    return raw[:500].decode(errors="replace")

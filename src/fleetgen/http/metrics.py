@@ -1,0 +1,178 @@
+"""An engine's numbers: its /metrics text (and SGLang's /server_info) → counters, gauges, load, accept length.
+
+The one place that reads them (pure). The text is parsed with prometheus_client's reference parser; samples
+are summed over label sets (per-position and per-DP-rank series add up to the engine-wide figure). SGLang
+exports gauges (`sglang:gen_throughput`, `sglang:spec_accept_length`); vLLM only counters, so its throughput
+is the rate of `vllm:generation_tokens_total` between two reads and its accept length 1 + accepted / drafts
+over a window (`counter_deltas`): the figure of the last seconds, of a bench level or of one test request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from fleetgen.engines import MetricNames
+from fleetgen.errors import EndpointError
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """One /metrics read: parsed samples (summed over labels), when (monotonic seconds), and its text."""
+
+    at: float
+    samples: Mapping[str, float]
+    text: str = ""
+
+
+@dataclass(frozen=True)
+class Load:
+    """What an engine is doing right now."""
+
+    running: int | None
+    queued: int | None
+    gen_tokens_per_s: float | None
+    spec_accept_length: float | None
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text → {sample name: value summed over label sets}."""
+    totals: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                totals[sample.name] = totals.get(sample.name, 0.0) + float(sample.value)
+    except ValueError as exc:
+        raise EndpointError(f"unparseable /metrics text: {exc}") from exc
+    return totals
+
+
+def info_labels(text: str, name: str) -> dict[str, str]:
+    """The labels of an info-style sample (`vllm:cache_config_info{block_size="800",…} 1.0`); {} if absent."""
+    if not name:
+        return {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name:
+                    return dict(sample.labels)
+    except ValueError as exc:
+        raise EndpointError(f"unparseable /metrics text: {exc}") from exc
+    return {}
+
+
+def capacity_from_metrics(names: MetricNames, text: str) -> dict[str, float]:
+    """Capacity the engine exports in /metrics labels (vLLM: KV tokens, max concurrency at max-model-len)."""
+    labels = info_labels(text, names.capacity_info)
+    found: dict[str, float] = {}
+    for label, what in names.capacity_labels:
+        try:
+            value = float(labels[label])
+        except (KeyError, ValueError):
+            continue
+        if value > 0:
+            found[what] = value
+    return found
+
+
+def counter_deltas(
+    names: MetricNames, before: Mapping[str, float], after: Mapping[str, float]
+) -> dict[str, float]:
+    """`after`, with each of the engine's counters replaced by its increase since `before` (the window's
+    figure); a counter `before` lacks counts from zero, one that went down means the engine restarted: its
+    new total. Gauges stay as read `after`."""
+    during = dict(after)
+    counters = (
+        names.generation_tokens_total,
+        names.spec_steps_total,
+        names.spec_num_drafts_total,
+        names.spec_num_accepted_tokens_total,
+    )
+    for name in counters:
+        if name and name in after and after[name] >= before.get(name, 0.0):
+            during[name] = after[name] - before.get(name, 0.0)
+    return during
+
+
+def accept_length(names: MetricNames, samples: Mapping[str, float], info: Any = None) -> float | None:
+    """Mean tokens accepted per speculative step, or None when no step happened (or spec is off).
+
+    SGLang: the `spec_accept_length` gauge, else `avg_spec_accept_length` in /server_info's internal states.
+    vLLM: 1 + accepted / drafts from the spec-decode counters (its own definition of mean acceptance length);
+    over a window when `samples` are `counter_deltas`.
+    """
+    if names.spec_accept_length and samples.get(names.spec_accept_length, 0.0) > 0:
+        return samples[names.spec_accept_length]
+    drafts = samples.get(names.spec_num_drafts_total, 0.0) if names.spec_num_drafts_total else 0.0
+    if drafts > 0:
+        return 1.0 + samples.get(names.spec_num_accepted_tokens_total, 0.0) / drafts
+    for state in internal_states(info):
+        value = state.get("avg_spec_accept_length")
+        if isinstance(value, int | float) and value > 0:
+            return float(value)
+    return None
+
+
+def counter_rate(name: str, now: Scrape, before: Scrape | None) -> float | None:
+    """Per-second increase of a counter between two scrapes; None without two usable scrapes.
+
+    A counter that went down means the engine restarted: the rate is unknown, not negative.
+    """
+    if before is None or not name or name not in now.samples or name not in before.samples:
+        return None
+    elapsed = now.at - before.at
+    delta = now.samples[name] - before.samples[name]
+    if elapsed <= 0 or delta < 0:
+        return None
+    return delta / elapsed
+
+
+def load_from(names: MetricNames, now: Scrape, before: Scrape | None = None, info: Any = None) -> Load:
+    """Running/queued from gauges; throughput from the gauge (SGLang) or the counter rate (vLLM)."""
+    running = now.samples.get(names.running)
+    queued = now.samples.get(names.queued)
+    tps: float | None
+    if names.gen_throughput and names.gen_throughput in now.samples:
+        tps = now.samples[names.gen_throughput]
+    else:
+        tps = counter_rate(names.generation_tokens_total, now, before)
+    return Load(
+        running=int(running) if running is not None else None,
+        queued=int(queued) if queued is not None else None,
+        gen_tokens_per_s=tps,
+        spec_accept_length=accept_length(names, now.samples, info),
+    )
+
+
+def internal_states(info: Any) -> list[dict[str, Any]]:
+    """SGLang's per-DP-rank `internal_states` from /server_info (empty for other engines)."""
+    if not isinstance(info, dict):
+        return []
+    states = info.get("internal_states")
+    return [s for s in states if isinstance(s, dict)] if isinstance(states, list) else []
+
+
+def max_running_from_info(info: Any) -> int | None:
+    """The concurrency the engine settled on (SGLang: effective per-DP value, else the server arg)."""
+    for state in internal_states(info):
+        value = state.get("effective_max_running_requests_per_dp") or state.get("max_running_requests")
+        if isinstance(value, int) and value > 0:
+            return value
+    if isinstance(info, dict) and isinstance(info.get("max_running_requests"), int):
+        return int(info["max_running_requests"])
+    return None
+
+
+def max_running_from_capacity(capacity: Mapping[str, float], max_num_seqs: str | None = None) -> int | None:
+    """vLLM's "maximum concurrency" at max-model-len (`kv_cache_max_concurrency`), capped by max-num-seqs.
+
+    A floor, not a ceiling: shorter requests let vLLM run more at once; fleetgen plans for full-length ones.
+    """
+    value = capacity.get("max_running_requests")
+    if not value or value < 1:
+        return None
+    cap = int(max_num_seqs) if max_num_seqs and max_num_seqs.isdigit() else None
+    return min(int(value), cap) if cap else int(value)
