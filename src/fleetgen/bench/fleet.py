@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import tomllib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import tomli_w
@@ -23,7 +23,7 @@ from fleetgen.deploy.fleetops import up
 from fleetgen.errors import ConfigError, FleetgenError
 from fleetgen.fleet.pool import ready_endpoints
 
-OnLevel = Callable[[LevelResult], Awaitable[None] | None]
+OnLevel = Callable[[LevelResult], None]
 SPEC_ARG_PREFIX = "speculative"  # SGLang's speculative-*, vLLM's speculative-config
 
 

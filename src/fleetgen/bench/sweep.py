@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from fleetgen.bench.stats import (
     BenchLoad,
@@ -138,7 +138,7 @@ async def sweep(
     load: BenchLoad,
     *,
     cap: int | None = None,
-    on_level: Callable[[LevelResult], Awaitable[None] | None] | None = None,
+    on_level: Callable[[LevelResult], None] | None = None,
 ) -> list[LevelResult]:
     """Every target through every level (capped by `cap` and by the servers' own max running requests)."""
     results: list[LevelResult] = []
@@ -169,7 +169,5 @@ async def sweep(
                     )
                 results.append(level)
                 if on_level is not None:
-                    pending = on_level(level)
-                    if pending is not None:
-                        await pending
+                    on_level(level)
     return results

@@ -78,7 +78,7 @@ def _ms(value: float | None) -> str:
 def level_table(levels: Sequence[LevelResult], title: str) -> Table:
     table = Table(title=title)
     table.add_column("target", no_wrap=True)
-    for col in (
+    for col in [
         "conc",
         "ok/fail",
         "out tok/s",
@@ -90,22 +90,14 @@ def level_table(levels: Sequence[LevelResult], title: str) -> Table:
         "p90",
         "p99",
         "accept",
-    ):
+    ]:
         table.add_column(col, justify="right", no_wrap=True)
     for r in levels:
         ttft = [_ms(getattr(r.ttft_s, p, None)) for p in ("p50", "p90", "p99")]
         itl = [_ms(getattr(r.itl_s, p, None)) for p in ("p50", "p90", "p99")]
         accept = f"{r.accept_length:.2f}" if r.accept_length is not None else "—"
-        table.add_row(
-            r.target,
-            str(r.concurrency),
-            f"{r.num_requests - r.num_failed}/{r.num_failed}",
-            f"{r.output_tok_s:,.0f}",
-            f"{r.requests_s:.2f}",
-            *ttft,
-            *itl,
-            accept,
-        )
+        counts = [str(r.concurrency), f"{r.num_requests - r.num_failed}/{r.num_failed}"]
+        table.add_row(r.target, *counts, f"{r.output_tok_s:,.0f}", f"{r.requests_s:.2f}", *ttft, *itl, accept)
     return table
 
 
@@ -115,14 +107,8 @@ def speedup_table(rows: Sequence[SpeedupRow]) -> Table:
         table.add_column(col, justify="left" if col == "target" else "right")
     for r in rows:
         accept = f"{r.accept_length:.2f}" if r.accept_length is not None else "—"
-        table.add_row(
-            r.target,
-            str(r.concurrency),
-            f"{r.off_tok_s:,.0f}",
-            f"{r.on_tok_s:,.0f}",
-            f"{r.speedup:.2f}×",
-            accept,
-        )
+        tok_s = [f"{r.off_tok_s:,.0f}", f"{r.on_tok_s:,.0f}", f"{r.speedup:.2f}×"]
+        table.add_row(r.target, str(r.concurrency), *tok_s, accept)
     return table
 
 

@@ -50,23 +50,14 @@ def parse_metrics(text: str) -> dict[str, float]:
     return totals
 
 
-def info_labels(text: str, name: str) -> dict[str, str]:
-    """The labels of an info-style sample (`vllm:cache_config_info{block_size="800",…} 1.0`); {} if absent."""
-    if not name:
-        return {}
+def capacity_from_metrics(names: MetricNames, text: str) -> dict[str, float]:
+    """Capacity the engine exports in the labels of an info-style sample (vLLM's
+    `vllm:cache_config_info{kv_cache_size_tokens="452340",…} 1.0`: KV tokens, max concurrency)."""
+    families = text_string_to_metric_families(text) if names.capacity_info else ()
     try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == name:
-                    return dict(sample.labels)
+        labels = next((s.labels for f in families for s in f.samples if s.name == names.capacity_info), {})
     except ValueError as exc:
         raise EndpointError(f"unparseable /metrics text: {exc}") from exc
-    return {}
-
-
-def capacity_from_metrics(names: MetricNames, text: str) -> dict[str, float]:
-    """Capacity the engine exports in /metrics labels (vLLM: KV tokens, max concurrency at max-model-len)."""
-    labels = info_labels(text, names.capacity_info)
     found: dict[str, float] = {}
     for label, what in names.capacity_labels:
         try:
