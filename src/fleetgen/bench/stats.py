@@ -20,10 +20,14 @@ DEFAULT_CONCURRENCIES = (1, 8, 32, 128, 512)
 # Plain words; each is about one token for BPE tokenizers, and a seeded shuffle per request defeats prefix
 # caching (like `vllm bench serve`'s random dataset) so every level measures real prefill.
 _VOCAB = tuple(
-    """time year people way day man thing woman life child world school state family student group
-    country problem hand part place case week company system program question work government
-    number night point home water room mother area money story fact month lot right study book
-    eye job word business issue side kind head house service friend father power hour game line""".split()
+    " ".join(
+        [
+            "time year people way day man thing woman life child world school state family student group",
+            "country problem hand part place case week company system program question work government",
+            "number night point home water room mother area money story fact month lot right study book",
+            "eye job word business issue side kind head house service friend father power hour game line",
+        ]
+    ).split(" ")
 )
 
 
