@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from tests.fixtures.slurm import SlurmCluster
@@ -32,7 +34,7 @@ SIM_ARGS = {
 }
 
 
-def write_cluster_fleet(tmp_path: Path, **cluster: object) -> Path:
+def write_cluster_fleet(tmp_path: Path, engine_extra: str = "", **cluster: object) -> Path:
     """A fleet file of NUM_SERVERS sim servers placed by the test cluster; `cluster` overrides [cluster]."""
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)
@@ -55,6 +57,7 @@ def write_cluster_fleet(tmp_path: Path, **cluster: object) -> Path:
         f"model = {toml_value(str(model))}",
         'launcher = ["-m", "fleetgen.sim"]',
         "ready_timeout_s = 120.0",
+        engine_extra,
         "",
         "[engine.args]",
         *(f"{json.dumps(k)} = {toml_value(v)}" for k, v in SIM_ARGS.items()),
@@ -164,3 +167,38 @@ async def test_what_the_cluster_refuses_is_answered_before_anything_is_queued(
     assert slurm_cluster.job_ids() == []
     assert our_processes(tmp_path / "work") == []
     assert not (fleet.parent / ".fleetgen" / "state.json").exists() or state(fleet) == {}
+
+
+def files_holding(folder: Path, secret: bytes) -> list[Path]:
+    return [p for p in folder.rglob("*") if p.is_file() and not p.is_symlink() and secret in p.read_bytes()]
+
+
+async def test_the_api_key_reaches_no_file_slurm_keeps(
+    slurm_cluster: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A public bind with a key: the server refuses requests without it, and the key is in nothing Slurm
+    stores (its state folder: job scripts, job environments; slurmd's spool; the logs), nothing fleetgen
+    wrote, and no job description Slurm gives out."""
+    key = "sk-slurm-" + os.urandom(8).hex()
+    monkeypatch.setenv("FLEETGEN_SLURM_TEST_KEY", key)
+    engine = 'bind = "0.0.0.0"\napi_key_env = "FLEETGEN_SLURM_TEST_KEY"'
+    fleet = write_cluster_fleet(tmp_path, engine_extra=engine, gpus=1)
+    try:
+        code, out, err = await cli("up", "-f", str(fleet))
+        assert code == 0, out + err
+        job = str(state(fleet)["slurm-0"]["slurm_job"])
+        [url] = [str(s["url"]) for s in (await statuses(fleet)).values()]
+        async with aiohttp.ClientSession() as http:
+            async with http.get(url + "/v1/models") as anonymous:
+                assert anonymous.status == 401
+            async with http.get(url + "/v1/models", headers={"Authorization": f"Bearer {key}"}) as ok:
+                assert ok.status == 200
+        described = slurm_cluster.run("scontrol", "show", "job", "-dd", job).stdout
+        script = slurm_cluster.run("scontrol", "write", "batch_script", job, "-").stdout
+        assert described and script.startswith("#!/bin/sh") and key not in described + script + out + err
+        assert files_holding(slurm_cluster.folder, key.encode()) == []
+        assert files_holding(tmp_path, key.encode()) == []  # workdir (key files removed), logs, state
+    finally:
+        code, out, err = await cli("down", "-f", str(fleet))
+    assert code == 0, out + err
+    assert slurm_cluster.job_ids() == []

@@ -213,8 +213,13 @@ async def partition_gpus(host: Host, partition: str) -> PartitionGpus:
     result = await slurm(
         host, ["sinfo", "-h", "-N", "-p", partition, "-o", "%N|%G|%t"], f"describe partition {partition}"
     )
+    return parse_partition_gpus(result.stdout)
+
+
+def parse_partition_gpus(text: str) -> PartitionGpus:
+    """`sinfo -h -N -o '%N|%G|%t'` → the GPUs of the nodes that can run jobs, and the lines counted."""
     total, lines = 0, []
-    for line in result.stdout.splitlines():
+    for line in text.splitlines():
         parts = line.split("|")
         if len(parts) != 3:
             continue

@@ -1,0 +1,121 @@
+"""The pure side of the Slurm placement: Slurm's answers parsed (scontrol, sacct, sinfo), its refusals mapped
+to the field to fix, and the sbatch argv: one server's job, no secret anywhere in it, the user's options
+after fleetgen's (never instead of them), Slurm left to pick the GPUs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fleetgen.config import load_fleet
+from fleetgen.deploy.hostside import HostSurvey
+from fleetgen.deploy.slurm import EXPORT, JOB_SH, job_name, sbatch_argv
+from fleetgen.deploy.wanted import build_wanted
+from fleetgen.engines import get_engine
+from fleetgen.remote.slurm import fix_for, parse_jobs, parse_partition_gpus, parse_sacct
+
+SCONTROL = """\
+JobId=7 JobName=fleetgen-slurm-0-ab12cd34 UserId=root(0) JobState=PENDING Reason=Resources Dependency=(null) \
+RunTime=00:00:00 TimeLimit=00:30:00 NodeList=(null) BatchHost=(null) ExitCode=0:0 Command=/w/slurm-job.sh
+JobId=8 JobName=fleetgen-slurm-1-ab12cd34 UserId=root(0) JobState=RUNNING Reason=None RunTime=00:01:02 \
+NodeList=gpu[01-02] BatchHost=gpu02 ExitCode=0:0 Comment=has spaces=in it
+JobId=9 JobName=x JobState=TIMEOUT Reason=TimeLimit RunTime=00:30:00 NodeList=gpu03 BatchHost=gpu03 \
+ExitCode=0:15
+"""
+
+
+def test_scontrol_lines_give_state_reason_and_the_batch_node() -> None:
+    jobs = parse_jobs(SCONTROL)
+    assert set(jobs) == {"7", "8", "9"}
+    assert (jobs["7"].state, jobs["7"].reason, jobs["7"].node, jobs["7"].is_active) == (
+        "PENDING",
+        "Resources",
+        "",
+        True,
+    )
+    assert (jobs["8"].state, jobs["8"].reason, jobs["8"].node) == ("RUNNING", "", "gpu02")
+    assert not jobs["9"].is_active and jobs["9"].describe() == "TIMEOUT (TimeLimit), exit 0:15"
+    assert jobs["7"].name == "fleetgen-slurm-0-ab12cd34"
+
+
+def test_sacct_rows_for_jobs_scontrol_forgot() -> None:
+    jobs = parse_sacct(
+        "12|CANCELLED by 0|None|gpu01|00:00:12|0:15|n\n13|PREEMPTED|None|gpu02|01:00:00|0:0|m\n"
+    )
+    assert jobs["12"].state == "CANCELLED" and jobs["12"].reason == "" and jobs["12"].node == "gpu01"
+    assert jobs["13"].describe() == "PREEMPTED" and not jobs["13"].is_active
+
+
+@pytest.mark.parametrize(
+    ("sinfo", "total"),
+    [
+        ("n1|gpu:4|idle", 4),
+        ("n1|gpu:h100:8(S:0-1)|mix\nn2|gpu:h100:8(S:0-1)|alloc", 16),
+        ("n1|gpu:a100:4,shard:8|idle\nn2|gpu:2|drain\nn3|gpu:2|down*", 4),
+        ("n1|(null)|idle", 0),
+        ("", 0),
+    ],
+)
+def test_partition_gpus_count_only_nodes_that_can_run_jobs(sinfo: str, total: int) -> None:
+    assert parse_partition_gpus(sinfo).total == total
+
+
+@pytest.mark.parametrize(
+    ("message", "field"),
+    [
+        ("sbatch: error: invalid partition specified: nope", "cluster.partition"),
+        (
+            "allocation failure: Requested time limit is invalid (missing or exceeds some limit)",
+            "cluster.time",
+        ),
+        ("allocation failure: Requested node configuration is not available", "engine.tp"),
+        ("sbatch: error: Invalid account or account/partition combination specified", "cluster.account"),
+        ("sbatch: unrecognized option '--nonsense'", "sbatch_args"),
+        ("something Slurm never said before", "[cluster] table"),
+    ],
+)
+def test_every_refusal_names_a_field_to_change(message: str, field: str) -> None:
+    assert field in fix_for(message)
+
+
+FLEET = """\
+[engine]
+kind = "sglang"
+model = "/models/m"
+tp = {tp}
+bind = "0.0.0.0"
+api_key_env = "FLEETGEN_UNIT_KEY"
+
+[cluster]
+kind = "slurm"
+partition = "gpu"
+gpus = 8
+time = "3-00:00:00"
+account = "proj"
+sbatch_args = ["--qos=high", "--constraint=h200"]
+"""
+KEY = "unit-test-key-0123456789abcdef"
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_sbatch_argv_one_server_per_job_no_secret_user_args_last(tmp_path: Path, tp: int) -> None:
+    path = tmp_path / "fleet.toml"
+    path.write_text(FLEET.format(tp=tp))
+    fleet = load_fleet(path)
+    survey = HostSurvey(workdir="/shared/fleetgen", has_nvidia_smi=False, uptime_s=0.0, clk_tck=100)
+    for inst in fleet.instances():
+        wanted = build_wanted(fleet, get_engine("sglang"), inst, survey, KEY)
+        name = job_name(path, inst.name)
+        argv = sbatch_argv(fleet.cluster, wanted, name, ["/shared/job.sh", "a", "b"])  # type: ignore[arg-type]
+        text = "\n".join([*argv, wanted.script, JOB_SH])
+        assert KEY not in text  # not in sbatch's argv, the launch script or the batch script
+        assert f"--gres=gpu:{tp}" in argv and "--nodes=1" in argv and f"--job-name={name}" in argv
+        assert EXPORT in argv and "ALL" not in EXPORT  # fleetgen's own environment (the key) is not exported
+        assert argv[-5:] == ["--qos=high", "--constraint=h200", "/shared/job.sh", "a", "b"]
+        assert "--partition=gpu" in argv and "--time=3-00:00:00" in argv and "--account=proj" in argv
+        assert "CUDA_VISIBLE_DEVICES" not in wanted.script  # Slurm picks the job's GPUs
+    names = {job_name(path, i.name) for i in fleet.instances()}
+    assert len(names) == 8 // tp  # one job name per server
+    other = tmp_path / "other" / "fleet.toml"
+    assert job_name(other, "slurm-0") != job_name(path, "slurm-0")  # and per fleet file
