@@ -17,8 +17,7 @@ from pathlib import Path
 import aiohttp
 
 from fleetgen.config import LOOPBACK, HostEntry, Instance
-from fleetgen.deploy.hostside import prepare_host
-from fleetgen.deploy.instance import HostSession, Narrate, Outcome, ensure_up, stop_instance
+from fleetgen.deploy.instance import HostSession, Narrate, Outcome, ensure_up, host_session, stop_instance
 from fleetgen.deploy.slurm import down_jobs, up_jobs
 from fleetgen.deploy.state import InstanceRecord, load_state, update_state
 from fleetgen.deploy.wanted import (
@@ -29,11 +28,9 @@ from fleetgen.deploy.wanted import (
     measured_facts,
     planned_capacity,
 )
-from fleetgen.engines import launcher_of
 from fleetgen.errors import ConfigError, FleetgenError, PlanError
 from fleetgen.modelcard import ModelShape
 from fleetgen.plan import HostFacts, InstancePlan, cross_instance_errors, plan_fleet
-from fleetgen.remote import open_host
 
 PerHost = Callable[[HostSession, list[Instance]], Awaitable[list[Outcome]]]
 
@@ -72,23 +69,10 @@ async def open_session(
     """An open host plus its facts; closes the connection (and its tunnels) on exit."""
     cfg = fleet.file.engine
     refuse_unreachable_bind(cfg.bind, entry)
-    async with open_host(entry) as host:
-        survey = await prepare_host(
-            host,
-            entry,
-            cfg.python,
-            launcher_of(cfg),
-            cfg.model,
-            kind=cfg.kind,
-            check_launch=check_launch,
-        )
-        yield HostSession(
-            entry=entry,
-            host=host,
-            survey=survey,
-            http=http,
-            public_bind=cfg.bind if cfg.is_public else None,
-        )
+    async with host_session(
+        entry, cfg, http, cfg.bind if cfg.is_public else None, check_launch=check_launch
+    ) as hs:
+        yield hs
 
 
 async def host_instances(fleet: Fleet, hs: HostSession) -> list[Instance]:

@@ -10,8 +10,8 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from fleetgen.config import HostEntry
-from fleetgen.engines import get_engine
+from fleetgen.config import EngineConfig, HostEntry
+from fleetgen.engines import get_engine, launcher_of
 from fleetgen.errors import DeployError, LaunchFailed
 from fleetgen.plan.types import MIB, GpuFacts
 from fleetgen.remote.base import Host, ProcInfo
@@ -114,21 +114,15 @@ def launcher_module(launcher: tuple[str, ...]) -> str:
 
 
 async def prepare_host(
-    host: Host,
-    entry: HostEntry,
-    python: str,
-    launcher: tuple[str, ...],
-    model: str,
-    *,
-    kind: str,
-    check_launch: bool = True,
+    host: Host, entry: HostEntry, cfg: EngineConfig, *, check_launch: bool = True
 ) -> HostSurvey:
-    """Resolve the workdir and check python, the launcher module and the model folder, in one round trip.
+    """Resolve the workdir and check the engine's python, launcher module and model folder, in one round trip.
 
     `check_launch=False` (for `down`, `status`, `logs`) only reports: a broken python must not stop a `down`.
     """
+    python, launcher, model = cfg.python, launcher_of(cfg), cfg.model
     model_arg = model if is_path_like(model) else ""
-    dists = get_engine(kind).distributions
+    dists = get_engine(cfg.kind).distributions
     res = await host.run(
         sh(PREP_SH, python, launcher_module(launcher), model_arg, entry.workdir, VERSION_PY, *dists)
     )

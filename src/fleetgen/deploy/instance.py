@@ -7,16 +7,23 @@ its GPUs) waited free, and a new process spawned from a freshly pushed, verified
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import aiohttp
 
-from fleetgen.config import LOOPBACK, HostEntry, Instance
-from fleetgen.deploy.hostside import HostSurvey, probe_instance, wait_gpus_released, wait_port_free
+from fleetgen.config import LOOPBACK, EngineConfig, HostEntry, Instance
+from fleetgen.deploy.hostside import (
+    HostSurvey,
+    prepare_host,
+    probe_instance,
+    wait_gpus_released,
+    wait_port_free,
+)
 from fleetgen.deploy.listener import port_owners, stranger_problem
 from fleetgen.deploy.script import Command
 from fleetgen.deploy.state import InstanceRecord
@@ -26,6 +33,7 @@ from fleetgen.engines.base import Engine
 from fleetgen.errors import FleetgenError, LaunchFailed, VerifyError
 from fleetgen.http.client import EngineClient
 from fleetgen.plan import Launch
+from fleetgen.remote import open_host
 from fleetgen.remote.base import Host, ProcInfo
 
 Narrate = Callable[[str, str], None]  # (instance, message)
@@ -55,6 +63,28 @@ class WantedInstance:
     planned: Mapping[str, float]
     timeout_s: float
 
+    def record(
+        self, host: str, log_path: str, pid: int = 0, start_time: int = 0, slurm_job: str = ""
+    ) -> InstanceRecord:
+        """The state file's record of launching this instance on `host` (a Slurm job: pid 0 until it runs)."""
+        return InstanceRecord(
+            instance=self.inst.name,
+            host=host,
+            gpus=self.inst.gpus,
+            port=self.inst.port,
+            pid=pid,
+            start_time=start_time,
+            log_path=log_path,
+            script_path=self.command.paths.script,
+            script_sha256=self.sha256,
+            launched_at=datetime.now(UTC).isoformat(),
+            argv=self.command.argv,
+            env_names=tuple(sorted(self.command.environ)),
+            engine_version=self.launch.version,
+            rule_set=self.launch.rules.name,
+            slurm_job=slurm_job,
+        )
+
 
 @dataclass
 class HostSession:
@@ -72,6 +102,21 @@ class HostSession:
         if self.public_bind:
             return f"http://{public_address(self.entry, self.public_bind)}:{port}"
         return f"http://127.0.0.1:{await self.host.forward(port)}"
+
+
+@contextlib.asynccontextmanager
+async def host_session(
+    entry: HostEntry,
+    cfg: EngineConfig,
+    http: aiohttp.ClientSession,
+    public_bind: str | None,
+    *,
+    check_launch: bool,
+) -> AsyncIterator[HostSession]:
+    """`entry` connected and surveyed (`prepare_host`); closes the connection (and its tunnels) on exit."""
+    async with open_host(entry) as host:
+        survey = await prepare_host(host, entry, cfg, check_launch=check_launch)
+        yield HostSession(entry=entry, host=host, survey=survey, http=http, public_bind=public_bind)
 
 
 def public_address(entry: HostEntry, bind: str) -> str:
@@ -274,22 +319,7 @@ async def _launch(hs: HostSession, wanted: WantedInstance, progress: Narrate) ->
     log_path = paths.log_for(stamp)
     spawned = await hs.host.spawn(paths.script, log_path, paths.pidfile, cwd=paths.root)
     progress(wanted.inst.name, f"spawned pid {spawned.pid}, log {log_path}")
-    return InstanceRecord(
-        instance=wanted.inst.name,
-        host=hs.entry.name,
-        gpus=wanted.inst.gpus,
-        port=wanted.inst.port,
-        pid=spawned.pid,
-        start_time=spawned.start_time,
-        log_path=spawned.log_path or log_path,
-        script_path=paths.script,
-        script_sha256=wanted.sha256,
-        launched_at=datetime.now(UTC).isoformat(),
-        argv=wanted.command.argv,
-        env_names=tuple(sorted(wanted.command.environ)),
-        engine_version=wanted.launch.version,
-        rule_set=wanted.launch.rules.name,
-    )
+    return wanted.record(hs.entry.name, spawned.log_path or log_path, spawned.pid, spawned.start_time)
 
 
 async def _verify(

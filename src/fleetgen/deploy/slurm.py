@@ -27,7 +27,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from fleetgen.config import ClusterConfig, FleetFile, HostEntry, Instance
-from fleetgen.deploy.hostside import prepare_host
 from fleetgen.deploy.instance import (
     PRIVATE_DIR_SH,
     Action,
@@ -37,15 +36,14 @@ from fleetgen.deploy.instance import (
     WantedInstance,
     find_running,
     follow_launch,
+    host_session,
     keep_running,
     remove_secret_files,
 )
 from fleetgen.deploy.state import InstanceRecord
 from fleetgen.deploy.verify import process_drift
 from fleetgen.deploy.wanted import Fleet
-from fleetgen.engines import launcher_of
 from fleetgen.errors import DeployError, FleetgenError, LaunchFailed
-from fleetgen.remote import open_host
 from fleetgen.remote.slurm import HOPELESS, JobInfo, cancel, jobs, node_address, partition_gpus, queued, slurm
 from fleetgen.remote.slurm import submit as sbatch
 
@@ -162,20 +160,8 @@ async def node_session(file: FleetFile, login: HostSession, node: str) -> AsyncI
         values |= {"ssh": f"{user}{address}:{cluster.node_ssh_port}", "identity": cluster.identity}
         values |= {"known_hosts": cluster.known_hosts}
     entry = HostEntry.model_validate({k: v for k, v in values.items() if v is not None})
-    engine = file.engine
-    async with open_host(entry) as host:
-        survey = await prepare_host(
-            host,
-            entry,
-            engine.python,
-            launcher_of(engine),
-            engine.model,
-            kind=engine.kind,
-            check_launch=False,
-        )
-        yield HostSession(
-            entry=entry, host=host, survey=survey, http=login.http, public_bind=login.public_bind
-        )
+    async with host_session(entry, file.engine, login.http, login.public_bind, check_launch=False) as hs:
+        yield hs
 
 
 async def up_jobs(
@@ -267,23 +253,7 @@ async def _submit(
         host, sbatch_argv(_cluster(fleet), wanted, name, [job_script, paths.script, log, paths.pidfile])
     )
     progress(wanted.inst.name, f"submitted Slurm job {job} ({name}), log {log}")
-    return InstanceRecord(
-        instance=wanted.inst.name,
-        host=login.entry.name,
-        gpus=wanted.inst.gpus,
-        port=wanted.inst.port,
-        pid=0,
-        start_time=0,
-        log_path=log,
-        script_path=paths.script,
-        script_sha256=wanted.sha256,
-        launched_at=datetime.now(UTC).isoformat(),
-        argv=wanted.command.argv,
-        env_names=tuple(sorted(wanted.command.environ)),
-        engine_version=wanted.launch.version,
-        rule_set=wanted.launch.rules.name,
-        slurm_job=job,
-    )
+    return wanted.record(login.entry.name, log, slurm_job=job)
 
 
 async def _follow(
