@@ -44,6 +44,10 @@ def words(text: str) -> list[str]:
     return text.split()
 
 
+def norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 PLATFORMS = [
     "manylinux_2_17_x86_64",
     "manylinux2014_x86_64",
@@ -108,6 +112,84 @@ def fleetgen_specs(engine_specs: list[str], host_has: list[str]) -> list[str]:
     return sorted({n for n in names if n not in taken})
 
 
+SGLANG_0_5_15 = [
+    "sglang==0.5.15",
+    "sglang-kernel==0.4.4",
+    "flashinfer_python==0.6.12",
+    "transformers==5.12.1",
+    "tokenizers==0.22.2",
+    "apache-tvm-ffi==0.1.11",
+    "xgrammar==0.2.9",
+    "zstandard",
+    "soundfile==0.13.1",
+    "openai==2.6.1",
+    "openai-harmony==0.0.4",
+    "gguf",
+    "datasets",
+    "multiprocess",
+    "easydict",
+    "blobfile==3.0.0",
+    "pycryptodomex",
+    "nvidia-cutlass-dsl==4.5.2",
+    "nvidia-cutlass-dsl-libs-cu13==4.5.2",
+    "sgl-deep-gemm==0.1.4",
+    "nvidia-cudnn-frontend",
+    "torchao==0.17.0",
+    "ipython",
+    "traitlets",
+    "jedi",
+    "parso",
+    "decorator",
+    "matplotlib-inline",
+    "pexpect",
+    "ptyprocess",
+    "prompt-toolkit",
+    "wcwidth",
+    "stack-data",
+    "asttokens",
+    "executing",
+    "pure-eval",
+    "ipython-pygments-lexers",
+    "jsonschema",
+    "jsonschema-specifications",
+    "referencing",
+    "rpds-py",
+    *COMMON,
+]
+
+
+def repin(specs: list[str], pins: list[str], drop: tuple[str, ...] = ()) -> list[str]:
+    """`specs`, each name in `pins` re-pinned (it must be in `specs`), the names in `drop` left out."""
+    by_name = {norm(re.split(r"[<>=!~]", p, maxsplit=1)[0]): p for p in pins}
+    out, seen = [], set()
+    for spec in specs:
+        name = norm(re.split(r"[<>=!~]", spec, maxsplit=1)[0])
+        if name in drop:
+            continue
+        out.append(by_name.get(name, spec))
+        seen.add(name)
+    assert seen >= set(by_name), f"not in the base set: {set(by_name) - seen}"
+    return out
+
+
+# SGLang 0.5.13 (2026-06-15; still refuses spec + no_buffer + radix cache): 0.5.15's set re-pinned to what
+# 0.5.13's METADATA requires (`Requires-Dist` diffed): sglang-kernel 0.4.3, sgl-deep-gemm 0.1.2 (which pins
+# apache-tvm-ffi==0.1.9), transformers 5.8.1 (tokenizers <=0.23.0: 0.22.2 stays), xgrammar 0.2.1 (the pin;
+# 0.2.9 needs tvm-ffi >=0.1.11); flashinfer 0.6.12, openai 2.6.1, openai-harmony 0.0.4, nvidia-cutlass-dsl
+# 4.5.2, torchao 0.17.0, soundfile 0.13.1, blobfile 3.0.0 are the same; zstandard is not required by 0.5.13.
+SGLANG_0_5_13 = repin(
+    SGLANG_0_5_15,
+    [
+        "sglang==0.5.13",
+        "sglang-kernel==0.4.3",
+        "sgl-deep-gemm==0.1.2",
+        "apache-tvm-ffi==0.1.9",
+        "transformers==5.8.1",
+        "xgrammar==0.2.1",
+    ],
+    drop=("zstandard",),
+)
+
 SETS: dict[tuple[str, str], list[str]] = {
     ("vllm", "0.24.0"): [
         "vllm==0.24.0",
@@ -128,50 +210,8 @@ SETS: dict[tuple[str, str], list[str]] = {
         "rpds-py",
         *COMMON,
     ],
-    ("sglang", "0.5.15"): [
-        "sglang==0.5.15",
-        "sglang-kernel==0.4.4",
-        "flashinfer_python==0.6.12",
-        "transformers==5.12.1",
-        "tokenizers==0.22.2",
-        "apache-tvm-ffi==0.1.11",
-        "xgrammar==0.2.9",
-        "zstandard",
-        "soundfile==0.13.1",
-        "openai==2.6.1",
-        "openai-harmony==0.0.4",
-        "gguf",
-        "datasets",
-        "multiprocess",
-        "easydict",
-        "blobfile==3.0.0",
-        "pycryptodomex",
-        "nvidia-cutlass-dsl==4.5.2",
-        "nvidia-cutlass-dsl-libs-cu13==4.5.2",
-        "sgl-deep-gemm==0.1.4",
-        "nvidia-cudnn-frontend",
-        "torchao==0.17.0",
-        "ipython",
-        "traitlets",
-        "jedi",
-        "parso",
-        "decorator",
-        "matplotlib-inline",
-        "pexpect",
-        "ptyprocess",
-        "prompt-toolkit",
-        "wcwidth",
-        "stack-data",
-        "asttokens",
-        "executing",
-        "pure-eval",
-        "ipython-pygments-lexers",
-        "jsonschema",
-        "jsonschema-specifications",
-        "referencing",
-        "rpds-py",
-        *COMMON,
-    ],
+    ("sglang", "0.5.15"): SGLANG_0_5_15,
+    ("sglang", "0.5.13"): SGLANG_0_5_13,
 }
 
 # Members the engine never loads on a Hopper GPU with the recipe's flags (gpu.md), removed from the wheel.
@@ -183,6 +223,7 @@ SLIM: dict[str, list[str]] = {
         r"vllm/third_party/fmha_sm100/",
     ],
     "sglang": [r"sglang/srt/grpc/_core.*\.so", r"sglang/multimodal_gen/"],
+    "xgrammar": [r"xgrammar/lib/.*\.a$"],  # 0.2.1: a 65 MB static library for C++ builds, never loaded
     "sglang_kernel": [r"sgl_kernel/flash_ops\.abi3\.so", r"sgl_kernel/sm100/", r"sgl_kernel/flashmla_ops"],
 }
 # Members carried apart as the wheel's raw deflate stream (send in pieces); install.sh inflates them.
@@ -212,10 +253,6 @@ torchcodec cuda-tile mcp opentelemetry-api opentelemetry-sdk opentelemetry-expor
 opentelemetry-semantic-conventions-ai flashinfer-jit-cache build gpt-oss ray
 nvidia-cutlass-dsl-libs-cu12 pyobjc lazy-loader"""
 )
-
-
-def norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def download(specs: list[str], dest: Path, python: str) -> None:

@@ -25,3 +25,40 @@ collect() {
 recv_v() { mkdir -p /root/vin; find "$R/.gpu" -type f -name 'vpart*' -exec mv {} /root/vin/ \; ; ls /root/vin | tr '\n' ' '; du -sh /root/vin; }
 assemble_v() { mkdir -p /root/vbundle && cat /root/vin/vpart* | tar -x -C /root/vbundle && rm -f /root/vin/vpart* &&
   (setsid nohup bash /root/vbundle/install.sh /root/vsite $PY > /root/vinstall.log 2>&1 < /dev/null &); echo vllm install started; }
+# SGLang 0.5.13 (the refusal fault): carry .gpu/s01..s04 (recv_s each; s04 in the last call), assemble_s, then
+# fault_refusal bench/gpu/sglang-0.5.13-h200-refusal.toml. Its own site (/root/ssite): nothing shared with 0.5.15.
+SSITE=/root/ssite
+recv_s() { mkdir -p /root/sin; find "$R/.gpu" -type f -name 'spart*' -exec mv {} /root/sin/ \; ; ls /root/sin | tr '\n' ' '; du -sh /root/sin; }
+assemble_s() {  # the bundle's tar (sha256 prefix printed: 5aa5e158c074b01f as built), installed in the foreground
+  mkdir -p /root/sbundle && cat /root/sin/spart* | tee >(sha256sum | cut -c1-16 >&2) | tar -x -C /root/sbundle &&
+  rm -f /root/sin/spart* && bash /root/sbundle/install.sh $SSITE $PY > /root/sinstall.log 2>&1; tail -2 /root/sinstall.log; }
+FGMAIN="import sys; sys.argv[0] = 'fleetgen'; from fleetgen.cli import main; main()"
+fgt() { local t=$1; shift; timeout $t $PY -c "$FGMAIN" "$@"; }  # fgt SECONDS ARGS: fleetgen, time-limited
+fault_refusal() {  # fault_refusal FLEET [SITE]: SGLang's own refusal of spec + no_buffer + radix; files in $OUT/refusal
+  local F=$1 site=${2:-$SSITE} o=$OUT/refusal; mkdir -p $o; cp $F $o/
+  rm -rf /root/fg && mkdir -p /root/fg && cp -r $R/src /root/fg/ && export PYTHONPATH=$site:/root/fg/src
+  $PY -c "import sglang, transformers; print('sglang', sglang.__version__, 'transformers', transformers.__version__)" > $o/versions.txt 2>&1
+  # 1. plan online: fleetgen's own rule (spec-no-buffer-radix) and the host's SGLang parser (from_cli_args runs
+  #    __post_init__, where 0.5.13 raises) — both should name the refusal
+  { fgt 150 plan -f $F; echo "rc=$?"; } > $o/plan.txt 2>&1
+  fgt 150 plan -f $F --json > $o/plan.json 2> $o/plan-json.stderr
+  # 2. up: it runs only plan's cross-instance rules (ARCHITECTURE.md), so it launches; the engine refuses
+  #    in __post_init__ and deploy.watch's fatal signature names it (cause, log lines, fix)
+  { date -u +%T.%N; fgt 240 up -f $F; echo "rc=$?"; date -u +%T.%N; } > $o/up.txt 2>&1
+  fgt 30 logs --fleet $F -n 80 h200-0 > $o/logs.txt 2>&1
+  { fgt 60 down -f $F; echo "rc=$?"; } > $o/down.txt 2>&1
+  # 3. the engine alone (no fleetgen): the plan's own launch line and env, its log verbatim
+  (cd /root && $PY - "$o/plan.json" > $o/engine-alone.log 2>&1 <<'PYEOF'
+import json, os, signal, subprocess, sys
+i = json.load(open(sys.argv[1]))["instances"][0]
+p = subprocess.Popen(i["argv"], env={**os.environ, **i["env"]}, start_new_session=True)
+try:
+    print("rc=%s" % p.wait(150))
+except subprocess.TimeoutExpired:  # it did not refuse: stop it and its workers (its own process group)
+    os.killpg(p.pid, signal.SIGKILL)
+    print("rc=timeout: the engine did not refuse within 150 s (killed)")
+PYEOF
+  )
+  nvidia-smi --query-gpu=memory.used --format=csv >> $o/down.txt
+  tar -cJf $o/work.tar.xz /root/fleetgen-work --exclude='*.sock' --exclude='*api_key*' 2>/dev/null
+  cat $o/versions.txt; grep -h -e rc= -e "error\|fix" $o/plan.txt | head -8; tail -14 $o/up.txt; tail -3 $o/engine-alone.log; }

@@ -192,3 +192,51 @@ def test_every_fleetgen_dependency_reaches_the_air_gapped_host_exactly_once(engi
         assert not (name in extra and name in fetched), (
             f"{name} would be fetched twice (pip refuses two versions)"
         )
+
+
+# sglang 0.5.13's `Requires-Dist` exact pins (read from sglang-0.5.13-cp312-cp312-manylinux_2_34_x86_64.whl's
+# METADATA, markers and extras dropped); cuda-python>=13.0 and the like are ranges, not pins.
+SGLANG_0_5_13_PINS = [
+    "apache-tvm-ffi==0.1.9",
+    "blobfile==3.0.0",
+    "flashinfer_cubin==0.6.12",
+    "flashinfer_python==0.6.12",
+    "nvidia-cutlass-dsl==4.5.2",
+    "openai-harmony==0.0.4",
+    "openai==2.6.1",
+    "outlines==0.1.11",
+    "sgl-deep-gemm==0.1.2",
+    "sglang-kernel==0.4.3",
+    "soundfile==0.13.1",
+    "tilelang==0.1.8",
+    "timm==1.0.16",
+    "tokenspeed_mla==0.1.1",
+    "torch==2.11.0",
+    "torchao==0.17.0",
+    "torchaudio==2.11.0",
+    "torchcodec==0.11.1",
+    "transformers==5.8.1",
+    "xgrammar==0.2.1",
+]
+
+
+def _pins(specs: list[str]) -> dict[str, str]:
+    return {prep.norm(s.split("==")[0]): s.split("==")[1] for s in specs if "==" in s}
+
+
+def test_the_0_5_13_set_fetches_exactly_the_versions_sglang_0_5_13_pins() -> None:
+    """Every package of the 0.5.13 set that 0.5.13 pins is fetched at that version (a pin copied from 0.5.15's
+    set would be a second version of the engine's world); the rest are shared with the 0.5.15 set; the pins
+    of the torch world are the host's own (torch 2.11.0 on the H200: nothing to carry)."""
+    fetched, pinned = _pins(prep.SETS[("sglang", "0.5.13")]), _pins(SGLANG_0_5_13_PINS)
+    for name, version in fetched.items():
+        assert pinned.get(name, version) == version, (name, version, pinned[name])
+    missing = set(pinned) - set(fetched) - {prep.norm(n) for n in prep.NOT_NEEDED + prep.HOST_HAS}
+    assert not missing, f"pinned by 0.5.13, neither fetched, on the host nor listed as not needed: {missing}"
+    assert fetched["sglang"] == "0.5.13" and "sglang-kernel" in fetched
+    base = {prep.norm(re.split(r"[<>=!~]", s, maxsplit=1)[0]) for s in prep.SETS[("sglang", "0.5.15")]}
+    assert {
+        prep.norm(re.split(r"[<>=!~]", s, maxsplit=1)[0]) for s in prep.SETS[("sglang", "0.5.13")]
+    } == base - {"zstandard"}
+    with pytest.raises(AssertionError, match="not in the base set"):
+        prep.repin(prep.SETS[("sglang", "0.5.15")], ["no-such-package==1.0"])

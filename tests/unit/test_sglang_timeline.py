@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from fleetgen.engines import get_engine, select_rule_set
+from fleetgen.engines.base import release
 from fleetgen.engines.sglang_timeline import RELEASES, RULE_SETS, first_release, rules_for
 from fleetgen.modelcard import load_model_shape
 from fleetgen.plan.sglang import CUDA_CONTEXT_BYTES
@@ -151,6 +152,51 @@ def test_motivating_flags_verdict_per_release(version: str, refused: bool) -> No
     model = "qwen3-next-80b-a3b" if version.startswith("0.5.8") else "qwen3.6-27b"
     plan = plan_one(dict(MOTIVATING), version=version, model=model, gpu_gib=GPU183, tp=2)
     assert any(e.rule == "spec-no-buffer-radix" for e in plan.errors) == refused
+
+
+# SGLang's own words, verbatim from the 0.5.13 wheel (server_args.py `_handle_mamba_radix_cache`: two string
+# literals that meet without a space, "no_buffer.To"); reproduced by 0.5.13's own prepare_server_args on this
+# argv (bench/results/raw/gpu-sglang-0.5.13-h200/precheck-cpu.txt).
+SGLANG_0_5_13_REFUSAL = (
+    "Speculative decoding for Qwen3_5ForConditionalGeneration is not compatible with radix cache when using "
+    "--mamba-scheduler-strategy no_buffer.To use radix cache with speculative decoding, please use "
+    "--mamba-scheduler-strategy extra_buffer and set SGLANG_ENABLE_SPEC_V2=1."
+)
+NO_BUFFER = {**MOTIVATING, "mamba-scheduler-strategy": "no_buffer"}  # spec + no_buffer; radix cache left on
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_spec_no_buffer_radix_is_refused_in_sglangs_words_exactly_until_the_check_was_removed(
+    version: str,
+) -> None:
+    """Every release read: spec + no_buffer + radix cache is a plan error quoting SGLang's ValueError verbatim
+    from the first release that raises (0.5.10) up to the one that dropped the check (0.5.14: upstream
+    removed it on 2026-06-19, after 0.5.13 of 06-15); never before (unchecked / radix silently off) nor
+    after. Where it is refused, the fix it names (extra_buffer under the release's flag, or no radix cache)
+    is accepted; from the removal on, the combination itself plans clean once overlap is off (0.5.14+
+    asserts no_buffer without overlap: a different check, its own rule)."""
+    first, removed = (
+        first_release("spec_no_buffer_radix", "raises"),
+        first_release("spec_no_buffer_radix", "gone"),
+    )
+    assert (first, removed) == ("0.5.10", "0.5.14")
+    v = release(version)
+    model = "qwen3-next-80b-a3b" if v < release("0.5.9") else "qwen3.6-27b"  # no Qwen3.5 model before 0.5.9
+    plan = plan_one(dict(NO_BUFFER), version=version, model=model, gpu_gib=GPU183)
+    refusals = [e for e in plan.errors if e.rule == "spec-no-buffer-radix"]
+    if release(first) <= v < release(removed):
+        assert [e.message for e in refusals] == [SGLANG_0_5_13_REFUSAL]
+        flag = rules_for(version).strategy_flag
+        assert refusals[0].fix.startswith(f'set engine.args {flag} = "extra_buffer"')
+        assert "disable-radix-cache = true" in refusals[0].fix
+        for fixed in ({**NO_BUFFER, flag: "extra_buffer"}, {**NO_BUFFER, "disable-radix-cache": True}):
+            after = plan_one(fixed, version=version, gpu_gib=GPU183)
+            assert not after.errors and after.fits, (fixed, after.errors)
+        return
+    assert not refusals
+    if v >= release(removed):
+        accepted = plan_one({**NO_BUFFER, "disable-overlap-schedule": True}, version=version, gpu_gib=GPU183)
+        assert not accepted.errors and accepted.fits, accepted.errors
 
 
 def test_0_5_12_spec_v2_is_on_by_default_so_extra_buffer_takes_5_slots() -> None:
