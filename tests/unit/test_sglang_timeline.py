@@ -15,10 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from fleetgen.config import load_fleet
 from fleetgen.engines import get_engine, select_rule_set
 from fleetgen.engines.base import release
 from fleetgen.engines.sglang_timeline import RELEASES, RULE_SETS, first_release, rules_for
 from fleetgen.modelcard import load_model_shape
+from fleetgen.plan import facts_from_file, plan_fleet
 from fleetgen.plan.sglang import CUDA_CONTEXT_BYTES
 from tests.unit.test_plan import GPU96, GPU183, MODELS, MOTIVATING, QWEN, plan_one
 
@@ -197,6 +199,27 @@ def test_spec_no_buffer_radix_is_refused_in_sglangs_words_exactly_until_the_chec
     if v >= release(removed):
         accepted = plan_one({**NO_BUFFER, "disable-overlap-schedule": True}, version=version, gpu_gib=GPU183)
         assert not accepted.errors and accepted.fits, accepted.errors
+
+
+H200_REFUSAL = Path(__file__).parents[2] / "bench" / "gpu" / "sglang-0.5.13-h200-refusal.toml"
+
+
+@pytest.mark.parametrize("version", ["0.5.13", "0.5.15"])
+def test_the_h200_refusal_fleet_file_is_refused_in_sglangs_words_on_0_5_13_only(
+    version: str, tmp_path: Path
+) -> None:
+    """The fleet file the H200 fault runs (bench/gpu) loads as written, and plan (with the H200's 140.4 GiB
+    stated) quotes SGLang's refusal for it on 0.5.13; on 0.5.15 that check is gone (explicit no_buffer then
+    meets 0.5.14's no-overlap assertion instead: a different rule)."""
+    text = H200_REFUSAL.read_text().replace('version = "0.5.13"', f'version = "{version}"')
+    path = tmp_path / "fleet.toml"
+    path.write_text(text.replace("gpus = [0]", "gpus = [0]\ngpu_memory_gib = 140.4"))
+    fleet = load_fleet(path)
+    plan = plan_fleet(fleet, QWEN, {h.name: facts_from_file(h) for h in fleet.hosts}, None).instances[0]
+    refusals = [e.message for e in plan.errors if e.rule == "spec-no-buffer-radix"]
+    assert refusals == ([SGLANG_0_5_13_REFUSAL] if version == "0.5.13" else [])
+    assert plan.rules == f"sglang-{version}" and not plan.fits
+    assert any(e.rule == "no-buffer-overlap" for e in plan.errors) == (version == "0.5.15")
 
 
 def test_0_5_12_spec_v2_is_on_by_default_so_extra_buffer_takes_5_slots() -> None:
