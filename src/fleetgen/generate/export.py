@@ -20,12 +20,13 @@ The file is written to a temporary name and renamed: an interrupted export leave
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import orjson
 import pyarrow as pa
@@ -157,30 +158,15 @@ def _text(content: Any) -> str:
 
 
 def flat_row(row: ResultRow, inline_think: bool) -> dict[str, Any]:
-    """One jsonl / parquet row."""
+    """One jsonl / parquet row: `PARQUET_SCHEMA`'s columns, the flags as booleans."""
     content, reasoning = row.content or "", row.reasoning_content or ""
     if inline_think:
         content, reasoning = inline(reasoning, content), ""
-    return {
-        "id": row.id,
-        "sample": row.sample,
-        "content": content,
-        "reasoning_content": reasoning,
-        "finish_reason": row.finish_reason,
-        "prompt_tokens": row.prompt_tokens,
-        "completion_tokens": row.completion_tokens,
-        "instance": row.instance,
-        "model": row.model,
-        "num_turns": row.num_turns,
-        "messages": row.prompt,
-        "turns": row.turns,
-        "is_truncated": bool(row.is_truncated),
-        "is_empty": bool(row.is_empty),
-        "has_leaked_think": bool(row.has_leaked_think),
-        "is_repetitive": bool(row.is_repetitive),
-        "latency_s": row.latency_s,
-        "params_hash": row.params_hash,
-    }
+    stored = row._asdict()
+    flat = {name: stored.get(name) for name in PARQUET_SCHEMA.names}
+    flat.update(content=content, reasoning_content=reasoning, messages=row.prompt)
+    flat.update({flag: bool(stored[flag]) for flag in FLAGS.values()})
+    return flat
 
 
 def batch_row(row: ResultRow) -> dict[str, Any]:
@@ -214,13 +200,20 @@ def export(
     tmp = to.with_name(f".{to.name}.tmp-{os.getpid()}")
     tally = _Tally()
     try:
-        params = orjson.loads(store.get_meta("params") or "{}")
-        rows = store.iter_rows(RESULTS, where=filter_sql(filters or []))
+        thinking = bool(orjson.loads(store.get_meta("params") or "{}").get("thinking"))
+        item_of: Callable[[ResultRow], dict[str, Any] | str] = {
+            "sharegpt": lambda row: sharegpt_row(row, inline_think, thinking),
+            "openai-batch": batch_row,
+        }.get(fmt, lambda row: flat_row(row, inline_think))
+        items = tally.kept(store.iter_rows(RESULTS, where=filter_sql(filters or [])), item_of)
         to.parent.mkdir(parents=True, exist_ok=True)
         if fmt == "parquet":
-            _parquet(rows, tmp, inline_think, tally)
+            with pq.ParquetWriter(str(tmp), PARQUET_SCHEMA) as writer:
+                while chunk := list(itertools.islice(items, PARQUET_ROWS)):
+                    writer.write_table(pa.Table.from_pylist(chunk, schema=PARQUET_SCHEMA))
         else:
-            _jsonl(rows, tmp, lambda row: _item(row, fmt, inline_think, bool(params.get("thinking"))), tally)
+            with tmp.open("wb") as handle:
+                handle.writelines(orjson.dumps(item, option=orjson.OPT_APPEND_NEWLINE) for item in items)
         tmp.replace(to)
     except OSError as exc:
         raise JobError(f"cannot write {to}: {exc.strerror}", fix="check the path and free space") from exc
@@ -237,13 +230,19 @@ class _Tally:
     truncated_dropped: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
 
-    def wrote(self, row: ResultRow) -> None:
-        self.written += 1
-        self.truncated_written += bool(row.is_truncated)
-
-    def drop(self, row: ResultRow, reason: str) -> None:
-        self.dropped[reason] += 1
-        self.truncated_dropped += bool(row.is_truncated)
+    def kept(
+        self, rows: Iterable[ResultRow], item_of: Callable[[ResultRow], dict[str, Any] | str]
+    ) -> Iterator[dict[str, Any]]:
+        """Each row's item; a row whose item is a reason is dropped, counted by that reason."""
+        for row in rows:
+            item = item_of(row)
+            if isinstance(item, str):
+                self.dropped[item] += 1
+                self.truncated_dropped += bool(row.is_truncated)
+                continue
+            self.written += 1
+            self.truncated_written += bool(row.is_truncated)
+            yield item
 
     def summary(self, path: str, fmt: str) -> ExportSummary:
         notes = []
@@ -260,38 +259,3 @@ class _Tally:
         return ExportSummary(
             path, fmt, self.written, sum(dropped.values()), reason, dropped, self.truncated_written, notes
         )
-
-
-def _jsonl(rows: Iterable[ResultRow], path: Path, item_of: Any, tally: _Tally) -> None:
-    with path.open("wb") as handle:
-        for row in rows:
-            item = item_of(row)
-            if isinstance(item, str):
-                tally.drop(row, item)
-                continue
-            _write_line(handle, item)
-            tally.wrote(row)
-
-
-def _item(row: ResultRow, fmt: str, inline_think: bool, thinking: bool) -> dict[str, Any] | str:
-    if fmt == "sharegpt":
-        return sharegpt_row(row, inline_think, thinking)
-    return batch_row(row) if fmt == "openai-batch" else flat_row(row, inline_think)
-
-
-def _write_line(handle: IO[bytes], item: dict[str, Any]) -> None:
-    handle.write(orjson.dumps(item))
-    handle.write(b"\n")
-
-
-def _parquet(rows: Iterable[ResultRow], path: Path, inline_think: bool, tally: _Tally) -> None:
-    with pq.ParquetWriter(str(path), PARQUET_SCHEMA) as writer:
-        chunk: list[dict[str, Any]] = []
-        for row in rows:
-            chunk.append(flat_row(row, inline_think))
-            tally.wrote(row)
-            if len(chunk) >= PARQUET_ROWS:
-                writer.write_table(pa.Table.from_pylist(chunk, schema=PARQUET_SCHEMA))
-                chunk = []
-        if chunk:
-            writer.write_table(pa.Table.from_pylist(chunk, schema=PARQUET_SCHEMA))

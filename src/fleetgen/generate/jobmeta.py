@@ -89,8 +89,7 @@ def add_input(store: Store, stored_identity: str) -> None:
 def forget(store: Store) -> None:
     """A folder with no result or error row holds no job yet: forget its input, params, position and bad
     lines, so a run stopped by bad input can start again with a fixed job file or input."""
-    for key in (INPUT_IDENTITY, EARLIER_INPUTS, POSITION, TOTAL, "params"):
-        store.delete_meta(key)
+    store.delete_meta(INPUT_IDENTITY, EARLIER_INPUTS, POSITION, TOTAL, "params")
     store.conn.execute("DELETE FROM inputs_bad")
 
 

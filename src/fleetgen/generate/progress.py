@@ -41,23 +41,27 @@ class EndpointProgress:
     completions_per_s: float
     last_error: str
 
+    @classmethod
+    def of(cls, e: Endpoint, completions_per_s: float = 0.0) -> EndpointProgress:
+        return cls(e.name, e.readiness, e.in_flight, e.cap, e.completions, completions_per_s, e.last_error)
+
 
 @dataclass(frozen=True)
 class Progress:
-    """A snapshot of the job, emitted every ~0.5 s through the runner's callback."""
+    """A snapshot of the job, emitted every ~0.5 s through the runner's callback (nothing done: zeros)."""
 
-    done: int
-    total: int | None
-    completions_per_s: float
-    output_tokens_per_s: float
-    eta_s: float | None
-    errors: int
-    truncated: int
-    bad_inputs: int
-    in_flight: int
-    retrying: int
-    elapsed_s: float
-    stopping: bool
+    done: int = 0
+    total: int | None = None
+    completions_per_s: float = 0.0
+    output_tokens_per_s: float = 0.0
+    eta_s: float | None = None
+    errors: int = 0
+    truncated: int = 0
+    bad_inputs: int = 0
+    in_flight: int = 0
+    retrying: int = 0
+    elapsed_s: float = 0.0
+    stopping: bool = False
     endpoints: list[EndpointProgress] = field(default_factory=list)
     waiting_s: float | None = None  # no server ready (yet, or any more): seconds left to wait for one
     is_final: bool = False  # the job's end: the rates are its averages
@@ -65,23 +69,8 @@ class Progress:
 
 def waiting(endpoints: Sequence[Endpoint], elapsed_s: float, remaining_s: float) -> Progress:
     """A snapshot while the job waits for a first ready server: no counts yet, each server's state and why."""
-    states = [EndpointProgress(e.name, e.readiness, 0, e.cap, 0, 0.0, e.last_error) for e in endpoints]
-    return Progress(
-        done=0,
-        total=None,
-        completions_per_s=0.0,
-        output_tokens_per_s=0.0,
-        eta_s=None,
-        errors=0,
-        truncated=0,
-        bad_inputs=0,
-        in_flight=0,
-        retrying=0,
-        elapsed_s=elapsed_s,
-        stopping=False,
-        endpoints=states,
-        waiting_s=remaining_s,
-    )
+    states = [EndpointProgress.of(e) for e in endpoints]
+    return Progress(elapsed_s=elapsed_s, endpoints=states, waiting_s=remaining_s)
 
 
 @dataclass(frozen=True)
@@ -152,16 +141,13 @@ class PositionTracker:
             return
         self._open.append((line, end_offset))
         self._owed[line] = self._owed.get(line, 0) + num_rows
-        self._advance()
+        self.advance()
 
     def paid(self, line: int) -> None:
         if line in self._owed:
             self._owed[line] -= 1
 
     def advance(self) -> None:
-        self._advance()
-
-    def _advance(self) -> None:
         while self._open and self._owed.get(self._open[0][0], 0) <= 0:
             line, offset = self._open.popleft()
             self._owed.pop(line, None)

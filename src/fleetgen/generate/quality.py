@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from fleetgen.http.client import Completion
 
@@ -28,22 +28,13 @@ MIN_SCREEN_BYTES = 400
 SCREEN_RATIO = 3.0
 
 
-@dataclass(frozen=True, slots=True)
-class Flags:
+class Flags(NamedTuple):
     """The quality flags of a row (all turns of a conversation combined)."""
 
     is_truncated: bool = False
     is_empty: bool = False
     has_leaked_think: bool = False
     is_repetitive: bool = False
-
-    def merge(self, other: Flags) -> Flags:
-        return Flags(
-            self.is_truncated or other.is_truncated,
-            self.is_empty or other.is_empty,
-            self.has_leaked_think or other.has_leaked_think,
-            self.is_repetitive or other.is_repetitive,
-        )
 
 
 def has_think_marker(text: str) -> bool:
@@ -90,7 +81,4 @@ def flags_of(completion: Completion) -> Flags:
 
 def flags_of_all(completions: list[Completion]) -> Flags:
     """The flags of a conversation: a flag is set when any turn has it."""
-    result = Flags()
-    for completion in completions:
-        result = result.merge(flags_of(completion))
-    return result
+    return Flags(*map(any, zip(*map(flags_of, completions), strict=True)))

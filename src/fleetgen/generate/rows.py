@@ -6,7 +6,7 @@ The records themselves (`ResultRow`, …) and their columns are defined once, in
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import orjson
@@ -41,33 +41,14 @@ class RowBuilder:
         turns = work.done
         last = turns[-1]
         flags = flags_of_all(turns)
-        is_truncated = any(t.finish_reason == "length" for t in turns)
-        multi = None
-        if len(turns) > 1:
-            multi = orjson.dumps(
-                [
-                    {
-                        "content": t.content,
-                        "reasoning_content": t.reasoning_content,
-                        "finish_reason": t.finish_reason,
-                        "prompt_tokens": t.prompt_tokens,
-                        "completion_tokens": t.completion_tokens,
-                    }
-                    for t in turns
-                ]
-            ).decode()
         return ResultRow(
-            id=work.record_id,
-            sample=work.sample,
-            khash=work.key,
-            source=work.source,
-            line=work.line,
+            **_keys(work),
             prompt=orjson.dumps(work.segments).decode(),
             content=last.content,
             reasoning_content=last.reasoning_content,
-            turns=multi,
+            turns=orjson.dumps(turns).decode() if len(turns) > 1 else None,  # each Completion's fields
             num_turns=len(turns),
-            finish_reason="length" if is_truncated else last.finish_reason,
+            finish_reason="length" if flags.is_truncated else last.finish_reason,
             prompt_tokens=_sum(t.prompt_tokens for t in turns),
             completion_tokens=_sum(t.completion_tokens for t in turns),
             instance=endpoint,
@@ -77,7 +58,7 @@ class RowBuilder:
             started_at=started_at,
             latency_s=latency_s,
             finished_at=time.time(),
-            is_truncated=int(is_truncated),
+            is_truncated=int(flags.is_truncated),
             is_empty=int(flags.is_empty),
             has_leaked_think=int(flags.has_leaked_think),
             is_repetitive=int(flags.is_repetitive),
@@ -91,11 +72,7 @@ class RowBuilder:
         if exc.kind == "prompt_too_long":
             reason = f"prompt longer than the context ({work.source}:{work.line}): {reason}"
         return ErrorRow(
-            id=work.record_id,
-            sample=work.sample,
-            khash=work.key,
-            source=work.source,
-            line=work.line,
+            **_keys(work),
             kind=exc.kind,
             reason=reason,
             status=exc.status,
@@ -106,12 +83,20 @@ class RowBuilder:
         )
 
 
-def _sum(values: Any) -> int | None:
-    total, seen = 0, False
-    for value in values:
-        if value is not None:
-            total, seen = total + value, True
-    return total if seen else None
+def _keys(work: Work) -> dict[str, Any]:
+    """The columns a result and an error row share: the key and where the record was read."""
+    return {
+        "id": work.record_id,
+        "sample": work.sample,
+        "khash": work.key,
+        "source": work.source,
+        "line": work.line,
+    }
+
+
+def _sum(values: Iterable[int | None]) -> int | None:
+    known = [value for value in values if value is not None]
+    return sum(known) if known else None
 
 
 def bad_row(bad: BadInput) -> BadRow:
@@ -157,18 +142,7 @@ def snapshot(
         retrying=dispatcher.num_retrying,
         elapsed_s=time.monotonic() - started,
         stopping=stopping,
-        endpoints=[
-            EndpointProgress(
-                e.name,
-                e.readiness,
-                e.in_flight,
-                e.cap,
-                e.completions,
-                endpoint_rates.get(e.name, 0.0),
-                e.last_error,
-            )
-            for e in dispatcher.endpoints
-        ],
+        endpoints=[EndpointProgress.of(e, endpoint_rates.get(e.name, 0.0)) for e in dispatcher.endpoints],
     )
 
 

@@ -19,12 +19,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import sqlite3
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import IO, Generic, NamedTuple, TypeVar
+from typing import IO, Any, Generic, NamedTuple, TypeVar
 
 from fleetgen.errors import JobError
 
@@ -129,7 +128,7 @@ RESULTS = Table("results", ResultRow, key=("id", "sample"))
 ERRORS = Table("errors", ErrorRow, key=("id", "sample"))
 BAD = Table("inputs_bad", BadRow, key=("source", "line"))
 SERIES = Table("timeseries", SeriesRow)
-TABLES = (RESULTS, ERRORS, BAD, SERIES)
+TABLES: tuple[Table[Any], ...] = (RESULTS, ERRORS, BAD, SERIES)
 
 
 MIGRATIONS: tuple[str, ...] = (
@@ -179,7 +178,7 @@ MIGRATIONS: tuple[str, ...] = (
 
 @dataclass
 class Batch:
-    """Rows written in one transaction. `lines` maps each row to its input line (for the resume position)."""
+    """Rows (and meta items) written in one transaction."""
 
     results: list[ResultRow] = field(default_factory=list)
     errors: list[ErrorRow] = field(default_factory=list)
@@ -187,12 +186,15 @@ class Batch:
     series: list[SeriesRow] = field(default_factory=list)
     meta: dict[str, str] = field(default_factory=dict)
 
+    def rows(self) -> tuple[list[Any], ...]:
+        """The rows per table, in `TABLES`' order."""
+        return self.results, self.errors, self.bad, self.series
+
     def __len__(self) -> int:
-        return len(self.results) + len(self.errors) + len(self.bad) + len(self.series)
+        return sum(map(len, self.rows()))
 
 
-@dataclass(frozen=True)
-class Counts:
+class Counts(NamedTuple):
     """What the store holds."""
 
     results: int
@@ -246,8 +248,8 @@ class Store:
     def set_meta(self, items: dict[str, str]) -> None:
         self.conn.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", items.items())
 
-    def delete_meta(self, key: str) -> None:
-        self.conn.execute("DELETE FROM meta WHERE key = ?", (key,))
+    def delete_meta(self, *keys: str) -> None:
+        self.conn.executemany("DELETE FROM meta WHERE key = ?", ((key,) for key in keys))
 
     def bad_lines(self, source: str) -> set[int]:
         """Lines of `source` recorded as bad input (by earlier runs)."""
@@ -271,34 +273,21 @@ class Store:
         return {k for (k,) in self.conn.execute(f"SELECT khash FROM {table} WHERE {where}")}
 
     def counts(self) -> Counts:
-        one = self.conn.execute
-        return Counts(
-            results=one("SELECT COUNT(*) FROM results").fetchone()[0],
-            errors=one("SELECT COUNT(*) FROM errors").fetchone()[0],
-            truncated=one("SELECT COUNT(*) FROM results WHERE is_truncated = 1").fetchone()[0],
-            bad_inputs=one("SELECT COUNT(*) FROM inputs_bad").fetchone()[0],
-        )
+        tables = ("results", "errors", "results WHERE is_truncated = 1", "inputs_bad")  # Counts' order
+        counts = ", ".join(f"(SELECT COUNT(*) FROM {table})" for table in tables)
+        return Counts._make(self.conn.execute(f"SELECT {counts}").fetchone())
 
     def write_batch(self, batch: Batch) -> None:
         """Write a batch in one transaction: all of it or none of it."""
         conn = self.conn
         try:
             conn.execute("BEGIN IMMEDIATE")
-            if batch.results:
-                conn.executemany(RESULTS.insert, batch.results)
-                # A success replaces an earlier error row for the same key (--retry-errors).
-                conn.executemany(
-                    "DELETE FROM errors WHERE id = ? AND sample = ?",
-                    ((row.id, row.sample) for row in batch.results),
-                )
-            if batch.errors:
-                conn.executemany(ERRORS.insert, batch.errors)
-            if batch.bad:
-                conn.executemany(BAD.insert, batch.bad)
-            if batch.series:
-                conn.executemany(SERIES.insert, batch.series)
-            if batch.meta:
-                self.set_meta(batch.meta)
+            # A success replaces an earlier error row for the same key (--retry-errors).
+            keys = ((row.id, row.sample) for row in batch.results)
+            conn.executemany("DELETE FROM errors WHERE id = ? AND sample = ?", keys)
+            for table, rows in zip(TABLES, batch.rows(), strict=True):
+                conn.executemany(table.insert, rows)
+            self.set_meta(batch.meta)
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             with contextlib.suppress(sqlite3.Error):
@@ -319,8 +308,8 @@ class Store:
             yield from map(table.record._make, rows)
 
 
-def migrate(conn: sqlite3.Connection) -> int:
-    """Apply the migrations not yet applied, each in its own transaction; return the schema version."""
+def migrate(conn: sqlite3.Connection) -> None:
+    """Apply the migrations not yet applied, each in its own transaction."""
     version = int(conn.execute("PRAGMA user_version").fetchone()[0])
     if version > len(MIGRATIONS):
         raise JobError(
@@ -329,7 +318,6 @@ def migrate(conn: sqlite3.Connection) -> int:
         )
     for number in range(version, len(MIGRATIONS)):
         conn.executescript(f"BEGIN; {MIGRATIONS[number]}; PRAGMA user_version = {number + 1}; COMMIT;")
-    return len(MIGRATIONS)
 
 
 def _take_lock(out_dir: Path) -> IO[bytes]:
@@ -344,8 +332,3 @@ def _take_lock(out_dir: Path) -> IO[bytes]:
             fix="wait for it to finish or stop it; two runs on one folder would do work twice",
         ) from exc
     return handle
-
-
-def now() -> float:
-    """Wall-clock seconds, for row timestamps."""
-    return time.time()
