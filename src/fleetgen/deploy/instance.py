@@ -232,24 +232,18 @@ async def follow_launch(
     out.url = await hs.url_for(wanted.inst.port)
     client = EngineClient(out.url, session=hs.http, api_key=wanted.secret_value)
     name = wanted.inst.name
+    started = StartedProcess(name, hs.host, rec.pid, rec.start_time, rec.log_path)
     try:
-        watch = await wait_ready(
-            StartedProcess(name, hs.host, rec.pid, rec.start_time, rec.log_path),
-            engine,
-            client,
-            timeout_s=wanted.timeout_s,
-            progress=lambda m: progress(name, m),
-        )
-    except LaunchFailed as exc:
-        # A half-dead engine can keep its port and GPU memory: clear it so the next `up` starts clean.
-        await undo()
-        exc.context["stopped"] = f"pid {rec.pid} (its log stays at {rec.log_path})"
-        raise
-    finally:
-        await remove_secret_files(hs.host, wanted.command)  # read at start: a healthy engine is past that
-    try:
+        try:
+            watch = await wait_ready(
+                started, engine, client, timeout_s=wanted.timeout_s, progress=lambda m: progress(name, m)
+            )
+        finally:
+            await remove_secret_files(hs.host, wanted.command)  # read at start: a healthy engine is past that
         await prove_listener(hs, wanted, rec.pid)
-    except VerifyError as exc:  # it cannot serve on its port: leave nothing half-started behind
+    except (LaunchFailed, VerifyError) as exc:
+        # A half-dead engine can keep its port and GPU memory, and one that cannot serve on its port is of no
+        # use: leave nothing half-started behind, so the next `up` starts clean.
         await undo()
         exc.context["stopped"] = f"pid {rec.pid} (its log stays at {rec.log_path})"
         raise
