@@ -37,11 +37,12 @@ fgt() { local t=$1; shift; timeout $t $PY -c "$FGMAIN" "$@"; }  # fgt SECONDS AR
 fault_refusal() {  # fault_refusal FLEET [SITE]: SGLang's own refusal of spec + no_buffer + radix; files in $OUT/refusal
   local F=$1 site=${2:-$SSITE} o=$OUT/refusal; mkdir -p $o; cp $F $o/
   rm -rf /root/fg && mkdir -p /root/fg && cp -r $R/src /root/fg/ && export PYTHONPATH=$site:/root/fg/src
-  $PY -c "import sglang, transformers; print('sglang', sglang.__version__, 'transformers', transformers.__version__)" > $o/versions.txt 2>&1
+  # the first import of SGLang compiles its bytecode (install.sh: --no-compile): it happens here, not in plan
+  timeout 240 $PY -c "import sglang, transformers, sglang.srt.server_args; print('sglang', sglang.__version__, 'transformers', transformers.__version__)" > $o/versions.txt 2>&1
   # 1. plan online: fleetgen's own rule (spec-no-buffer-radix) and the host's SGLang parser (from_cli_args runs
   #    __post_init__, where 0.5.13 raises) — both should name the refusal
+  fgt 180 plan -f $F --json > $o/plan.json 2> $o/plan-json.stderr
   { fgt 150 plan -f $F; echo "rc=$?"; } > $o/plan.txt 2>&1
-  fgt 150 plan -f $F --json > $o/plan.json 2> $o/plan-json.stderr
   # 2. up: it runs only plan's cross-instance rules (ARCHITECTURE.md), so it launches; the engine refuses
   #    in __post_init__ and deploy.watch's fatal signature names it (cause, log lines, fix)
   { date -u +%T.%N; fgt 240 up -f $F; echo "rc=$?"; date -u +%T.%N; } > $o/up.txt 2>&1
