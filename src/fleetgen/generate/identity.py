@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import orjson
 
@@ -85,9 +85,7 @@ def differences(stored: dict[str, Any], path: Path, now: dict[str, Any]) -> list
         if sample_digest(path, size) != old[0]["sample"]:
             return [f"the file's first {size} bytes differ from the file this folder was made from"]
         return []
-    if [(p["name"], p["size"], p["sample"]) for p in old] != [
-        (p["name"], p["size"], p["sample"]) for p in new
-    ]:
+    if old != new:  # each part: name, size, sample
         names = ", ".join(f"{p['name']} ({p['size']} B)" for p in old[:4])
         return [
             f"the files differ from the ones this folder was made from ({names}"
@@ -170,9 +168,7 @@ class ResumeCheck:
         if self._seekable and offset > self._start:
             with self._path.open("rb") as handle:
                 handle.seek(self._offset)
-                while self._offset < offset and (block := handle.read(min(offset - self._offset, 1 << 20))):
-                    self._hash.update(block)
-                    self._offset += len(block)
+                self._offset += _hash_next(handle, offset - self._offset, self._hash)
             chain = [*self._chain, [offset, self._hash.hexdigest()]]
         return {"line": line, "offset": offset, "stat": self.stat(), "chain": chain}
 
@@ -184,12 +180,17 @@ class ResumeCheck:
         start = 0
         with self._path.open("rb") as handle:
             for end, digest in chain:
-                segment = hashlib.blake2b(digest_size=16)
-                remaining = int(end) - start
-                while remaining > 0 and (block := handle.read(min(remaining, 1 << 20))):
-                    segment.update(block)
-                    remaining -= len(block)
-                if remaining or segment.hexdigest() != digest:
+                segment, length = hashlib.blake2b(digest_size=16), int(end) - start
+                if _hash_next(handle, length, segment) != length or segment.hexdigest() != digest:
                     return False
                 start = int(end)
         return True
+
+
+def _hash_next(handle: IO[bytes], length: int, digest: Any) -> int:
+    """Hash the next `length` bytes of `handle` into `digest`; how many there were (fewer at the end)."""
+    done = 0
+    while done < length and (block := handle.read(min(length - done, 1 << 20))):
+        digest.update(block)
+        done += len(block)
+    return done

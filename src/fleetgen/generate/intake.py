@@ -66,8 +66,7 @@ class Intake:
 
     def plan(self, store: Store, mode: str, counters: Counters) -> Plan:
         """(position tracker, wanted keys for the re-run modes, done keys → their content hashes)."""
-        counts = store.counts()
-        counters.errors_before, counters.truncated_before = counts.errors, counts.truncated
+        counters.before = store.counts()
         if mode == "retry_errors":
             return None, store.keys_where("errors"), {}
         if mode == "redo_truncated":
@@ -78,7 +77,6 @@ class Intake:
             data = orjson.loads(saved)
             if self.resume.trusts(data):
                 start = Position(int(data["line"]), int(data["offset"]))
-        counters.done_before = counts.results + counts.errors
         return PositionTracker(start), None, store.done_keys(start.line)
 
     def done_check(self, wanted: set[int] | None, done: dict[int, int]) -> IsDone | None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from fleetgen.fleet.status import Readiness
 from fleetgen.generate.health import Endpoint
 from fleetgen.generate.source import Position
+from fleetgen.generate.store import Counts
 
 
 @dataclass
@@ -24,9 +25,9 @@ class Counters:
     bad: int = 0
     truncated: int = 0
     output_tokens: int = 0
-    done_before: int = 0
-    errors_before: int = 0
-    truncated_before: int = 0
+    before: Counts = field(
+        default_factory=Counts
+    )  # re-run modes (--retry-errors, --redo-truncated) count only this run's
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import orjson
 from fleetgen.generate.dispatch import Dispatcher, Endpoint
 from fleetgen.generate.progress import BadInputSample, Counters, EndpointProgress, Progress, Summary
 from fleetgen.generate.quality import flags_of_all
-from fleetgen.generate.store import BadRow, ErrorRow, ResultRow, SeriesRow, Store
+from fleetgen.generate.store import BadRow, Counts, ErrorRow, ResultRow, SeriesRow, Store
 from fleetgen.generate.work import BadInput, Work
 from fleetgen.http.client import RequestFailed
 
@@ -125,9 +125,8 @@ def snapshot(
     is_normal: bool,
 ) -> Progress:
     """The progress view's snapshot: counts of committed rows only."""
-    done = counters.results + counters.errors + counters.bad * samples
-    if is_normal:
-        done += counters.done_before
+    before = counters.before if is_normal else Counts()
+    done = before.results + before.errors + counters.results + counters.errors + counters.bad * samples
     eta = (total - done) / rate if total is not None and rate > 0 and total >= done else None
     return Progress(
         done=done,
@@ -135,8 +134,8 @@ def snapshot(
         completions_per_s=rate,
         output_tokens_per_s=tok_rate,
         eta_s=eta,
-        errors=counters.errors_before * is_normal + counters.errors,
-        truncated=counters.truncated_before * is_normal + counters.truncated,
+        errors=before.errors + counters.errors,
+        truncated=before.truncated + counters.truncated,
         bad_inputs=counters.bad,
         in_flight=dispatcher.num_in_flight,
         retrying=dispatcher.num_retrying,

@@ -2,19 +2,11 @@
 bytes whatever the file is called), Parquet, or a local Hugging Face `datasets` folder (its Arrow files).
 
 Each record becomes the segments of a `Work` item (see `work.py`) or a `BadInput` naming file, line and
-reason. Memory does not grow with the dataset: files are read line by line or batch by batch, and a resume
-position (`Position`) lets a rerun start past the prefix that is already complete.
-
-Record shapes, and which turns the model writes (README "Input shapes"): a prompt field (one user message:
-one answer is generated), or a conversation in `messages` / `conversations` (`role`/`content` or ShareGPT
-`from`/`value`). In a conversation every assistant turn is a placeholder: the model regenerates each one, in
-order, on its own earlier answers, so every assistant turn of the output is the model's. The input's
-system and user turns are the context, normalised to what a trainer takes: leading system messages are
-merged into one; consecutive user turns are merged into one (joined by a blank line); consecutive assistant
-turns are one answer; assistant turns before the first user turn are dropped (there is no question to
-answer); a system message after the first user turn, an unknown role, or an empty user turn makes the
-record bad input.
-The id comes from a configurable field, else a stable hash of the record's canonical JSON.
+reason. Memory does not grow with the dataset; a resume `Position` starts a rerun past the complete prefix.
+Which turns the model writes and how a conversation is normalised (README "Input shapes"): every assistant
+turn is a placeholder the model regenerates, in order, on its own earlier answers; the system and user turns
+are the context, merged the way trainers and chat templates take them. The id comes from a configurable
+field, else a stable hash of the record's canonical JSON.
 """
 
 from __future__ import annotations
@@ -210,16 +202,13 @@ def _record_of(
     if stored == 0:
         return None  # done before content hashes were stored: nothing to compare
     segments = to_segments(raw, shape)
-    if isinstance(segments, str):
-        if stored is not None:
-            raise conflict(record_id, source, line)
-        return BadInput(source, line, segments, record_id, end)
-    digest = content_hash(segments)
-    if stored is not None:
-        if stored == digest:
-            return None
+    if stored is None:
+        if isinstance(segments, str):
+            return BadInput(source, line, segments, record_id, end)
+        return Record(record_id, source, line, end, segments, content_hash(segments))
+    if isinstance(segments, str) or content_hash(segments) != stored:
         raise conflict(record_id, source, line)
-    return Record(record_id, source, line, end, segments, digest)
+    return None
 
 
 def conflict(record_id: str, source: str, line: int) -> InputMismatch:

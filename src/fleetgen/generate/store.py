@@ -197,10 +197,10 @@ class Batch:
 class Counts(NamedTuple):
     """What the store holds."""
 
-    results: int
-    errors: int
-    truncated: int
-    bad_inputs: int
+    results: int = 0
+    errors: int = 0
+    truncated: int = 0
+    bad_inputs: int = 0
 
 
 class Store:
