@@ -8,9 +8,10 @@ file's `prompt_field` / `id_field` set the names).
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pyarrow as pa
@@ -80,17 +81,10 @@ def _fields_seen(path: Path, split: str | None) -> list[str]:
             return list(pq.ParquetFile(str(path)).schema_arrow.names)
         seen: dict[str, None] = {}
         with open_input(path) as handle:
-            for _, line in zip(range(NUM_PEEK), handle, strict=False):
-                record: Any = _loads(line)
-                if isinstance(record, dict):
-                    seen.update(dict.fromkeys(record))
+            for line in itertools.islice(handle, NUM_PEEK):
+                with contextlib.suppress(orjson.JSONDecodeError):
+                    record = orjson.loads(line)
+                    seen.update(dict.fromkeys(record if isinstance(record, dict) else ()))
         return list(seen)
     except (OSError, IndexError, EOFError, pa.ArrowException):
         return []
-
-
-def _loads(line: bytes) -> Any:
-    try:
-        return orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return None

@@ -33,16 +33,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fleetgen.errors import JobError
-from fleetgen.generate.quality import has_think_marker
+from fleetgen.generate.quality import Flags, has_think_marker
 from fleetgen.generate.store import RESULTS, ResultRow, Store
 
 FORMATS = ("parquet", "jsonl", "sharegpt", "openai-batch")
-FLAGS = {
-    "truncated": "is_truncated",
-    "empty": "is_empty",
-    "leaked_think": "has_leaked_think",
-    "repetitive": "is_repetitive",
-}
+FLAGS = {flag.split("_", 1)[1]: flag for flag in Flags._fields}  # "leaked_think": "has_leaked_think", …
 PARQUET_ROWS = 2000
 PARQUET_SCHEMA = pa.schema(
     [

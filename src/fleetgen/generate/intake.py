@@ -128,7 +128,7 @@ class Intake:
                 if wanted is None:  # re-run modes have already recorded the input's bad lines
                     if tracker is not None:
                         tracker.open(record.line, record.end_offset, 1)
-                    writer.put_bad(rows.bad_row(record))
+                    writer.put(rows.bad_row(record))
                     self._note_bad(record)
                 continue
             self.num_good += 1

@@ -186,8 +186,8 @@ class Job:
             endpoints,
             opts.policy,
             lambda work: rows.request_body(base, work, opts.params.seed),
-            on_success=lambda ep, work, t0, dt: writer.put_result(builder.result(ep, work, t0, dt)),
-            on_error=lambda ep, work, exc: writer.put_error(builder.error(ep, work, exc)),
+            on_success=lambda ep, work, t0, dt: writer.put(builder.result(ep, work, t0, dt)),
+            on_error=lambda ep, work, exc: writer.put(builder.error(ep, work, exc)),
             watch=watch,
         )
         items = intake.work(writer, tracker, wanted, done)
@@ -230,7 +230,7 @@ class Job:
             count_task.cancel()
             if scrape_task is not None:
                 scrape_task.cancel()
-            writer.put_series(rows.series_rows(dispatcher.endpoints, self._accept_lengths()))  # the end
+            writer.put(*rows.series_rows(dispatcher.endpoints, self._accept_lengths()))  # the end
             writer.close()
             await asyncio.gather(
                 writer_task, ticker, count_task, *filter(None, [scrape_task]), return_exceptions=True
@@ -291,7 +291,7 @@ class Job:
 
     def _check_params(self, store: Store, model: str) -> str:
         params = self.options.params
-        params = SamplingParams(**{**params.as_dict(), "model": model})
+        params = dataclasses.replace(params, model=model)
         stored = store.get_meta("params")
         ignore = frozenset({"max_tokens"}) if self.options.mode == "redo_truncated" else frozenset()
         if stored is not None and not self.options.force_params:
@@ -345,7 +345,7 @@ class Job:
         done_meter, token_meter = RateMeter(), RateMeter()
         meters = {e.name: RateMeter() for e in dispatcher.endpoints}
         last_series = time.monotonic()
-        writer.put_series(rows.series_rows(dispatcher.endpoints, self._accept_lengths()))  # the start
+        writer.put(*rows.series_rows(dispatcher.endpoints, self._accept_lengths()))  # the start
         while True:
             await asyncio.sleep(self.options.progress_interval_s)
             rate = done_meter.add(self.counters.results + self.counters.errors)
@@ -355,7 +355,7 @@ class Job:
                 on_progress(self._snapshot(dispatcher, started, rate, tok_rate))
             if time.monotonic() - last_series >= self.options.series_interval_s:
                 last_series = time.monotonic()
-                writer.put_series(rows.series_rows(dispatcher.endpoints, self._accept_lengths()))
+                writer.put(*rows.series_rows(dispatcher.endpoints, self._accept_lengths()))
 
     def _accept_lengths(self) -> Mapping[str, float | None]:
         return self._scraper.latest if self._scraper is not None else {}

@@ -193,6 +193,15 @@ class Batch:
     def __len__(self) -> int:
         return sum(map(len, self.rows()))
 
+    def add(self, row: ResultRow | ErrorRow | BadRow | SeriesRow) -> None:
+        lists: dict[type, list[Any]] = {
+            ResultRow: self.results,
+            ErrorRow: self.errors,
+            BadRow: self.bad,
+            SeriesRow: self.series,
+        }
+        lists[type(row)].append(row)
+
 
 class Counts(NamedTuple):
     """What the store holds."""

@@ -87,18 +87,15 @@ class SamplingParams:
     extra_body: dict[str, Any]
 
     def to_json(self) -> str:
-        return orjson.dumps(self.as_dict(), option=orjson.OPT_SORT_KEYS).decode()
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return orjson.dumps(asdict(self), option=orjson.OPT_SORT_KEYS).decode()
 
     @property
     def digest(self) -> str:
         return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
 
     def differences(self, other: dict[str, Any], *, ignore: frozenset[str] = frozenset()) -> list[str]:
-        """`name: stored → now` for every param that differs from `other` (a stored `as_dict()`)."""
-        mine = self.as_dict()
+        """`name: stored → now` for every param that differs from `other` (a stored `to_json()`, decoded)."""
+        mine = asdict(self)
         return [
             f"{name}: {other.get(name)!r} → {mine[name]!r}"
             for name in sorted(set(mine) | set(other))

@@ -39,26 +39,13 @@ class StoreWriter:
         self._last_meta: dict[str, str] = {}
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleetgen-store")
 
-    def _added(self) -> None:
+    def put(self, *rows: ResultRow | ErrorRow | BadRow | SeriesRow) -> None:
+        """Queue rows for the next batch (each to its table)."""
+        for row in rows:
+            self._batch.add(row)
         self._wake.set()
         if len(self._batch) >= self._max_rows:
             self._full.set()
-
-    def put_result(self, row: ResultRow) -> None:
-        self._batch.results.append(row)
-        self._added()
-
-    def put_error(self, row: ErrorRow) -> None:
-        self._batch.errors.append(row)
-        self._added()
-
-    def put_bad(self, row: BadRow) -> None:
-        self._batch.bad.append(row)
-        self._added()
-
-    def put_series(self, rows: list[SeriesRow]) -> None:
-        self._batch.series.extend(rows)
-        self._added()
 
     async def run(self) -> None:
         """Write batches until closed and drained. A write error propagates (the job cannot go on)."""
