@@ -7,9 +7,11 @@ command, the error tree rendered once, here. Only the CLI prints or exits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import sys
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -131,6 +133,39 @@ def render_error(exc: FleetgenError) -> None:
                 err_console.print(f"  [dim]{escape(key)}:[/] {escape(text)}", highlight=False)
     if exc.fix:
         err_console.print(f"  [bold green]fix:[/] {escape(exc.fix)}", highlight=False)
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def on_stop(handler: Callable[[], object]) -> Iterator[None]:
+    """Inside the block, Ctrl-C and SIGTERM call `handler` (they do not interrupt the event loop)."""
+    loop = asyncio.get_running_loop()
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, handler)
+    try:
+        yield
+    finally:
+        for sig in STOP_SIGNALS:
+            loop.remove_signal_handler(sig)
+
+
+async def until_stopped(work: Awaitable[None]) -> None:
+    """Run a watch, a follow or a server until Ctrl-C (or SIGTERM): that is how they end, so it is no error
+    (exit 0). Cancelling the work closes what it holds: SSH channels (which stops a remote `tail -F`), the
+    dashboard's listener."""
+    stop = asyncio.Event()
+    task, stopper = asyncio.ensure_future(work), asyncio.create_task(stop.wait())
+    with on_stop(stop.set):
+        try:
+            done, _ = await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for pending in (task, stopper):
+                pending.cancel()
+            await asyncio.gather(task, stopper, return_exceptions=True)
+    if task in done:
+        task.result()  # the work ended by itself: its error (if any) is the command's
 
 
 def warn(message: str) -> None:

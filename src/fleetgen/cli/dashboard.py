@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated
@@ -12,7 +11,7 @@ from typing import Annotated
 import aiohttp
 import typer
 
-from fleetgen.cli.app import FleetOrNone, app, console, err_console, flag, render_error, run
+from fleetgen.cli.app import FleetOrNone, app, console, err_console, flag, run, until_stopped
 from fleetgen.config import load_fleet
 from fleetgen.dashboard.fleetdata import EndpointSource, FleetViewSource, planned_capacity
 from fleetgen.dashboard.report import write_report
@@ -40,6 +39,11 @@ async def _fleet_source(fleet: Path | None, endpoints: list[str]) -> AsyncIterat
 
 
 async def _serve(fleet: Path | None, out: Path | None, endpoints: list[str], port: int) -> None:
+    if fleet is None and out is None and not endpoints:
+        raise ConfigError(
+            "nothing to show: no fleet file, no job folder and no endpoint",
+            fix="pass -f fleet.toml and/or -o OUT_DIR (or --endpoint URL)",
+        )
     async with _fleet_source(fleet, endpoints) as (source, note):
         where = " · ".join(str(p) for p in (out, fleet if not endpoints else None) if p) or "fleet"
         dashboard = Dashboard(out, source, where, notes=[note])
@@ -49,15 +53,7 @@ async def _serve(fleet: Path | None, out: Path | None, endpoints: list[str], por
                 f"  from another machine: ssh -L {port}:127.0.0.1:{port} THIS_HOST, then open {url}",
                 highlight=False,
             )
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, stop.set)
-            try:
-                await stop.wait()
-            finally:
-                for sig in (signal.SIGINT, signal.SIGTERM):
-                    loop.remove_signal_handler(sig)
+            await asyncio.Event().wait()  # serve until Ctrl-C (`until_stopped` cancels this)
 
 
 @app.command("dashboard")
@@ -72,14 +68,7 @@ def dashboard_command(
     """Serve a live page on 127.0.0.1: the fleet's health and load, the job's progress and charts."""
     if fleet is None and Path("fleet.toml").exists() and not endpoint:
         fleet = Path("fleet.toml")
-    if fleet is None and out is None and not endpoint:
-        usage = ConfigError(
-            "nothing to show: no fleet file, no job folder and no endpoint",
-            fix="pass -f fleet.toml and/or -o OUT_DIR (or --endpoint URL)",
-        )
-        render_error(usage)
-        raise typer.Exit(usage.exit_code)
-    run(_serve(fleet, out, endpoint or [], port))
+    run(until_stopped(_serve(fleet, out, endpoint or [], port)))
 
 
 @app.command("report")

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import typer
 from rich.markup import escape
@@ -23,6 +21,7 @@ from fleetgen.cli.app import (
     remember_key,
     render_error,
     run,
+    until_stopped,
 )
 from fleetgen.deploy.fleetops import down as do_down
 from fleetgen.deploy.fleetops import up as do_up
@@ -41,8 +40,8 @@ def _progress(instance: str, message: str) -> None:
     err_console.print(f"[dim]{escape(instance)}:[/] {escape(message)}", highlight=False)
 
 
-def _report(outcomes: Sequence[Outcome], verb: str) -> int:
-    """Print one block per instance; return how many failed."""
+def _report(outcomes: Sequence[Outcome], verb: str) -> None:
+    """Print one block per instance; exit 1 when one failed."""
     failed = 0
     for out in sorted(outcomes, key=lambda o: o.instance):
         if out.error is not None:
@@ -63,7 +62,8 @@ def _report(outcomes: Sequence[Outcome], verb: str) -> int:
     total = len(outcomes)
     style = "red" if failed else "green"
     console.print(f"[{style}]{total - failed}/{total} {verb}[/]", highlight=False)
-    return failed
+    if failed:
+        exit_with(1)
 
 
 def _print_verified(out: Outcome) -> None:
@@ -92,24 +92,19 @@ def _figure(value: float) -> str:
 @app.command()
 def up(fleet: Path = FLEET_OPTION, only: list[str] | None = ONLY_OPTION) -> None:
     """Start (or leave running) every instance, wait until ready, and verify it."""
-    outcomes = run(do_up(fleet, only=only, progress=_progress))
-    if _report(outcomes, "ready"):
-        exit_with(1)
+    _report(run(do_up(fleet, only=only, progress=_progress)), "ready")
 
 
 @app.command()
 def restart(fleet: Path = FLEET_OPTION, only: list[str] | None = ONLY_OPTION) -> None:
     """Stop and start every (selected) instance, then verify it."""
-    outcomes = run(do_up(fleet, only=only, force=True, progress=_progress))
-    if _report(outcomes, "ready"):
-        exit_with(1)
+    _report(run(do_up(fleet, only=only, force=True, progress=_progress)), "ready")
 
 
 @app.command()
 def down(fleet: Path = FLEET_OPTION, only: list[str] | None = ONLY_OPTION) -> None:
     """Stop every (selected) instance."""
-    if _report(run(do_down(fleet, only=only)), "stopped"):
-        exit_with(1)
+    _report(run(do_down(fleet, only=only)), "stopped")
 
 
 def _table(statuses: Sequence[InstanceStatus]) -> Table:
@@ -169,7 +164,7 @@ def status(
         if any(s.readiness is not Readiness.READY for s in statuses):
             exit_with(1)
         return
-    run(_until_interrupted(_watch(fleet, only, as_json, interval)))
+    run(until_stopped(_watch(fleet, only, as_json, interval)))
 
 
 async def _watch(fleet: Path, only: list[str] | None, as_json: bool, interval: float) -> None:
@@ -197,24 +192,4 @@ def logs(
         async for line in read_log(fleet, name, lines, follow=follow):
             print(line, flush=True)
 
-    run(_until_interrupted(show()) if follow else show())
-
-
-async def _until_interrupted(work: Coroutine[Any, Any, None]) -> None:
-    """Run a watch or a follow until Ctrl-C (or SIGTERM): that is how they end, so it is no error (exit
-    0). Cancelling the work closes its SSH channels, which stops the remote `tail -F` too."""
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    task, stopper = asyncio.create_task(work), asyncio.create_task(stop.wait())
-    try:
-        done, _ = await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
-        for pending in (task, stopper):
-            pending.cancel()
-        await asyncio.gather(task, stopper, return_exceptions=True)
-    if task in done:
-        task.result()  # the work ended by itself: its error (if any) is the command's
+    run(until_stopped(show()) if follow else show())

@@ -12,7 +12,6 @@ import dataclasses
 import functools
 import json
 import shlex
-import signal
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -23,8 +22,8 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from fleetgen.cli.app import FleetOrNone, app, console, err_console, flag, run
-from fleetgen.cli.runlog import PlainLog, duration
+from fleetgen.cli.app import FleetOrNone, app, console, err_console, flag, on_stop, run
+from fleetgen.cli.runlog import PlainLog, progress_line
 from fleetgen.config import JobFile, load_fleet, load_job
 from fleetgen.errors import ConfigError, FleetDown
 from fleetgen.fleet.pool import Link, open_fleet
@@ -46,15 +45,8 @@ READINESS_STYLE = {Readiness.READY: "{}", Readiness.WAITING: "[yellow]{}[/]", Re
 
 
 def render(progress: Progress) -> Table:
-    """The live view: one line of totals, one row per endpoint."""
-    total = progress.total
-    share = f" ({100 * progress.done / total:.1f}%)" if total else ""
-    head = (
-        f"{progress.done}/{total if total is not None else '?'}{share}  "
-        f"{progress.completions_per_s:.1f} compl/s  {progress.output_tokens_per_s:.0f} tok/s  "
-        f"ETA {duration(progress.eta_s)}  errors {progress.errors}  truncated {progress.truncated}  "
-        f"bad input {progress.bad_inputs}  in flight {progress.in_flight}  retrying {progress.retrying}"
-    )
+    """The live view: the plain log's line of totals (`runlog.progress_line`), one row per endpoint."""
+    head = escape(progress_line(progress))
     if progress.stopping:
         head += "  [yellow]stopping: finishing in-flight requests (Ctrl-C again to abandon them)[/]"
     if progress.waiting_s is not None and not progress.is_final:
@@ -304,39 +296,29 @@ def _meanwhile(what: str, fleet: Path | None, restart_dead: bool) -> Callable[[f
     bring = f"`fleetgen up -f {fleet}` brings them back" if fleet else "start them again"
     if restart_dead:
         bring = "restarting the dead ones (--restart-dead)"
-
-    def say(wait_s: float) -> str:
-        return (
-            f"waiting up to {wait_s:.0f} s for one of {what} to come back ({bring}); then the job stops with "
-            "FleetDown and prints the command that resumes it"
-        )
-
-    return say
+    return lambda wait_s: (
+        f"waiting up to {wait_s:.0f} s for one of {what} to come back ({bring}); then the job stops with "
+        "FleetDown and prints the command that resumes it"
+    )
 
 
 async def _run_job(job: Job, meanwhile: Callable[[float], str], live: bool, log_every: float) -> Summary:
-    loop = asyncio.get_running_loop()
-
     def on_signal() -> None:
         job.stop()
         err_console.print(
             "[yellow]stopping[/]: no new work; in-flight requests finish (Ctrl-C again to abandon)"
         )
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal)
     try:
-        if not (live and err_console.is_terminal):  # off a terminal: a log, not a redrawn frame
-            say = functools.partial(err_console.print, markup=False, highlight=False)
-            return await job.run(PlainLog(say, every_s=log_every, meanwhile=meanwhile))
-        with Live(console=err_console, refresh_per_second=2, transient=False) as view:
-            return await job.run(lambda progress: view.update(render(progress)))
+        with on_stop(on_signal):
+            if not (live and err_console.is_terminal):  # off a terminal: a log, not a redrawn frame
+                say = functools.partial(err_console.print, markup=False, highlight=False)
+                return await job.run(PlainLog(say, every_s=log_every, meanwhile=meanwhile))
+            with Live(console=err_console, refresh_per_second=2, transient=False) as view:
+                return await job.run(lambda progress: view.update(render(progress)))
     except FleetDown as exc:
         exc.context["resume"] = shlex.join(["fleetgen", *sys.argv[1:]])
         raise
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
 
 
 def _print_summary(summary: Summary, json_out: bool) -> None:

@@ -23,7 +23,7 @@ def duration(seconds: float | None) -> str:
 
 
 def progress_line(p: Progress) -> str:
-    """One line of totals: the same numbers as the live view's head."""
+    """One line of totals: a line of the plain log, and the live view's head."""
     total = p.total
     share = f" ({100 * p.done / total:.1f}%)" if total else ""
     ready = sum(e.readiness is Readiness.READY for e in p.endpoints)
