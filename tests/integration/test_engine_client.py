@@ -1,0 +1,43 @@
+"""The one engine client against the simulated SGLang server (a real process): whether it owns its session
+(a job, bench, the scraper) or borrows one shared with other engines (deploy, status, the dashboard), the key
+goes with every request, a refusal is a non-retryable `RequestFailed` naming the status, and every call
+reads the same server the same way."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+
+from fleetgen.http.client import EngineClient, RequestFailed
+from tests.fixtures.sim import SimFactory
+
+BODY = {"model": "m", "messages": [{"role": "user", "content": "one two three"}], "max_tokens": 8}
+
+
+async def _clients(url: str, api_key: str | None) -> AsyncIterator[EngineClient]:
+    async with EngineClient(url, api_key=api_key, max_connections=2) as owned:
+        yield owned
+    async with aiohttp.ClientSession(headers={"Authorization": "Bearer other-engines-key"}) as shared:
+        yield EngineClient(url, api_key=api_key, session=shared)
+
+
+async def test_owned_or_borrowed_the_key_goes_with_every_request(sim_server: SimFactory) -> None:
+    async with sim_server(
+        api_key="sekret", served_model_name="m", enable_metrics=True, sim_output_tokens=8
+    ) as (url, _):
+        seen = []
+        async for client in _clients(url, "sekret"):
+            reply = await client.chat(BODY)
+            events = [event async for event in client.stream_chat({**BODY, "stream": True})]
+            scrape = await client.metrics()
+            seen.append((await client.served_model(), reply.finish_reason, await client.is_healthy()))
+            assert reply.completion_tokens == 8 and reply.content
+            assert any(e.get("choices") for e in events) and scrape.samples
+        assert seen == [("m", "stop", True)] * 2  # the sim ends its 8 tokens itself
+        async for client in _clients(url, None):
+            with pytest.raises(RequestFailed) as refused:
+                await client.chat(BODY)
+            assert refused.value.status == 401 and not refused.value.is_retryable
+            assert refused.value.kind == "http_401"
