@@ -81,6 +81,21 @@ exit 0
 GPU_APPS_SH = 'nvidia-smi --query-compute-apps=pid --format=csv,noheader -i "$1" 2>/dev/null; exit 0'
 
 
+@dataclass(frozen=True)
+class GpuInfo:
+    """One GPU as nvidia-smi reports it (MiB)."""
+
+    index: int
+    name: str
+    memory_total_mib: int
+    memory_used_mib: int
+
+    def facts(self) -> GpuFacts:
+        """As planning counts it: bytes, free = total - used, measured."""
+        total, used = self.memory_total_mib, self.memory_used_mib
+        return GpuFacts(self.index, total * MIB, (total - used) * MIB, measured=True)
+
+
 @dataclass
 class HostSurvey:
     """What the prep snippet found on a host."""
@@ -152,16 +167,24 @@ async def prepare_host(
 
 def gpus_from_prep(stdout: str) -> tuple[GpuFacts, ...]:
     """`gpu_mib=INDEX,TOTAL,USED` lines (nvidia-smi, MiB) → measured GPU facts; malformed lines skipped."""
-    gpus: list[GpuFacts] = []
-    for line in stdout.splitlines():
-        if not line.startswith("gpu_mib="):
+    lines = [line.removeprefix("gpu_mib=") for line in stdout.splitlines() if line.startswith("gpu_mib=")]
+    return tuple(gpu.facts() for gpu in parse_gpu_csv("\n".join(lines)))
+
+
+def parse_gpu_csv(text: str) -> list[GpuInfo]:
+    """nvidia-smi `index,name,memory.total,memory.used` CSV (noheader, nounits; the name may be left out)."""
+    gpus = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 3:
             continue
-        fields = line.removeprefix("gpu_mib=").split(",")
-        if len(fields) != 3 or not all(f.isdigit() for f in fields):
-            continue  # "[N/A]" on some boards
-        index, total, used = (int(f) for f in fields)
-        gpus.append(GpuFacts(index, total * MIB, (total - used) * MIB, measured=True))
-    return tuple(gpus)
+        index, total, used = parts[0], parts[-2], parts[-1]
+        name = ",".join(parts[1:-2])  # a GPU name could hold a comma; the numbers are the last two fields
+        try:
+            gpus.append(GpuInfo(int(index), name, int(float(total)), int(float(used))))
+        except ValueError:
+            continue  # "[N/A]" fields (e.g. MIG): skip the row rather than invent numbers
+    return gpus
 
 
 def _check_launch(

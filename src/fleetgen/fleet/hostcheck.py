@@ -12,7 +12,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from fleetgen.config import EngineConfig, FleetFile, HostEntry
-from fleetgen.deploy.hostside import VERSION_PY
+from fleetgen.deploy.hostside import VERSION_PY, GpuInfo, parse_gpu_csv
 from fleetgen.engines import get_engine
 from fleetgen.errors import CommandError, RemoteError
 from fleetgen.remote import Host, open_host, scripts
@@ -23,16 +23,6 @@ _GPU_SH = 'command -v nvidia-smi >/dev/null 2>&1 || exit 69; exec "$@"'
 _OS_SH = '. /etc/os-release 2>/dev/null; printf "%s (kernel %s)" "${PRETTY_NAME:-$(uname -s)}" "$(uname -r)"'
 _PROBE_TIMEOUT_S = 60.0
 _KIB_PER_GIB = 1024**2
-
-
-@dataclass(frozen=True)
-class GpuInfo:
-    """One GPU as nvidia-smi reports it (MiB)."""
-
-    index: int
-    name: str
-    memory_total_mib: int
-    memory_used_mib: int
 
 
 @dataclass(frozen=True)
@@ -177,22 +167,6 @@ async def _gpus(host: Host, problems: list[str]) -> list[GpuInfo]:
         problems.append(f"nvidia-smi fails on {host.name}: {cause}; check the driver (run nvidia-smi there)")
         return []
     return parse_gpu_csv(result.stdout)
-
-
-def parse_gpu_csv(text: str) -> list[GpuInfo]:
-    """nvidia-smi `index,name,memory.total,memory.used` CSV (noheader, nounits) → GpuInfo list."""
-    gpus = []
-    for line in text.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) < 4:
-            continue
-        index, total, used = parts[0], parts[-2], parts[-1]
-        name = ",".join(parts[1:-2])  # a GPU name could hold a comma; the numbers are the last two fields
-        try:
-            gpus.append(GpuInfo(int(index), name, int(float(total)), int(float(used))))
-        except ValueError:
-            continue  # "[N/A]" fields (e.g. MIG): skip the row rather than invent numbers
-    return gpus
 
 
 async def _meminfo(host: Host) -> tuple[float | None, float | None]:

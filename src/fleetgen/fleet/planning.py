@@ -16,10 +16,9 @@ from fleetgen.engines import get_engine, launcher_of
 from fleetgen.errors import ModelCardError, RemoteError
 from fleetgen.fleet.hostcheck import HostReport, check_hosts
 from fleetgen.modelcard import ModelShape, load_model_shape, parse_model_shape
-from fleetgen.plan import FleetPlan, GpuFacts, HostFacts, InstancePlan, Issue, facts_from_file, plan_fleet
+from fleetgen.plan import FleetPlan, HostFacts, InstancePlan, Issue, facts_from_file, plan_fleet
 from fleetgen.remote import Host, open_host
 
-MIB = 1 << 20
 GIB = 1 << 30
 PARSER_TIMEOUT_S = 180.0  # importing SGLang's server_args pulls in triton: tens of seconds on a cold host
 
@@ -39,12 +38,7 @@ def facts_from_report(host: HostEntry, report: HostReport) -> HostFacts:
     base = facts_from_file(host)
     if not report.reachable:
         return base
-    gpus = tuple(
-        GpuFacts(
-            g.index, g.memory_total_mib * MIB, (g.memory_total_mib - g.memory_used_mib) * MIB, measured=True
-        )
-        for g in report.gpus
-    )
+    gpus = tuple(g.facts() for g in report.gpus)
     mem = (
         int(report.mem_available_gib * GIB)
         if report.mem_available_gib is not None
