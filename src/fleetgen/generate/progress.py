@@ -25,9 +25,8 @@ class Counters:
     bad: int = 0
     truncated: int = 0
     output_tokens: int = 0
-    before: Counts = field(
-        default_factory=Counts
-    )  # re-run modes (--retry-errors, --redo-truncated) count only this run's
+    # What the store held; the re-run modes (--retry-errors, --redo-truncated) show only this run's rows.
+    before: Counts = field(default_factory=Counts)
 
 
 @dataclass(frozen=True)

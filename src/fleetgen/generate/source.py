@@ -29,16 +29,9 @@ import zstandard
 from fleetgen.errors import InputError, InputMismatch
 from fleetgen.generate.work import BadInput, Message
 
-ROLE_OF = {
-    "human": "user",
-    "user": "user",
-    "system": "system",
-    "gpt": "assistant",
-    "assistant": "assistant",
-    "chatgpt": "assistant",
-    "model": "assistant",
-    "bot": "assistant",
-}
+# Roles by the names chat formats give them (ShareGPT: human / gpt).
+ROLE_OF = {"human": "user", "user": "user", "system": "system"}
+ROLE_OF |= dict.fromkeys(("gpt", "assistant", "chatgpt", "model", "bot"), "assistant")
 BATCH_ROWS = 1024
 MAGIC = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd", b"BZh": "bz2", b"\xfd7zXZ\x00": "xz"}
 ARCHIVES = {

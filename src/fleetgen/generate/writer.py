@@ -1,6 +1,6 @@
 """The one writer task: rows queue up in memory and go to SQLite in batched transactions.
 
-Every `interval_s` (or sooner when `max_rows` are waiting) the pending batch is written in one transaction
+Every `INTERVAL_S` (or sooner when `MAX_ROWS` are waiting) the pending batch is written in one transaction
 on a dedicated thread (SQLite's fsync must not stall the event loop), then `on_commit(batch)` runs on the
 loop: progress counts rows only after they are on disk.
 """
@@ -14,24 +14,19 @@ from concurrent.futures import ThreadPoolExecutor
 
 from fleetgen.generate.store import BadRow, Batch, ErrorRow, ResultRow, SeriesRow, Store
 
+INTERVAL_S = 0.1  # a batch waits at most this long for more rows
+MAX_ROWS = 512  # … or until this many are waiting
+
 
 class StoreWriter:
     """Batches rows for `store`; `run()` is the writer task, `close()` flushes what is left and stops it."""
 
     def __init__(
-        self,
-        store: Store,
-        on_commit: Callable[[Batch], None],
-        meta: Callable[[], dict[str, str]] | None = None,
-        *,
-        interval_s: float = 0.1,
-        max_rows: int = 512,
+        self, store: Store, on_commit: Callable[[Batch], None], meta: Callable[[], dict[str, str]]
     ) -> None:
         self._store = store
         self._on_commit = on_commit
         self._meta = meta
-        self._interval_s = interval_s
-        self._max_rows = max_rows
         self._batch = Batch()
         self._wake = asyncio.Event()
         self._full = asyncio.Event()
@@ -44,7 +39,7 @@ class StoreWriter:
         for row in rows:
             self._batch.add(row)
         self._wake.set()
-        if len(self._batch) >= self._max_rows:
+        if len(self._batch) >= MAX_ROWS:
             self._full.set()
 
     async def run(self) -> None:
@@ -59,14 +54,13 @@ class StoreWriter:
                     self._wake.clear()
                     await self._wake.wait()
                     continue
-                if not self._closing and len(self._batch) < self._max_rows:
+                if not self._closing and len(self._batch) < MAX_ROWS:
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._full.wait(), self._interval_s)
+                        await asyncio.wait_for(self._full.wait(), INTERVAL_S)
                 batch, self._batch = self._batch, Batch()
                 self._full.clear()
-                if self._meta is not None:
-                    batch.meta.update(self._meta())
-                    self._last_meta = dict(batch.meta)
+                batch.meta.update(self._meta())
+                self._last_meta = dict(batch.meta)
                 await loop.run_in_executor(self._pool, self._store.write_batch, batch)
                 self._on_commit(batch)
         finally:
@@ -74,10 +68,9 @@ class StoreWriter:
 
     async def _final_meta(self, loop: asyncio.AbstractEventLoop) -> None:
         """The resume position moves on after the last batch commits: persist where it ended up."""
-        if self._meta is None or self._meta() == self._last_meta:
-            return
-        batch = Batch(meta=self._meta())
-        await loop.run_in_executor(self._pool, self._store.write_batch, batch)
+        meta = self._meta()
+        if meta != self._last_meta:
+            await loop.run_in_executor(self._pool, self._store.write_batch, Batch(meta=meta))
 
     def close(self) -> None:
         """Ask `run()` to write what is pending and return."""
