@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 from fleetgen.errors import JobError
 from fleetgen.generate.quality import Flags, has_think_marker
 from fleetgen.generate.store import RESULTS, ResultRow, Store
+from fleetgen.generate.work import text_of
 
 FORMATS = ("parquet", "jsonl", "sharegpt", "openai-batch")
 FLAGS = {flag.split("_", 1)[1]: flag for flag in Flags._fields}  # "leaked_think": "has_leaked_think", …
@@ -125,7 +126,7 @@ def sharegpt_row(row: ResultRow, inline_think: bool, thinking: bool = False) -> 
             role = message["role"]
             if role not in ("system", "user") or (role == "system" and conversation):
                 return OLD_PROMPT
-            text = _text(message["content"])
+            text = text_of(message["content"])
             if conversation and conversation[-1]["role"] == role == "user":
                 return OLD_PROMPT  # two user turns in a row: merged by today's source, not by older ones
             conversation.append({"role": role, "content": text})
@@ -144,12 +145,6 @@ def sharegpt_row(row: ResultRow, inline_think: bool, thinking: bool = False) -> 
         return OLD_PROMPT
     row_id = row.id if row.sample == 0 else f"{row.id}-s{row.sample}"
     return {"id": row_id, "status": "success", "conversations": conversation}
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    return "".join(part.get("text", "") for part in content if isinstance(part, dict))
 
 
 def flat_row(row: ResultRow, inline_think: bool) -> dict[str, Any]:

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 import zstandard
 
 from fleetgen.errors import InputError, InputMismatch
-from fleetgen.generate.work import BadInput, Message
+from fleetgen.generate.work import BadInput, Message, text_of
 
 # Roles by the names chat formats give them (ShareGPT: human / gpt).
 ROLE_OF = {"human": "user", "user": "user", "system": "system"}
@@ -123,15 +123,6 @@ def to_segments(record: dict[str, Any], shape: RecordShape) -> list[list[Message
     return segments
 
 
-def _text_of(content: object) -> bool:
-    """Whether a turn's content holds text: a non-blank string, or a list of parts with a non-blank text."""
-    if isinstance(content, str):
-        return bool(content.strip())
-    return isinstance(content, list) and any(
-        isinstance(p, dict) and isinstance(p.get("text"), str) and p["text"].strip() for p in content
-    )
-
-
 def _join(first: Any, second: Any) -> Any:
     """Two consecutive turns of one role as one: strings joined by a blank line, else their parts."""
     if isinstance(first, str) and isinstance(second, str):
@@ -162,7 +153,7 @@ def _from_turns(turns: object, field: str) -> list[list[Message]] | str:
                 pending = []
             continue  # the model writes its own answers; one before any user turn has no question: dropped
         text = turn.get("content", turn.get("value"))
-        if not _text_of(text):
+        if not text_of(text).strip():
             return f"{field} turn {index} ({role}) has empty or missing text"
         if role == "system" and (segments or any(m["role"] == "user" for m in pending)):
             return (

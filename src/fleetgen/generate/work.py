@@ -28,6 +28,15 @@ def key_hash(record_id: str, sample: int) -> int:
     return int.from_bytes(digest, "little", signed=True)
 
 
+def text_of(content: object) -> str:
+    """The text of a turn's content: a string, or the text parts of a list of parts (OpenAI's shape)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return ""
+    return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+
+
 @dataclass(slots=True)
 class Work:
     """One (record, sample) to generate. `done` keeps finished turns so a retry resumes at the failed turn."""
