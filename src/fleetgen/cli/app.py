@@ -83,6 +83,12 @@ FleetOrNone = Annotated[
     typer.Option("--fleet", "-f", help="Fleet file (`fleetgen up` state).", callback=remember_key),
 ]
 
+Endpoints = Annotated[
+    list[str] | None,
+    typer.Option("--endpoint", "-e", help="Server URL http://HOST:PORT instead of -f (repeatable)."),
+]
+JobFolder = Annotated[Path, typer.Argument(help="The folder given to `fleetgen run -o`.")]
+
 
 def flag(name: str, help: str, default: bool | None = False, *, short: str = "") -> Any:
     """A boolean option in the one convention of every command: `--NAME` / `--no-NAME`, never a value after

@@ -9,9 +9,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TypeVar
 
 import typer
 from rich.console import Console
@@ -19,18 +18,14 @@ from rich.table import Table
 
 from fleetgen.bench.fleet import bench_fleet, compare_spec
 from fleetgen.bench.stats import DEFAULT_CONCURRENCIES, BenchLoad, LevelResult, SpeedupRow
-from fleetgen.cli.app import FLEET_OPTION, app, console, err_console, flag, render_error, run
+from fleetgen.cli.app import FLEET_OPTION, Endpoints, app, console, err_console, flag, run
 from fleetgen.dashboard import chromium, svg
-from fleetgen.errors import ConfigError, FleetgenError
+from fleetgen.errors import ConfigError
 
-ENDPOINT_OPTION = typer.Option(
-    None, "--endpoint", "-e", help="Server base URL (repeatable); default: the fleet's ready instances."
-)
 PNG_OPTION = typer.Option(
     None, "--png", help="Write tok/s vs concurrency per instance to this PNG (needs Chromium)."
 )
 TABLE_WIDTH = 130
-T = TypeVar("T")
 
 
 def parse_levels(text: str) -> tuple[int, ...]:
@@ -133,7 +128,7 @@ JSON_OPTION = flag("json", "Print JSON instead of tables.")
 @app.command()
 def bench(
     fleet: Path = FLEET_OPTION,
-    endpoint: list[str] | None = ENDPOINT_OPTION,
+    endpoint: Endpoints = None,
     input_len: int = INPUT_LEN_OPTION,
     output_len: int = OUTPUT_LEN_OPTION,
     concurrency: str = LEVELS_OPTION,
@@ -148,23 +143,29 @@ def bench(
 ) -> None:
     """Measure output tok/s, req/s, TTFT, ITL and spec accept length over a concurrency sweep."""
     _check_args(scope, compare, endpoint)
-    if png is not None:
-        _or_exit(chromium.require_chromium)  # before the sweep, not after minutes of it
-    levels_wanted = _or_exit(lambda: parse_levels(concurrency))
-    load = BenchLoad(input_len, output_len, levels_wanted, rounds, model=model, thinking=thinking)
-    rows: list[SpeedupRow] = []
-    if compare:
-        off, on, rows = run(compare_spec(fleet, load, scope=scope, cap=max_concurrency, on_level=_progress))
-        levels = [dataclasses.replace(r, target=f"{r.target} (spec off)") for r in off] + list(on)
-    else:
-        levels = run(
-            bench_fleet(fleet, endpoint or [], load, scope=scope, cap=max_concurrency, on_level=_progress)
+
+    async def go() -> None:
+        if png is not None:
+            chromium.require_chromium()  # before the sweep, not after minutes of it
+        load = BenchLoad(
+            input_len, output_len, parse_levels(concurrency), rounds, model=model, thinking=thinking
         )
-    _print(load, levels, rows, as_json)
-    if png is not None:
-        chart = throughput_chart(levels, f"in {input_len} / out {output_len} tokens")
-        _or_exit(lambda: chromium.svg_to_png(chart, png))
-        err_console.print(f"wrote {png}", highlight=False)
+        rows: list[SpeedupRow] = []
+        if compare:
+            off, on, rows = await compare_spec(
+                fleet, load, scope=scope, cap=max_concurrency, on_level=_progress
+            )
+            levels = [dataclasses.replace(r, target=f"{r.target} (spec off)") for r in off] + list(on)
+        else:
+            levels = await bench_fleet(
+                fleet, endpoint or [], load, scope=scope, cap=max_concurrency, on_level=_progress
+            )
+        _print(load, levels, rows, as_json)
+        if png is not None:
+            chromium.svg_to_png(throughput_chart(levels, f"in {input_len} / out {output_len} tokens"), png)
+            err_console.print(f"wrote {png}", highlight=False)
+
+    run(go())
 
 
 def _check_args(scope: str, compare: bool, endpoint: list[str] | None) -> None:
@@ -172,15 +173,6 @@ def _check_args(scope: str, compare: bool, endpoint: list[str] | None) -> None:
         raise typer.BadParameter("--scope is one of: instances, fleet, both")
     if compare and endpoint:
         raise typer.BadParameter("--compare-spec deploys the fleet twice: use --fleet, not --endpoint")
-
-
-def _or_exit(step: Callable[[], T]) -> T:
-    """Run a pre-flight step; a FleetgenError is rendered (message, fix) and becomes its exit code."""
-    try:
-        return step()
-    except FleetgenError as exc:
-        render_error(exc)
-        raise typer.Exit(exc.exit_code) from None
 
 
 def _print(load: BenchLoad, levels: Sequence[LevelResult], rows: Sequence[SpeedupRow], as_json: bool) -> None:

@@ -11,7 +11,17 @@ from typing import Annotated
 import aiohttp
 import typer
 
-from fleetgen.cli.app import FleetOrNone, app, console, err_console, flag, run, until_stopped
+from fleetgen.cli.app import (
+    Endpoints,
+    FleetOrNone,
+    JobFolder,
+    app,
+    console,
+    err_console,
+    flag,
+    run,
+    until_stopped,
+)
 from fleetgen.config import load_fleet
 from fleetgen.dashboard.fleetdata import EndpointSource, FleetViewSource, planned_capacity
 from fleetgen.dashboard.report import write_report
@@ -60,9 +70,7 @@ async def _serve(fleet: Path | None, out: Path | None, endpoints: list[str], por
 def dashboard_command(
     fleet: FleetOrNone = None,
     out: Annotated[Path | None, Opt("--out", "-o", help="The job's output folder (`run -o`).")] = None,
-    endpoint: Annotated[
-        list[str] | None, Opt("--endpoint", help="Server URL http://HOST:PORT instead of -f (repeatable).")
-    ] = None,
+    endpoint: Endpoints = None,
     port: Annotated[int, Opt("--port", min=0, max=65535, help="Port on 127.0.0.1 (0: any free one).")] = 8765,
 ) -> None:
     """Serve a live page on 127.0.0.1: the fleet's health and load, the job's progress and charts."""
@@ -73,7 +81,7 @@ def dashboard_command(
 
 @app.command("report")
 def report_command(
-    out_dir: Annotated[Path, typer.Argument(help="The folder given to `fleetgen run -o`.")],
+    out_dir: JobFolder,
     to: Annotated[Path | None, Opt("--to", help="The HTML file (default: OUT_DIR/report.html).")] = None,
     png: bool = flag("png", "Also write one PNG per chart (needs Chromium)."),
 ) -> None:

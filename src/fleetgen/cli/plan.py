@@ -61,11 +61,7 @@ def _title(group: list[InstancePlan]) -> str:
 
 def _memory_table(p: InstancePlan, title: str) -> Table:
     m = p.memory
-    table = Table(
-        title=title,
-        show_header=True,
-        title_justify="left",
-    )
+    table = Table(title=title, title_justify="left")
     table.add_column("memory (per GPU)")
     table.add_column("GiB", justify="right")
     table.add_column("capacity")

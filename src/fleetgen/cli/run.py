@@ -22,7 +22,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from fleetgen.cli.app import FleetOrNone, app, console, err_console, flag, on_stop, run
+from fleetgen.cli.app import Endpoints, FleetOrNone, JobFolder, app, console, err_console, flag, on_stop, run
 from fleetgen.cli.runlog import PlainLog, progress_line
 from fleetgen.config import JobFile, load_fleet, load_job
 from fleetgen.errors import ConfigError, FleetDown
@@ -88,9 +88,7 @@ def run_command(
     input_path: Annotated[Path, typer.Argument(help="Prompts: JSONL, Parquet, or a datasets folder.")],
     out: Annotated[Path, Opt("--out", "-o", help="Output folder; running again resumes.")],
     fleet: FleetOrNone = None,
-    endpoint: Annotated[
-        list[str] | None, Opt("--endpoint", help="Server URL http://HOST:PORT (repeatable).")
-    ] = None,
+    endpoint: Endpoints = None,
     job_file: Annotated[Path | None, Opt("--job", help="Job file (TOML); flags override it.")] = None,
     concurrency: Annotated[
         int | None, Opt("--concurrency", min=1, help="In-flight requests per server.")
@@ -352,7 +350,7 @@ def _print_summary(summary: Summary, json_out: bool) -> None:
 
 @app.command("export")
 def export_command(
-    out_dir: Annotated[Path, typer.Argument(help="The folder given to `fleetgen run -o`.")],
+    out_dir: JobFolder,
     fmt: Annotated[str, Opt("--format", help=f"One of: {', '.join(FORMATS)}.")] = "jsonl",
     to: Annotated[Path | None, Opt("--to", help="Output file (default: OUT_DIR/export.FORMAT.EXT).")] = None,
     filters: Annotated[
