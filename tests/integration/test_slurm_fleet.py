@@ -18,6 +18,7 @@ import aiohttp
 import pytest
 
 from tests.fixtures.slurm import SlurmCluster
+from tests.fixtures.sshd import SshdHost
 from tests.integration.test_deploy_support import free_ports, toml_value
 from tests.integration.test_run_fleet import cli, is_gone, query, start_run, wait_for_rows, write_prompts
 
@@ -202,3 +203,37 @@ async def test_the_api_key_reaches_no_file_slurm_keeps(
         code, out, err = await cli("down", "-f", str(fleet))
     assert code == 0, out + err
     assert slurm_cluster.job_ids() == []
+
+
+async def test_nodes_reached_over_ssh_run_the_same_verification(
+    slurm_cluster: SlurmCluster, ssh_hosts: list[SshdHost], tmp_path: Path
+) -> None:
+    """`node_access = "ssh"` (the default): the allocated node is reached at Slurm's NodeAddr over real SSH
+    (host key checked), and `up`, `status` and `down` verify through it."""
+    sshd = ssh_hosts[0]
+    fleet = write_cluster_fleet(
+        tmp_path,
+        gpus=2,
+        node_access="ssh",
+        node_ssh_user=sshd.user,
+        node_ssh_port=sshd.port,
+        identity=str(sshd.identity),
+        known_hosts=str(sshd.known_hosts),
+    )
+    try:
+        code, out, err = await cli("up", "-f", str(fleet))
+        assert code == 0, out + err
+        assert "2/2 ready" in out and "verified" in out
+        shown = await statuses(fleet)
+        assert all(
+            s["ready"] is True and f"on {slurm_cluster.node}" in str(s["placement"]) for s in shown.values()
+        )
+        for s in shown.values():  # reached through an SSH forward to the node, not the port itself
+            assert (
+                str(s["url"]).startswith("http://127.0.0.1:")
+                and str(s["url"]) != f"http://127.0.0.1:{s['port']}"
+            )
+    finally:
+        code, out, err = await cli("down", "-f", str(fleet))
+    assert code == 0, out + err
+    assert slurm_cluster.job_ids() == [] and our_processes(tmp_path / "work") == []
