@@ -178,7 +178,7 @@ class ClusterConfig(_Strict):
     submit: str = "local"
     identity: str | None = None
     known_hosts: str | None = None
-    node_access: Literal["local", "ssh"] = "ssh"
+    node_access: Literal["local", "ssh", "srun"] = "ssh"
     node_ssh_user: str | None = None
     node_ssh_port: Annotated[int, Field(ge=1, le=65535)] = 22
     workdir: str = "~/fleetgen"

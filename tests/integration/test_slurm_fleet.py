@@ -237,3 +237,22 @@ async def test_nodes_reached_over_ssh_run_the_same_verification(
         code, out, err = await cli("down", "-f", str(fleet))
     assert code == 0, out + err
     assert slurm_cluster.job_ids() == [] and our_processes(tmp_path / "work") == []
+
+
+async def test_nodes_reached_through_srun_steps_of_the_servers_own_jobs(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """`node_access = "srun"` (clusters that refuse SSH to compute nodes): every command on the node is a
+    step of the server's own job (`srun --overlap --jobid`); up verifies through them, status reads them.
+    (No sshd listens on the node's port 22 here: an SSH fallback would fail.)"""
+    fleet = write_cluster_fleet(tmp_path, gpus=2, node_access="srun")
+    try:
+        code, out, err = await cli("up", "-f", str(fleet))
+        assert code == 0, out + err
+        assert "2/2 ready" in out and "verified" in out
+        shown = await statuses(fleet)
+        assert all(s["ready"] is True and s["drift"] == [] for s in shown.values()), shown
+    finally:
+        code, out, err = await cli("down", "-f", str(fleet))
+    assert code == 0, out + err
+    assert slurm_cluster.job_ids() == [] and our_processes(tmp_path / "work") == []

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +16,15 @@ from pathlib import Path
 import aiohttp
 
 from fleetgen.config import LOOPBACK, HostEntry, Instance
-from fleetgen.deploy.instance import HostSession, Narrate, Outcome, ensure_up, host_session, stop_instance
+from fleetgen.deploy.instance import (
+    HostSession,
+    Narrate,
+    Outcome,
+    ensure_up,
+    host_session,
+    is_loopback,
+    stop_instance,
+)
 from fleetgen.deploy.slurm import down_jobs, up_jobs
 from fleetgen.deploy.state import InstanceRecord, load_state, update_state
 from fleetgen.deploy.wanted import (
@@ -43,7 +50,7 @@ def refuse_unreachable_bind(bind: str, entry: HostEntry) -> None:
     """A loopback bind other than 127.0.0.1 on an SSH host is the HOST's loopback: fleetgen, elsewhere, can
     reach it neither directly nor through its tunnels (they go to 127.0.0.1). Refused before anything
     starts."""
-    if entry.is_local or bind == LOOPBACK or not _is_loopback(bind):
+    if entry.is_local or bind == LOOPBACK or not is_loopback(bind):
         return
     raise ConfigError(
         f"engine.bind = {bind!r} is {entry.name}'s own loopback: fleetgen cannot reach a server there",
@@ -51,15 +58,6 @@ def refuse_unreachable_bind(bind: str, entry: HostEntry) -> None:
         "address of the host with engine.api_key_env set",
         context={"host": entry.name},
     )
-
-
-def _is_loopback(address: str) -> bool:
-    if address == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return False
 
 
 @contextlib.asynccontextmanager

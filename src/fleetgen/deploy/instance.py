@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import ipaddress
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -112,9 +113,11 @@ async def host_session(
     public_bind: str | None,
     *,
     check_launch: bool,
+    host: Host | None = None,
 ) -> AsyncIterator[HostSession]:
-    """`entry` connected and surveyed (`prepare_host`); closes the connection (and its tunnels) on exit."""
-    async with open_host(entry) as host:
+    """`entry` connected (`host`, else `open_host(entry)`) and surveyed (`prepare_host`); closes the
+    connection (and its tunnels) on exit."""
+    async with host or open_host(entry) as host:
         survey = await prepare_host(host, entry, cfg, check_launch=check_launch)
         yield HostSession(entry=entry, host=host, survey=survey, http=http, public_bind=public_bind)
 
@@ -130,6 +133,16 @@ def public_address(entry: HostEntry, bind: str) -> str:
             return "127.0.0.1" if bind == "0.0.0.0" else "[::1]"
         return entry.address
     return f"[{bind}]" if ":" in bind else bind
+
+
+def is_loopback(address: str) -> bool:
+    """`localhost` or a loopback IP (127.0.0.0/8, ::1)."""
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass

@@ -37,6 +37,7 @@ from fleetgen.deploy.instance import (
     find_running,
     follow_launch,
     host_session,
+    is_loopback,
     keep_running,
     remove_secret_files,
 )
@@ -46,6 +47,7 @@ from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import DeployError, FleetgenError, LaunchFailed
 from fleetgen.remote.slurm import HOPELESS, JobInfo, cancel, jobs, node_address, partition_gpus, queued, slurm
 from fleetgen.remote.slurm import submit as sbatch
+from fleetgen.remote.srun import SrunHost
 
 JOB_SCRIPT = "slurm-job.sh"
 EXPORT = "--export=PATH,HOME,USER,LANG"  # never ALL: fleetgen's environment may hold the API key
@@ -149,18 +151,28 @@ async def wait_running(
 
 
 @contextlib.asynccontextmanager
-async def node_session(file: FleetFile, login: HostSession, node: str) -> AsyncIterator[HostSession]:
-    """The allocated node as a host: this machine (`node_access = "local"`) or SSH to its NodeAddr."""
+async def node_session(
+    file: FleetFile, login: HostSession, node: str, job: str
+) -> AsyncIterator[HostSession]:
+    """The allocated node as a host: this machine (`node_access = "local"`), SSH to its NodeAddr ("ssh"),
+    or steps of the job itself through `srun --overlap --jobid` ("srun")."""
     cluster = file.cluster
     assert cluster is not None  # callers place cluster fleets only
     values: dict[str, object] = {"name": login.entry.name, "workdir": login.survey.workdir}
+    srun: SrunHost | None = None
     if cluster.node_access == "ssh":
         address = await node_address(login.host, node)
         user = f"{cluster.node_ssh_user}@" if cluster.node_ssh_user else ""
         values |= {"ssh": f"{user}{address}:{cluster.node_ssh_port}", "identity": cluster.identity}
         values |= {"known_hosts": cluster.known_hosts}
+    elif cluster.node_access == "srun":
+        address = await node_address(login.host, node)
+        values["ssh"] = address  # where a public bind is reached; srun runs the commands
+        here = login.entry.is_local and is_loopback(address)
+        srun = SrunHost(login.entry.name, login.host, job, is_here=here)
     entry = HostEntry.model_validate({k: v for k, v in values.items() if v is not None})
-    async with host_session(entry, file.engine, login.http, login.public_bind, check_launch=False) as hs:
+    session = host_session(entry, file.engine, login.http, login.public_bind, check_launch=False, host=srun)
+    async with session as hs:
         yield hs
 
 
@@ -212,7 +224,7 @@ async def _ensure(
     info = (await jobs(login.host, [job]))[job] if job else None
     if record is not None and info is not None and info.is_active and not force:
         if record.pid and info.state == "RUNNING":
-            async with node_session(fleet.file, login, info.node) as node:
+            async with node_session(fleet.file, login, info.node, info.job_id) as node:
                 running, _ = await find_running(node, wanted, record)
                 if running and not process_drift(wanted.command, running, wanted.secret_value):
                     await keep_running(node, wanted, record, fleet.engine, out, running, progress)
@@ -270,7 +282,7 @@ async def _follow(
         login, rec.slurm_job, wanted.inst.name, progress, _cluster(fleet).pending_timeout_s
     )
     jname = job_name(fleet.path, wanted.inst.name)
-    async with node_session(fleet.file, login, info.node) as node:
+    async with node_session(fleet.file, login, info.node, info.job_id) as node:
         pid, start_time = await _engine_pid(node, wanted, rec.slurm_job)
         rec = replace(rec, pid=pid, start_time=start_time, node=info.node)
         on_record(rec)
@@ -338,9 +350,9 @@ async def down_jobs(
 
 async def _stop_leftover(fleet: Fleet, login: HostSession, rec: InstanceRecord | None) -> bool:
     """A process of the recorded launch still alive on its node after its job is gone: stop it."""
-    if rec is None or not rec.pid or not rec.node:
-        return False
-    async with node_session(fleet.file, login, rec.node) as node:
+    if rec is None or not rec.pid or not rec.node or _cluster(fleet).node_access == "srun":
+        return False  # through srun, nothing runs on the node outside a job: Slurm ended its steps with it
+    async with node_session(fleet.file, login, rec.node, rec.slurm_job) as node:
         info = await node.host.inspect(rec.pid, rec.start_time)
         if not info.is_alive:
             return False
@@ -375,9 +387,11 @@ async def place(
         if info is None:
             placed.append(Placement(inst, None, "no Slurm job: `fleetgen up` submits one", has_ended=True))
         elif info.state == "RUNNING" and info.node:
-            if info.node not in nodes:
-                nodes[info.node] = await stack.enter_async_context(node_session(fleet.file, login, info.node))
-            placed.append(Placement(inst, nodes[info.node], f"Slurm job {info.job_id} on {info.node}"))
+            key = info.job_id if _cluster(fleet).node_access == "srun" else info.node  # a session per job
+            if key not in nodes:
+                session = node_session(fleet.file, login, info.node, info.job_id)
+                nodes[key] = await stack.enter_async_context(session)
+            placed.append(Placement(inst, nodes[key], f"Slurm job {info.job_id} on {info.node}"))
         elif info.is_active:
             placed.append(
                 Placement(inst, None, f"Slurm job {info.job_id} {info.describe()}, {info.run_time}")

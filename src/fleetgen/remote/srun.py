@@ -1,0 +1,72 @@
+"""`SrunHost`: a node of a running Slurm job, reached through `srun --overlap --jobid` on the submit host.
+
+For clusters that refuse SSH to compute nodes: every command is a job step of the server's own job, on its
+node, run by Slurm (`cluster.node_access = "srun"`). Files are written through a step's stdin; /proc is read
+by a step. A server that binds the node's loopback cannot be reached from the submit host this way, so
+`forward` works only where the node's address is this machine's loopback (a single-node cluster, or fleetgen
+running on the node); elsewhere bind the cluster network with an API key (engine.bind + api_key_env).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+
+from fleetgen.errors import RemoteError
+from fleetgen.remote.base import Host, Output
+
+# $1 path (new), $2 mode (octal): what stdin carries, synced to disk.
+_WRITE_SH = 'umask 077; set -C; cat > "$1" && sync -- "$1" && chmod "$2" -- "$1"'
+
+
+class SrunHost(Host):
+    """The node of Slurm job `job`, each command a step (`srun --overlap`) started from `submit`."""
+
+    def __init__(self, name: str, submit: Host, job: str, *, is_here: bool) -> None:
+        super().__init__(name)
+        self.submit = submit
+        self.job = job
+        self.is_here = is_here  # the node's address is this machine's loopback: its ports are reachable
+
+    def _step(self, argv: Sequence[str]) -> list[str]:
+        return ["srun", "--overlap", f"--jobid={self.job}", "--nodes=1", "--ntasks=1", "--quiet", "--", *argv]
+
+    async def _open(self) -> None:
+        return None
+
+    async def _shutdown(self) -> None:
+        return None
+
+    async def _exec(self, argv: Sequence[str], stdin: bytes | None, timeout_s: float) -> Output:
+        result = await self.submit.run(self._step(argv), check=False, stdin=stdin, timeout=timeout_s)
+        return result.exit_status, result.stdout.encode(), result.stderr.encode()
+
+    async def _write_temp(self, path: str, data: bytes, mode: int) -> None:
+        result = await self.run(
+            ["sh", "-c", _WRITE_SH, "fleetgen", path, f"{mode:o}"], check=False, stdin=data
+        )
+        if result.exit_status != 0:
+            raise self.command_error(result, f"cannot write {path} on {self.name} (Slurm job {self.job})")
+
+    async def _stream_lines(self, argv: Sequence[str]) -> AsyncIterator[str]:
+        raise RemoteError(
+            f"following a file on {self.name} through srun is not supported",
+            fix="read it on the submit host: the workdir is on the filesystem the nodes share",
+        )
+        yield ""  # pragma: no cover (makes this an async generator)
+
+    async def read(self, path: str, size: int | None = None) -> bytes:
+        target = await self.expand(path)
+        argv = ["cat", "--", target] if size is None else ["head", "-c", str(size), "--", target]
+        result = await self.run(argv, check=False)
+        if result.exit_status != 0:
+            raise self.unreadable(target, result.stderr.strip() or f"exit {result.exit_status}")
+        return result.stdout.encode()
+
+    async def forward(self, remote_port: int) -> int:
+        if self.is_here:
+            return remote_port
+        raise RemoteError(
+            f"{self.name}: a server on the node's loopback cannot be reached through srun",
+            fix='set cluster.node_access = "ssh" (SSH forwards to the node), or bind the cluster network: '
+            'engine.bind = "0.0.0.0" with engine.api_key_env',
+        )
