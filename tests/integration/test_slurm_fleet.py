@@ -84,6 +84,14 @@ async def statuses(fleet: Path) -> dict[str, dict[str, object]]:
     return {s["instance"]: s for s in json.loads(out)}
 
 
+async def job_left(cluster: SlurmCluster, job: str) -> None:
+    """Until Slurm no longer lists the job as queued or running."""
+    while True:
+        if job not in cluster.job_ids():
+            return
+        await asyncio.sleep(0.2)
+
+
 def our_processes(workdir: Path) -> list[int]:
     """PIDs of live processes whose cwd is in this fleet's workdir (the servers run there)."""
     found = []
@@ -138,8 +146,9 @@ async def test_a_slurm_fleet_serves_a_job_exactly_once_through_a_preemption(
         assert query(result, after)[0][0] > 0  # and used again by the same job
 
         other = "slurm-2"
-        slurm_cluster.run("scancel", str(state(fleet)[other]["slurm_job"]))
-        await asyncio.sleep(0.5)
+        other_job = str(state(fleet)[other]["slurm_job"])
+        slurm_cluster.run("scancel", other_job)
+        await asyncio.wait_for(job_left(slurm_cluster, other_job), 60)  # COMPLETING until slurmd says done
         shown = (await statuses(fleet))[other]
         assert shown["ready"] is False and "ended: CANCELLED" in str(shown["problem"])  # Slurm's own state
     finally:

@@ -241,6 +241,8 @@ async def _ensure(
         progress(name, f"cancelling Slurm job {', '.join(old)} ({why})")
         await cancel(login.host, [jname])
         await wait_left(login, [jname])
+    if await _stop_leftover(fleet, login, record):  # its job ended but the process lives: port, GPU
+        progress(name, f"stopped pid {record.pid if record else '?'}, left on its node by an ended job")
     out.action = Action.REPLACED if old else Action.STARTED
     rec = await _submit(fleet, login, wanted, progress)
     on_record(rec)
