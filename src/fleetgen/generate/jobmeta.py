@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -31,34 +32,32 @@ INPUT_IDENTITY = "input_identity"
 EARLIER_INPUTS = "earlier_inputs"
 
 
+@dataclass
 class JobMeta:
     """The live meta of one run. `current()` is what the writer stores with each batch."""
 
-    def __init__(
-        self, resume: identity.ResumeCheck, samples: int, tracker: PositionTracker | None, bad_lines: set[int]
-    ):
-        self._resume = resume
-        self._samples = samples
-        self._tracker = tracker
-        self._bad_lines = bad_lines
-        self.num_records: int | None = None  # set by the background count
+    resume: identity.ResumeCheck
+    samples: int
+    tracker: PositionTracker | None  # None in the re-run modes
+    bad_lines: set[int]  # input lines recorded as bad
+    num_records: int | None = None  # set by the background count
 
     def note_bad(self, line: int) -> None:
         """A bad input line is not a work item: the total leaves it out."""
-        self._bad_lines.add(line)
+        self.bad_lines.add(line)
 
     @property
     def total(self) -> int | None:
         """Work items of the whole input; None until counted, and in the re-run modes (they change none)."""
-        if self._tracker is None or self.num_records is None:
+        if self.tracker is None or self.num_records is None:
             return None
-        return max(self.num_records - len(self._bad_lines), 0) * self._samples
+        return max(self.num_records - len(self.bad_lines), 0) * self.samples
 
     def current(self) -> dict[str, str]:
         items: dict[str, str] = {}
-        if self._tracker is not None:
-            position = self._tracker.position
-            items[POSITION] = _json(self._resume.value(position.line, position.offset))
+        if self.tracker is not None:
+            position = self.tracker.position
+            items[POSITION] = _json(self.resume.value(position.line, position.offset))
         total = self.total
         if total is not None:
             items[TOTAL] = _json(total)

@@ -15,6 +15,8 @@ from fleetgen.generate.health import Endpoint
 from fleetgen.generate.source import Position
 from fleetgen.generate.store import Counts
 
+RATE_WINDOW_S = 10.0
+
 
 @dataclass
 class Counters:
@@ -106,17 +108,16 @@ class Summary:
 
 
 class RateMeter:
-    """Rates over a sliding window of (time, count) samples."""
+    """Rates over a sliding window (`RATE_WINDOW_S`) of (time, count) samples."""
 
-    def __init__(self, window_s: float = 10.0) -> None:
-        self._window_s = window_s
+    def __init__(self) -> None:
         self._samples: deque[tuple[float, float]] = deque()
 
-    def add(self, count: float, now: float | None = None) -> float:
+    def add(self, count: float) -> float:
         """Record the running `count`; return its rate per second over the window."""
-        now = time.monotonic() if now is None else now
+        now = time.monotonic()
         self._samples.append((now, count))
-        while len(self._samples) > 2 and now - self._samples[0][0] > self._window_s:
+        while len(self._samples) > 2 and now - self._samples[0][0] > RATE_WINDOW_S:
             self._samples.popleft()
         t0, c0 = self._samples[0]
         return (count - c0) / (now - t0) if now > t0 else 0.0

@@ -154,7 +154,6 @@ def summary(
     endpoints: dict[str, int],
 ) -> Summary:
     """The final summary, re-read from the store (what is on disk, not what we think we wrote)."""
-    counts = store.counts()
     bad = [
         BadInputSample(str(source), int(line), str(reason))
         for source, line, reason in store.conn.execute(
@@ -169,10 +168,7 @@ def summary(
         output_tokens_this_run=counters.output_tokens,
         errors_this_run=counters.errors,
         elapsed_s=elapsed_s,
-        results=counts.results,
-        errors=counts.errors,
-        truncated=counts.truncated,
-        bad_inputs=counts.bad_inputs,
         bad_input_samples=bad,
         endpoints=endpoints,
+        **store.counts()._asdict(),  # results, errors, truncated, bad_inputs: what the store holds
     )

@@ -307,13 +307,13 @@ class Store:
                 "rerun the same command to resume (nothing committed is lost)",
             ) from exc
 
-    def iter_rows(self, table: Table[R], where: str = "1", chunk: int = 1000) -> Iterator[R]:
-        """Stream the records of `table` matching `where`, in insertion order, `chunk` at a time (exports
-        never hold a whole table). A column an older store lacks (a reader does not migrate) reads as NULL."""
+    def iter_rows(self, table: Table[R], where: str = "1") -> Iterator[R]:
+        """Stream the records of `table` matching `where`, in insertion order, 1000 at a time (exports never
+        hold a whole table). A column an older store lacks (a reader does not migrate) reads as NULL."""
         have = {name for _, name, *_ in self.conn.execute(f"PRAGMA table_info({table.name})")}
         columns = ", ".join(c if c in have else f"NULL AS {c}" for c in table.record._fields)
         cursor = self.conn.execute(f"SELECT {columns} FROM {table.name} WHERE {where} ORDER BY rowid")
-        while rows := cursor.fetchmany(chunk):
+        while rows := cursor.fetchmany(1000):
             yield from map(table.record._make, rows)
 
 
