@@ -178,10 +178,10 @@ async def open_view(fleet_path: Path, *, only: Sequence[str] | None = None) -> A
     view = FleetView(fleet, api_key(fleet.file))
     async with aiohttp.ClientSession() as http, contextlib.AsyncExitStack() as stack:
 
-        async def connect(spec_host: HostEntry) -> None:
+        async def connect(entry: HostEntry) -> None:
             try:
-                hs = await stack.enter_async_context(open_session(fleet, spec_host, http, check_launch=False))
-                instances = selection.pick(spec_host.name, await host_instances(fleet, hs))
+                hs = await stack.enter_async_context(open_session(fleet, entry, http, check_launch=False))
+                instances = selection.pick(entry.name, await host_instances(fleet, hs))
                 if fleet.file.cluster is not None:  # placed by Slurm: each running job's node is its host
                     await _place(view, hs, instances, stack)
                     return
@@ -190,13 +190,13 @@ async def open_view(fleet_path: Path, *, only: Sequence[str] | None = None) -> A
                         _Watched(hs, build_wanted(fleet.file, fleet.engine, inst, hs.survey, view.secret))
                     )
             except FleetgenError as exc:
-                static = {i.name: i for i in fleet.file.instances_on(spec_host)}
-                for name in selection.names(spec_host.name, list(static.values())):
+                static = {i.name: i for i in fleet.file.instances_on(entry)}
+                for name in selection.names(entry.name, list(static.values())):
                     known = static.get(name)
                     view.failed.append(
                         InstanceStatus(
                             instance=name,
-                            host=spec_host.name,
+                            host=entry.name,
                             gpus=known.gpus if known else (),
                             port=known.port if known else 0,
                             problem=exc.message,
