@@ -24,7 +24,8 @@ from fleetgen.generate.work import BadInput, Work, key_hash
 from fleetgen.generate.writer import StoreWriter
 
 Records = Iterator[Record | BadInput | Skipped]
-Plan = tuple[PositionTracker | None, set[int] | None, dict[int, int]]
+# The re-run modes: the table and condition of the keys each one redoes.
+REDO = {"retry_errors": ("errors", "1"), "redo_truncated": ("results", "is_truncated = 1")}
 
 
 @dataclass
@@ -37,6 +38,11 @@ class Intake:
     samples: int
     resume: identity.ResumeCheck
     had_results: bool  # the store held results when the run started
+    # The plan (`plan`): the resume position's tracker (normal runs), the keys a re-run mode redoes, and the
+    # done keys past the position → their content hashes.
+    tracker: PositionTracker | None = None
+    wanted: set[int] | None = None
+    done: dict[int, int] = field(default_factory=dict)
     num_good: int = 0  # good records read this run
     first_bad: list[BadInput] = field(default_factory=list)  # while no good one was read: the first ones
 
@@ -64,25 +70,25 @@ class Intake:
         resume = identity.ResumeCheck(input_path, now, split)
         return cls(input_path, shape, split, samples, resume, had_results=counts.results > 0)
 
-    def plan(self, store: Store, mode: str, counters: Counters) -> Plan:
-        """(position tracker, wanted keys for the re-run modes, done keys → their content hashes)."""
+    def plan(self, store: Store, mode: str, counters: Counters) -> None:
+        """Decide what this run reads: from a trusted resume position, or (re-run modes) the wanted keys."""
         counters.before = store.counts()
-        if mode == "retry_errors":
-            return None, store.keys_where("errors"), {}
-        if mode == "redo_truncated":
-            return None, store.keys_where("results", "is_truncated = 1"), {}
+        if mode in REDO:
+            self.wanted = store.keys_where(*REDO[mode])
+            return
         start = Position()
         saved = store.get_meta(jobmeta.POSITION)
         if saved is not None:
             data = orjson.loads(saved)
             if self.resume.trusts(data):
                 start = Position(int(data["line"]), int(data["offset"]))
-        return PositionTracker(start), None, store.done_keys(start.line)
+        self.tracker, self.done = PositionTracker(start), store.done_keys(start.line)
 
-    def done_check(self, wanted: set[int] | None, done: dict[int, int]) -> IsDone | None:
+    def done_check(self) -> IsDone | None:
         """Normal runs: a record whose every sample is done is skipped once its content is checked against
         the stored hash (the source refuses a done id with other content)."""
-        if wanted is not None or not done:
+        done = self.done
+        if self.wanted is not None or not done:
             return None
         samples = range(self.samples)
         if len(samples) == 1:
@@ -94,27 +100,16 @@ class Intake:
 
         return is_done
 
-    def work(
-        self,
-        writer: StoreWriter,
-        tracker: PositionTracker | None,
-        wanted: set[int] | None,
-        done: dict[int, int],
-    ) -> Iterator[Work]:
+    def work(self, writer: StoreWriter) -> Iterator[Work]:
         """Read the input from the resume position: the work of every (record, sample) not done."""
-        start = tracker.position if tracker else Position()
-        records = read_records(self.input_path, self.shape, start, self.split, self.done_check(wanted, done))
-        return self.items(records, writer, tracker, wanted, done)
+        start = self.tracker.position if self.tracker else Position()
+        return self.items(
+            read_records(self.input_path, self.shape, start, self.split, self.done_check()), writer
+        )
 
-    def items(
-        self,
-        records: Records,
-        writer: StoreWriter,
-        tracker: PositionTracker | None,
-        wanted: set[int] | None,
-        done: dict[int, int],
-    ) -> Iterator[Work]:
+    def items(self, records: Records, writer: StoreWriter) -> Iterator[Work]:
         """The work of the records not done; bad records go to the writer as `inputs_bad` rows."""
+        tracker, wanted, done = self.tracker, self.wanted, self.done
         seen: set[int] = set()
         for record in records:
             if isinstance(record, Skipped):

@@ -170,7 +170,8 @@ class Job:
         builder = rows.RowBuilder(model, self._check_params(store, model))
         intake = self._intake
         assert intake is not None
-        tracker, wanted, done = intake.plan(store, opts.mode, self.counters)
+        intake.plan(store, opts.mode, self.counters)
+        tracker, wanted = intake.tracker, intake.wanted
         was_finished = jobmeta.begin(store, opts.describe)
         bad_lines = store.bad_lines(str(opts.input_path)) if tracker is not None else set()
         meta = self._meta = JobMeta(intake.resume, opts.params.samples, tracker, bad_lines)
@@ -190,7 +191,7 @@ class Job:
             on_error=lambda ep, work, exc: writer.put(builder.error(ep, work, exc)),
             watch=watch,
         )
-        items = intake.work(writer, tracker, wanted, done)
+        items = intake.work(writer)
         status = await self._execute(dispatcher, writer, items, wanted, started, on_progress)
         if status == "complete" and store.counts().results == 0:
             status = "failed"  # nothing useful: every item an error or bad input, or no input at all
