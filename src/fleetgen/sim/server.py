@@ -70,23 +70,24 @@ async def health(request: web.Request) -> web.Response:
     return web.Response(status=200 if request.app[STATE].is_ready else 503)
 
 
-async def server_info(request: web.Request) -> web.Response:
-    """`/server_info` (and the deprecated `/get_server_info`, which logs SGLang's warning)."""
-    if request.path == "/get_server_info":
+def _warn_if_deprecated(request: web.Request, old: str, new: str) -> None:
+    """SGLang still serves the old path, with a warning in its log."""
+    if request.path == old:
         logger.warning(
-            "Endpoint '/get_server_info' is deprecated and will be removed in a future version. "
-            "Please use '/server_info' instead."
+            f"Endpoint '{old}' is deprecated and will be removed in a future version. "
+            f"Please use '{new}' instead."
         )
+
+
+async def server_info(request: web.Request) -> web.Response:
+    """`/server_info` (and the deprecated `/get_server_info`)."""
+    _warn_if_deprecated(request, "/get_server_info", "/server_info")
     return _json(request.app[STATE].server_info())
 
 
 async def model_info(request: web.Request) -> web.Response:
     """`/model_info` (and the deprecated `/get_model_info`)."""
-    if request.path == "/get_model_info":
-        logger.warning(
-            "Endpoint '/get_model_info' is deprecated and will be removed in a future version. "
-            "Please use '/model_info' instead."
-        )
+    _warn_if_deprecated(request, "/get_model_info", "/model_info")
     return _json(request.app[STATE].model_info())
 
 
