@@ -1,21 +1,13 @@
-"""Export a job's results, streamed from the store (never the whole table in memory).
+"""Export a job's results, streamed from the store (never the whole table in memory), written to a temporary
+name and renamed (an interrupted export leaves no half file).
 
-Formats:
-- `jsonl` / `parquet`: one row per (record, sample) with id, sample, content, reasoning_content,
-  finish_reason, prompt_tokens, completion_tokens, instance, the quality flags and the prompt.
-- `sharegpt`: SpecForge's regenerated-data rows: `id`, `status: "success"`, `conversations`: an optional
-  leading system message, then user / assistant alternating, ending with an assistant turn. Every assistant
-  turn is one the target model generated, with its `reasoning_content` (or, with `inline_think`, the
-  reasoning inline as `<think>…</think>` before the answer); the input's own assistant turns never appear
-  (the source regenerates each one; README "Input shapes"). A row SpecForge's validator
-  (`validate_regenerated_data.py --expect-reasoning --strict-think-markers` for a thinking job) would refuse
-  is dropped and counted by reason: an empty answer (e.g. cut inside the reasoning), a think marker left in
-  the answer or reasoning, no reasoning in a thinking job, or a prompt stored by an older fleetgen with the
-  input's assistant turns in it. Truncated rows (cut at max_tokens after the answer began) are kept: the
-  text is the target model's own; the summary counts them (`--filter no-truncated` drops them).
+- `jsonl` / `parquet`: one row per (record, sample), the columns of `PARQUET_SCHEMA`.
+- `sharegpt`: SpecForge's regenerated-data rows (README "SpecForge export"): every assistant turn is one the
+  target model generated (the input's own are regenerated; README "Input shapes"). A row SpecForge's
+  validator would refuse is dropped and counted by reason (`sharegpt_row`). Truncated rows whose answer
+  began are kept: the text is the target model's own; the summary counts them.
 - `openai-batch`: the OpenAI Batch API output shape (`custom_id` = `id:sample`, `response.body` a
   chat.completion).
-The file is written to a temporary name and renamed: an interrupted export leaves no half file.
 """
 
 from __future__ import annotations
@@ -117,7 +109,9 @@ OLD_PROMPT = (
 
 
 def sharegpt_row(row: ResultRow, inline_think: bool, thinking: bool = False) -> dict[str, Any] | str:
-    """One SpecForge row, or why it is dropped (the reason is counted in the summary)."""
+    """One SpecForge row, or why it is dropped (counted in the summary): what SpecForge's validator
+    (`validate_regenerated_data.py --strict-think-markers`, with `--expect-reasoning` for a thinking job)
+    would refuse, or a prompt an older fleetgen stored with the input's assistant turns in it."""
     segments = orjson.loads(row.prompt)
     conversation: list[dict[str, Any]] = []
     turns = _turns(row)
