@@ -124,11 +124,6 @@ def check(
     return now
 
 
-def can_seek(input_identity: dict[str, Any]) -> bool:
-    """Plain JSONL: a resume seeks to a byte offset, checked by the digests of the bytes before it."""
-    return bool(input_identity["kind"] == "jsonl" and input_identity["compression"] is None)
-
-
 class ResumeCheck:
     """The check stored with a resume position, kept current as the position moves.
 
@@ -144,7 +139,8 @@ class ResumeCheck:
     def __init__(self, path: Path, input_identity: dict[str, Any], split: str | None) -> None:
         self._path = path
         self._files = input_files(path, split)
-        self._seekable = can_seek(input_identity)
+        # Plain JSONL: a resume seeks to a byte offset, checked by the digests of the bytes before it.
+        self._seekable = input_identity["kind"] == "jsonl" and input_identity["compression"] is None
         self._chain: list[list[Any]] = []
         self._hash = hashlib.blake2b(digest_size=16)
         self._start = self._offset = 0

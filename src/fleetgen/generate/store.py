@@ -194,13 +194,8 @@ class Batch:
         return sum(map(len, self.rows()))
 
     def add(self, row: ResultRow | ErrorRow | BadRow | SeriesRow) -> None:
-        lists: dict[type, list[Any]] = {
-            ResultRow: self.results,
-            ErrorRow: self.errors,
-            BadRow: self.bad,
-            SeriesRow: self.series,
-        }
-        lists[type(row)].append(row)
+        """File `row` with the rows of its table."""
+        self.rows()[[table.record for table in TABLES].index(type(row))].append(row)
 
 
 class Counts(NamedTuple):
