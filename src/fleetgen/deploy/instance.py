@@ -249,7 +249,12 @@ async def follow_launch(
     try:
         try:
             watch = await wait_ready(
-                started, engine, client, timeout_s=wanted.timeout_s, progress=lambda m: progress(name, m)
+                started,
+                engine,
+                client,
+                rules=wanted.launch.rules,
+                timeout_s=wanted.timeout_s,
+                progress=lambda m: progress(name, m),
             )
         finally:
             await remove_secret_files(hs.host, wanted.command)  # read at start: a healthy engine is past that

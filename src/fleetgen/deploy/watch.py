@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from fleetgen.engines.base import Engine, FatalSignature
+from fleetgen.engines.base import Engine, FatalSignature, RuleSet
 from fleetgen.errors import LaunchFailed, ReadyTimeout, tail
 from fleetgen.http.client import EngineClient
 from fleetgen.remote.base import Host
@@ -158,18 +158,21 @@ async def wait_ready(
     engine: Engine,
     client: EngineClient,
     *,
+    rules: RuleSet,
     timeout_s: float,
     progress: Callable[[str], None] | None = None,
     poll_s: float = 0.25,
 ) -> LogWatch:
-    """Return once the engine answers its health endpoint; raise LaunchFailed or ReadyTimeout otherwise."""
+    """Return once the engine answers its health endpoint; raise LaunchFailed or ReadyTimeout otherwise.
+    `rules`: the rule set that decided the launch; a fatal line's fix is that release's."""
     watch = LogWatch(proc.log_path)
-    signatures = (*engine.fatal_signatures, *GENERIC_SIGNATURES)
+    own = engine.fatal_signatures_for(rules)
+    signatures = (*own, *GENERIC_SIGNATURES)
     since = time.monotonic()
     last_report = since
     while True:
         new = await poll_once(proc.host, watch, proc.pid, proc.start_time)
-        fatal = first_fatal(new, engine.fatal_signatures)
+        fatal = first_fatal(new, own)
         if fatal:
             await asyncio.sleep(SETTLE_S)
             await poll_once(proc.host, watch, proc.pid, proc.start_time)

@@ -234,6 +234,16 @@ class Engine:
         """`engine.env` plus CUDA_VISIBLE_DEVICES for the instance's GPUs."""
         return {**cfg.env, "CUDA_VISIBLE_DEVICES": cuda_visible_devices(inst)}
 
+    def rejection_signatures_for(self, rules: RuleSet) -> tuple[FatalSignature, ...]:
+        """Its refusals of an argv at start (what plan's rules predict), in its words, each with the fix for
+        the release `rules` was read from (the fix `plan` gives); none by default."""
+        return ()
+
+    def fatal_signatures_for(self, rules: RuleSet) -> tuple[FatalSignature, ...]:
+        """Every log line it dies with under `rules`' release: its rejections first (most specific), then
+        `fatal_signatures`."""
+        return (*self.rejection_signatures_for(rules), *self.fatal_signatures)
+
     def parser_check_script(self) -> str:
         """Python source: reads a JSON argv on stdin, runs the engine's own parser, prints a JSON verdict."""
         return verdict_script(self.parser_body)

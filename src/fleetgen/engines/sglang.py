@@ -57,28 +57,47 @@ WEIGHTS_LEAVE_NOTHING = (
     "Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static={mfs}."
 )
 
+
+def extra_buffer_fix(rules: RuleSet) -> str:
+    """The way out of spec + no_buffer + radix cache under `rules`, given by plan's rule and by the log
+    watcher alike: the extra_buffer strategy (under the release's flag name), plus SGLANG_ENABLE_SPEC_V2=1
+    only where the release reads it and it is off by default (before 0.5.11; 0.5.14 removed it)."""
+    needs_env = rules.spec_v2_env and not rules.spec_v2_default
+    env = f' and engine.env {rules.spec_v2_env} = "1"' if needs_env else ""
+    alt = " (or disable-radix-cache = true: no prefix reuse)"
+    return f'set engine.args {rules.strategy_flag} = "extra_buffer"{env}{alt}'
+
+
+def rejection_signatures(rules: RuleSet) -> tuple[FatalSignature, ...]:
+    """SGLang's refusals of its arguments at start (what `plan.rules` predicts), as its log and its own parser
+    say them, with the fix for `rules`' release."""
+    return (
+        FatalSignature(
+            r"Speculative decoding for \S+ is not compatible with radix cache",
+            "speculative decoding with radix cache needs the extra_buffer Mamba strategy",
+            extra_buffer_fix(rules),
+        ),
+        FatalSignature(
+            r"mamba extra_buffer is not compatible with --disable-radix-cache",
+            "extra_buffer needs the radix cache",
+            "remove disable-radix-cache, or use no_buffer",
+        ),
+        FatalSignature(
+            r"enable-hierarchical-cache and disable-radix-cache are mutually exclusive",
+            "hierarchical cache needs the radix cache",
+            "remove one of the two flags",
+        ),
+        FatalSignature(
+            r"mamba_track_interval \d+ must be greater than or equal to speculative_num_draft_tokens",
+            "the Mamba track interval is shorter than the draft",
+            "raise mamba-track-interval",
+        ),
+    )
+
+
+# The signatures whose fixes do not depend on the release (`SGLangEngine.fatal_signatures_for` adds the
+# rejections before them).
 FATAL_SIGNATURES = (
-    FatalSignature(
-        r"Speculative decoding for \S+ is not compatible with radix cache",
-        "speculative decoding with radix cache needs the extra_buffer Mamba strategy",
-        'set engine.args mamba-scheduler-strategy = "extra_buffer" and engine.env '
-        'SGLANG_ENABLE_SPEC_V2 = "1" (or disable-radix-cache = true)',
-    ),
-    FatalSignature(
-        r"mamba extra_buffer is not compatible with --disable-radix-cache",
-        "extra_buffer needs the radix cache",
-        "remove disable-radix-cache, or use no_buffer",
-    ),
-    FatalSignature(
-        r"enable-hierarchical-cache and disable-radix-cache are mutually exclusive",
-        "hierarchical cache needs the radix cache",
-        "remove one of the two flags",
-    ),
-    FatalSignature(
-        r"mamba_track_interval \d+ must be greater than or equal to speculative_num_draft_tokens",
-        "the Mamba track interval is shorter than the draft",
-        "raise mamba-track-interval",
-    ),
     FatalSignature(
         r"Not enough memory\. Please try to increase --mem-fraction-static",
         "no GPU memory left for the KV cache",
@@ -190,6 +209,9 @@ class SGLangEngine(Engine):
     model_flag = "--model-path"
     tp_flag = "--tp-size"
     parser_body = PARSER_BODY
+
+    def rejection_signatures_for(self, rules: RuleSet) -> tuple[FatalSignature, ...]:
+        return rejection_signatures(rules)
 
     def extra_argv(self, args: Mapping[str, ArgValue | list[ArgValue]]) -> list[str]:
         # /metrics is off by default; fleetgen's live view reads it

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fleetgen.engines import RuleSet, Translation
+from fleetgen.engines import Translation
 from fleetgen.engines.sglang import (
     EXTRA_BUFFER_NO_RADIX,
     HICACHE_NO_RADIX,
@@ -19,6 +19,7 @@ from fleetgen.engines.sglang import (
     SPEC_RADIX_DISABLED,
     SPEC_V2_REMOVED,
     TRACK_INTERVAL,
+    extra_buffer_fix,
 )
 from fleetgen.plan.settings import SGLangSettings
 from fleetgen.plan.types import Ask, Issue
@@ -41,31 +42,24 @@ class Found:
 Rule = Callable[[RuleInput], Found]
 
 
-def _fix_extra_buffer(r: RuleSet) -> str:
-    needs_env = r.spec_v2_env and not r.spec_v2_default
-    env = f' and engine.env {r.spec_v2_env} = "1"' if needs_env else ""
-    alt = " (or disable-radix-cache = true: no prefix reuse)"
-    return f'set engine.args {r.strategy_flag} = "extra_buffer"{env}{alt}'
-
-
 def spec_no_buffer_radix(x: RuleInput) -> Found:
     """Spec + no_buffer + radix cache: unchecked (≤0.5.8), radix silently off (0.5.9), refused (0.5.10–13)."""
     s, r = x.settings, x.rules
     arch = x.shape.architecture
     if s.radix_dropped_for_spec:
         text = SPEC_RADIX_DISABLED.format(arch=arch) + " (a warning: the server starts without prefix reuse)"
-        return Found(warnings=(Issue("spec-no-buffer-radix", text, _fix_extra_buffer(r)),))
+        return Found(warnings=(Issue("spec-no-buffer-radix", text, extra_buffer_fix(r)),))
     if not (x.shape.is_hybrid and s.is_spec and s.is_radix and s.strategy == "no_buffer"):
         return Found()
     if r.refuses_spec_no_buffer_radix:
-        issue = Issue("spec-no-buffer-radix", SPEC_NO_BUFFER_RADIX.format(arch=arch), _fix_extra_buffer(r))
+        issue = Issue("spec-no-buffer-radix", SPEC_NO_BUFFER_RADIX.format(arch=arch), extra_buffer_fix(r))
         return Found(errors=(issue,))
     if r.spec_no_buffer_radix == "unchecked":
         text = (
             f"{r.name} does not check speculative decoding with radix cache under no_buffer for {arch}: "
             "it starts with both (0.5.9 turns radix cache off, 0.5.10–0.5.13 refuse the combination)"
         )
-        return Found(warnings=(Issue("spec-no-buffer-radix", text, _fix_extra_buffer(r)),))
+        return Found(warnings=(Issue("spec-no-buffer-radix", text, extra_buffer_fix(r)),))
     return Found()
 
 
