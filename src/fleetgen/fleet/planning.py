@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fleetgen.config import FleetFile, HostEntry
-from fleetgen.engines import get_engine, launcher_of
+from fleetgen.engines import Engine, ParserVerdict, get_engine, launcher_of, select_rule_set
 from fleetgen.errors import ModelCardError, RemoteError
 from fleetgen.fleet.hostcheck import HostReport, check_hosts
 from fleetgen.modelcard import ModelShape, load_model_shape, parse_model_shape
@@ -168,10 +168,23 @@ async def _parse_on(fleet: FleetFile, host: HostEntry, inst: InstancePlan) -> tu
                 "`fleetgen hosts check` shows what is missing",
             ),
         )
-    text = f"{host.name}: {engine.name} {verdict.version} refuses this argv: {verdict.error}"
-    return (
-        Issue("engine-parser", text, "change the flag it names (see the plan's renamed-flag warnings)"),
-    ), ()
+    return (parser_refusal(engine, host.name, verdict, inst),), ()
+
+
+def parser_refusal(engine: Engine, host: str, verdict: ParserVerdict, inst: InstancePlan) -> Issue:
+    """The host's own parser refused the argv. Its words are a rejection rule's: the fix `plan` gives for
+    that rule on this instance, else the engine's own for the release the host reports (a rule plan did
+    not predict); else an argument the parser names."""
+    text = f"{host}: {engine.name} {verdict.version} refuses this argv: {verdict.error}"
+    predicted = next((e.fix for e in inst.errors if e.fix and e.message in verdict.error), None)
+    if predicted is not None:
+        return Issue("engine-parser", text, predicted)
+    rules = next((r for r in engine.rule_sets if r.name == inst.rules), None)
+    if verdict.version or rules is None:
+        rules, _ = select_rule_set(engine.rule_sets, verdict.version or None)
+    known = next((s for s in engine.rejection_signatures_for(rules) if s.search(verdict.error)), None)
+    fix = known.fix if known else "change the flag it names (see the plan's renamed-flag warnings)"
+    return Issue("engine-parser", text, fix)
 
 
 async def plan_from_file(
