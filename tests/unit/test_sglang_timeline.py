@@ -16,9 +16,12 @@ from pathlib import Path
 import pytest
 
 from fleetgen.config import load_fleet
+from fleetgen.deploy.watch import first_fatal
 from fleetgen.engines import get_engine, select_rule_set
-from fleetgen.engines.base import release
+from fleetgen.engines.base import ParserVerdict, release
+from fleetgen.engines.sglang import extra_buffer_fix
 from fleetgen.engines.sglang_timeline import RELEASES, RULE_SETS, first_release, rules_for
+from fleetgen.fleet.planning import parser_refusal
 from fleetgen.modelcard import load_model_shape
 from fleetgen.plan import facts_from_file, plan_fleet
 from fleetgen.plan.sglang import CUDA_CONTEXT_BYTES
@@ -220,6 +223,56 @@ def test_the_h200_refusal_fleet_file_is_refused_in_sglangs_words_on_0_5_13_only(
     assert refusals == ([SGLANG_0_5_13_REFUSAL] if version == "0.5.13" else [])
     assert plan.rules == f"sglang-{version}" and not plan.fits
     assert any(e.rule == "no-buffer-overlap" for e in plan.errors) == (version == "0.5.15")
+
+
+# SGLang 0.5.13's own prepare_server_args on fleetgen's argv for that fleet file (bench/results/raw).
+PRECHECK = Path(__file__).parents[2] / "bench/results/raw/gpu-sglang-0.5.13-h200/precheck-cpu.txt"
+
+
+@pytest.mark.parametrize("planned", ["0.5.13", "0.5.15"])
+def test_the_hosts_parser_refusing_in_a_rules_words_gets_that_rules_fix(planned: str, tmp_path: Path) -> None:
+    """The host's 0.5.13 parser raised the refusal's ValueError (its real text): the `engine-parser` error
+    gives the rule's fix, never "change the flag it names": plan's own for the instance when plan predicted
+    it (planned with 0.5.13), else the engine's for the release the host reports (planned with 0.5.15, where
+    the check is gone). 0.5.13 has the V2 worker on by default: no SGLANG_ENABLE_SPEC_V2 in the fix."""
+    [error] = [x for x in PRECHECK.read_text().splitlines() if x.startswith("ValueError: ")]
+    path = tmp_path / "fleet.toml"
+    text = H200_REFUSAL.read_text().replace('version = "0.5.13"', f'version = "{planned}"')
+    path.write_text(text.replace("gpus = [0]", "gpus = [0]\ngpu_memory_gib = 140.4"))
+    fleet = load_fleet(path)
+    plan = plan_fleet(fleet, QWEN, {h.name: facts_from_file(h) for h in fleet.hosts}, None).instances[0]
+    sglang = get_engine("sglang")
+    issue = parser_refusal(sglang, "h200", ParserVerdict(False, "0.5.13", error), plan)
+    assert issue.rule == "engine-parser" and issue.message.endswith(error) and "h200" in issue.message
+    assert issue.fix == extra_buffer_fix(rules_for("0.5.13")) and "SGLANG_ENABLE_SPEC_V2" not in issue.fix
+    predicted = [e.fix for e in plan.errors if e.rule == "spec-no-buffer-radix"]
+    assert predicted == ([issue.fix] if planned == "0.5.13" else [])
+    # an argument the parser names (no rule's words) keeps the renamed-flag advice
+    argument = ParserVerdict(False, "0.5.13", "argument error: unrecognized arguments: --not-a-flag 1")
+    assert "renamed-flag" in parser_refusal(sglang, "h200", argument, plan).fix
+
+
+# SGLang 0.5.13's own log line (the CPU rehearsal of the H200 refusal, bench/results/raw).
+REFUSAL_LOG = (
+    Path(__file__).parents[2] / "bench/results/raw/gpu-sglang-0.5.13-h200/rehearsal-cpu/engine-alone.log"
+)
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_the_logs_fix_for_the_spec_radix_refusal_is_plans_for_every_release(version: str) -> None:
+    """`up` reads SGLang's refusal of spec + no_buffer + radix cache in the log; its fix is the one `plan`
+    gives under the same release (one source): SGLANG_ENABLE_SPEC_V2=1 only where the release reads it and it
+    is off (before 0.5.11; on by default 0.5.11-0.5.13, gone from 0.5.14), under the release's flag name."""
+    [line] = [x for x in REFUSAL_LOG.read_text().splitlines() if x.startswith("ValueError: Speculative")]
+    rules = rules_for(version)
+    hit = first_fatal([line, "INFO: loading"], get_engine("sglang").fatal_signatures_for(rules))
+    assert hit is not None and hit[1] == line
+    fix = hit[0].fix
+    assert ("SGLANG_ENABLE_SPEC_V2" in fix) == (release(version) < release("0.5.11"))
+    assert fix.startswith(f'set engine.args {rules.strategy_flag} = "extra_buffer"')
+    planned = plan_one(dict(MOTIVATING), version=version)
+    said = [i.fix for i in (*planned.errors, *planned.warnings) if i.rule == "spec-no-buffer-radix"]
+    assert said == ([fix] if rules.spec_no_buffer_radix != "gone" else [])
 
 
 def test_0_5_12_spec_v2_is_on_by_default_so_extra_buffer_takes_5_slots() -> None:
