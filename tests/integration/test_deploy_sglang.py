@@ -25,6 +25,8 @@ from fleetgen.deploy.fleetops import down, up
 from fleetgen.deploy.instance import Action, Outcome
 from fleetgen.errors import LaunchFailed, VerifyError
 from fleetgen.fleet.status import Readiness, fleet_status
+from fleetgen.modelcard import load_model_shape
+from fleetgen.plan import facts_from_file, plan_fleet
 from fleetgen.remote import open_host
 from tests.fixtures.sshd import SshdHost
 from tests.integration.test_deploy_support import ArgValue, log_files, write_fleet
@@ -315,3 +317,39 @@ async def test_cli_up_exits_non_zero_with_cause_and_fix(ssh_hosts: list[SshdHost
     )
     assert done.returncode == 1
     assert "h0-0" in done.stderr and "missing-model" in done.stderr and "fix:" in done.stderr
+
+
+async def test_up_refuses_an_argv_the_engines_own_rule_refuses_before_starting_anything(
+    ssh_hosts: list[SshdHost], tmp_path: Path
+) -> None:
+    """Explicit no_buffer with the overlap scheduler on: plan's rule (0.5.23's, the sim's) says SGLang refuses
+    it at start. `up` exits non-zero naming the rule and the instance, in plan's words with plan's fix, and
+    started nothing; `--no-plan-check` launches it, and the engine's own refusal is read from its log."""
+    fleet = sim_fleet(tmp_path, ssh_hosts[:1], model=QWEN36, args={"mamba-radix-cache-strategy": "no_buffer"})
+    file = load_fleet(fleet)
+    port = file.instances()[0].port
+    root = ssh_hosts[0].workdir / tmp_path.name / "h0-0"
+    env = {**os.environ, "COLUMNS": "400"}
+    facts = {h.name: facts_from_file(h) for h in file.hosts}
+    plan = plan_fleet(file, load_model_shape(QWEN36), facts).instances[0]
+    [refusal] = [e for e in plan.errors if e.rule == "no-buffer-overlap"]
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [FLEETGEN, "up", "-f", str(fleet)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+    )
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 2, done.stderr
+    assert f"[no-buffer-overlap] h0-0: {refusal.message}" in said
+    assert refusal.fix in said and "--no-plan-check" in said
+    assert not (root / "pid").exists() and not log_files(root.parent, "h0-0")
+    with socket.socket() as probe, pytest.raises(ConnectionRefusedError):
+        probe.connect(("127.0.0.1", port))
+
+    [out] = await up(fleet, plan_check=False)
+    assert isinstance(out.error, LaunchFailed) and not out.is_ready
+    assert refusal.message in str(out.error.context["matched"])
+    assert out.pid is not None and _is_gone(out.pid)

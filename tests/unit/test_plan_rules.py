@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from fleetgen.cli.app import app
 from fleetgen.config import FleetFile
+from fleetgen.engines.sglang_timeline import RELEASES
 from fleetgen.modelcard import load_model_shape
-from fleetgen.plan import FleetPlan, HostFacts, facts_from_file, plan_fleet
+from fleetgen.plan import FleetPlan, HostFacts, engine_rejections, facts_from_file, plan_fleet
 from fleetgen.plan.types import GIB, GpuFacts
 from tests.unit.test_plan import EXTRA, GPU96, GPU183, MODELS, MOTIVATING, QWEN, SPEC_V2, plan_one
 
@@ -252,3 +256,57 @@ def test_example_fleet_file_plans_offline() -> None:
 def test_fleet_plan_fits_property() -> None:
     assert FleetPlan(instances=()).fits
     assert GPU183 > GPU96
+
+
+# What the memory arithmetic estimates (it may be off): never a reason for `up` to refuse a launch.
+ESTIMATES = frozenset(
+    {"mamba-pool", "weights", "kv-cache", "weights-exceed-gpu", "gpu-unknown", "gpu-absent"}
+)
+UGLY_FLAGS: dict[str, Any] = {
+    "speculative-algorithm": "EAGLE",
+    "speculative-num-draft-tokens": 4,
+    "mamba-scheduler-strategy": "no_buffer",
+    "mamba-radix-cache-strategy": "extra_buffer",
+    "disable-radix-cache": True,
+    "enable-hierarchical-cache": True,
+    "mamba-track-interval": 2,
+    "page-size": 16,
+    "disable-overlap-schedule": True,
+    "cuda-graph-max-bs-prefill": 8,
+    "max-running-requests": 4096,
+    "context-length": 1_000_000,
+}
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    flags=st.sets(st.sampled_from(sorted(UGLY_FLAGS))),
+    mfs=st.sampled_from([None, 0.9, 1.5, 0.0]),
+    version=st.sampled_from(RELEASES),
+    gpu_gib=st.sampled_from([None, 0.5, 23.5, GPU183]),
+    model=st.sampled_from(["qwen3.6-27b", "qwen3-next-80b-a3b", "llama-3.1-8b"]),
+)
+def test_engine_rejections_are_plans_flag_errors_whatever_the_gpu(
+    flags: set[str], mfs: float | None, version: str, gpu_gib: float | None, model: str
+) -> None:
+    """What `up` refuses on is exactly plan's errors minus the memory arithmetic's estimates, with plan's
+    words and fix, named by instance; the same on a GPU too small for the weights, a huge one, or an
+    unknown one (the rules read no GPU figure)."""
+    args = {k: UGLY_FLAGS[k] for k in flags} | ({"mem-fraction-static": mfs} if mfs is not None else {})
+    host = {"name": "n", "gpus": [0]} | ({"gpu_memory_gib": gpu_gib} if gpu_gib else {})
+    fleet = _fleet([host], args=args, version=version)
+    shape = load_model_shape(MODELS / model)
+    [inst] = fleet.instances()
+    refused = engine_rejections(fleet, [inst], shape, _facts(fleet))
+    assert all(e.message.startswith("n-0: ") for e in refused)
+    bare = [replace(e, message=e.message.removeprefix("n-0: ")) for e in refused]
+    sized = [
+        e for e in plan_fleet(fleet, shape, _facts(fleet)).instances[0].errors if e.rule not in ESTIMATES
+    ]
+    if gpu_gib:
+        assert bare == sized
+    else:  # no GPU facts: plan sizes nothing, the rules still hold
+        big = _fleet([host | {"gpu_memory_gib": GPU183}], args=args, version=version)
+        assert bare == [
+            e for e in plan_fleet(big, shape, _facts(big)).instances[0].errors if e.rule not in ESTIMATES
+        ]

@@ -89,16 +89,28 @@ def _figure(value: float) -> str:
     return f"{value:,.0f}" if value == int(value) else f"{value:,.2f}"
 
 
+PLAN_CHECK_OPTION = flag(
+    "plan-check",
+    "Start nothing when plan's rules say the engine refuses an instance's flags (its own rejections, "
+    "not memory estimates).",
+    True,
+)
+
+
 @app.command()
-def up(fleet: Path = FLEET_OPTION, only: list[str] | None = ONLY_OPTION) -> None:
+def up(
+    fleet: Path = FLEET_OPTION, only: list[str] | None = ONLY_OPTION, plan_check: bool = PLAN_CHECK_OPTION
+) -> None:
     """Start (or leave running) every instance, wait until ready, and verify it."""
-    _report(run(do_up(fleet, only=only, progress=_progress)), "ready")
+    _report(run(do_up(fleet, only=only, plan_check=plan_check, progress=_progress)), "ready")
 
 
 @app.command()
-def restart(fleet: Path = FLEET_OPTION, only: list[str] | None = ONLY_OPTION) -> None:
+def restart(
+    fleet: Path = FLEET_OPTION, only: list[str] | None = ONLY_OPTION, plan_check: bool = PLAN_CHECK_OPTION
+) -> None:
     """Stop and start every (selected) instance, then verify it."""
-    _report(run(do_up(fleet, only=only, force=True, progress=_progress)), "ready")
+    _report(run(do_up(fleet, only=only, force=True, plan_check=plan_check, progress=_progress)), "ready")
 
 
 @app.command()

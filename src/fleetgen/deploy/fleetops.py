@@ -37,7 +37,14 @@ from fleetgen.deploy.wanted import (
 )
 from fleetgen.errors import ConfigError, FleetgenError, PlanError
 from fleetgen.modelcard import ModelShape
-from fleetgen.plan import HostFacts, InstancePlan, cross_instance_errors, plan_fleet
+from fleetgen.plan import (
+    HostFacts,
+    InstancePlan,
+    Issue,
+    cross_instance_errors,
+    engine_rejections,
+    plan_fleet,
+)
 
 PerHost = Callable[[HostSession, list[Instance]], Awaitable[list[Outcome]]]
 
@@ -149,31 +156,50 @@ def fleet_facts(fleet: Fleet, opened: Opened) -> dict[str, HostFacts]:
     return {h.name: measured_facts(h, measured.get(h.name)) for h in fleet.file.hosts}
 
 
-def plan_for_up(fleet: Fleet, opened: Opened, shape: ModelShape | None) -> dict[str, InstancePlan]:
-    """Run the cross-instance rules `plan` runs over the whole fleet (raise PlanError naming each broken
-    one, before anything starts); return each instance's plan (for planned vs actual capacity)."""
+def plan_for_up(
+    fleet: Fleet, opened: Opened, shape: ModelShape | None, *, plan_check: bool = True
+) -> dict[str, InstancePlan]:
+    """Run the cross-instance rules `plan` runs over the whole fleet and (`plan_check`, with a model shape)
+    the engine's own refusals of each connected instance's flags; raise PlanError naming each broken one,
+    before anything starts. Return each instance's plan (for planned vs actual capacity)."""
     facts = fleet_facts(fleet, opened)
+    refused: list[Issue] = []
     if shape is not None:
         plan = plan_fleet(fleet.file, shape, facts)
         errors, plans = list(plan.errors), {p.instance: p for p in plan.instances}
-    else:  # no model shape here: sizing (and so hicache RAM) unknown, GPUs and ports still checked
+        if plan_check:
+            wanted = [inst for _, insts in opened.sessions.values() for inst in insts]
+            refused = engine_rejections(fleet.file, wanted, shape, facts)
+    else:  # no model shape here: sizing and the flag rules unknown, GPUs and ports still checked
         detected = {n: [i for inst in insts for i in inst.gpus] for n, (_, insts) in opened.sessions.items()}
         instances = fleet.file.instances(detected, source=fleet.path)
         errors, plans = cross_instance_errors(fleet.file, instances, [], facts), {}
-    if errors:
-        fixes = list(dict.fromkeys(e.fix for e in errors if e.fix))
+    if errors or refused:
+        fixes = list(dict.fromkeys(e.fix for e in [*errors, *refused] if e.fix))
+        fix = "; ".join(fixes) + f" (`fleetgen plan -f {fleet.path}` shows the whole plan)"
+        if refused:
+            fix += (
+                "; or `fleetgen up --no-plan-check` to launch it anyway, if you know this engine accepts it "
+                "(its own refusal then shows in its log)"
+            )
         raise PlanError(
             f"{fleet.path}: up refuses to start anything: "
-            + "; ".join(f"[{e.rule}] {e.message}" for e in errors),
-            fix="; ".join(fixes) + f" (`fleetgen plan -f {fleet.path}` shows the whole plan)",
+            + "; ".join(f"[{e.rule}] {e.message}" for e in [*errors, *refused]),
+            fix=fix,
         )
     return plans
 
 
 async def up(
-    fleet_path: Path, *, only: Sequence[str] | None = None, force: bool = False, progress: Narrate = _noop
+    fleet_path: Path,
+    *,
+    only: Sequence[str] | None = None,
+    force: bool = False,
+    plan_check: bool = True,
+    progress: Narrate = _noop,
 ) -> list[Outcome]:
-    """Bring every (selected) instance up, verified; `force` restarts even matching processes (restart)."""
+    """Bring every (selected) instance up, verified; `force` restarts even matching processes (restart);
+    `plan_check` False launches even what the engine's own rules refuse (plan's flag rules)."""
     fleet = Fleet.load(fleet_path)
     secret = api_key(fleet.file)
     records = load_state(fleet_path)
@@ -181,7 +207,7 @@ async def up(
     plans: dict[str, InstancePlan] = {}
 
     def check(opened: Opened) -> None:
-        plans.update(plan_for_up(fleet, opened, shape))
+        plans.update(plan_for_up(fleet, opened, shape, plan_check=plan_check))
 
     def on_record(rec: InstanceRecord) -> None:
         update_state(fleet_path, put=[rec])
@@ -213,10 +239,10 @@ async def up(
 
 
 async def restart(
-    fleet_path: Path, *, only: Sequence[str] | None = None, progress: Narrate = _noop
+    fleet_path: Path, *, only: Sequence[str] | None = None, plan_check: bool = True, progress: Narrate = _noop
 ) -> list[Outcome]:
     """Stop and start every (selected) instance, even those already running as wanted."""
-    return await up(fleet_path, only=only, force=True, progress=progress)
+    return await up(fleet_path, only=only, force=True, plan_check=plan_check, progress=progress)
 
 
 async def down(fleet_path: Path, *, only: Sequence[str] | None = None) -> list[Outcome]:

@@ -7,7 +7,13 @@ Modules: `types` (values in and out), `settings` (SGLang flags as the engine res
 
 from __future__ import annotations
 
-from fleetgen.plan.fleet import cross_instance_errors, facts_from_file, plan_fleet, plan_instance
+from fleetgen.plan.fleet import (
+    cross_instance_errors,
+    engine_rejections,
+    facts_from_file,
+    plan_fleet,
+    plan_instance,
+)
 from fleetgen.plan.instance import API_KEY_CONFIG, Launch, decide_launch
 from fleetgen.plan.types import Fix, FleetPlan, GpuFacts, HostFacts, InstancePlan, Issue, Memory
 
@@ -23,6 +29,7 @@ __all__ = [
     "Memory",
     "cross_instance_errors",
     "decide_launch",
+    "engine_rejections",
     "facts_from_file",
     "plan_fleet",
     "plan_instance",

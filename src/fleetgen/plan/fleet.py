@@ -16,6 +16,7 @@ from fleetgen.engines.sglang import HICACHE_HOST_MEMORY
 from fleetgen.modelcard import ModelShape
 from fleetgen.plan.fixes import ranked_fixes, solve_target
 from fleetgen.plan.instance import HICACHE_RESERVE_BYTES, Ask, decide_launch, gpu_of, size
+from fleetgen.plan.planners import planner_of
 from fleetgen.plan.types import GIB, FleetPlan, GpuFacts, HostFacts, InstancePlan, Issue, Memory
 
 
@@ -171,6 +172,26 @@ def cross_instance_errors(
         + _clashes(fleet, instances, "port-clash", lambda i: (i.port,), "listen on port {}", one_port)
         + _host_memory(fleet, plans, facts)
     )
+
+
+def engine_rejections(
+    fleet: FleetFile,
+    instances: Sequence[Instance],
+    shape: ModelShape,
+    facts: Mapping[str, HostFacts],
+    version: str | None = None,
+) -> list[Issue]:
+    """The engine's own refusals of each instance's flags (its rules for the rule set `decide_launch` picks,
+    in its words, each named by instance), run by `up` before it launches anything: certain, unlike the
+    memory arithmetic's estimates, and known without GPU figures."""
+    cfg = fleet.engine
+    refused: list[Issue] = []
+    for inst in instances:
+        rules = decide_launch(cfg, inst, facts.get(inst.host) or HostFacts(inst.host), version).rules
+        ask = Ask(dict(cfg.args), dict(cfg.env), cfg.tp, 0, 0, rules, shape)
+        found = planner_of(cfg.kind).rejections(ask)
+        refused += [replace(e, message=f"{inst.name}: {e.message}") for e in found]
+    return refused
 
 
 def _machines(fleet: FleetFile) -> dict[str, str]:

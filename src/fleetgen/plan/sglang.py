@@ -273,15 +273,26 @@ MEMORY_FIX = "see the ranked fixes (max-mamba-cache-size, mamba-ssm-dtype bfloat
 # --- the SGLang planner: sizing with its flag rules and warnings, its ways out, its concurrency flags -----
 
 
+def _rule_input(ask: Ask) -> RuleInput:
+    translation = translate_args(ask.args, ask.rules)
+    settings = resolve_settings(translation.args, ask.env, ask.rules, ask.shape)
+    return RuleInput(**vars(ask), translation=translation, settings=settings)
+
+
+def rejections(ask: Ask) -> tuple[Issue, ...]:
+    """SGLang's own refusals of these flags at start (`plan.rules`' errors): no memory arithmetic."""
+    return check_sglang_flags(_rule_input(ask)).errors
+
+
 def size_instance(ask: Ask) -> Sizing:
     """SGLang's verdict: its memory arithmetic, its startup rules (`plan.rules`), headroom and context
     warnings."""
-    translation = translate_args(ask.args, ask.rules)
-    s = resolve_settings(translation.args, ask.env, ask.rules, ask.shape)
+    rule_input = _rule_input(ask)
+    s = rule_input.settings
     memory, mem_errors = size_sglang(
         ask.shape, s, ask.rules, tp=ask.tp, free_bytes=ask.free_bytes, total_bytes=ask.total_bytes
     )
-    flags = check_sglang_flags(RuleInput(**vars(ask), translation=translation, settings=s))
+    flags = check_sglang_flags(rule_input)
     warnings = list(flags.warnings)
     if memory.headroom_needed_bytes > memory.headroom_bytes:
         warnings.append(_headroom_warning(memory, s.is_spec and not draft_kv_in_cell(s, ask.rules)))
@@ -354,4 +365,4 @@ def concurrency(ask: Ask, sized: Sizing, n: int) -> dict[str, Any]:
     return out
 
 
-PLANNER = Planner(SGLangEngine.name, size_instance, variants, concurrency)
+PLANNER = Planner(SGLangEngine.name, size_instance, variants, concurrency, rejections)
