@@ -324,7 +324,8 @@ async def test_up_refuses_an_argv_the_engines_own_rule_refuses_before_starting_a
 ) -> None:
     """Explicit no_buffer with the overlap scheduler on: plan's rule (0.5.23's, the sim's) says SGLang refuses
     it at start. `up` exits non-zero naming the rule and the instance, in plan's words with plan's fix, and
-    started nothing; `--no-plan-check` launches it, and the engine's own refusal is read from its log."""
+    started nothing; `--no-plan-check` launches it, and the engine's own refusal is read from its log (with
+    the fix plan gives)."""
     fleet = sim_fleet(tmp_path, ssh_hosts[:1], model=QWEN36, args={"mamba-radix-cache-strategy": "no_buffer"})
     file = load_fleet(fleet)
     port = file.instances()[0].port
@@ -351,5 +352,5 @@ async def test_up_refuses_an_argv_the_engines_own_rule_refuses_before_starting_a
 
     [out] = await up(fleet, plan_check=False)
     assert isinstance(out.error, LaunchFailed) and not out.is_ready
-    assert refusal.message in str(out.error.context["matched"])
+    assert refusal.message in str(out.error.context["matched"]) and out.error.fix == refusal.fix
     assert out.pid is not None and _is_gone(out.pid)

@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 
 from fleetgen.cli.app import app
 from fleetgen.config import FleetFile
-from fleetgen.engines.sglang_timeline import RELEASES
+from fleetgen.engines import get_engine
+from fleetgen.engines.sglang_timeline import RELEASES, rules_for
 from fleetgen.modelcard import load_model_shape
 from fleetgen.plan import FleetPlan, HostFacts, engine_rejections, facts_from_file, plan_fleet
 from fleetgen.plan.types import GIB, GpuFacts
@@ -300,6 +301,10 @@ def test_engine_rejections_are_plans_flag_errors_whatever_the_gpu(
     refused = engine_rejections(fleet, [inst], shape, _facts(fleet))
     assert all(e.message.startswith("n-0: ") for e in refused)
     bare = [replace(e, message=e.message.removeprefix("n-0: ")) for e in refused]
+    rules = rules_for(version)
+    for e in bare:  # where the engine's log (or its parser) says it in these words: the same fix
+        said = [s for s in get_engine("sglang").rejection_signatures_for(rules) if s.search(e.message)]
+        assert all(s.fix == e.fix for s in said if e.rule != "track-interval")  # plan's names the number
     sized = [
         e for e in plan_fleet(fleet, shape, _facts(fleet)).instances[0].errors if e.rule not in ESTIMATES
     ]

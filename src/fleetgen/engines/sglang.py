@@ -6,6 +6,7 @@ below are copied from it so a plan can quote what the engine would say at start.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from fleetgen.config import ArgValue
@@ -68,6 +69,18 @@ def extra_buffer_fix(rules: RuleSet) -> str:
     return f'set engine.args {rules.strategy_flag} = "extra_buffer"{env}{alt}'
 
 
+def no_buffer_overlap_fix(rules: RuleSet) -> str:
+    """The way out of explicit no_buffer with the overlap scheduler on (plan's rule and the log watcher)."""
+    return f'set engine.args {rules.strategy_flag} = "extra_buffer" or disable-overlap-schedule = true'
+
+
+def extra_buffer_no_radix_fix(rules: RuleSet) -> str:
+    return f'remove disable-radix-cache, or set engine.args {rules.strategy_flag} = "no_buffer"'
+
+
+NO_BUFFER_PAGE_FIX = "remove page-size or use extra_buffer"
+
+
 def rejection_signatures(rules: RuleSet) -> tuple[FatalSignature, ...]:
     """SGLang's refusals of its arguments at start (what `plan.rules` predicts), as its log and its own parser
     say them, with the fix for `rules`' release."""
@@ -80,7 +93,7 @@ def rejection_signatures(rules: RuleSet) -> tuple[FatalSignature, ...]:
         FatalSignature(
             r"mamba extra_buffer is not compatible with --disable-radix-cache",
             "extra_buffer needs the radix cache",
-            "remove disable-radix-cache, or use no_buffer",
+            extra_buffer_no_radix_fix(rules),
         ),
         FatalSignature(
             r"enable-hierarchical-cache and disable-radix-cache are mutually exclusive",
@@ -91,6 +104,14 @@ def rejection_signatures(rules: RuleSet) -> tuple[FatalSignature, ...]:
             r"mamba_track_interval \d+ must be greater than or equal to speculative_num_draft_tokens",
             "the Mamba track interval is shorter than the draft",
             "raise mamba-track-interval",
+        ),
+        FatalSignature(
+            re.escape(NO_BUFFER_OVERLAP),
+            "the no_buffer Mamba strategy runs without the overlap scheduler",
+            no_buffer_overlap_fix(rules),
+        ),
+        FatalSignature(
+            re.escape(NO_BUFFER_PAGE), "the no_buffer Mamba strategy pages by 1", NO_BUFFER_PAGE_FIX
         ),
     )
 

@@ -15,11 +15,14 @@ from fleetgen.engines.sglang import (
     HICACHE_NO_RADIX,
     NO_BUFFER_OVERLAP,
     NO_BUFFER_PAGE,
+    NO_BUFFER_PAGE_FIX,
     SPEC_NO_BUFFER_RADIX,
     SPEC_RADIX_DISABLED,
     SPEC_V2_REMOVED,
     TRACK_INTERVAL,
     extra_buffer_fix,
+    extra_buffer_no_radix_fix,
+    no_buffer_overlap_fix,
 )
 from fleetgen.plan.settings import SGLangSettings
 from fleetgen.plan.types import Ask, Issue
@@ -67,7 +70,7 @@ def extra_buffer_without_radix(x: RuleInput) -> Found:
     s = x.settings
     if not (x.shape.is_hybrid and s.strategy_given.startswith("extra_buffer") and not s.is_radix):
         return Found()
-    fix = f'remove disable-radix-cache, or set {x.rules.strategy_flag} = "no_buffer"'
+    fix = extra_buffer_no_radix_fix(x.rules)
     issue = Issue("extra-buffer-no-radix", EXTRA_BUFFER_NO_RADIX, fix)
     if x.rules.rejects_extra_buffer_without_radix:
         return Found(errors=(issue,))
@@ -101,15 +104,9 @@ def no_buffer_limits(x: RuleInput) -> Found:
         return Found()
     errors: list[Issue] = []
     if s.page_size != 1 and x.rules.explicit_no_buffer_needs_no_overlap:
-        errors.append(Issue("no-buffer-page-size", NO_BUFFER_PAGE, "remove page-size or use extra_buffer"))
+        errors.append(Issue("no-buffer-page-size", NO_BUFFER_PAGE, NO_BUFFER_PAGE_FIX))
     if s.is_overlap and s.strategy_given == "no_buffer":
-        errors.append(
-            Issue(
-                "no-buffer-overlap",
-                NO_BUFFER_OVERLAP,
-                f'set {x.rules.strategy_flag} = "extra_buffer" or disable-overlap-schedule = true',
-            )
-        )
+        errors.append(Issue("no-buffer-overlap", NO_BUFFER_OVERLAP, no_buffer_overlap_fix(x.rules)))
     return Found(errors=tuple(errors))
 
 
