@@ -15,8 +15,12 @@ import sys
 from asyncio.subprocess import PIPE
 from pathlib import Path
 
-from fleetgen.bench.stats import BenchLoad, BenchTarget
+import tomli_w
+
+from fleetgen.bench.stats import OWN_FIELDS, BenchLoad, BenchTarget
 from fleetgen.bench.sweep import sweep
+from fleetgen.cli.bench import job_sampling
+from fleetgen.config import JobFile
 from fleetgen.dashboard import chromium, svg
 from tests.fixtures.chromium import need_chromium, png_pixels
 from tests.fixtures.sim import SimFactory
@@ -159,3 +163,104 @@ def test_cli_png_without_chromium_stops_before_the_sweep(tmp_path: Path) -> None
     )
     assert out.returncode == 1 and "Chromium" in out.stderr and "apt-get install" in out.stderr
     assert "127.0.0.1:9" not in out.stderr + out.stdout and not png.exists()
+
+
+# Job files as users write them: sampling knobs of both engines in extra_body (some overriding the job's own
+# fields, some naming bench's lengths, which bench keeps), unicode, a seed, thinking off.
+UGLY_JOBS = [
+    {"temperature": 0.6, "top_p": 0.95},
+    {
+        "model": "sim-model",
+        "temperature": 1.3,
+        "top_p": 0.5,
+        "top_k": 20,
+        "seed": -7,
+        "thinking": False,
+        "max_tokens": 3,
+        "system_prompt": "ünï «»",
+        "extra_body": {
+            "min_p": 0.05,
+            "presence_penalty": 1.5,
+            "repetition_penalty": 1.05,
+            "stop": ["</s>", "\u2028"],
+            "max_tokens": 2,
+            "stream": False,
+            "ignore_eos": False,
+            "temperature": 0.7,
+            "x-ünknown": {"nested": [1, "é", 2.5]},
+        },
+    },
+]
+
+
+def _received(log: str) -> list[dict[str, object]]:
+    """The chat bodies the sim received, in order (it logs them with SGLang's --log-requests)."""
+    marker = "Receive: obj="
+    return [json.loads(line.split(marker, 1)[1]) for line in log.splitlines() if marker in line]
+
+
+def _sampling_of(body: dict[str, object]) -> dict[str, object]:
+    return {key: value for key, value in body.items() if key not in OWN_FIELDS}
+
+
+async def test_every_request_of_a_sweep_with_a_job_carries_its_sampling(sim_server: SimFactory) -> None:
+    # The probe, the unmeasured warm-up burst and every measured request: a server that compiles its sampling
+    # kernel on the first request that needs it (vLLM's top-p) must meet that sampling before the levels.
+    async with sim_server(log_requests=True, reasoning_parser="qwen3") as server:
+        for values in UGLY_JOBS:
+            job = JobFile.model_validate(values)
+            load = BenchLoad(
+                input_len=16,
+                output_len=4,
+                concurrencies=(1, 3),
+                rounds=1,
+                min_requests=1,
+                warmup_tokens=5,
+                sampling=job_sampling(job),
+            )
+            seen = len(_received(server.log_text()))
+            levels = await sweep([BenchTarget("i0", (server.base_url,))], load)
+            bodies = _received(server.log_text())[seen:]
+            assert len(bodies) == 1 + 3 + sum(r.num_requests for r in levels)  # probe, warm-up, levels
+            assert sorted(b["max_tokens"] for b in bodies) == [1] + [4] * 4 + [5] * 3
+            assert all(_sampling_of(b) == load.sampling for b in bodies)
+            for key, value in job.extra_body.items():
+                assert all(b[key] == value for b in bodies if key not in OWN_FIELDS)
+            assert all(b["ignore_eos"] is True and b["stream"] is True for b in bodies)
+            assert all(
+                r.output_tokens == r.num_requests * 4 for r in levels
+            )  # bench's lengths, not the job's
+
+
+async def _fleetgen(*argv: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(str(FLEETGEN), *argv, stdout=PIPE, stderr=PIPE)
+    stdout, stderr = await proc.communicate()
+    return proc.returncode or 0, stdout.decode(), stderr.decode()
+
+
+async def test_cli_bench_with_a_job_samples_as_run_with_that_job(
+    sim_server: SimFactory, tmp_path: Path
+) -> None:
+    job = tmp_path / "job.toml"
+    job.write_text(tomli_w.dumps(UGLY_JOBS[1]), encoding="utf-8")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "hello"}\n', encoding="utf-8")
+    lengths = ["--input-len", "16", "--output-len", "6", "-c", "2", "--rounds", "1", "--scope", "instances"]
+    async with sim_server(log_requests=True, reasoning_parser="qwen3") as server:
+        rc, _, err = await _fleetgen(
+            "run", str(prompts), "-o", str(tmp_path / "out"), "--endpoint", server.base_url, "--job", str(job)
+        )
+        assert rc == 0, err
+        (run_body,) = _received(server.log_text())
+        rc, out, err = await _fleetgen("bench", "-e", server.base_url, "--job", str(job), "--json", *lengths)
+        assert rc == 0, err
+        bench_bodies = _received(server.log_text())[1:]
+        rc, out_greedy, err = await _fleetgen("bench", "-e", server.base_url, "--json", *lengths)
+        assert rc == 0, err
+        greedy_bodies = _received(server.log_text())[1 + len(bench_bodies) :]
+    assert bench_bodies and all(_sampling_of(b) == _sampling_of(run_body) for b in bench_bodies)
+    assert all(b["max_tokens"] in (1, 6, 16) for b in bench_bodies)  # probe, levels, warm-up: bench's own
+    assert json.loads(out)["load"]["sampling"] == _sampling_of(run_body)  # the JSON records what was sent
+    # Without --job: greedy, as before, and recorded so.
+    assert greedy_bodies and all(_sampling_of(b) == {"temperature": 0.0} for b in greedy_bodies)
+    assert json.loads(out_greedy)["load"]["sampling"] == {"temperature": 0.0}

@@ -217,13 +217,20 @@ def test_read_event_times_reasoning_and_content_chunks() -> None:
 
 
 def test_chat_body_flags() -> None:
-    body = chat_body(BenchLoad(thinking=False, extra_body={"top_k": 5}), "m", "hi", 64)
+    sampling = {
+        "chat_template_kwargs": {"enable_thinking": False},
+        "top_k": 5,
+        "max_tokens": 9,
+        "stream": False,
+    }
+    body = chat_body(BenchLoad(sampling=sampling), "m", "hi", 64)
     assert body["ignore_eos"] is True
-    assert body["max_tokens"] == 64
+    assert body["max_tokens"] == 64 and body["stream"] is True  # bench's own fields win over the sampling's
     assert body["stream_options"] == {"include_usage": True}
     assert body["chat_template_kwargs"] == {"enable_thinking": False}
     assert body["top_k"] == 5
     assert "ignore_eos" not in chat_body(BenchLoad(ignore_eos=False), "m", "hi", 1)
+    assert chat_body(BenchLoad(), "m", "hi", 1)["temperature"] == 0.0
 
 
 def test_make_prompt_is_seeded_and_sized() -> None:

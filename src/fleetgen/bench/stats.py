@@ -17,6 +17,10 @@ from fleetgen.engines import engine_of_metrics
 from fleetgen.http.metrics import accept_length, counter_deltas
 
 DEFAULT_CONCURRENCIES = (1, 8, 32, 128, 512)
+GREEDY: Mapping[str, object] = {"temperature": 0.0}  # the sampling of a sweep without a job file
+# The body fields bench sets itself, whatever the sampling says: its lengths (ignore_eos: exactly max_tokens
+# tokens per request) and a stream with usage in its last chunk.
+OWN_FIELDS = ("model", "messages", "max_tokens", "stream", "stream_options", "ignore_eos")
 # Plain words; each is about one token for BPE tokenizers, and a seeded shuffle per request defeats prefix
 # caching (like `vllm bench serve`'s random dataset) so every level measures real prefill.
 _VOCAB = tuple(
@@ -41,13 +45,14 @@ class BenchLoad:
     rounds: int = 2  # each level sends rounds × concurrency requests (at least min_requests)
     min_requests: int = 8
     model: str | None = None
-    thinking: bool = True
     ignore_eos: bool = True  # exactly output_len tokens per request, as `vllm bench serve` does
-    temperature: float = 0.0
+    # The body fields that decide how tokens are sampled, in every request (probe and warm-up too): greedy
+    # unless `fleetgen bench --job` puts there the job's, as `fleetgen run` sends them. Bench's own fields
+    # (OWN_FIELDS: lengths, streaming) are set over them.
+    sampling: Mapping[str, object] = field(default_factory=lambda: dict(GREEDY))
     api_key: str | None = None
     timeout_s: float = 3600.0
     seed: int = 0
-    extra_body: Mapping[str, object] = field(default_factory=dict)
     # Before the first level, one unmeasured burst at the top level (this many output tokens each): a fresh
     # server compiles kernels on its first batched prefill (100 s for SGLang MTP on an H200), which would
     # otherwise land inside the first level. 0: no warm-up.
@@ -221,20 +226,17 @@ def make_prompt(num_words: int, rng: random.Random) -> str:
 
 
 def chat_body(load: BenchLoad, model: str, prompt: str, max_tokens: int) -> dict[str, object]:
-    """One streaming chat completion with usage in the last chunk."""
-    body: dict[str, object] = {
-        "model": model,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": max_tokens,
-        "temperature": load.temperature,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+    """One streaming chat completion with usage in the last chunk, sampled as `load.sampling` says."""
+    body: dict[str, object] = dict(load.sampling)
+    body.update(
+        model=model,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=max_tokens,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     if load.ignore_eos:
         body["ignore_eos"] = True
-    if not load.thinking:
-        body["chat_template_kwargs"] = {"enable_thinking": False}
-    body.update(load.extra_body)
     return body
 
 

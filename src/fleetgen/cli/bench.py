@@ -17,10 +17,14 @@ from rich.console import Console
 from rich.table import Table
 
 from fleetgen.bench.fleet import bench_fleet, compare_spec
-from fleetgen.bench.stats import DEFAULT_CONCURRENCIES, BenchLoad, LevelResult, SpeedupRow
+from fleetgen.bench.stats import DEFAULT_CONCURRENCIES, GREEDY, OWN_FIELDS, BenchLoad, LevelResult, SpeedupRow
 from fleetgen.cli.app import FLEET_OPTION, Endpoints, app, console, err_console, flag, run
+from fleetgen.cli.run import SAMPLING
+from fleetgen.config import JobFile, load_job
 from fleetgen.dashboard import chromium, svg
 from fleetgen.errors import ConfigError
+from fleetgen.generate.rows import request_body
+from fleetgen.generate.work import SamplingParams
 
 PNG_OPTION = typer.Option(
     None, "--png", help="Write tok/s vs concurrency per instance to this PNG (needs Chromium)."
@@ -118,7 +122,12 @@ CAP_OPTION = typer.Option(
 ROUNDS_OPTION = typer.Option(2, "--rounds", min=1, help="Requests per level = rounds × concurrency.")
 SCOPE_OPTION = typer.Option("both", "--scope", help="instances, fleet or both.")
 MODEL_OPTION = typer.Option(None, "--model", help="Model name; default: the server's first.")
-THINKING_OPTION = flag("thinking", "Chat template thinking on/off.", True)
+THINKING_OPTION = flag("thinking", "Chat template thinking on/off (default: the job file's, else on).", None)
+JOB_OPTION = typer.Option(
+    None,
+    "--job",
+    help="Job file (TOML): sample as `fleetgen run --job` does (default: greedy); lengths stay.",
+)
 COMPARE_OPTION = flag(
     "compare-spec", "Deploy spec decoding off, then on (as the fleet file says); print the speedup."
 )
@@ -136,7 +145,8 @@ def bench(
     rounds: int = ROUNDS_OPTION,
     scope: str = SCOPE_OPTION,
     model: str | None = MODEL_OPTION,
-    thinking: bool = THINKING_OPTION,
+    thinking: bool | None = THINKING_OPTION,
+    job_file: Path | None = JOB_OPTION,
     compare: bool = COMPARE_OPTION,
     as_json: bool = JSON_OPTION,
     png: Path | None = PNG_OPTION,
@@ -147,8 +157,14 @@ def bench(
     async def go() -> None:
         if png is not None:
             chromium.require_chromium()  # before the sweep, not after minutes of it
+        sampling, job_model = sampling_of(job_file, thinking)
         load = BenchLoad(
-            input_len, output_len, parse_levels(concurrency), rounds, model=model, thinking=thinking
+            input_len,
+            output_len,
+            parse_levels(concurrency),
+            rounds,
+            model=model or job_model,
+            sampling=sampling,
         )
         rows: list[SpeedupRow] = []
         if compare:
@@ -166,6 +182,26 @@ def bench(
             err_console.print(f"wrote {png}", highlight=False)
 
     run(go())
+
+
+def job_sampling(job: JobFile) -> dict[str, object]:
+    """The sampling fields of `fleetgen run`'s requests for `job`: its own body, built by its own functions
+    (`SamplingParams.base_body`, `rows.request_body`, first sample), less the fields bench sets itself."""
+    params = SamplingParams(**job.model_dump(include=SAMPLING))
+    body = request_body(params.base_body(params.model or ""), [], params.seed, 0)
+    return {key: value for key, value in body.items() if key not in OWN_FIELDS}
+
+
+def sampling_of(job_file: Path | None, thinking: bool | None) -> tuple[dict[str, object], str | None]:
+    """The sweep's sampling and the job's model: the job file's (`--thinking` overrides it, as in `run`), or
+    greedy without one."""
+    if job_file is None:
+        off = {} if thinking is not False else {"chat_template_kwargs": {"enable_thinking": False}}
+        return {**GREEDY, **off}, None
+    job = load_job(job_file)
+    if thinking is not None:
+        job = job.model_copy(update={"thinking": thinking})
+    return job_sampling(job), job.model
 
 
 def _check_args(scope: str, compare: bool, endpoint: list[str] | None) -> None:

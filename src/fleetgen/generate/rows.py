@@ -15,18 +15,22 @@ from fleetgen.generate.dispatch import Dispatcher, Endpoint
 from fleetgen.generate.progress import BadInputSample, Counters, EndpointProgress, Progress, Summary
 from fleetgen.generate.quality import flags_of_all
 from fleetgen.generate.store import BadRow, Counts, ErrorRow, ResultRow, SeriesRow, Store
-from fleetgen.generate.work import BadInput, Work
+from fleetgen.generate.work import BadInput, Message, Work
 from fleetgen.http.client import RequestFailed
 
 NUM_BAD_SAMPLES = 20
 
 
-def request_body(base: dict[str, Any], work: Work, seed: int | None) -> dict[str, Any]:
-    """The body of the next request of `work`: the job's shared fields, this turn's history, its seed."""
+def request_body(
+    base: dict[str, Any], messages: list[Message], seed: int | None, sample: int
+) -> dict[str, Any]:
+    """One request's body: the job's shared fields (`SamplingParams.base_body`), `messages`, the sample's
+    seed. Every request of `fleetgen run` is built here; `fleetgen bench --job` takes its sampling from here.
+    """
     body = dict(base)
-    body["messages"] = work.messages_for_next_turn()
+    body["messages"] = messages
     if seed is not None:
-        body["seed"] = seed + work.sample  # samples of one record differ, yet each is reproducible
+        body["seed"] = seed + sample  # samples of one record differ, yet each is reproducible
     return body
 
 

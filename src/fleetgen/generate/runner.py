@@ -186,7 +186,9 @@ class Job:
         dispatcher = Dispatcher(
             endpoints,
             opts.policy,
-            lambda work: rows.request_body(base, work, opts.params.seed),
+            lambda work: rows.request_body(
+                base, work.messages_for_next_turn(), opts.params.seed, work.sample
+            ),
             on_success=lambda ep, work, t0, dt: writer.put(builder.result(ep, work, t0, dt)),
             on_error=lambda ep, work, exc: writer.put(builder.error(ep, work, exc)),
             watch=watch,

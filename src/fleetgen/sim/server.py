@@ -2,7 +2,9 @@
 
 Health endpoints answer 503 until warmup is done; `--api-key` guards every route except `/health*`,
 `/ready*` and `/metrics*` (401 `{"error": "Unauthorized"}`); `/metrics` exists only with `--enable-metrics`;
-unknown routes answer FastAPI's `{"detail": "Not Found"}`.
+unknown routes answer FastAPI's `{"detail": "Not Found"}`. With `--log-requests` each chat request is logged
+as `Receive: obj=` and the JSON body received (SGLang logs its own `GenerateReqInput` there), so tests can
+read what a client sent.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from fleetgen.sim.text import (
 from fleetgen.sim.text import pick_variant as _pick_variant
 
 logger = logging.getLogger("sglang.srt.entrypoints.http_server")
+request_logger = logging.getLogger("sglang.srt.managers.tokenizer_manager")
 STATE: web.AppKey[SimState] = web.AppKey("state", SimState)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 OPEN_PREFIXES = ("/health", "/ready", "/metrics")
@@ -145,7 +148,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     """`POST /v1/chat/completions`, non-stream and SSE."""
     state = request.app[STATE]
     try:
-        req = chat.parse_chat_request(await request.json(), state.args["default_chat_template_kwargs"])
+        payload = await request.json()
+        if state.args["log_requests"]:  # SGLang prints its GenerateReqInput; the sim, the body it received
+            request_logger.info("Receive: obj=%s", json.dumps(payload, sort_keys=True))
+        req = chat.parse_chat_request(payload, state.args["default_chat_template_kwargs"])
     except (ValueError, chat.RequestError) as exc:
         return _error(str(exc), HTTPStatus.BAD_REQUEST.phrase, 400)
     user_text = "\n".join(req.user_texts)
