@@ -37,8 +37,9 @@ from typing import Any
 
 # The sweep runs before the measured pair: a fresh server pays one-time costs (kernel compilation and
 # autotuning on its first big batches: 100 s on SGLang MTP, H200) and the pair must meet a warm server. The
-# sweep samples greedily; `warm` then sends one wave with the job's own sampling (vLLM 0.24 JIT-compiles its
-# top-k/top-p kernel on the first top_p request: a 5 s stall that fell inside fleetgen's measured run).
+# sweep samples as the job does (`bench --job`: vLLM 0.24 JIT-compiles its top-k/top-p kernel on the first
+# top_p request, a 5 s stall that fell inside fleetgen's measured run while the sweep sampled greedily), and
+# `warm` then sends one wave through `run` itself, on prompts of the measured run's shape.
 STEPS = [
     "check",
     "plan",
@@ -417,6 +418,8 @@ class Scenario:
             str(self.a.rounds),
             "--scope",
             "instances",
+            "--job",
+            str(self.job()),
             "--json",
         ]
         rec = self.fg(f"{v}-bench-sweep", args, 900)

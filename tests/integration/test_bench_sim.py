@@ -6,14 +6,17 @@ requests like SGLang and serves SGLang's speculative-decoding metrics.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import dataclasses
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 from asyncio.subprocess import PIPE
 from pathlib import Path
+from typing import Any
 
 import tomli_w
 
@@ -26,6 +29,7 @@ from tests.fixtures.chromium import need_chromium, png_pixels
 from tests.fixtures.sim import SimFactory
 
 FLEETGEN = Path(sys.executable).parent / "fleetgen"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 async def test_sweep_counts_every_request_and_token(sim_server: SimFactory) -> None:
@@ -264,3 +268,33 @@ async def test_cli_bench_with_a_job_samples_as_run_with_that_job(
     # Without --job: greedy, as before, and recorded so.
     assert greedy_bodies and all(_sampling_of(b) == {"temperature": 0.0} for b in greedy_bodies)
     assert json.loads(out_greedy)["load"]["sampling"] == {"temperature": 0.0}
+
+
+def _scenario(out: Path) -> Any:
+    """scripts/gpu_scenario.py's Scenario on an H200 run's fleet file, two prompts already written."""
+    found = importlib.util.spec_from_file_location("gpu_scenario", ROOT / "scripts" / "gpu_scenario.py")
+    assert found is not None and found.loader is not None
+    scn = importlib.util.module_from_spec(found)
+    found.loader.exec_module(scn)
+    fleet = ROOT / "bench" / "results" / "raw" / "gpu-sglang-0.5.15-h200" / "fleet-sglang.toml"
+    knobs = dict(input_len=16, output_len=6, levels="2", rounds=1, temperature=0.6, top_p=0.95, concurrency=2)
+    (out / "prompts.jsonl").write_text('{"id": "p0", "prompt": "a b c"}\n{"id": "p1", "prompt": "d"}\n')
+    return scn.Scenario(argparse.Namespace(out=out, fleet=fleet, prompts=2, **knobs))
+
+
+async def test_the_gpu_scenarios_sweep_samples_as_its_run(sim_server: SimFactory, tmp_path: Path) -> None:
+    """scripts/gpu_scenario.py's own `sweep` and `run` steps against the sim: the sweep before the measured
+    run meets (and warms) the sampling that run sends."""
+    scenario = _scenario(tmp_path)
+    fleet = scenario.fleet_path
+    async with sim_server(log_requests=True, reasoning_parser="qwen3") as server:
+        scenario.state["spec"] = {"status_json": [{"url": server.base_url}]}
+        await asyncio.to_thread(scenario.step_sweep, "spec", fleet)
+        swept = _received(server.log_text())
+        await asyncio.to_thread(scenario.step_run, "spec", fleet)
+        ran = _received(server.log_text())[len(swept) :]
+    assert scenario.state["spec"]["sweep"]["rc"] == scenario.state["spec"]["run"]["rc"] == 0
+    assert swept and len(ran) == 2
+    sampling = _sampling_of(ran[0])
+    assert sampling["top_p"] == 0.95 and all(_sampling_of(b) == sampling for b in ran)
+    assert all(_sampling_of(b) == sampling for b in swept)
