@@ -43,9 +43,11 @@ fault_refusal() {  # fault_refusal FLEET [SITE]: SGLang's own refusal of spec + 
   #    __post_init__, where 0.5.13 raises) — both should name the refusal
   fgt 180 plan -f $F --json > $o/plan.json 2> $o/plan-json.stderr
   { fgt 150 plan -f $F; echo "rc=$?"; } > $o/plan.txt 2>&1
-  # 2. up: it runs only plan's cross-instance rules (ARCHITECTURE.md), so it launches; the engine refuses
-  #    in __post_init__ and deploy.watch's fatal signature names it (cause, log lines, fix)
-  { date -u +%T.%N; fgt 240 up -f $F; echo "rc=$?"; date -u +%T.%N; } > $o/up.txt 2>&1
+  # 2. up refuses before starting anything (plan's per-instance rules, when the model's config.json is
+  #    readable here); then up --no-plan-check launches, the engine refuses in __post_init__ and
+  #    deploy.watch's fatal signature names it (cause, log lines, fix)
+  { date -u +%T.%N; fgt 120 up -f $F; echo "rc=$?"; date -u +%T.%N; } > $o/up-checked.txt 2>&1
+  { date -u +%T.%N; fgt 240 up -f $F --no-plan-check; echo "rc=$?"; date -u +%T.%N; } > $o/up.txt 2>&1
   fgt 30 logs --fleet $F -n 80 h200-0 > $o/logs.txt 2>&1
   { fgt 60 down -f $F; echo "rc=$?"; } > $o/down.txt 2>&1
   # 3. the engine alone (no fleetgen): the plan's own launch line and env, its log verbatim
@@ -62,4 +64,4 @@ PYEOF
   )
   nvidia-smi --query-gpu=memory.used --format=csv >> $o/down.txt
   tar -cJf $o/work.tar.xz /root/fleetgen-work --exclude='*.sock' --exclude='*api_key*' 2>/dev/null
-  cat $o/versions.txt; grep -h -e rc= -e "error\|fix" $o/plan.txt | head -8; tail -14 $o/up.txt; tail -3 $o/engine-alone.log; }
+  cat $o/versions.txt; grep -h -e rc= -e "error\|fix" $o/plan.txt | head -8; tail -4 $o/up-checked.txt; tail -14 $o/up.txt; tail -3 $o/engine-alone.log; }
