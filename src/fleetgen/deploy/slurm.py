@@ -370,6 +370,7 @@ class Placement:
     node: HostSession | None
     where: str  # "Slurm job 12 on node1" / "Slurm job 12 PENDING (Resources)" / …
     has_ended: bool = False  # its job ended (or none was submitted): only `up` brings it back
+    job: str = ""  # the job whose node `node` is
 
 
 async def place(
@@ -393,7 +394,8 @@ async def place(
             if key not in nodes:
                 session = node_session(fleet.file, login, info.node, info.job_id)
                 nodes[key] = await stack.enter_async_context(session)
-            placed.append(Placement(inst, nodes[key], f"Slurm job {info.job_id} on {info.node}"))
+            where = f"Slurm job {info.job_id} on {info.node}"
+            placed.append(Placement(inst, nodes[key], where, job=info.job_id))
         elif info.is_active:
             placed.append(
                 Placement(inst, None, f"Slurm job {info.job_id} {info.describe()}, {info.run_time}")

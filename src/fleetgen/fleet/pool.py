@@ -84,6 +84,10 @@ class FleetLinks:
     async def check(self, name: str) -> Link:
         """One instance as it is now: its host reconnected if it was unreachable (SSH connections that
         dropped reconnect, and re-open their tunnels, on the read itself)."""
+        one = self._views.get(name)
+        if one is not None and one.is_replaced(name):  # Slurm runs it in a new job: placed anew
+            del self._views[name]
+            await self._reconnect(self._hosts[name], only=name)
         if name not in self._views:
             await self._reconnect(self._hosts[name])
         return await self._read(name)
@@ -108,12 +112,15 @@ class FleetLinks:
         url = s.url or await _tunnel(one, s.port)
         return Link(name, url, self.secret, s.max_running_requests, s.readiness, s.problem)
 
-    async def _reconnect(self, host: str) -> None:
+    async def _reconnect(self, host: str, only: str = "") -> None:
+        """Open `host` again (or just its instance `only`) for the instances without a view."""
         async with self._lock:  # one attempt per host at a time; the others then see its outcome
-            if all(name in self._views for name, h in self._hosts.items() if h == host):
+            if all(
+                name in self._views for name, h in self._hosts.items() if h == host and only in ("", name)
+            ):
                 return
             attempt = contextlib.AsyncExitStack()
-            view = await attempt.enter_async_context(open_view(self.fleet_path, only=[host]))
+            view = await attempt.enter_async_context(open_view(self.fleet_path, only=[only or host]))
             self._adopt(view)
             self._failed.update({s.instance: s for s in view.failed})
             if view.watched:

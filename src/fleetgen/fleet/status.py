@@ -85,6 +85,7 @@ class _Watched:
     wanted: WantedInstance
     before: Scrape | None = None
     placement: str = ""
+    job: str = ""  # a Slurm placement: the job its session reaches the node of
 
 
 class FleetView:
@@ -95,6 +96,13 @@ class FleetView:
         self.secret = secret
         self.watched: list[_Watched] = []
         self.failed: list[InstanceStatus] = []
+
+    def is_replaced(self, name: str) -> bool:
+        """A Slurm instance whose job was replaced since this view placed it (resubmitted by `up` or
+        `--restart-dead`, perhaps on another node): this view's session may reach the wrong node."""
+        job = next((w.job for w in self.watched if w.wanted.inst.name == name), "")
+        record = load_state(self.fleet.path).get(name)
+        return bool(job) and (record is None or record.slurm_job != job)
 
     async def refresh(self, rate_window_s: float = 1.0) -> list[InstanceStatus]:
         """Every instance's status, read now; throughput needs two scrapes (the previous refresh, or a
@@ -223,7 +231,7 @@ async def _place(
     for p in await place(fleet, login, instances, load_state(fleet.path), stack):
         if p.node is not None:
             wanted = build_wanted(fleet.file, fleet.engine, p.inst, p.node.survey, view.secret)
-            view.watched.append(_Watched(p.node, wanted, placement=p.where))
+            view.watched.append(_Watched(p.node, wanted, placement=p.where, job=p.job))
             continue
         view.failed.append(
             InstanceStatus(
