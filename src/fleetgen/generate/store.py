@@ -129,6 +129,7 @@ ERRORS = Table("errors", ErrorRow, key=("id", "sample"))
 BAD = Table("inputs_bad", BadRow, key=("source", "line"))
 SERIES = Table("timeseries", SeriesRow)
 TABLES: tuple[Table[Any], ...] = (RESULTS, ERRORS, BAD, SERIES)
+TABLE_INDEX = {table.record: index for index, table in enumerate(TABLES)}  # record type → its table
 
 
 MIGRATIONS: tuple[str, ...] = (
@@ -195,7 +196,7 @@ class Batch:
 
     def add(self, row: ResultRow | ErrorRow | BadRow | SeriesRow) -> None:
         """File `row` with the rows of its table."""
-        self.rows()[[table.record for table in TABLES].index(type(row))].append(row)
+        self.rows()[TABLE_INDEX[type(row)]].append(row)
 
 
 class Counts(NamedTuple):
