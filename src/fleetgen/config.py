@@ -550,6 +550,10 @@ class JobFile(_Strict):
     max_consecutive_failures: Annotated[int, Field(ge=1)] = 50
     extra_body: dict[str, Any] = Field(default_factory=dict)
 
+    def overridden(self, **flags: Any) -> JobFile:
+        """This job with the command line's flags over it (a flag not given is None: it changes nothing)."""
+        return self.model_copy(update={key: value for key, value in flags.items() if value is not None})
+
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -15,7 +15,6 @@ from typer.testing import CliRunner
 from fleetgen.bench.stats import OWN_FIELDS, BenchLoad, chat_body
 from fleetgen.cli import _TOPICS, app
 from fleetgen.cli.bench import job_sampling, sampling_of
-from fleetgen.cli.run import SAMPLING
 from fleetgen.config import JobFile
 from fleetgen.generate.rows import request_body
 from fleetgen.generate.work import SamplingParams
@@ -66,7 +65,7 @@ def _sampling(body: dict[str, Any]) -> dict[str, Any]:
 def test_bench_with_a_job_sends_runs_sampling_and_its_own_lengths(
     job: JobFile, model: str, output_len: int
 ) -> None:
-    params = SamplingParams(**job.model_dump(include=SAMPLING))
+    params = SamplingParams.of(job)
     messages = [{"role": "user", "content": "q"}]
     run_body = request_body(params.base_body(model), messages, params.seed, 0)  # as the runner builds it
     bench_body = chat_body(BenchLoad(sampling=job_sampling(job)), model, "q", output_len)

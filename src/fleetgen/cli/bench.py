@@ -19,7 +19,6 @@ from rich.table import Table
 from fleetgen.bench.fleet import bench_fleet, compare_spec
 from fleetgen.bench.stats import DEFAULT_CONCURRENCIES, GREEDY, OWN_FIELDS, BenchLoad, LevelResult, SpeedupRow
 from fleetgen.cli.app import FLEET_OPTION, Endpoints, app, console, err_console, flag, run
-from fleetgen.cli.run import SAMPLING
 from fleetgen.config import JobFile, load_job
 from fleetgen.dashboard import chromium, svg
 from fleetgen.errors import ConfigError
@@ -187,7 +186,7 @@ def bench(
 def job_sampling(job: JobFile) -> dict[str, object]:
     """The sampling fields of `fleetgen run`'s requests for `job`: its own body, built by its own functions
     (`SamplingParams.base_body`, `rows.request_body`, first sample), less the fields bench sets itself."""
-    params = SamplingParams(**job.model_dump(include=SAMPLING))
+    params = SamplingParams.of(job)
     body = request_body(params.base_body(params.model or ""), [], params.seed, 0)
     return {key: value for key, value in body.items() if key not in OWN_FIELDS}
 
@@ -198,9 +197,7 @@ def sampling_of(job_file: Path | None, thinking: bool | None) -> tuple[dict[str,
     if job_file is None:
         off = {} if thinking is not False else {"chat_template_kwargs": {"enable_thinking": False}}
         return {**GREEDY, **off}, None
-    job = load_job(job_file)
-    if thinking is not None:
-        job = job.model_copy(update={"thinking": thinking})
+    job = load_job(job_file).overridden(thinking=thinking)
     return job_sampling(job), job.model
 
 

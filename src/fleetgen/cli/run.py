@@ -38,7 +38,6 @@ from fleetgen.generate.work import SamplingParams
 
 DEFAULT_CONCURRENCY = 64
 EXIT_CODES = {"stopped": 130, "failed": 1}
-SAMPLING = {field.name for field in dataclasses.fields(SamplingParams)}  # the job file's sampling settings
 
 
 READINESS_STYLE = {Readiness.READY: "{}", Readiness.WAITING: "[yellow]{}[/]", Readiness.DOWN: "[red]{}[/]"}
@@ -135,29 +134,27 @@ def run_command(
     ] = 30.0,
 ) -> None:
     """Generate completions for every (record, sample) exactly once, across all servers; resumable."""
-    overrides = {
-        "concurrency": concurrency,
-        "max_tokens": max_tokens,
-        "temperature": temperature,
-        "top_p": top_p,
-        "top_k": top_k,
-        "seed": seed,
-        "samples": samples,
-        "thinking": thinking,
-        "max_retries": max_retries,
-    }
     mode = "retry_errors" if retry_errors else "redo_truncated" if redo_truncated else "normal"
 
     async def go() -> Summary:
         _check_flags(out, endpoint, retry_errors, redo_truncated, max_tokens, restart_dead)
-        job = load_job(job_file) if job_file else JobFile()
-        job = job.model_copy(update={key: value for key, value in overrides.items() if value is not None})
+        job = (load_job(job_file) if job_file else JobFile()).overridden(
+            concurrency=concurrency,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            seed=seed,
+            samples=samples,
+            thinking=thinking,
+            max_retries=max_retries,
+        )
         async with _servers(fleet, endpoint, wait_ready, restart_dead) as servers:
             options = JobOptions(
                 input_path=input_path,
                 out_dir=out,
                 endpoints=servers.endpoints,
-                params=SamplingParams(**job.model_dump(include=SAMPLING)),
+                params=SamplingParams.of(job),
                 shape=RecordShape(job.id_field, job.prompt_field, job.system_prompt),
                 concurrency=job.concurrency or servers.planned_cap or DEFAULT_CONCURRENCY,
                 policy=RetryPolicy(

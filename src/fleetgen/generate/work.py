@@ -8,11 +8,12 @@ the model's own history. A single-turn record has one segment.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import orjson
 
+from fleetgen.config import JobFile
 from fleetgen.http.client import Completion
 
 Message = dict[str, Any]
@@ -94,6 +95,11 @@ class SamplingParams:
     thinking: bool
     system_prompt: str | None
     extra_body: dict[str, Any]
+
+    @classmethod
+    def of(cls, job: JobFile) -> SamplingParams:
+        """A job file's sampling settings (with the command line's flags over it: `JobFile.overridden`)."""
+        return cls(**job.model_dump(include={f.name for f in fields(cls)}))
 
     def to_json(self) -> str:
         return orjson.dumps(asdict(self), option=orjson.OPT_SORT_KEYS).decode()
