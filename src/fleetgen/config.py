@@ -575,6 +575,11 @@ def _load(path: Path, model: type[M], what: str) -> M:
         raise ConfigError(
             f"cannot read the {what} {path}: {exc.strerror}", fix="check the path, or pass another with -f"
         ) from exc
+    except UnicodeDecodeError as exc:  # TOML is UTF-8: another encoding, or a binary file by mistake
+        raise ConfigError(
+            f"the {what} {path} is not UTF-8 text (byte {exc.start} is {exc.object[exc.start]:#04x})",
+            fix=f"save {path} as UTF-8 (TOML files are UTF-8), or pass another file",
+        ) from exc
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -6,15 +6,18 @@ Also `fleetgen init`: the example it writes is a valid fleet file, and it never 
 from __future__ import annotations
 
 import re
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import fleetgen.cli.hosts
 import fleetgen.cli.init  # noqa: F401  (registers `init` on the app)
 from fleetgen.cli.app import app
-from fleetgen.config import FleetFile, HostEntry, load_fleet, locate
+from fleetgen.config import FleetFile, HostEntry, load_fleet, load_job, locate
 from fleetgen.errors import ConfigError
 
 GOOD = """\
@@ -119,6 +122,28 @@ def test_invalid_toml_and_missing_file(tmp_path: Path) -> None:
     assert "not valid TOML" in err.message and str(tmp_path / "fleet.toml") in err.message
     with pytest.raises(ConfigError, match="cannot read the fleet file"):
         load_fleet(tmp_path / "absent.toml")
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+@settings(max_examples=50)
+@given(data=st.binary(min_size=1).filter(lambda b: not _is_utf8(b)))
+def test_a_file_that_is_not_utf8_is_refused_naming_it(data: bytes) -> None:
+    """A fleet or job file in another encoding (or a binary by mistake): an error naming the file and the
+    fix, never a traceback (the fleet file option reads it before any command runs)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "fleet.toml"
+        path.write_bytes(data)
+        for load in (load_fleet, load_job):
+            with pytest.raises(ConfigError) as err:
+                load(path)
+            assert str(path) in err.value.message and "not UTF-8" in err.value.message and err.value.fix
 
 
 def test_instances_expand_by_tp_with_per_host_base_port(tmp_path: Path) -> None:
