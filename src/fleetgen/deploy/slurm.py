@@ -45,12 +45,21 @@ from fleetgen.deploy.state import InstanceRecord
 from fleetgen.deploy.verify import process_drift
 from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import DeployError, FleetgenError, LaunchFailed
-from fleetgen.remote.slurm import HOPELESS, JobInfo, cancel, jobs, node_address, partition_gpus, queued, slurm
+from fleetgen.remote.slurm import (
+    EXPORT,
+    HOPELESS,
+    JobInfo,
+    cancel,
+    jobs,
+    node_address,
+    partition_gpus,
+    queued,
+    slurm,
+)
 from fleetgen.remote.slurm import submit as sbatch
 from fleetgen.remote.srun import SrunHost
 
 JOB_SCRIPT = "slurm-job.sh"
-EXPORT = "--export=PATH,HOME,USER,LANG"  # never ALL: fleetgen's environment may hold the API key
 
 # $1 launch script, $2 the launch's new log, $3 pidfile. `set -C`: the log must be new; `umask 077`: the
 # log and pidfile are the owner's only. `exec "$1"`: this process (Slurm's batch step) becomes the engine.

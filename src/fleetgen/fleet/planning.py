@@ -11,13 +11,15 @@ import posixpath
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from fleetgen.config import FleetFile, HostEntry
+from fleetgen.config import ClusterConfig, FleetFile, HostEntry
+from fleetgen.deploy.hostside import parse_gpu_csv
 from fleetgen.engines import Engine, ParserVerdict, get_engine, launcher_of, select_rule_set
 from fleetgen.errors import ModelCardError, RemoteError
-from fleetgen.fleet.hostcheck import HostReport, check_hosts
+from fleetgen.fleet.hostcheck import GPU_QUERY, HostReport, check_hosts
 from fleetgen.modelcard import ModelShape, load_model_shape, parse_model_shape
-from fleetgen.plan import FleetPlan, HostFacts, InstancePlan, Issue, facts_from_file, plan_fleet
+from fleetgen.plan import FleetPlan, GpuFacts, HostFacts, InstancePlan, Issue, facts_from_file, plan_fleet
 from fleetgen.remote import Host, open_host
+from fleetgen.remote.slurm import partition_gpus, probe_node
 
 GIB = 1 << 30
 PARSER_TIMEOUT_S = 180.0  # importing SGLang's server_args pulls in triton: tens of seconds on a cold host
@@ -99,7 +101,12 @@ async def gather_inputs(fleet: FleetFile, fleet_path: Path, *, offline: bool) ->
         return PlanInputs(shape, {h.name: facts_from_file(h) for h in fleet.hosts}, fleet.engine.version)
     reports = await check_hosts(fleet)
     facts = {h.name: facts_from_report(h, r) for h, r in zip(fleet.hosts, reports, strict=True)}
-    notes = [
+    notes: list[Issue] = []
+    if fleet.cluster is not None:  # the submit host has no GPU of the fleet's: ask the cluster
+        entry = fleet.hosts[0]
+        gpus, notes = await cluster_gpus(entry, fleet.cluster, fleet.engine.tp)
+        facts[entry.name] = replace(facts[entry.name], gpus=gpus)
+    notes += [
         Issue("host-unreachable", f"{r.host}: {r.error}; planning it from the fleet file", r.fix or "")
         for r in reports
         if not r.reachable
@@ -124,6 +131,46 @@ async def gather_inputs(fleet: FleetFile, fleet_path: Path, *, offline: bool) ->
             )
         )
     return PlanInputs(shape, facts, versions[-1] if versions else fleet.engine.version, tuple(notes))
+
+
+async def cluster_gpus(
+    submit: HostEntry, cluster: ClusterConfig, tp: int
+) -> tuple[tuple[GpuFacts, ...], list[Issue]]:
+    """A Slurm fleet's GPUs, online: the partition's GRES per node (`sinfo`), and one short `srun` holding
+    one GPU runs nvidia-smi; every slot of `cluster.gpus` is planned as that GPU (a GPU Slurm hands out is
+    free of other jobs, so the probe's emptiest GPU is what a server gets). Slurm's refusals raise."""
+    async with open_host(submit) as conn:
+        have = await partition_gpus(conn, cluster.partition)
+        answer = await probe_node(conn, cluster, GPU_QUERY)
+    rows = parse_gpu_csv(answer.stdout)
+    if not rows:
+        raise RemoteError(
+            f"nvidia-smi on node {answer.node} (partition {cluster.partition}) listed no GPU: "
+            f"{answer.stdout.strip()[:200] or 'no output'}",
+            fix=f"check the node's driver (nvidia-smi on {answer.node}), or plan with --offline and "
+            "cluster.gpu_memory_gib set in the fleet file",
+        )
+    best = max(rows, key=lambda g: g.memory_total_mib - g.memory_used_mib).facts()
+    notes: list[Issue] = []
+    widest = max((n for _, n in have.per_node), default=0)
+    if cluster.gpus > have.total:
+        notes.append(
+            Issue(
+                "cluster-gpus",
+                f"cluster.gpus = {cluster.gpus}, but partition {cluster.partition} has {have.total} GPU(s) "
+                f"on nodes that can run jobs ({'; '.join(have.lines) or 'no nodes'})",
+                f"set cluster.gpus to at most {have.total}, or pick a larger partition",
+            )
+        )
+    if tp > widest:
+        notes.append(
+            Issue(
+                "cluster-gpus",
+                f"engine.tp = {tp}, but no node of partition {cluster.partition} has over {widest} GPU(s)",
+                "lower engine.tp, or pick a partition with larger nodes (`sinfo -o '%P %G'`)",
+            )
+        )
+    return tuple(replace(best, index=i) for i in range(cluster.gpus)), notes
 
 
 async def check_with_host_parser(fleet: FleetFile, plan: FleetPlan) -> FleetPlan:

@@ -11,8 +11,11 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from fleetgen.config import ClusterConfig
 from fleetgen.errors import DeployError
 from fleetgen.remote.base import Host, RunResult
+
+EXPORT = "--export=PATH,HOME,USER,LANG"  # never ALL: fleetgen's environment may hold the API key
 
 # Job states in which the job holds (or waits for) its allocation: anything else has ended.
 ACTIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "RESIZING", "REQUEUED"})
@@ -203,6 +206,7 @@ class PartitionGpus:
 
     total: int
     lines: tuple[str, ...]
+    per_node: tuple[tuple[str, int], ...] = ()  # (node, its GPUs) for the nodes that can run jobs
 
 
 _GPU_GRES = re.compile(r"(?:^|,)gpu(?::[^:,(]+)?:(\d+)")
@@ -218,7 +222,8 @@ async def partition_gpus(host: Host, partition: str) -> PartitionGpus:
 
 def parse_partition_gpus(text: str) -> PartitionGpus:
     """`sinfo -h -N -o '%N|%G|%t'` → the GPUs of the nodes that can run jobs, and the lines counted."""
-    total, lines = 0, []
+    per_node: dict[str, int] = {}
+    lines = []
     for line in text.splitlines():
         parts = line.split("|")
         if len(parts) != 3:
@@ -226,8 +231,8 @@ def parse_partition_gpus(text: str) -> PartitionGpus:
         node, gres, state = parts
         lines.append(f"{node} {gres} {state}")
         if not state.rstrip("*~#!%$@^-").startswith(("down", "drain", "fail", "inval")):
-            total += sum(int(n) for n in _GPU_GRES.findall(gres))
-    return PartitionGpus(total, tuple(lines))
+            per_node[node] = sum(int(n) for n in _GPU_GRES.findall(gres))
+    return PartitionGpus(sum(per_node.values()), tuple(lines), tuple(per_node.items()))
 
 
 async def node_address(host: Host, node: str) -> str:
@@ -235,3 +240,54 @@ async def node_address(host: Host, node: str) -> str:
     result = await slurm(host, ["scontrol", "show", "node", "-o", node], f"describe node {node}")
     match = re.search(r"(?:^|\s)NodeAddr=(\S+)", result.stdout)
     return match.group(1) if match else node
+
+
+PROBE_MINUTES = 5  # the GPU probe's time limit: one nvidia-smi, never near it
+PROBE_WAIT_S = 120  # `srun --immediate`: how long the probe waits for a free GPU before giving up
+_EXIT_NO_NVIDIA_SMI = 69
+# On the node: its name, then the query (`nvidia-smi …`) where it exists, else exit 69.
+_PROBE_SH = (
+    'echo "node=${SLURMD_NODENAME:-$(hostname)}"; command -v "$1" >/dev/null 2>&1 || exit 69; exec "$@"'
+)
+_NO_PROBE_FIX = "or plan with --offline and cluster.gpu_memory_gib set in the fleet file"
+
+
+@dataclass(frozen=True)
+class NodeAnswer:
+    """What one short job step printed on a node of the partition."""
+
+    node: str
+    stdout: str
+
+
+async def probe_node(host: Host, cluster: ClusterConfig, query: Sequence[str]) -> NodeAnswer:
+    """One short `srun` in the cluster's partition holding one GPU (the fleet's account and sbatch_args,
+    `--time` PROBE_MINUTES) runs `query` there; Slurm's refusal, or the node lacking `query[0]`, raises
+    DeployError in their words with the fix."""
+    argv = ["srun", f"--partition={cluster.partition}", f"--time={PROBE_MINUTES}", "--nodes=1", "--ntasks=1"]
+    argv += ["--gres=gpu:1", f"--immediate={PROBE_WAIT_S}", "--job-name=fleetgen-plan-probe", EXPORT]
+    argv += [f"--account={cluster.account}"] if cluster.account else []
+    argv += [*cluster.sbatch_args, "--quiet", "--", "sh", "-c", _PROBE_SH, "fleetgen", *query]
+    result = await host.run(argv, check=False, timeout=PROBE_WAIT_S + 60.0)
+    node = next((ln[5:] for ln in result.stdout.splitlines() if ln.startswith("node=")), "")
+    if result.exit_status == _EXIT_NO_NVIDIA_SMI and node:
+        raise DeployError(
+            f"{query[0]} is not found on node {node} (partition {cluster.partition}, in the PATH a Slurm job "
+            "step has there), so plan cannot read the GPUs' memory",
+            fix=f"install the NVIDIA driver tools on the partition's nodes, {_NO_PROBE_FIX}",
+            context={"host": host.name, "node": node},
+        )
+    if result.exit_status == 127 and not node:
+        await slurm(host, ["srun", "--version"], "run srun")  # not found → says so, with its fix
+    if result.exit_status != 0:
+        message = slurm_message(result)
+        if node:  # the step ran: the node's own tool failed
+            what, fix = f"{query[0]} failed on node {node}", f"run {query[0]} on {node} to see why"
+        else:
+            what, fix = f"Slurm refused the GPU probe in partition {cluster.partition}", fix_for(message)
+        raise DeployError(
+            f"{what}: {message}",
+            fix=f"{fix}; {_NO_PROBE_FIX}",
+            context={"host": host.name, "argv": " ".join(argv[: argv.index("--")])},
+        )
+    return NodeAnswer(node, "\n".join(ln for ln in result.stdout.splitlines() if not ln.startswith("node=")))
