@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import aiohttp
@@ -35,10 +36,27 @@ SIM_ARGS = {
 }
 
 
-def write_cluster_fleet(tmp_path: Path, engine_extra: str = "", **cluster: object) -> Path:
-    """A fleet file of NUM_SERVERS sim servers placed by the test cluster; `cluster` overrides [cluster]."""
+def write_cluster_fleet(
+    tmp_path: Path,
+    engine_extra: str = "",
+    engine: Mapping[str, object] | None = None,
+    env: Mapping[str, str] | None = None,
+    **cluster: object,
+) -> Path:
+    """A fleet file of NUM_SERVERS sim servers placed by the test cluster; `cluster` overrides [cluster];
+    `engine`, when given, is the whole [engine] table instead of the sim's ([engine.args] as its "args"),
+    `env` is [engine.env]."""
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)
+    sim = {
+        "kind": "sglang",
+        "python": sys.executable,
+        "model": str(model),
+        "launcher": ["-m", "fleetgen.sim"],
+    }
+    eng = dict(engine or {**sim, "ready_timeout_s": 120.0, "args": SIM_ARGS})
+    args = eng.pop("args", {})
+    assert isinstance(args, Mapping)
     values: dict[str, object] = {
         "kind": "slurm",
         "partition": "gpu",
@@ -53,15 +71,14 @@ def write_cluster_fleet(tmp_path: Path, engine_extra: str = "", **cluster: objec
     }
     lines = [
         "[engine]",
-        'kind = "sglang"',
-        f"python = {toml_value(sys.executable)}",
-        f"model = {toml_value(str(model))}",
-        'launcher = ["-m", "fleetgen.sim"]',
-        "ready_timeout_s = 120.0",
+        *(f"{k} = {toml_value(v)}" for k, v in eng.items()),  # type: ignore[arg-type]
         engine_extra,
         "",
         "[engine.args]",
-        *(f"{json.dumps(k)} = {toml_value(v)}" for k, v in SIM_ARGS.items()),
+        *(f"{json.dumps(k)} = {toml_value(v)}" for k, v in args.items()),
+        "",
+        "[engine.env]",
+        *(f"{json.dumps(k)} = {toml_value(v)}" for k, v in (env or {}).items()),
         "",
         "[cluster]",
         *(f"{k} = {toml_value(v)}" for k, v in values.items()),  # type: ignore[arg-type]
