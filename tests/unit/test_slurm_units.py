@@ -58,7 +58,8 @@ def test_sacct_rows_for_jobs_scontrol_forgot() -> None:
     ],
 )
 def test_partition_gpus_count_only_nodes_that_can_run_jobs(sinfo: str, total: int) -> None:
-    assert parse_partition_gpus(sinfo).total == total
+    have = parse_partition_gpus(sinfo)
+    assert have.total == total == sum(n for _, n in have.per_node)  # per node: what plan's tp check reads
 
 
 @pytest.mark.parametrize(
