@@ -18,24 +18,7 @@ PYTHON="${PYTHON:-python3}"
 # chromium: `report --png` and `bench --png` rasterise their SVG charts with it; the dashboard tests load the pages in it.
 APT_PACKAGES=(openssh-server iproute2 chromium)
 
-missing=()
-for pkg in "${APT_PACKAGES[@]}"; do
-    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed'; then
-        missing+=("$pkg")
-    fi
-done
-if ((${#missing[@]} == 0)); then
-    say "apt packages present: ${APT_PACKAGES[*]}"
-else
-    SUDO=()
-    if [[ $EUID -ne 0 ]]; then
-        command -v sudo >/dev/null || die "need root (or sudo) to apt-get install ${missing[*]}"
-        SUDO=(sudo)
-    fi
-    say "apt-get install ${missing[*]}"
-    "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update
-    "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
-fi
+bash "$(dirname "${BASH_SOURCE[0]}")/apt-ensure.sh" install-deps "${APT_PACKAGES[@]}"
 
 VENV="$ROOT/.venv"
 if [[ ! -x "$VENV/bin/python" ]]; then

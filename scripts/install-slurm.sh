@@ -13,24 +13,7 @@ die() { printf '[install-slurm] ERROR: %s\n' "$*" >&2; exit 1; }
 trap 'die "failed at line $LINENO (exit $?): $BASH_COMMAND"' ERR
 
 APT_PACKAGES=(slurm-wlm munge)
-missing=()
-for pkg in "${APT_PACKAGES[@]}"; do
-    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed'; then
-        missing+=("$pkg")
-    fi
-done
-if ((${#missing[@]} == 0)); then
-    say "apt packages present: ${APT_PACKAGES[*]}"
-else
-    SUDO=()
-    if [[ $EUID -ne 0 ]]; then
-        command -v sudo >/dev/null || die "need root (or sudo) to apt-get install ${missing[*]}"
-        SUDO=(sudo)
-    fi
-    say "apt-get install ${missing[*]}"
-    "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update
-    "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
-fi
+bash "$(dirname "${BASH_SOURCE[0]}")/apt-ensure.sh" install-slurm "${APT_PACKAGES[@]}"
 for program in munged slurmctld slurmd sbatch; do
     command -v "$program" >/dev/null || [[ -x /usr/sbin/$program ]] || die "$program is missing after the install"
 done
