@@ -1,0 +1,31 @@
+"""The files users write: the fleet file (TOML) and the job file (TOML).
+
+Models are frozen and strict (`extra="forbid"`): a typo is an error naming the file, the line and the field,
+never a silently ignored key. Derived values (instances, ports) are properties, not stored state.
+Pure: `load_fleet` / `load_job` read one file; nothing here touches a host.
+"""
+
+from __future__ import annotations
+
+from fleetgen.config.cluster import ClusterConfig
+from fleetgen.config.common import locate
+from fleetgen.config.engine import ENGINE_KINDS, LOOPBACK, ArgValue, EngineConfig, register_engine_kind
+from fleetgen.config.fleet import FleetFile, Instance, load_fleet
+from fleetgen.config.hosts import HostEntry
+from fleetgen.config.job import JobFile, load_job
+
+__all__ = [
+    "ENGINE_KINDS",
+    "LOOPBACK",
+    "ArgValue",
+    "ClusterConfig",
+    "EngineConfig",
+    "FleetFile",
+    "HostEntry",
+    "Instance",
+    "JobFile",
+    "load_fleet",
+    "load_job",
+    "locate",
+    "register_engine_kind",
+]

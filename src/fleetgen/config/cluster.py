@@ -1,0 +1,103 @@
+"""`[cluster]`: the servers are placed by a Slurm cluster; its fields, sbatch options fleetgen manages,
+and the layout problems of a cluster (GPUs `tp` does not divide, servers wider than a node)."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator
+
+from fleetgen.config.common import _Strict
+from fleetgen.config.hosts import HostEntry, ssh_form
+
+# sbatch options fleetgen sets on every job: refused in cluster.sbatch_args (the ones a [cluster] field sets
+# name that field).
+SBATCH_FIELDS = {"-p": "partition", "--partition": "partition", "-t": "time", "--time": "time"}
+SBATCH_FIELDS |= {"-A": "account", "--account": "account"}
+MANAGED_SBATCH = {"-J", "--job-name", "-o", "--output", "-e", "--error", "--parsable", "--test-only"}
+MANAGED_SBATCH |= {"-N", "--nodes", "-n", "--ntasks", "-G", "--gpus", "--gres", "--gpus-per-node", "--wrap"}
+MANAGED_SBATCH |= {"--gpus-per-task", "-D", "--chdir", *SBATCH_FIELDS}
+# minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S (`sbatch --time`), or no limit
+SLURM_TIME = re.compile(r"(?:\d+-)?\d+(?::\d{1,2}){0,2}|UNLIMITED|unlimited|infinite|INFINITE")
+
+
+class ClusterConfig(_Strict):
+    """`[cluster]`: the servers are placed by a Slurm cluster, one job per server (`deploy.slurm`).
+
+    fleetgen runs `sbatch`/`squeue`/`scancel` on the submit host (`submit`: "local" = this machine, or
+    `user@login:port` over SSH); the workdir is on the filesystem the submit host and the nodes share.
+    Instances are named `<name>-<k>` (k < gpus / engine.tp) and listen on `base_port + k` on their node.
+    """
+
+    kind: Literal["slurm"]
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")] = "slurm"
+    partition: Annotated[str, Field(pattern=r"^[^\s,]+$")]
+    gpus: Annotated[int, Field(ge=1, le=4096)]
+    gpus_per_node: Annotated[int, Field(ge=1, le=64)] | None = None
+    time: str
+    account: Annotated[str, Field(pattern=r"^\S+$")] | None = None
+    sbatch_args: list[str] = Field(default_factory=list)
+    submit: str = "local"
+    identity: str | None = None
+    known_hosts: str | None = None
+    node_access: Literal["local", "ssh", "srun"] = "ssh"
+    node_ssh_user: str | None = None
+    node_ssh_port: Annotated[int, Field(ge=1, le=65535)] = 22
+    workdir: str = "~/fleetgen"
+    base_port: Annotated[int, Field(ge=1024, le=65000)] | None = None
+    gpu_memory_gib: Annotated[float, Field(gt=0)] | None = None
+    host_memory_gib: Annotated[float, Field(gt=0)] | None = None
+    pending_timeout_s: Annotated[float, Field(gt=0)] = 3600.0  # `up` waits this long for an allocation
+
+    @field_validator("time")
+    @classmethod
+    def _slurm_time(cls, value: str) -> str:
+        if not SLURM_TIME.fullmatch(value):
+            raise ValueError(
+                f'{value!r} is no Slurm time limit: write minutes ("90"), "HH:MM:SS", "D-HH:MM:SS" '
+                '(e.g. "3-00:00:00") or "UNLIMITED", as `sbatch --time` takes it'
+            )
+        return value
+
+    @field_validator("sbatch_args")
+    @classmethod
+    def _unmanaged(cls, args: list[str]) -> list[str]:
+        for arg in args:
+            option = arg.split("=", 1)[0]
+            if option in MANAGED_SBATCH:
+                field = SBATCH_FIELDS.get(option, "")
+                where = f"set cluster.{field} instead" if field else "fleetgen sets it for every job"
+                raise ValueError(f"{arg!r} is set by fleetgen: remove it from sbatch_args ({where})")
+        return args
+
+    @field_validator("submit")
+    @classmethod
+    def _submit_form(cls, value: str) -> str:
+        return ssh_form(value)
+
+    def submit_host(self) -> dict[str, Any]:
+        """The `[[hosts]]` entry the cluster stands for: the submit host, its GPUs the cluster's (slots
+        0…gpus-1, one instance per `tp` of them; Slurm picks the real devices on the node)."""
+        shared = HostEntry.model_fields.keys() & ClusterConfig.model_fields.keys()  # named alike, meant alike
+        values = self.model_dump(include=shared, exclude_none=True)
+        return {**values, "ssh": self.submit, "gpus": list(range(self.gpus))}
+
+
+def cluster_problems(cluster: ClusterConfig, tp: int) -> list[tuple[tuple[int | str, ...], str]]:
+    """A cluster's GPUs `tp` does not divide, and servers wider than a node."""
+    problems: list[tuple[tuple[int | str, ...], str]] = []
+    if cluster.gpus % tp:
+        fit = cluster.gpus // tp * tp
+        why = (
+            f"gpus = {cluster.gpus} is no multiple of engine.tp = {tp} (servers = gpus / tp): "
+            f"set gpus = {fit or tp}{f' or {fit + tp}' if fit else ''}, or change engine.tp"
+        )
+        problems.append((("cluster", "gpus"), why))
+    if cluster.gpus_per_node is not None and tp > cluster.gpus_per_node:
+        why = (
+            f"engine.tp = {tp} is more than a node's {cluster.gpus_per_node} GPUs: one server runs on "
+            "one node here; lower engine.tp or fix gpus_per_node"
+        )
+        problems.append((("cluster", "gpus_per_node"), why))
+    return problems

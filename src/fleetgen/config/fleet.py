@@ -1,0 +1,309 @@
+"""The fleet file: `[engine]` + `[[hosts]]` or `[cluster]`, instance expansion (`<host>-<k>`), and what
+`--only` selects (`Selection`). Derived values (instances, ports) are computed, not stored state."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from fleetgen.config.cluster import ClusterConfig, cluster_problems
+from fleetgen.config.common import _load, _Strict, dotted, locate
+from fleetgen.config.engine import EngineConfig
+from fleetgen.config.hosts import HostEntry
+from fleetgen.errors import ConfigError
+
+
+class Instance(_Strict):
+    """One engine server: `tp` GPUs of one host, one port. Derived from the fleet file, never written."""
+
+    name: str
+    host: str
+    gpus: tuple[int, ...]
+    port: int
+    index: int
+
+
+class FleetFile(_Strict):
+    """A whole fleet file."""
+
+    engine: EngineConfig
+    hosts: list[HostEntry] = Field(default_factory=list)
+    cluster: ClusterConfig | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_placement(cls, data: Any) -> Any:
+        """`[[hosts]]` (SSH hosts) or `[cluster]` (Slurm), exactly one; a valid cluster stands as one host,
+        the submit host, so everything that walks `hosts` (plan, select, status) sees the same fleet."""
+        if not isinstance(data, dict):
+            return data
+        has_hosts, has_cluster = bool(data.get("hosts")), "cluster" in data
+        if has_hosts and has_cluster:
+            raise ValueError(
+                "the fleet file has both [[hosts]] and [cluster]: a fleet is placed on SSH hosts or by a "
+                "Slurm cluster, not both; keep one (two fleet files for two placements)"
+            )
+        if not has_hosts and not has_cluster:
+            raise ValueError(
+                "no [[hosts]] and no [cluster]: add [[hosts]] entries (SSH hosts) or a [cluster] table "
+                '(kind = "slurm"); `fleetgen init` writes an example'
+            )
+        if has_cluster:
+            try:
+                cluster = ClusterConfig.model_validate(data["cluster"])
+            except ValidationError:
+                return data  # reported by the field's own validation, with its location
+            return {**data, "hosts": [cluster.submit_host()]}
+        return data
+
+    @property
+    def is_slurm(self) -> bool:
+        return self.cluster is not None
+
+    @model_validator(mode="after")
+    def _unique_hosts(self) -> FleetFile:
+        names = [h.name for h in self.hosts]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"host names repeat: {', '.join(dupes)}; every [[hosts]] needs its own name")
+        return self
+
+    @model_validator(mode="after")
+    def _layout(self) -> FleetFile:
+        """GPU lists `tp` divides, and no host named like another host's instance (`gpu` + `gpu-1`)."""
+        problems = layout_problems(self)
+        if problems:
+            raise ValidationError.from_exception_data(
+                "FleetFile",
+                [
+                    InitErrorDetails(
+                        type=PydanticCustomError("fleet_layout", "{why}", {"why": why}), loc=loc, input=None
+                    )
+                    for loc, why in problems
+                ],
+            )
+        return self
+
+    def host(self, name: str) -> HostEntry:
+        for host in self.hosts:
+            if host.name == name:
+                return host
+        raise ConfigError(
+            f"no host named {name!r}", fix=f"use one of: {', '.join(h.name for h in self.hosts)}"
+        )
+
+    def instances_on(
+        self, host: HostEntry, gpu_indices: Sequence[int] | None = None, *, source: Path | None = None
+    ) -> list[Instance]:
+        """Instances of one host: one per `tp` GPUs, in GPU order; `gpu_indices` resolves `gpus = "all"`
+        (None: not detected, planned as GPU 0). Detected GPUs that `tp` does not divide, or none, are refused
+        (naming `source`'s line when given)."""
+        tp = self.engine.tp
+        if host.gpus != "all":
+            gpus = list(host.gpus)
+        elif gpu_indices is None:
+            gpus = list(range(tp))
+        else:
+            gpus = list(gpu_indices)
+            why = _gpu_count_problem(gpus, tp, f'gpus = "all" found {_gpu_list(gpus)} on {host.name}')
+            if why:
+                where = self.where(source, ("hosts", self.hosts.index(host), "gpus"))
+                usable = gpus[: len(gpus) // tp * tp]
+                example = f"gpus = {_gpu_list(usable)}" if usable else "another host"
+                raise ConfigError(
+                    f"{where}: {why}",
+                    fix=f"list the GPUs to use in host {host.name}'s entry, a multiple of {tp} ({example}), "
+                    "or change engine.tp",
+                    context={"host": host.name},
+                )
+        base = host.base_port if host.base_port is not None else self.engine.base_port
+        return [
+            Instance(
+                name=instance_name(host.name, k),
+                host=host.name,
+                gpus=tuple(gpus[k * tp : (k + 1) * tp]),
+                port=base + k,
+                index=k,
+            )
+            for k in range(len(gpus) // tp)
+        ]
+
+    def instances(
+        self, detected: Mapping[str, Sequence[int]] | None = None, *, source: Path | None = None
+    ) -> list[Instance]:
+        """Every instance of the fleet; `detected` maps host name → GPU indices for `gpus = "all"` hosts."""
+        detected = detected or {}
+        return [
+            inst for h in self.hosts for inst in self.instances_on(h, detected.get(h.name), source=source)
+        ]
+
+    def where(self, source: Path | None, loc: tuple[int | str, ...]) -> str:
+        """`file:line: field` for a field of this fleet file (`field` alone without a source)."""
+        field = dotted(loc)
+        if source is None:
+            return field
+        try:
+            line = locate(source.read_text(encoding="utf-8"), loc)
+        except OSError:
+            line = None
+        return f"{source}:{line}: {field}" if line else f"{source}: {field}"
+
+    def select(self, only: Sequence[str] | None) -> Selection:
+        """What `--only NAME…` picks (instance or host names), host by host; an unknown name is an error."""
+        if not only:
+            return Selection({h.name: None for h in self.hosts})
+        whole = {h.name for h in self.hosts if h.name in only}
+        named: dict[str, set[str]] = {}
+        unknown = []
+        for name in only:
+            host = self._host_name_of(name)
+            if host is not None:
+                named.setdefault(host, set()).add(name)
+            elif name not in whole:
+                unknown.append(name)
+        if unknown:
+            raise ConfigError(
+                f"no instance or host is named {', '.join(map(repr, unknown))}",
+                fix=f"use host names ({', '.join(h.name for h in self.hosts)}) or instance names "
+                f"({', '.join(self._listed()) or '<host>-<k>'}); `fleetgen status` lists the instances",
+            )
+        return Selection(
+            {
+                h.name: None if h.name in whole else frozenset(named[h.name])
+                for h in self.hosts
+                if h.name in whole or h.name in named
+            }
+        )
+
+    def host_of_instance(self, name: str) -> HostEntry:
+        """The host an instance name belongs to, from the expanded fleet (never a prefix match)."""
+        found = self._host_name_of(name)
+        if found is None:
+            raise ConfigError(
+                f"no instance named {name!r}",
+                fix="`fleetgen status` lists the instances (host names are not instance names)",
+            )
+        return self.host(found)
+
+    def _listed(self) -> dict[str, str]:
+        """Instance → host name, for the hosts whose GPUs the file lists."""
+        return {i.name: i.host for h in self.hosts if h.gpus != "all" for i in self.instances_on(h)}
+
+    def _host_name_of(self, name: str) -> str | None:
+        """The host whose instance `name` is: a listed one, or the `gpus = "all"` host it would be
+        (`<host>-<k>` exactly)."""
+        if name in (listed := self._listed()):
+            return listed[name]
+        return next((h.name for h in self.hosts if h.gpus == "all" and _index_in(h, name)), None)
+
+
+def _index_in(host: HostEntry, name: str) -> re.Match[str] | None:
+    """`name` as `<host>-<k>` (k its instance index, no leading zero), else None."""
+    return re.fullmatch(re.escape(host.name) + r"-(0|[1-9][0-9]*)", name)
+
+
+def instance_name(host: str, index: int) -> str:
+    """`<host>-<k>`: unique across a fleet, since host names are and the last `-k` is the index."""
+    return f"{host}-{index}"
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What `--only` picks, host by host: None = every instance of that host, else these instance names."""
+
+    picks: Mapping[str, frozenset[str] | None]
+
+    def hosts(self, fleet: FleetFile) -> list[HostEntry]:
+        return [h for h in fleet.hosts if h.name in self.picks]
+
+    def pick(self, host: str, instances: Sequence[Instance]) -> list[Instance]:
+        """The picked ones among a host's expanded instances; a picked name the host lacks is an error."""
+        wanted = self.picks.get(host, frozenset())
+        if wanted is None:
+            return list(instances)
+        missing = sorted(wanted - {i.name for i in instances})
+        if missing:
+            have = ", ".join(i.name for i in instances) or "none"
+            raise ConfigError(
+                f"host {host} has no instance {', '.join(missing)} (it has: {have})",
+                fix="`fleetgen status` lists the instances",
+                context={"host": host},
+            )
+        return [i for i in instances if i.name in wanted]
+
+    def names(self, host: str, instances: Sequence[Instance]) -> list[str]:
+        """Picked instance names of a host without checking them (for a host that could not be reached)."""
+        wanted = self.picks.get(host, frozenset())
+        return [i.name for i in instances] if wanted is None else sorted(wanted)
+
+
+def layout_problems(fleet: FleetFile) -> list[tuple[tuple[int | str, ...], str]]:
+    """(field location, why + fix) for GPU lists `tp` does not divide and names two things could share."""
+    problems: list[tuple[tuple[int | str, ...], str]] = []
+    tp = fleet.engine.tp
+    if fleet.cluster is not None:
+        return cluster_problems(fleet.cluster, tp)
+    for i, host in enumerate(fleet.hosts):
+        if host.gpus != "all":
+            why = _gpu_count_problem(list(host.gpus), tp, f"gpus = {_gpu_list(host.gpus)}")
+            if why:
+                k = len(host.gpus) // tp * tp
+                fix = (
+                    f"list a multiple of {tp} GPUs (gpus = {_gpu_list(host.gpus[:k])}) or change engine.tp"
+                    if k
+                    else f"list at least {tp} GPUs for this host or remove it (engine.tp is for every host)"
+                )
+                problems.append((("hosts", i, "gpus"), f"{why}; {fix}"))
+    for j, other in enumerate(fleet.hosts):
+        for host in fleet.hosts:
+            clash = _name_clash(fleet, host, other.name)
+            if clash:
+                problems.append((("hosts", j, "name"), clash))
+    return problems
+
+
+def _name_clash(fleet: FleetFile, host: HostEntry, name: str) -> str:
+    """Why host name `name` is ambiguous with an instance of `host` (empty when it is not)."""
+    match = _index_in(host, name)
+    if match is None:
+        return ""
+    rename = f"rename host {name!r} (e.g. {name.replace('-', '_')!r})"
+    if host.gpus == "all":
+        return (
+            f'host {name!r} is named like instance {match.group(1)} of host {host.name!r} (gpus = "all"; '
+            f"instances are named <host>-<k>): --only, logs and down could not tell them apart; {rename}, "
+            f"or list host {host.name!r}'s GPUs"
+        )
+    if name in {i.name for i in fleet.instances_on(host)}:
+        return (
+            f"host {name!r} has the name of instance {match.group(1)} of host {host.name!r} (instances are "
+            f"named <host>-<k>): --only, logs and down could not tell them apart; {rename}"
+        )
+    return ""
+
+
+def _gpu_count_problem(gpus: Sequence[int], tp: int, what: str) -> str:
+    if not gpus:
+        return f"{what}: no GPU, so no instance"
+    unused = gpus[len(gpus) // tp * tp :]
+    if not unused:
+        return ""
+    return (
+        f"{what} with engine.tp = {tp} leaves GPU {', '.join(map(str, unused))} unused "
+        f"({len(gpus) // tp} instance(s) of {tp} GPUs)"
+    )
+
+
+def _gpu_list(gpus: Sequence[int]) -> str:
+    return "[" + ", ".join(map(str, gpus)) + "]"
+
+
+def load_fleet(path: Path) -> FleetFile:
+    """Read and validate a fleet file; errors name the file, line and field."""
+    return _load(path, FleetFile, "fleet file")

@@ -1,0 +1,68 @@
+"""`[[hosts]]`: one machine reached over SSH, and the SSH target form fleet files write."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+
+from fleetgen.config.common import _Strict
+
+
+def ssh_form(value: str) -> str:
+    """`user@host:port`, `host` or `local` (an SSH target as fleet files write it)."""
+    if value != "local" and not re.fullmatch(r"(?:[^@\s]+@)?[^@:\s]+(?::\d{1,5})?", value):
+        raise ValueError(f"expected 'user@host:port', 'host' or 'local', got {value!r}")
+    return value
+
+
+class HostEntry(_Strict):
+    """`[[hosts]]`: one machine reached over SSH (or `ssh = "local"`)."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
+    ssh: str = "local"
+    identity: str | None = None
+    known_hosts: str | None = None
+    insecure_skip_host_key_check: bool = False
+    gpus: list[int] | Literal["all"] = "all"
+    gpu_memory_gib: Annotated[float, Field(gt=0)] | None = None
+    gpu_free_gib: Annotated[float, Field(gt=0)] | None = None
+    host_memory_gib: Annotated[float, Field(gt=0)] | None = None
+    workdir: str = "~/fleetgen"
+    base_port: Annotated[int, Field(ge=1024, le=65000)] | None = None
+
+    @field_validator("ssh")
+    @classmethod
+    def _ssh_form(cls, value: str) -> str:
+        return ssh_form(value)
+
+    @field_validator("gpus")
+    @classmethod
+    def _distinct_gpus(cls, value: list[int] | str) -> list[int] | str:
+        if isinstance(value, list) and not value:
+            raise ValueError(
+                "an empty GPU list starts no instance on this host: list its GPUs (gpus = [0, 1]), "
+                'write gpus = "all", or remove this [[hosts]] entry'
+            )
+        if isinstance(value, list) and len(set(value)) != len(value):
+            raise ValueError(f"GPU indices repeat in {value}: two instances would share one GPU")
+        return value
+
+    @property
+    def is_local(self) -> bool:
+        return self.ssh == "local"
+
+    @property
+    def user(self) -> str | None:
+        return self.ssh.split("@", 1)[0] if "@" in self.ssh else None
+
+    @property
+    def address(self) -> str:
+        rest = self.ssh.split("@", 1)[-1]
+        return rest.rsplit(":", 1)[0] if ":" in rest else rest
+
+    @property
+    def port(self) -> int:
+        rest = self.ssh.split("@", 1)[-1]
+        return int(rest.rsplit(":", 1)[1]) if ":" in rest else 22
