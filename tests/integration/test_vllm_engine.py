@@ -63,6 +63,11 @@ def chat(content: str, max_tokens: int, **extra: Any) -> dict[str, Any]:
     }
 
 
+def never_close_think(model: TinyModel) -> dict[str, int]:
+    """A logit bias that bans </think>: the random model then stays inside its thinking block."""
+    return {str(model.token_ids["</think>"]): -100}
+
+
 def count_prompt_tokens(model: TinyModel, content: str, *, enable_thinking: bool = True) -> int:
     """Tokens of the rendered chat prompt, counted with the model's own tokenizer.json (not the server)."""
     tail = "<think>\n" if enable_thinking else "<think>\n\n</think>\n\n"
@@ -81,9 +86,10 @@ async def test_models_lists_the_served_name(vllm_server: VllmServer, tiny_model:
 
 
 async def test_thinking_output_lands_in_reasoning(vllm_server: VllmServer, tiny_model: TinyModel) -> None:
-    """The prompt opens <think>, the model never closes it: everything is ``message.reasoning``."""
+    """The prompt opens <think>, the model never closes it: everything is ``message.reasoning``. (A random
+    model samples any id, </think> too: it is banned, so "never closes" holds on every run.)"""
     content = "Explain the key-value cache in one sentence."
-    result = await post_chat(vllm_server, chat(content, 24))
+    result = await post_chat(vllm_server, chat(content, 24, logit_bias=never_close_think(tiny_model)))
     message = result["choices"][0]["message"]
     assert isinstance(message["reasoning"], str) and message["reasoning"].strip()
     assert not message.get("content")
@@ -94,9 +100,12 @@ async def test_thinking_output_lands_in_reasoning(vllm_server: VllmServer, tiny_
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
 
 
-async def test_streamed_thinking_arrives_as_delta_reasoning(vllm_server: VllmServer) -> None:
+async def test_streamed_thinking_arrives_as_delta_reasoning(
+    vllm_server: VllmServer, tiny_model: TinyModel
+) -> None:
     """Streaming: the thinking text comes in ``delta.reasoning`` chunks; the last chunk carries usage."""
-    body = chat("Stream a few words.", 12, stream=True, stream_options={"include_usage": True})
+    options = {"stream_options": {"include_usage": True}, "logit_bias": never_close_think(tiny_model)}
+    body = chat("Stream a few words.", 12, stream=True, **options)
     reasoning: list[str] = []
     usage: dict[str, Any] = {}
     async with (
