@@ -17,6 +17,7 @@ from fleetgen.engines import get_engine
 from fleetgen.engines.sglang_timeline import RELEASES, rules_for
 from fleetgen.modelcard import load_model_shape
 from fleetgen.plan import FleetPlan, HostFacts, engine_rejections, facts_from_file, plan_fleet
+from fleetgen.plan.fixes import MIN_TOKENS_PER_REQUEST
 from fleetgen.plan.types import GIB, GpuFacts
 from tests.unit.test_plan import EXTRA, GPU96, GPU183, MODELS, MOTIVATING, QWEN, SPEC_V2, plan_one
 
@@ -155,6 +156,24 @@ def test_wont_fit_gives_fixes_ranked_by_cost_that_really_fit() -> None:
             {**MOTIVATING, **EXTRA, "max-mamba-cache-size": 120, **fix.args}, env={**SPEC_V2, **fix.env}
         )
         assert again.fits and again.memory.max_running_requests == fix.max_running_requests
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    gpu_gib=st.sampled_from([GPU96, 139.9, GPU183]),
+    context=st.sampled_from([4096, 8192, 32768]),
+    version=st.sampled_from(["0.5.10", "0.5.13", "0.5.15"]),
+    strategy=st.sampled_from(["no_buffer", "extra_buffer"]),
+)
+def test_every_offered_fix_gives_each_running_request_its_share_of_the_kv_pool(
+    gpu_gib: float, context: int, version: str, strategy: str
+) -> None:
+    """A fix that claims n concurrent requests leaves each of them min(context, 4096) KV tokens: on the H200
+    (SGLang 0.5.13, MTP, no_buffer refused) fleetgen offered "52 concurrent, 14,811 KV tokens" (285 each)."""
+    args = {**MOTIVATING, "context-length": context, "mamba-scheduler-strategy": strategy}
+    plan = plan_one(args, version=version, gpu_gib=gpu_gib)
+    for fix in plan.fixes:
+        assert fix.kv_tokens >= fix.max_running_requests * min(context, MIN_TOKENS_PER_REQUEST), fix.change
 
 
 def test_target_concurrency_solved_or_refused_with_reason() -> None:

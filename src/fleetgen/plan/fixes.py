@@ -42,7 +42,7 @@ def _variants(engine: str, ask: Ask) -> list[Fix]:
 def _is_usable(sized: Sizing, need: int = 1) -> bool:
     """Starts, runs `need` requests, and its KV pool holds each of them MIN_TOKENS (or its full context)."""
     m = sized.memory
-    floor = min(m.context_length, need * MIN_TOKENS_PER_REQUEST)
+    floor = max(need, 1) * min(m.context_length, MIN_TOKENS_PER_REQUEST)
     return sized.fits and m.max_running_requests >= need and m.kv_tokens >= floor
 
 
