@@ -436,8 +436,9 @@ class Scenario:
         self.state[v]["down"] = {**rec, "gpu_used_mib_after": used}
 
     def switch(self, prev: str, fleet: Path) -> None:
-        """Before the next variant's `up`: stop the previous server, also one `up` did not record."""
-        self.fg(f"{prev}-down", ["down", "-f", str(fleet)], 300)
+        """Before the next variant's `up`: stop the previous server (its GPU memory after `down` recorded, as
+        the last variant's), also one `up` did not record."""
+        self.step_down(prev, fleet)
         port = int(self.url(prev).rsplit(":", 1)[1].split("/")[0])
         try:
             import psutil
