@@ -16,7 +16,7 @@ from fleetgen.config import ENGINE_KINDS, ArgValue, FleetFile
 from fleetgen.deploy.script import SecretEnv
 from fleetgen.deploy.wanted import build_command
 from fleetgen.engines import ENGINES, format_args, get_engine, select_rule_set, translate_args
-from fleetgen.engines.base import VERDICT_MARK, read_verdict, release
+from fleetgen.engines.base import VERDICT_MARK, Engine, release
 from fleetgen.engines.sglang_timeline import rules_for
 from fleetgen.errors import ConfigError
 from fleetgen.plan import decide_launch, facts_from_file
@@ -165,9 +165,9 @@ def test_endpoints_and_ready_lines() -> None:
 
 def test_verdict_parsing_takes_the_marked_line() -> None:
     out = 'noise\nFLEETGEN_PARSER_VERDICT {"ok": false, "version": "0.5.23", "error": "argument error: x"}\n'
-    verdict = read_verdict(out)
+    verdict = Engine.parse_verdict(out)
     assert not verdict.is_ok and verdict.version == "0.5.23" and verdict.error == "argument error: x"
-    assert "no verdict" in read_verdict("Traceback ...").error
+    assert "no verdict" in Engine.parse_verdict("Traceback ...").error
 
 
 @pytest.mark.parametrize("kind", ["sglang", "vllm"])

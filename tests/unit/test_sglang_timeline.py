@@ -20,7 +20,7 @@ from fleetgen.deploy.watch import first_fatal
 from fleetgen.engines import get_engine, select_rule_set
 from fleetgen.engines.base import ParserVerdict, release
 from fleetgen.engines.sglang import extra_buffer_fix
-from fleetgen.engines.sglang_timeline import RELEASES, RULE_SETS, first_release, rules_for
+from fleetgen.engines.sglang_timeline import RELEASES, RULE_SETS, rules_for
 from fleetgen.fleet.planning import parser_refusal
 from fleetgen.modelcard import load_model_shape
 from fleetgen.plan import facts_from_file, plan_fleet
@@ -94,6 +94,11 @@ def test_rule_set_matches_what_the_release_source_says(row: list[str]) -> None:
     assert r.auto_strategy_extra_buffer == YES[auto] and r.explicit_no_buffer_needs_no_overlap == YES[nb]
     assert r.rejects_extra_buffer_without_radix == YES[eb]
     assert r.vlm_cache_reserve_mb == int(vlm) and r.gpu_tier_35g[0] == int(tier)
+
+
+def first_release(feature: str, value: object) -> str | None:
+    """The first release read where `feature` has `value` (None: never)."""
+    return next((r for r in RELEASES if getattr(rules_for(r), feature) == value), None)
 
 
 def test_first_releases_of_the_headline_behaviours() -> None:

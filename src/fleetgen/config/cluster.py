@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
-from fleetgen.config.common import _Strict
+from fleetgen.config.common import Strict
 from fleetgen.config.hosts import HostEntry, ssh_form
 
 # sbatch options fleetgen sets on every job: refused in cluster.sbatch_args (the ones a [cluster] field sets
@@ -22,7 +22,7 @@ MANAGED_SBATCH |= {"--gpus-per-task", "-D", "--chdir", *SBATCH_FIELDS}
 SLURM_TIME = re.compile(r"(?:\d+-)?\d+(?::\d{1,2}){0,2}|UNLIMITED|unlimited|infinite|INFINITE")
 
 
-class ClusterConfig(_Strict):
+class ClusterConfig(Strict):
     """`[cluster]`: the servers are placed by a Slurm cluster, one job per server (`deploy.slurm`).
 
     fleetgen runs `sbatch`/`squeue`/`scancel` on the submit host (`submit`: "local" = this machine, or

@@ -1,5 +1,5 @@
 """What every config file shares: the strict base model, reading a TOML file into a model, and
-errors located as `file:line: field`. Pure: `_load` reads one file; nothing here touches a host."""
+errors located as `file:line: field`. Pure: `load_toml` reads one file; nothing here touches a host."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from fleetgen.errors import ConfigError
 
 
-class _Strict(BaseModel):
+class Strict(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
@@ -25,7 +25,8 @@ def dotted(loc: tuple[int | str, ...]) -> str:
 M = TypeVar("M", bound=BaseModel)
 
 
-def _load(path: Path, model: type[M], what: str) -> M:
+def load_toml(path: Path, model: type[M], what: str) -> M:
+    """`path` (the `what`: "fleet file") read into `model`; every error names the file, line and field."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:

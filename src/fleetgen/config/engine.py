@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from fleetgen.config.common import _Strict
+from fleetgen.config.common import Strict
 
 ArgValue = str | int | float | bool
 LOOPBACK = "127.0.0.1"
@@ -23,7 +23,7 @@ def register_engine_kind(name: str) -> None:
         ENGINE_KINDS.append(name)
 
 
-class EngineConfig(_Strict):
+class EngineConfig(Strict):
     """`[engine]`: what to run on every instance."""
 
     kind: str

@@ -13,13 +13,13 @@ from pydantic import Field, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from fleetgen.config.cluster import ClusterConfig, cluster_problems
-from fleetgen.config.common import _load, _Strict, dotted, locate
+from fleetgen.config.common import Strict, dotted, load_toml, locate
 from fleetgen.config.engine import EngineConfig
 from fleetgen.config.hosts import HostEntry
 from fleetgen.errors import ConfigError
 
 
-class Instance(_Strict):
+class Instance(Strict):
     """One engine server: `tp` GPUs of one host, one port. Derived from the fleet file, never written."""
 
     name: str
@@ -29,7 +29,7 @@ class Instance(_Strict):
     index: int
 
 
-class FleetFile(_Strict):
+class FleetFile(Strict):
     """A whole fleet file."""
 
     engine: EngineConfig
@@ -306,4 +306,4 @@ def _gpu_list(gpus: Sequence[int]) -> str:
 
 def load_fleet(path: Path) -> FleetFile:
     """Read and validate a fleet file; errors name the file, line and field."""
-    return _load(path, FleetFile, "fleet file")
+    return load_toml(path, FleetFile, "fleet file")

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
-from fleetgen.config.common import _Strict
+from fleetgen.config.common import Strict
 
 
 def ssh_form(value: str) -> str:
@@ -17,7 +17,7 @@ def ssh_form(value: str) -> str:
     return value
 
 
-class HostEntry(_Strict):
+class HostEntry(Strict):
     """`[[hosts]]`: one machine reached over SSH (or `ssh = "local"`)."""
 
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]

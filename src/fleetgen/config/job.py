@@ -7,10 +7,10 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from fleetgen.config.common import _load, _Strict
+from fleetgen.config.common import Strict, load_toml
 
 
-class JobFile(_Strict):
+class JobFile(Strict):
     """A job file: sampling and dispatch settings for `fleetgen run` (flags override it)."""
 
     id_field: str = "id"
@@ -37,4 +37,4 @@ class JobFile(_Strict):
 
 def load_job(path: Path) -> JobFile:
     """Read and validate a job file; errors name the file, line and field."""
-    return _load(path, JobFile, "job file")
+    return load_toml(path, JobFile, "job file")

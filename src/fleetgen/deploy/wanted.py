@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from fleetgen.config import EngineConfig, FleetFile, HostEntry, Instance, load_fleet
@@ -64,15 +64,9 @@ def api_key(fleet: FleetFile) -> str | None:
 def measured_facts(host: HostEntry, measured: HostSurvey | None) -> HostFacts:
     """What `plan` knows of a host, from what `up` measured (GPUs, RAM, engine version) over the file's
     values: the same inputs `plan` gathers, so both decide the same argv (`decide_launch`)."""
-    base = facts_from_file(host)
     if measured is None:
-        return base
-    return replace(
-        base,
-        gpus=measured.gpus or base.gpus,
-        mem_available_bytes=measured.mem_available_bytes or base.mem_available_bytes,
-        engine_version=measured.engine_version,
-    )
+        return facts_from_file(host)
+    return facts_from_file(host, measured.gpus, measured.mem_available_bytes, measured.engine_version)
 
 
 def build_command(

@@ -203,7 +203,7 @@ class Engine:
     # --- argv: `[model] engine.args [--model-flag model] --tp-flag N --host H --port P [--served-model-name]`
     model_flag: str | None = None  # None: the model path is the first (positional) argument
     tp_flag: str
-    parser_body: str  # its own parser, run inside `verdict_script` (reads `argv`, fills `out`)
+    parser_body: str  # its own parser, run inside `parser_check_script` (reads `argv`, fills `out`)
 
     def build_argv(
         self,
@@ -245,12 +245,26 @@ class Engine:
         return (*self.rejection_signatures_for(rules), *self.fatal_signatures)
 
     def parser_check_script(self) -> str:
-        """Python source: reads a JSON argv on stdin, runs the engine's own parser, prints a JSON verdict."""
-        return verdict_script(self.parser_body)
+        """Python source for the host's own python: the JSON argv on stdin goes through `parser_body` (the
+        engine's parser: it reads `argv`, sets `out["version"]` and `out["resolved"]`, raises
+        `_Refused(message)` for an argument error), then one marked JSON verdict line is printed (the engine's
+        imports may log to stdout)."""
+        body = textwrap.indent(textwrap.dedent(self.parser_body).strip("\n"), "    ")
+        return _VERDICT_HEAD + body + _VERDICT_TAIL
 
-    def parse_verdict(self, stdout: str) -> ParserVerdict:
-        """Read what `parser_check_script` printed."""
-        return read_verdict(stdout)
+    @staticmethod
+    def parse_verdict(stdout: str) -> ParserVerdict:
+        """The last `FLEETGEN_PARSER_VERDICT {json}` line `parser_check_script` printed."""
+        for line in reversed(stdout.splitlines()):
+            if line.startswith(VERDICT_MARK):
+                data = json.loads(line[len(VERDICT_MARK) :])
+                return ParserVerdict(
+                    is_ok=bool(data.get("ok")),
+                    version=str(data.get("version", "")),
+                    error=str(data.get("error", "")),
+                    resolved=dict(data.get("resolved") or {}),
+                )
+        return ParserVerdict(is_ok=False, error="the parser check printed no verdict: " + stdout[-500:])
 
 
 VERDICT_MARK = "FLEETGEN_PARSER_VERDICT "
@@ -271,28 +285,6 @@ except BaseException as exc:
     out["error"] = type(exc).__name__ + ": " + str(exc)
 print(MARK + json.dumps(out, default=str))
 """
-
-
-def verdict_script(body: str) -> str:
-    """Python source for the host's own python: the JSON argv on stdin goes through `body` (the engine's
-    parser: it reads `argv`, sets `out["version"]` and `out["resolved"]`, raises `_Refused(message)` for an
-    argument error), then one marked JSON verdict line is printed (the engine's imports may log to stdout).
-    """
-    return _VERDICT_HEAD + textwrap.indent(textwrap.dedent(body).strip("\n"), "    ") + _VERDICT_TAIL
-
-
-def read_verdict(stdout: str) -> ParserVerdict:
-    """The last `FLEETGEN_PARSER_VERDICT {json}` line of a `verdict_script` run."""
-    for line in reversed(stdout.splitlines()):
-        if line.startswith(VERDICT_MARK):
-            data = json.loads(line[len(VERDICT_MARK) :])
-            return ParserVerdict(
-                is_ok=bool(data.get("ok")),
-                version=str(data.get("version", "")),
-                error=str(data.get("error", "")),
-                resolved=dict(data.get("resolved") or {}),
-            )
-    return ParserVerdict(is_ok=False, error="the parser check printed no verdict: " + stdout[-500:])
 
 
 def release(text: str) -> Version:

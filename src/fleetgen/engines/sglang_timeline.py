@@ -180,8 +180,3 @@ def rules_for(version: str) -> RuleSet:
 
 
 RULE_SETS: tuple[RuleSet, ...] = tuple(rules_for(r) for r in RELEASES)
-
-
-def first_release(feature: str, value: Any) -> str | None:
-    """The first release read where `feature` has `value` (None: never)."""
-    return next((r for r in RELEASES if getattr(rules_for(r), feature) == value), None)

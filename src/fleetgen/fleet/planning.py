@@ -37,18 +37,11 @@ class PlanInputs:
 
 def facts_from_report(host: HostEntry, report: HostReport) -> HostFacts:
     """Measured facts (nvidia-smi, /proc/meminfo, engine version); the file's values where none was read."""
-    base = facts_from_file(host)
     if not report.reachable:
-        return base
+        return facts_from_file(host)
+    mem = report.mem_available_gib
     gpus = tuple(g.facts() for g in report.gpus)
-    mem = (
-        int(report.mem_available_gib * GIB)
-        if report.mem_available_gib is not None
-        else base.mem_available_bytes
-    )
-    return replace(
-        base, gpus=gpus or base.gpus, mem_available_bytes=mem, engine_version=report.engine_version
-    )
+    return facts_from_file(host, gpus, int(mem * GIB) if mem is not None else None, report.engine_version)
 
 
 def local_shape(model_config: str, fleet_path: Path) -> ModelShape:

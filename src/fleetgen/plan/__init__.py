@@ -12,7 +12,6 @@ from fleetgen.plan.fleet import (
     engine_rejections,
     facts_from_file,
     plan_fleet,
-    plan_instance,
 )
 from fleetgen.plan.instance import API_KEY_CONFIG, Launch, decide_launch
 from fleetgen.plan.types import Fix, FleetPlan, GpuFacts, HostFacts, InstancePlan, Issue, Memory
@@ -32,5 +31,4 @@ __all__ = [
     "engine_rejections",
     "facts_from_file",
     "plan_fleet",
-    "plan_instance",
 ]

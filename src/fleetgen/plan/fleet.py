@@ -15,20 +15,27 @@ from fleetgen.engines import Engine, get_engine
 from fleetgen.engines.sglang import HICACHE_HOST_MEMORY
 from fleetgen.modelcard import ModelShape
 from fleetgen.plan.fixes import ranked_fixes, solve_target
-from fleetgen.plan.instance import HICACHE_RESERVE_BYTES, Ask, decide_launch, gpu_of, size
+from fleetgen.plan.instance import Launch, decide_launch, gpu_of, size
 from fleetgen.plan.planners import planner_of
-from fleetgen.plan.types import GIB, FleetPlan, GpuFacts, HostFacts, InstancePlan, Issue, Memory
+from fleetgen.plan.sglang import HICACHE_RESERVE_BYTES
+from fleetgen.plan.types import GIB, Ask, FleetPlan, GpuFacts, HostFacts, InstancePlan, Issue, Memory
 
 
-def facts_from_file(host: HostEntry) -> HostFacts:
-    """Host facts written in the fleet file (`gpu_memory_gib`, `gpu_free_gib`, `host_memory_gib`)."""
-    gpus = None
-    if host.gpu_memory_gib is not None and host.gpus != "all":
+def facts_from_file(
+    host: HostEntry,
+    gpus: tuple[GpuFacts, ...] = (),
+    mem_available_bytes: int | None = None,
+    engine_version: str | None = None,
+) -> HostFacts:
+    """What planning knows of a host: what was measured on it (GPUs, available RAM, engine version; `plan`
+    and `up` alike), else the fleet file's values (`gpu_memory_gib`, `gpu_free_gib`, `host_memory_gib`)."""
+    if not gpus and host.gpu_memory_gib is not None and host.gpus != "all":
         total = int(host.gpu_memory_gib * GIB)
         free = int((host.gpu_free_gib or host.gpu_memory_gib) * GIB)
         gpus = tuple(GpuFacts(i, total, min(free, total)) for i in host.gpus)
-    mem = int(host.host_memory_gib * GIB) if host.host_memory_gib is not None else None
-    return HostFacts(name=host.name, address=_machine(host), gpus=gpus, mem_available_bytes=mem)
+    if not mem_available_bytes and host.host_memory_gib is not None:
+        mem_available_bytes = int(host.host_memory_gib * GIB)
+    return HostFacts(host.name, _machine(host), gpus or None, mem_available_bytes, engine_version)
 
 
 def _machine(host: HostEntry) -> str:
@@ -38,27 +45,28 @@ def _machine(host: HostEntry) -> str:
 
 
 def plan_instance(
-    fleet: FleetFile,
-    inst: Instance,
-    shape: ModelShape,
-    facts: HostFacts,
-    version: str | None = None,
-    target: int | None = None,
+    fleet: FleetFile, inst: Instance, shape: ModelShape, facts: HostFacts, launch: Launch, target: int | None
 ) -> InstancePlan:
-    """Size, check and build the launch of one instance (`decide_launch`: the host's engine version, else
-    `version`, else engine.version); fixes when it does not fit; flags for `target`."""
+    """Size and check one instance that runs `launch` (`decide_launch`'s); fixes when it does not fit;
+    flags for `target`."""
     cfg = fleet.engine
-    chosen = decide_launch(cfg, inst, facts, version)
-    rules = chosen.rules
     base = InstancePlan(
-        inst.name, inst.host, inst.gpus, inst.port, cfg.kind, rules.name, Memory(), chosen.argv, chosen.env
+        inst.name,
+        inst.host,
+        inst.gpus,
+        inst.port,
+        cfg.kind,
+        launch.rules.name,
+        Memory(),
+        launch.argv,
+        launch.env,
     )
     if facts.gpus is None:
         return replace(base, errors=(_unknown_gpu(inst.host),))
     gpu, missing = gpu_of(inst, {g.index: g for g in facts.gpus})
     if gpu is None:
         return replace(base, errors=tuple(missing))
-    ask = Ask(dict(cfg.args), dict(cfg.env), cfg.tp, gpu.free_bytes, gpu.total_bytes, rules, shape)
+    ask = Ask(dict(cfg.args), dict(cfg.env), cfg.tp, gpu.free_bytes, gpu.total_bytes, launch.rules, shape)
     sized = size(cfg.kind, ask)
     warnings = [*sized.warnings, *(Issue("model", note) for note in shape.notes), *_facts_warning(gpu, inst)]
     fixes = ranked_fixes(cfg.kind, ask, sized) if not sized.fits else ()
@@ -98,6 +106,10 @@ def _unknown_gpu(host: str) -> Issue:
     )
 
 
+def _facts_of(facts: Mapping[str, HostFacts], host: str) -> HostFacts:
+    return facts.get(host) or HostFacts(host)
+
+
 def plan_fleet(
     fleet: FleetFile,
     shape: ModelShape,
@@ -110,16 +122,14 @@ def plan_fleet(
     the engine version it runs); `version` stands in where a host's is unknown (default engine.version)."""
     detected: dict[str, Sequence[int]] = {n: [g.index for g in f.gpus] for n, f in facts.items() if f.gpus}
     instances = fleet.instances(detected)
+    launches = [decide_launch(fleet.engine, i, _facts_of(facts, i.host), version) for i in instances]
     plans = [
-        plan_instance(fleet, inst, shape, facts.get(inst.host) or HostFacts(inst.host), version, target)
-        for inst in instances
+        plan_instance(fleet, i, shape, _facts_of(facts, i.host), launch, target)
+        for i, launch in zip(instances, launches, strict=True)
     ]
-    launches = [
-        decide_launch(fleet.engine, i, facts.get(i.host) or HostFacts(i.host), version) for i in instances
-    ]
-    notes = sorted({x.rule_warning for x in launches if x.rule_warning})
+    notes = {x.rule_warning for x in launches if x.rule_warning}
     key_errors, key_warnings = api_key_way(fleet, get_engine(fleet.engine.kind))
-    warnings = [Issue("rule-set", note) for note in notes] + key_warnings
+    warnings = [Issue("rule-set", note) for note in sorted(notes)] + key_warnings
     errors = key_errors + cross_instance_errors(fleet, instances, plans, facts)
     return FleetPlan(
         tuple(plans), tuple(errors), tuple(warnings), {"target_concurrency": target} if target else {}
@@ -187,7 +197,7 @@ def engine_rejections(
     cfg = fleet.engine
     refused: list[Issue] = []
     for inst in instances:
-        rules = decide_launch(cfg, inst, facts.get(inst.host) or HostFacts(inst.host), version).rules
+        rules = decide_launch(cfg, inst, _facts_of(facts, inst.host), version).rules
         ask = Ask(dict(cfg.args), dict(cfg.env), cfg.tp, 0, 0, rules, shape)
         found = planner_of(cfg.kind).rejections(ask)
         refused += [replace(e, message=f"{inst.name}: {e.message}") for e in found]
@@ -231,7 +241,7 @@ def _host_memory(
     for plan in plans:
         machine = machines[plan.host]
         pinned[machine] += plan.memory.hicache_host_bytes
-        available.setdefault(machine, (facts.get(plan.host) or HostFacts(plan.host)).mem_available_bytes)
+        available.setdefault(machine, _facts_of(facts, plan.host).mem_available_bytes)
     errors = []
     for machine, want in pinned.items():
         have = available.get(machine)

@@ -12,19 +12,8 @@ from dataclasses import dataclass, replace
 from fleetgen.config import EngineConfig, Instance
 from fleetgen.engines import RuleSet, get_engine, launcher_of, select_rule_set
 from fleetgen.plan.planners import planner_of
-from fleetgen.plan.sglang import HICACHE_RESERVE_BYTES
 from fleetgen.plan.types import GIB, Ask, GpuFacts, HostFacts, Issue, Sizing
 
-__all__ = [
-    "API_KEY_CONFIG",
-    "HICACHE_RESERVE_BYTES",
-    "Ask",
-    "Launch",
-    "Sizing",
-    "decide_launch",
-    "gpu_of",
-    "size",
-]
 # The 0600 config file a public bind's key reaches an engine through when it reads no key env var (SGLang's
 # `--config`). Relative: `up` starts every engine in its own instance folder, where it pushes this file, so
 # the argv `plan` shows is the argv `up` launches, whatever the host's workdir expands to.
