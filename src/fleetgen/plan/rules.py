@@ -42,6 +42,14 @@ class Found:
     warnings: tuple[Issue, ...] = ()
 
 
+def _error(rule: str, text: str, fix: str) -> Found:
+    return Found(errors=(Issue(rule, text, fix),))
+
+
+def _warning(rule: str, text: str, fix: str) -> Found:
+    return Found(warnings=(Issue(rule, text, fix),))
+
+
 Rule = Callable[[RuleInput], Found]
 
 
@@ -51,18 +59,17 @@ def spec_no_buffer_radix(x: RuleInput) -> Found:
     arch = x.shape.architecture
     if s.radix_dropped_for_spec:
         text = SPEC_RADIX_DISABLED.format(arch=arch) + " (a warning: the server starts without prefix reuse)"
-        return Found(warnings=(Issue("spec-no-buffer-radix", text, extra_buffer_fix(r)),))
+        return _warning("spec-no-buffer-radix", text, extra_buffer_fix(r))
     if not (x.shape.is_hybrid and s.is_spec and s.is_radix and s.strategy == "no_buffer"):
         return Found()
     if r.refuses_spec_no_buffer_radix:
-        issue = Issue("spec-no-buffer-radix", SPEC_NO_BUFFER_RADIX.format(arch=arch), extra_buffer_fix(r))
-        return Found(errors=(issue,))
+        return _error("spec-no-buffer-radix", SPEC_NO_BUFFER_RADIX.format(arch=arch), extra_buffer_fix(r))
     if r.spec_no_buffer_radix == "unchecked":
         text = (
             f"{r.name} does not check speculative decoding with radix cache under no_buffer for {arch}: "
             "it starts with both (0.5.9 turns radix cache off, 0.5.10–0.5.13 refuse the combination)"
         )
-        return Found(warnings=(Issue("spec-no-buffer-radix", text, extra_buffer_fix(r)),))
+        return _warning("spec-no-buffer-radix", text, extra_buffer_fix(r))
     return Found()
 
 
@@ -71,15 +78,14 @@ def extra_buffer_without_radix(x: RuleInput) -> Found:
     if not (x.shape.is_hybrid and s.strategy_given.startswith("extra_buffer") and not s.is_radix):
         return Found()
     fix = extra_buffer_no_radix_fix(x.rules)
-    issue = Issue("extra-buffer-no-radix", EXTRA_BUFFER_NO_RADIX, fix)
     if x.rules.rejects_extra_buffer_without_radix:
-        return Found(errors=(issue,))
-    return Found(warnings=(Issue(issue.rule, "extra_buffer has no effect with disable-radix-cache", fix),))
+        return _error("extra-buffer-no-radix", EXTRA_BUFFER_NO_RADIX, fix)
+    return _warning("extra-buffer-no-radix", "extra_buffer has no effect with disable-radix-cache", fix)
 
 
 def hicache_without_radix(x: RuleInput) -> Found:
     if x.settings.is_hicache and not x.settings.is_radix:
-        return Found(errors=(Issue("hicache-no-radix", HICACHE_NO_RADIX, "remove one of the two flags"),))
+        return _error("hicache-no-radix", HICACHE_NO_RADIX, "remove one of the two flags")
     return Found()
 
 
@@ -94,7 +100,7 @@ def track_interval(x: RuleInput) -> Found:
         text = TRACK_INTERVAL.format(x=s.track_interval, y=s.draft_tokens)
         if not x.rules.track_interval_text:  # 0.5.14+: `assert a >= b` without a message
             text = f"AssertionError (no message; {x.rules.name} asserts it): {text}"
-        return Found(errors=(Issue("track-interval", text, f"set mamba-track-interval >= {s.draft_tokens}"),))
+        return _error("track-interval", text, f"set mamba-track-interval >= {s.draft_tokens}")
     return Found()
 
 
@@ -113,15 +119,8 @@ def no_buffer_limits(x: RuleInput) -> Found:
 def mem_fraction_range(x: RuleInput) -> Found:
     mfs = x.settings.mem_fraction_static
     if mfs is not None and not 0 < mfs < 1:
-        return Found(
-            errors=(
-                Issue(
-                    "mem-fraction-static",
-                    f"--mem-fraction-static {mfs} is outside (0, 1)",
-                    "use a fraction such as 0.85, or leave it out for SGLang's default",
-                ),
-            )
-        )
+        fix = "use a fraction such as 0.85, or leave it out for SGLang's default"
+        return _error("mem-fraction-static", f"--mem-fraction-static {mfs} is outside (0, 1)", fix)
     return Found()
 
 
@@ -157,7 +156,7 @@ def architecture(x: RuleInput) -> Found:
     if x.shape.architecture not in x.rules.missing_archs:
         return Found()
     text = f"{x.rules.name} has no model for {x.shape.architecture} (sglang/srt/models/ lacks it)"
-    return Found(errors=(Issue("architecture", text, "use a newer SGLang (0.5.9 or later for Qwen3.5/3.6)"),))
+    return _error("architecture", text, "use a newer SGLang (0.5.9 or later for Qwen3.5/3.6)")
 
 
 def hicache_hybrid(x: RuleInput) -> Found:
@@ -168,7 +167,7 @@ def hicache_hybrid(x: RuleInput) -> Found:
         f"{x.rules.name} uses the plain HiRadixCache for hybrid models: Mamba state is neither kept on the "
         "host nor restored (HiMambaRadixCache arrives in 0.5.10); plan counts only the KV host pool"
     )
-    return Found(warnings=(Issue("hicache-hybrid", text, "use SGLang 0.5.10 or later for HiCache here"),))
+    return _warning("hicache-hybrid", text, "use SGLang 0.5.10 or later for HiCache here")
 
 
 def spec_overlap(x: RuleInput) -> Found:
@@ -184,13 +183,13 @@ def spec_overlap(x: RuleInput) -> Found:
                 "about it is gone since 0.5.21): speculative decoding always runs the V2 worker"
             )
         )
-        return Found(warnings=(Issue("spec-v2-env", text, "remove SGLANG_ENABLE_SPEC_V2 from engine.env"),))
+        return _warning("spec-v2-env", text, "remove SGLANG_ENABLE_SPEC_V2 from engine.env")
     if r.spec_v2_env and x.shape.is_hybrid and s.strategy == "extra_buffer" and not s.is_overlap:
         text = (
             f"{r.spec_v2_env} is not set: speculative decoding runs without the overlap scheduler, "
             "so extra_buffer takes 4 Mamba slots per running request (5 with overlap)"
         )
-        return Found(warnings=(Issue("spec-v2-env", text, f'set engine.env {r.spec_v2_env} = "1"'),))
+        return _warning("spec-v2-env", text, f'set engine.env {r.spec_v2_env} = "1"')
     return Found()
 
 
