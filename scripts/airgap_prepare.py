@@ -37,6 +37,10 @@ import tomllib
 import zipfile
 from pathlib import Path
 
+from packaging import tags
+from packaging.utils import parse_wheel_filename
+from packaging.version import Version
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -279,6 +283,52 @@ def download(specs: list[str], dest: Path, python: str) -> None:
 
 def wheel_name(path: Path) -> str:
     return norm(path.name.split("-")[0])
+
+
+def manylinux_glibc(platform: str) -> tuple[int, int]:
+    """The glibc a manylinux platform tag needs (PEP 600; the legacy aliases too): newer sorts higher."""
+    legacy = {"manylinux1_x86_64": (2, 5), "manylinux2010_x86_64": (2, 12), "manylinux2014_x86_64": (2, 17)}
+    found = re.fullmatch(r"manylinux_(\d+)_(\d+)_x86_64", platform)
+    return (int(found[1]), int(found[2])) if found else legacy.get(platform, (0, 0))
+
+
+def target_tags(python: str) -> list[tags.Tag]:
+    """The tags the host installs, best first: CPython `python`'s, the newest manylinux first, then `any`."""
+    version = tuple(int(part) for part in python.split(".")[:2])
+    plats = sorted((p for p in PLATFORMS if p != "any"), key=manylinux_glibc, reverse=True)
+    return [*tags.cpython_tags(version, platforms=plats), *tags.compatible_tags(version, platforms=plats)]
+
+
+def one_per_project(files: list[str], python: str) -> tuple[list[str], list[str]]:
+    """(kept, dropped) wheel file names: of one project's wheels the one whose tags fit the host best.
+
+    pip refuses a folder with two wheels of one (name, version) ("conflicting dependencies"); two versions of
+    one project mean two specs disagree, which no choice here can settle: SystemExit names both files."""
+    rank: dict[tags.Tag, int] = {}
+    for i, tag in enumerate(target_tags(python)):
+        rank.setdefault(tag, i)
+    best: dict[str, tuple[int, Version, str]] = {}  # project -> (rank, version, file)
+    dropped = []
+    for file in sorted(files):
+        name, version, _, wheel_tags = parse_wheel_filename(file)
+        fit = min((rank[t] for t in wheel_tags if t in rank), default=None)
+        if fit is None:
+            raise SystemExit(
+                f"{file} does not install on the host (CPython {python}, {', '.join(PLATFORMS)}): delete it "
+                "from the wheels folder and run again"
+            )
+        held = best.get(name)
+        if held is not None and held[1] != version:
+            raise SystemExit(
+                f"two versions of {name} in the bundle: {held[2]} and {file}; pin one version in SETS "
+                "(or the --with-fleetgen specs), delete the other wheel and run again"
+            )
+        if held is None or fit < held[0]:
+            dropped += [held[2]] if held else []
+            best[name] = (fit, version, file)
+        else:
+            dropped.append(file)
+    return sorted(f for _, _, f in best.values()), dropped
 
 
 def record_row(name: str, data: bytes) -> list[str]:
@@ -579,7 +629,11 @@ def main() -> None:
     if not a.skip_download:
         download(specs + (fleetgen_specs(specs, host_has) if a.with_fleetgen else []), wheels_dir, a.python)
     shutil.rmtree(extra, ignore_errors=True)
-    wheels = sorted(wheels_dir.glob("*.whl"))
+    kept, dropped = one_per_project([w.name for w in wheels_dir.glob("*.whl")], a.python)
+    for name in dropped:
+        (wheels_dir / name).unlink()
+        print(f"dropped {name}: another wheel of its release fits the host better")
+    wheels = [wheels_dir / name for name in kept]
     for w in wheels:
         name = wheel_name(w).replace("-", "_")
         apart = APART.get(name, []) if a.fa3 else []

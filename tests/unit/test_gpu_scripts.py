@@ -2,7 +2,8 @@
 
 scripts/gpu_scenario.py reads the H200 run's own SGLang log, server info and export
 (bench/results/raw/gpu-sglang-0.5.15-h200/) and a vLLM 0.24.0 H200 log; scripts/airgap_prepare.py pads a
-tokenizer to Qwen3.6-27B's real vocabulary and slims wheels (RECORD must stay a valid CSV).
+tokenizer to Qwen3.6-27B's real vocabulary, slims wheels (RECORD must stay a valid CSV)
+and keeps one wheel per project.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from packaging.utils import parse_wheel_filename
 
 ROOT = Path(__file__).resolve().parents[2]
 RAW = ROOT / "bench" / "results" / "raw" / "gpu-sglang-0.5.15-h200"
@@ -240,3 +244,67 @@ def test_the_0_5_13_set_fetches_exactly_the_versions_sglang_0_5_13_pins() -> Non
     } == base - {"zstandard"}
     with pytest.raises(AssertionError, match="not in the base set"):
         prep.repin(prep.SETS[("sglang", "0.5.15")], ["no-such-package==1.0"])
+
+
+# One project's names as wheel files spell them, its release spelled three ways (PEP 440: one version), build
+# tags, and tag sets pip may fetch for CPython 3.12 on x86-64 Linux (compressed sets, abi3, legacy aliases).
+SPELLINGS = ["apache_tvm_ffi", "Apache_TVM_FFI", "apache.tvm_ffi", "six", "SIX", "torch_c_dlpack_ext"]
+RELEASES = ["0.1.9", "0.1.9.0", "00.1.9"]
+FITTING = [
+    "cp312-abi3-manylinux2014_x86_64.manylinux_2_17_x86_64",
+    "cp312-abi3-manylinux_2_24_x86_64.manylinux_2_28_x86_64",
+    "cp312-cp312-manylinux_2_34_x86_64",
+    "cp312-cp312-manylinux_2_27_x86_64.manylinux_2_28_x86_64",
+    "cp39-abi3-manylinux1_x86_64",
+    "py3-none-any",
+    "py2.py3-none-any",
+]
+TVM_GPU_DAY = [  # both in the SGLang 0.5.13 bundle on the H200; pip refused to install the pair
+    "apache_tvm_ffi-0.1.9-cp312-abi3-manylinux2014_x86_64.manylinux_2_17_x86_64.whl",
+    "apache_tvm_ffi-0.1.9-cp312-abi3-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl",
+]
+
+
+def _fit(file: str) -> int:
+    """The best (lowest) place of a wheel's tags in the host's tags; ValueError when none installs there."""
+    order = prep.target_tags("3.12")
+    return min(order.index(tag) for tag in parse_wheel_filename(file)[3] if tag in order)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(SPELLINGS),
+            st.sampled_from(RELEASES),
+            st.sampled_from(["", "-1", "-2b"]),
+            st.sampled_from(FITTING),
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_a_bundle_keeps_exactly_one_installable_wheel_per_project_the_best_fitting(
+    wheels: list[tuple[str, str, str, str]],
+) -> None:
+    files = sorted({f"{name}-{release}{build}-{tags}.whl" for name, release, build, tags in wheels})
+    kept, dropped = prep.one_per_project(files, "3.12")
+    assert sorted(kept + dropped) == files
+    project = {f: parse_wheel_filename(f)[0] for f in files}
+    assert len({project[f] for f in kept}) == len(kept) and {project[f] for f in kept} == set(
+        project.values()
+    )
+    best = {project[f]: _fit(f) for f in kept}  # _fit raises for a wheel that does not install on the host
+    assert all(best[project[f]] <= _fit(f) for f in dropped)
+
+
+def test_the_gpu_day_pair_keeps_the_newest_manylinux_and_two_versions_or_a_foreign_wheel_stop_prepare() -> (
+    None
+):
+    assert prep.one_per_project(TVM_GPU_DAY, "3.12") == (TVM_GPU_DAY[1:], TVM_GPU_DAY[:1])
+    newer = "apache_tvm_ffi-0.1.10-py3-none-any.whl"
+    with pytest.raises(SystemExit, match="two versions of apache-tvm-ffi") as stopped:
+        prep.one_per_project([*TVM_GPU_DAY, newer], "3.12")
+    assert newer in str(stopped.value) and "0.1.9-cp312" in str(stopped.value)
+    for foreign in ("six-1.0-cp311-cp311-manylinux_2_17_x86_64.whl", "six-1.0-py3-none-win_amd64.whl"):
+        with pytest.raises(SystemExit, match=f"{re.escape(foreign)} does not install on the host"):
+            prep.one_per_project([foreign], "3.12")
