@@ -47,10 +47,8 @@ def kv_bytes_per_token(shape: ModelShape, tp: int, kv_dtype_bytes: int, *, draft
     heads = max(1, shape.num_kv_heads // tp)
     num_layers = len(shape.full_attention_layer_ids)
     cell = heads * (shape.head_dim + shape.v_head_dim) * num_layers * kv_dtype_bytes
-    if draft_layers and num_layers:
-        cell += int(
-            cell * draft_layers / num_layers
-        )  # `DefaultPoolConfigurator`: EAGLE/MTP draft KV in the cell
+    if draft_layers and num_layers:  # `DefaultPoolConfigurator`: EAGLE/MTP draft KV in the cell
+        cell += int(cell * draft_layers / num_layers)
     return cell
 
 
@@ -172,12 +170,11 @@ def max_running(tokens: int, context: int, s: SGLangSettings, rules: RuleSet, sl
     return max(n, 0)
 
 
-def size_sglang(
-    shape: ModelShape, s: SGLangSettings, rules: RuleSet, *, tp: int, free_bytes: int, total_bytes: int
-) -> tuple[Memory, list[Issue]]:
+def size_sglang(ask: Ask, s: SGLangSettings) -> tuple[Memory, list[Issue]]:
     """The whole per-GPU plan of one SGLang instance, and the memory errors the engine would raise."""
+    shape, rules, tp, total_bytes = ask.shape, ask.rules, ask.tp, ask.total_bytes
     mfs = s.mem_fraction_static or default_mem_fraction(total_bytes, tp, s, rules, shape)
-    free = max(free_bytes - CUDA_CONTEXT_BYTES, 0)
+    free = max(ask.free_bytes - CUDA_CONTEXT_BYTES, 0)
     draft_w, weights, rest = _rest(shape, s, rules, tp, free * mfs)
     p = state_bytes_per_request(shape, tp, s.ssm_dtype)
     pool = _mamba_pool(rest, p, s, rules) if shape.is_hybrid else _Pool(0, 0, rest)
@@ -243,6 +240,8 @@ def _padding(rules: RuleSet) -> int:
 
 def _unchecked(text: str, rules: RuleSet) -> str:
     """Before 0.5.13 SGLang had no explicit Mamba-pool check: say what happens and what later releases say."""
+    if rules.mamba_oom_errors:
+        return text
     return (
         f"{rules.name} does not check this and fails later (tensor allocation or an empty scheduler); "
         f"releases from 0.5.13 say: {text}"
@@ -253,7 +252,7 @@ def memory_errors(m: Memory, shape: ModelShape, s: SGLangSettings, rules: RuleSe
     """What SGLang would raise at start for these numbers, in its own words."""
     if shape.is_hybrid and m.mamba_slots <= 0:
         text = MAMBA_TOO_SMALL.format(size=m.mamba_slots)
-        return [Issue("mamba-pool", text if rules.mamba_oom_errors else _unchecked(text, rules), MEMORY_FIX)]
+        return [Issue("mamba-pool", _unchecked(text, rules), MEMORY_FIX)]
     if m.rest_bytes <= 0 and rules.draft_weights_in_budget:
         return [Issue("weights", WEIGHTS_LEAVE_NOTHING.format(mfs=m.mem_fraction_static), MEMORY_FIX)]
     if m.kv_tokens <= 0:
@@ -263,7 +262,7 @@ def memory_errors(m: Memory, shape: ModelShape, s: SGLangSettings, rules: RuleSe
             f"Hybrid (mamba/linear-attention) state cache is too small to serve any requests. "
             f"max_mamba_cache_size={m.mamba_slots}, mamba_ratio={s.mamba_ratio}"
         )
-        return [Issue("mamba-pool", text if rules.mamba_oom_errors else _unchecked(text, rules), MEMORY_FIX)]
+        return [Issue("mamba-pool", _unchecked(text, rules), MEMORY_FIX)]
     return []
 
 
@@ -289,9 +288,7 @@ def size_instance(ask: Ask) -> Sizing:
     warnings."""
     rule_input = _rule_input(ask)
     s = rule_input.settings
-    memory, mem_errors = size_sglang(
-        ask.shape, s, ask.rules, tp=ask.tp, free_bytes=ask.free_bytes, total_bytes=ask.total_bytes
-    )
+    memory, mem_errors = size_sglang(ask, s)
     flags = check_sglang_flags(rule_input)
     warnings = list(flags.warnings)
     if memory.headroom_needed_bytes > memory.headroom_bytes:

@@ -21,16 +21,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fleetgen.engines import RuleSet
 from fleetgen.engines.vllm import VLLMEngine
 from fleetgen.modelcard import DTYPE_BYTES, ModelShape
 from fleetgen.plan.types import GIB, Ask, Fix, Issue, Memory, Planner, Sizing
 
 ACTIVATION_BYTES_PER_TOKEN = 512 * 1024  # forward-pass peak per batched token (estimate, not profiled here)
 GRAPH_BYTES = 1 * GIB  # CUDA-graph estimate (vLLM 0.24 logged 0.96 GiB, 1.30 GiB with MTP-3 on a 27B model)
-KERNEL_BLOCK_ALIGN = (
-    16  # FlashAttention's kernel block sizes are MultipleOf(16); cache block_size defaults to 16
-)
+# FlashAttention's kernel block sizes are MultipleOf(16); cache block_size defaults to 16
+KERNEL_BLOCK_ALIGN = 16
 # `EngineArgs._set_default_max_num_seqs_and_batched_tokens_args`: GPUs of >= 70 GiB (not A100) get 1024 / 8192
 BIG_GPU_BYTES = 70 * GIB
 DEFAULT_MAX_NUM_SEQS = {True: 1024, False: 256}
@@ -145,15 +143,15 @@ def profiled_peak_bytes(shape: ModelShape, args: Mapping[str, Any], *, is_big_gp
     return max(batched * ACTIVATION_BYTES_PER_TOKEN, sampler) + graphs
 
 
-def size_vllm(
-    shape: ModelShape, args: Mapping[str, Any], rules: RuleSet, *, tp: int, free_bytes: int, total_bytes: int
-) -> tuple[Memory, list[Issue]]:
-    """The per-GPU plan of one vLLM instance, and the start-up errors vLLM would raise."""
-    util = float(args.get("gpu-memory-utilization") or rules.default_gpu_memory_utilization)
-    requested = int(total_bytes * util)
+def size_instance(ask: Ask) -> Sizing:
+    """vLLM's verdict on one instance: its per-GPU memory arithmetic and the start-up errors vLLM would raise,
+    with the caveat that vLLM profiles what is estimated here."""
+    shape, args, tp = ask.shape, ask.args, ask.tp
+    util = float(args.get("gpu-memory-utilization") or ask.rules.default_gpu_memory_utilization)
+    requested = int(ask.total_bytes * util)
     num_spec = num_spec_tokens(args)
     weights = shape.weight_bytes // tp if num_spec else (shape.weight_bytes - shape.mtp_weight_bytes) // tp
-    is_big = total_bytes >= BIG_GPU_BYTES
+    is_big = ask.total_bytes >= BIG_GPU_BYTES
     peak = profiled_peak_bytes(shape, args, is_big_gpu=is_big)
     kv_pool = max(requested - weights - peak, 0)
     ctx = int(args.get("max-model-len") or shape.context_length)
@@ -163,46 +161,21 @@ def size_vllm(
     seqs = int(args.get("max-num-seqs") or DEFAULT_MAX_NUM_SEQS[is_big])
     cell = pool.page_bytes // pool.block_size * len(shape.full_attention_layer_ids) if pool.block_size else 0
     memory = Memory(
-        free_bytes=free_bytes,
+        free_bytes=ask.free_bytes,
         mem_fraction_static=util,
         budget_bytes=requested,
+        headroom_bytes=ask.total_bytes - requested,
+        headroom_needed_bytes=peak,
         weights_bytes=weights,
         rest_bytes=kv_pool,
-        kv_bytes_per_token=cell,
-        state_bytes_per_request=pool.mamba_groups * pool.group_size * pool.page_bytes * (1 + num_spec),
         kv_pool_bytes=num_blocks * pool.bytes_per_block,
+        kv_bytes_per_token=cell,
         kv_tokens=int(concurrency * ctx),
-        spec_scratch_bytes=0,
+        state_bytes_per_request=pool.mamba_groups * pool.group_size * pool.page_bytes * (1 + num_spec),
         max_running_requests=min(seqs, int(concurrency)),
-        headroom_bytes=total_bytes - requested,
-        headroom_needed_bytes=peak,
         context_length=ctx,
     )
-    return memory, _errors(memory, free_bytes, total_bytes, pool.blocks_per_request * pool.bytes_per_block)
-
-
-def _errors(m: Memory, free_bytes: int, total_bytes: int, per_request: int) -> list[Issue]:
-    """vLLM's start-up refusals in its words: free memory short of the request, or no room for one."""
-    requested = m.budget_bytes
-    if free_bytes < requested:
-        text = FREE_LESS_THAN_UTIL.format(
-            free=free_bytes / GIB, total=total_bytes / GIB, util=m.mem_fraction_static, req=requested / GIB
-        )
-        return [Issue("gpu-memory-utilization", text, "lower gpu-memory-utilization or free the GPU")]
-    if m.rest_bytes < per_request:
-        text = ONE_REQUEST.format(ctx=m.context_length, need=per_request / GIB, avail=m.rest_bytes / GIB)
-        return [Issue("kv-cache", text, "raise gpu-memory-utilization, lower max-model-len or use tp = 2")]
-    return []
-
-
-# --- the vLLM planner ---------------------------------------------------------------------------------
-
-
-def size_instance(ask: Ask) -> Sizing:
-    """vLLM's verdict: its memory arithmetic, with the caveat that vLLM profiles what is estimated here."""
-    memory, errors = size_vllm(
-        ask.shape, ask.args, ask.rules, tp=ask.tp, free_bytes=ask.free_bytes, total_bytes=ask.total_bytes
-    )
+    errors = _errors(memory, ask.total_bytes, pool.blocks_per_request * pool.bytes_per_block)
     warnings = (
         Issue(
             "estimate",
@@ -210,7 +183,21 @@ def size_instance(ask: Ask) -> Sizing:
             "start (log: 'Available KV cache memory')",
         ),
     )
-    return Sizing(memory, tuple(errors), warnings, {"gpu_memory_utilization": memory.mem_fraction_static})
+    return Sizing(memory, tuple(errors), warnings, {"gpu_memory_utilization": util})
+
+
+def _errors(m: Memory, total_bytes: int, per_request: int) -> list[Issue]:
+    """vLLM's start-up refusals in its words: free memory short of the request, or no room for one."""
+    requested = m.budget_bytes
+    if m.free_bytes < requested:
+        text = FREE_LESS_THAN_UTIL.format(
+            free=m.free_bytes / GIB, total=total_bytes / GIB, util=m.mem_fraction_static, req=requested / GIB
+        )
+        return [Issue("gpu-memory-utilization", text, "lower gpu-memory-utilization or free the GPU")]
+    if m.rest_bytes < per_request:
+        text = ONE_REQUEST.format(ctx=m.context_length, need=per_request / GIB, avail=m.rest_bytes / GIB)
+        return [Issue("kv-cache", text, "raise gpu-memory-utilization, lower max-model-len or use tp = 2")]
+    return []
 
 
 def variants(ask: Ask) -> list[Fix]:
