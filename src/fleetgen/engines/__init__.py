@@ -14,7 +14,6 @@ from fleetgen.config import EngineConfig, register_engine_kind
 from fleetgen.engines.base import (
     Engine,
     FatalSignature,
-    FlagRename,
     MetricNames,
     ParserVerdict,
     RuleSet,
@@ -65,7 +64,6 @@ __all__ = [
     "ENGINES",
     "Engine",
     "FatalSignature",
-    "FlagRename",
     "MetricNames",
     "ParserVerdict",
     "RuleSet",

@@ -232,7 +232,7 @@ class Engine:
 
     def build_env(self, cfg: EngineConfig, inst: Instance) -> dict[str, str]:
         """`engine.env` plus CUDA_VISIBLE_DEVICES for the instance's GPUs."""
-        return {**cfg.env, "CUDA_VISIBLE_DEVICES": cuda_visible_devices(inst)}
+        return {**cfg.env, "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in inst.gpus)}
 
     def rejection_signatures_for(self, rules: RuleSet) -> tuple[FatalSignature, ...]:
         """Its refusals of an argv at start (what plan's rules predict), in its words, each with the fix for
@@ -383,7 +383,3 @@ def _scalar(value: ArgValue) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
-
-
-def cuda_visible_devices(inst: Instance) -> str:
-    return ",".join(str(g) for g in inst.gpus)

@@ -18,14 +18,9 @@ from fleetgen.engines.base import (
 )
 
 # vLLM main moved the default utilization to 0.92 (`vllm/config/cache.py`); releases before that use 0.9.
-V0_1X = RuleSet(
-    name="vllm-0.x",
-    engine="vllm",
-    min_version=Version("0.6"),
-    max_version=Version("0.99"),
-    default_gpu_memory_utilization=0.9,
+RULE_SETS = (
+    RuleSet("vllm-0.x", "vllm", Version("0.6"), Version("0.99"), default_gpu_memory_utilization=0.9),
 )
-RULE_SETS = (V0_1X,)
 
 FATAL_SIGNATURES = (
     FatalSignature(

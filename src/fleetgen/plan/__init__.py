@@ -14,18 +14,16 @@ from fleetgen.plan.fleet import (
     plan_fleet,
 )
 from fleetgen.plan.instance import API_KEY_CONFIG, Launch, decide_launch
-from fleetgen.plan.types import Fix, FleetPlan, GpuFacts, HostFacts, InstancePlan, Issue, Memory
+from fleetgen.plan.types import FleetPlan, GpuFacts, HostFacts, InstancePlan, Issue
 
 __all__ = [
     "API_KEY_CONFIG",
-    "Fix",
     "FleetPlan",
     "GpuFacts",
     "HostFacts",
     "InstancePlan",
     "Issue",
     "Launch",
-    "Memory",
     "cross_instance_errors",
     "decide_launch",
     "engine_rejections",

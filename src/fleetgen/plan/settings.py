@@ -23,8 +23,6 @@ class SGLangSettings:
 
     mem_fraction_static: float | None
     is_spec: bool
-    spec_steps: int
-    spec_topk: int
     draft_tokens: int
     strategy: str
     strategy_given: str
@@ -78,15 +76,15 @@ def _float(args: Mapping[str, Any], key: str) -> float | None:
     return None if value is None or isinstance(value, bool) else float(value)
 
 
-def _spec(args: Mapping[str, Any]) -> tuple[bool, int, int, int]:
-    """(is_spec, steps, topk, draft tokens) with SGLang's defaults; topk 1 forces draft = steps + 1."""
+def _spec(args: Mapping[str, Any]) -> tuple[bool, int]:
+    """(is_spec, draft tokens) with SGLang's defaults; topk 1 forces draft = steps + 1."""
     algo = str(args.get("speculative-algorithm") or "")
     steps = _int(args, "speculative-num-steps") or SPEC_DEFAULT_STEPS
     topk = _int(args, "speculative-eagle-topk") or SPEC_DEFAULT_TOPK
     draft = _int(args, "speculative-num-draft-tokens") or SPEC_DEFAULT_DRAFT
     if topk == 1:
         draft = steps + 1  # SGLang overwrites it (with a warning) when topk == 1
-    return bool(algo) and algo.lower() != "none", steps, topk, draft
+    return bool(algo) and algo.lower() != "none", draft
 
 
 @dataclass(frozen=True)
@@ -132,14 +130,12 @@ def resolve_settings(
     args: Mapping[str, Any], env: Mapping[str, str], rules: RuleSet, shape: ModelShape
 ) -> SGLangSettings:
     """Resolve `engine.args` (already translated to `rules`' flag names) the way that release does."""
-    is_spec, steps, topk, draft = _spec(args)
+    is_spec, draft = _spec(args)
     st = _strategy(args, env, rules, shape, is_spec)
     kv_dtype = str(args.get("kv-cache-dtype") or "auto")
     return SGLangSettings(
         mem_fraction_static=_float(args, "mem-fraction-static"),
         is_spec=is_spec,
-        spec_steps=steps,
-        spec_topk=topk,
         draft_tokens=draft if is_spec else 0,
         strategy=st.strategy,
         strategy_given=st.given,
