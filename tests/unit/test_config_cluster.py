@@ -51,7 +51,7 @@ def test_servers_are_gpus_over_tp_each_on_its_own_port(tmp_path: Path, tp: int, 
     instances = fleet.instances()
     assert [i.name for i in instances] == [f"slurm-{k}" for k in range(gpus // tp)]
     assert [i.port for i in instances] == [31000 + k for k in range(gpus // tp)]
-    assert all(len(i.gpus) == tp for i in instances) and fleet.is_slurm
+    assert all(len(i.gpus) == tp for i in instances) and fleet.cluster is not None
     assert [h.name for h in fleet.hosts] == ["slurm"] and fleet.hosts[0].is_local  # the submit host
 
 
@@ -121,4 +121,4 @@ def test_ssh_hosts_stay_the_default_placement(tmp_path: Path) -> None:
     path = tmp_path / "hosts.toml"
     path.write_text(ENGINE.format(tp=1) + '\n[[hosts]]\nname = "a"\ngpus = [0, 1]\n')
     fleet = load_fleet(path)
-    assert not fleet.is_slurm and [i.name for i in fleet.instances()] == ["a-0", "a-1"]
+    assert fleet.cluster is None and [i.name for i in fleet.instances()] == ["a-0", "a-1"]

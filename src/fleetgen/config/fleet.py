@@ -62,21 +62,9 @@ class FleetFile(Strict):
             return {**data, "hosts": [cluster.submit_host()]}
         return data
 
-    @property
-    def is_slurm(self) -> bool:
-        return self.cluster is not None
-
-    @model_validator(mode="after")
-    def _unique_hosts(self) -> FleetFile:
-        names = [h.name for h in self.hosts]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise ValueError(f"host names repeat: {', '.join(dupes)}; every [[hosts]] needs its own name")
-        return self
-
     @model_validator(mode="after")
     def _layout(self) -> FleetFile:
-        """GPU lists `tp` divides, and no host named like another host's instance (`gpu` + `gpu-1`)."""
+        """Host names once each, GPU lists `tp` divides, no host named like another's instance (`gpu-1`)."""
         problems = layout_problems(self)
         if problems:
             raise ValidationError.from_exception_data(
@@ -111,17 +99,10 @@ class FleetFile(Strict):
             gpus = list(range(tp))
         else:
             gpus = list(gpu_indices)
-            why = _gpu_count_problem(gpus, tp, f'gpus = "all" found {_gpu_list(gpus)} on {host.name}')
+            why, fix = _gpu_count_problem(gpus, tp, f'gpus = "all" found {_gpu_list(gpus)} on {host.name}')
             if why:
                 where = self.where(source, ("hosts", self.hosts.index(host), "gpus"))
-                usable = gpus[: len(gpus) // tp * tp]
-                example = f"gpus = {_gpu_list(usable)}" if usable else "another host"
-                raise ConfigError(
-                    f"{where}: {why}",
-                    fix=f"list the GPUs to use in host {host.name}'s entry, a multiple of {tp} ({example}), "
-                    "or change engine.tp",
-                    context={"host": host.name},
-                )
+                raise ConfigError(f"{where}: {why}", fix=fix, context={"host": host.name})
         base = host.base_port if host.base_port is not None else self.engine.base_port
         return [
             Instance(
@@ -245,20 +226,19 @@ class Selection:
 
 def layout_problems(fleet: FleetFile) -> list[tuple[tuple[int | str, ...], str]]:
     """(field location, why + fix) for GPU lists `tp` does not divide and names two things could share."""
-    problems: list[tuple[tuple[int | str, ...], str]] = []
     tp = fleet.engine.tp
     if fleet.cluster is not None:
         return cluster_problems(fleet.cluster, tp)
+    names = [h.name for h in fleet.hosts]
+    problems: list[tuple[tuple[int | str, ...], str]] = [
+        (("hosts", j, "name"), f"host names repeat: {name}; every [[hosts]] needs its own name")
+        for j, name in enumerate(names)
+        if names.index(name) != j
+    ]
     for i, host in enumerate(fleet.hosts):
         if host.gpus != "all":
-            why = _gpu_count_problem(list(host.gpus), tp, f"gpus = {_gpu_list(host.gpus)}")
+            why, fix = _gpu_count_problem(host.gpus, tp, f"gpus = {_gpu_list(host.gpus)}")
             if why:
-                k = len(host.gpus) // tp * tp
-                fix = (
-                    f"list a multiple of {tp} GPUs (gpus = {_gpu_list(host.gpus[:k])}) or change engine.tp"
-                    if k
-                    else f"list at least {tp} GPUs for this host or remove it (engine.tp is for every host)"
-                )
                 problems.append((("hosts", i, "gpus"), f"{why}; {fix}"))
     for j, other in enumerate(fleet.hosts):
         for host in fleet.hosts:
@@ -288,16 +268,20 @@ def _name_clash(fleet: FleetFile, host: HostEntry, name: str) -> str:
     return ""
 
 
-def _gpu_count_problem(gpus: Sequence[int], tp: int, what: str) -> str:
+def _gpu_count_problem(gpus: Sequence[int], tp: int, what: str) -> tuple[str, str]:
+    """Why `tp` leaves some of `gpus` unused (or there are none), and the fix; empty when it does not."""
     if not gpus:
-        return f"{what}: no GPU, so no instance"
-    unused = gpus[len(gpus) // tp * tp :]
+        return f"{what}: no GPU, so no instance", "list the GPUs to use, or remove this host"
+    usable, unused = gpus[: len(gpus) // tp * tp], gpus[len(gpus) // tp * tp :]
     if not unused:
-        return ""
-    return (
+        return "", ""
+    why = (
         f"{what} with engine.tp = {tp} leaves GPU {', '.join(map(str, unused))} unused "
         f"({len(gpus) // tp} instance(s) of {tp} GPUs)"
     )
+    if usable:
+        return why, f"list a multiple of {tp} GPUs (gpus = {_gpu_list(usable)}) or change engine.tp"
+    return why, f"list at least {tp} GPUs for this host or remove it (engine.tp is for every host)"
 
 
 def _gpu_list(gpus: Sequence[int]) -> str:
