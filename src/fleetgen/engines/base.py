@@ -12,6 +12,7 @@ import re
 import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
@@ -48,6 +49,14 @@ class MetricNames:
     capacity_labels: tuple[tuple[str, str], ...] = ()
     # a counter that moves on every speculative verify step (proof that speculation runs)
     spec_steps_total: str = ""
+
+    @classmethod
+    def of(cls, engine: str, **names: Any) -> MetricNames:
+        """`names`, and the token counters every engine exports (`<engine>:generation_tokens_total`, …)."""
+        totals: dict[str, Any] = {
+            f"{k}_tokens_total": f"{engine}:{k}_tokens_total" for k in ("generation", "prompt")
+        }
+        return cls(**names, **totals)
 
 
 @dataclass(frozen=True)

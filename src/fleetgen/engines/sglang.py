@@ -203,12 +203,11 @@ class SGLangEngine(Engine):
     info_paths: tuple[str, ...] = ("/server_info", "/get_server_info")
     view_checks: tuple[ViewCheck, ...] = VIEW_CHECKS
     view_aliases: tuple[tuple[str, str], ...] = (("NEXTN", "EAGLE"),)  # NEXTN is reported as EAGLE
-    metrics = MetricNames(
+    metrics = MetricNames.of(
+        name,
         running="sglang:num_running_reqs",
         queued="sglang:num_queue_reqs",
         gen_throughput="sglang:gen_throughput",
-        generation_tokens_total="sglang:generation_tokens_total",
-        prompt_tokens_total="sglang:prompt_tokens_total",
         spec_accept_length="sglang:spec_accept_length",
         kv_usage="sglang:token_usage",
         spec_steps_total="sglang:spec_verify_calls_total",

@@ -14,30 +14,11 @@ from typing import Any
 
 from fleetgen.engines.base import FlagRename, RuleSet, release
 
-# Every release whose source was read, oldest first. A release not listed gets the nearest (warned).
-RELEASES: tuple[str, ...] = (
-    "0.5.7",
-    "0.5.8",
-    "0.5.8.post1",
-    "0.5.9",
-    "0.5.10",
-    "0.5.10.post1",
-    "0.5.11",
-    "0.5.12",
-    "0.5.12.post1",
-    "0.5.13",
-    "0.5.13.post1",
-    "0.5.14",
-    "0.5.15",
-    "0.5.15.post1",
-    "0.5.16",
-    "0.5.17",
-    "0.5.18",
-    "0.5.19",
-    "0.5.20",
-    "0.5.21",
-    "0.5.22",
-    "0.5.23",
+# Every release whose source was read, oldest first: 0.5.7 … 0.5.23, and the .post1 of five of them. A release
+# not listed gets the nearest (warned).
+_WITH_POST1 = (8, 10, 12, 13, 15)
+RELEASES: tuple[str, ...] = tuple(
+    v for n in range(7, 24) for v in (f"0.5.{n}", f"0.5.{n}.post1")[: 2 if n in _WITH_POST1 else 1]
 )
 
 QWEN3_5_ARCHS = frozenset({"Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"})

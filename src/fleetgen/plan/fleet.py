@@ -141,9 +141,7 @@ def api_key_way(fleet: FleetFile, engine: Engine) -> tuple[list[Issue], list[Iss
     shows every user of the host. An env var (vLLM), else a 0600 config file (SGLang's `--config`, which
     then cannot also be the user's); an engine with neither is warned about."""
     cfg = fleet.engine
-    if not cfg.is_public:
-        return [], []
-    if engine.api_key_env_var:
+    if not cfg.is_public or engine.api_key_env_var:
         return [], []
     flag = engine.api_key_config_flag
     if flag is None:

@@ -164,10 +164,6 @@ class Sizing:
         return not self.errors
 
 
-def no_rejections(_ask: Ask) -> tuple[Issue, ...]:
-    return ()
-
-
 @dataclass(frozen=True)
 class Planner:
     """One engine's plan arithmetic, registered by engine name in `fleetgen.plan.planners`."""
@@ -180,4 +176,4 @@ class Planner:
     concurrency: Callable[[Ask, Sizing, int], dict[str, Any]]
     # the engine's own refusals of these flags at start (its rules, certain; no memory estimate), which
     # `size` reports among its errors; `up` refuses to launch on them. They read no GPU figure.
-    rejections: Callable[[Ask], tuple[Issue, ...]] = no_rejections
+    rejections: Callable[[Ask], tuple[Issue, ...]] = lambda _ask: ()
