@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -71,12 +71,12 @@ class ModelShape:
 Reader = Callable[[Mapping[str, Any], Mapping[str, Any], "_Found"], dict[str, Any]]
 
 
+@dataclass
 class _Found:
     """Collects missing fields so the error names all of them at once."""
 
-    def __init__(self, arch: str) -> None:
-        self.arch = arch
-        self.missing: list[str] = []
+    arch: str
+    missing: list[str] = field(default_factory=list)
 
     def get(self, cfg: Mapping[str, Any], key: str, default: Any = None, *, required: bool = True) -> Any:
         if key in cfg and cfg[key] is not None:

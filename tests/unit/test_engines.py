@@ -47,9 +47,7 @@ def test_sglang_argv_and_env() -> None:
     )
     inst = fleet.instances()[1]
     engine = get_engine("sglang")
-    argv = engine.build_argv(
-        fleet.engine, inst, model_path="/models/q", host_bind="127.0.0.1", rules=rules_for("0.5.23")
-    )
+    argv = engine.build_argv(fleet.engine, inst, rules_for("0.5.23"))
     assert argv[:2] == ["--mem-fraction-static", "0.9"]
     assert "--disable-radix-cache" not in argv
     joined = " ".join(argv)
@@ -62,8 +60,8 @@ def test_vllm_argv_has_positional_model_and_keeps_the_public_key_off_the_argv() 
     fleet = _fleet("vllm", bind="0.0.0.0", api_key_env="MY_KEY", args={"max-model-len": 4096})
     inst = fleet.instances()[0]
     engine = get_engine("vllm")
-    argv = engine.build_argv(fleet.engine, inst, model_path="/m", host_bind="0.0.0.0")
-    assert argv[0] == "/m"
+    argv = engine.build_argv(fleet.engine, inst)
+    assert argv[0] == "/models/q"
     assert "--api-key" not in argv and not any("MY_KEY" in a for a in argv)  # `ps` shows every argv
     assert engine.api_key_env_var == "VLLM_API_KEY"  # the launch script exports the key under this name
     assert "--tensor-parallel-size" in argv

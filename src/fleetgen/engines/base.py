@@ -214,23 +214,15 @@ class Engine:
     tp_flag: str
     parser_body: str  # its own parser, run inside `parser_check_script` (reads `argv`, fills `out`)
 
-    def build_argv(
-        self,
-        cfg: EngineConfig,
-        inst: Instance,
-        *,
-        model_path: str,
-        host_bind: str,
-        rules: RuleSet | None = None,
-    ) -> list[str]:
+    def build_argv(self, cfg: EngineConfig, inst: Instance, rules: RuleSet | None = None) -> list[str]:
         """The engine's arguments (after python + launcher): `engine.args` (renamed flags translated for
         `rules`' era), then model, TP, bind, port, served name and the engine's `extra_argv`."""
         args = translate_args(cfg.args, rules).args
-        argv = [model_path] if self.model_flag is None else []
+        argv = [cfg.model] if self.model_flag is None else []
         argv += format_args(args)
         if self.model_flag is not None:
-            argv += [self.model_flag, model_path]
-        argv += [self.tp_flag, str(cfg.tp), "--host", host_bind, "--port", str(inst.port)]
+            argv += [self.model_flag, cfg.model]
+        argv += [self.tp_flag, str(cfg.tp), "--host", cfg.bind, "--port", str(inst.port)]
         if cfg.served_model_name:
             argv += ["--served-model-name", cfg.served_model_name]
         return argv + self.extra_argv(args)  # a public bind's key never goes on the argv (deploy.wanted)

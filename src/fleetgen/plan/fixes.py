@@ -7,6 +7,7 @@ Cost: 0 a flag the rule demands, 1 a pool size, 2 lower state precision, 3 short
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import replace
 from typing import Any
 
@@ -64,17 +65,13 @@ def _try(engine: str, ask: Ask, probe: Sizing, n: int) -> tuple[dict[str, Any], 
 def _best(engine: str, ask: Ask) -> tuple[int, dict[str, Any], Sizing | None]:
     """The most running requests reachable by sizing the pools explicitly (usable is monotone in n)."""
     probe = size(engine, ask)
-    lo, hi = 0, MAX_SCAN + 1  # usable(lo) holds (0 trivially), usable(hi) fails
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if _is_usable(_try(engine, ask, probe, mid)[1], mid):
-            lo = mid
-        else:
-            hi = mid
-    if lo == 0:
+    most = bisect_left(
+        range(1, MAX_SCAN + 1), True, key=lambda n: not _is_usable(_try(engine, ask, probe, n)[1], n)
+    )
+    if most == 0:
         return 0, {}, None
-    extra, sized = _try(engine, ask, probe, lo)
-    return lo, extra, sized
+    extra, sized = _try(engine, ask, probe, most)
+    return most, extra, sized
 
 
 def _yield(n: int, sized: Sizing) -> str:

@@ -108,7 +108,7 @@ def decide_launch(cfg: EngineConfig, inst: Instance, facts: HostFacts, version: 
     engine = get_engine(cfg.kind)
     chosen = facts.engine_version or version or cfg.version
     rules, warning = select_rule_set(engine.rule_sets, chosen)
-    args = engine.build_argv(cfg, inst, model_path=cfg.model, host_bind=cfg.bind, rules=rules)
+    args = engine.build_argv(cfg, inst, rules)
     if cfg.is_public and cfg.api_key_env and not engine.api_key_env_var and engine.api_key_config_flag:
         args = [*args, engine.api_key_config_flag, API_KEY_CONFIG]
     argv = (cfg.python, *launcher_of(cfg), *args)
