@@ -15,7 +15,7 @@ from fleetgen.engines import Engine, get_engine
 from fleetgen.engines.sglang import HICACHE_HOST_MEMORY
 from fleetgen.modelcard import ModelShape
 from fleetgen.plan.fixes import ranked_fixes, solve_target
-from fleetgen.plan.instance import Launch, decide_launch, gpu_of, size
+from fleetgen.plan.instance import Launch, decide_launch, size
 from fleetgen.plan.planners import planner_of
 from fleetgen.plan.sglang import HICACHE_RESERVE_BYTES
 from fleetgen.plan.types import GIB, Ask, FleetPlan, GpuFacts, HostFacts, InstancePlan, Issue, Memory
@@ -61,11 +61,9 @@ def plan_instance(
         launch.argv,
         launch.env,
     )
-    if facts.gpus is None:
-        return replace(base, errors=(_unknown_gpu(inst.host),))
-    gpu, missing = gpu_of(inst, {g.index: g for g in facts.gpus})
-    if gpu is None:
-        return replace(base, errors=tuple(missing))
+    gpu = _binding_gpu(inst, facts)
+    if isinstance(gpu, Issue):
+        return replace(base, errors=(gpu,))
     ask = Ask(dict(cfg.args), dict(cfg.env), cfg.tp, gpu.free_bytes, gpu.total_bytes, launch.rules, shape)
     sized = size(cfg.kind, ask)
     warnings = [*sized.warnings, *(Issue("model", note) for note in shape.notes), *_facts_warning(gpu, inst)]
@@ -98,12 +96,21 @@ def _facts_warning(gpu: GpuFacts, inst: Instance) -> list[Issue]:
     ]
 
 
-def _unknown_gpu(host: str) -> Issue:
-    return Issue(
-        "gpu-unknown",
-        f"no GPU memory known for host {host}",
-        "set gpu_memory_gib (and gpu_free_gib) in its [[hosts]] entry, or plan without --offline",
-    )
+def _binding_gpu(inst: Instance, facts: HostFacts) -> GpuFacts | Issue:
+    """The GPU that binds an instance (least free memory over its TP group), or why none is known."""
+    if facts.gpus is None:
+        fix = "set gpu_memory_gib (and gpu_free_gib) in its [[hosts]] entry, or plan without --offline"
+        return Issue("gpu-unknown", f"no GPU memory known for host {inst.host}", fix)
+    gpus = {g.index: g for g in facts.gpus}
+    missing = [g for g in inst.gpus if g not in gpus]
+    if missing:
+        have = ", ".join(str(i) for i in sorted(gpus)) or "none"
+        return Issue(
+            "gpu-absent",
+            f"{inst.name}: GPU {', '.join(map(str, missing))} is not on host {inst.host} (it has: {have})",
+            "list only GPUs the host has in hosts[].gpus",
+        )
+    return min((gpus[g] for g in inst.gpus), key=lambda g: g.free_bytes)
 
 
 def _facts_of(facts: Mapping[str, HostFacts], host: str) -> HostFacts:

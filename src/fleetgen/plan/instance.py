@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from fleetgen.config import EngineConfig, Instance
 from fleetgen.engines import RuleSet, get_engine, launcher_of, select_rule_set
 from fleetgen.plan.planners import planner_of
-from fleetgen.plan.types import GIB, Ask, GpuFacts, HostFacts, Issue, Sizing
+from fleetgen.plan.types import GIB, Ask, HostFacts, Issue, Sizing
 
 # The 0600 config file a public bind's key reaches an engine through when it reads no key env var (SGLang's
 # `--config`). Relative: `up` starts every engine in its own instance folder, where it pushes this file, so
@@ -65,22 +65,6 @@ def _weights_first(sized: Sizing, ask: Ask) -> Sizing:
     empty = replace(m, **dict.fromkeys(POOLS.split(), 0))
     others = tuple(e for e in sized.errors if e.rule not in CONSEQUENCES)
     return replace(sized, memory=empty, errors=(issue, *others))
-
-
-def gpu_of(inst: Instance, gpus: Mapping[int, GpuFacts]) -> tuple[GpuFacts | None, list[Issue]]:
-    """The binding GPU of an instance (least free memory over its TP group), or the indices missing."""
-    missing = [g for g in inst.gpus if g not in gpus]
-    if missing:
-        have = ", ".join(str(i) for i in sorted(gpus)) or "none"
-        return None, [
-            Issue(
-                "gpu-absent",
-                f"{inst.name}: GPU {', '.join(map(str, missing))} is not on host "
-                f"{inst.host} (it has: {have})",
-                "list only GPUs the host has in hosts[].gpus",
-            )
-        ]
-    return min((gpus[g] for g in inst.gpus), key=lambda g: g.free_bytes), []
 
 
 @dataclass(frozen=True)
