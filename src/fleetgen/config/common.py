@@ -74,18 +74,15 @@ def locate(text: str, loc: tuple[int | str, ...]) -> int | None:
         headers = [i for i, r in enumerate(rows) if re.match(rf"^\s*\[\[?\s*{re.escape(name)}\s*\]\]?", r)]
         if headers:
             table = name
-            pick = headers[index] if index is not None and index < len(headers) else headers[0]
-            start = pick
-            nxt = [i for i, r in enumerate(rows) if i > pick and re.match(r"^\s*\[", r)]
+            start = headers[index] if index is not None and index < len(headers) else headers[0]
+            nxt = [i for i, r in enumerate(rows) if i > start and re.match(r"^\s*\[", r)]
             end = nxt[0] if nxt else len(rows)
             keys = keys[1:]
             if not keys:
-                return pick + 1
+                return start + 1
     for key in reversed(keys):
         for i in range(start, end):
-            if re.match(rf'^\s*"?{re.escape(key)}"?\s*=', rows[i]) or re.search(
-                rf'[{{,]\s*"?{re.escape(key)}"?\s*=', rows[i]
-            ):
+            if re.search(rf'(^|[{{,])\s*"?{re.escape(key)}"?\s*=', rows[i]):  # `key =`, or inline `{ key =`
                 return i + 1
     if table and keys:  # a field written as its own sub-table: `[engine.args]`
         header = rf"^\s*\[\s*{re.escape(table)}\.{re.escape(keys[0])}\s*\]"

@@ -81,41 +81,6 @@ def extra_buffer_no_radix_fix(rules: RuleSet) -> str:
 NO_BUFFER_PAGE_FIX = "remove page-size or use extra_buffer"
 
 
-def rejection_signatures(rules: RuleSet) -> tuple[FatalSignature, ...]:
-    """SGLang's refusals of its arguments at start (what `plan.rules` predicts), as its log and its own parser
-    say them, with the fix for `rules`' release."""
-    return (
-        FatalSignature(
-            r"Speculative decoding for \S+ is not compatible with radix cache",
-            "speculative decoding with radix cache needs the extra_buffer Mamba strategy",
-            extra_buffer_fix(rules),
-        ),
-        FatalSignature(
-            r"mamba extra_buffer is not compatible with --disable-radix-cache",
-            "extra_buffer needs the radix cache",
-            extra_buffer_no_radix_fix(rules),
-        ),
-        FatalSignature(
-            r"enable-hierarchical-cache and disable-radix-cache are mutually exclusive",
-            "hierarchical cache needs the radix cache",
-            "remove one of the two flags",
-        ),
-        FatalSignature(
-            r"mamba_track_interval \d+ must be greater than or equal to speculative_num_draft_tokens",
-            "the Mamba track interval is shorter than the draft",
-            "raise mamba-track-interval",
-        ),
-        FatalSignature(
-            re.escape(NO_BUFFER_OVERLAP),
-            "the no_buffer Mamba strategy runs without the overlap scheduler",
-            no_buffer_overlap_fix(rules),
-        ),
-        FatalSignature(
-            re.escape(NO_BUFFER_PAGE), "the no_buffer Mamba strategy pages by 1", NO_BUFFER_PAGE_FIX
-        ),
-    )
-
-
 # The signatures whose fixes do not depend on the release (`SGLangEngine.fatal_signatures_for` adds the
 # rejections before them).
 FATAL_SIGNATURES = (
@@ -224,14 +189,44 @@ class SGLangEngine(Engine):
     # SGLang reads its key from no env var, only from `--api-key` (argv: public to `ps`) or from a
     # `--config` YAML file (every release 0.5.7…0.5.23: server_args.py prepare_server_args →
     # ConfigArgumentMerger, in-process, so /proc shows only `--config PATH`).
-    api_key_env_var: str | None = None
     api_key_config_flag: str | None = "--config"
     model_flag = "--model-path"
     tp_flag = "--tp-size"
     parser_body = PARSER_BODY
 
     def rejection_signatures_for(self, rules: RuleSet) -> tuple[FatalSignature, ...]:
-        return rejection_signatures(rules)
+        """SGLang's refusals of its arguments at start (what `plan.rules` predicts), as its log and its own
+        parser say them, with the fix for `rules`' release."""
+        return (
+            FatalSignature(
+                r"Speculative decoding for \S+ is not compatible with radix cache",
+                "speculative decoding with radix cache needs the extra_buffer Mamba strategy",
+                extra_buffer_fix(rules),
+            ),
+            FatalSignature(
+                r"mamba extra_buffer is not compatible with --disable-radix-cache",
+                "extra_buffer needs the radix cache",
+                extra_buffer_no_radix_fix(rules),
+            ),
+            FatalSignature(
+                r"enable-hierarchical-cache and disable-radix-cache are mutually exclusive",
+                "hierarchical cache needs the radix cache",
+                "remove one of the two flags",
+            ),
+            FatalSignature(
+                r"mamba_track_interval \d+ must be greater than or equal to speculative_num_draft_tokens",
+                "the Mamba track interval is shorter than the draft",
+                "raise mamba-track-interval",
+            ),
+            FatalSignature(
+                re.escape(NO_BUFFER_OVERLAP),
+                "the no_buffer Mamba strategy runs without the overlap scheduler",
+                no_buffer_overlap_fix(rules),
+            ),
+            FatalSignature(
+                re.escape(NO_BUFFER_PAGE), "the no_buffer Mamba strategy pages by 1", NO_BUFFER_PAGE_FIX
+            ),
+        )
 
     def extra_argv(self, args: Mapping[str, ArgValue | list[ArgValue]]) -> list[str]:
         # /metrics is off by default; fleetgen's live view reads it

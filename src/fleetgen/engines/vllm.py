@@ -101,7 +101,6 @@ class VLLMEngine(Engine):
     fatal_signatures: tuple[FatalSignature, ...] = FATAL_SIGNATURES
     rule_sets: tuple[RuleSet, ...] = RULE_SETS
     api_key_env_var: str | None = "VLLM_API_KEY"  # vllm/envs.py; --api-key would show the key to `ps`
-    api_key_config_flag: str | None = None
     model_flag = None  # the model path is vLLM serve's positional argument
     tp_flag = "--tensor-parallel-size"
     parser_body = PARSER_BODY
