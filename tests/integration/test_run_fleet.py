@@ -9,8 +9,10 @@ restarting a SIGKILLed instance through the deploy layer while the job goes on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import re
 import signal
 import sqlite3
 import sys
@@ -19,9 +21,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import orjson
 import pytest
 
+from tests.fixtures.sim import free_port
 from tests.fixtures.sshd import SshdHost
 from tests.integration.test_deploy_support import ArgValue, write_fleet
 
@@ -133,6 +137,51 @@ async def test_run_on_a_deployed_fleet_every_record_once_with_job_meta(fleet: Pa
     series = query(out, "SELECT instance, accept_length FROM timeseries WHERE accept_length IS NOT NULL")
     assert {name for name, _ in series} <= INSTANCES and series  # scraped from each server's /metrics
     assert all(accept > 1.0 for _, accept in series)
+
+
+KV_CELL = 8  # the fleet table's "KV use" column
+
+
+async def test_kv_use_of_a_fleet_file_shows_in_status_and_the_dashboard(fleet: Path) -> None:
+    """Every ready instance's KV use, read from its /metrics: `status --json` gives the fraction, the
+    dashboard (-f, no job) a percent in its fleet table (that column was empty with a fleet file)."""
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(
+        FLEETGEN, "dashboard", "-f", str(fleet), "--port", str(port), stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        table = await asyncio.wait_for(fleet_table(f"http://127.0.0.1:{port}/api/state", proc), 120)
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+        _, err = await proc.communicate()
+    assert proc.returncode is None or table != "the dashboard exited", err.decode()
+    rows = re.findall(r'<tr class="instance[^"]*" data-instance="([^"]+)"[^>]*>(.*?)</tr>', table, re.S)
+    cells = {name: re.findall(r"<td[^>]*>(.*?)</td>", body, re.S) for name, body in rows}
+    assert set(cells) == INSTANCES, table
+    for name, row in cells.items():
+        assert re.fullmatch(r"\d+%", row[KV_CELL]) and int(row[KV_CELL][:-1]) <= 100, (name, row)
+
+    code, stdout, err = await cli("status", "--json", "-f", str(fleet))
+    assert code == 0, err
+    statuses = json.loads(stdout)
+    assert {s["instance"] for s in statuses} == INSTANCES
+    assert all(s["ready"] and 0.0 <= s["kv_usage"] <= 1.0 for s in statuses), statuses
+
+
+async def fleet_table(url: str, proc: asyncio.subprocess.Process) -> str:
+    """The dashboard's fleet table once every instance in it is ready (the server may still be starting)."""
+    async with aiohttp.ClientSession() as http:
+        while True:
+            if proc.returncode is not None:
+                return "the dashboard exited"
+            with contextlib.suppress(aiohttp.ClientError):
+                async with http.get(url) as resp:
+                    state = await resp.json()
+                    table = str(state["fragments"]["fleet"])
+                    if table.count('data-health="ready"') == len(INSTANCES):
+                        return table
+            await asyncio.sleep(0.5)
 
 
 async def wait_for_rows(out: Path, count: int, proc: asyncio.subprocess.Process) -> None:

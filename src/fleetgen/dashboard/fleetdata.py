@@ -82,7 +82,7 @@ class EndpointSource:
         endpoint.before = scrape
         row.running, row.queued = load.running, load.queued
         row.gen_tokens_per_s, row.spec_accept_length = load.gen_tokens_per_s, load.spec_accept_length
-        row.kv_usage = scrape.samples.get(engine.metrics.kv_usage) if engine.metrics.kv_usage else None
+        row.kv_usage = load.kv_usage
         row.max_running_requests = max_running_from_info(info)
         return row
 

@@ -19,9 +19,8 @@ MAX_POINTS = 120  # a chart over days keeps this many buckets: enough to see dip
 
 @dataclass
 class InstanceRow(InstanceStatus):
-    """One row of the fleet table: the instance's status (None = not known) and what only the page shows."""
+    """One row of the fleet table: the instance's status (None = not known) and the plan's capacity."""
 
-    kv_usage: float | None = None
     planned_capacity: int | None = None
 
 

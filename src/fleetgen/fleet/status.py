@@ -67,6 +67,7 @@ class InstanceStatus:
     queued: int | None = None
     gen_tokens_per_s: float | None = None
     spec_accept_length: float | None = None
+    kv_usage: float | None = None
     max_running_requests: int | None = None
     log_path: str = ""
     problem: str = ""
@@ -148,6 +149,7 @@ class FleetView:
         load, capacity = await self._load(w, client, info, rate_window_s)
         st.running, st.queued = load.running, load.queued
         st.gen_tokens_per_s, st.spec_accept_length = load.gen_tokens_per_s, load.spec_accept_length
+        st.kv_usage = load.kv_usage
         st.max_running_requests = (
             max_running_from_info(info)
             or max_running_from_capacity(capacity, flag_value(w.wanted.command.args, ("max-num-seqs",)))

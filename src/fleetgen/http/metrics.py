@@ -36,6 +36,7 @@ class Load:
     queued: int | None
     gen_tokens_per_s: float | None
     spec_accept_length: float | None
+    kv_usage: float | None = None  # the KV pool's used fraction, 0..1
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -122,7 +123,7 @@ def counter_rate(name: str, now: Scrape, before: Scrape | None) -> float | None:
 
 
 def load_from(names: MetricNames, now: Scrape, before: Scrape | None = None, info: Any = None) -> Load:
-    """Running/queued from gauges; throughput from the gauge (SGLang) or the counter rate (vLLM)."""
+    """Running/queued/KV use from gauges; throughput from the gauge (SGLang) or the counter rate (vLLM)."""
     running = now.samples.get(names.running)
     queued = now.samples.get(names.queued)
     tps: float | None
@@ -135,6 +136,7 @@ def load_from(names: MetricNames, now: Scrape, before: Scrape | None = None, inf
         queued=int(queued) if queued is not None else None,
         gen_tokens_per_s=tps,
         spec_accept_length=accept_length(names, now.samples, info),
+        kv_usage=now.samples.get(names.kv_usage) if names.kv_usage else None,
     )
 
 
