@@ -18,6 +18,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 
 from fleetgen.config import load_fleet
 from fleetgen.errors import ConfigError, FleetgenError
@@ -172,6 +173,15 @@ async def until_stopped(work: Awaitable[None]) -> None:
             await asyncio.gather(task, stopper, return_exceptions=True)
     if task in done:
         task.result()  # the work ended by itself: its error (if any) is the command's
+
+
+def table(columns: str, *, numbers: bool = False, no_wrap: bool = False, **options: Any) -> Table:
+    """A rich table of `columns` separated by "|"; with `numbers`, every column after the first is
+    right-aligned."""
+    grid = Table(**options)
+    for index, name in enumerate(columns.split("|")):
+        grid.add_column(name, justify="right" if numbers and index else "left", no_wrap=no_wrap)
+    return grid
 
 
 def warn(message: str) -> None:

@@ -13,12 +13,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from fleetgen.bench.fleet import bench_fleet, compare_spec
 from fleetgen.bench.stats import DEFAULT_CONCURRENCIES, GREEDY, OWN_FIELDS, BenchLoad, LevelResult, SpeedupRow
-from fleetgen.cli.app import FLEET_OPTION, Endpoints, app, console, err_console, flag, run
+from fleetgen.cli.app import FLEET_OPTION, Endpoints, app, console, err_console, flag, run, table
 from fleetgen.config import JobFile, load_job
 from fleetgen.dashboard import chromium, svg
 from fleetgen.errors import ConfigError
@@ -28,7 +27,6 @@ from fleetgen.generate.work import SamplingParams
 PNG_OPTION = typer.Option(
     None, "--png", help="Write tok/s vs concurrency per instance to this PNG (needs Chromium)."
 )
-TABLE_WIDTH = 130
 
 
 def parse_levels(text: str) -> tuple[int, ...]:
@@ -74,40 +72,26 @@ def _ms(value: float | None) -> str:
 
 
 def level_table(levels: Sequence[LevelResult], title: str) -> Table:
-    table = Table(title=title)
-    table.add_column("target", no_wrap=True)
-    for col in [
-        "conc",
-        "ok/fail",
-        "out tok/s",
-        "req/s",
-        "TTFT ms p50",
-        "p90",
-        "p99",
-        "ITL ms p50",
-        "p90",
-        "p99",
-        "accept",
-    ]:
-        table.add_column(col, justify="right", no_wrap=True)
+    columns = "target|conc|ok/fail|out tok/s|req/s|TTFT ms p50|p90|p99|ITL ms p50|p90|p99|accept"
+    grid = table(columns, numbers=True, no_wrap=True, title=title)
     for r in levels:
         ttft = [_ms(getattr(r.ttft_s, p, None)) for p in ("p50", "p90", "p99")]
         itl = [_ms(getattr(r.itl_s, p, None)) for p in ("p50", "p90", "p99")]
         accept = f"{r.accept_length:.2f}" if r.accept_length is not None else "—"
         counts = [str(r.concurrency), f"{r.num_requests - r.num_failed}/{r.num_failed}"]
-        table.add_row(r.target, *counts, f"{r.output_tok_s:,.0f}", f"{r.requests_s:.2f}", *ttft, *itl, accept)
-    return table
+        grid.add_row(r.target, *counts, f"{r.output_tok_s:,.0f}", f"{r.requests_s:.2f}", *ttft, *itl, accept)
+    return grid
 
 
 def speedup_table(rows: Sequence[SpeedupRow]) -> Table:
-    table = Table(title="speculative decoding: on vs off")
-    for col in ("target", "conc", "off tok/s", "on tok/s", "speedup", "accept"):
-        table.add_column(col, justify="left" if col == "target" else "right")
+    grid = table(
+        "target|conc|off tok/s|on tok/s|speedup|accept", numbers=True, title="speculative decoding: on vs off"
+    )
     for r in rows:
         accept = f"{r.accept_length:.2f}" if r.accept_length is not None else "—"
         tok_s = [f"{r.off_tok_s:,.0f}", f"{r.on_tok_s:,.0f}", f"{r.speedup:.2f}×"]
-        table.add_row(r.target, str(r.concurrency), *tok_s, accept)
-    return table
+        grid.add_row(r.target, str(r.concurrency), *tok_s, accept)
+    return grid
 
 
 INPUT_LEN_OPTION = typer.Option(1024, "--input-len", min=1, help="Prompt tokens per request.")
@@ -217,8 +201,6 @@ def _print(load: BenchLoad, levels: Sequence[LevelResult], rows: Sequence[Speedu
         }
         console.print_json(json.dumps(doc, default=str))
         return
-    # A pipe gets rich's default 80 columns, too narrow for 12 columns of numbers: print wider there.
-    out = console if console.is_terminal else Console(width=TABLE_WIDTH)
-    out.print(level_table(levels, f"fleetgen bench: in {load.input_len} / out {load.output_len} tokens"))
+    console.print(level_table(levels, f"fleetgen bench: in {load.input_len} / out {load.output_len} tokens"))
     if rows:
-        out.print(speedup_table(rows))
+        console.print(speedup_table(rows))

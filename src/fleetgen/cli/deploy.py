@@ -21,12 +21,14 @@ from fleetgen.cli.app import (
     remember_key,
     render_error,
     run,
+    table,
     until_stopped,
 )
 from fleetgen.deploy.fleetops import down as do_down
 from fleetgen.deploy.fleetops import up as do_up
 from fleetgen.deploy.instance import Outcome
 from fleetgen.deploy.logs import read_log
+from fleetgen.deploy.wanted import Fleet
 from fleetgen.fleet.status import InstanceStatus, Readiness, fleet_status, open_view
 
 ONLY_OPTION = typer.Option(None, "--only", help="Instance or host names (repeatable); default: all.")
@@ -120,24 +122,11 @@ def down(fleet: Path = FLEET_OPTION, only: list[str] | None = ONLY_OPTION) -> No
 
 
 def _table(statuses: Sequence[InstanceStatus]) -> Table:
-    table = Table(box=None, pad_edge=False)
-    for col in (
-        "instance",
-        "host",
-        "gpus",
-        "pid",
-        "url",
-        "ready",
-        "up",
-        "run",
-        "queue",
-        "tok/s",
-        "accept",
-        "problem",
-    ):
-        table.add_column(col)
+    grid = table(
+        "instance|host|gpus|pid|url|ready|up|run|queue|tok/s|accept|KV|problem", box=None, pad_edge=False
+    )
     for s in statuses:
-        table.add_row(
+        grid.add_row(
             s.instance,
             s.placement if s.placement and s.pid else s.host,  # a Slurm job that runs: its job and node
             ",".join(map(str, s.gpus)),
@@ -149,9 +138,10 @@ def _table(statuses: Sequence[InstanceStatus]) -> Table:
             _fmt(s.queued),
             _fmt(s.gen_tokens_per_s, "{:.1f}"),
             _fmt(s.spec_accept_length, "{:.2f}"),
+            _fmt(None if s.kv_usage is None else s.kv_usage * 100, "{:.0f}%"),
             "; ".join([s.problem, *s.drift]).strip("; "),
         )
-    return table
+    return grid
 
 
 def _fmt(value: float | int | None, pattern: str = "{}") -> str:
@@ -180,7 +170,7 @@ def status(
 
 
 async def _watch(fleet: Path, only: list[str] | None, as_json: bool, interval: float) -> None:
-    async with open_view(fleet, only=only) as view:
+    async with open_view(Fleet.load(fleet), only=only) as view:
         while True:
             statuses = await view.refresh(rate_window_s=0)
             if as_json:

@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from fleetgen.cli.app import FLEET_OPTION, app, console, exit_with, flag, run, warn
+from fleetgen.cli.app import FLEET_OPTION, app, console, exit_with, flag, run, table, warn
 from fleetgen.config import load_fleet
 from fleetgen.fleet.hostcheck import HostReport, check_hosts
 
@@ -41,22 +41,10 @@ async def _check(path: Path) -> list[HostReport]:
 
 
 def _table(reports: list[HostReport]) -> Table:
-    table = Table(title="hosts")
-    for column in (
-        "host",
-        "status",
-        "os",
-        "gpus",
-        "ram free/total",
-        "disk free",
-        "python",
-        "engine",
-        "model",
-    ):
-        table.add_column(column)
+    grid = table("host|status|os|gpus|ram free/total|disk free|python|engine|model", title="hosts")
     for r in reports:
         if not r.reachable:
-            table.add_row(r.host, "[red]unreachable[/]", *[""] * 7)
+            grid.add_row(r.host, "[red]unreachable[/]", *[""] * 7)
             continue
         status = "[green]ready[/]" if r.is_ready else f"[yellow]{len(r.problems)} problem(s)[/]"
         ram = f"{r.mem_available_gib or 0:.0f}/{r.mem_total_gib or 0:.0f} GiB"
@@ -64,10 +52,10 @@ def _table(reports: list[HostReport]) -> Table:
         python = r.python_version if r.python_ok else "[red]missing[/]"
         engine = f"{r.engine} {r.engine_version}" if r.engine_version else f"[red]no {r.engine}[/]"
         model = "[green]present[/]" if r.model_present else "[red]missing[/]"
-        table.add_row(
+        grid.add_row(
             r.host, status, escape(r.os or "?"), escape(_gpus(r)), ram, disk, python or "?", engine, model
         )
-    return table
+    return grid
 
 
 def _gpus(report: HostReport) -> str:

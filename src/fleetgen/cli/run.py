@@ -22,9 +22,21 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from fleetgen.cli.app import Endpoints, FleetOrNone, JobFolder, app, console, err_console, flag, on_stop, run
+from fleetgen.cli.app import (
+    Endpoints,
+    FleetOrNone,
+    JobFolder,
+    app,
+    console,
+    err_console,
+    flag,
+    on_stop,
+    run,
+    table,
+)
 from fleetgen.cli.runlog import PlainLog, progress_line
-from fleetgen.config import JobFile, load_fleet, load_job
+from fleetgen.config import JobFile, load_job
+from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import ConfigError, FleetDown
 from fleetgen.fleet.pool import Link, open_fleet
 from fleetgen.fleet.status import Readiness
@@ -53,11 +65,9 @@ def render(progress: Progress) -> Table:
             f"[yellow]no server is ready[/]: waiting up to {progress.waiting_s:.0f} s more for one, then the "
             "job stops (`fleetgen up` brings them up; `fleetgen status` says why)"
         )
-    table = Table(title=head, title_justify="left", expand=False)
-    for column in ("instance", "state", "in flight", "done", "compl/s", "last error"):
-        table.add_column(column)
+    grid = table("instance|state|in flight|done|compl/s|last error", title=head, title_justify="left")
     for e in progress.endpoints:
-        table.add_row(
+        grid.add_row(
             e.name,
             READINESS_STYLE[e.readiness].format(e.readiness.value),
             f"{e.in_flight}/{e.cap}",
@@ -65,7 +75,7 @@ def render(progress: Progress) -> Table:
             f"{e.completions_per_s:.1f}",
             escape(e.last_error[:60]),
         )
-    return table
+    return grid
 
 
 Opt = typer.Option
@@ -243,19 +253,19 @@ async def _servers(
         say = _meanwhile("the servers", None, False)
         yield Servers(endpoints, endpoints_meta(urls), wait_ready or 0.0, DEFAULT_DEAD_TIMEOUT_S, say)
         return
-    fleet = fleet or Path("fleet.toml")
-    fleet_file = load_fleet(fleet)
-    async with open_fleet(fleet) as links:
+    loaded = Fleet.load(fleet or Path("fleet.toml"))
+    fleet, engine = loaded.path, loaded.file.engine
+    async with open_fleet(loaded) as links:
         at_start = await links.read_all()
         if not at_start:
             raise FleetDown(
                 f"no instance of {fleet} is deployed", fix=f"run `fleetgen up -f {fleet}`, then this again"
             )
-        wait = fleet_file.engine.ready_timeout_s if wait_ready is None else wait_ready
+        wait = engine.ready_timeout_s if wait_ready is None else wait_ready
         _say_not_ready(at_start, fleet, wait, restart_dead)
         yield Servers(
             [(e.name, e.url) for e in at_start],
-            fleet_meta(fleet_file, fleet, links.names),
+            fleet_meta(loaded.file, fleet, links.names),
             wait,
             wait,
             _meanwhile(f"the instances of {fleet}", fleet, restart_dead),
@@ -263,7 +273,7 @@ async def _servers(
                 (e.max_running_requests for e in at_start if e.max_running_requests), default=None
             ),
             api_key=links.secret,
-            engine_kind=fleet_file.engine.kind,
+            engine_kind=engine.kind,
             hooks=fleet_hooks(fleet, links, at_start, restart_dead),
         )
 

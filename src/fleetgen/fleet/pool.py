@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleetgen.deploy.state import load_state
+from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import FleetDown, FleetgenError
 from fleetgen.fleet.status import FleetView, InstanceStatus, Readiness, open_view
 
@@ -43,7 +44,7 @@ async def ready_endpoints(
 ) -> AsyncIterator[list[Link]]:
     """The fleet's ready endpoints, their tunnels open until the block exits (the SSH connections close
     with it); raises FleetDown when none is ready."""
-    async with open_view(fleet_path, only=only) as view:
+    async with open_view(Fleet.load(fleet_path), only=only) as view:
         statuses = await view.refresh(rate_window_s=0)
         endpoints = endpoints_of(statuses, view.secret)
         if not endpoints:
@@ -60,10 +61,8 @@ class FleetLinks:
     """Every instance `fleetgen up` deployed, for a job, ready or not, each reached through a tunnel held
     open for the job; `check(name)` re-reads one instance now. Use `open_fleet`."""
 
-    def __init__(
-        self, fleet_path: Path, view: FleetView, stack: contextlib.AsyncExitStack, hosts: Mapping[str, str]
-    ) -> None:
-        self.fleet_path = fleet_path
+    def __init__(self, view: FleetView, stack: contextlib.AsyncExitStack, hosts: Mapping[str, str]) -> None:
+        self.fleet = view.fleet
         self.secret = view.secret
         self._hosts = dict(hosts)  # instance → its host's name
         self._stack = stack
@@ -120,7 +119,7 @@ class FleetLinks:
             ):
                 return
             attempt = contextlib.AsyncExitStack()
-            view = await attempt.enter_async_context(open_view(self.fleet_path, only=[only or host]))
+            view = await attempt.enter_async_context(open_view(self.fleet, only=[only or host]))
             self._adopt(view)
             self._failed.update({s.instance: s for s in view.failed})
             if view.watched:
@@ -139,12 +138,12 @@ async def _tunnel(view: FleetView, port: int) -> str:
 
 
 @contextlib.asynccontextmanager
-async def open_fleet(fleet_path: Path) -> AsyncIterator[FleetLinks]:
+async def open_fleet(fleet: Fleet) -> AsyncIterator[FleetLinks]:
     """Every instance of `fleetgen up` state (`.fleetgen/state.json`) that the fleet file still has, for a
     job; SSH connections and tunnels close on exit."""
-    records = load_state(fleet_path)
+    records = load_state(fleet.path)
     async with contextlib.AsyncExitStack() as stack:
-        view = await stack.enter_async_context(open_view(fleet_path))
+        view = await stack.enter_async_context(open_view(fleet))
         known = {w.wanted.inst.name for w in view.watched} | {s.instance for s in view.failed}
         hosts = {name: rec.host for name, rec in records.items() if name in known}
-        yield FleetLinks(fleet_path, view, stack, hosts)
+        yield FleetLinks(view, stack, hosts)

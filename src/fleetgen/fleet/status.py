@@ -181,9 +181,8 @@ def _int(text: str | None) -> int | None:
 
 
 @contextlib.asynccontextmanager
-async def open_view(fleet_path: Path, *, only: Sequence[str] | None = None) -> AsyncIterator[FleetView]:
+async def open_view(fleet: Fleet, *, only: Sequence[str] | None = None) -> AsyncIterator[FleetView]:
     """A FleetView with every wanted host connected; hosts that fail show up as not-ready statuses."""
-    fleet = Fleet.load(fleet_path)
     selection = fleet.file.select(only)
     view = FleetView(fleet, api_key(fleet.file))
     async with aiohttp.ClientSession() as http, contextlib.AsyncExitStack() as stack:
@@ -252,5 +251,5 @@ async def fleet_status(
     fleet_path: Path, *, only: Sequence[str] | None = None, rate_window_s: float = 1.0
 ) -> list[InstanceStatus]:
     """One read of every (selected) instance; tunnels are closed again afterwards."""
-    async with open_view(fleet_path, only=only) as view:
+    async with open_view(Fleet.load(fleet_path), only=only) as view:
         return await view.refresh(rate_window_s)
