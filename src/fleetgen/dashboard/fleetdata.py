@@ -23,10 +23,10 @@ from fleetgen.config import FleetFile
 from fleetgen.dashboard.model import InstanceRow
 from fleetgen.engines import Engine, engine_of_metrics
 from fleetgen.errors import EndpointError, FleetgenError
+from fleetgen.fleet.planning import local_shape
 from fleetgen.fleet.status import FleetView, Readiness
 from fleetgen.http.client import EngineClient
 from fleetgen.http.metrics import Scrape, load_from, max_running_from_info
-from fleetgen.modelcard import load_model_shape
 from fleetgen.plan.fleet import facts_from_file, plan_fleet
 
 HEALTH_PATH = "/health"
@@ -100,11 +100,8 @@ def planned_capacity(fleet: FleetFile, fleet_path: Path) -> tuple[dict[str, int]
 
     Blocking (reads the model's config.json): call it in a thread.
     """
-    folder = Path(fleet.engine.model_config_dir or fleet.engine.model).expanduser()
-    if not folder.is_absolute():
-        folder = fleet_path.resolve().parent / folder
     try:
-        shape = load_model_shape(folder)
+        shape = local_shape(fleet.engine.model_config_dir or fleet.engine.model, fleet_path)
         facts = {host.name: facts_from_file(host) for host in fleet.hosts}
         plan = plan_fleet(fleet, shape, facts, fleet.engine.version)
     except FleetgenError as exc:

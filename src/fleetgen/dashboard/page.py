@@ -26,29 +26,24 @@ def asset(name: str) -> str:
     return resources.files("fleetgen.dashboard").joinpath("static", name).read_text(encoding="utf-8")
 
 
-def _title(job: JobView, rows: Sequence[InstanceRow]) -> str:
-    numbers = render.summary_numbers(job)
-    num_sick = sum(1 for row in rows if sick_reason(row))
-    sick = f" · {num_sick} SICK" if num_sick else ""
-    return f"{numbers['percent']} · {numbers['done']}/{numbers['total']}{sick} · fleetgen"
-
-
 def state(job: JobView, rows: Sequence[InstanceRow], live: Sequence[Sample] = ()) -> dict[str, Any]:
     """What one poll returns: numbers by element id, HTML fragments by element id, card warnings, title."""
     numbers = render.summary_numbers(job)
-    fragments = {
-        "fleet": render.fleet_table(rows),
-        "progress-wrap": render.progress_bar(job),
-        "examples": render.examples(job),
-        **render.charts(job, rows, live=live),
-    }
+    sick = {r.instance: sick_reason(r) for r in rows}
+    num_sick = sum(map(bool, sick.values()))
+    flagged = f" · {num_sick} SICK" if num_sick else ""
     return {
         "numbers": numbers,
-        "fragments": fragments,
+        "fragments": {
+            "fleet": render.fleet_table(rows),
+            "progress-wrap": render.progress_bar(job),
+            "examples": render.examples(job),
+            **render.charts(job, rows, live=live),
+        },
         "warn": {"errors": job.num_errors > 0, "truncated": job.num_truncated > 0},
-        "title": _title(job, rows),
+        "title": f"{numbers['percent']} · {numbers['done']}/{numbers['total']}{flagged} · fleetgen",
         "instances": [
-            {"name": r.instance, "health": r.readiness.value, "sick": sick_reason(r)} for r in rows
+            {"name": r.instance, "health": r.readiness.value, "sick": sick[r.instance]} for r in rows
         ],
     }
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from fleetgen.deploy.state import load_state
 from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import FleetDown, FleetgenError
-from fleetgen.fleet.status import FleetView, InstanceStatus, Readiness, open_view
+from fleetgen.fleet.status import FleetView, Readiness, open_view
 
 
 @dataclass(frozen=True)
@@ -32,12 +32,6 @@ class Link:
     problem: str = ""
 
 
-def endpoints_of(statuses: Sequence[InstanceStatus], api_key: str | None) -> list[Link]:
-    """The ready instances (healthy, no drift) as links."""
-    ready = [s for s in statuses if s.readiness is Readiness.READY]
-    return [Link(s.instance, s.url, api_key, s.max_running_requests) for s in ready]
-
-
 @contextlib.asynccontextmanager
 async def ready_endpoints(
     fleet_path: Path, *, only: Sequence[str] | None = None
@@ -46,7 +40,8 @@ async def ready_endpoints(
     with it); raises FleetDown when none is ready."""
     async with open_view(Fleet.load(fleet_path), only=only) as view:
         statuses = await view.refresh(rate_window_s=0)
-        endpoints = endpoints_of(statuses, view.secret)
+        ready = [s for s in statuses if s.readiness is Readiness.READY]  # healthy, no drift
+        endpoints = [Link(s.instance, s.url, view.secret, s.max_running_requests) for s in ready]
         if not endpoints:
             detail = "\n".join(f"{s.instance} ({s.readiness.value}): {s.problem}" for s in statuses)
             raise FleetDown(
