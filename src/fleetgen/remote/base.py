@@ -4,9 +4,9 @@ Commands are argv lists, never shell strings built by concatenation. Every remot
 `put` verifies a sha256 computed on the target; `spawn` returns the PID *and* its start time so a later
 `inspect` can tell the same process from a reused PID.
 
-A subclass supplies the transport (`_exec`, `_write_temp`, `_stream_lines`, `read`, `forward`, `_open`,
-`_shutdown`); `Host` turns it into verified puts, detached spawns, /proc inspection and group stops, so both
-kinds of host behave the same, down to the error messages.
+A subclass supplies the transport (`_exec`, `_write_temp`, `_stream_lines`, `forward`; `_open`, `_shutdown`
+and a faster `read` where it has them); `Host` turns it into verified puts, detached spawns, /proc inspection
+and group stops, so every kind of host behaves the same, down to the error messages.
 """
 
 from __future__ import annotations
@@ -88,14 +88,11 @@ class Host(ABC):
     def _stream_lines(self, argv: Sequence[str]) -> AsyncIterator[str]:
         """Run argv and yield its stdout lines as they come; stop the command when the iterator closes."""
 
-    @abstractmethod
-    async def _open(self) -> None: ...
+    async def _open(self) -> None:
+        return None  # a transport that connects overrides it, as one that holds resources `_shutdown`
 
-    @abstractmethod
-    async def _shutdown(self) -> None: ...
-
-    @abstractmethod
-    async def read(self, path: str, size: int | None = None) -> bytes: ...
+    async def _shutdown(self) -> None:
+        return None
 
     @abstractmethod
     async def forward(self, remote_port: int) -> int: ...
@@ -195,6 +192,16 @@ class Host(ABC):
         if path == "~" or path.startswith("~/"):
             return (await self.home()).rstrip("/") + path[1:] or "/"
         return path
+
+    async def read(self, path: str, size: int | None = None) -> bytes:
+        """A file's bytes (the first `size` at most)."""
+        self._check_usable()
+        target = await self.expand(path)
+        argv = ["cat", "--", target] if size is None else ["head", "-c", str(size), "--", target]
+        status, out, err = await self._exec(argv, None, DEFAULT_TIMEOUT_S)
+        if status != 0:
+            raise self.unreadable(target, err.decode(errors="replace").strip() or f"exit {status}")
+        return out
 
     async def exists(self, path: str) -> bool:
         result = await self.run(["test", "-e", await self.expand(path)], check=False)
@@ -348,18 +355,16 @@ class Host(ABC):
             )
         return result.stdout
 
-    async def follow(
-        self, path: str, *, poll_s: float = 0.2, from_start: bool = False, last: int = 0
-    ) -> AsyncIterator[str]:
-        """Yield the last `last` lines of `path` (everything with `from_start`), then the lines appended.
+    async def follow(self, path: str, *, poll_s: float = 0.2, last: int = 0) -> AsyncIterator[str]:
+        """Yield the last `last` lines of `path`, then the lines appended.
 
         Follows the name (`tail -F`), so a log that is recreated keeps being followed. The lines already
         there come from the same `tail` as the new ones, so no line written in between is lost.
         """
         self._check_usable()
         target = await self.expand(path)
-        start = "+1" if from_start else str(max(0, last))
-        async for line in self._stream_lines(["tail", "-F", "-s", str(poll_s), "-n", start, "--", target]):
+        argv = ["tail", "-F", "-s", str(poll_s), "-n", str(max(0, last)), "--", target]
+        async for line in self._stream_lines(argv):
             yield line
 
 

@@ -14,12 +14,6 @@ from fleetgen.remote.base import Host, Output
 class LocalHost(Host):
     """The local machine as a Host. Same commands and snippets as over SSH, minus the network."""
 
-    async def _open(self) -> None:
-        return None
-
-    async def _shutdown(self) -> None:
-        return None
-
     async def _exec(self, argv: Sequence[str], stdin: bytes | None, timeout_s: float) -> Output:
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -69,15 +63,6 @@ class LocalHost(Host):
                 proc.kill()
             await proc.wait()
 
-    async def read(self, path: str, size: int | None = None) -> bytes:
-        """Read a file (`size` bytes at most when given; /proc files need it over SFTP, not here)."""
-        self._check_usable()
-        target = Path(await self.expand(path))
-        try:
-            return await asyncio.to_thread(_read, target, size)
-        except OSError as exc:
-            raise self.unreadable(str(target), exc.strerror or str(exc)) from exc
-
     async def forward(self, remote_port: int) -> int:
         """The host is this machine: its 127.0.0.1:port is already reachable."""
         self._check_usable()
@@ -88,21 +73,8 @@ class LocalHost(Host):
 
 
 def _write_fsync(path: str, data: bytes, mode: int) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
-        _write_all(fd, data)
-        os.fchmod(fd, mode)  # the umask may have masked bits off at creation
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:  # os.write may write less than asked
-        view = view[os.write(fd, view) :]
-
-
-def _read(path: Path, size: int | None) -> bytes:
-    with path.open("rb") as fh:
-        return fh.read() if size is None else fh.read(size)
+    with open(path, "xb", opener=lambda p, flags: os.open(p, flags, mode)) as fh:
+        fh.write(data)
+        fh.flush()
+        os.fchmod(fh.fileno(), mode)  # the umask may have masked bits off at creation
+        os.fsync(fh.fileno())

@@ -30,12 +30,6 @@ class SrunHost(Host):
     def _step(self, argv: Sequence[str]) -> list[str]:
         return ["srun", "--overlap", f"--jobid={self.job}", "--nodes=1", "--ntasks=1", "--quiet", "--", *argv]
 
-    async def _open(self) -> None:
-        return None
-
-    async def _shutdown(self) -> None:
-        return None
-
     async def _exec(self, argv: Sequence[str], stdin: bytes | None, timeout_s: float) -> Output:
         result = await self.submit.run(self._step(argv), check=False, stdin=stdin, timeout=timeout_s)
         return result.exit_status, result.stdout.encode(), result.stderr.encode()
@@ -53,14 +47,6 @@ class SrunHost(Host):
             fix="read it on the submit host: the workdir is on the filesystem the nodes share",
         )
         yield ""  # pragma: no cover (makes this an async generator)
-
-    async def read(self, path: str, size: int | None = None) -> bytes:
-        target = await self.expand(path)
-        argv = ["cat", "--", target] if size is None else ["head", "-c", str(size), "--", target]
-        result = await self.run(argv, check=False)
-        if result.exit_status != 0:
-            raise self.unreadable(target, result.stderr.strip() or f"exit {result.exit_status}")
-        return result.stdout.encode()
 
     async def forward(self, remote_port: int) -> int:
         if self.is_here:
