@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import aiohttp
@@ -20,9 +21,11 @@ from fleetgen.deploy.instance import (
     HostSession,
     Narrate,
     Outcome,
+    Rollout,
     ensure_up,
     host_session,
     is_loopback,
+    settle,
     stop_instance,
 )
 from fleetgen.deploy.slurm import down_jobs, up_jobs
@@ -202,7 +205,6 @@ async def up(
     `plan_check` False launches even what the engine's own rules refuse (plan's flag rules)."""
     fleet = Fleet.load(fleet_path)
     secret = api_key(fleet.file)
-    records = load_state(fleet_path)
     shape, _ = local_shape(fleet.file)
     plans: dict[str, InstancePlan] = {}
 
@@ -212,27 +214,16 @@ async def up(
     def on_record(rec: InstanceRecord) -> None:
         update_state(fleet_path, put=[rec])
 
+    run = Rollout(fleet.engine, load_state(fleet_path), progress, on_record, force)
+
     async def per_host(hs: HostSession, instances: list[Instance]) -> list[Outcome]:
         wanted = [
             build_wanted(fleet.file, fleet.engine, i, hs.survey, secret, planned_capacity(plans.get(i.name)))
             for i in instances
         ]
         if fleet.file.cluster is not None:  # placed by Slurm: one job per server (deploy.slurm)
-            return await up_jobs(
-                fleet, hs, wanted, records, force=force, progress=progress, on_record=on_record
-            )
-        runs = (
-            ensure_up(
-                hs,
-                t,
-                records.get(t.inst.name),
-                fleet.engine,
-                force=force,
-                progress=progress,
-                on_record=on_record,
-            )
-            for t in wanted
-        )
+            return await up_jobs(fleet, hs, wanted, run)
+        runs = (settle(t.inst.name, hs.entry.name, partial(ensure_up, hs, t, run)) for t in wanted)
         return list(await asyncio.gather(*runs))
 
     return await for_each_host(fleet, only, per_host, check_fleet=check)

@@ -104,6 +104,11 @@ class HostSession:
             return f"http://{public_address(self.entry, self.public_bind)}:{port}"
         return f"http://127.0.0.1:{await self.host.forward(port)}"
 
+    async def client_for(self, wanted: WantedInstance) -> EngineClient:
+        """The engine client of an instance on this host, with its key."""
+        url = await self.url_for(wanted.inst.port)
+        return EngineClient(url, session=self.http, api_key=wanted.secret_value)
+
 
 @contextlib.asynccontextmanager
 async def host_session(
@@ -179,21 +184,24 @@ async def find_running(
     return None, where.is_port_busy
 
 
-async def ensure_up(
-    hs: HostSession,
-    wanted: WantedInstance,
-    record: InstanceRecord | None,
-    engine: Engine,
-    *,
-    force: bool,
-    progress: Narrate,
-    on_record: Callable[[InstanceRecord], None],
-) -> Outcome:
-    """Bring one instance to the wanted state and verify it; errors are returned in the Outcome."""
-    out = Outcome(instance=wanted.inst.name, host=hs.entry.name)
+@dataclass(frozen=True)
+class Rollout:
+    """What one `up` brings to each instance: the engine, the earlier launches' records, whether to restart
+    what already runs as wanted, and where progress lines and new launch records go."""
+
+    engine: Engine
+    records: Mapping[str, InstanceRecord]
+    progress: Narrate
+    on_record: Callable[[InstanceRecord], None]
+    force: bool = False
+
+
+async def settle(instance: str, host: str, work: Callable[[Outcome], Awaitable[None]]) -> Outcome:
+    """`work` on a new Outcome, timed: ready when it returns, its error kept when it raises one of ours."""
+    out = Outcome(instance=instance, host=host)
     started = time.monotonic()
     try:
-        await _ensure_up(hs, wanted, record, engine, out, force=force, progress=progress, on_record=on_record)
+        await work(out)
         out.is_ready = True
     except FleetgenError as exc:
         out.error = exc
@@ -201,36 +209,42 @@ async def ensure_up(
     return out
 
 
-async def _ensure_up(
-    hs: HostSession,
-    wanted: WantedInstance,
-    record: InstanceRecord | None,
-    engine: Engine,
-    out: Outcome,
-    *,
-    force: bool,
-    progress: Narrate,
-    on_record: Callable[[InstanceRecord], None],
-) -> None:
+async def ensure_up(hs: HostSession, wanted: WantedInstance, run: Rollout, out: Outcome) -> None:
+    """Bring one instance to the wanted state and verify it (through `settle`: errors go in the Outcome)."""
+    record = run.records.get(wanted.inst.name)
     running, port_busy = await find_running(hs, wanted, record)
-    if running and not force and not process_drift(wanted.command, running, wanted.secret_value):
-        await keep_running(hs, wanted, record, engine, out, running, progress)
+    if running and not run.force and not process_drift(wanted.command, running, wanted.secret_value):
+        await keep_running(hs, wanted, record, run, out, running)
         return
-    await _clear_way(hs, wanted, running, port_busy, force, progress)
+    await _clear_way(hs, wanted, running, port_busy, run)
     out.action = Action.REPLACED if running else Action.STARTED
-    rec = await _launch(hs, wanted, progress)
-    on_record(rec)
+    paths = wanted.command.paths
+    log_path = await push_launch(hs.host, wanted)
+    spawned = await hs.host.spawn(paths.script, log_path, paths.pidfile, cwd=paths.root)
+    run.progress(wanted.inst.name, f"spawned pid {spawned.pid}, log {log_path}")
+    rec = wanted.record(hs.entry.name, spawned.log_path, spawned.pid, spawned.start_time)
+    run.on_record(rec)
     out.record, out.pid, out.log_path = rec, rec.pid, rec.log_path
-    await follow_launch(hs, wanted, rec, engine, out, progress)
+    await follow_launch(hs, wanted, rec, run, out)
+
+
+async def push_launch(host: Host, wanted: WantedInstance) -> str:
+    """The instance's 0700 folder, its key files (created 0600, then filled) and launch.sh, verified; the
+    new launch's log path (a new file per launch: old logs stay for post-mortems)."""
+    paths = wanted.command.paths
+    await host.run(["sh", "-c", PRIVATE_DIR_SH, "fleetgen", paths.root])
+    for path, data in wanted.command.secret_files(wanted.secret_value or "").items():
+        await host.put(path, data, mode=0o600)
+    await host.put(paths.script, wanted.script.encode(), mode=0o700)
+    return paths.log_for(datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ"))
 
 
 async def follow_launch(
     hs: HostSession,
     wanted: WantedInstance,
     rec: InstanceRecord,
-    engine: Engine,
+    run: Rollout,
     out: Outcome,
-    progress: Narrate,
     *,
     undo: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
@@ -242,19 +256,18 @@ async def follow_launch(
         await hs.host.stop(rec.pid, start_time=rec.start_time, timeout=10.0)
 
     undo = undo or stop
-    out.url = await hs.url_for(wanted.inst.port)
-    client = EngineClient(out.url, session=hs.http, api_key=wanted.secret_value)
-    name = wanted.inst.name
+    client = await hs.client_for(wanted)
+    out.url, name = client.base_url, wanted.inst.name
     started = StartedProcess(name, hs.host, rec.pid, rec.start_time, rec.log_path)
     try:
         try:
             watch = await wait_ready(
                 started,
-                engine,
+                run.engine,
                 client,
                 rules=wanted.launch.rules,
                 timeout_s=wanted.timeout_s,
-                progress=lambda m: progress(name, m),
+                progress=lambda m: run.progress(name, m),
             )
         finally:
             await remove_secret_files(hs.host, wanted.command)  # read at start: a healthy engine is past that
@@ -265,46 +278,39 @@ async def follow_launch(
         await undo()
         exc.context["stopped"] = f"pid {rec.pid} (its log stays at {rec.log_path})"
         raise
-    progress(name, "healthy; verifying the process and the engine's own view")
-    out.verified = await _verify(hs, wanted, engine, client, rec.pid, rec.start_time, watch.lines)
+    run.progress(name, "healthy; verifying the process and the engine's own view")
+    out.verified = await _verify(hs, wanted, run.engine, client, rec.pid, rec.start_time, watch.lines)
 
 
 async def keep_running(
     hs: HostSession,
     wanted: WantedInstance,
     record: InstanceRecord | None,
-    engine: Engine,
+    run: Rollout,
     out: Outcome,
     running: ProcInfo,
-    progress: Narrate,
 ) -> None:
     """The process already runs as wanted: leave it, and verify it like a new one."""
     out.action, out.pid = Action.UNCHANGED, running.pid
     same = record is not None and record.pid == running.pid
     out.record = record if same else None
     out.log_path = record.log_path if record is not None and same else wanted.command.paths.current_log
-    progress(wanted.inst.name, f"already running as wanted (pid {running.pid}); verifying")
+    run.progress(wanted.inst.name, f"already running as wanted (pid {running.pid}); verifying")
     await prove_listener(hs, wanted, running.pid)
-    out.url = await hs.url_for(wanted.inst.port)
-    client = EngineClient(out.url, session=hs.http, api_key=wanted.secret_value)
+    client = await hs.client_for(wanted)
+    out.url = client.base_url
     log_lines = (await hs.host.tail(out.log_path, 400)).splitlines()
-    out.verified = await _verify(hs, wanted, engine, client, running.pid, running.start_time, log_lines)
+    out.verified = await _verify(hs, wanted, run.engine, client, running.pid, running.start_time, log_lines)
 
 
 async def _clear_way(
-    hs: HostSession,
-    wanted: WantedInstance,
-    running: ProcInfo | None,
-    port_busy: bool,
-    force: bool,
-    progress: Narrate,
+    hs: HostSession, wanted: WantedInstance, running: ProcInfo | None, port_busy: bool, run: Rollout
 ) -> None:
     """Stop the old process (then wait for its port and GPUs), or refuse a port someone else holds."""
     port = wanted.inst.port
     if running:
-        progress(
-            wanted.inst.name, f"stopping pid {running.pid} ({'restart' if force else 'flags or env changed'})"
-        )
+        why = "restart" if run.force else "flags or env changed"
+        run.progress(wanted.inst.name, f"stopping pid {running.pid} ({why})")
         await hs.host.stop(running.pid, start_time=running.start_time)
         await wait_port_free(hs.host, port)
         if hs.survey.has_nvidia_smi:
@@ -318,20 +324,6 @@ async def _clear_way(
             fix=f"stop what listens there (`ss -ltnp | grep :{port}` on the host) or set "
             "hosts.base_port / engine.base_port to free ports",
         )
-
-
-async def _launch(hs: HostSession, wanted: WantedInstance, progress: Narrate) -> InstanceRecord:
-    """Push the key file and the script (verified), spawn detached with a new log, link current.log."""
-    paths = wanted.command.paths
-    await hs.host.run(["sh", "-c", PRIVATE_DIR_SH, "fleetgen", paths.root])
-    for path, data in wanted.command.secret_files(wanted.secret_value or "").items():
-        await hs.host.put(path, data, mode=0o600)  # created 0600 (never readable by others), then filled
-    await hs.host.put(paths.script, wanted.script.encode(), mode=0o700)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
-    log_path = paths.log_for(stamp)
-    spawned = await hs.host.spawn(paths.script, log_path, paths.pidfile, cwd=paths.root)
-    progress(wanted.inst.name, f"spawned pid {spawned.pid}, log {log_path}")
-    return wanted.record(hs.entry.name, spawned.log_path or log_path, spawned.pid, spawned.start_time)
 
 
 async def _verify(
