@@ -21,25 +21,27 @@ import contextlib
 import hashlib
 import posixpath
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
 from fleetgen.config import ClusterConfig, FleetFile, HostEntry, Instance
 from fleetgen.deploy.instance import (
-    PRIVATE_DIR_SH,
     Action,
     HostSession,
     Narrate,
     Outcome,
+    Rollout,
     WantedInstance,
     find_running,
     follow_launch,
     host_session,
     is_loopback,
     keep_running,
+    push_launch,
     remove_secret_files,
+    settle,
 )
 from fleetgen.deploy.state import InstanceRecord
 from fleetgen.deploy.verify import process_drift
@@ -186,76 +188,50 @@ async def node_session(
 
 
 async def up_jobs(
-    fleet: Fleet,
-    login: HostSession,
-    all_wanted: Sequence[WantedInstance],
-    records: dict[str, InstanceRecord],
-    *,
-    force: bool,
-    progress: Narrate,
-    on_record: Callable[[InstanceRecord], None],
+    fleet: Fleet, login: HostSession, all_wanted: Sequence[WantedInstance], run: Rollout
 ) -> list[Outcome]:
     """`up` of a cluster's servers: Slurm checked first (nothing queued if it refuses), then each server's
     job kept, taken over (pending) or (re)submitted, and every one verified like an SSH host's."""
     if all_wanted:
         await preflight(login, _cluster(fleet), all_wanted[0])
-
-    async def one(wanted: WantedInstance) -> Outcome:
-        out = Outcome(instance=wanted.inst.name, host=login.entry.name)
-        started = time.monotonic()
-        try:
-            record = records.get(wanted.inst.name)
-            await _ensure(
-                fleet, login, wanted, record, out, force=force, progress=progress, on_record=on_record
-            )
-            out.is_ready = True
-        except FleetgenError as exc:
-            out.error = exc
-        out.elapsed_s = time.monotonic() - started
-        return out
-
-    return list(await asyncio.gather(*(one(w) for w in all_wanted)))
+    ensures = (
+        settle(w.inst.name, login.entry.name, partial(_ensure, fleet, login, w, run)) for w in all_wanted
+    )
+    return list(await asyncio.gather(*ensures))
 
 
 async def _ensure(
-    fleet: Fleet,
-    login: HostSession,
-    wanted: WantedInstance,
-    record: InstanceRecord | None,
-    out: Outcome,
-    *,
-    force: bool,
-    progress: Narrate,
-    on_record: Callable[[InstanceRecord], None],
+    fleet: Fleet, login: HostSession, wanted: WantedInstance, run: Rollout, out: Outcome
 ) -> None:
     name = wanted.inst.name
+    record = run.records.get(name)
     job = record.slurm_job if record is not None else ""
     info = (await jobs(login.host, [job]))[job] if job else None
-    if record is not None and info is not None and info.is_active and not force:
+    if record is not None and info is not None and info.is_active and not run.force:
         if record.pid and info.state == "RUNNING":
             async with node_session(fleet.file, login, info.node, info.job_id) as node:
                 running, _ = await find_running(node, wanted, record)
                 if running and not process_drift(wanted.command, running, wanted.secret_value):
-                    await keep_running(node, wanted, record, fleet.engine, out, running, progress)
+                    await keep_running(node, wanted, record, run, out, running)
                     return
         elif record.script_sha256 == wanted.sha256:  # queued by an earlier `up`: take it over
-            progress(name, f"Slurm job {job} is already queued for it: waiting for it")
+            run.progress(name, f"Slurm job {job} is already queued for it: waiting for it")
             out.action = Action.STARTED
-            await _follow(fleet, login, wanted, record, out, progress, on_record)
+            await _follow(fleet, login, wanted, record, out, run)
             return
     jname = job_name(fleet.path, name)
     old = await queued(login.host, [jname])
     if old:
-        why = "restart" if force else "flags or env changed, or its process is gone"
-        progress(name, f"cancelling Slurm job {', '.join(old)} ({why})")
+        why = "restart" if run.force else "flags or env changed, or its process is gone"
+        run.progress(name, f"cancelling Slurm job {', '.join(old)} ({why})")
         await cancel(login.host, [jname])
         await wait_left(login, [jname])
     if await _stop_leftover(fleet, login, record):  # its job ended but the process lives: port, GPU
-        progress(name, f"stopped pid {record.pid if record else '?'}, left on its node by an ended job")
+        run.progress(name, f"stopped pid {record.pid if record else '?'}, left on its node by an ended job")
     out.action = Action.REPLACED if old else Action.STARTED
-    rec = await _submit(fleet, login, wanted, progress)
-    on_record(rec)
-    await _follow(fleet, login, wanted, rec, out, progress, on_record)
+    rec = await _submit(fleet, login, wanted, run.progress)
+    run.on_record(rec)
+    await _follow(fleet, login, wanted, rec, out, run)
 
 
 async def _submit(
@@ -263,14 +239,10 @@ async def _submit(
 ) -> InstanceRecord:
     """Push the key files, launch.sh and the job script (verified), then sbatch; the record names the job."""
     paths, host = wanted.command.paths, login.host
-    await host.run(["sh", "-c", PRIVATE_DIR_SH, "fleetgen", paths.root])
-    for path, data in wanted.command.secret_files(wanted.secret_value or "").items():
-        await host.put(path, data, mode=0o600)
-    await host.put(paths.script, wanted.script.encode(), mode=0o700)
+    log = await push_launch(host, wanted)
     job_script = posixpath.join(paths.root, JOB_SCRIPT)
     await host.put(job_script, JOB_SH.encode(), mode=0o700)
     await host.run(["rm", "-f", "--", paths.pidfile])  # the job writes its own: an old one must not count
-    log = paths.log_for(datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ"))
     name = job_name(fleet.path, wanted.inst.name)
     job = await sbatch(
         host, sbatch_argv(_cluster(fleet), wanted, name, [job_script, paths.script, log, paths.pidfile])
@@ -280,29 +252,22 @@ async def _submit(
 
 
 async def _follow(
-    fleet: Fleet,
-    login: HostSession,
-    wanted: WantedInstance,
-    rec: InstanceRecord,
-    out: Outcome,
-    progress: Narrate,
-    on_record: Callable[[InstanceRecord], None],
+    fleet: Fleet, login: HostSession, wanted: WantedInstance, rec: InstanceRecord, out: Outcome, run: Rollout
 ) -> None:
     """Wait for the allocation, learn node and PID, then the SSH hosts' chain: ready, listener, verify."""
-    info = await wait_running(
-        login, rec.slurm_job, wanted.inst.name, progress, _cluster(fleet).pending_timeout_s
-    )
+    timeout_s = _cluster(fleet).pending_timeout_s
+    info = await wait_running(login, rec.slurm_job, wanted.inst.name, run.progress, timeout_s)
     jname = job_name(fleet.path, wanted.inst.name)
     async with node_session(fleet.file, login, info.node, info.job_id) as node:
         pid, start_time = await _engine_pid(node, wanted, rec.slurm_job)
         rec = replace(rec, pid=pid, start_time=start_time, node=info.node)
-        on_record(rec)
+        run.on_record(rec)
         out.record, out.pid, out.log_path = rec, pid, rec.log_path
 
         async def undo() -> None:
             await cancel(login.host, [jname])
 
-        await follow_launch(node, wanted, rec, fleet.engine, out, progress, undo=undo)
+        await follow_launch(node, wanted, rec, run, out, undo=undo)
 
 
 async def _engine_pid(node: HostSession, wanted: WantedInstance, job: str) -> tuple[int, int]:
