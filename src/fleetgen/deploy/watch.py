@@ -176,15 +176,20 @@ async def wait_ready(
         if fatal:
             await asyncio.sleep(SETTLE_S)
             await poll_once(proc.host, watch, proc.pid, proc.start_time)
-            raise _launch_failed(proc, watch, fatal[0], fatal[1], signatures)
+            raise _failed(proc, watch, signatures, fatal)
         if not watch.is_alive:
             await poll_once(proc.host, watch, proc.pid, proc.start_time)
-            raise _exited(proc, watch, signatures)
+            raise _failed(proc, watch, signatures)
         if await client.is_healthy(engine.health_path):
             return watch
         elapsed = time.monotonic() - since
         if elapsed > timeout_s:
-            raise _timed_out(proc, watch, timeout_s)
+            raise ReadyTimeout(
+                f"{proc.instance}: not healthy after {timeout_s:.0f}s (the process still runs)",
+                fix="big models take minutes to load: raise engine.ready_timeout_s; if the log stopped "
+                f"moving, read it with `fleetgen logs {proc.instance}`",
+                context=_context(proc, watch),
+            )
         if progress and time.monotonic() - last_report >= 5.0:
             last_report = time.monotonic()
             last = watch.lines[-1][:120] if watch.lines else "(log empty so far)"
@@ -203,70 +208,36 @@ def _context(proc: StartedProcess, watch: LogWatch, **extra: object) -> dict[str
     }
 
 
-def _launch_failed(
+def _failed(
     proc: StartedProcess,
     watch: LogWatch,
-    sig: FatalSignature,
-    line: str,
     signatures: Sequence[FatalSignature],
+    fatal: tuple[FatalSignature, str] | None = None,
 ) -> LaunchFailed:
-    """A fatal line was logged; when the engine's words put the cause elsewhere, name the root cause."""
-    if not POINTS_ELSEWHERE.search(line):
+    """Why a start failed: `fatal`, the fatal line that ended the wait, or (None) the process exited. The
+    root-cause exception is named when the process exited or the engine's words put the cause elsewhere."""
+    lines = [*watch.lines, watch.partial]
+    headline = f"{proc.instance}: " + (fatal[0].cause if fatal else "the process exited while starting")
+    if fatal is None or POINTS_ELSEWHERE.search(fatal[1]):
+        root = root_cause(lines)
+        if root is not None:
+            known = first_fatal([root], signatures)
+            cause = f"{known[0].cause}: " if known and known[0].cause not in headline else ""
+            matched = (fatal[1] if fatal else root).strip()[:300]
+            return LaunchFailed(
+                f"{headline}: {cause}{root}",
+                fix=known[0].fix if known else "read the traceback that ends with it in the log",
+                context=_context(proc, watch, matched=matched, **{"root cause": root[:300]}),
+            )
+    if fatal is None and (found := first_fatal(lines, signatures)):
+        headline, fatal = f"{headline}: {found[0].cause}", found
+    if fatal is None:
         return LaunchFailed(
-            f"{proc.instance}: {sig.cause}",
-            fix=sig.fix,
-            context=_context(proc, watch, matched=line.strip()[:300]),
-        )
-    return _from_root_cause(proc, watch, f"{proc.instance}: {sig.cause}", sig.fix, line, signatures)
-
-
-def _from_root_cause(
-    proc: StartedProcess,
-    watch: LogWatch,
-    headline: str,
-    fallback_fix: str,
-    matched: str,
-    signatures: Sequence[FatalSignature],
-) -> LaunchFailed:
-    root = root_cause([*watch.lines, watch.partial])
-    if root is None:
-        return LaunchFailed(headline, fix=fallback_fix, context=_context(proc, watch, matched=matched[:300]))
-    known = first_fatal([root], signatures)
-    fix = known[0].fix if known else "read the traceback that ends with it in the log"
-    cause = f"{known[0].cause}: " if known and known[0].cause not in headline else ""
-    return LaunchFailed(
-        f"{headline}: {cause}{root}",
-        fix=fix,
-        context=_context(proc, watch, matched=matched.strip()[:300], **{"root cause": root[:300]}),
-    )
-
-
-def _exited(proc: StartedProcess, watch: LogWatch, signatures: Sequence[FatalSignature]) -> LaunchFailed:
-    """The process is gone: the root-cause exception if it raised one, else the first fatal line."""
-    headline = f"{proc.instance}: the process exited while starting"
-    root = root_cause([*watch.lines, watch.partial])
-    if root is not None:
-        return _from_root_cause(proc, watch, headline, "", root, signatures)
-    fatal = first_fatal([*watch.lines, watch.partial], signatures)
-    if fatal:
-        sig, line = fatal
-        return LaunchFailed(
-            f"{headline}: {sig.cause}",
-            fix=sig.fix,
-            context=_context(proc, watch, matched=line.strip()[:300]),
+            f"{headline} (killed, or it stopped without logging a known error)",
+            fix=f"read the log ({proc.log_path}); if it was killed (OOM killer, a person), "
+            "check `dmesg` on the host, then run `fleetgen up` again",
+            context=_context(proc, watch),
         )
     return LaunchFailed(
-        f"{headline} (killed, or it stopped without logging a known error)",
-        fix=f"read the log ({proc.log_path}); if it was killed (OOM killer, a person), "
-        "check `dmesg` on the host, then run `fleetgen up` again",
-        context=_context(proc, watch),
-    )
-
-
-def _timed_out(proc: StartedProcess, watch: LogWatch, timeout_s: float) -> ReadyTimeout:
-    return ReadyTimeout(
-        f"{proc.instance}: not healthy after {timeout_s:.0f}s (the process still runs)",
-        fix="big models take minutes to load: raise engine.ready_timeout_s; if the log stopped "
-        "moving, read it with `fleetgen logs " + proc.instance + "`",
-        context=_context(proc, watch),
+        headline, fix=fatal[0].fix, context=_context(proc, watch, matched=fatal[1].strip()[:300])
     )
