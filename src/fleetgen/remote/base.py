@@ -4,9 +4,9 @@ Commands are argv lists, never shell strings built by concatenation. Every remot
 `put` verifies a sha256 computed on the target; `spawn` returns the PID *and* its start time so a later
 `inspect` can tell the same process from a reused PID.
 
-A subclass supplies the transport (`_exec`, `_write_temp`, `_stream_lines`, `forward`; `_open`, `_shutdown`
-and a faster `read` where it has them); `Host` turns it into verified puts, detached spawns, /proc inspection
-and group stops, so every kind of host behaves the same, down to the error messages.
+A subclass supplies the transport (`_exec`, `_stream_lines`, `forward`; `_open`, `_shutdown` and a faster
+`read` / `_write_temp` / `_makedirs` where it has them); `Host` turns it into verified puts, detached
+spawns, /proc inspection and group stops, so every kind of host behaves the same, down to the error messages.
 """
 
 from __future__ import annotations
@@ -80,9 +80,15 @@ class Host(ABC):
     async def _exec(self, argv: Sequence[str], stdin: bytes | None, timeout_s: float) -> Output:
         """Run argv → (exit status, stdout, stderr); ConnectionLost / CommandError on transport trouble."""
 
-    @abstractmethod
     async def _write_temp(self, path: str, data: bytes, mode: int) -> None:
-        """Create `path` (new), write `data`, fsync, set `mode`."""
+        """Create `path` (new), write `data`, fsync, set `mode`: through stdin (a transport may do better)."""
+        result = await self.run(scripts.sh(scripts.WRITE_SH, path, f"{mode:o}"), check=False, stdin=data)
+        if result.exit_status != 0:
+            raise self.command_error(
+                result,
+                f"cannot write {path} on {self.name}",
+                f"check free disk and permissions on {self.name}",
+            )
 
     @abstractmethod
     def _stream_lines(self, argv: Sequence[str]) -> AsyncIterator[str]:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import AsyncIterator, Sequence
-from pathlib import Path
 
 from fleetgen.remote.base import Host, Output
 
@@ -37,16 +35,6 @@ class LocalHost(Host):
         assert proc.returncode is not None  # communicate() returned, so the process was reaped
         return proc.returncode, out, err
 
-    async def _makedirs(self, folder: str) -> str | None:
-        try:
-            await asyncio.to_thread(os.makedirs, folder, exist_ok=True)
-        except OSError as exc:
-            return exc.strerror or str(exc)
-        return None
-
-    async def _write_temp(self, path: str, data: bytes, mode: int) -> None:
-        await asyncio.to_thread(_write_fsync, path, data, mode)
-
     async def _stream_lines(self, argv: Sequence[str]) -> AsyncIterator[str]:
         proc = await asyncio.create_subprocess_exec(
             *argv,
@@ -67,14 +55,3 @@ class LocalHost(Host):
         """The host is this machine: its 127.0.0.1:port is already reachable."""
         self._check_usable()
         return remote_port
-
-    async def home(self) -> str:
-        return str(Path.home())
-
-
-def _write_fsync(path: str, data: bytes, mode: int) -> None:
-    with open(path, "xb", opener=lambda p, flags: os.open(p, flags, mode)) as fh:
-        fh.write(data)
-        fh.flush()
-        os.fchmod(fh.fileno(), mode)  # the umask may have masked bits off at creation
-        os.fsync(fh.fileno())

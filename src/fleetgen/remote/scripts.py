@@ -72,6 +72,9 @@ final=$(sha256sum < "$dest") || exit 75
 printf '%s %s\n' "$got" "${final%% *}"
 """
 
+# $1 path (new: noclobber), $2 mode (octal): what stdin carries, synced to disk.
+WRITE_SH = 'umask 077; set -C; cat > "$1" && sync -- "$1" && chmod "$2" -- "$1"'
+
 # Free space (1 KiB blocks) of the nearest existing folder of a path that may not exist yet.
 DISK_FREE_SH = r"""
 d=$1

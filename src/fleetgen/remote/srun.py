@@ -14,9 +14,6 @@ from collections.abc import AsyncIterator, Sequence
 from fleetgen.errors import RemoteError
 from fleetgen.remote.base import Host, Output
 
-# $1 path (new), $2 mode (octal): what stdin carries, synced to disk.
-_WRITE_SH = 'umask 077; set -C; cat > "$1" && sync -- "$1" && chmod "$2" -- "$1"'
-
 
 class SrunHost(Host):
     """The node of Slurm job `job`, each command a step (`srun --overlap`) started from `submit`."""
@@ -33,13 +30,6 @@ class SrunHost(Host):
     async def _exec(self, argv: Sequence[str], stdin: bytes | None, timeout_s: float) -> Output:
         result = await self.submit.run(self._step(argv), check=False, stdin=stdin, timeout=timeout_s)
         return result.exit_status, result.stdout.encode(), result.stderr.encode()
-
-    async def _write_temp(self, path: str, data: bytes, mode: int) -> None:
-        result = await self.run(
-            ["sh", "-c", _WRITE_SH, "fleetgen", path, f"{mode:o}"], check=False, stdin=data
-        )
-        if result.exit_status != 0:
-            raise self.command_error(result, f"cannot write {path} on {self.name} (Slurm job {self.job})")
 
     async def _stream_lines(self, argv: Sequence[str]) -> AsyncIterator[str]:
         raise RemoteError(
