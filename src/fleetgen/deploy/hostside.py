@@ -104,7 +104,6 @@ class HostSurvey:
     has_nvidia_smi: bool
     uptime_s: float
     clk_tck: int
-    checks: dict[str, str] = field(default_factory=dict)
     measured_at: float = field(default_factory=time.monotonic)
     gpus: tuple[GpuFacts, ...] = ()  # nvidia-smi's total and free memory per GPU, when it answered
     engine_version: str | None = None  # what the engine's python imports; None: not installed / unknown
@@ -156,7 +155,6 @@ async def prepare_host(
         has_nvidia_smi=kv.get("nvidia_smi") == "yes",
         uptime_s=float(kv.get("uptime") or 0),
         clk_tck=int(kv.get("clk_tck") or 100),
-        checks=kv,
         engine_version=kv.get("engine_version") or None,
         mem_available_bytes=int(kv["mem_available_kib"]) * 1024
         if kv.get("mem_available_kib", "").isdigit()

@@ -41,7 +41,6 @@ class InstanceRecord:
     launched_at: str
     argv: tuple[str, ...] = ()
     env_names: tuple[str, ...] = ()
-    public_url: str | None = None
     engine_version: str | None = None  # the version that decided argv (the host's, else engine.version)
     rule_set: str = ""  # the rule set read for it (`sglang-0.5.23`)
     slurm_job: str = ""  # a Slurm placement: the job that runs it (pid 0 until the job started)

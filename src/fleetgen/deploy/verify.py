@@ -140,10 +140,6 @@ def flag_value(args: Sequence[str], names: Sequence[str]) -> str | None:
     return value
 
 
-def is_spec_configured(args: Sequence[str]) -> bool:
-    return flag_value(args, SPEC_FLAGS) is not None
-
-
 def view_mismatches(args: Sequence[str], info: Mapping[str, Any], engine: Engine) -> list[str]:
     """Flags set in `args` whose effect the engine's info JSON does not show (its `view_checks`: SGLang's
     /server_info); empty when all match."""
@@ -204,10 +200,6 @@ def capacity_from_info(info: Any) -> dict[str, float]:
     return found
 
 
-def capacity_rows(planned: Mapping[str, float], actual: Mapping[str, float]) -> list[CapacityRow]:
-    return [CapacityRow(what, planned.get(what), actual.get(what)) for what in sorted({*planned, *actual})]
-
-
 async def verify_engine(
     command: Command,
     engine: Engine,
@@ -221,9 +213,17 @@ async def verify_engine(
     out.info = await client.info(engine.info_paths)
     _check_view(command, engine, client, out.info)
     before = await client.metrics(engine.metrics_path)
-    reply = await client.chat(probe_body(out.model))
+    reply = await client.chat(
+        {
+            "model": out.model,
+            "messages": [{"role": "user", "content": PROBE_PROMPT}],
+            "max_tokens": PROBE_MAX_TOKENS,
+            "temperature": 0,  # thinking off: the few tokens go to the answer
+            "chat_template_kwargs": {"enable_thinking": False},
+        }
+    )
     after = await client.metrics(engine.metrics_path)
-    if is_spec_configured(command.args):
+    if flag_value(command.args, SPEC_FLAGS) is not None:
         info = await client.info(engine.info_paths)  # SGLang's averages, as they are after the request
         evidence = spec_evidence(engine.metrics, before.samples, after.samples, info, reply.completion_tokens)
         out.accept_length = _check_spec(command.instance, evidence, out, client.base_url)
@@ -232,26 +232,16 @@ async def verify_engine(
         **capacity_from_info(out.info),
         **capacity_from_metrics(engine.metrics, after.text),
     }
-    out.capacity = capacity_rows(planned, actual)
+    out.capacity = [CapacityRow(w, planned.get(w), actual.get(w)) for w in sorted({*planned, *actual})]
     mrr = actual.get("max_running_requests")
     out.max_running_requests = int(mrr) if mrr else None
     return out
 
 
-def probe_body(model: str) -> dict[str, Any]:
-    """The test chat request: short, at temperature 0, thinking off."""
-    return {
-        "model": model,
-        "messages": [{"role": "user", "content": PROBE_PROMPT}],
-        "max_tokens": PROBE_MAX_TOKENS,
-        "temperature": 0,
-        "chat_template_kwargs": {"enable_thinking": False},
-    }
-
-
 def _check_view(command: Command, engine: Engine, client: EngineClient, info: Any) -> None:
     """Refuse when the engine's own view (SGLang's /server_info) contradicts the flags it was given."""
-    if not (_looks_like_server_args(info) or (isinstance(info, dict) and "internal_states" in info)):
+    is_server_args = isinstance(info, dict) and ("model_path" in info or "mem_fraction_static" in info)
+    if not (is_server_args or (isinstance(info, dict) and "internal_states" in info)):
         return
     problems = view_mismatches(command.args, info, engine)
     if problems:
@@ -277,7 +267,3 @@ def _check_spec(instance: str, evidence: SpecEvidence, out: Verified, url: str) 
         out.warnings.append(warning)
     out.spec_steps = evidence.steps
     return evidence.accept_length
-
-
-def _looks_like_server_args(info: Any) -> bool:
-    return isinstance(info, dict) and ("model_path" in info or "mem_fraction_static" in info)

@@ -186,7 +186,4 @@ def _is_listed(path: Path, entry: HostEntry) -> bool:
 
 def _keyscan_type(algorithm: str) -> str:
     """ssh-keyscan's `-t` name for an SSH host key algorithm ("" when unknown: scan them all)."""
-    for marker, kind in (("ed25519", "ed25519"), ("ecdsa", "ecdsa"), ("rsa", "rsa")):
-        if marker in algorithm:
-            return kind
-    return ""
+    return next((kind for kind in ("ed25519", "ecdsa", "rsa") if kind in algorithm), "")
