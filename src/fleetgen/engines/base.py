@@ -121,10 +121,6 @@ class RuleSet:
     source: str = ""  # where the facts were read (release wheel), for the plan's output
 
     @property
-    def refuses_spec_no_buffer_radix(self) -> bool:
-        return self.spec_no_buffer_radix == "raises"
-
-    @property
     def joint_mamba_spec_solve(self) -> bool:
         return self.mamba_pool_solve.startswith("joint")
 

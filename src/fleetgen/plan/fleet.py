@@ -66,7 +66,12 @@ def plan_instance(
         return replace(base, errors=(gpu,))
     ask = Ask(dict(cfg.args), dict(cfg.env), cfg.tp, gpu.free_bytes, gpu.total_bytes, launch.rules, shape)
     sized = size(cfg.kind, ask)
-    warnings = [*sized.warnings, *(Issue("model", note) for note in shape.notes), *_facts_warning(gpu, inst)]
+    warnings = [*sized.warnings, *(Issue("model", note) for note in shape.notes)]
+    if not gpu.measured:
+        fix = "run `fleetgen plan` without --offline to read nvidia-smi on the host"
+        warnings.append(
+            Issue("gpu-facts", f"GPU memory of {inst.host} is from the fleet file, not measured", fix)
+        )
     fixes = ranked_fixes(cfg.kind, ask, sized) if not sized.fits else ()
     errors = list(sized.errors)
     if target is not None:
@@ -82,18 +87,6 @@ def plan_instance(
         fixes=fixes,
         resolved=dict(sized.resolved),
     )
-
-
-def _facts_warning(gpu: GpuFacts, inst: Instance) -> list[Issue]:
-    if gpu.measured:
-        return []
-    return [
-        Issue(
-            "gpu-facts",
-            f"GPU memory of {inst.host} is from the fleet file, not measured",
-            "run `fleetgen plan` without --offline to read nvidia-smi on the host",
-        )
-    ]
 
 
 def _binding_gpu(inst: Instance, facts: HostFacts) -> GpuFacts | Issue:
@@ -248,15 +241,10 @@ def _host_memory(
         pinned[machine] += plan.memory.hicache_host_bytes
         available.setdefault(machine, _facts_of(facts, plan.host).mem_available_bytes)
     errors = []
+    fix = "set hicache-size (GB per pool per instance) or a lower hicache-ratio"
     for machine, want in pinned.items():
         have = available.get(machine)
         if want and have is not None and want > have - HICACHE_RESERVE_BYTES:
             text = HICACHE_HOST_MEMORY.format(req=want / 1e9, avail=(have - HICACHE_RESERVE_BYTES) / 1e9)
-            errors.append(
-                Issue(
-                    "hicache-host-memory",
-                    f"{machine}: {text}",
-                    "set hicache-size (GB per pool per instance) or a lower hicache-ratio",
-                )
-            )
+            errors.append(Issue("hicache-host-memory", f"{machine}: {text}", fix))
     return errors

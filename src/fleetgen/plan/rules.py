@@ -62,7 +62,7 @@ def spec_no_buffer_radix(x: RuleInput) -> Found:
         return _warning("spec-no-buffer-radix", text, extra_buffer_fix(r))
     if not (x.shape.is_hybrid and s.is_spec and s.is_radix and s.strategy == "no_buffer"):
         return Found()
-    if r.refuses_spec_no_buffer_radix:
+    if r.spec_no_buffer_radix == "raises":
         return _error("spec-no-buffer-radix", SPEC_NO_BUFFER_RADIX.format(arch=arch), extra_buffer_fix(r))
     if r.spec_no_buffer_radix == "unchecked":
         text = (

@@ -56,9 +56,6 @@ class HostFacts:
     mem_available_bytes: int | None = None
     engine_version: str | None = None
 
-    def gpu(self, index: int) -> GpuFacts | None:
-        return next((g for g in self.gpus or () if g.index == index), None)
-
 
 @dataclass(frozen=True)
 class Memory:
