@@ -7,12 +7,7 @@ Modules: `types` (values in and out), `settings` (SGLang flags as the engine res
 
 from __future__ import annotations
 
-from fleetgen.plan.fleet import (
-    cross_instance_errors,
-    engine_rejections,
-    facts_from_file,
-    plan_fleet,
-)
+from fleetgen.plan.fleet import cross_instance_errors, engine_rejections, facts_from_file, plan_fleet
 from fleetgen.plan.instance import API_KEY_CONFIG, Launch, decide_launch
 from fleetgen.plan.types import FleetPlan, GpuFacts, HostFacts, InstancePlan, Issue
 

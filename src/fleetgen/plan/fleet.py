@@ -50,28 +50,19 @@ def plan_instance(
     """Size and check one instance that runs `launch` (`decide_launch`'s); fixes when it does not fit;
     flags for `target`."""
     cfg = fleet.engine
+    rules = launch.rules
     base = InstancePlan(
-        inst.name,
-        inst.host,
-        inst.gpus,
-        inst.port,
-        cfg.kind,
-        launch.rules.name,
-        Memory(),
-        launch.argv,
-        launch.env,
+        inst.name, inst.host, inst.gpus, inst.port, cfg.kind, rules.name, Memory(), launch.argv, launch.env
     )
     gpu = _binding_gpu(inst, facts)
     if isinstance(gpu, Issue):
         return replace(base, errors=(gpu,))
-    ask = Ask(dict(cfg.args), dict(cfg.env), cfg.tp, gpu.free_bytes, gpu.total_bytes, launch.rules, shape)
+    ask = Ask(dict(cfg.args), dict(cfg.env), cfg.tp, gpu.free_bytes, gpu.total_bytes, rules, shape)
     sized = size(cfg.kind, ask)
     warnings = [*sized.warnings, *(Issue("model", note) for note in shape.notes)]
     if not gpu.measured:
-        fix = "run `fleetgen plan` without --offline to read nvidia-smi on the host"
-        warnings.append(
-            Issue("gpu-facts", f"GPU memory of {inst.host} is from the fleet file, not measured", fix)
-        )
+        text = f"GPU memory of {inst.host} is from the fleet file, not measured"
+        warnings.append(Issue("gpu-facts", text, "run `fleetgen plan` without --offline to read nvidia-smi"))
     fixes = ranked_fixes(cfg.kind, ask, sized) if not sized.fits else ()
     errors = list(sized.errors)
     if target is not None:

@@ -296,12 +296,8 @@ def size_instance(ask: Ask) -> Sizing:
     if 0 < memory.kv_tokens < memory.context_length:
         warnings.append(_context_warning(memory))
     if s.is_hicache:
-        memory = replace(
-            memory,
-            hicache_host_bytes=_hicache_bytes(
-                memory, s.hicache_ratio, s.hicache_size_gb, ask.shape.is_hybrid and ask.rules.hicache_hybrid
-            ),
-        )
+        pinned = _hicache_bytes(memory, s, ask.shape.is_hybrid and ask.rules.hicache_hybrid)
+        memory = replace(memory, hicache_host_bytes=pinned)
     resolved = {
         "mem_fraction_static": memory.mem_fraction_static,
         "mamba_strategy": s.strategy,
@@ -335,10 +331,11 @@ def _headroom_warning(m: Memory, with_draft: bool) -> Issue:
     )
 
 
-def _hicache_bytes(m: Memory, ratio: float, size_gb: int, is_hybrid: bool) -> int:
+def _hicache_bytes(m: Memory, s: SGLangSettings, is_hybrid: bool) -> int:
     """Pinned host RAM: a KV host pool and, for hybrid models, a Mamba host pool, both from ratio or size."""
-    if size_gb > 0:
-        return int(size_gb * 1e9) * (2 if is_hybrid else 1)
+    ratio = s.hicache_ratio
+    if s.hicache_size_gb > 0:
+        return int(s.hicache_size_gb * 1e9) * (2 if is_hybrid else 1)
     kv_host = m.kv_tokens * m.kv_bytes_per_token
     return int(ratio * kv_host) + (int(ratio * m.mamba_slots * m.state_bytes_per_request) if is_hybrid else 0)
 
