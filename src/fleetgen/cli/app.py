@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
+import pydantic_core
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -182,6 +183,11 @@ def table(columns: str, *, numbers: bool = False, no_wrap: bool = False, **optio
     for index, name in enumerate(columns.split("|")):
         grid.add_column(name, justify="right" if numbers and index else "left", no_wrap=no_wrap)
     return grid
+
+
+def print_json(value: object, indent: int | None = 2) -> None:
+    """`--json`: a value (dataclasses, paths and enums included) as JSON on stdout."""
+    print(pydantic_core.to_json(value, indent=indent).decode(), flush=True)
 
 
 def warn(message: str) -> None:

@@ -7,7 +7,6 @@ and draws the PNG with the dashboard's chart renderer (`dashboard.svg`, rasteris
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,7 +16,7 @@ from rich.table import Table
 
 from fleetgen.bench.fleet import bench_fleet, compare_spec
 from fleetgen.bench.stats import DEFAULT_CONCURRENCIES, GREEDY, OWN_FIELDS, BenchLoad, LevelResult, SpeedupRow
-from fleetgen.cli.app import FLEET_OPTION, Endpoints, app, console, err_console, flag, run, table
+from fleetgen.cli.app import FLEET_OPTION, Endpoints, app, console, err_console, flag, print_json, run, table
 from fleetgen.config import JobFile, load_job
 from fleetgen.dashboard import chromium, svg
 from fleetgen.errors import ConfigError
@@ -194,12 +193,7 @@ def _check_args(scope: str, compare: bool, endpoint: list[str] | None) -> None:
 
 def _print(load: BenchLoad, levels: Sequence[LevelResult], rows: Sequence[SpeedupRow], as_json: bool) -> None:
     if as_json:
-        doc = {
-            "load": dataclasses.asdict(load),
-            "levels": [dataclasses.asdict(r) for r in levels],
-            "speedups": [dataclasses.asdict(r) for r in rows],
-        }
-        console.print_json(json.dumps(doc, default=str))
+        print_json({"load": load, "levels": levels, "speedups": rows})
         return
     console.print(level_table(levels, f"fleetgen bench: in {load.input_len} / out {load.output_len} tokens"))
     if rows:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from fleetgen.cli.app import (
     err_console,
     exit_with,
     flag,
+    print_json,
     remember_key,
     render_error,
     run,
@@ -160,7 +160,7 @@ def status(
     if not watch:
         statuses = run(fleet_status(fleet, only=only))
         if as_json:
-            print(json.dumps([s.to_json() for s in statuses], indent=2))
+            print_json([s.to_json() for s in statuses])
         else:
             console.print(_table(statuses))
         if any(s.readiness is not Readiness.READY for s in statuses):
@@ -174,7 +174,7 @@ async def _watch(fleet: Path, only: list[str] | None, as_json: bool, interval: f
         while True:
             statuses = await view.refresh(rate_window_s=0)
             if as_json:
-                print(json.dumps([s.to_json() for s in statuses]), flush=True)
+                print_json([s.to_json() for s in statuses], indent=None)
             else:
                 console.clear()
                 console.print(_table(statuses))

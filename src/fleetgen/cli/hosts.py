@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from pathlib import Path
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from fleetgen.cli.app import FLEET_OPTION, app, console, exit_with, flag, run, table, warn
+from fleetgen.cli.app import FLEET_OPTION, app, console, exit_with, flag, print_json, run, table, warn
 from fleetgen.config import load_fleet
 from fleetgen.fleet.hostcheck import HostReport, check_hosts
 
@@ -28,7 +26,7 @@ def check(fleet: Path = FLEET_OPTION, as_json: bool = JSON_OPTION) -> None:
         for message in report.warnings:
             warn(message)
     if as_json:
-        typer.echo(json.dumps([dataclasses.asdict(report) for report in reports], indent=2))
+        print_json(reports)
     else:
         console.print(_table(reports))
         _print_problems(reports)

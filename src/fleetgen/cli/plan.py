@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
@@ -11,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from fleetgen.cli.app import FLEET_OPTION, app, console, exit_with, flag, run
+from fleetgen.cli.app import FLEET_OPTION, app, console, exit_with, flag, print_json, run
 from fleetgen.config import load_fleet
 from fleetgen.fleet.planning import plan_from_file
 from fleetgen.plan import FleetPlan, InstancePlan, Issue
@@ -34,7 +33,7 @@ def plan(
     """Plan GPU memory and flags per instance. Exit code 2 when an instance does not fit or a rule fails."""
     result = run(_plan(fleet, offline, target))
     if as_json:
-        typer.echo(json.dumps(result.to_json(), indent=2))
+        print_json(result.to_json())
     else:
         _render(result)
     if not result.fits:

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import json
 import shlex
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -31,6 +30,7 @@ from fleetgen.cli.app import (
     err_console,
     flag,
     on_stop,
+    print_json,
     run,
     table,
 )
@@ -328,9 +328,7 @@ async def _run_job(job: Job, meanwhile: Callable[[float], str], live: bool, log_
 
 def _print_summary(summary: Summary, json_out: bool) -> None:
     if json_out:
-        data = dataclasses.asdict(summary)
-        data["completions_per_s"] = summary.completions_per_s
-        console.print_json(json.dumps(data))
+        print_json({**dataclasses.asdict(summary), "completions_per_s": summary.completions_per_s})
         return
     console.print(
         f"[bold]{summary.status}[/]: {summary.completions_this_run} completions this run in "
@@ -380,7 +378,7 @@ def export_command(
 
     summary = run(go())
     if json_out:
-        console.print_json(json.dumps(dataclasses.asdict(summary)))
+        print_json(summary)
     else:
         console.print(f"wrote {summary.rows} rows to {summary.path} ({summary.format})")
         for note in summary.notes:

@@ -150,10 +150,11 @@ class FleetView:
         st.running, st.queued = load.running, load.queued
         st.gen_tokens_per_s, st.spec_accept_length = load.gen_tokens_per_s, load.spec_accept_length
         st.kv_usage = load.kv_usage
+        seqs = flag_value(w.wanted.command.args, ("max-num-seqs",))
         st.max_running_requests = (
             max_running_from_info(info)
-            or max_running_from_capacity(capacity, flag_value(w.wanted.command.args, ("max-num-seqs",)))
-            or _int(flag_value(w.wanted.command.args, ("max-num-seqs",)))
+            or max_running_from_capacity(capacity, seqs)
+            or (int(seqs) if seqs and seqs.isdigit() else None)
         )
         if st.drift:
             st.problem = "drift: the running process differs from the fleet file"
@@ -174,10 +175,6 @@ class FleetView:
         load = load_from(names, scrape, w.before, info)
         w.before = scrape
         return load, capacity
-
-
-def _int(text: str | None) -> int | None:
-    return int(text) if text and text.isdigit() else None
 
 
 @contextlib.asynccontextmanager
