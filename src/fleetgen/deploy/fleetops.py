@@ -9,22 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
 import aiohttp
 
-from fleetgen.config import LOOPBACK, HostEntry, Instance
+from fleetgen.config import HostEntry, Instance
 from fleetgen.deploy.instance import (
     HostSession,
     Narrate,
     Outcome,
     Rollout,
     ensure_up,
-    host_session,
-    is_loopback,
+    open_session,
     settle,
     stop_instance,
 )
@@ -54,33 +53,6 @@ PerHost = Callable[[HostSession, list[Instance]], Awaitable[list[Outcome]]]
 
 def _noop(_instance: str, _message: str) -> None:
     return None
-
-
-def refuse_unreachable_bind(bind: str, entry: HostEntry) -> None:
-    """A loopback bind other than 127.0.0.1 on an SSH host is the HOST's loopback: fleetgen, elsewhere, can
-    reach it neither directly nor through its tunnels (they go to 127.0.0.1). Refused before anything
-    starts."""
-    if entry.is_local or bind == LOOPBACK or not is_loopback(bind):
-        return
-    raise ConfigError(
-        f"engine.bind = {bind!r} is {entry.name}'s own loopback: fleetgen cannot reach a server there",
-        fix="keep engine.bind = '127.0.0.1' (reached through SSH tunnels), or bind '0.0.0.0' or an "
-        "address of the host with engine.api_key_env set",
-        context={"host": entry.name},
-    )
-
-
-@contextlib.asynccontextmanager
-async def open_session(
-    fleet: Fleet, entry: HostEntry, http: aiohttp.ClientSession, *, check_launch: bool = True
-) -> AsyncIterator[HostSession]:
-    """An open host plus its facts; closes the connection (and its tunnels) on exit."""
-    cfg = fleet.file.engine
-    refuse_unreachable_bind(cfg.bind, entry)
-    async with host_session(
-        entry, cfg, http, cfg.bind if cfg.is_public else None, check_launch=check_launch
-    ) as hs:
-        yield hs
 
 
 async def host_instances(fleet: Fleet, hs: HostSession) -> list[Instance]:
@@ -124,9 +96,8 @@ async def for_each_host(
 
         async def connect(entry: HostEntry) -> None:
             try:
-                hs = await stack.enter_async_context(
-                    open_session(fleet, entry, http, check_launch=check_launch)
-                )
+                session = open_session(entry, fleet.file.engine, http, check_launch=check_launch)
+                hs = await stack.enter_async_context(session)
                 opened.sessions[entry.name] = (hs, await host_instances(fleet, hs))
             except FleetgenError as exc:
                 names = selection.names(entry.name, fleet.file.instances_on(entry))
@@ -205,7 +176,7 @@ async def up(
     `plan_check` False launches even what the engine's own rules refuse (plan's flag rules)."""
     fleet = Fleet.load(fleet_path)
     secret = api_key(fleet.file)
-    shape, _ = local_shape(fleet.file)
+    shape = local_shape(fleet.file)
     plans: dict[str, InstancePlan] = {}
 
     def check(opened: Opened) -> None:

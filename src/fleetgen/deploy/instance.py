@@ -31,7 +31,7 @@ from fleetgen.deploy.state import InstanceRecord
 from fleetgen.deploy.verify import Verified, process_drift, verify_engine
 from fleetgen.deploy.watch import StartedProcess, wait_ready
 from fleetgen.engines.base import Engine
-from fleetgen.errors import FleetgenError, LaunchFailed, VerifyError
+from fleetgen.errors import ConfigError, FleetgenError, LaunchFailed, VerifyError
 from fleetgen.http.client import EngineClient
 from fleetgen.plan import Launch
 from fleetgen.remote import open_host
@@ -111,19 +111,28 @@ class HostSession:
 
 
 @contextlib.asynccontextmanager
-async def host_session(
+async def open_session(
     entry: HostEntry,
     cfg: EngineConfig,
     http: aiohttp.ClientSession,
-    public_bind: str | None,
     *,
-    check_launch: bool,
+    check_launch: bool = True,
     host: Host | None = None,
 ) -> AsyncIterator[HostSession]:
     """`entry` connected (`host`, else `open_host(entry)`) and surveyed (`prepare_host`); closes the
-    connection (and its tunnels) on exit."""
+    connection (and its tunnels) on exit. A loopback bind other than 127.0.0.1 on an SSH host is the HOST's
+    loopback, reached neither directly nor through tunnels (they go to 127.0.0.1): refused first."""
+    if not entry.is_local and cfg.bind != LOOPBACK and is_loopback(cfg.bind):
+        raise ConfigError(
+            f"engine.bind = {cfg.bind!r} is {entry.name}'s own loopback: fleetgen cannot reach a server "
+            "there",
+            fix="keep engine.bind = '127.0.0.1' (reached through SSH tunnels), or bind '0.0.0.0' or an "
+            "address of the host with engine.api_key_env set",
+            context={"host": entry.name},
+        )
     async with host or open_host(entry) as host:
         survey = await prepare_host(host, entry, cfg, check_launch=check_launch)
+        public_bind = cfg.bind if cfg.is_public else None
         yield HostSession(entry=entry, host=host, survey=survey, http=http, public_bind=public_bind)
 
 

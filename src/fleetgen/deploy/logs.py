@@ -7,7 +7,8 @@ from pathlib import Path
 
 import aiohttp
 
-from fleetgen.deploy.fleetops import host_instances, open_session
+from fleetgen.deploy.fleetops import host_instances
+from fleetgen.deploy.instance import open_session
 from fleetgen.deploy.script import InstancePaths
 from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import ConfigError
@@ -19,7 +20,10 @@ async def read_log(
     """The last `num_lines` lines of the instance's current log; with `follow`, then every new line."""
     fleet = Fleet.load(fleet_path)
     entry = fleet.file.host_of_instance(name)
-    async with aiohttp.ClientSession() as http, open_session(fleet, entry, http, check_launch=False) as hs:
+    async with (
+        aiohttp.ClientSession() as http,
+        open_session(entry, fleet.file.engine, http, check_launch=False) as hs,
+    ):
         if name not in {i.name for i in await host_instances(fleet, hs)}:
             raise ConfigError(
                 f"no instance named {name!r} on host {entry.name}",

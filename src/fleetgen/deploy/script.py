@@ -99,11 +99,6 @@ class SecretEnv:
     config_key: str | None = None
 
 
-def key_config_text(config_key: str, secret_value: str) -> str:
-    """The YAML config holding the key: a JSON string is a YAML double-quoted scalar (the key is ASCII)."""
-    return f"{config_key}: {json.dumps(secret_value)}\n"
-
-
 @dataclass(frozen=True)
 class Command:
     """Everything that decides how one instance runs; equal commands mean an equal running process."""
@@ -127,7 +122,8 @@ class Command:
             return {}
         files = {self.paths.keyfile: secret_value.encode()}
         if self.secret.config_key:
-            files[self.paths.key_config] = key_config_text(self.secret.config_key, secret_value).encode()
+            # A JSON string is a YAML double-quoted scalar (the key is ASCII).
+            files[self.paths.key_config] = f"{self.secret.config_key}: {json.dumps(secret_value)}\n".encode()
         return files
 
     @property

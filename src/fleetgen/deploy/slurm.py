@@ -36,9 +36,9 @@ from fleetgen.deploy.instance import (
     WantedInstance,
     find_running,
     follow_launch,
-    host_session,
     is_loopback,
     keep_running,
+    open_session,
     push_launch,
     remove_secret_files,
     settle,
@@ -182,8 +182,7 @@ async def node_session(
         here = login.entry.is_local and is_loopback(address)
         srun = SrunHost(login.entry.name, login.host, job, is_here=here)
     entry = HostEntry.model_validate({k: v for k, v in values.items() if v is not None})
-    session = host_session(entry, file.engine, login.http, login.public_bind, check_launch=False, host=srun)
-    async with session as hs:
+    async with open_session(entry, file.engine, login.http, check_launch=False, host=srun) as hs:
         yield hs
 
 

@@ -130,22 +130,17 @@ def build_wanted(
     )
 
 
-def local_shape(fleet: FleetFile) -> tuple[ModelShape | None, str]:
-    """The model's shape from a config.json readable HERE (engine.model_config, else engine.model).
-
-    Planned capacity is shown next to the engine's actual figures when it is available; deploying never
-    depends on it (the model may exist only on the hosts). Returns (None, why) otherwise.
-    """
-    folder = fleet.engine.model_config_dir or fleet.engine.model
-    if not (Path(folder) / "config.json").is_file():
-        return (
-            None,
-            f"no config.json in {folder} on this machine: set engine.model_config to show planned capacity",
-        )
+def local_shape(fleet: FleetFile) -> ModelShape | None:
+    """The model's shape from a config.json readable HERE (engine.model_config, else engine.model), for the
+    plan's checks and planned capacity; None without one: deploying never depends on it (the model may exist
+    only on the hosts; `fleetgen plan` says why it cannot read it)."""
+    folder = Path(fleet.engine.model_config_dir or fleet.engine.model)
+    if not (folder / "config.json").is_file():
+        return None
     try:
-        return load_model_shape(Path(folder)), ""
-    except ModelCardError as exc:
-        return None, exc.message
+        return load_model_shape(folder)
+    except ModelCardError:
+        return None
 
 
 def planned_capacity(plan: InstancePlan | None) -> dict[str, float]:

@@ -19,8 +19,8 @@ from typing import Any
 import aiohttp
 
 from fleetgen.config import LOOPBACK, HostEntry, Instance
-from fleetgen.deploy.fleetops import host_instances, open_session
-from fleetgen.deploy.instance import HostSession, WantedInstance, find_running
+from fleetgen.deploy.fleetops import host_instances
+from fleetgen.deploy.instance import HostSession, WantedInstance, find_running, open_session
 from fleetgen.deploy.listener import port_owners, stranger_problem
 from fleetgen.deploy.slurm import place
 from fleetgen.deploy.state import load_state
@@ -186,7 +186,9 @@ async def open_view(fleet: Fleet, *, only: Sequence[str] | None = None) -> Async
 
         async def connect(entry: HostEntry) -> None:
             try:
-                hs = await stack.enter_async_context(open_session(fleet, entry, http, check_launch=False))
+                hs = await stack.enter_async_context(
+                    open_session(entry, fleet.file.engine, http, check_launch=False)
+                )
                 instances = selection.pick(entry.name, await host_instances(fleet, hs))
                 if fleet.file.cluster is not None:  # placed by Slurm: each running job's node is its host
                     await _place(view, hs, instances, stack)
