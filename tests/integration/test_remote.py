@@ -153,6 +153,28 @@ async def test_stop_kills_the_whole_group_even_if_term_is_ignored(host: Host, tm
     assert (await host.inspect(child)).state is not ProcState.RUNNING
 
 
+async def test_stop_sweeps_a_group_whose_leader_has_exited_and_says_what_it_swept(
+    host: Host, tmp_path: Path
+) -> None:
+    """As vLLM's helpers after Slurm ended their job: the leader is gone, its children (reparented to init)
+    still run in its group; `stop` of the leader's PID stops them and returns their PIDs."""
+    script = tmp_path / "orphans.sh"
+    body = "#!/bin/sh\nfor i in 1 2; do (trap '' TERM; exec sleep 300) & echo child $!; done\necho left\n"
+    await host.put(str(script), body.encode(), 0o755)
+    log = tmp_path / "orphans.log"
+    spawned = await host.spawn(str(script), str(log), str(tmp_path / "o.pid"), cwd=str(tmp_path))
+    await _wait_for_line(host, str(log), "left")
+    children = [int(line.split()[1]) for line in log.read_text().splitlines() if line.startswith("child ")]
+    while True:  # the leader exits after its last line
+        if (await host.inspect(spawned.pid, spawned.start_time)).state is not ProcState.RUNNING:
+            break
+        await asyncio.sleep(0.1)
+    assert [(await host.inspect(c)).state for c in children] == [ProcState.RUNNING] * 2
+    assert sorted(await host.stop(spawned.pid, start_time=spawned.start_time, timeout=1)) == sorted(children)
+    assert ProcState.RUNNING not in [(await host.inspect(c)).state for c in children]
+    assert await host.stop(spawned.pid, start_time=spawned.start_time, timeout=1) == []  # nothing left
+
+
 async def test_tail_and_follow(host: Host, tmp_path: Path) -> None:
     log = tmp_path / "follow.log"
     log.write_text("old 1\nold 2\n")

@@ -175,6 +175,41 @@ async def test_a_slurm_fleet_serves_a_job_exactly_once_through_a_preemption(
     assert our_processes(tmp_path / "work") == []  # and no process left on the node
 
 
+# The sim, launched through `python -c`: first a helper that ignores SIGTERM, as vLLM's multiprocessing
+# helpers outlive a TERM; when Slurm ends the job the helper is reparented to init and leaves
+# proctrack/linuxproc's tree: only `down` itself can find it on the node.
+WITH_HELPER = (
+    "import runpy, subprocess; subprocess.Popen(['sh', '-c', 'trap \"\" TERM; exec sleep 600']); "
+    "runpy.run_module('fleetgen.sim', run_name='__main__', alter_sys=True)"
+)
+
+
+@pytest.mark.parametrize("verb", ["down", "restart"])
+async def test_what_the_engine_left_on_the_node_is_swept_when_its_job_ends(
+    slurm_cluster: SlurmCluster, tmp_path: Path, verb: str
+) -> None:
+    sim = {
+        "kind": "sglang",
+        "python": sys.executable,
+        "model": str(tmp_path),
+        "launcher": ["-c", WITH_HELPER],
+    }
+    fleet = write_cluster_fleet(tmp_path, engine={**sim, "ready_timeout_s": 120.0, "args": SIM_ARGS}, gpus=1)
+    try:
+        code, out, err = await cli("up", "-f", str(fleet))
+        assert code == 0, out + err
+        first = state(fleet)["slurm-0"]
+        [helper] = [p for p in our_processes(tmp_path / "work") if p != first["pid"]]
+        code, out, err = await cli(verb, "-f", str(fleet))
+        assert code == 0, out + err
+        assert is_gone(helper) and f"swept pid(s) {helper} left" in out, out
+        assert verb == "down" or len(our_processes(tmp_path / "work")) == 2  # restart: a new server + helper
+    finally:
+        code, out, err = await cli("down", "-f", str(fleet))
+    assert code == 0, out + err
+    assert slurm_cluster.job_ids() == [] and our_processes(tmp_path / "work") == []
+
+
 @pytest.mark.parametrize(
     ("cluster", "slurm_says", "fix"),
     [

@@ -59,6 +59,8 @@ def _report(outcomes: Sequence[Outcome], verb: str) -> None:
             line += f", {out.url}"
         if out.elapsed_s:
             line += f", {out.elapsed_s:.1f}s"
+        if out.swept:
+            line += f", swept pid(s) {', '.join(map(str, out.swept))} left on the node"
         console.print(line, highlight=False)
         _print_verified(out)
     total = len(outcomes)

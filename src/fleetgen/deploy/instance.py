@@ -174,6 +174,7 @@ class Outcome:
     verified: Verified | None = None
     elapsed_s: float = 0.0
     record: InstanceRecord | None = field(default=None, repr=False)
+    swept: list[int] = field(default_factory=list)  # a Slurm job's leftovers on its node, stopped
 
 
 async def find_running(

@@ -225,8 +225,9 @@ async def _ensure(
         run.progress(name, f"cancelling Slurm job {', '.join(old)} ({why})")
         await cancel(login.host, [jname])
         await wait_left(login, [jname])
-    if await _stop_leftover(fleet, login, record):  # its job ended but the process lives: port, GPU
-        run.progress(name, f"stopped pid {record.pid if record else '?'}, left on its node by an ended job")
+    out.swept = await _sweep(fleet, login, record)  # its job ended but processes live: port, GPU
+    if out.swept:
+        run.progress(name, f"swept pid(s) {', '.join(map(str, out.swept))}, left on its node by an ended job")
     out.action = Action.REPLACED if old else Action.STARTED
     rec = await _submit(fleet, login, wanted, run.progress)
     run.on_record(rec)
@@ -305,7 +306,7 @@ async def down_jobs(
     fleet: Fleet, login: HostSession, all_wanted: Sequence[WantedInstance], records: dict[str, InstanceRecord]
 ) -> list[Outcome]:
     """`down`: scancel every job of ours (by name, whatever the state file says), wait until Slurm lists
-    none, then check on the node that no process of ours is left (stopped if one is)."""
+    none, then sweep on the node what the job left there (`_sweep`)."""
     names = [job_name(fleet.path, t.inst.name) for t in all_wanted]
     before = set((await queued(login.host, names)).values())
     await cancel(login.host, names)
@@ -315,24 +316,22 @@ async def down_jobs(
         out = Outcome(instance=wanted.inst.name, host=login.entry.name)
         try:
             await remove_secret_files(login.host, wanted.command)
-            stopped = await _stop_leftover(fleet, login, records.get(wanted.inst.name))
-            out.action = Action.STOPPED if jname in before or stopped else Action.ABSENT
+            out.swept = await _sweep(fleet, login, records.get(wanted.inst.name))
+            out.action = Action.STOPPED if jname in before or out.swept else Action.ABSENT
         except FleetgenError as exc:
             out.error = exc
         outs.append(out)
     return outs
 
 
-async def _stop_leftover(fleet: Fleet, login: HostSession, rec: InstanceRecord | None) -> bool:
-    """A process of the recorded launch still alive on its node after its job is gone: stop it."""
+async def _sweep(fleet: Fleet, login: HostSession, rec: InstanceRecord | None) -> list[int]:
+    """What the recorded launch left alive on its node after its job is gone, stopped as SSH hosts stop a
+    server (its process group, TERM then KILL): the engine, or its helpers that Slurm's process tracking lost
+    when their parent died (reparented to init). Returns their PIDs."""
     if rec is None or not rec.pid or not rec.node or _cluster(fleet).node_access == "srun":
-        return False  # through srun, nothing runs on the node outside a job: Slurm ended its steps with it
+        return []  # through srun, nothing runs on the node outside a job: Slurm ended its steps with it
     async with node_session(fleet.file, login, rec.node, rec.slurm_job) as node:
-        info = await node.host.inspect(rec.pid, rec.start_time)
-        if not info.is_alive:
-            return False
-        await node.host.stop(rec.pid, start_time=rec.start_time)
-        return True
+        return await node.host.stop(rec.pid, start_time=rec.start_time, timeout=10.0)
 
 
 @dataclass

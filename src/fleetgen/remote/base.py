@@ -308,21 +308,25 @@ class Host(ABC):
         result = await self.run(scripts.sh(scripts.INSPECT_SH, str(pid)))
         return proc_info_from_dump(pid, result.stdout, start_time)
 
-    async def stop(self, pid: int, *, start_time: int | None = None, timeout: float = 30.0) -> None:  # noqa: ASYNC109 (the Host's public parameter name)
-        """SIGTERM the process group (or the PID if it leads none), wait, SIGKILL, confirm nothing lives.
+    async def stop(self, pid: int, *, start_time: int | None = None, timeout: float = 30.0) -> list[int]:  # noqa: ASYNC109 (the Host's public parameter name)
+        """SIGTERM the process group (or the PID if it leads none), wait, SIGKILL, confirm nothing lives;
+        returns the PIDs that were alive (what was swept).
 
         A PID whose start time differs from `start_time` belongs to another process now: never signalled.
+        A group whose leader is gone is still swept (helpers reparented to init, e.g. vLLM's after Slurm
+        ended its job): Linux reuses no PID while a live group bears its number.
         """
         self._check_usable()
         stats = await self._stats()
         me = next((s for s in stats if s.pid == pid), None)
-        if me is None or (start_time is not None and me.start_time != start_time):
-            return
-        leads_group = me.pgrp == pid
+        if me is not None and start_time is not None and me.start_time != start_time:
+            return []
+        leads_group = me is None or me.pgrp == pid
         target = f"-{pid}" if leads_group else str(pid)
+        alive = [s.pid for s in stats if (s.pgrp if leads_group else s.pid) == pid and not s.is_dead]
         for signal_name, wait_s in (("TERM", timeout), ("KILL", _KILL_GRACE_S)):
             if not _is_alive(stats, pid, leads_group):
-                return
+                return alive
             stats = await self._stats(signal_name, target)
             stats = await self._wait_stopped(stats, pid, leads_group, wait_s)
         if _is_alive(stats, pid, leads_group):
@@ -332,6 +336,7 @@ class Host(ABC):
                 "(state D, e.g. a hung GPU driver call) and need a reboot",
                 context={"host": self.name, "pid": pid},
             )
+        return alive
 
     async def _stats(self, signal_name: str = "", target: str = "") -> list[StatLine]:
         result = await self.run(scripts.sh(scripts.SIGNAL_AND_STATS_SH, signal_name, target))
