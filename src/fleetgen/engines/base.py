@@ -208,6 +208,7 @@ class Engine:
     # --- argv: `[model] engine.args [--model-flag model] --tp-flag N --host H --port P [--served-model-name]`
     model_flag: str | None = None  # None: the model path is the first (positional) argument
     tp_flag: str
+    context_flag: str  # the flag (no dashes) that caps one request's tokens, the model's length by default
     parser_body: str  # its own parser, run inside `parser_check_script` (reads `argv`, fills `out`)
 
     def build_argv(self, cfg: EngineConfig, inst: Instance, rules: RuleSet | None = None) -> list[str]:

@@ -192,6 +192,7 @@ class SGLangEngine(Engine):
     api_key_config_flag: str | None = "--config"
     model_flag = "--model-path"
     tp_flag = "--tp-size"
+    context_flag = "context-length"
     parser_body = PARSER_BODY
 
     def rejection_signatures_for(self, rules: RuleSet) -> tuple[FatalSignature, ...]:

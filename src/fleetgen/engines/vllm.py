@@ -103,4 +103,5 @@ class VLLMEngine(Engine):
     api_key_env_var: str | None = "VLLM_API_KEY"  # vllm/envs.py; --api-key would show the key to `ps`
     model_flag = None  # the model path is vLLM serve's positional argument
     tp_flag = "--tensor-parallel-size"
+    context_flag = "max-model-len"
     parser_body = PARSER_BODY

@@ -341,14 +341,10 @@ def _hicache_bytes(m: Memory, s: SGLangSettings, is_hybrid: bool) -> int:
 
 
 def variants(ask: Ask) -> list[Fix]:
-    """SGLang's own ways out: pools sized explicitly, bfloat16 Mamba state, half the context."""
-    ctx = int(ask.args.get("context-length") or ask.shape.context_length)
-    out = [Fix(1, "")]
+    """SGLang's own ways out: pools sized explicitly, bfloat16 Mamba state."""
     if ask.shape.is_hybrid:
-        out.append(Fix(2, "--mamba-ssm-dtype bfloat16", {"mamba-ssm-dtype": "bfloat16"}))
-    if ctx > 4096:
-        out.append(Fix(3, f"context {ctx} → {ctx // 2}", {"context-length": ctx // 2}))
-    return out
+        return [Fix(1, ""), Fix(2, "--mamba-ssm-dtype bfloat16", {"mamba-ssm-dtype": "bfloat16"})]
+    return [Fix(1, "")]
 
 
 def concurrency(ask: Ask, sized: Sizing, n: int) -> dict[str, Any]:

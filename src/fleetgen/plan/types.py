@@ -167,7 +167,7 @@ class Planner:
 
     engine: str  # the engine's registered name (`Engine.name`)
     size: Callable[[Ask], Sizing]  # the engine's own sizing of one instance
-    # the engine's own cheaper ways out (pool size, state precision, context); more GPUs and FP8 are shared
+    # the engine's own cheaper ways out (pool size, state precision); context, more GPUs and FP8 are shared
     variants: Callable[[Ask], list[Fix]]
     # the flags that size the pools for n running requests, given a probe sizing
     concurrency: Callable[[Ask, Sizing, int], dict[str, Any]]

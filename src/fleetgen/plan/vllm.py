@@ -201,12 +201,8 @@ def _errors(m: Memory, total_bytes: int, per_request: int) -> list[Issue]:
 
 
 def variants(ask: Ask) -> list[Fix]:
-    """vLLM's own ways out: a higher utilization, half the max-model-len."""
-    ctx = int(ask.args.get("max-model-len") or ask.shape.context_length)
-    out = [Fix(1, "--gpu-memory-utilization 0.95", {"gpu-memory-utilization": 0.95})]
-    if ctx > 4096:
-        out.append(Fix(3, f"max-model-len {ctx} → {ctx // 2}", {"max-model-len": ctx // 2}))
-    return out
+    """vLLM's own way out: a higher utilization."""
+    return [Fix(1, "--gpu-memory-utilization 0.95", {"gpu-memory-utilization": 0.95})]
 
 
 def concurrency(ask: Ask, sized: Sizing, n: int) -> dict[str, Any]:
