@@ -143,19 +143,12 @@ TIMELINE: tuple[Change, ...] = (
 )
 
 
-def _features_at(version: str) -> dict[str, Any]:
-    key = release(version)
-    values: dict[str, Any] = {}
-    for change in sorted(TIMELINE, key=lambda c: release(c.first)):
-        if release(change.first) <= key:
-            values[change.feature] = change.value
-    return values
-
-
 def rules_for(version: str) -> RuleSet:
-    """The rule set of one release read, named after it (`sglang-0.5.15`)."""
-    values = _features_at(version)
+    """The rule set of one release read, named after it (`sglang-0.5.15`): every feature's latest value at or
+    before it."""
     key = release(version)
+    changes = sorted((c for c in TIMELINE if release(c.first) <= key), key=lambda c: release(c.first))
+    values: dict[str, Any] = {c.feature: c.value for c in changes}
     name, source = f"sglang-{version}", f"sglang=={version} wheel"
     return RuleSet(name=name, engine="sglang", min_version=key, max_version=key, source=source, **values)
 
