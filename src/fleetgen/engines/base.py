@@ -349,35 +349,16 @@ class Translation:
 
 def translate_args(args: Mapping[str, ArgValue | list[ArgValue]], rules: RuleSet | None) -> Translation:
     """Rewrite flags renamed in `rules`' era to the names that era accepts (first replacement)."""
-    if rules is None:
-        return Translation(dict(args))
-    table = {r.old: r.new[0] for r in rules.renames}
-    out: dict[str, ArgValue | list[ArgValue]] = {}
-    renamed: list[tuple[str, str]] = []
-    for key, value in args.items():
-        new = table.get(key, key)
-        if new != key:
-            renamed.append((key, new))
-        out[new] = value
-    return Translation(out, tuple(renamed))
+    table = {r.old: r.new[0] for r in rules.renames} if rules is not None else {}
+    renamed = tuple((key, table[key]) for key in args if key in table)
+    return Translation({table.get(key, key): value for key, value in args.items()}, renamed)
 
 
 def format_args(args: Mapping[str, ArgValue | list[ArgValue]]) -> list[str]:
     """`--key value`; booleans as bare flags when true (omitted when false); lists as `--key v1 v2`."""
     argv: list[str] = []
     for key, value in args.items():
-        flag = f"--{key}"
-        if isinstance(value, bool):
-            if value:
-                argv.append(flag)
-        elif isinstance(value, list):
-            argv += [flag, *(_scalar(v) for v in value)]
-        else:
-            argv += [flag, _scalar(value)]
+        if value is not False:
+            values = [] if value is True else value if isinstance(value, list) else [value]
+            argv += [f"--{key}", *(str(v).lower() if isinstance(v, bool) else str(v) for v in values)]
     return argv
-
-
-def _scalar(value: ArgValue) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
