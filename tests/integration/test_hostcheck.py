@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 
 from fleetgen.config import EngineConfig, FleetFile, HostEntry
-from fleetgen.fleet.hostcheck import GpuInfo, check_hosts, parse_gpu_csv
+from fleetgen.deploy.hostside import GpuInfo, parse_gpu_csv
+from fleetgen.fleet.hostcheck import check_hosts
 from tests.fixtures.sshd import SshdHost, free_port, write_fleet_toml
 
 REPORT_KEYS = {

