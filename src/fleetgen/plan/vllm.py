@@ -83,12 +83,11 @@ def mamba_page_bytes(shape: ModelShape, tp: int, num_spec: int, ssm_dtype: str, 
 
 @dataclass(frozen=True)
 class Pool:
-    """vLLM's paged pool layout: block size, page, layers per group, groups by type, blocks per request."""
+    """vLLM's paged pool layout: block size, page, layers per group, Mamba groups, blocks per request."""
 
     block_size: int
     page_bytes: int
     group_size: int
-    attention_groups: int
     mamba_groups: int
     blocks_per_request: int
 
@@ -121,7 +120,7 @@ def pool_layout(shape: ModelShape, args: Mapping[str, Any], tp: int, ctx: int) -
     attn_groups = _cdiv(num_attn, group)
     mamba_groups = _cdiv(len(shape.linear_layer_ids), group) if mamba_page else 0
     per_request = attn_groups * _cdiv(ctx, block) + mamba_groups * _mamba_blocks(args, ctx, block, num_spec)
-    return Pool(block, block * attn_token, group, attn_groups, mamba_groups, per_request)
+    return Pool(block, block * attn_token, group, mamba_groups, per_request)
 
 
 def _mamba_blocks(args: Mapping[str, Any], ctx: int, block: int, num_spec: int) -> int:
