@@ -49,10 +49,8 @@ def launcher_of(cfg: EngineConfig) -> tuple[str, ...]:
 
 def engine_of_metrics(samples: Mapping[str, float]) -> Engine:
     """The registered engine whose metric prefix (`sglang:`, `vllm:`) scraped names carry; else the first."""
-    for engine in ENGINES.values():
-        if any(name.startswith(f"{engine.name}:") for name in samples):
-            return engine
-    return next(iter(ENGINES.values()))
+    first = next(iter(ENGINES.values()))
+    return next((e for e in ENGINES.values() if any(n.startswith(f"{e.name}:") for n in samples)), first)
 
 
 def all_info_paths() -> tuple[str, ...]:

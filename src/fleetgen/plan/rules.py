@@ -131,13 +131,8 @@ def renamed_flags(x: RuleInput) -> Found:
         rename = names[old]
         alts = " or ".join(f"--{n}" for n in rename.new)
         verdict = "is deprecated in" if rename.still_accepted else "is not accepted by"
-        warnings.append(
-            Issue(
-                "renamed-flag",
-                f"--{old} {verdict} {x.rules.name} ({rename.note}): fleetgen launches --{new} instead",
-                f"write {alts} in engine.args",
-            )
-        )
+        text = f"--{old} {verdict} {x.rules.name} ({rename.note}): fleetgen launches --{new} instead"
+        warnings.append(Issue("renamed-flag", text, f"write {alts} in engine.args"))
     warnings += [
         Issue("deprecated-flag", f"--{k} is deprecated in {x.rules.name}: {why}", why)
         for k, why in x.rules.deprecated_flags.items()
