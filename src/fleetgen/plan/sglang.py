@@ -119,7 +119,7 @@ class _Pool:
 def _mamba_pool(rest: float, p: int, s: SGLangSettings, rules: RuleSet) -> _Pool:
     """Mamba slots and spec scratch out of `rest` bytes (`handle_max_mamba_cache` of the release)."""
     if rules.joint_mamba_spec_solve:
-        return _joint_pool(rest, p, s, rules.mamba_pool_solve == "joint-padded")
+        return _joint_pool(rest, p, s, _padding(rules))
     d, mrr = s.draft_tokens, s.max_running_requests or 0
     scratch = p * mrr * d if s.is_spec else 0
     solve = rules.mamba_pool_solve
@@ -140,9 +140,9 @@ def _mamba_pool(rest: float, p: int, s: SGLangSettings, rules: RuleSet) -> _Pool
     return _Pool(m, scratch, rest - m * p)
 
 
-def _joint_pool(rest: float, p: int, s: SGLangSettings, padded: bool) -> _Pool:
-    """0.5.13+: Mamba pool and spec scratch solved jointly; `padded` (0.5.17+) counts the padding slot."""
-    d, rho, mrr, pad = s.draft_tokens, s.mamba_ratio, s.max_running_requests or 0, int(padded)
+def _joint_pool(rest: float, p: int, s: SGLangSettings, pad: int) -> _Pool:
+    """0.5.13+: Mamba pool and spec scratch solved jointly; `pad` (1 from 0.5.17) counts the padding slot."""
+    d, rho, mrr = s.draft_tokens, s.mamba_ratio, s.max_running_requests or 0
     budget = rest * s.mamba_full_memory_ratio / (1 + s.mamba_full_memory_ratio)
     if s.max_mamba_cache_size is not None:
         m = s.max_mamba_cache_size
@@ -157,9 +157,9 @@ def _joint_pool(rest: float, p: int, s: SGLangSettings, padded: bool) -> _Pool:
     return _Pool(m, scratch, rest - scratch - (m + pad) * p)
 
 
-def max_running(tokens: int, context: int, s: SGLangSettings, rules: RuleSet, slots: int | None) -> int:
+def max_running(tokens: int, s: SGLangSettings, rules: RuleSet, slots: int | None) -> int:
     """`resolve_max_num_reqs`: the estimate, the user's cap, token and Mamba-slot limits."""
-    estimated = max(min(int(tokens / max(context, 1) * 512), 4096), 2048)
+    estimated = max(min(int(tokens / max(s.context_length, 1) * 512), 4096), 2048)
     if s.max_running_requests is not None:
         caps = {"none": s.max_running_requests, "estimate": estimated, "half-tokens": tokens // 2}
         n = min(s.max_running_requests, caps[rules.mrr_cap])
@@ -183,7 +183,7 @@ def size_sglang(ask: Ask, s: SGLangSettings) -> tuple[Memory, list[Issue]]:
     tokens = max(int(pool.rest_after) // cell // s.page_size * s.page_size, 0) if cell else 0
     if s.max_total_tokens is not None:
         tokens = min(tokens, s.max_total_tokens)
-    running = max_running(tokens, s.context_length, s, rules, pool.slots if shape.is_hybrid else None)
+    running = max_running(tokens, s, rules, pool.slots if shape.is_hybrid else None)
     needed = reserved_mib(total_bytes, tp, s, rules) - (rules.spec_reserve_mb if s.is_spec else 0)
     memory = Memory(
         free_bytes=free,
