@@ -175,7 +175,7 @@ def size_sglang(ask: Ask, s: SGLangSettings) -> tuple[Memory, list[Issue]]:
     shape, rules, tp, total_bytes = ask.shape, ask.rules, ask.tp, ask.total_bytes
     mfs = s.mem_fraction_static or default_mem_fraction(total_bytes, tp, s, rules, shape)
     free = max(ask.free_bytes - CUDA_CONTEXT_BYTES, 0)
-    draft_w, weights, rest = _rest(shape, s, rules, tp, free * mfs)
+    draft_w, weights, rest = _rest(ask, s, free * mfs)
     p = state_bytes_per_request(shape, tp, s.ssm_dtype)
     pool = _mamba_pool(rest, p, s, rules) if shape.is_hybrid else _Pool(0, 0, rest)
     draft_layers = shape.mtp_layers if draft_kv_in_cell(s, rules) else 0
@@ -202,16 +202,15 @@ def size_sglang(ask: Ask, s: SGLangSettings) -> tuple[Memory, list[Issue]]:
         max_running_requests=running if tokens > 0 else 0,
         mamba_ratio=s.mamba_ratio if shape.is_hybrid else 0,
         headroom_bytes=int(free * (1 - mfs)),
-        headroom_needed_bytes=int(needed * MIB) + _outside_budget(shape, s, rules, tp, tokens, cell),
+        headroom_needed_bytes=int(needed * MIB) + _outside_budget(ask, s, tokens, cell),
         context_length=s.context_length,
     )
     return memory, memory_errors(memory, shape, s, rules)
 
 
-def _rest(
-    shape: ModelShape, s: SGLangSettings, rules: RuleSet, tp: int, budget: float
-) -> tuple[int, int, float]:
+def _rest(ask: Ask, s: SGLangSettings, budget: float) -> tuple[int, int, float]:
     """(draft weights, weights counted in the budget, what the budget leaves for the pools)."""
+    shape, rules, tp = ask.shape, ask.rules, ask.tp
     draft_w = draft_weight_bytes(shape, tp) if s.is_spec else 0
     in_budget = draft_w if rules.draft_weights_in_budget else 0
     weights = (shape.weight_bytes - shape.mtp_weight_bytes) // tp + in_budget
@@ -221,12 +220,11 @@ def _rest(
     return draft_w, weights, rest
 
 
-def _outside_budget(
-    shape: ModelShape, s: SGLangSettings, rules: RuleSet, tp: int, tokens: int, cell: int
-) -> int:
+def _outside_budget(ask: Ask, s: SGLangSettings, tokens: int, cell: int) -> int:
     """Early 2026: the MTP draft's weights and its own KV pool come out of the (1 - mfs) headroom."""
     if not s.is_spec:
         return 0
+    shape, rules, tp = ask.shape, ask.rules, ask.tp
     outside = 0 if rules.draft_weights_in_budget else draft_weight_bytes(shape, tp)
     if not draft_kv_in_cell(s, rules):
         with_draft = kv_bytes_per_token(shape, tp, s.kv_dtype_bytes, draft_layers=shape.mtp_layers)
