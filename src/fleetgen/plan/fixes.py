@@ -51,16 +51,6 @@ def _is_usable(sized: Sizing, need: int = 1) -> bool:
     return sized.fits and m.max_running_requests >= need and m.kv_tokens >= floor
 
 
-def _required(engine: str, ask: Ask, base: Sizing) -> Fix:
-    """The cost-0 change a refusing rule names (SGLang 0.5.10–0.5.13: extra_buffer [+ SPEC_V2 env])."""
-    if any(e.rule == "spec-no-buffer-radix" for e in base.errors):
-        r = ask.rules
-        env = {r.spec_v2_env: "1"} if r.spec_v2_env and not r.spec_v2_default else {}
-        text = f"--{r.strategy_flag} extra_buffer" + (f" + {r.spec_v2_env}=1" if env else "")
-        return Fix(0, text, {r.strategy_flag: "extra_buffer"}, env)
-    return Fix(0, "")
-
-
 def _try(engine: str, ask: Ask, probe: Sizing, n: int) -> tuple[dict[str, Any], Sizing]:
     extra = planner_of(engine).concurrency(ask, probe, n)
     return extra, size(engine, replace(ask, args={**ask.args, **extra}))
@@ -89,7 +79,7 @@ def _yielding(fix: Fix, text: str, n: int, sized: Sizing) -> Fix:
 
 def ranked_fixes(engine: str, ask: Ask, base: Sizing) -> tuple[Fix, ...]:
     """Fixes that make this instance fit (or serve more), cheapest first, each with what it yields."""
-    required = _required(engine, ask, base)
+    required = planner_of(engine).required(ask, base)
     fixed = _apply(ask, required)
     fixes: list[Fix] = []
     alone = size(engine, fixed) if required.change else None
@@ -118,7 +108,7 @@ def ranked_fixes(engine: str, ask: Ask, base: Sizing) -> tuple[Fix, ...]:
 
 def solve_target(engine: str, ask: Ask, base: Sizing, target: int) -> tuple[Fix | None, str]:
     """The cheapest flags giving `target` concurrent requests, or why none do (and the most reachable)."""
-    fixed = _apply(ask, _required(engine, ask, base))
+    fixed = _apply(ask, planner_of(engine).required(ask, base))
     best_n, best_text = 0, ""
     for variant in _variants(engine, fixed):
         trial = _apply(fixed, variant)

@@ -353,4 +353,15 @@ def concurrency(ask: Ask, sized: Sizing, n: int) -> dict[str, Any]:
     return out
 
 
-PLANNER = Planner(SGLangEngine.name, size_instance, variants, concurrency, rejections)
+def required(ask: Ask, base: Sizing) -> Fix:
+    """The change SGLang's refusal of spec + no_buffer + radix cache names (0.5.10–0.5.13): extra_buffer, with
+    SGLANG_ENABLE_SPEC_V2=1 where the release reads it off by default."""
+    if any(e.rule == "spec-no-buffer-radix" for e in base.errors):
+        r = ask.rules
+        env = {r.spec_v2_env: "1"} if r.spec_v2_env and not r.spec_v2_default else {}
+        text = f"--{r.strategy_flag} extra_buffer" + (f" + {r.spec_v2_env}=1" if env else "")
+        return Fix(0, text, {r.strategy_flag: "extra_buffer"}, env)
+    return Fix(0, "")
+
+
+PLANNER = Planner(SGLangEngine.name, size_instance, variants, concurrency, rejections, required)

@@ -174,3 +174,5 @@ class Planner:
     # the engine's own refusals of these flags at start (its rules, certain; no memory estimate), which
     # `size` reports among its errors; `up` refuses to launch on them. They read no GPU figure.
     rejections: Callable[[Ask], tuple[Issue, ...]] = lambda _ask: ()
+    # the cost-0 change one of `size`'s errors names, made before any other way out (none by default)
+    required: Callable[[Ask, Sizing], Fix] = lambda _ask, _sized: Fix(0, "")
