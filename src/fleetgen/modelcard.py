@@ -68,7 +68,7 @@ class ModelShape:
         return DTYPE_BYTES[self.dtype]
 
 
-Reader = Callable[[Mapping[str, Any], Mapping[str, Any], "_Found"], dict[str, Any]]
+Reader = Callable[[Mapping[str, Any], "_Found"], dict[str, Any]]
 
 
 @dataclass
@@ -102,7 +102,7 @@ def _attention(cfg: Mapping[str, Any], found: _Found) -> dict[str, Any]:
     }
 
 
-def _dense(cfg: Mapping[str, Any], top: Mapping[str, Any], found: _Found) -> dict[str, Any]:
+def _dense(cfg: Mapping[str, Any], found: _Found) -> dict[str, Any]:
     out = _attention(cfg, found)
     out["full_attention_layer_ids"] = tuple(range(out["num_layers"]))
     out["linear_layer_ids"] = ()
@@ -112,7 +112,7 @@ def _dense(cfg: Mapping[str, Any], top: Mapping[str, Any], found: _Found) -> dic
     return out
 
 
-def _hybrid_gdn(cfg: Mapping[str, Any], top: Mapping[str, Any], found: _Found) -> dict[str, Any]:
+def _hybrid_gdn(cfg: Mapping[str, Any], found: _Found) -> dict[str, Any]:
     out = _attention(cfg, found)
     num_layers = out["num_layers"]
     interval = cfg.get("full_attention_interval")
@@ -184,7 +184,7 @@ def parse_model_shape(config: Mapping[str, Any], index: Mapping[str, Any] | None
     arch, reader = _reader(config)
     text = config.get("text_config") or config
     found = _Found(arch)
-    fields = reader(text, config, found)
+    fields = reader(text, found)
     dtype = _dtype(text, config, found)
     weights = _weights(index, found)
     if found.missing:
