@@ -137,22 +137,15 @@ def api_key_way(fleet: FleetFile, engine: Engine) -> tuple[list[Issue], list[Iss
     flag = engine.api_key_config_flag
     if flag is None:
         why = f"{engine.name} reads its API key from no environment variable or config file"
-        return [], [
-            Issue(
-                "api-key",
-                f"{why}: it would be on its argv, readable by every user via `ps`",
-                "bind 127.0.0.1 (reached through SSH tunnels) on shared hosts",
-            )
-        ]
+        why += ": it would be on its argv, readable by every user via `ps`"
+        return [], [Issue("api-key", why, "bind 127.0.0.1 (reached through SSH tunnels) on shared hosts")]
     if flag.removeprefix("--") in cfg.args:
-        return [
-            Issue(
-                "api-key",
-                f"engine.args sets {flag}, which a public bind needs for the API key "
-                f"({engine.name} reads its key from no environment variable, and argv is public to `ps`)",
-                f"move the options of that file into [engine.args] and remove {flag.removeprefix('--')}",
-            )
-        ], []
+        why = (
+            f"engine.args sets {flag}, which a public bind needs for the API key "
+            f"({engine.name} reads its key from no environment variable, and argv is public to `ps`)"
+        )
+        fix = f"move the options of that file into [engine.args] and remove {flag.removeprefix('--')}"
+        return [Issue("api-key", why, fix)], []
     return [], []
 
 
