@@ -196,7 +196,6 @@ class Engine:
     metrics: MetricNames
     # capacity figures in its start-up log: (figure, regex whose group 1 is the number)
     capacity_lines: tuple[tuple[str, str], ...] = ()
-    ready_line: str
     fatal_signatures: tuple[FatalSignature, ...]
     rule_sets: tuple[RuleSet, ...]
     api_key_flag = "--api-key"

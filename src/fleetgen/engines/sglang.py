@@ -183,7 +183,6 @@ class SGLangEngine(Engine):
         ("max_running_requests", r"max_running_requests=(\d+)"),
         ("mamba_slots", r"Mamba Cache is allocated\..*?(?:max_mamba_cache_size|#slots|size)[:=] ?(\d+)"),
     )
-    ready_line = "The server is fired up and ready to roll!"
     fatal_signatures: tuple[FatalSignature, ...] = FATAL_SIGNATURES
     rule_sets: tuple[RuleSet, ...] = RULE_SETS
     # SGLang reads its key from no env var, only from `--api-key` (argv: public to `ps`) or from a

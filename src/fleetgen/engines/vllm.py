@@ -97,7 +97,6 @@ class VLLMEngine(Engine):
         ("kv_tokens", r"KV cache size: ([\d,]+) tokens"),
         ("max_running_requests", r"Maximum concurrency for [\d,]+ tokens per request: ([\d.]+)x"),
     )
-    ready_line = "Application startup complete."
     fatal_signatures: tuple[FatalSignature, ...] = FATAL_SIGNATURES
     rule_sets: tuple[RuleSet, ...] = RULE_SETS
     api_key_env_var: str | None = "VLLM_API_KEY"  # vllm/envs.py; --api-key would show the key to `ps`
