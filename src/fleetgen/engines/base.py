@@ -109,7 +109,6 @@ class RuleSet:
     # out of the headroom); 0.5.14–0.5.18 count only a draft with a path (`eagle_draft_num_layers`)
     pathless_draft_kv_in_budget: bool = True
     mamba_ratio_rule: str = "by-overlap"  # "by-spec-quirk" | "by-spec" | "by-overlap" (slots/request)
-    has_extra_buffer_lazy: bool = False
     # "ratio-scratch" | "scratch-first-512" | "scratch-first" | "joint" | "joint-padded"
     mamba_pool_solve: str = "joint-padded"
     mamba_oom_errors: bool = False  # explicit errors when the Mamba pool gets no slot / serves nothing
@@ -118,7 +117,6 @@ class RuleSet:
     auto_strategy_extra_buffer: bool = False  # `auto` resolves to extra_buffer when overlap is on
     # --- vLLM -------------------------------------------------------------------------------------
     default_gpu_memory_utilization: float = 0.9
-    source: str = ""  # where the facts were read (release wheel), for the plan's output
 
     @property
     def joint_mamba_spec_solve(self) -> bool:

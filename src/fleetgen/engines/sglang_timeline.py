@@ -82,7 +82,6 @@ TIMELINE: tuple[Change, ...] = (
     Change("removed_flags", "0.5.7", _NO_PREFILL_BS, "server_args.py add_cli_args"),
     Change("removed_flags", "0.5.14", {}, "server_args.py add_cli_args: --cuda-graph-max-bs-prefill"),
     Change("deprecated_flags", "0.5.14", _DISABLE_CUDA_GRAPH, "server_args.py: DeprecatedStoreTrueAction"),
-    Change("has_extra_buffer_lazy", "0.5.13", True, "server_args.py: strategy choice extra_buffer_lazy"),
     # --- startup checks ----------------------------------------------------------------------------------
     # ≤0.5.8: no spec check for Qwen3Next (only NemotronH drops radix); 0.5.9: _handle_mamba_radix_cache
     # warns "Disabling radix cache since speculative decoding …" and drops it; 0.5.10: ValueError;
@@ -149,8 +148,7 @@ def rules_for(version: str) -> RuleSet:
     key = release(version)
     changes = sorted((c for c in TIMELINE if release(c.first) <= key), key=lambda c: release(c.first))
     values: dict[str, Any] = {c.feature: c.value for c in changes}
-    name, source = f"sglang-{version}", f"sglang=={version} wheel"
-    return RuleSet(name=name, engine="sglang", min_version=key, max_version=key, source=source, **values)
+    return RuleSet(name=f"sglang-{version}", engine="sglang", min_version=key, max_version=key, **values)
 
 
 RULE_SETS: tuple[RuleSet, ...] = tuple(rules_for(r) for r in RELEASES)
