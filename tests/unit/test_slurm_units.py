@@ -10,10 +10,10 @@ import pytest
 
 from fleetgen.config import load_fleet
 from fleetgen.deploy.hostside import HostSurvey
-from fleetgen.deploy.slurm import EXPORT, JOB_SH, job_name, sbatch_argv
+from fleetgen.deploy.slurm import JOB_SH, job_name, sbatch_argv
 from fleetgen.deploy.wanted import build_wanted
 from fleetgen.engines import get_engine
-from fleetgen.remote.slurm import fix_for, parse_jobs, parse_partition_gpus, parse_sacct
+from fleetgen.remote.slurm import EXPORT, fix_for, parse_jobs, parse_partition_gpus, parse_sacct
 
 SCONTROL = """\
 JobId=7 JobName=fleetgen-slurm-0-ab12cd34 UserId=root(0) JobState=PENDING Reason=Resources Dependency=(null) \

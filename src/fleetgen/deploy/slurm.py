@@ -48,17 +48,16 @@ from fleetgen.deploy.verify import process_drift
 from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import DeployError, FleetgenError, LaunchFailed
 from fleetgen.remote.slurm import (
-    EXPORT,
     HOPELESS,
     JobInfo,
     cancel,
+    job_options,
     jobs,
     node_address,
     partition_gpus,
     queued,
     slurm,
 )
-from fleetgen.remote.slurm import submit as sbatch
 from fleetgen.remote.srun import SrunHost
 
 JOB_SCRIPT = "slurm-job.sh"
@@ -89,23 +88,10 @@ def job_name(fleet_path: Path, instance: str) -> str:
 
 def sbatch_argv(cluster: ClusterConfig, wanted: WantedInstance, name: str, tail: Sequence[str]) -> list[str]:
     """sbatch's argv for one server; `tail`: the batch script and its arguments (or `--wrap=true`)."""
-    paths = wanted.command.paths
-    argv = [
-        "sbatch",
-        "--parsable",
-        f"--job-name={name}",
-        f"--partition={cluster.partition}",
-        f"--time={cluster.time}",
-        "--nodes=1",
-        "--ntasks=1",
-        f"--gres=gpu:{len(wanted.inst.gpus)}",
-        "--output=/dev/null",  # the batch script writes the launch's own log
-        f"--chdir={paths.root}",
-        EXPORT,
-    ]
-    if cluster.account:
-        argv.append(f"--account={cluster.account}")
-    return [*argv, *cluster.sbatch_args, *tail]
+    gres, chdir = f"--gres=gpu:{len(wanted.inst.gpus)}", f"--chdir={wanted.command.paths.root}"
+    output = "--output=/dev/null"  # the batch script writes the launch's own log
+    options = job_options(cluster, f"--job-name={name}", f"--time={cluster.time}", gres, output, chdir)
+    return ["sbatch", "--parsable", *options, *tail]
 
 
 async def preflight(login: HostSession, cluster: ClusterConfig, wanted: WantedInstance) -> None:
@@ -244,9 +230,9 @@ async def _submit(
     await host.put(job_script, JOB_SH.encode(), mode=0o700)
     await host.run(["rm", "-f", "--", paths.pidfile])  # the job writes its own: an old one must not count
     name = job_name(fleet.path, wanted.inst.name)
-    job = await sbatch(
-        host, sbatch_argv(_cluster(fleet), wanted, name, [job_script, paths.script, log, paths.pidfile])
-    )
+    argv = sbatch_argv(_cluster(fleet), wanted, name, [job_script, paths.script, log, paths.pidfile])
+    queued_as = await slurm(host, argv, "queue the server")
+    job = queued_as.stdout.strip().split(";", 1)[0]  # --parsable: id[;cluster]
     progress(wanted.inst.name, f"submitted Slurm job {job} ({name}), log {log}")
     return wanted.record(login.entry.name, log, slurm_job=job)
 

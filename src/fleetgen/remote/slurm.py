@@ -138,6 +138,14 @@ def fix_for(message: str) -> str:
     )
 
 
+def job_options(cluster: ClusterConfig, *options: str) -> list[str]:
+    """Options of every job fleetgen asks for: one task on one node of the cluster's partition, billed to its
+    account, only EXPORT's variables; then `options`, and the user's sbatch_args last (theirs win)."""
+    account = [f"--account={cluster.account}"] if cluster.account else []
+    partition = f"--partition={cluster.partition}"
+    return [partition, "--nodes=1", "--ntasks=1", EXPORT, *account, *options, *cluster.sbatch_args]
+
+
 async def slurm(host: Host, argv: Sequence[str], what: str) -> RunResult:
     """Run a Slurm command; a refusal raises DeployError quoting Slurm and naming the fix."""
     result = await host.run(argv, check=False, timeout=120.0)
@@ -156,12 +164,6 @@ async def slurm(host: Host, argv: Sequence[str], what: str) -> RunResult:
             context={"host": host.name, "argv": " ".join(argv)},
         )
     return result
-
-
-async def submit(host: Host, argv: Sequence[str]) -> str:
-    """`sbatch --parsable …` → the job id."""
-    result = await slurm(host, argv, "queue the server")
-    return result.stdout.strip().split(";", 1)[0]
 
 
 async def jobs(host: Host, ids: Iterable[str]) -> dict[str, JobInfo]:
@@ -264,10 +266,9 @@ async def probe_node(host: Host, cluster: ClusterConfig, query: Sequence[str]) -
     """One short `srun` in the cluster's partition holding one GPU (the fleet's account and sbatch_args,
     `--time` PROBE_MINUTES) runs `query` there; Slurm's refusal, or the node lacking `query[0]`, raises
     DeployError in their words with the fix."""
-    argv = ["srun", f"--partition={cluster.partition}", f"--time={PROBE_MINUTES}", "--nodes=1", "--ntasks=1"]
-    argv += ["--gres=gpu:1", f"--immediate={PROBE_WAIT_S}", "--job-name=fleetgen-plan-probe", EXPORT]
-    argv += [f"--account={cluster.account}"] if cluster.account else []
-    argv += [*cluster.sbatch_args, "--quiet", "--", "sh", "-c", _PROBE_SH, "fleetgen", *query]
+    probe = [f"--time={PROBE_MINUTES}", "--gres=gpu:1", f"--immediate={PROBE_WAIT_S}"]
+    options = job_options(cluster, *probe, "--job-name=fleetgen-plan-probe")
+    argv = ["srun", *options, "--quiet", "--", "sh", "-c", _PROBE_SH, "fleetgen", *query]
     result = await host.run(argv, check=False, timeout=PROBE_WAIT_S + 60.0)
     node = next((ln[5:] for ln in result.stdout.splitlines() if ln.startswith("node=")), "")
     if result.exit_status == _EXIT_NO_NVIDIA_SMI and node:
