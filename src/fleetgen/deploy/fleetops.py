@@ -40,7 +40,6 @@ from fleetgen.deploy.wanted import (
 from fleetgen.errors import ConfigError, FleetgenError, PlanError
 from fleetgen.modelcard import ModelShape
 from fleetgen.plan import (
-    HostFacts,
     InstancePlan,
     Issue,
     cross_instance_errors,
@@ -124,19 +123,15 @@ async def for_each_host(
     return [*opened.failed, *(o for outs in results for o in outs)]
 
 
-def fleet_facts(fleet: Fleet, opened: Opened) -> dict[str, HostFacts]:
-    """Every host's facts as `plan` would have them: measured where connected, else the fleet file's."""
-    measured = {name: hs.survey for name, (hs, _) in opened.sessions.items()}
-    return {h.name: measured_facts(h, measured.get(h.name)) for h in fleet.file.hosts}
-
-
 def plan_for_up(
     fleet: Fleet, opened: Opened, shape: ModelShape | None, *, plan_check: bool = True
 ) -> dict[str, InstancePlan]:
     """Run the cross-instance rules `plan` runs over the whole fleet and (`plan_check`, with a model shape)
     the engine's own refusals of each connected instance's flags; raise PlanError naming each broken one,
     before anything starts. Return each instance's plan (for planned vs actual capacity)."""
-    facts = fleet_facts(fleet, opened)
+    # Every host's facts as `plan` would have them: measured where connected, else the fleet file's.
+    measured = {name: hs.survey for name, (hs, _) in opened.sessions.items()}
+    facts = {h.name: measured_facts(h, measured.get(h.name)) for h in fleet.file.hosts}
     refused: list[Issue] = []
     if shape is not None:
         plan = plan_fleet(fleet.file, shape, facts)
