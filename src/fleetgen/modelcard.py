@@ -51,7 +51,6 @@ class ModelShape:
     mtp_layers: int = 0
     mtp_weight_bytes: int = 0
     tie_word_embeddings: bool = False
-    is_moe: bool = False
     is_multimodal: bool = False
     is_quantized: bool = False  # a `quantization_config`: the checkpoint's weights are already quantised
     vision_num_layers: int | None = None
@@ -106,9 +105,6 @@ def _dense(cfg: Mapping[str, Any], found: _Found) -> dict[str, Any]:
     out = _attention(cfg, found)
     out["full_attention_layer_ids"] = tuple(range(out["num_layers"]))
     out["linear_layer_ids"] = ()
-    out["is_moe"] = bool(
-        cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts")
-    )
     return out
 
 
@@ -135,7 +131,6 @@ def _hybrid_gdn(cfg: Mapping[str, Any], found: _Found) -> dict[str, Any]:
         out[key] = found.get(cfg, key)
     out["conv_kernel"] = found.get(cfg, "linear_conv_kernel_dim")
     out["ssm_dtype"] = cfg.get("mamba_ssm_dtype") or "float32"
-    out["is_moe"] = bool(cfg.get("num_experts"))
     return out
 
 

@@ -21,7 +21,7 @@ def _config(name: str) -> dict[str, object]:
 def test_qwen36_27b_is_a_multimodal_hybrid_with_mtp() -> None:
     shape = load_model_shape(MODELS / "qwen3.6-27b")
     assert shape.architecture == "Qwen3_5ForConditionalGeneration"
-    assert shape.is_multimodal and shape.is_hybrid and not shape.is_moe
+    assert shape.is_multimodal and shape.is_hybrid
     assert shape.num_layers == 64
     assert shape.full_attention_layer_ids == tuple(range(3, 64, 4))
     assert len(shape.linear_layer_ids) == 48
@@ -41,9 +41,9 @@ def test_llama_is_dense_gqa() -> None:
     assert shape.mtp_layers == 0 and shape.mtp_weight_bytes == 0
 
 
-def test_qwen3_next_is_moe_hybrid() -> None:
+def test_qwen3_next_is_hybrid() -> None:
     shape = load_model_shape(MODELS / "qwen3-next-80b-a3b")
-    assert shape.is_moe and shape.is_hybrid
+    assert shape.is_hybrid
     assert len(shape.full_attention_layer_ids) == 12 and len(shape.linear_layer_ids) == 36
     assert shape.weight_bytes > 150e9
 
