@@ -35,7 +35,7 @@ def facts_from_file(
         gpus = tuple(GpuFacts(i, total, min(free, total)) for i in host.gpus)
     if not mem_available_bytes and host.host_memory_gib is not None:
         mem_available_bytes = int(host.host_memory_gib * GIB)
-    return HostFacts(host.name, _machine(host), gpus or None, mem_available_bytes, engine_version)
+    return HostFacts(host.name, gpus or None, mem_available_bytes, engine_version)
 
 
 def _machine(host: HostEntry) -> str:

@@ -51,7 +51,6 @@ class HostFacts:
     """What planning knows of one host. `gpus` None = unknown (offline and not in the file)."""
 
     name: str
-    address: str = ""
     gpus: tuple[GpuFacts, ...] | None = None
     mem_available_bytes: int | None = None
     engine_version: str | None = None
