@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator
 
 from fleetgen.config.common import Strict
-from fleetgen.config.hosts import HostEntry, ssh_form
+from fleetgen.config.hosts import HostEntry, SshTarget
 
 # sbatch options fleetgen sets on every job: refused in cluster.sbatch_args (the ones a [cluster] field sets
 # name that field).
@@ -38,7 +38,7 @@ class ClusterConfig(Strict):
     time: str
     account: Annotated[str, Field(pattern=r"^\S+$")] | None = None
     sbatch_args: list[str] = Field(default_factory=list)
-    submit: str = "local"
+    submit: SshTarget = "local"
     identity: str | None = None
     known_hosts: str | None = None
     node_access: Literal["local", "ssh", "srun"] = "ssh"
@@ -70,11 +70,6 @@ class ClusterConfig(Strict):
                 where = f"set cluster.{field} instead" if field else "fleetgen sets it for every job"
                 raise ValueError(f"{arg!r} is set by fleetgen: remove it from sbatch_args ({where})")
         return args
-
-    @field_validator("submit")
-    @classmethod
-    def _submit_form(cls, value: str) -> str:
-        return ssh_form(value)
 
     def submit_host(self) -> dict[str, Any]:
         """The `[[hosts]]` entry the cluster stands for: the submit host, its GPUs the cluster's (slots

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, Field, field_validator
 
 from fleetgen.config.common import Strict
 
@@ -17,11 +17,14 @@ def ssh_form(value: str) -> str:
     return value
 
 
+SshTarget = Annotated[str, AfterValidator(ssh_form)]
+
+
 class HostEntry(Strict):
     """`[[hosts]]`: one machine reached over SSH (or `ssh = "local"`)."""
 
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
-    ssh: str = "local"
+    ssh: SshTarget = "local"
     identity: str | None = None
     known_hosts: str | None = None
     insecure_skip_host_key_check: bool = False
@@ -31,11 +34,6 @@ class HostEntry(Strict):
     host_memory_gib: Annotated[float, Field(gt=0)] | None = None
     workdir: str = "~/fleetgen"
     base_port: Annotated[int, Field(ge=1024, le=65000)] | None = None
-
-    @field_validator("ssh")
-    @classmethod
-    def _ssh_form(cls, value: str) -> str:
-        return ssh_form(value)
 
     @field_validator("gpus")
     @classmethod
