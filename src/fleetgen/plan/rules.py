@@ -170,14 +170,10 @@ def spec_overlap(x: RuleInput) -> Found:
     if not s.is_spec:
         return Found()
     if not r.spec_v2_env and "SGLANG_ENABLE_SPEC_V2" in x.env:
-        text = (
-            SPEC_V2_REMOVED
-            if r.spec_v2_removed_warning
-            else (
-                f"SGLANG_ENABLE_SPEC_V2 is silently ignored by {r.name} (removed in 0.5.14; the warning "
-                "about it is gone since 0.5.21): speculative decoding always runs the V2 worker"
-            )
-        )
+        text = SPEC_V2_REMOVED  # the release's own warning; from 0.5.21 it says nothing
+        if not r.spec_v2_removed_warning:
+            text = f"SGLANG_ENABLE_SPEC_V2 is silently ignored by {r.name} (removed in 0.5.14; the warning "
+            text += "about it is gone since 0.5.21): speculative decoding always runs the V2 worker"
         return _warning("spec-v2-env", text, "remove SGLANG_ENABLE_SPEC_V2 from engine.env")
     if r.spec_v2_env and x.shape.is_hybrid and s.strategy == "extra_buffer" and not s.is_overlap:
         text = (
