@@ -132,10 +132,10 @@ def _mamba_blocks(args: Mapping[str, Any], ctx: int, block: int, num_spec: int) 
     return (2 if mode == "align" else 1) + num_spec
 
 
-def profiled_peak_bytes(shape: ModelShape, args: Mapping[str, Any], *, is_big_gpu: bool) -> int:
-    """The profile run's peak: the larger of the forward pass and the sampler's dummy run, + CUDA graphs."""
+def profiled_peak_bytes(shape: ModelShape, args: Mapping[str, Any], rows: int, *, is_big_gpu: bool) -> int:
+    """The profile run's peak: the larger of the forward pass and the sampler's dummy run over `rows` (the
+    max-num-seqs), + CUDA graphs."""
     batched = int(args.get("max-num-batched-tokens") or DEFAULT_BATCHED_TOKENS[is_big_gpu])
-    rows = int(args.get("max-num-seqs") or DEFAULT_MAX_NUM_SEQS[is_big_gpu])
     per_logit = REJECTION_SAMPLER_BYTES_PER_LOGIT if num_spec_tokens(args) else SAMPLER_BYTES_PER_LOGIT
     sampler = rows * shape.vocab_size * per_logit
     graphs = 0 if args.get("enforce-eager") else GRAPH_BYTES
@@ -151,13 +151,13 @@ def size_instance(ask: Ask) -> Sizing:
     num_spec = num_spec_tokens(args)
     weights = shape.weight_bytes // tp if num_spec else (shape.weight_bytes - shape.mtp_weight_bytes) // tp
     is_big = ask.total_bytes >= BIG_GPU_BYTES
-    peak = profiled_peak_bytes(shape, args, is_big_gpu=is_big)
+    seqs = int(args.get("max-num-seqs") or DEFAULT_MAX_NUM_SEQS[is_big])
+    peak = profiled_peak_bytes(shape, args, seqs, is_big_gpu=is_big)
     kv_pool = max(requested - weights - peak, 0)
     ctx = int(args.get("max-model-len") or shape.context_length)
     pool = pool_layout(shape, args, tp, ctx)
     num_blocks = kv_pool // pool.bytes_per_block if pool.bytes_per_block else 0
     concurrency = num_blocks / pool.blocks_per_request if pool.blocks_per_request else 0.0
-    seqs = int(args.get("max-num-seqs") or DEFAULT_MAX_NUM_SEQS[is_big])
     cell = pool.page_bytes // pool.block_size * len(shape.full_attention_layer_ids) if pool.block_size else 0
     memory = Memory(
         free_bytes=ask.free_bytes,
