@@ -24,7 +24,7 @@ from fleetgen.deploy.script import (
     render_script,
     sha256_text,
 )
-from fleetgen.deploy.state import InstanceRecord, load_state, save_state, update_state
+from fleetgen.deploy.state import InstanceRecord, load_state, update_state
 from fleetgen.deploy.verify import capacity_from_info, capacity_from_log, process_drift, view_mismatches
 from fleetgen.deploy.wanted import build_command
 from fleetgen.deploy.watch import GENERIC_SIGNATURES, LogWatch, first_fatal, proc_state
@@ -278,7 +278,7 @@ def test_state_roundtrip_upsert_and_drop(tmp_path: Path) -> None:
         argv=("a",),
         env_names=("X",),
     )
-    save_state(fleet, [rec])
+    update_state(fleet, put=[rec])
     assert load_state(fleet) == {"h0-0": rec}
     update_state(fleet, put=[InstanceRecord(**{**rec.__dict__, "instance": "h0-1"})], drop=["h0-0"])
     assert list(load_state(fleet)) == ["h0-1"]

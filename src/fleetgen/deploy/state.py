@@ -72,14 +72,20 @@ def load_state(fleet_path: Path) -> dict[str, InstanceRecord]:
         ) from exc
 
 
-def save_state(fleet_path: Path, records: Iterable[InstanceRecord]) -> Path:
-    """Write all records atomically (temp + fsync + rename)."""
+def update_state(fleet_path: Path, put: Iterable[InstanceRecord] = (), drop: Iterable[str] = ()) -> None:
+    """Upsert `put` and remove `drop` (instance names), keeping every other record; written atomically
+    (temp + fsync + rename)."""
+    records = load_state(fleet_path)
+    for name in drop:
+        records.pop(name, None)
+    for rec in put:
+        records[rec.instance] = rec
     path = state_path(fleet_path)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "schema": SCHEMA_VERSION,
         "fleet_file": str(fleet_path.resolve()),
-        "instances": {rec.instance: asdict(rec) for rec in sorted(records, key=lambda r: r.instance)},
+        "instances": {name: asdict(rec) for name, rec in sorted(records.items())},
     }
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".state-", suffix=".tmp")
     try:
@@ -92,14 +98,3 @@ def save_state(fleet_path: Path, records: Iterable[InstanceRecord]) -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
-
-
-def update_state(fleet_path: Path, put: Iterable[InstanceRecord] = (), drop: Iterable[str] = ()) -> None:
-    """Upsert `put` and remove `drop` (instance names), keeping every other record."""
-    records = load_state(fleet_path)
-    for name in drop:
-        records.pop(name, None)
-    for rec in put:
-        records[rec.instance] = rec
-    save_state(fleet_path, records.values())
