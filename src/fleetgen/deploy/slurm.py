@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
-from fleetgen.config import ClusterConfig, FleetFile, HostEntry, Instance
+from fleetgen.config import ClusterConfig, HostEntry, Instance
 from fleetgen.deploy.instance import (
     Action,
     HostSession,
@@ -148,13 +148,10 @@ async def wait_running(
 
 
 @contextlib.asynccontextmanager
-async def node_session(
-    file: FleetFile, login: HostSession, node: str, job: str
-) -> AsyncIterator[HostSession]:
+async def node_session(fleet: Fleet, login: HostSession, node: str, job: str) -> AsyncIterator[HostSession]:
     """The allocated node as a host: this machine (`node_access = "local"`), SSH to its NodeAddr ("ssh"),
     or steps of the job itself through `srun --overlap --jobid` ("srun")."""
-    cluster = file.cluster
-    assert cluster is not None  # callers place cluster fleets only
+    cluster = _cluster(fleet)
     values: dict[str, object] = {"name": login.entry.name, "workdir": login.survey.workdir}
     srun: SrunHost | None = None
     if cluster.node_access == "ssh":
@@ -168,7 +165,7 @@ async def node_session(
         here = login.entry.is_local and is_loopback(address)
         srun = SrunHost(login.entry.name, login.host, job, is_here=here)
     entry = HostEntry.model_validate({k: v for k, v in values.items() if v is not None})
-    async with open_session(entry, file.engine, login.http, check_launch=False, host=srun) as hs:
+    async with open_session(entry, fleet.file.engine, login.http, check_launch=False, host=srun) as hs:
         yield hs
 
 
@@ -194,7 +191,7 @@ async def _ensure(
     info = (await jobs(login.host, [job]))[job] if job else None
     if record is not None and info is not None and info.is_active and not run.force:
         if record.pid and info.state == "RUNNING":
-            async with node_session(fleet.file, login, info.node, info.job_id) as node:
+            async with node_session(fleet, login, info.node, info.job_id) as node:
                 running, _ = await find_running(node, wanted, record)
                 if running and not process_drift(wanted.command, running, wanted.secret_value):
                     await keep_running(node, wanted, record, run, out, running)
@@ -244,7 +241,7 @@ async def _follow(
     timeout_s = _cluster(fleet).pending_timeout_s
     info = await wait_running(login, rec.slurm_job, wanted.inst.name, run.progress, timeout_s)
     jname = job_name(fleet.path, wanted.inst.name)
-    async with node_session(fleet.file, login, info.node, info.job_id) as node:
+    async with node_session(fleet, login, info.node, info.job_id) as node:
         pid, start_time = await _engine_pid(node, wanted, rec.slurm_job)
         rec = replace(rec, pid=pid, start_time=start_time, node=info.node)
         run.on_record(rec)
@@ -316,7 +313,7 @@ async def _sweep(fleet: Fleet, login: HostSession, rec: InstanceRecord | None) -
     when their parent died (reparented to init). Returns their PIDs."""
     if rec is None or not rec.pid or not rec.node or _cluster(fleet).node_access == "srun":
         return []  # through srun, nothing runs on the node outside a job: Slurm ended its steps with it
-    async with node_session(fleet.file, login, rec.node, rec.slurm_job) as node:
+    async with node_session(fleet, login, rec.node, rec.slurm_job) as node:
         return await node.host.stop(rec.pid, start_time=rec.start_time, timeout=10.0)
 
 
@@ -350,7 +347,7 @@ async def place(
         elif info.state == "RUNNING" and info.node:
             key = info.job_id if _cluster(fleet).node_access == "srun" else info.node  # a session per job
             if key not in nodes:
-                session = node_session(fleet.file, login, info.node, info.job_id)
+                session = node_session(fleet, login, info.node, info.job_id)
                 nodes[key] = await stack.enter_async_context(session)
             where = f"Slurm job {info.job_id} on {info.node}"
             placed.append(Placement(inst, nodes[key], where, job=info.job_id))
