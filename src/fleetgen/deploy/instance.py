@@ -240,13 +240,13 @@ async def ensure_up(hs: HostSession, wanted: WantedInstance, run: Rollout, out: 
 
 async def push_launch(host: Host, wanted: WantedInstance) -> str:
     """The instance's 0700 folder, its key files (created 0600, then filled) and launch.sh, verified; the
-    new launch's log path (a new file per launch: old logs stay for post-mortems)."""
+    new launch's log path."""
     paths = wanted.command.paths
     await host.run(["sh", "-c", PRIVATE_DIR_SH, "fleetgen", paths.root])
     for path, data in wanted.command.secret_files(wanted.secret_value or "").items():
         await host.put(path, data, mode=0o600)
     await host.put(paths.script, wanted.script.encode(), mode=0o700)
-    return paths.log_for(datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ"))
+    return paths.new_log()
 
 
 async def follow_launch(

@@ -22,6 +22,7 @@ import posixpath
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from fleetgen.plan import API_KEY_CONFIG
 from fleetgen.redact import REDACTED
@@ -82,9 +83,9 @@ class InstancePaths:
     def current_log(self) -> str:
         return posixpath.join(self.logs, "current.log")
 
-    def log_for(self, utc_stamp: str) -> str:
-        """A new log file per launch: old logs stay intact for post-mortems."""
-        return posixpath.join(self.logs, f"{utc_stamp}.log")
+    def new_log(self) -> str:
+        """A new log file per launch, named by the time: old logs stay intact for post-mortems."""
+        return posixpath.join(self.logs, datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ.log"))
 
 
 @dataclass(frozen=True)

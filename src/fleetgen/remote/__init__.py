@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 from fleetgen.config import HostEntry
-from fleetgen.remote.base import Host, HostState, ProcInfo, ProcState, RunResult, Spawned
+from fleetgen.remote.base import Host, HostState, ProcState
 from fleetgen.remote.local import LocalHost
 from fleetgen.remote.ssh import SshHost
 
@@ -17,10 +17,7 @@ __all__ = [
     "Host",
     "HostState",
     "LocalHost",
-    "ProcInfo",
     "ProcState",
-    "RunResult",
-    "Spawned",
     "SshHost",
     "open_host",
 ]

@@ -12,9 +12,7 @@ EXIT_NO_FOLDER = 66
 EXIT_NO_SCRIPT = 67
 EXIT_NOT_EXECUTABLE = 68
 EXIT_LOG_EXISTS = 73
-EXIT_PIDFILE = 74
 EXIT_HASH_MISMATCH = 76
-EXIT_RENAME = 77
 
 # Start a script detached. Traps avoided: `cd d && cmd & echo $!` backgrounds the whole list with the SSH
 # channel as its stdout (the exec never returns) and `$!` is a subshell; so `cd` runs first, alone.
