@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from fleetgen.config import EngineConfig, HostEntry
+from fleetgen.deploy.listener import port_owners
 from fleetgen.engines import get_engine, launcher_of
 from fleetgen.errors import DeployError, LaunchFailed
 from fleetgen.plan.types import MIB, GpuFacts
@@ -70,13 +71,10 @@ echo "uptime=$(cut -d' ' -f1 /proc/uptime)"
 echo "clk_tck=$(getconf CLK_TCK)"
 """
 
-# One round trip for an instance's whereabouts: is its port listened on, which PID its pidfile names, and
-# /proc of the recorded PID ($3) and of the pidfile's PID (each as INSPECT_SH's four base64 lines).
+# One round trip for an instance's processes: which PID its pidfile names, and /proc of the recorded PID ($2)
+# and of the pidfile's PID (each as INSPECT_SH's four base64 lines).
 PROBE_SH = r"""
-pidfile=$1 port=$2 recorded=$3
-hex=$(printf '%04X' "$port")
-if awk -v p=":$hex" '$4 == "0A" && substr($2, length($2) - 4) == p { found = 1 } END { exit found ? 0 : 1 }' \
-    /proc/net/tcp /proc/net/tcp6 2>/dev/null; then echo busy; else echo free; fi
+pidfile=$1 recorded=$2
 named=$(cat -- "$pidfile" 2>/dev/null | tr -cd '0-9')
 echo "$named"
 for pid in "$recorded" "$named"; do
@@ -241,33 +239,21 @@ def _check_launch(survey: HostSurvey, entry: HostEntry, cfg: EngineConfig) -> No
         )
 
 
-@dataclass(frozen=True)
-class Whereabouts:
-    """An instance's port and processes as one PROBE_SH read them."""
-
-    is_port_busy: bool
-    recorded: ProcInfo | None
-    named: ProcInfo | None
-
-
 async def probe_instance(
-    host: Host, pidfile: str, port: int, recorded: tuple[int, int] | None = None
-) -> Whereabouts:
-    """Port state and /proc of the recorded (pid, start time) and of the pidfile's PID (none for ""), in one
-    round trip."""
-    pid_arg = str(recorded[0]) if recorded else ""
-    res = await host.run(sh(PROBE_SH, pidfile, str(port), pid_arg))
-    lines = (res.stdout.splitlines() + [""] * 10)[:10]
-    rec = proc_info_from_dump(recorded[0], "\n".join(lines[2:6]), recorded[1]) if recorded else None
-    named = int(lines[1]) if lines[1].isdigit() else None
-    named_info = proc_info_from_dump(named, "\n".join(lines[6:10]), None) if named else None
-    return Whereabouts(is_port_busy=lines[0] == "busy", recorded=rec, named=named_info)
+    host: Host, pidfile: str, recorded: tuple[int, int] | None
+) -> tuple[ProcInfo | None, ProcInfo | None]:
+    """/proc of the recorded (pid, start time) and of the pidfile's PID, in one round trip."""
+    res = await host.run(sh(PROBE_SH, pidfile, str(recorded[0]) if recorded else ""))
+    lines = (res.stdout.splitlines() + [""] * 9)[:9]
+    rec = proc_info_from_dump(recorded[0], "\n".join(lines[1:5]), recorded[1]) if recorded else None
+    named = int(lines[0]) if lines[0].isdigit() else None
+    return rec, proc_info_from_dump(named, "\n".join(lines[5:9]), None) if named else None
 
 
 async def wait_port_free(host: Host, port: int, timeout_s: float = 30.0) -> None:
     """Wait until nothing listens on `port` (a stopped engine may take a moment to release it)."""
     deadline = time.monotonic() + timeout_s
-    while (await probe_instance(host, "", port)).is_port_busy:
+    while (await port_owners(host, port)).listeners:
         if time.monotonic() > deadline:
             raise LaunchFailed(
                 f"{host.name}: port {port} is still in use {timeout_s:.0f}s after the old server was stopped",

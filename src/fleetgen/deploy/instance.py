@@ -179,19 +179,17 @@ class Outcome:
 
 async def find_running(
     hs: HostSession, wanted: WantedInstance, record: InstanceRecord | None
-) -> tuple[ProcInfo | None, bool]:
-    """The live process of this instance (the recorded PID + start time, else the host's pidfile) and whether
-    its port is listened on, in one round trip."""
-    recorded = (
-        (record.pid, record.start_time) if record is not None and record.host == hs.entry.name else None
-    )
-    where = await probe_instance(hs.host, wanted.command.paths.pidfile, wanted.inst.port, recorded)
-    if where.recorded is not None and where.recorded.is_alive:
-        return where.recorded, where.is_port_busy
+) -> ProcInfo | None:
+    """The live process of this instance: the recorded PID + start time, else the host's pidfile's."""
+    mine = record is not None and record.host == hs.entry.name
+    recorded = (record.pid, record.start_time) if record is not None and mine else None
+    at_record, named = await probe_instance(hs.host, wanted.command.paths.pidfile, recorded)
+    if at_record is not None and at_record.is_alive:
+        return at_record
     # Only a process running our launch script's command counts (the PID may have been reused).
-    if where.named is not None and where.named.is_alive and where.named.argv[:1] == (wanted.command.python,):
-        return where.named, where.is_port_busy
-    return None, where.is_port_busy
+    if named is not None and named.is_alive and named.argv[:1] == (wanted.command.python,):
+        return named
+    return None
 
 
 @dataclass(frozen=True)
@@ -222,11 +220,11 @@ async def settle(instance: str, host: str, work: Callable[[Outcome], Awaitable[N
 async def ensure_up(hs: HostSession, wanted: WantedInstance, run: Rollout, out: Outcome) -> None:
     """Bring one instance to the wanted state and verify it (through `settle`: errors go in the Outcome)."""
     record = run.records.get(wanted.inst.name)
-    running, port_busy = await find_running(hs, wanted, record)
+    running = await find_running(hs, wanted, record)
     if running and not run.force and not process_drift(wanted.command, running, wanted.secret_value):
         await keep_running(hs, wanted, record, run, out, running)
         return
-    await _clear_way(hs, wanted, running, port_busy, run)
+    await _clear_way(hs, wanted, running, run)
     out.action = Action.REPLACED if running else Action.STARTED
     paths = wanted.command.paths
     log_path = await push_launch(hs.host, wanted)
@@ -313,9 +311,7 @@ async def keep_running(
     out.verified = await _verify(hs, wanted, run.engine, client, running.pid, running.start_time, log_lines)
 
 
-async def _clear_way(
-    hs: HostSession, wanted: WantedInstance, running: ProcInfo | None, port_busy: bool, run: Rollout
-) -> None:
+async def _clear_way(hs: HostSession, wanted: WantedInstance, running: ProcInfo | None, run: Rollout) -> None:
     """Stop the old process (then wait for its port and GPUs), or refuse a port someone else holds."""
     port = wanted.inst.port
     if running:
@@ -325,8 +321,7 @@ async def _clear_way(
         await wait_port_free(hs.host, port)
         if hs.survey.has_nvidia_smi:
             await wait_gpus_released(hs.host, wanted.inst.gpus)
-    elif port_busy:
-        owners = await port_owners(hs.host, port)
+    elif (owners := await port_owners(hs.host, port)).listeners:
         raise LaunchFailed(
             f"{wanted.inst.name}: port {port} on {hs.entry.name} is already in use by "
             + (owners.describe(list(owners.listeners), set()) or "another process"),
@@ -388,7 +383,7 @@ async def stop_instance(hs: HostSession, wanted: WantedInstance, record: Instanc
     out = Outcome(instance=wanted.inst.name, host=hs.entry.name)
     try:
         await remove_secret_files(hs.host, wanted.command)
-        running, _ = await find_running(hs, wanted, record)
+        running = await find_running(hs, wanted, record)
         if running is None:
             out.action = Action.ABSENT
             return out

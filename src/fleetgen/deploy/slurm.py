@@ -192,7 +192,7 @@ async def _ensure(
     if record is not None and info is not None and info.is_active and not run.force:
         if record.pid and info.state == "RUNNING":
             async with node_session(fleet, login, info.node, info.job_id) as node:
-                running, _ = await find_running(node, wanted, record)
+                running = await find_running(node, wanted, record)
                 if running and not process_drift(wanted.command, running, wanted.secret_value):
                     await keep_running(node, wanted, record, run, out, running)
                     return

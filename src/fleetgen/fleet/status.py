@@ -125,7 +125,7 @@ class FleetView:
 
     async def _read(self, w: _Watched, st: InstanceStatus, rate_window_s: float) -> None:
         records = load_state(self.fleet.path)
-        running, _ = await find_running(w.hs, w.wanted, records.get(st.instance))
+        running = await find_running(w.hs, w.wanted, records.get(st.instance))
         if running is None:
             st.readiness, st.problem = Readiness.DOWN, "not running"
             return
