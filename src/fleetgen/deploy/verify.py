@@ -48,8 +48,6 @@ class Verified:
     accept_length: float | None = None  # None right after start: SGLang reports it after "Decode batch" lines
     spec_steps: float | None = None  # speculative verify steps during the test request (the proof it runs)
     capacity: list[CapacityRow] = field(default_factory=list)
-    info: Any = None
-    max_running_requests: int | None = None
     warnings: list[str] = field(default_factory=list)
 
 
@@ -210,8 +208,8 @@ async def verify_engine(
 ) -> Verified:
     """The engine's own view, one real chat request, the accept length (when speculative), capacity."""
     out = Verified(model=await client.served_model())
-    out.info = await client.info(engine.info_paths)
-    _check_view(command, engine, client, out.info)
+    view = await client.info(engine.info_paths)
+    _check_view(command, engine, client, view)
     before = await client.metrics(engine.metrics_path)
     reply = await client.chat(
         {
@@ -229,12 +227,10 @@ async def verify_engine(
         out.accept_length = _check_spec(command.instance, evidence, out, client.base_url)
     actual = {
         **capacity_from_log(log_lines, engine),
-        **capacity_from_info(out.info),
+        **capacity_from_info(view),
         **capacity_from_metrics(engine.metrics, after.text),
     }
     out.capacity = [CapacityRow(w, planned.get(w), actual.get(w)) for w in sorted({*planned, *actual})]
-    mrr = actual.get("max_running_requests")
-    out.max_running_requests = int(mrr) if mrr else None
     return out
 
 
