@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from fleetgen.errors import FleetDown, ParamsMismatch, RequestRejected
-from fleetgen.generate.dispatch import RetryPolicy
+from fleetgen.generate.health import RetryPolicy
 from fleetgen.generate.progress import Progress
 from fleetgen.generate.runner import Job, JobOptions
 from fleetgen.generate.work import SamplingParams

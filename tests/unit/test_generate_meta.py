@@ -16,8 +16,8 @@ from fleetgen.config import FleetFile
 from fleetgen.engines import get_engine
 from fleetgen.errors import DeployError
 from fleetgen.generate import jobmeta
-from fleetgen.generate.dispatch import RetryPolicy
 from fleetgen.generate.fleetlink import endpoints_meta, fleet_meta
+from fleetgen.generate.health import RetryPolicy
 from fleetgen.generate.identity import ResumeCheck, identify
 from fleetgen.generate.jobmeta import JobMeta
 from fleetgen.generate.progress import PositionTracker, Progress

@@ -17,15 +17,7 @@ from fleetgen.generate import source
 from fleetgen.generate.export import export, filter_sql
 from fleetgen.generate.progress import PositionTracker
 from fleetgen.generate.quality import flags_of, has_think_marker, is_repetitive
-from fleetgen.generate.source import (
-    BadInput,
-    Position,
-    Record,
-    RecordShape,
-    Skipped,
-    content_id,
-    read_records,
-)
+from fleetgen.generate.source import Position, RecordShape, content_id, read_records
 from fleetgen.generate.store import (
     BAD,
     ERRORS,
@@ -39,13 +31,13 @@ from fleetgen.generate.store import (
     SeriesRow,
     Store,
 )
-from fleetgen.generate.work import Work, key_hash
+from fleetgen.generate.work import BadInput, Record, Work, key_hash
 from fleetgen.http.client import Completion, RequestFailed, parse_completion
 
 SHAPE = RecordShape()
 
 
-def records(path: Path, start: Position | None = None) -> list[Record | BadInput | Skipped]:
+def records(path: Path, start: Position | None = None) -> list[Record | BadInput | Position]:
     return list(read_records(path, SHAPE, start or Position()))
 
 
@@ -66,7 +58,7 @@ def test_jsonl_records_bad_lines_and_resume_offset(tmp_path: Path) -> None:
 def test_done_records_are_skipped_in_runs_that_keep_their_place(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A resume passes over done records by id alone, one `Skipped` per run, bad lines kept in order."""
+    """A resume passes over done records by id alone, one `Position` per run, bad lines kept in order."""
     lines = [orjson.dumps({"id": f"r{i}", "prompt": f"q{i}"}) for i in range(10)]
     lines[3] = b"{oops"
     path = tmp_path / "in.jsonl"
@@ -74,19 +66,22 @@ def test_done_records_are_skipped_in_runs_that_keep_their_place(
     ends = [sum(len(line) + 1 for line in lines[: k + 1]) for k in range(10)]  # offset after line k + 1
     done = {"r0", "r1", "r2", "r4", "r5", "r7", "r8", "r9"}
     got = list(read_records(path, SHAPE, Position(), is_done=lambda rid: 0 if rid in done else None))
-    assert [type(r).__name__ for r in got] == ["Skipped", "BadInput", "Skipped", "Record", "Skipped"]
-    assert got[0] == Skipped(3, ends[2]) and got[2] == Skipped(6, ends[5]) and got[4] == Skipped(10, ends[9])
+    assert [type(r).__name__ for r in got] == ["Position", "BadInput", "Position", "Record", "Position"]
+    assert (
+        got[0] == Position(3, ends[2]) and got[2] == Position(6, ends[5]) and got[4] == Position(10, ends[9])
+    )
     assert isinstance(got[1], BadInput) and got[1].line == 4
     assert isinstance(got[3], Record) and (got[3].record_id, got[3].line) == ("r6", 7)
-    # Reading on from a Skipped position gives exactly what follows it.
-    after = list(read_records(path, SHAPE, Position(got[2].line, got[2].end_offset)))
+    # Reading on from a skipped run's Position gives exactly what follows it.
+    assert isinstance(got[2], Position)
+    after = list(read_records(path, SHAPE, got[2]))
     assert [r.line for r in after] == [7, 8, 9, 10]
     # A long run is reported every SKIP_RUN lines, so the resume position keeps moving.
     monkeypatch.setattr(source, "SKIP_RUN", 2)
     runs = list(
         read_records(path, SHAPE, Position(), is_done=lambda rid: 0 if rid in {"r0", "r1", "r2"} else None)
     )
-    assert runs[:2] == [Skipped(2, ends[1]), Skipped(3, ends[2])] and isinstance(runs[2], BadInput)
+    assert runs[:2] == [Position(2, ends[1]), Position(3, ends[2])] and isinstance(runs[2], BadInput)
 
 
 def test_content_id_is_stable_and_key_order_free() -> None:
@@ -132,7 +127,8 @@ def test_parquet_and_datasets_folder_stream_with_resume(tmp_path: Path) -> None:
 
 
 def test_multi_turn_history_uses_the_models_answers() -> None:
-    work = Work("w", 0, "f", 1, [[{"role": "user", "content": "u1"}], [{"role": "user", "content": "u2"}]])
+    segments = [[{"role": "user", "content": "u1"}], [{"role": "user", "content": "u2"}]]
+    work = Work(Record("w", "f", 1, 0, segments), 0)
     work.done.append(Completion("a1", "r1", "stop", 1, 1))
     assert work.messages_for_next_turn() == [
         {"role": "user", "content": "u1"},
@@ -145,7 +141,7 @@ def test_migrations_apply_once_and_upserts_are_idempotent(tmp_path: Path) -> Non
     store = Store.open(tmp_path)
     version = store.conn.execute("PRAGMA user_version").fetchone()[0]
     assert version == len(MIGRATIONS)
-    work = Work("a", 0, "f", 3, [[{"role": "user", "content": "q"}]])
+    work = Work(Record("a", "f", 3, 0, [[{"role": "user", "content": "q"}]]), 0)
     work.done.append(Completion("x", "r", "length", 4, 9))
     row = rowmod.RowBuilder("m", "h").result("s0", work, 0.0, 0.1)
     store.write_batch(Batch(results=[row, row]))
@@ -186,14 +182,8 @@ def test_each_table_holds_exactly_its_record_and_gives_it_back(tmp_path: Path) -
     builder = rowmod.RowBuilder("m\x00é", "h")
     results, errors = [], []
     for i, text in enumerate(UGLY):  # built as a run builds them: one, two and three turns
-        work = Work(
-            f"r{i}{text}",
-            i,
-            text,
-            2**62 + i,
-            [[{"role": "user", "content": text}]] * (i + 1),
-            content_hash=-(2**63) + i,
-        )
+        segments = [[{"role": "user", "content": text}]] * (i + 1)
+        work = Work(Record(f"r{i}{text}", text, 2**62 + i, 0, segments, content_hash=-(2**63) + i), i)
         work.done.extend(Completion(text, text, "length" if i else "stop", None, 2**40) for _ in range(i + 1))
         results.append(builder.result(text, work, 0.5, 1e-300))
         errors.append(builder.error(text, work, RequestFailed(text, url="u", status=None, is_retryable=True)))
@@ -286,9 +276,8 @@ def test_export_filters_and_formats(tmp_path: Path) -> None:
     builder = rowmod.RowBuilder("m", "h")
     batch = Batch()
     for i, (content, finish) in enumerate([("fine answer", "stop"), ("cut", "length"), ("", "stop")]):
-        work = Work(
-            f"r{i}", 0, "f", i + 1, [[{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]]
-        )
+        segments = [[{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]]
+        work = Work(Record(f"r{i}", "f", i + 1, 0, segments), 0)
         work.done.append(Completion(content, f"reason {i}", finish, 2, 3))
         batch.results.append(builder.result("s0", work, 0.0, 0.1))
     store.write_batch(batch)

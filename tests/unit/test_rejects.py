@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fleetgen.generate.rejects import Streak, signature, suspects
-from fleetgen.generate.work import Work
+from fleetgen.generate.work import Record, Work
 from fleetgen.http.client import RequestFailed
 
 BODY = {
@@ -62,7 +62,7 @@ def test_the_key_the_message_names_and_where_the_job_sets_it() -> None:
 
 
 def work(i: int) -> Work:
-    return Work(f"r{i}", 0, "in.jsonl", i, [], key=i)
+    return Work(Record(f"r{i}", "in.jsonl", i, 0, []), 0, key=i)
 
 
 def test_a_streak_is_held_and_released_as_error_rows_when_it_proves_per_record() -> None:
@@ -71,7 +71,7 @@ def test_a_streak_is_held_and_released_as_error_rows_when_it_proves_per_record()
     assert streak.add("b", work(1), refusal("too long: 12 tokens")) == []
     assert not streak.is_the_jobs
     released = streak.add("a", work(2), refusal("n must be positive"))  # another kind: the first two were
-    assert [w.record_id for _, w, _ in released] == ["r0", "r1"]  # the records' own
+    assert [w.record.record_id for _, w, _ in released] == ["r0", "r1"]  # the records' own
     streak.add("a", work(3), refusal("n must be positive"))
     streak.add("b", work(4), refusal("n must be positive"))
     assert streak.is_the_jobs
@@ -79,4 +79,4 @@ def test_a_streak_is_held_and_released_as_error_rows_when_it_proves_per_record()
     assert error.exit_code == 2 and "`extra_body.n` in the job file" in error.message
     assert error.context["server says"] == "HTTP 400: n must be positive"
     assert "3 requests in a row, by a, b" in str(error.context["refused"])
-    assert [w.record_id for _, w, _ in streak.release()] == ["r2", "r3", "r4"] and streak.held == []
+    assert [w.record.record_id for _, w, _ in streak.release()] == ["r2", "r3", "r4"] and streak.held == []

@@ -40,9 +40,9 @@ from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import ConfigError, FleetDown
 from fleetgen.fleet.pool import Link, open_fleet
 from fleetgen.fleet.status import Readiness
-from fleetgen.generate.dispatch import RetryPolicy
 from fleetgen.generate.export import FORMATS, ExportSummary, export
 from fleetgen.generate.fleetlink import endpoints_meta, fleet_hooks, fleet_meta
+from fleetgen.generate.health import RetryPolicy
 from fleetgen.generate.progress import Progress, Summary
 from fleetgen.generate.runner import FleetHooks, Job, JobOptions
 from fleetgen.generate.source import RecordShape

@@ -26,7 +26,7 @@ from typing import Any
 
 from fleetgen.errors import FleetDown, FleetgenError
 from fleetgen.fleet.status import Readiness
-from fleetgen.generate.health import Endpoint, OnDead, RetryPolicy, Watch
+from fleetgen.generate.health import Endpoint, Watch, states
 from fleetgen.generate.rejects import Streak
 from fleetgen.generate.work import Work
 from fleetgen.http.client import RequestFailed
@@ -35,37 +35,25 @@ OnSuccess = Callable[[str, Work, float, float], None]  # endpoint, work, started
 OnError = Callable[[str, Work, RequestFailed], None]  # endpoint, work, the final failure
 BodyFor = Callable[[Work], dict[str, Any]]
 
-__all__ = ["Dispatcher", "Endpoint", "OnDead", "RetryPolicy", "Watch"]
-
 
 class Dispatcher:
     """Runs `Work` items from an iterator across `endpoints`; results and final errors go to callbacks."""
 
-    def __init__(
-        self,
-        endpoints: list[Endpoint],
-        policy: RetryPolicy,
-        body_for: BodyFor,
-        on_success: OnSuccess,
-        on_error: OnError,
-        on_dead: OnDead | None = None,
-        watch: Watch | None = None,
-    ) -> None:
-        self.endpoints = endpoints
-        self.policy = policy
+    def __init__(self, watch: Watch, body_for: BodyFor, on_success: OnSuccess, on_error: OnError) -> None:
+        # The Watch was started before the model was known (the first ready endpoint names it).
+        self._watch = watch
+        self.endpoints = watch.endpoints
+        self.policy = policy = watch.policy
         self._body_for = body_for
         self._on_success = on_success
         self._on_error = on_error
-        # The job's runner hands over the Watch it started before the model was known (the first ready
-        # endpoint names it); a bare dispatcher watches its endpoints itself.
-        self._watch = watch or Watch(endpoints, policy, on_dead=on_dead)
         self._retries: deque[Work] = deque()
         self._num_waiting = 0
-        self._num_active = 0
+        self.num_in_flight = 0
         self._changed = asyncio.Event()
         self._drained: set[asyncio.Task[None]] = set()
-        self._watch.on_ready = self._changed.set
-        self._watch.on_hung = self._hung
+        watch.on_ready = self._changed.set
+        watch.on_hung = self._hung
         self._timers: set[asyncio.TimerHandle] = set()
         self._stopping = False
         self._fatal: FleetgenError | None = None
@@ -74,10 +62,6 @@ class Dispatcher:
         self._down_since: float | None = None
         self.failures_in_row = 0
         self.last_error = ""
-
-    @property
-    def num_in_flight(self) -> int:
-        return self._num_active
 
     @property
     def num_retrying(self) -> int:
@@ -114,7 +98,7 @@ class Dispatcher:
                 work = next(items, None)
                 exhausted = work is None
             if work is None:
-                if self._num_active == 0 and self._num_waiting == 0:
+                if self.num_in_flight == 0 and self._num_waiting == 0:
                     self._end_refusals()
                     if self._fatal is not None:
                         raise self._fatal
@@ -125,22 +109,17 @@ class Dispatcher:
 
     async def drain(self) -> None:
         """Wait for every in-flight request to finish (graceful stop)."""
-        while self._num_active:
+        while self.num_in_flight:
             self._changed.clear()
             await self._changed.wait()
 
     async def abandon(self) -> None:
-        """Cancel every in-flight request; nothing of theirs is written. Then stop probes and timers."""
+        """Cancel every in-flight request (nothing of theirs is written), retry timers, probes, restarts."""
         tasks = [task for endpoint in self.endpoints for task in endpoint.tasks]
-        for task in tasks:
-            task.cancel()
+        cancelled: list[asyncio.Task[None] | asyncio.TimerHandle] = [*tasks, *self._timers]
+        for each in cancelled:
+            each.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await self.close()
-
-    async def close(self) -> None:
-        """Stop background probes, restarts and pending retry timers."""
-        for timer in self._timers:
-            timer.cancel()
         await self._watch.close()
 
     def _pick(self) -> Endpoint | None:
@@ -172,7 +151,7 @@ class Dispatcher:
         if not endpoint.in_flight:
             endpoint.answered_at = time.monotonic()  # silence is counted from here
         endpoint.in_flight += 1
-        self._num_active += 1
+        self.num_in_flight += 1
         task = asyncio.get_running_loop().create_task(self._serve(endpoint, work))
         endpoint.tasks.add(task)
 
@@ -205,7 +184,7 @@ class Dispatcher:
             endpoint.answered_at = time.monotonic()
             endpoint.in_flight -= 1
             endpoint.tasks.discard(task)
-            self._num_active -= 1
+            self.num_in_flight -= 1
             self._changed.set()
 
     def _failed(self, endpoint: Endpoint, work: Work, exc: RequestFailed) -> None:
@@ -276,12 +255,9 @@ class Dispatcher:
         self._watch.lost(endpoint)
 
     def _fleet_down(self, why: str) -> FleetDown:
-        states = "\n".join(
-            f"{e.name} ({e.readiness.value}): {e.last_error or 'no error'}" for e in self.endpoints
-        )
         return FleetDown(
             f"stopping the job: {why}; the servers look gone",
-            context={"endpoints": states, "last error": self.last_error},
+            context={"endpoints": states(self.endpoints, "no error"), "last error": self.last_error},
             fix="check the servers (`fleetgen status`), bring them back (`fleetgen up`), then rerun the same "
             "command: it resumes, and `--retry-errors` re-runs rows that failed meanwhile",
         )

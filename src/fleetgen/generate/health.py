@@ -53,9 +53,8 @@ class RetryPolicy:
 
     max_retries: int = 5
     max_consecutive_failures: int = 50
-    max_identical_rejections: int = (
-        16  # the same 4xx this often in a row, no success between: the job's fault
-    )
+    # The same 4xx this often in a row, no success between: the job's fault.
+    max_identical_rejections: int = 16
     backoff_base_s: float = 0.5
     backoff_max_s: float = 30.0
     drain_after: int = 3
@@ -262,12 +261,13 @@ def none_ready(endpoints: list[Endpoint], wait_s: float) -> FleetDown:
     what = f"no server became ready within {wait_s:g} s" if wait_s > 0 else "no server is ready"
     return FleetDown(
         f"{what}: nothing to generate with",
-        context={
-            "servers": "\n".join(
-                f"{e.name} ({e.readiness.value}): {e.last_error or 'not ready'}" for e in endpoints
-            )
-        },
+        context={"servers": states(endpoints, "not ready")},
         fix="see why with `fleetgen status -f FLEET` (and `fleetgen logs INSTANCE --fleet FLEET`), bring "
         "them up with `fleetgen up -f FLEET` (or rerun with --restart-dead, or a longer --wait-ready), then "
         "rerun the same command: it resumes. With --endpoint URLs: start those servers",
     )
+
+
+def states(endpoints: list[Endpoint], unknown: str) -> str:
+    """One line per endpoint: its readiness and its last error (`unknown` when it has none)."""
+    return "\n".join(f"{e.name} ({e.readiness.value}): {e.last_error or unknown}" for e in endpoints)

@@ -18,12 +18,12 @@ import orjson
 
 from fleetgen.generate import diagnose, identity, jobmeta, rows
 from fleetgen.generate.progress import Counters, PositionTracker
-from fleetgen.generate.source import IsDone, Position, Record, RecordShape, Skipped, conflict, read_records
+from fleetgen.generate.source import IsDone, Position, RecordShape, conflict, read_records
 from fleetgen.generate.store import Store
-from fleetgen.generate.work import BadInput, Work, key_hash
+from fleetgen.generate.work import BadInput, Record, Work, key_hash
 from fleetgen.generate.writer import StoreWriter
 
-Records = Iterator[Record | BadInput | Skipped]
+Records = Iterator[Record | BadInput | Position]  # a Position: a run of done records skipped
 # The re-run modes: the table and condition of the keys each one redoes.
 REDO = {"retry_errors": ("errors", "1"), "redo_truncated": ("results", "is_truncated = 1")}
 
@@ -112,9 +112,9 @@ class Intake:
         tracker, wanted, done = self.tracker, self.wanted, self.done
         seen: set[int] = set()
         for record in records:
-            if isinstance(record, Skipped):
+            if isinstance(record, Position):
                 if tracker is not None:
-                    tracker.open(record.line, record.end_offset, 0)
+                    tracker.open(record.line, record.offset, 0)
                 continue
             if isinstance(record, Record):
                 keys = [key_hash(record.record_id, s) for s in range(self.samples)]
@@ -132,15 +132,7 @@ class Intake:
             if tracker is not None:
                 tracker.open(record.line, record.end_offset, len(todo))
             for sample in todo:
-                yield Work(
-                    record.record_id,
-                    sample,
-                    record.source,
-                    record.line,
-                    record.segments,
-                    key=keys[sample],
-                    content_hash=record.content_hash,
-                )
+                yield Work(record, sample, keys[sample])
         if self.first_bad and not self.num_good and not self.had_results:
             raise self._all_bad()  # a short input, every record bad
 

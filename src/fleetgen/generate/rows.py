@@ -11,7 +11,8 @@ from typing import Any
 
 import orjson
 
-from fleetgen.generate.dispatch import Dispatcher, Endpoint
+from fleetgen.generate.dispatch import Dispatcher
+from fleetgen.generate.health import Endpoint
 from fleetgen.generate.progress import BadInputSample, Counters, EndpointProgress, Progress, Summary
 from fleetgen.generate.quality import flags_of_all
 from fleetgen.generate.store import BadRow, Counts, ErrorRow, ResultRow, SeriesRow, Store
@@ -47,7 +48,7 @@ class RowBuilder:
         flags = flags_of_all(turns)
         return ResultRow(
             **_keys(work),
-            prompt=orjson.dumps(work.segments).decode(),
+            prompt=orjson.dumps(work.record.segments).decode(),
             content=last.content,
             reasoning_content=last.reasoning_content,
             turns=orjson.dumps(turns).decode() if len(turns) > 1 else None,  # each Completion's fields
@@ -66,7 +67,7 @@ class RowBuilder:
             is_empty=int(flags.is_empty),
             has_leaked_think=int(flags.has_leaked_think),
             is_repetitive=int(flags.is_repetitive),
-            chash=work.content_hash,
+            chash=work.record.content_hash,
         )
 
     def error(self, endpoint: str, work: Work, exc: RequestFailed) -> ErrorRow:
@@ -74,7 +75,7 @@ class RowBuilder:
         if exc.is_retryable:
             reason = f"gave up after {work.attempts} attempts: {reason}"
         if exc.kind == "prompt_too_long":
-            reason = f"prompt longer than the context ({work.source}:{work.line}): {reason}"
+            reason = f"prompt longer than the context ({work.record.source}:{work.record.line}): {reason}"
         return ErrorRow(
             **_keys(work),
             kind=exc.kind,
@@ -83,18 +84,19 @@ class RowBuilder:
             attempts=work.attempts + (0 if exc.is_retryable else 1),
             instance=endpoint,
             finished_at=time.time(),
-            chash=work.content_hash,
+            chash=work.record.content_hash,
         )
 
 
 def _keys(work: Work) -> dict[str, Any]:
     """The columns a result and an error row share: the key and where the record was read."""
+    record = work.record
     return {
-        "id": work.record_id,
+        "id": record.record_id,
         "sample": work.sample,
         "khash": work.key,
-        "source": work.source,
-        "line": work.line,
+        "source": record.source,
+        "line": record.line,
     }
 
 

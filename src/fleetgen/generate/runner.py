@@ -29,8 +29,8 @@ from fleetgen.errors import JobError, ParamsMismatch
 from fleetgen.fleet.pool import Link
 from fleetgen.fleet.status import Readiness
 from fleetgen.generate import jobmeta, rows
-from fleetgen.generate.dispatch import Dispatcher, Endpoint, OnDead, RetryPolicy
-from fleetgen.generate.health import Watch, served_models
+from fleetgen.generate.dispatch import Dispatcher
+from fleetgen.generate.health import Endpoint, OnDead, RetryPolicy, Watch, served_models
 from fleetgen.generate.intake import Intake
 from fleetgen.generate.jobmeta import JobMeta
 from fleetgen.generate.progress import Counters, PositionTracker, Progress, RateMeter, Summary, waiting
@@ -184,14 +184,12 @@ class Job:
         )
         base = opts.params.base_body(model)
         dispatcher = Dispatcher(
-            endpoints,
-            opts.policy,
+            watch,
             lambda work: rows.request_body(
                 base, work.messages_for_next_turn(), opts.params.seed, work.sample
             ),
-            on_success=lambda ep, work, t0, dt: writer.put(builder.result(ep, work, t0, dt)),
-            on_error=lambda ep, work, exc: writer.put(builder.error(ep, work, exc)),
-            watch=watch,
+            lambda ep, work, t0, dt: writer.put(builder.result(ep, work, t0, dt)),
+            lambda ep, work, exc: writer.put(builder.error(ep, work, exc)),
         )
         items = intake.work(writer)
         status = await self._execute(dispatcher, writer, items, wanted, started, on_progress)

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 import zstandard
 
 from fleetgen.errors import InputError, InputMismatch
-from fleetgen.generate.work import BadInput, Message, text_of
+from fleetgen.generate.work import BadInput, Message, Record, text_of
 
 # Roles by the names chat formats give them (ShareGPT: human / gpt).
 ROLE_OF = {"human": "user", "user": "user", "system": "system"}
@@ -52,30 +52,9 @@ class Position:
     offset: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
-    """One good input record, ready to become work (one `Work` per sample)."""
-
-    record_id: str
-    source: str
-    line: int
-    end_offset: int
-    segments: list[list[Message]]
-    content_hash: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Skipped:
-    """A run of records the caller said are done (`is_done(record id)`): where the last one ends.
-
-    One per run of consecutive done records (at most `SKIP_RUN` lines), not one per record: a resume that
-    passes over a million done records costs a JSON parse and a key lookup each, nothing more.
-    """
-
-    line: int
-    end_offset: int
-
-
+# A run of records the caller said are done (`is_done(record id)`) is yielded as the `Position` after its
+# last one: one per run of consecutive done records (at most `SKIP_RUN` lines), not one per record, so a
+# resume that passes over a million done records costs a JSON parse and a key lookup each, nothing more.
 # `is_done(record id)`: None when the record still has work; else the content hash stored with it (0: unknown,
 # rows written before content hashes were stored). A done id stored with other content is an error.
 IsDone = Callable[[str], int | None]
@@ -206,9 +185,9 @@ def conflict(record_id: str, source: str, line: int) -> InputMismatch:
 
 def read_jsonl(
     path: Path, shape: RecordShape, start: Position, is_done: IsDone | None = None
-) -> Iterator[Record | BadInput | Skipped]:
+) -> Iterator[Record | BadInput | Position]:
     """Records of a JSONL file from `start`; a malformed line becomes `BadInput`; blank lines are skipped;
-    runs of records `is_done` says are done become one `Skipped`."""
+    runs of records `is_done` says are done become one `Position`."""
     source = str(path)
     with open_input(path) as handle:
         _seek(handle, start.offset)
@@ -230,14 +209,14 @@ def read_jsonl(
                 num_skipped += 1
                 if num_skipped == SKIP_RUN:
                     num_skipped = 0
-                    yield Skipped(line, offset)
+                    yield Position(line, offset)
                 continue
             if num_skipped:
                 num_skipped = 0
-                yield Skipped(line - 1, offset - len(raw))  # the run ends on the line before this one
+                yield Position(line - 1, offset - len(raw))  # the run ends on the line before this one
             yield item
         if num_skipped:
-            yield Skipped(line, offset)
+            yield Position(line, offset)
 
 
 def read_batches(
@@ -246,7 +225,7 @@ def read_batches(
     shape: RecordShape,
     start: Position,
     is_done: IsDone | None = None,
-) -> Iterator[Record | BadInput | Skipped]:
+) -> Iterator[Record | BadInput | Position]:
     """Records of Arrow record batches (Parquet, HF datasets); `line` is the 1-based row number."""
     row = 0
     for batch in batches:
@@ -257,7 +236,7 @@ def read_batches(
             row += 1
             if row > start.line:
                 item = _record_of(raw, shape, source, row, 0, is_done)
-                yield Skipped(row, 0) if item is None else item
+                yield Position(row, 0) if item is None else item
 
 
 def hf_arrow_files(folder: Path, split: str | None = None) -> list[Path]:
@@ -293,8 +272,8 @@ def read_records(
     start: Position = Position(),
     split: str | None = None,
     is_done: IsDone | None = None,
-) -> Iterator[Record | BadInput | Skipped]:
-    """Stream the records of any supported input, starting after `start`; done ones as `Skipped`."""
+) -> Iterator[Record | BadInput | Position]:
+    """Stream the records of any supported input, starting after `start`; done ones as `Position`s."""
     if path.is_dir():
         return read_batches(_arrow_batches(hf_arrow_files(path, split)), str(path), shape, start, is_done)
     if path.suffix == ".parquet":

@@ -38,36 +38,44 @@ def text_of(content: object) -> str:
     return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
 
 
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One good input record, ready to become work (one `Work` per sample); `segments` as sent."""
+
+    record_id: str
+    source: str
+    line: int
+    end_offset: int
+    segments: list[list[Message]]
+    content_hash: int = 0  # of `segments` (source.content_hash): stored with each row
+
+
 @dataclass(slots=True)
 class Work:
     """One (record, sample) to generate. `done` keeps finished turns so a retry resumes at the failed turn."""
 
-    record_id: str
+    record: Record
     sample: int
-    source: str
-    line: int
-    segments: list[list[Message]]
     key: int = 0
-    content_hash: int = 0  # of `segments` (source.content_hash): stored with the row
     attempts: int = 0
     done: list[Completion] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.key:
-            self.key = key_hash(self.record_id, self.sample)
+            self.key = key_hash(self.record.record_id, self.sample)
 
     def messages_for_next_turn(self) -> list[Message]:
         """The history for the next turn: every earlier segment followed by the model's own answer."""
-        history: list[Message] = []
+        segments, history = self.record.segments, []
         for k, answer in enumerate(self.done):
-            history.extend(self.segments[k])
+            history.extend(segments[k])
             history.append({"role": "assistant", "content": answer.content})
-        history.extend(self.segments[len(self.done)])
+        history.extend(segments[len(self.done)])
         return history
 
     @property
     def is_finished(self) -> bool:
-        return len(self.done) == len(self.segments)
+        return len(self.done) == len(self.record.segments)
 
 
 @dataclass(frozen=True, slots=True)
