@@ -28,7 +28,7 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from fleetgen.generate.runner import Job, JobOptions
+from fleetgen.generate.runner import FleetHooks, Job, JobOptions
 from fleetgen.generate.work import SamplingParams
 from tests.fixtures.vllm import TinyModel, VllmServer, running_vllm_server
 
@@ -244,8 +244,8 @@ async def test_server_killed_mid_run_job_completes_on_the_other(
     )
     out = tmp_path / "out"
     fleet = [("one", vllm_server.base_url), ("two", second_server.base_url)]
-    options = JobOptions(input_path=prompts, out_dir=out, params=params, concurrency=4, endpoints=fleet)
-    task = asyncio.create_task(Job(options).run())
+    options = JobOptions(input_path=prompts, out_dir=out, params=params, concurrency=4)
+    task = asyncio.create_task(Job(options, FleetHooks(fleet)).run())
     while not (out / "results.sqlite").exists() or query(out, "SELECT COUNT(*) FROM results")[0][0] < 20:
         assert not task.done(), task
         await asyncio.sleep(0.2)

@@ -24,9 +24,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from fleetgen.generate.export import EMPTY, THINK, export
-from fleetgen.generate.runner import Job
 from tests.fixtures.vllm import default_tiny_model_dir, is_ci
-from tests.unit.test_generate_job import options, params, write_jsonl
+from tests.unit.test_generate_job import new_job, params, write_jsonl
 from tests.unit.test_generate_standin import StandIn, serve
 
 pytestmark = pytest.mark.specforge
@@ -119,7 +118,7 @@ async def export_and_read(tmp: Path, records: list[dict[str, Any]], specforge: t
     """Run the job, export SpecForge rows, read each with SpecForge's own code, check the invariants."""
     prompts = write_jsonl(tmp / "in.jsonl", records)
     async with serve(StandIn()) as server:
-        summary = await Job(options(tmp, prompts, [server.url], params=params(thinking=True))).run()
+        summary = await new_job(tmp, prompts, [server.url], params=params(thinking=True)).run()
     assert summary.results > 0, summary
     path = tmp / "train.jsonl"
     exported = export(tmp / "out", "sharegpt", path)

@@ -24,9 +24,8 @@ from hypothesis import strategies as st
 
 from fleetgen.errors import InputError
 from fleetgen.generate.diagnose import FAIL_FAST
-from fleetgen.generate.runner import Job
 from fleetgen.generate.source import RecordShape
-from tests.unit.test_generate_job import FAST, options, write_jsonl
+from tests.unit.test_generate_job import FAST, new_job, write_jsonl
 from tests.unit.test_generate_standin import StandIn, serve
 
 COMPRESS = {
@@ -57,9 +56,9 @@ async def test_compressed_input_gives_the_rows_the_plain_file_gives(
     path = tmp / name.format(kind=kind)
     path.write_bytes(COMPRESS[kind](jsonl(records)))
     async with serve(StandIn()) as a:
-        summary = await Job(options(tmp, path, [a.url])).run()
+        summary = await new_job(tmp, path, [a.url]).run()
         a.seen.clear()
-        again = await Job(options(tmp, path, [a.url])).run()
+        again = await new_job(tmp, path, [a.url]).run()
     assert summary.status == "complete" and summary.results == num and summary.bad_inputs == 0
     assert again.completions_this_run == 0 and not a.seen
 
@@ -72,7 +71,7 @@ async def test_a_wrong_field_name_stops_after_the_first_records_and_names_the_jo
     )
     async with serve(StandIn()) as a:
         with pytest.raises(InputError) as err:
-            await Job(options(tmp_path, prompts, [a.url])).run()
+            await new_job(tmp_path, prompts, [a.url]).run()
         assert not a.seen
         with sqlite3.connect(tmp_path / "out" / "results.sqlite") as conn:
             assert conn.execute("SELECT COUNT(*) FROM inputs_bad").fetchone()[0] <= FAIL_FAST  # stopped early
@@ -84,9 +83,7 @@ async def test_a_wrong_field_name_stops_after_the_first_records_and_names_the_jo
         )
         assert err.value.exit_code != 0
         # Fixed job file, same folder: it starts (nothing had been generated).
-        fixed = await Job(
-            options(tmp_path, prompts, [a.url], shape=RecordShape(prompt_field="question"))
-        ).run()
+        fixed = await new_job(tmp_path, prompts, [a.url], shape=RecordShape(prompt_field="question")).run()
     assert fixed.status == "complete" and fixed.results == FAIL_FAST * 20 and fixed.bad_inputs == 0
 
 
@@ -108,7 +105,7 @@ async def test_an_input_whose_every_record_is_bad_is_an_error_naming_the_cause(
     path.write_bytes(content)
     async with serve(StandIn()) as a:
         with pytest.raises(InputError) as err:
-            await Job(options(tmp_path, path, [a.url])).run()
+            await new_job(tmp_path, path, [a.url]).run()
     assert cause in str(err.value) + err.value.fix
 
 
@@ -118,7 +115,7 @@ async def test_a_real_zip_of_jsonl_is_named(tmp_path: Path) -> None:
         archive.writestr("p.jsonl", jsonl([{"prompt": f"q{i}"} for i in range(100)]))
     async with serve(StandIn()) as a:
         with pytest.raises(InputError, match="zip archive"):
-            await Job(options(tmp_path, path, [a.url])).run()
+            await new_job(tmp_path, path, [a.url]).run()
 
 
 async def test_a_run_that_produced_nothing_is_failed_not_complete(tmp_path: Path) -> None:
@@ -127,10 +124,8 @@ async def test_a_run_that_produced_nothing_is_failed_not_complete(tmp_path: Path
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"q{i} [[sim:status=500]]"} for i in range(2)])
     once = dataclasses.replace(FAST, max_retries=1)
     async with serve(StandIn()) as a:
-        nothing = await Job(options(tmp_path, empty, [a.url], out_dir=tmp_path / "o1")).run()
-        all_errors = await Job(
-            options(tmp_path, prompts, [a.url], out_dir=tmp_path / "o2", policy=once)
-        ).run()
+        nothing = await new_job(tmp_path, empty, [a.url], out_dir=tmp_path / "o1").run()
+        all_errors = await new_job(tmp_path, prompts, [a.url], out_dir=tmp_path / "o2", policy=once).run()
     assert nothing.status == "failed" and all_errors.status == "failed" and all_errors.errors == 2
 
 
@@ -138,7 +133,7 @@ async def test_bad_records_among_good_ones_do_not_stop_the_job(tmp_path: Path) -
     records: list[Any] = [{"question": "x"}] * (FAIL_FAST - 1) + [{"prompt": "q"}] + [{"question": "y"}] * 100
     prompts = write_jsonl(tmp_path / "p.jsonl", records)
     async with serve(StandIn()) as a:
-        summary = await Job(options(tmp_path, prompts, [a.url])).run()
+        summary = await new_job(tmp_path, prompts, [a.url]).run()
     assert summary.status == "complete" and summary.results == 1 and summary.bad_inputs == FAIL_FAST + 99
 
 
@@ -173,7 +168,7 @@ async def test_an_export_that_wrote_nothing_exits_non_zero_with_the_reasons(tmp_
         tmp_path / "p.jsonl", [{"prompt": f"q{i} [[sim:finish=length:empty]]"} for i in range(3)]
     )
     async with serve(StandIn()) as a:
-        await Job(options(tmp_path, prompts, [a.url])).run()
+        await new_job(tmp_path, prompts, [a.url]).run()
     code, text = await cli(
         "export", str(tmp_path / "out"), "--format", "sharegpt", "--to", str(tmp_path / "t.jsonl")
     )
@@ -189,6 +184,6 @@ async def test_parquet_and_datasets_with_the_wrong_column_name_are_named(tmp_pat
     async with serve(StandIn()) as a:
         for name in ("p.parquet", "ds"):
             with pytest.raises(InputError) as err:
-                await Job(options(tmp_path, tmp_path / name, [a.url], out_dir=tmp_path / f"o-{name}")).run()
+                await new_job(tmp_path, tmp_path / name, [a.url], out_dir=tmp_path / f"o-{name}").run()
             assert 'prompt_field = "instruction"' in err.value.fix, name
             assert "instruction" in str(err.value.context["fields seen"])

@@ -22,9 +22,8 @@ from hypothesis import strategies as st
 
 from fleetgen.errors import InputMismatch, ParamsMismatch
 from fleetgen.generate import identity
-from fleetgen.generate.runner import Job
 from fleetgen.generate.source import ARCHIVES, RecordShape
-from tests.unit.test_generate_job import options, params, rows, write_jsonl
+from tests.unit.test_generate_job import new_job, params, rows, write_jsonl
 from tests.unit.test_generate_standin import StandIn, serve
 
 SHAPE = RecordShape()
@@ -70,10 +69,10 @@ async def test_another_file_with_the_same_ids_is_refused_before_any_request(tmp_
     other = write_jsonl(tmp_path / "b.jsonl", [{"id": f"r{i}", "prompt": f"new {i}"} for i in range(20)])
     same_mtime(other, first)
     async with serve(StandIn()) as a:
-        await Job(options(tmp_path, first, [a.url])).run()
+        await new_job(tmp_path, first, [a.url]).run()
         a.seen.clear()
         with pytest.raises(InputMismatch) as err:
-            await Job(options(tmp_path, other, [a.url])).run()
+            await new_job(tmp_path, other, [a.url]).run()
         assert not a.seen  # refused before a single request
     assert "another input" in err.value.message and "-o" in err.value.fix and "--add-input" in err.value.fix
     assert str(first.resolve()) in str(err.value)
@@ -83,9 +82,9 @@ async def test_another_split_of_a_content_hash_dataset_is_refused(tmp_path: Path
     train = write_jsonl(tmp_path / "train.jsonl", [{"prompt": f"q{i}"} for i in range(30)])
     test = write_jsonl(tmp_path / "test.jsonl", [{"prompt": f"q{i}"} for i in range(10, 40)])
     async with serve(StandIn()) as a:
-        await Job(options(tmp_path, train, [a.url])).run()
+        await new_job(tmp_path, train, [a.url]).run()
         with pytest.raises(InputMismatch):
-            await Job(options(tmp_path, test, [a.url])).run()
+            await new_job(tmp_path, test, [a.url]).run()
 
 
 async def test_datasets_folders_and_parquet_with_the_same_mtime_are_other_inputs(tmp_path: Path) -> None:
@@ -98,28 +97,28 @@ async def test_datasets_folders_and_parquet_with_the_same_mtime_are_other_inputs
     async with serve(StandIn()) as a:
         for first, second in (("ds1", "ds2"), ("p1.parquet", "p2.parquet")):
             out = tmp_path / f"out-{first}"
-            await Job(options(tmp_path, tmp_path / first, [a.url], out_dir=out)).run()
+            await new_job(tmp_path, tmp_path / first, [a.url], out_dir=out).run()
             a.seen.clear()
-            again = await Job(options(tmp_path, tmp_path / first, [a.url], out_dir=out)).run()
+            again = await new_job(tmp_path, tmp_path / first, [a.url], out_dir=out).run()
             assert again.completions_this_run == 0 and not a.seen  # the same input resumes
             with pytest.raises(InputMismatch):
-                await Job(options(tmp_path, tmp_path / second, [a.url], out_dir=out)).run()
+                await new_job(tmp_path, tmp_path / second, [a.url], out_dir=out).run()
 
 
 async def test_a_changed_model_or_sampling_params_is_refused(tmp_path: Path) -> None:
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "q"}])
     async with serve(StandIn()) as a:
-        await Job(options(tmp_path, prompts, [a.url])).run()
+        await new_job(tmp_path, prompts, [a.url]).run()
         for changed in (params(model="another-model"), params(top_p=0.5), params(samples=2)):
             with pytest.raises(ParamsMismatch):
-                await Job(options(tmp_path, prompts, [a.url], params=changed)).run()
+                await new_job(tmp_path, prompts, [a.url], params=changed).run()
 
 
 async def test_appended_records_resume_by_a_seek_and_only_they_are_sent(tmp_path: Path) -> None:
     records: list[Any] = [{"id": f"r{i}", "prompt": f"q{i}"} for i in range(30)]
     prompts = write_jsonl(tmp_path / "p.jsonl", records)
     async with serve(StandIn()) as a:
-        await Job(options(tmp_path, prompts, [a.url])).run()
+        await new_job(tmp_path, prompts, [a.url]).run()
         with prompts.open("ab") as handle:
             handle.write(
                 b"".join(orjson.dumps({"id": f"r{i}", "prompt": f"q{i}"}) + b"\n" for i in range(30, 35))
@@ -132,7 +131,7 @@ async def test_appended_records_resume_by_a_seek_and_only_they_are_sent(tmp_path
         check = identity.ResumeCheck(prompts, now, None)
         assert check.trusts(saved) and saved["line"] == 30  # the done prefix is not re-read
         a.seen.clear()
-        again = await Job(options(tmp_path, prompts, [a.url])).run()
+        again = await new_job(tmp_path, prompts, [a.url]).run()
     assert again.completions_this_run == 5 and sorted(a.seen) == [f"q{i}" for i in range(30, 35)]
 
 
@@ -145,12 +144,12 @@ async def test_a_stored_id_with_other_content_is_an_error_not_a_skip(tmp_path: P
         tmp_path / "c.jsonl", [{"id": "r11", "prompt": "q11"}, {"id": "r4", "prompt": "NEW"}]
     )
     async with serve(StandIn()) as a:
-        await Job(options(tmp_path, first, [a.url])).run()
+        await new_job(tmp_path, first, [a.url]).run()
         a.seen.clear()
-        added = await Job(options(tmp_path, more, [a.url], add_input=True)).run()
+        added = await new_job(tmp_path, more, [a.url], add_input=True).run()
         assert added.completions_this_run == 1 and list(a.seen) == ["q10"]
         with pytest.raises(InputMismatch) as err:
-            await Job(options(tmp_path, edited, [a.url], add_input=True)).run()
+            await new_job(tmp_path, edited, [a.url], add_input=True).run()
     assert "'r4'" in err.value.message and "c.jsonl:2" in err.value.message
     with sqlite3.connect(tmp_path / "out" / "results.sqlite") as conn:
         (prompt,) = conn.execute("SELECT prompt FROM results WHERE id = 'r4'").fetchone()
@@ -164,11 +163,11 @@ async def test_an_in_place_edit_past_the_sampled_bytes_is_caught_on_resume(tmp_p
     prompts = write_jsonl(tmp_path / "p.jsonl", records)
     data = prompts.read_bytes()
     async with serve(StandIn()) as a:
-        await Job(options(tmp_path, prompts, [a.url], concurrency=64)).run()
+        await new_job(tmp_path, prompts, [a.url], concurrency=64).run()
         where = data.index(b"question 01001") + len("question 01001 ")
         stored = identity.identify(prompts, None, SHAPE)
         prompts.write_bytes(data[:where] + b"y" + data[where + 1 :])
         assert identity.differences(stored, prompts, identity.identify(prompts, None, SHAPE)) == []
         with pytest.raises(InputMismatch) as err:
-            await Job(options(tmp_path, prompts, [a.url])).run()
+            await new_job(tmp_path, prompts, [a.url]).run()
     assert "'r01001'" in err.value.message

@@ -4,6 +4,7 @@ every (record, sample) exactly once, resume, retries, error rows, bad input, mul
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import sqlite3
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 from fleetgen.errors import FleetDown, ParamsMismatch, RequestRejected
 from fleetgen.generate.health import RetryPolicy
 from fleetgen.generate.progress import Progress
-from fleetgen.generate.runner import Job, JobOptions
+from fleetgen.generate.runner import FleetHooks, Job, JobOptions
 from fleetgen.generate.work import SamplingParams
 from tests.unit.test_generate_standin import StandIn, serve
 
@@ -53,11 +54,20 @@ def write_jsonl(path: Path, lines: list[Any]) -> Path:
     return path
 
 
-def options(tmp_path: Path, input_path: Path, urls: list[str], **over: Any) -> JobOptions:
+def new_job(
+    tmp_path: Path, input_path: Path, urls: list[str], hooks: FleetHooks | None = None, **over: Any
+) -> Job:
+    """A job on the servers at `urls` (named s0, s1, …) with `hooks`; `over`: its `JobOptions`."""
+    endpoints = [(f"s{i}", u) for i, u in enumerate(urls)]
+    return Job(
+        options(tmp_path, input_path, **over), dataclasses.replace(hooks or FleetHooks(), endpoints=endpoints)
+    )
+
+
+def options(tmp_path: Path, input_path: Path, **over: Any) -> JobOptions:
     base: dict[str, Any] = dict(
         input_path=input_path,
         out_dir=tmp_path / "out",
-        endpoints=[(f"s{i}", u) for i, u in enumerate(urls)],
         params=params(),
         concurrency=4,
         policy=FAST,
@@ -77,9 +87,7 @@ async def test_every_record_once_across_two_servers_reasoning_normalized(tmp_pat
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": f"r{i}", "prompt": f"q{i}"} for i in range(60)])
     seen: list[Progress] = []
     async with serve(StandIn("reasoning_content")) as a, serve(StandIn("reasoning")) as b:
-        summary = await Job(options(tmp_path, prompts, [a.url, b.url], params=params(samples=2))).run(
-            seen.append
-        )
+        summary = await new_job(tmp_path, prompts, [a.url, b.url], params=params(samples=2)).run(seen.append)
     got = rows(tmp_path / "out", "SELECT id, sample, reasoning_content, content, instance FROM results")
     assert len(got) == 120 and len({(r[0], r[1]) for r in got}) == 120
     assert {r[4] for r in got} == {"s0", "s1"}  # both servers worked
@@ -93,15 +101,15 @@ async def test_every_record_once_across_two_servers_reasoning_normalized(tmp_pat
 async def test_rerun_does_nothing_and_deleted_rows_are_redone(tmp_path: Path) -> None:
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"q{i}"} for i in range(30)])
     async with serve(StandIn()) as a:
-        await Job(options(tmp_path, prompts, [a.url])).run()
-        again = await Job(options(tmp_path, prompts, [a.url])).run()
+        await new_job(tmp_path, prompts, [a.url]).run()
+        again = await new_job(tmp_path, prompts, [a.url]).run()
         assert again.completions_this_run == 0 and again.results == 30
         (position,) = rows(tmp_path / "out", "SELECT value FROM meta WHERE key = 'position'")[0]
         assert orjson.loads(position)["line"] == 30  # the rerun can start past every done line
         with sqlite3.connect(tmp_path / "out" / "results.sqlite") as conn:
             conn.execute("DELETE FROM results WHERE line IN (3, 17)")
             conn.execute("DELETE FROM meta WHERE key = 'position'")  # forget the resume position too
-        third = await Job(options(tmp_path, prompts, [a.url])).run()
+        third = await new_job(tmp_path, prompts, [a.url]).run()
     assert third.completions_this_run == 2
     assert sorted(r[0] for r in rows(tmp_path / "out", "SELECT line FROM results")) == list(range(1, 31))
 
@@ -113,7 +121,7 @@ async def test_resume_after_the_input_changed_redoes_only_missing_samples(tmp_pa
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": f"r{i}", "prompt": f"q{i}"} for i in range(40)])
     out = tmp_path / "out"
     async with serve(StandIn()) as a:
-        await Job(options(tmp_path, prompts, [a.url], params=params(samples=2))).run()
+        await new_job(tmp_path, prompts, [a.url], params=params(samples=2)).run()
         with sqlite3.connect(out / "results.sqlite") as conn:
             conn.execute("DELETE FROM results WHERE (id = 'r5' AND sample = 1) OR id = 'r30'")
             saved = orjson.loads(conn.execute("SELECT value FROM meta WHERE key = 'position'").fetchone()[0])
@@ -122,7 +130,7 @@ async def test_resume_after_the_input_changed_redoes_only_missing_samples(tmp_pa
         stat = prompts.stat()
         os.utime(prompts, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # touched: the stat differs
         a.seen.clear()
-        again = await Job(options(tmp_path, prompts, [a.url], params=params(samples=2))).run()
+        again = await new_job(tmp_path, prompts, [a.url], params=params(samples=2)).run()
     assert again.completions_this_run == 3 and sorted(a.seen) == ["q30", "q5"]
     got = rows(out, "SELECT id, sample FROM results")
     assert len(got) == 80 and set(got) == {(f"r{i}", s) for i in range(40) for s in (0, 1)}
@@ -141,7 +149,7 @@ async def test_retryable_statuses_are_retried_and_400_is_not(tmp_path: Path) -> 
         ],
     )
     async with serve(StandIn()) as a:
-        summary = await Job(options(tmp_path, prompts, [a.url])).run()
+        summary = await new_job(tmp_path, prompts, [a.url]).run()
         assert a.seen["z [[sim:status=400]]"] == 1  # not retried
         assert a.seen["x [[sim:status=429:times=2]]"] == 3
     results = dict(rows(tmp_path / "out", "SELECT id, attempts FROM results"))
@@ -156,7 +164,7 @@ async def test_retries_run_out_into_an_error_row(tmp_path: Path) -> None:
         tmp_path / "p.jsonl", [{"id": "a", "prompt": "x [[sim:status=500]]"}, {"prompt": "ok"}]
     )
     async with serve(StandIn()) as a:
-        await Job(options(tmp_path, prompts, [a.url])).run()
+        await new_job(tmp_path, prompts, [a.url]).run()
         assert a.seen["x [[sim:status=500]]"] == FAST.max_retries + 1
     ((kind, reason),) = rows(tmp_path / "out", "SELECT kind, reason FROM errors")
     assert kind == "http_500" and "gave up after 4 attempts" in reason
@@ -165,7 +173,7 @@ async def test_retries_run_out_into_an_error_row(tmp_path: Path) -> None:
 async def test_truncation_is_a_flagged_success(tmp_path: Path) -> None:
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "t", "prompt": "long [[sim:finish=length]]"}])
     async with serve(StandIn()) as a:
-        await Job(options(tmp_path, prompts, [a.url])).run()
+        await new_job(tmp_path, prompts, [a.url]).run()
     assert rows(tmp_path / "out", "SELECT finish_reason, is_truncated FROM results") == [("length", 1)]
     assert rows(tmp_path / "out", "SELECT COUNT(*) FROM errors") == [(0,)]
 
@@ -175,7 +183,7 @@ async def test_dead_endpoint_is_drained_and_the_job_completes_on_the_other(tmp_p
     async with serve(StandIn()) as a, serve(StandIn()) as dead:
         dead_url = dead.url
     async with serve(StandIn()) as a:
-        summary = await Job(options(tmp_path, prompts, [a.url, dead_url])).run()
+        summary = await new_job(tmp_path, prompts, [a.url, dead_url]).run()
     assert summary.results == 20 and summary.errors == 0
     assert {r[0] for r in rows(tmp_path / "out", "SELECT instance FROM results")} == {"s0"}
 
@@ -185,7 +193,7 @@ async def test_hung_endpoint_in_flight_requests_move_elsewhere(tmp_path: Path) -
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"q{i}"} for i in range(12)])
     bad = StandIn(reject_all_with=502)
     async with serve(StandIn()) as a, serve(bad) as b:
-        summary = await Job(options(tmp_path, prompts, [a.url, b.url])).run()
+        summary = await new_job(tmp_path, prompts, [a.url, b.url]).run()
     assert summary.results == 12 and summary.errors == 0
     assert {r[0] for r in rows(tmp_path / "out", "SELECT instance FROM results")} == {"s0"}
 
@@ -194,7 +202,7 @@ async def test_fleet_down_stops_instead_of_burning_the_dataset(tmp_path: Path) -
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"q{i}"} for i in range(200)])
     async with serve(StandIn(reject_all_with=500)) as a:
         with pytest.raises(FleetDown) as err:
-            await Job(options(tmp_path, prompts, [a.url])).run()
+            await new_job(tmp_path, prompts, [a.url]).run()
     assert "in a row" in err.value.message or "healthy" in err.value.message
     assert rows(tmp_path / "out", "SELECT COUNT(*) FROM errors")[0][0] < 200
 
@@ -202,12 +210,12 @@ async def test_fleet_down_stops_instead_of_burning_the_dataset(tmp_path: Path) -
 async def test_changed_params_are_refused_unless_forced(tmp_path: Path) -> None:
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "q"}])
     async with serve(StandIn()) as a:
-        await Job(options(tmp_path, prompts, [a.url])).run()
+        await new_job(tmp_path, prompts, [a.url]).run()
         with pytest.raises(ParamsMismatch) as err:
-            await Job(options(tmp_path, prompts, [a.url], params=params(temperature=0.7))).run()
+            await new_job(tmp_path, prompts, [a.url], params=params(temperature=0.7)).run()
         assert "temperature: 0.0 → 0.7" in str(err.value)
-        forced = await Job(
-            options(tmp_path, prompts, [a.url], params=params(temperature=0.7), force_params=True)
+        forced = await new_job(
+            tmp_path, prompts, [a.url], params=params(temperature=0.7), force_params=True
         ).run()
     assert forced.status == "complete"
 
@@ -218,13 +226,13 @@ async def test_a_folder_with_nothing_generated_takes_new_params(tmp_path: Path) 
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"q{i}"} for i in range(40)])
     async with serve(StandIn(reject_all_with=400)) as bad:
         with pytest.raises(RequestRejected):
-            await Job(options(tmp_path, prompts, [bad.url], params=params(temperature=0.7))).run()
+            await new_job(tmp_path, prompts, [bad.url], params=params(temperature=0.7)).run()
     assert rows(tmp_path / "out", "SELECT COUNT(*) FROM results") == [(0,)]
     async with serve(StandIn()) as a:
-        fixed = await Job(options(tmp_path, prompts, [a.url])).run()
+        fixed = await new_job(tmp_path, prompts, [a.url]).run()
         assert fixed.status == "complete" and fixed.results == 40
         with pytest.raises(ParamsMismatch):
-            await Job(options(tmp_path, prompts, [a.url], params=params(temperature=0.7))).run()
+            await new_job(tmp_path, prompts, [a.url], params=params(temperature=0.7)).run()
 
 
 async def test_multi_turn_is_regenerated_on_the_models_own_history(tmp_path: Path) -> None:
@@ -238,7 +246,7 @@ async def test_multi_turn_is_regenerated_on_the_models_own_history(tmp_path: Pat
     ]
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "m", "conversations": conv}])
     async with serve(StandIn()) as a:
-        await Job(options(tmp_path, prompts, [a.url])).run()
+        await new_job(tmp_path, prompts, [a.url]).run()
     third = a.bodies[-1]["messages"]
     assert [m["role"] for m in third] == ["system", "user", "assistant", "user", "assistant", "user"]
     assert third[2]["content"] == "answer 0 to: u1" and third[4]["content"] == "answer 1 to: u2"
@@ -261,8 +269,8 @@ async def test_bad_input_lines_become_rows_and_the_run_goes_on(tmp_path: Path) -
         ],
     )
     async with serve(StandIn()) as a:
-        summary = await Job(options(tmp_path, prompts, [a.url])).run()
-        again = await Job(options(tmp_path, prompts, [a.url])).run()
+        summary = await new_job(tmp_path, prompts, [a.url]).run()
+        again = await new_job(tmp_path, prompts, [a.url]).run()
     bad = rows(tmp_path / "out", "SELECT source, line, reason FROM inputs_bad ORDER BY line")
     assert [(line, reason.split(":")[0]) for _, line, reason in bad] == [
         (2, "malformed JSON"),
@@ -278,7 +286,7 @@ async def test_bad_input_lines_become_rows_and_the_run_goes_on(tmp_path: Path) -
 async def test_graceful_stop_then_resume_gives_each_key_once(tmp_path: Path) -> None:
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"q{i}"} for i in range(400)])
     async with serve(StandIn(delay_s=0.01)) as a:  # ~1 s of work: the stop lands mid-run
-        job = Job(options(tmp_path, prompts, [a.url]))
+        job = new_job(tmp_path, prompts, [a.url])
 
         def stop_soon(progress: Progress) -> None:
             if progress.done >= 20:
@@ -286,7 +294,7 @@ async def test_graceful_stop_then_resume_gives_each_key_once(tmp_path: Path) -> 
 
         first = await job.run(stop_soon)
         assert first.status == "stopped" and 20 <= first.results < 400, first
-        second = await Job(options(tmp_path, prompts, [a.url])).run()
+        second = await new_job(tmp_path, prompts, [a.url]).run()
     assert second.results == 400 and second.completions_this_run == 400 - first.results
     keys = rows(tmp_path / "out")
     assert len(keys) == len(set(keys)) == 400
@@ -296,7 +304,7 @@ async def test_retry_errors_reruns_only_error_rows(tmp_path: Path) -> None:
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": f"r{i}", "prompt": f"q{i}"} for i in range(10)])
     failing = StandIn(reject_all_with=400)
     async with serve(StandIn()) as good:
-        await Job(options(tmp_path, prompts, [good.url])).run()
+        await new_job(tmp_path, prompts, [good.url]).run()
     with sqlite3.connect(tmp_path / "out" / "results.sqlite") as conn:  # turn two results into error rows
         conn.execute(
             "INSERT INTO errors SELECT id, sample, khash, source, line, 'http_400', 'x', 400, 1, "
@@ -304,7 +312,7 @@ async def test_retry_errors_reruns_only_error_rows(tmp_path: Path) -> None:
         )
         conn.execute("DELETE FROM results WHERE id IN ('r2', 'r7')")
     async with serve(failing), serve(StandIn()) as good:
-        summary = await Job(options(tmp_path, prompts, [good.url], mode="retry_errors")).run()
+        summary = await new_job(tmp_path, prompts, [good.url], mode="retry_errors").run()
         assert sorted(good.seen) == ["q2", "q7"]
     assert summary.completions_this_run == 2 and summary.errors == 0 and summary.results == 10
 
@@ -315,9 +323,9 @@ async def test_redo_truncated_reruns_only_truncated_rows(tmp_path: Path) -> None
         [{"id": "t", "prompt": "t [[sim:finish=length]]"}, {"id": "ok", "prompt": "fine"}],
     )
     async with serve(StandIn()) as a:
-        await Job(options(tmp_path, prompts, [a.url])).run()
-        redo = await Job(
-            options(tmp_path, prompts, [a.url], mode="redo_truncated", params=params(max_tokens=512))
+        await new_job(tmp_path, prompts, [a.url]).run()
+        redo = await new_job(
+            tmp_path, prompts, [a.url], mode="redo_truncated", params=params(max_tokens=512)
         ).run()
         assert a.seen["fine"] == 1 and a.seen["t [[sim:finish=length]]"] == 2
     assert redo.completions_this_run == 1
@@ -328,7 +336,7 @@ async def test_request_body_carries_sampling_and_thinking(tmp_path: Path) -> Non
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "q"}])
     p = params(top_k=20, seed=7, samples=2, thinking=False, extra_body={"min_p": 0.1})
     async with serve(StandIn()) as a:
-        await Job(options(tmp_path, prompts, [a.url], params=p)).run()
+        await new_job(tmp_path, prompts, [a.url], params=p).run()
     body = a.bodies[0]
     assert body["model"] == "standin" and body["top_k"] == 20 and body["min_p"] == 0.1
     assert body["chat_template_kwargs"] == {"enable_thinking": False} and body["separate_reasoning"] is True
@@ -338,7 +346,7 @@ async def test_request_body_carries_sampling_and_thinking(tmp_path: Path) -> Non
 async def test_stop_before_start_writes_nothing_half(tmp_path: Path) -> None:
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "q [[sim:hang]]"}])
     async with serve(StandIn()) as a:
-        job = Job(options(tmp_path, prompts, [a.url]))
+        job = new_job(tmp_path, prompts, [a.url])
         task = asyncio.create_task(job.run())
         await asyncio.sleep(0.3)
         job.stop()
@@ -350,7 +358,7 @@ async def test_stop_before_start_writes_nothing_half(tmp_path: Path) -> None:
 async def test_sample_prompt_file_mixed_good_bad_and_multi_turn(tmp_path: Path) -> None:
     prompts = Path(__file__).parents[1] / "data" / "prompts" / "mixed.jsonl"
     async with serve(StandIn()) as a:
-        summary = await Job(options(tmp_path, prompts, [a.url])).run()
+        summary = await new_job(tmp_path, prompts, [a.url]).run()
     assert summary.results == 11 and summary.bad_inputs == 4
     assert [(b.line, b.reason.split(":")[0]) for b in summary.bad_input_samples] == [
         (11, "malformed JSON"),

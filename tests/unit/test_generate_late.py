@@ -21,9 +21,9 @@ from fleetgen.fleet.pool import Link
 from fleetgen.fleet.status import Readiness
 from fleetgen.generate.health import Endpoint, RetryPolicy, Watch, served_models
 from fleetgen.generate.progress import Progress, waiting
-from fleetgen.generate.runner import FleetHooks, Job
+from fleetgen.generate.runner import FleetHooks
 from fleetgen.http.client import EngineClient
-from tests.unit.test_generate_job import options, rows, write_jsonl
+from tests.unit.test_generate_job import new_job, rows, write_jsonl
 from tests.unit.test_generate_standin import StandIn, serve
 
 QUICK = RetryPolicy(
@@ -118,9 +118,12 @@ async def test_a_server_not_ready_at_the_start_joins_once_ready_through_its_new_
                 return Link(name, "", None, None, Readiness.WAITING, "cannot reach h1 over SSH")
             return Link(name, late.url, None, None)
 
-        job = Job(
-            options(tmp_path, prompts, [a.url, ""], policy=QUICK),
-            FleetHooks(not_ready={"s1": (Readiness.WAITING, "cannot reach h1 over SSH")}, check=check),
+        job = new_job(
+            tmp_path,
+            prompts,
+            [a.url, ""],
+            policy=QUICK,
+            hooks=FleetHooks(not_ready={"s1": (Readiness.WAITING, "cannot reach h1 over SSH")}, check=check),
         )
         summary = await asyncio.wait_for(job.run(seen.append), HANG_GUARD_S)
     assert summary.status == "complete" and summary.results == 200
@@ -146,9 +149,13 @@ async def test_none_ready_at_the_start_waits_for_the_first_then_runs(tmp_path: P
                 return Link(name, a.url, None, None)
             return Link(name, a.url, None, None, Readiness.WAITING, "loading")
 
-        job = Job(
-            options(tmp_path, prompts, [a.url], policy=QUICK, wait_ready_s=HANG_GUARD_S),
-            FleetHooks(not_ready={"s0": (Readiness.WAITING, "loading")}, check=check),
+        job = new_job(
+            tmp_path,
+            prompts,
+            [a.url],
+            policy=QUICK,
+            wait_ready_s=HANG_GUARD_S,
+            hooks=FleetHooks(not_ready={"s0": (Readiness.WAITING, "loading")}, check=check),
         )
         summary = await asyncio.wait_for(job.run(seen.append), HANG_GUARD_S)
     assert summary.status == "complete" and summary.results == 30
@@ -163,9 +170,13 @@ async def test_stop_while_waiting_for_a_first_server_ends_stopped(tmp_path: Path
     async def check(name: str) -> Link:
         return Link(name, "", None, None, Readiness.DOWN, "not running")
 
-    job = Job(
-        options(tmp_path, prompts, [""], policy=QUICK, wait_ready_s=HANG_GUARD_S),
-        FleetHooks(not_ready={"s0": (Readiness.DOWN, "not running")}, check=check),
+    job = new_job(
+        tmp_path,
+        prompts,
+        [""],
+        policy=QUICK,
+        wait_ready_s=HANG_GUARD_S,
+        hooks=FleetHooks(not_ready={"s0": (Readiness.DOWN, "not running")}, check=check),
     )
     run = asyncio.create_task(job.run(lambda _p: job.stop()))  # Ctrl-C as soon as the wait shows
     summary = await asyncio.wait_for(run, HANG_GUARD_S)

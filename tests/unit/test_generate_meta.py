@@ -16,7 +16,7 @@ from fleetgen.config import FleetFile
 from fleetgen.engines import get_engine
 from fleetgen.errors import DeployError
 from fleetgen.generate import jobmeta
-from fleetgen.generate.fleetlink import endpoints_meta, fleet_meta
+from fleetgen.generate.fleetlink import fleet_meta, url_hooks
 from fleetgen.generate.health import RetryPolicy
 from fleetgen.generate.identity import ResumeCheck, identify
 from fleetgen.generate.jobmeta import JobMeta
@@ -25,7 +25,7 @@ from fleetgen.generate.runner import FleetHooks, Job
 from fleetgen.generate.scrape import window_accept_length
 from fleetgen.generate.source import Position, RecordShape
 from fleetgen.generate.store import Store
-from tests.unit.test_generate_job import options, params, write_jsonl
+from tests.unit.test_generate_job import new_job, options, params, write_jsonl
 from tests.unit.test_generate_standin import StandIn, serve
 
 SGLANG = get_engine("sglang").metrics
@@ -90,7 +90,9 @@ def test_fleet_meta_has_the_engine_section_but_never_env_values() -> None:
     )
     assert described["instances"] == ["g1-0", "g1-1"] and described["env_names"] == ["HF_TOKEN"]
     assert "hf_secret123" not in orjson.dumps(meta).decode()
-    assert endpoints_meta(["http://127.0.0.1:1"]) == {"fleet": {"endpoints": ["http://127.0.0.1:1"]}}
+    bare = url_hooks(["http://127.0.0.1:1/"])
+    assert bare.describe == {"fleet": {"endpoints": ["http://127.0.0.1:1/"]}}
+    assert bare.endpoints == [("127.0.0.1:1", "http://127.0.0.1:1/")]
 
 
 def test_total_counts_work_items_without_bad_lines(tmp_path: Path) -> None:
@@ -116,15 +118,8 @@ async def test_job_stores_total_finish_time_description_and_accept_length(tmp_pa
 
     server = StandIn(delay_s=0.02, metrics_text=SGLANG_METRICS)
     async with serve(server) as a:
-        opts = options(
-            tmp_path,
-            prompts,
-            [a.url],
-            params=params(samples=2),
-            metrics_interval_s=0.05,
-            describe=endpoints_meta([a.url]),
-        )
-        summary = await Job(opts).run(watch)
+        opts = options(tmp_path, prompts, params=params(samples=2), metrics_interval_s=0.05)
+        summary = await Job(opts, url_hooks([a.url])).run(watch)
     assert summary.status == "complete" and summary.results == 60
     assert during and "finished_at" not in during[0]  # while running, the job is not finished
     meta = read_meta(out)
@@ -142,7 +137,7 @@ async def test_finished_at_only_when_the_whole_job_completes(tmp_path: Path) -> 
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": f"r{i}", "prompt": f"q{i}"} for i in range(200)])
     out = tmp_path / "out"
     async with serve(StandIn(delay_s=0.01)) as a:
-        job = Job(options(tmp_path, prompts, [a.url]))
+        job = new_job(tmp_path, prompts, [a.url])
 
         def stop_midway(progress: Progress) -> None:
             if progress.done >= 20 and not progress.stopping:
@@ -151,9 +146,9 @@ async def test_finished_at_only_when_the_whole_job_completes(tmp_path: Path) -> 
         stopped = await job.run(stop_midway)
         assert stopped.status == "stopped" and "finished_at" not in read_meta(out)
         # A --retry-errors pass over an unfinished job completes, yet the job is not finished.
-        await Job(options(tmp_path, prompts, [a.url], mode="retry_errors")).run()
+        await new_job(tmp_path, prompts, [a.url], mode="retry_errors").run()
         assert "finished_at" not in read_meta(out)
-        await Job(options(tmp_path, prompts, [a.url])).run()
+        await new_job(tmp_path, prompts, [a.url]).run()
     meta = read_meta(out)
     assert meta["total"] == 200 and isinstance(meta["finished_at"], float)
 
@@ -204,7 +199,7 @@ async def test_restart_hook_is_retried_until_the_dead_endpoint_is_back(tmp_path:
     try:
         async with serve(StandIn(delay_s=0.05)) as alive:
             urls = [alive.url, f"http://127.0.0.1:{port}"]
-            job = Job(options(tmp_path, prompts, urls, policy=policy), FleetHooks(on_dead=on_dead))
+            job = new_job(tmp_path, prompts, urls, policy=policy, hooks=FleetHooks(on_dead=on_dead))
             summary = await job.run()
     finally:
         for ctx in started:

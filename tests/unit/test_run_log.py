@@ -12,8 +12,7 @@ from pathlib import Path
 from fleetgen.cli.runlog import PlainLog
 from fleetgen.fleet.status import Readiness
 from fleetgen.generate.progress import EndpointProgress, Progress
-from fleetgen.generate.runner import Job
-from tests.unit.test_generate_job import options, write_jsonl
+from tests.unit.test_generate_job import new_job, write_jsonl
 from tests.unit.test_generate_standin import StandIn, serve
 
 
@@ -114,7 +113,7 @@ async def test_the_jobs_last_snapshot_carries_its_averages_not_the_last_windows(
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": f"r{i}", "prompt": f"q{i}"} for i in range(30)])
     seen: list[Progress] = []
     async with serve(StandIn(delay_s=0.01)) as a:
-        summary = await Job(options(tmp_path, prompts, [a.url])).run(seen.append)
+        summary = await new_job(tmp_path, prompts, [a.url]).run(seen.append)
     last = seen[-1]
     assert last.is_final and not any(p.is_final for p in seen[:-1])
     assert last.done == 30 and last.completions_per_s > 0 and last.output_tokens_per_s > 0

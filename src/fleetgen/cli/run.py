@@ -14,7 +14,7 @@ import shlex
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.live import Live
@@ -41,7 +41,7 @@ from fleetgen.errors import ConfigError, FleetDown
 from fleetgen.fleet.pool import Link, open_fleet
 from fleetgen.fleet.status import Readiness
 from fleetgen.generate.export import FORMATS, ExportSummary, export
-from fleetgen.generate.fleetlink import endpoints_meta, fleet_hooks, fleet_meta
+from fleetgen.generate.fleetlink import fleet_hooks, url_hooks
 from fleetgen.generate.health import RetryPolicy
 from fleetgen.generate.progress import Progress, Summary
 from fleetgen.generate.runner import FleetHooks, Job, JobOptions
@@ -163,7 +163,6 @@ def run_command(
             options = JobOptions(
                 input_path=input_path,
                 out_dir=out,
-                endpoints=servers.endpoints,
                 params=SamplingParams.of(job),
                 shape=RecordShape(job.id_field, job.prompt_field, job.system_prompt),
                 concurrency=job.concurrency or servers.planned_cap or DEFAULT_CONCURRENCY,
@@ -178,10 +177,7 @@ def run_command(
                 force_params=force_params,
                 add_input=add_input,
                 split=split,
-                api_key=servers.api_key,
                 wait_ready_s=servers.wait_s,
-                describe=servers.describe,
-                engine_kind=servers.engine_kind,
             )
             return await _run_job(Job(options, servers.hooks), servers.meanwhile, live, log_every)
 
@@ -229,17 +225,13 @@ def _check_flags(
 
 @dataclasses.dataclass(frozen=True)
 class Servers:
-    """What a job runs on: its endpoints (name, URL) and what comes with them."""
+    """What a job runs on (`hooks`: its endpoints and what comes with them) and how long it waits for them."""
 
-    endpoints: list[tuple[str, str]]
-    describe: dict[str, Any]  # for the store's meta (`generate.fleetlink`)
+    hooks: FleetHooks
     wait_s: float  # no server ready: wait this long for one
     dead_timeout_s: float  # every server gone mid-job: stop after this long (unless --dead-timeout)
     meanwhile: Callable[[float], str]  # what the job does while it waits, for the plain log
     planned_cap: int | None = None
-    api_key: str | None = None
-    engine_kind: str | None = None
-    hooks: FleetHooks = dataclasses.field(default_factory=FleetHooks)
 
 
 @contextlib.asynccontextmanager
@@ -249,9 +241,8 @@ async def _servers(
     """Bare `--endpoint` URLs, or every instance `fleetgen up` deployed, reached through tunnels held for the
     job; those not ready yet (loading, dead, host unreachable) start drained and join once ready."""
     if urls:
-        endpoints = [(url.split("://", 1)[-1].rstrip("/"), url) for url in urls]
         say = _meanwhile("the servers", None, False)
-        yield Servers(endpoints, endpoints_meta(urls), wait_ready or 0.0, DEFAULT_DEAD_TIMEOUT_S, say)
+        yield Servers(url_hooks(urls), wait_ready or 0.0, DEFAULT_DEAD_TIMEOUT_S, say)
         return
     loaded = Fleet.load(fleet or Path("fleet.toml"))
     fleet, engine = loaded.path, loaded.file.engine
@@ -264,17 +255,13 @@ async def _servers(
         wait = engine.ready_timeout_s if wait_ready is None else wait_ready
         _say_not_ready(at_start, fleet, wait, restart_dead)
         yield Servers(
-            [(e.name, e.url) for e in at_start],
-            fleet_meta(loaded.file, fleet, links.names),
+            fleet_hooks(loaded.file, fleet, links, at_start, restart_dead),
             wait,
             wait,
             _meanwhile(f"the instances of {fleet}", fleet, restart_dead),
             planned_cap=min(
                 (e.max_running_requests for e in at_start if e.max_running_requests), default=None
             ),
-            api_key=links.secret,
-            engine_kind=engine.kind,
-            hooks=fleet_hooks(fleet, links, at_start, restart_dead),
         )
 
 

@@ -1,5 +1,5 @@
-"""What a job takes from the fleet it runs on: a description for the store, and its hooks (`FleetHooks`:
-the instances not ready at the start, re-reading one from its host, the `--restart-dead` restart).
+"""What a job takes from the fleet it runs on (`FleetHooks`): its endpoints, a description for the store, and
+its hooks (the instances not ready at the start, re-reading one from its host, the `--restart-dead` restart).
 
 The description goes to the store's meta (`fleet`, `engine_args`) so a report says what generated the data:
 the engine section of the fleet file — kind, version, model, args, tp — and the instance names. Never the
@@ -41,17 +41,22 @@ def fleet_meta(fleet: FleetFile, path: Path, instances: Sequence[str]) -> dict[s
     }
 
 
-def endpoints_meta(urls: Sequence[str]) -> dict[str, Any]:
-    """Meta entries for a run on bare `--endpoint` URLs: all that is known is where they are."""
-    return {"fleet": {"endpoints": list(urls)}}
+def url_hooks(urls: Sequence[str]) -> FleetHooks:
+    """A job on bare `--endpoint` URLs (each named by its address): all that is known is where they are."""
+    endpoints = [(url.split("://", 1)[-1].rstrip("/"), url) for url in urls]
+    return FleetHooks(endpoints, describe={"fleet": {"endpoints": list(urls)}})
 
 
 def fleet_hooks(
-    fleet_path: Path, links: FleetLinks, at_start: Sequence[Link], restart_dead: bool
+    fleet: FleetFile, fleet_path: Path, links: FleetLinks, at_start: Sequence[Link], restart_dead: bool
 ) -> FleetHooks:
-    """The hooks of a job on `fleet_path`: its instances not ready at the start (`at_start`: as read then),
+    """A job on the instances of `fleet_path` (`at_start`: as read then; those not ready start drained),
     `links.check` to re-read one, and with `restart_dead` a dead one brought back by `revive`."""
     return FleetHooks(
+        [(e.name, e.url) for e in at_start],
+        describe=fleet_meta(fleet, fleet_path, links.names),
+        api_key=links.secret,
+        engine_kind=fleet.engine.kind,
         not_ready={e.name: (e.readiness, e.problem) for e in at_start if e.readiness is not Readiness.READY},
         check=links.check,
         on_dead=functools.partial(revive, fleet_path) if restart_dead else None,

@@ -48,7 +48,6 @@ class JobOptions:
 
     input_path: Path
     out_dir: Path
-    endpoints: list[tuple[str, str]]  # (name, base URL)
     params: SamplingParams
     shape: RecordShape = field(default_factory=RecordShape)
     concurrency: int = 64
@@ -58,10 +57,7 @@ class JobOptions:
     force_params: bool = False
     add_input: bool = False  # `--add-input`: run another input into a folder that holds one on purpose
     split: str | None = None
-    api_key: str | None = None
     wait_ready_s: float = 0.0  # no endpoint ready (at the start): wait this long for one, then FleetDown
-    describe: Mapping[str, Any] = field(default_factory=dict)  # meta: what generates the data (fleetlink)
-    engine_kind: str | None = None  # whose /metrics names to read; None: try every engine's
     progress_interval_s: float = 0.5
     series_interval_s: float = 5.0
     metrics_interval_s: float = 3.0
@@ -69,13 +65,19 @@ class JobOptions:
 
 @dataclass(frozen=True)
 class FleetHooks:
-    """What a job may ask of the fleet it runs on (`generate.fleetlink` builds them; bare URLs have none).
+    """What a job runs on and may ask of it, built once by `generate.fleetlink` (a fleet file, or bare URLs).
 
-    `not_ready`: the instances not ready at the start (name → readiness, why); they start drained and join
-    once `check` (re-reading one instance from its host) says they are ready. DOWN ones have no process:
-    `on_dead` (`--restart-dead`) restarts them through the deploy layer.
+    `endpoints`: (name, base URL); `describe`: the store's meta of what generates the data; `engine_kind`:
+    whose /metrics names to read (None: try every engine's). `not_ready`: the instances not ready at the
+    start (name → readiness, why); they start drained and join once `check` (re-reading one instance from its
+    host) says they are ready. DOWN ones have no process: `on_dead` (`--restart-dead`) restarts them through
+    the deploy layer. Bare URLs have no hooks.
     """
 
+    endpoints: list[tuple[str, str]] = field(default_factory=list)
+    describe: Mapping[str, Any] = field(default_factory=dict)
+    api_key: str | None = None
+    engine_kind: str | None = None
     not_ready: Mapping[str, tuple[Readiness, str]] = field(default_factory=dict)
     check: Callable[[str], Awaitable[Link]] | None = None
     on_dead: OnDead | None = None
@@ -83,10 +85,10 @@ class FleetHooks:
 
 @dataclass
 class Job:
-    """One run of a job. `await Job(options, fleet).run(on_progress)`; `stop()` is Ctrl-C."""
+    """One run of a job on a fleet. `await Job(options, fleet).run(on_progress)`; `stop()` is Ctrl-C."""
 
     options: JobOptions
-    fleet: FleetHooks = field(default_factory=FleetHooks)
+    fleet: FleetHooks
     counters: Counters = field(default_factory=Counters)
     _stops: int = 0
     _abandon: asyncio.Event = field(default_factory=asyncio.Event)
@@ -122,7 +124,7 @@ class Job:
             )
             async with contextlib.AsyncExitStack() as stack:
                 self._stack = stack
-                endpoints = [await self._endpoint(name, url) for name, url in opts.endpoints]
+                endpoints = [await self._endpoint(name, url) for name, url in self.fleet.endpoints]
                 admit = self._admit if self.fleet.check is not None else None
                 watch = Watch(endpoints, opts.policy, on_dead=self.fleet.on_dead, admit=admit)
                 stack.push_async_callback(watch.close)
@@ -141,7 +143,10 @@ class Job:
         assert self._stack is not None
         opts = self.options
         client = EngineClient(
-            url, max_connections=opts.concurrency, timeout_s=opts.request_timeout_s, api_key=opts.api_key
+            url,
+            max_connections=opts.concurrency,
+            timeout_s=opts.request_timeout_s,
+            api_key=self.fleet.api_key,
         )
         return await self._stack.enter_async_context(client)
 
@@ -172,15 +177,15 @@ class Job:
         assert intake is not None
         intake.plan(store, opts.mode, self.counters)
         tracker, wanted = intake.tracker, intake.wanted
-        was_finished = jobmeta.begin(store, opts.describe)
+        was_finished = jobmeta.begin(store, self.fleet.describe)
         bad_lines = store.bad_lines(str(opts.input_path)) if tracker is not None else set()
         meta = self._meta = JobMeta(intake.resume, opts.params.samples, tracker, bad_lines)
         writer = StoreWriter(store, lambda batch: self._committed(batch, tracker, meta), meta=meta.current)
         self._scraper = AcceptLengthScraper(  # URLs as now: a late host may have one by now
             [(e.name, e.client.base_url) for e in endpoints],
-            opts.engine_kind,
+            self.fleet.engine_kind,
             interval_s=opts.metrics_interval_s,
-            api_key=opts.api_key,
+            api_key=self.fleet.api_key,
         )
         base = opts.params.base_body(model)
         dispatcher = Dispatcher(
