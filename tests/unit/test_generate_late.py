@@ -95,7 +95,7 @@ async def test_no_server_ready_waits_then_fleet_down_names_each_problem() -> Non
         try:
             with pytest.raises(FleetDown) as err:
                 await served_models(
-                    endpoints, watch, wait_s=0.3, tick_s=0.05, on_wait=waits.append, is_stopped=lambda: False
+                    watch, wait_s=0.3, tick_s=0.05, on_wait=waits.append, is_stopped=lambda: False
                 )
         finally:
             await watch.close()

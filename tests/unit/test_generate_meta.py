@@ -101,7 +101,7 @@ def test_total_counts_work_items_without_bad_lines(tmp_path: Path) -> None:
     meta = JobMeta(resume, 3, PositionTracker(Position()), {2})
     assert meta.total is None and "total" not in meta.current()  # not counted yet
     meta.num_records = 5
-    meta.note_bad(4)
+    meta.bad_lines.add(4)
     assert meta.total == (5 - 2) * 3 and orjson.loads(meta.current()["total"]) == 9
     assert JobMeta(prompts, 3, None, set()).total is None  # a re-run pass changes no total
 

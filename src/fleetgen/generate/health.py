@@ -222,7 +222,6 @@ class Watch:
 
 
 async def served_models(
-    endpoints: list[Endpoint],
     watch: Watch,
     *,
     wait_s: float,
@@ -236,7 +235,7 @@ async def served_models(
     may be on its way), calling `on_wait(seconds left)` every `tick_s`; then raise FleetDown naming each
     endpoint's problem. An endpoint that does not answer is drained like a failing one. {} when stopped.
     """
-    deadline = time.monotonic() + wait_s
+    deadline, endpoints = time.monotonic() + wait_s, watch.endpoints
     watch.start()
     models: dict[str, str] = {}
     while not models:

@@ -39,12 +39,8 @@ class JobMeta:
     resume: identity.ResumeCheck
     samples: int
     tracker: PositionTracker | None  # None in the re-run modes
-    bad_lines: set[int]  # input lines recorded as bad
+    bad_lines: set[int]  # input lines recorded as bad: not work items, the total leaves them out
     num_records: int | None = None  # set by the background count
-
-    def note_bad(self, line: int) -> None:
-        """A bad input line is not a work item: the total leaves it out."""
-        self.bad_lines.add(line)
 
     @property
     def total(self) -> int | None:

@@ -1,4 +1,4 @@
-"""Rows for the store and snapshots for the view, built from finished work.
+"""Rows for the store and the final summary, built from finished work.
 
 The records themselves (`ResultRow`, …) and their columns are defined once, in `store`.
 """
@@ -11,11 +11,10 @@ from typing import Any
 
 import orjson
 
-from fleetgen.generate.dispatch import Dispatcher
 from fleetgen.generate.health import Endpoint
-from fleetgen.generate.progress import BadInputSample, Counters, EndpointProgress, Progress, Summary
+from fleetgen.generate.progress import BadInputSample, Counters, Summary
 from fleetgen.generate.quality import flags_of_all
-from fleetgen.generate.store import BadRow, Counts, ErrorRow, ResultRow, SeriesRow, Store
+from fleetgen.generate.store import BadRow, ErrorRow, ResultRow, SeriesRow, Store
 from fleetgen.generate.work import BadInput, Message, Work
 from fleetgen.http.client import RequestFailed
 
@@ -116,39 +115,6 @@ def series_rows(endpoints: list[Endpoint], accept_lengths: Mapping[str, float | 
         SeriesRow(t, e.name, e.completions, e.output_tokens, e.in_flight, accept_lengths.get(e.name))
         for e in endpoints
     ]
-
-
-def snapshot(
-    counters: Counters,
-    samples: int,
-    total: int | None,
-    dispatcher: Dispatcher,
-    started: float,
-    rate: float,
-    tok_rate: float,
-    endpoint_rates: dict[str, float],
-    stopping: bool,
-    is_normal: bool,
-) -> Progress:
-    """The progress view's snapshot: counts of committed rows only."""
-    before = counters.before if is_normal else Counts()
-    done = before.results + before.errors + counters.results + counters.errors + counters.bad * samples
-    eta = (total - done) / rate if total is not None and rate > 0 and total >= done else None
-    return Progress(
-        done=done,
-        total=total,
-        completions_per_s=rate,
-        output_tokens_per_s=tok_rate,
-        eta_s=eta,
-        errors=before.errors + counters.errors,
-        truncated=before.truncated + counters.truncated,
-        bad_inputs=counters.bad,
-        in_flight=dispatcher.num_in_flight,
-        retrying=dispatcher.num_retrying,
-        elapsed_s=time.monotonic() - started,
-        stopping=stopping,
-        endpoints=[EndpointProgress.of(e, endpoint_rates.get(e.name, 0.0)) for e in dispatcher.endpoints],
-    )
 
 
 def summary(

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,13 +33,23 @@ from fleetgen.generate.dispatch import Dispatcher
 from fleetgen.generate.health import Endpoint, OnDead, RetryPolicy, Watch, served_models
 from fleetgen.generate.intake import Intake
 from fleetgen.generate.jobmeta import JobMeta
-from fleetgen.generate.progress import Counters, PositionTracker, Progress, RateMeter, Summary, waiting
+from fleetgen.generate.progress import (
+    Counters,
+    EndpointProgress,
+    PositionTracker,
+    Progress,
+    RateMeter,
+    Summary,
+    waiting,
+)
 from fleetgen.generate.scrape import AcceptLengthScraper
 from fleetgen.generate.source import RecordShape, count_records
-from fleetgen.generate.store import Batch, Store
-from fleetgen.generate.work import SamplingParams, Work
+from fleetgen.generate.store import BadRow, Batch, Counts, ErrorRow, ResultRow, Store
+from fleetgen.generate.work import SamplingParams
 from fleetgen.generate.writer import StoreWriter
 from fleetgen.http.client import EngineClient
+
+OnProgress = Callable[[Progress], None]
 
 
 @dataclass(frozen=True)
@@ -94,10 +104,8 @@ class Job:
     _abandon: asyncio.Event = field(default_factory=asyncio.Event)
     _dispatcher: Dispatcher | None = None
     _total: int | None = None
-    _endpoint_rates: dict[str, float] = field(default_factory=dict)
     _meta: JobMeta | None = None
-    _intake: Intake | None = None
-    _scraper: AcceptLengthScraper | None = None
+    _started: float = 0.0  # monotonic
     _stack: contextlib.AsyncExitStack | None = None
 
     def stop(self) -> None:
@@ -108,12 +116,12 @@ class Job:
         if self._stops > 1:
             self._abandon.set()
 
-    async def run(self, on_progress: Callable[[Progress], None] | None = None) -> Summary:
+    async def run(self, on_progress: OnProgress | None = None) -> Summary:
         """Run the job to the end (or until stopped); raise FleetDown / JobError when it cannot go on."""
         opts = self.options
         store = Store.open(opts.out_dir)
         try:
-            self._intake = Intake.open(
+            intake = Intake.open(
                 store,
                 opts.input_path,
                 opts.out_dir,
@@ -128,7 +136,7 @@ class Job:
                 admit = self._admit if self.fleet.check is not None else None
                 watch = Watch(endpoints, opts.policy, on_dead=self.fleet.on_dead, admit=admit)
                 stack.push_async_callback(watch.close)
-                return await self._run(store, endpoints, watch, on_progress)
+                return await self._run(store, intake, watch, on_progress)
         finally:
             store.close()
 
@@ -161,28 +169,22 @@ class Job:
         return link.readiness
 
     async def _run(
-        self,
-        store: Store,
-        endpoints: list[Endpoint],
-        watch: Watch,
-        on_progress: Callable[[Progress], None] | None,
+        self, store: Store, intake: Intake, watch: Watch, on_progress: OnProgress | None
     ) -> Summary:
         opts = self.options
-        started = time.monotonic()
-        model = await self._resolve_model(endpoints, watch, started, on_progress)
+        self._started = time.monotonic()
+        model = await self._resolve_model(watch, on_progress)
         if model is None:  # stopped (Ctrl-C) while waiting for a first ready server
-            return rows.summary(store, "stopped", "", self.counters, time.monotonic() - started, {})
+            return rows.summary(store, "stopped", "", self.counters, time.monotonic() - self._started, {})
         builder = rows.RowBuilder(model, self._check_params(store, model))
-        intake = self._intake
-        assert intake is not None
         intake.plan(store, opts.mode, self.counters)
-        tracker, wanted = intake.tracker, intake.wanted
+        tracker = intake.tracker
         was_finished = jobmeta.begin(store, self.fleet.describe)
         bad_lines = store.bad_lines(str(opts.input_path)) if tracker is not None else set()
         meta = self._meta = JobMeta(intake.resume, opts.params.samples, tracker, bad_lines)
         writer = StoreWriter(store, lambda batch: self._committed(batch, tracker, meta), meta=meta.current)
-        self._scraper = AcceptLengthScraper(  # URLs as now: a late host may have one by now
-            [(e.name, e.client.base_url) for e in endpoints],
+        scraper = AcceptLengthScraper(  # URLs as now: a late host may have one by now
+            [(e.name, e.client.base_url) for e in watch.endpoints],
             self.fleet.engine_kind,
             interval_s=opts.metrics_interval_s,
             api_key=self.fleet.api_key,
@@ -196,34 +198,35 @@ class Job:
             lambda ep, work, t0, dt: writer.put(builder.result(ep, work, t0, dt)),
             lambda ep, work, exc: writer.put(builder.error(ep, work, exc)),
         )
-        items = intake.work(writer)
-        status = await self._execute(dispatcher, writer, items, wanted, started, on_progress)
+        status = await self._execute(dispatcher, writer, scraper, intake, on_progress)
         if status == "complete" and store.counts().results == 0:
             status = "failed"  # nothing useful: every item an error or bad input, or no input at all
         if status == "complete" and (opts.mode == "normal" or was_finished):
             jobmeta.finish(store)  # a re-run pass finishes only a job that had finished before
-        elapsed = time.monotonic() - started
-        per_endpoint = {e.name: e.completions for e in endpoints}
+        elapsed = time.monotonic() - self._started
+        per_endpoint = {e.name: e.completions for e in watch.endpoints}
         return rows.summary(store, status, model, self.counters, elapsed, per_endpoint)
 
     async def _execute(
         self,
         dispatcher: Dispatcher,
         writer: StoreWriter,
-        items: Iterator[Work],
-        wanted: set[int] | None,
-        started: float,
-        on_progress: Callable[[Progress], None] | None,
+        scraper: AcceptLengthScraper,
+        intake: Intake,
+        on_progress: OnProgress | None,
     ) -> str:
-        """Run the dispatcher with the writer, counter and ticker beside it; always flush and clean up."""
+        """Run the dispatcher with the writer, counter, ticker and scraper beside it; always flush."""
         self._dispatcher = dispatcher
         if self._stops:
             dispatcher.stop()
+        items = intake.work(writer)
         writer_task = asyncio.create_task(writer.run())
         writer_task.add_done_callback(lambda _t: dispatcher.stop())  # a failed writer stops the job
-        count_task = asyncio.create_task(self._count_total(wanted))
-        ticker = asyncio.create_task(self._tick(dispatcher, writer, started, on_progress))
-        scrape_task = asyncio.create_task(self._scraper.run()) if self._scraper else None
+        beside = [
+            asyncio.create_task(self._count_total(intake.wanted)),
+            asyncio.create_task(self._tick(dispatcher, writer, scraper, on_progress)),
+            asyncio.create_task(scraper.run()),
+        ]
         status = "complete"
         try:
             await dispatcher.run(items)
@@ -232,21 +235,17 @@ class Job:
                 await self._drain(dispatcher)
         finally:
             await dispatcher.abandon()  # whatever is still in flight is dropped, never half-written
-            ticker.cancel()
-            count_task.cancel()
-            if scrape_task is not None:
-                scrape_task.cancel()
-            writer.put(*rows.series_rows(dispatcher.endpoints, self._accept_lengths()))  # the end
+            for task in beside:
+                task.cancel()
+            writer.put(*rows.series_rows(dispatcher.endpoints, scraper.latest))  # the end
             writer.close()
-            await asyncio.gather(
-                writer_task, ticker, count_task, *filter(None, [scrape_task]), return_exceptions=True
-            )
+            await asyncio.gather(writer_task, *beside, return_exceptions=True)
             if on_progress is not None:  # the last frame shows the job's averages, not the last window's
-                elapsed = max(time.monotonic() - started, 1e-9)
+                elapsed = max(time.monotonic() - self._started, 1e-9)
                 c = self.counters
-                self._endpoint_rates = {e.name: e.completions / elapsed for e in dispatcher.endpoints}
+                rates = {e.name: e.completions / elapsed for e in dispatcher.endpoints}
                 final = self._snapshot(
-                    dispatcher, started, (c.results + c.errors) / elapsed, c.output_tokens / elapsed
+                    dispatcher, (c.results + c.errors) / elapsed, c.output_tokens / elapsed, rates
                 )
                 on_progress(dataclasses.replace(final, is_final=True, waiting_s=None))
         failure = writer_task.exception()
@@ -263,21 +262,14 @@ class Job:
         drain.cancel()
         abandon.cancel()
 
-    async def _resolve_model(
-        self,
-        endpoints: list[Endpoint],
-        watch: Watch,
-        started: float,
-        on_progress: Callable[[Progress], None] | None,
-    ) -> str | None:
+    async def _resolve_model(self, watch: Watch, on_progress: OnProgress | None) -> str | None:
         """The served model, from the first ready endpoints (None: stopped while waiting for one)."""
 
         def on_wait(remaining_s: float) -> None:
             if on_progress is not None:
-                on_progress(waiting(endpoints, time.monotonic() - started, remaining_s))
+                on_progress(waiting(watch.endpoints, time.monotonic() - self._started, remaining_s))
 
         infos = await served_models(
-            endpoints,
             watch,
             wait_s=self.options.wait_ready_s,
             tick_s=self.options.progress_interval_s,
@@ -318,18 +310,14 @@ class Job:
         c.results += len(batch.results)
         c.errors += len(batch.errors)
         c.bad += len(batch.bad)
-        for bad in batch.bad:
-            meta.note_bad(bad.line)
+        meta.bad_lines.update(bad.line for bad in batch.bad)
         for result in batch.results:
             c.output_tokens += result.completion_tokens or 0
             c.truncated += result.is_truncated
         if tracker is not None:
-            for result in batch.results:
-                tracker.paid(result.line)
-            for error in batch.errors:
-                tracker.paid(error.line)
-            for bad in batch.bad:
-                tracker.paid(bad.line)
+            paid: list[ResultRow | ErrorRow | BadRow] = [*batch.results, *batch.errors, *batch.bad]
+            for row in paid:
+                tracker.paid(row.line)
             tracker.advance()
 
     async def _count_total(self, wanted: set[int] | None) -> None:
@@ -345,38 +333,45 @@ class Job:
         self,
         dispatcher: Dispatcher,
         writer: StoreWriter,
-        started: float,
-        on_progress: Callable[[Progress], None] | None,
+        scraper: AcceptLengthScraper,
+        on_progress: OnProgress | None,
     ) -> None:
         done_meter, token_meter = RateMeter(), RateMeter()
         meters = {e.name: RateMeter() for e in dispatcher.endpoints}
         last_series = time.monotonic()
-        writer.put(*rows.series_rows(dispatcher.endpoints, self._accept_lengths()))  # the start
+        writer.put(*rows.series_rows(dispatcher.endpoints, scraper.latest))  # the start
         while True:
             await asyncio.sleep(self.options.progress_interval_s)
-            rate = done_meter.add(self.counters.results + self.counters.errors)
-            tok_rate = token_meter.add(self.counters.output_tokens)
-            self._endpoint_rates = {e.name: meters[e.name].add(e.completions) for e in dispatcher.endpoints}
+            c = self.counters
+            rate, tok_rate = done_meter.add(c.results + c.errors), token_meter.add(c.output_tokens)
+            rates = {e.name: meters[e.name].add(e.completions) for e in dispatcher.endpoints}
             if on_progress is not None:
-                on_progress(self._snapshot(dispatcher, started, rate, tok_rate))
+                on_progress(self._snapshot(dispatcher, rate, tok_rate, rates))
             if time.monotonic() - last_series >= self.options.series_interval_s:
                 last_series = time.monotonic()
-                writer.put(*rows.series_rows(dispatcher.endpoints, self._accept_lengths()))
+                writer.put(*rows.series_rows(dispatcher.endpoints, scraper.latest))
 
-    def _accept_lengths(self) -> Mapping[str, float | None]:
-        return self._scraper.latest if self._scraper is not None else {}
-
-    def _snapshot(self, dispatcher: Dispatcher, started: float, rate: float, tok_rate: float) -> Progress:
-        progress = rows.snapshot(
-            self.counters,
-            self.options.params.samples,
-            self._total,
-            dispatcher,
-            started,
-            rate,
-            tok_rate,
-            self._endpoint_rates,
-            bool(self._stops),
-            self.options.mode == "normal",
+    def _snapshot(
+        self, dispatcher: Dispatcher, rate: float, tok_rate: float, rates: Mapping[str, float]
+    ) -> Progress:
+        """The progress view's snapshot: counts of committed rows only."""
+        c, total = self.counters, self._total
+        before = c.before if self.options.mode == "normal" else Counts()
+        done = before.results + before.errors + c.results + c.errors + c.bad * self.options.params.samples
+        eta = (total - done) / rate if total is not None and rate > 0 and total >= done else None
+        return Progress(
+            done=done,
+            total=total,
+            completions_per_s=rate,
+            output_tokens_per_s=tok_rate,
+            eta_s=eta,
+            errors=before.errors + c.errors,
+            truncated=before.truncated + c.truncated,
+            bad_inputs=c.bad,
+            in_flight=dispatcher.num_in_flight,
+            retrying=dispatcher.num_retrying,
+            elapsed_s=time.monotonic() - self._started,
+            stopping=bool(self._stops),
+            endpoints=[EndpointProgress.of(e, rates.get(e.name, 0.0)) for e in dispatcher.endpoints],
+            waiting_s=dispatcher.wait_left_s,  # every server gone: the wait left
         )
-        return dataclasses.replace(progress, waiting_s=dispatcher.wait_left_s)  # every server gone: the wait
