@@ -25,12 +25,11 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from fleetgen.generate.dispatch import RetryPolicy
 from fleetgen.generate.identity import ResumeCheck, identify
-from fleetgen.generate.runner import Job, JobOptions
-from fleetgen.generate.source import RecordShape, content_hash, content_id
+from fleetgen.generate.runner import FleetHooks, Job
+from fleetgen.generate.source import content_hash, content_id
 from fleetgen.generate.store import Store
-from fleetgen.generate.work import SamplingParams, key_hash
+from fleetgen.generate.work import JobOptions, RecordShape, SamplingParams, key_hash
 
 PARAMS = SamplingParams(
     model="m",
@@ -139,18 +138,8 @@ async def first_request_s(prompts: Path, out: Path) -> float:
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
-        endpoints = [("s0", f"http://127.0.0.1:{port}")]
-        job = Job(
-            JobOptions(
-                input_path=prompts,
-                out_dir=out,
-                endpoints=endpoints,
-                params=PARAMS,
-                shape=RecordShape(),
-                concurrency=1,
-                policy=RetryPolicy(),
-            )
-        )
+        options = JobOptions(input_path=prompts, out_dir=out, params=PARAMS, concurrency=1)
+        job = Job(options, FleetHooks([("s0", f"http://127.0.0.1:{port}")]))
         started = time.monotonic()
         await job.run()
         return float(await first) - started

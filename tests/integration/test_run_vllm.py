@@ -28,8 +28,8 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from fleetgen.generate.runner import FleetHooks, Job, JobOptions
-from fleetgen.generate.work import SamplingParams
+from fleetgen.generate.runner import FleetHooks, Job
+from fleetgen.generate.work import JobOptions, SamplingParams
 from tests.fixtures.vllm import TinyModel, VllmServer, running_vllm_server
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

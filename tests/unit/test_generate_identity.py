@@ -22,8 +22,9 @@ from hypothesis import strategies as st
 
 from fleetgen.errors import InputMismatch, ParamsMismatch
 from fleetgen.generate import identity
-from fleetgen.generate.source import ARCHIVES, RecordShape
-from tests.unit.test_generate_job import new_job, params, rows, write_jsonl
+from fleetgen.generate.source import ARCHIVES
+from fleetgen.generate.work import RecordShape
+from tests.unit.test_generate_job import new_job, options, params, rows, write_jsonl
 from tests.unit.test_generate_standin import StandIn, serve
 
 SHAPE = RecordShape()
@@ -127,7 +128,7 @@ async def test_appended_records_resume_by_a_seek_and_only_they_are_sent(tmp_path
         stored = orjson.loads(
             rows(tmp_path / "out", "SELECT value FROM meta WHERE key = 'input_identity'")[0][0]
         )
-        now = identity.check(orjson.dumps(stored).decode(), prompts, None, SHAPE, tmp_path, add_input=False)
+        now = identity.check(orjson.dumps(stored).decode(), options(tmp_path, prompts, shape=SHAPE))
         check = identity.ResumeCheck(prompts, now, None)
         assert check.trusts(saved) and saved["line"] == 30  # the done prefix is not re-read
         a.seen.clear()

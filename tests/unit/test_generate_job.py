@@ -14,10 +14,9 @@ import orjson
 import pytest
 
 from fleetgen.errors import FleetDown, ParamsMismatch, RequestRejected
-from fleetgen.generate.health import RetryPolicy
 from fleetgen.generate.progress import Progress
-from fleetgen.generate.runner import FleetHooks, Job, JobOptions
-from fleetgen.generate.work import SamplingParams
+from fleetgen.generate.runner import FleetHooks, Job
+from fleetgen.generate.work import JobOptions, RetryPolicy, SamplingParams
 from tests.unit.test_generate_standin import StandIn, serve
 
 FAST = RetryPolicy(

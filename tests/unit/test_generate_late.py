@@ -19,9 +19,10 @@ from fleetgen.cli.run import render
 from fleetgen.errors import FleetDown
 from fleetgen.fleet.pool import Link
 from fleetgen.fleet.status import Readiness
-from fleetgen.generate.health import Endpoint, RetryPolicy, Watch, served_models
+from fleetgen.generate.health import Endpoint, Watch, served_models
 from fleetgen.generate.progress import Progress, waiting
 from fleetgen.generate.runner import FleetHooks
+from fleetgen.generate.work import RetryPolicy
 from fleetgen.http.client import EngineClient
 from tests.unit.test_generate_job import new_job, rows, write_jsonl
 from tests.unit.test_generate_standin import StandIn, serve

@@ -17,14 +17,14 @@ from fleetgen.engines import get_engine
 from fleetgen.errors import DeployError
 from fleetgen.generate import jobmeta
 from fleetgen.generate.fleetlink import fleet_meta, url_hooks
-from fleetgen.generate.health import RetryPolicy
 from fleetgen.generate.identity import ResumeCheck, identify
 from fleetgen.generate.jobmeta import JobMeta
 from fleetgen.generate.progress import PositionTracker, Progress
 from fleetgen.generate.runner import FleetHooks, Job
 from fleetgen.generate.scrape import window_accept_length
-from fleetgen.generate.source import Position, RecordShape
+from fleetgen.generate.source import Position
 from fleetgen.generate.store import Store
+from fleetgen.generate.work import RecordShape, RetryPolicy
 from tests.unit.test_generate_job import new_job, options, params, write_jsonl
 from tests.unit.test_generate_standin import StandIn, serve
 

@@ -17,7 +17,7 @@ from fleetgen.generate import source
 from fleetgen.generate.export import export, filter_sql
 from fleetgen.generate.progress import PositionTracker
 from fleetgen.generate.quality import flags_of, has_think_marker, is_repetitive
-from fleetgen.generate.source import Position, RecordShape, content_id, read_records
+from fleetgen.generate.source import Position, content_id, read_records
 from fleetgen.generate.store import (
     BAD,
     ERRORS,
@@ -31,7 +31,7 @@ from fleetgen.generate.store import (
     SeriesRow,
     Store,
 )
-from fleetgen.generate.work import BadInput, Record, Work, key_hash
+from fleetgen.generate.work import BadInput, Record, RecordShape, Work, key_hash
 from fleetgen.http.client import Completion, RequestFailed, parse_completion
 
 SHAPE = RecordShape()

@@ -42,11 +42,9 @@ from fleetgen.fleet.pool import Link, open_fleet
 from fleetgen.fleet.status import Readiness
 from fleetgen.generate.export import FORMATS, ExportSummary, export
 from fleetgen.generate.fleetlink import fleet_hooks, url_hooks
-from fleetgen.generate.health import RetryPolicy
 from fleetgen.generate.progress import Progress, Summary
-from fleetgen.generate.runner import FleetHooks, Job, JobOptions
-from fleetgen.generate.source import RecordShape
-from fleetgen.generate.work import SamplingParams
+from fleetgen.generate.runner import FleetHooks, Job
+from fleetgen.generate.work import JobOptions, RecordShape, RetryPolicy, SamplingParams
 
 DEFAULT_CONCURRENCY = 64
 EXIT_CODES = {"stopped": 130, "failed": 1}

@@ -18,8 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fleetgen.errors import InputError
-from fleetgen.generate.source import RecordShape, hf_arrow_files, open_input
-from fleetgen.generate.work import BadInput
+from fleetgen.generate.source import hf_arrow_files, open_input
+from fleetgen.generate.work import BadInput, RecordShape
 
 FAIL_FAST = 50
 NUM_PEEK = 20

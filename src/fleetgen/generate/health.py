@@ -20,6 +20,7 @@ from typing import Any
 
 from fleetgen.errors import EndpointError, FleetDown, FleetgenError
 from fleetgen.fleet.status import Readiness
+from fleetgen.generate.work import RetryPolicy
 from fleetgen.http.client import EngineClient
 
 PROBE_TIMEOUT_S = 5.0  # a probe of a server not taking work: a live one answers /health at once
@@ -45,25 +46,6 @@ class Endpoint:
     last_error: str = ""
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     answered_at: float = 0.0  # monotonic: its last answer (or when its first request in flight left)
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How hard to try. Defaults suit days-long jobs; tests shorten the waits."""
-
-    max_retries: int = 5
-    max_consecutive_failures: int = 50
-    # The same 4xx this often in a row, no success between: the job's fault.
-    max_identical_rejections: int = 16
-    backoff_base_s: float = 0.5
-    backoff_max_s: float = 30.0
-    drain_after: int = 3
-    probe_interval_s: float = 1.0
-    probe_interval_max_s: float = 15.0
-    dead_timeout_s: float = 300.0
-    restart_attempts: int = 3
-    hung_after_s: float = 120.0  # requests in flight, no answer this long, /health failing: hung
-    health_timeout_s: float = 30.0  # a busy engine's /health may take a while; a hung one never answers
 
 
 class Watch:

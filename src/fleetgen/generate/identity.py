@@ -11,9 +11,7 @@ meta (`input_identity`) by the first run and compared by every later one:
 - JSONL (plain or compressed) may grow: a file whose first `size` bytes sample as stored is the same input
   with records appended, and resumes as such;
 - Parquet and a `datasets` folder (each of its Arrow files, and the split) must be unchanged.
-
-The resume position carries its own check (`ResumeCheck`): the files' (size, mtime), and for plain JSONL
-the digests of the bytes before the saved offset, so a file with records appended still resumes by a seek.
+The resume position carries its own check (`ResumeCheck`).
 """
 
 from __future__ import annotations
@@ -25,7 +23,8 @@ from typing import IO, Any
 import orjson
 
 from fleetgen.errors import InputMismatch
-from fleetgen.generate.source import RecordShape, compression_of, input_files
+from fleetgen.generate.source import compression_of, input_files
+from fleetgen.generate.work import JobOptions, RecordShape
 
 HEAD = TAIL = 64 * 1024
 BLOCK = 4096
@@ -94,22 +93,16 @@ def differences(stored: dict[str, Any], path: Path, now: dict[str, Any]) -> list
     return []
 
 
-def check(
-    stored_json: str | None,
-    path: Path,
-    split: str | None,
-    shape: RecordShape,
-    out_dir: Path,
-    *,
-    add_input: bool,
-) -> dict[str, Any]:
+def check(stored_json: str | None, opts: JobOptions) -> dict[str, Any]:
     """The input's identity now, after checking it is the folder's input; raise InputMismatch if not.
 
-    `add_input` (`--add-input`): run another input into the folder on purpose (the caller keeps the earlier
-    identity and re-reads the new input from its start, skipping records whose id and content are stored).
+    `--add-input` (`opts.add_input`): run another input into the folder on purpose (the caller keeps the
+    earlier identity and re-reads the new input from its start, skipping records whose id and content are
+    stored).
     """
-    now = identify(path, split, shape)
-    if stored_json is None or add_input:
+    path, out_dir = opts.input_path, opts.out_dir
+    now = identify(path, opts.split, opts.shape)
+    if stored_json is None or opts.add_input:
         return now
     stored = orjson.loads(stored_json)
     diffs = differences(stored, path, now)

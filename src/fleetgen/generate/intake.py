@@ -12,15 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import orjson
 
 from fleetgen.generate import diagnose, identity, jobmeta, rows
 from fleetgen.generate.progress import Counters, PositionTracker
-from fleetgen.generate.source import IsDone, Position, RecordShape, conflict, read_records
+from fleetgen.generate.source import IsDone, Position, conflict, read_records
 from fleetgen.generate.store import Store
-from fleetgen.generate.work import BadInput, Record, Work, key_hash
+from fleetgen.generate.work import BadInput, JobOptions, Record, Work, key_hash
 from fleetgen.generate.writer import StoreWriter
 
 Records = Iterator[Record | BadInput | Position]  # a Position: a run of done records skipped
@@ -32,10 +31,7 @@ REDO = {"retry_errors": ("errors", "1"), "redo_truncated": ("results", "is_trunc
 class Intake:
     """The input side of one run. Open with `Intake.open` (it checks the input against the folder)."""
 
-    input_path: Path
-    shape: RecordShape
-    split: str | None
-    samples: int
+    options: JobOptions
     resume: identity.ResumeCheck
     had_results: bool  # the store held results when the run started
     # The plan (`plan`): the resume position's tracker (normal runs), the keys a re-run mode redoes, and the
@@ -47,34 +43,24 @@ class Intake:
     first_bad: list[BadInput] = field(default_factory=list)  # while no good one was read: the first ones
 
     @classmethod
-    def open(
-        cls,
-        store: Store,
-        input_path: Path,
-        out_dir: Path,
-        shape: RecordShape,
-        split: str | None,
-        samples: int,
-        *,
-        add_input: bool,
-    ) -> Intake:
+    def open(cls, store: Store, opts: JobOptions) -> Intake:
         """Refuse another input than the folder's (InputMismatch); record its identity as it is now."""
         counts = store.counts()
         if counts.results == 0 and counts.errors == 0:
             jobmeta.forget(store)  # nothing generated yet: any input and params may start here
         stored = store.get_meta(jobmeta.INPUT_IDENTITY)
-        now = identity.check(stored, input_path, split, shape, out_dir, add_input=add_input)
-        if stored is not None and add_input:
+        now = identity.check(stored, opts)
+        if stored is not None and opts.add_input:
             jobmeta.add_input(store, stored)
-        store.set_meta({jobmeta.INPUT_IDENTITY: orjson.dumps(now).decode(), "input": str(input_path)})
-        resume = identity.ResumeCheck(input_path, now, split)
-        return cls(input_path, shape, split, samples, resume, had_results=counts.results > 0)
+        store.set_meta({jobmeta.INPUT_IDENTITY: orjson.dumps(now).decode(), "input": str(opts.input_path)})
+        resume = identity.ResumeCheck(opts.input_path, now, opts.split)
+        return cls(opts, resume, had_results=counts.results > 0)
 
-    def plan(self, store: Store, mode: str, counters: Counters) -> None:
+    def plan(self, store: Store, counters: Counters) -> None:
         """Decide what this run reads: from a trusted resume position, or (re-run modes) the wanted keys."""
         counters.before = store.counts()
-        if mode in REDO:
-            self.wanted = store.keys_where(*REDO[mode])
+        if self.options.mode in REDO:
+            self.wanted = store.keys_where(*REDO[self.options.mode])
             return
         start = Position()
         saved = store.get_meta(jobmeta.POSITION)
@@ -90,7 +76,7 @@ class Intake:
         done = self.done
         if self.wanted is not None or not done:
             return None
-        samples = range(self.samples)
+        samples = range(self.options.params.samples)
         if len(samples) == 1:
             return lambda record_id: done.get(key_hash(record_id, 0))
 
@@ -102,10 +88,9 @@ class Intake:
 
     def work(self, writer: StoreWriter) -> Iterator[Work]:
         """Read the input from the resume position: the work of every (record, sample) not done."""
-        start = self.tracker.position if self.tracker else Position()
-        return self.items(
-            read_records(self.input_path, self.shape, start, self.split, self.done_check()), writer
-        )
+        opts, start = self.options, self.tracker.position if self.tracker else Position()
+        records = read_records(opts.input_path, opts.shape, start, opts.split, self.done_check())
+        return self.items(records, writer)
 
     def items(self, records: Records, writer: StoreWriter) -> Iterator[Work]:
         """The work of the records not done; bad records go to the writer as `inputs_bad` rows."""
@@ -117,7 +102,7 @@ class Intake:
                     tracker.open(record.line, record.offset, 0)
                 continue
             if isinstance(record, Record):
-                keys = [key_hash(record.record_id, s) for s in range(self.samples)]
+                keys = [key_hash(record.record_id, s) for s in range(self.options.params.samples)]
                 record = _check_duplicate(record, keys[0], seen, wanted, done)
             if isinstance(record, BadInput):
                 if wanted is None:  # re-run modes have already recorded the input's bad lines
@@ -145,7 +130,8 @@ class Intake:
             raise self._all_bad()
 
     def _all_bad(self) -> Exception:
-        return diagnose.all_bad(self.input_path, self.shape, self.first_bad, self.split)
+        opts = self.options
+        return diagnose.all_bad(opts.input_path, opts.shape, self.first_bad, opts.split)
 
 
 def _check_duplicate(

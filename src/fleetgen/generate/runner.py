@@ -20,7 +20,6 @@ import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -30,7 +29,7 @@ from fleetgen.fleet.pool import Link
 from fleetgen.fleet.status import Readiness
 from fleetgen.generate import jobmeta, rows
 from fleetgen.generate.dispatch import Dispatcher
-from fleetgen.generate.health import Endpoint, OnDead, RetryPolicy, Watch, served_models
+from fleetgen.generate.health import Endpoint, OnDead, Watch, served_models
 from fleetgen.generate.intake import Intake
 from fleetgen.generate.jobmeta import JobMeta
 from fleetgen.generate.progress import (
@@ -43,34 +42,13 @@ from fleetgen.generate.progress import (
     waiting,
 )
 from fleetgen.generate.scrape import AcceptLengthScraper
-from fleetgen.generate.source import RecordShape, count_records
+from fleetgen.generate.source import count_records
 from fleetgen.generate.store import BadRow, Batch, Counts, ErrorRow, ResultRow, Store
-from fleetgen.generate.work import SamplingParams
+from fleetgen.generate.work import JobOptions
 from fleetgen.generate.writer import StoreWriter
 from fleetgen.http.client import EngineClient
 
 OnProgress = Callable[[Progress], None]
-
-
-@dataclass(frozen=True)
-class JobOptions:
-    """A job's own settings, whatever serves it; the CLI builds them once from the job file and its flags."""
-
-    input_path: Path
-    out_dir: Path
-    params: SamplingParams
-    shape: RecordShape = field(default_factory=RecordShape)
-    concurrency: int = 64
-    policy: RetryPolicy = field(default_factory=RetryPolicy)
-    request_timeout_s: float = 3600.0
-    mode: str = "normal"  # "normal", "retry_errors", "redo_truncated"
-    force_params: bool = False
-    add_input: bool = False  # `--add-input`: run another input into a folder that holds one on purpose
-    split: str | None = None
-    wait_ready_s: float = 0.0  # no endpoint ready (at the start): wait this long for one, then FleetDown
-    progress_interval_s: float = 0.5
-    series_interval_s: float = 5.0
-    metrics_interval_s: float = 3.0
 
 
 @dataclass(frozen=True)
@@ -121,15 +99,7 @@ class Job:
         opts = self.options
         store = Store.open(opts.out_dir)
         try:
-            intake = Intake.open(
-                store,
-                opts.input_path,
-                opts.out_dir,
-                opts.shape,
-                opts.split,
-                opts.params.samples,
-                add_input=opts.add_input,
-            )
+            intake = Intake.open(store, opts)
             async with contextlib.AsyncExitStack() as stack:
                 self._stack = stack
                 endpoints = [await self._endpoint(name, url) for name, url in self.fleet.endpoints]
@@ -177,7 +147,7 @@ class Job:
         if model is None:  # stopped (Ctrl-C) while waiting for a first ready server
             return rows.summary(store, "stopped", "", self.counters, time.monotonic() - self._started, {})
         builder = rows.RowBuilder(model, self._check_params(store, model))
-        intake.plan(store, opts.mode, self.counters)
+        intake.plan(store, self.counters)
         tracker = intake.tracker
         was_finished = jobmeta.begin(store, self.fleet.describe)
         bad_lines = store.bad_lines(str(opts.input_path)) if tracker is not None else set()

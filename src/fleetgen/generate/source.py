@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 import zstandard
 
 from fleetgen.errors import InputError, InputMismatch
-from fleetgen.generate.work import BadInput, Message, Record, text_of
+from fleetgen.generate.work import BadInput, Message, Record, RecordShape, text_of
 
 # Roles by the names chat formats give them (ShareGPT: human / gpt).
 ROLE_OF = {"human": "user", "user": "user", "system": "system"}
@@ -59,15 +59,6 @@ class Position:
 # rows written before content hashes were stored). A done id stored with other content is an error.
 IsDone = Callable[[str], int | None]
 SKIP_RUN = 65536
-
-
-@dataclass(frozen=True, slots=True)
-class RecordShape:
-    """How to read records: which field holds the id and which the prompt; an optional system prompt."""
-
-    id_field: str = "id"
-    prompt_field: str = "prompt"
-    system_prompt: str | None = None
 
 
 def content_id(record: dict[str, Any]) -> str:

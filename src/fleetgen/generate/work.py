@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -144,3 +145,52 @@ class SamplingParams:
             body["top_k"] = self.top_k
         body.update(self.extra_body)
         return body
+
+
+@dataclass(frozen=True, slots=True)
+class RecordShape:
+    """How to read records: which field holds the id and which the prompt; an optional system prompt."""
+
+    id_field: str = "id"
+    prompt_field: str = "prompt"
+    system_prompt: str | None = None
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How hard to try. Defaults suit days-long jobs; tests shorten the waits."""
+
+    max_retries: int = 5
+    max_consecutive_failures: int = 50
+    # The same 4xx this often in a row, no success between: the job's fault.
+    max_identical_rejections: int = 16
+    backoff_base_s: float = 0.5
+    backoff_max_s: float = 30.0
+    drain_after: int = 3
+    probe_interval_s: float = 1.0
+    probe_interval_max_s: float = 15.0
+    dead_timeout_s: float = 300.0
+    restart_attempts: int = 3
+    hung_after_s: float = 120.0  # requests in flight, no answer this long, /health failing: hung
+    health_timeout_s: float = 30.0  # a busy engine's /health may take a while; a hung one never answers
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """A job's own settings, whatever serves it; the CLI builds them once from the job file and its flags."""
+
+    input_path: Path
+    out_dir: Path
+    params: SamplingParams
+    shape: RecordShape = field(default_factory=RecordShape)
+    concurrency: int = 64
+    policy: RetryPolicy = field(default_factory=RetryPolicy)
+    request_timeout_s: float = 3600.0
+    mode: str = "normal"  # "normal", "retry_errors", "redo_truncated"
+    force_params: bool = False
+    add_input: bool = False  # `--add-input`: run another input into a folder that holds one on purpose
+    split: str | None = None
+    wait_ready_s: float = 0.0  # no endpoint ready (at the start): wait this long for one, then FleetDown
+    progress_interval_s: float = 0.5
+    series_interval_s: float = 5.0
+    metrics_interval_s: float = 3.0
