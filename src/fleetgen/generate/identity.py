@@ -24,7 +24,7 @@ import orjson
 
 from fleetgen.errors import InputMismatch
 from fleetgen.generate.source import compression_of, input_files
-from fleetgen.generate.work import JobOptions, RecordShape
+from fleetgen.generate.work import JobOptions, RecordShape, changes
 
 HEAD = TAIL = 64 * 1024
 BLOCK = 4096
@@ -67,11 +67,7 @@ def identify(path: Path, split: str | None, shape: RecordShape) -> dict[str, Any
 
 def differences(stored: dict[str, Any], path: Path, now: dict[str, Any]) -> list[str]:
     """Why the input `now` is not the input `stored` (empty: the same input, maybe with records appended)."""
-    diffs = [
-        f"{key}: {stored.get(key)!r} → {now.get(key)!r}"
-        for key in ("kind", "split", "shape")
-        if stored.get(key) != now.get(key)
-    ]
+    diffs = changes(stored, now, ("kind", "split", "shape"))
     if diffs:
         return diffs
     old, new = stored.get("parts", []), now["parts"]

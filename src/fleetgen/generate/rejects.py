@@ -65,7 +65,6 @@ class Streak:
     threshold: int
     key: str = ""
     held: list[tuple[str, Work, RequestFailed]] = field(default_factory=list)
-    endpoints: set[str] = field(default_factory=set)
 
     def add(self, endpoint: str, work: Work, exc: RequestFailed) -> list[tuple[str, Work, RequestFailed]]:
         """Hold this refusal; return the held ones it shows to be per-record (another kind came)."""
@@ -73,7 +72,6 @@ class Streak:
         released = self.release() if key != self.key else []
         self.key = key
         self.held.append((endpoint, work, exc))
-        self.endpoints.add(endpoint)
         return released
 
     @property
@@ -83,12 +81,11 @@ class Streak:
     def release(self) -> list[tuple[str, Work, RequestFailed]]:
         """A success (or the end): the held refusals were the records' own; they become error rows."""
         held, self.held, self.key = self.held, [], ""
-        self.endpoints = set()
         return held
 
     def error(self, body: Mapping[str, Any]) -> RequestRejected:
         _, _, exc = self.held[-1]
-        by = ", ".join(sorted(self.endpoints))
+        by = ", ".join(sorted({endpoint for endpoint, _, _ in self.held}))
         where = suspects(exc.message, body)
         likely = f"; likely: {', '.join(where)}" if where else ""
         return RequestRejected(

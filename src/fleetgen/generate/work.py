@@ -8,6 +8,7 @@ the model's own history. A single-turn record has one segment.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,11 @@ class Record:
     end_offset: int
     segments: list[list[Message]]
     content_hash: int = 0  # of `segments` (source.content_hash): stored with each row
+
+
+def changes(old: Mapping[str, Any], new: Mapping[str, Any], keys: Iterable[str]) -> list[str]:
+    """`key: old → new` for every one of `keys` whose value differs."""
+    return [f"{key}: {old.get(key)!r} → {new.get(key)!r}" for key in keys if old.get(key) != new.get(key)]
 
 
 @dataclass(slots=True)
@@ -120,11 +126,7 @@ class SamplingParams:
     def differences(self, other: dict[str, Any], *, ignore: frozenset[str] = frozenset()) -> list[str]:
         """`name: stored → now` for every param that differs from `other` (a stored `to_json()`, decoded)."""
         mine = asdict(self)
-        return [
-            f"{name}: {other.get(name)!r} → {mine[name]!r}"
-            for name in sorted(set(mine) | set(other))
-            if name not in ignore and other.get(name) != mine.get(name)
-        ]
+        return changes(other, mine, sorted((set(mine) | set(other)) - ignore))
 
     def base_body(self, model: str) -> dict[str, Any]:
         """The request body fields shared by every request of the job (messages and seed added per request).
