@@ -52,12 +52,12 @@ class Position:
     offset: int = 0
 
 
-# A run of records the caller said are done (`is_done(record id)`) is yielded as the `Position` after its
-# last one: one per run of consecutive done records (at most `SKIP_RUN` lines), not one per record, so a
-# resume that passes over a million done records costs a JSON parse and a key lookup each, nothing more.
 # `is_done(record id)`: None when the record still has work; else the content hash stored with it (0: unknown,
 # rows written before content hashes were stored). A done id stored with other content is an error.
 IsDone = Callable[[str], int | None]
+# A run of records `is_done` says are done is yielded as the `Position` after its last one: one per run of
+# consecutive done records (at most `SKIP_RUN` lines), not one per record, so a resume that passes over a
+# million done records costs a JSON parse and a key lookup each, nothing more.
 SKIP_RUN = 65536
 
 
