@@ -231,22 +231,18 @@ async def served_models(
         if models or is_stopped():
             break
         if remaining <= 0:
-            raise none_ready(endpoints, wait_s)
+            what = f"no server became ready within {wait_s:g} s" if wait_s > 0 else "no server is ready"
+            raise FleetDown(
+                f"{what}: nothing to generate with",
+                context={"servers": states(endpoints, "not ready")},
+                fix="see why with `fleetgen status -f FLEET` (and `fleetgen logs INSTANCE --fleet FLEET`), "
+                "bring them up with `fleetgen up -f FLEET` (or rerun with --restart-dead, or a longer "
+                "--wait-ready), then rerun the same command: it resumes. With --endpoint URLs: start those "
+                "servers",
+            )
         on_wait(remaining)
         await watch.wait_ready(min(remaining, tick_s))
     return models
-
-
-def none_ready(endpoints: list[Endpoint], wait_s: float) -> FleetDown:
-    """No endpoint became ready: each one's problem, and what to do."""
-    what = f"no server became ready within {wait_s:g} s" if wait_s > 0 else "no server is ready"
-    return FleetDown(
-        f"{what}: nothing to generate with",
-        context={"servers": states(endpoints, "not ready")},
-        fix="see why with `fleetgen status -f FLEET` (and `fleetgen logs INSTANCE --fleet FLEET`), bring "
-        "them up with `fleetgen up -f FLEET` (or rerun with --restart-dead, or a longer --wait-ready), then "
-        "rerun the same command: it resumes. With --endpoint URLs: start those servers",
-    )
 
 
 def states(endpoints: list[Endpoint], unknown: str) -> str:
