@@ -1,4 +1,4 @@
-"""`up`, `down` and `restart` across a fleet: every host and every instance in parallel.
+"""`up` (`restart` is `up` with `force`) and `down` across a fleet: every host and instance in parallel.
 
 Per host: open the SSH connection, check the workdir / python / launcher / model folder in one round trip,
 then run each of its instances concurrently. A host that cannot be reached fails its own instances only.
@@ -193,13 +193,6 @@ async def up(
         return list(await asyncio.gather(*runs))
 
     return await for_each_host(fleet, only, per_host, check_fleet=check)
-
-
-async def restart(
-    fleet_path: Path, *, only: Sequence[str] | None = None, plan_check: bool = True, progress: Narrate = _noop
-) -> list[Outcome]:
-    """Stop and start every (selected) instance, even those already running as wanted."""
-    return await up(fleet_path, only=only, force=True, plan_check=plan_check, progress=progress)
 
 
 async def down(fleet_path: Path, *, only: Sequence[str] | None = None) -> list[Outcome]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetgen.config import FleetFile
-from fleetgen.deploy.fleetops import restart, up
+from fleetgen.deploy.fleetops import up
 from fleetgen.deploy.instance import Action, Outcome
 from fleetgen.errors import DeployError, FleetgenError
 from fleetgen.fleet.pool import FleetLinks, Link
@@ -72,7 +72,7 @@ async def revive(fleet_path: Path, instance: str) -> Outcome:
     """
     outcome = _one(await up(fleet_path, only=[instance]), instance)
     if outcome.error is not None and outcome.action is Action.UNCHANGED:
-        outcome = _one(await restart(fleet_path, only=[instance]), instance)
+        outcome = _one(await up(fleet_path, only=[instance], force=True), instance)
     if outcome.error is not None:
         raise _failed(instance, outcome.error)
     return outcome
