@@ -25,24 +25,14 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from fleetgen.config import JobFile
 from fleetgen.generate.identity import ResumeCheck, identify
 from fleetgen.generate.runner import FleetHooks, Job
 from fleetgen.generate.source import content_hash, content_id
 from fleetgen.generate.store import Store
 from fleetgen.generate.work import JobOptions, RecordShape, SamplingParams, key_hash
 
-PARAMS = SamplingParams(
-    model="m",
-    max_tokens=16,
-    temperature=0.0,
-    top_p=1.0,
-    top_k=None,
-    seed=None,
-    samples=1,
-    thinking=True,
-    system_prompt=None,
-    extra_body={},
-)
+PARAMS = SamplingParams.of(JobFile(model="m", max_tokens=16, temperature=0.0, top_p=1.0))
 
 
 def record(i: int, with_id: bool, prompt_bytes: int) -> dict[str, Any]:

@@ -28,6 +28,7 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
+from fleetgen.config import JobFile
 from fleetgen.generate.runner import FleetHooks, Job
 from fleetgen.generate.work import JobOptions, SamplingParams
 from tests.fixtures.vllm import TinyModel, VllmServer, running_vllm_server
@@ -230,18 +231,7 @@ async def test_server_killed_mid_run_job_completes_on_the_other(
     prompts.write_text(
         "".join(json.dumps({"id": f"k{i}", "prompt": f"Tell me about {i}."}) + "\n" for i in range(150))
     )
-    params = SamplingParams(
-        model=None,
-        max_tokens=16,
-        temperature=0.8,
-        top_p=1.0,
-        top_k=None,
-        seed=None,
-        samples=1,
-        thinking=True,
-        system_prompt=None,
-        extra_body={},
-    )
+    params = SamplingParams.of(JobFile(max_tokens=16, temperature=0.8, top_p=1.0))
     out = tmp_path / "out"
     fleet = [("one", vllm_server.base_url), ("two", second_server.base_url)]
     options = JobOptions(input_path=prompts, out_dir=out, params=params, concurrency=4)

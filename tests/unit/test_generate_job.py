@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 import pytest
 
+from fleetgen.config import JobFile
 from fleetgen.errors import FleetDown, ParamsMismatch, RequestRejected
 from fleetgen.generate.progress import Progress
 from fleetgen.generate.runner import FleetHooks, Job
@@ -30,20 +31,8 @@ FAST = RetryPolicy(
 
 
 def params(**over: Any) -> SamplingParams:
-    base: dict[str, Any] = dict(
-        model=None,
-        max_tokens=64,
-        temperature=0.0,
-        top_p=1.0,
-        top_k=None,
-        seed=None,
-        samples=1,
-        thinking=True,
-        system_prompt=None,
-        extra_body={},
-    )
-    base.update(over)
-    return SamplingParams(**base)
+    """Greedy, 64 tokens, as a job file (+ `over`) gives them."""
+    return SamplingParams.of(JobFile(**{"max_tokens": 64, "temperature": 0.0, "top_p": 1.0, **over}))
 
 
 def write_jsonl(path: Path, lines: list[Any]) -> Path:
