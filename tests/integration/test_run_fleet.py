@@ -14,7 +14,6 @@ import json
 import os
 import re
 import signal
-import sqlite3
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -22,44 +21,33 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import orjson
 import pytest
 
+from tests.fixtures.fleetcli import (
+    RUN_FLAGS,
+    SIM_SPEC_ARGS,
+    assert_every_record_once,
+    cli,
+    finish,
+    fleetgen,
+    process_gone,
+    query,
+    wait_for_rows,
+    write_prompts,
+)
 from tests.fixtures.sim import free_port
 from tests.fixtures.sshd import SshdHost
 from tests.integration.test_deploy_support import ArgValue, write_fleet
 
-FLEETGEN = str(Path(sys.executable).with_name("fleetgen"))
 INSTANCES = {"h0-0", "h0-1", "h1-0", "h1-1"}
 SECRET_ENV_VALUE = "do-not-store-this-value"
 SIM_ARGS: dict[str, ArgValue] = {
-    # Speculative decoding on, so /metrics exports `sglang:spec_accept_length` for the time series.
-    "speculative-algorithm": "EAGLE",
-    "speculative-num-steps": 3,
-    "speculative-eagle-topk": 1,
-    "speculative-num-draft-tokens": 4,
-    "mamba-radix-cache-strategy": "extra_buffer",
-    "max-running-requests": 8,
+    **SIM_SPEC_ARGS,
     "reasoning-parser": "qwen3",
     # Slow enough decoding that a run lasts long enough to scrape /metrics and to kill a server mid-run.
     # Steps/s: × the accept length (2.6 by default) with speculative decoding on, ≈ 16 tok/s.
     "sim-decode-tps": 6.0,
-    "sim-output-tokens": 32,
 }
-
-
-async def cli(*args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        FLEETGEN, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 300)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
-
-
-def query(out: Path, sql: str) -> list[tuple[Any, ...]]:
-    with sqlite3.connect(out / "results.sqlite") as conn:
-        return list(conn.execute(sql))
 
 
 def read_meta(out: Path) -> dict[str, Any]:
@@ -71,13 +59,6 @@ def read_meta(out: Path) -> dict[str, Any]:
         except ValueError:
             meta[key] = value
     return meta
-
-
-def write_prompts(path: Path, count: int) -> Path:
-    path.write_bytes(
-        b"".join(orjson.dumps({"id": f"r{i}", "prompt": f"question {i}"}) + b"\n" for i in range(count))
-    )
-    return path
 
 
 @pytest.fixture
@@ -146,15 +127,13 @@ async def test_kv_use_of_a_fleet_file_shows_in_status_and_the_dashboard(fleet: P
     """Every ready instance's KV use, read from its /metrics: `status --json` gives the fraction, the
     dashboard (-f, no job) a percent in its fleet table (that column was empty with a fleet file)."""
     port = free_port()
-    proc = await asyncio.create_subprocess_exec(
-        FLEETGEN, "dashboard", "-f", str(fleet), "--port", str(port), stderr=asyncio.subprocess.PIPE
-    )
-    try:
-        table = await asyncio.wait_for(fleet_table(f"http://127.0.0.1:{port}/api/state", proc), 120)
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-        _, err = await proc.communicate()
+    async with fleetgen("dashboard", "-f", str(fleet), "--port", str(port)) as proc:
+        try:
+            table = await asyncio.wait_for(fleet_table(f"http://127.0.0.1:{port}/api/state", proc), 120)
+        finally:
+            if proc.returncode is None:
+                proc.terminate()
+            _, err = await finish(proc)
     assert proc.returncode is None or table != "the dashboard exited", err.decode()
     rows = re.findall(r'<tr class="instance[^"]*" data-instance="([^"]+)"[^>]*>(.*?)</tr>', table, re.S)
     cells = {name: re.findall(r"<td[^>]*>(.*?)</td>", body, re.S) for name, body in rows}
@@ -184,55 +163,19 @@ async def fleet_table(url: str, proc: asyncio.subprocess.Process) -> str:
             await asyncio.sleep(0.5)
 
 
-async def wait_for_rows(out: Path, count: int, proc: asyncio.subprocess.Process) -> None:
-    while True:
-        assert proc.returncode is None, "the run ended before the kill"
-        if (out / "results.sqlite").exists():
-            try:
-                if query(out, "SELECT COUNT(*) FROM results")[0][0] >= count:
-                    return
-            except sqlite3.OperationalError:  # the schema is being created
-                pass
-        await asyncio.sleep(0.2)
-
-
 async def test_restart_dead_brings_a_killed_instance_back_into_the_job(fleet: Path, tmp_path: Path) -> None:
     prompts = write_prompts(tmp_path / "p.jsonl", 240)
     out = tmp_path / "out"
-    proc = await asyncio.create_subprocess_exec(
-        FLEETGEN,
-        "run",
-        str(prompts),
-        "-o",
-        str(out),
-        "-f",
-        str(fleet),
-        "--restart-dead",
-        "--concurrency",
-        "4",
-        "--max-tokens",
-        "64",
-        "--no-live",
-        "--json",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
+    run = ["run", str(prompts), "-o", str(out), "-f", str(fleet), "--restart-dead", "--concurrency", "4"]
+    async with fleetgen(*run, *RUN_FLAGS) as proc:
         await asyncio.wait_for(wait_for_rows(out, 20, proc), 120)
         victim = "h0-0"
         old_pid = instance_pids(fleet)[victim]
         killed_at = time.time()
         os.kill(old_pid, signal.SIGKILL)  # the test hosts are this machine
-        stdout, stderr = await asyncio.wait_for(proc.communicate(), 300)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        stdout, stderr = await finish(proc)
     assert proc.returncode == 0, stderr.decode()
-    summary = json.loads(stdout)
-    assert summary["status"] == "complete" and summary["results"] == 240 and summary["errors"] == 0
-    got = query(out, "SELECT id, sample FROM results")
-    assert len(got) == 240 and set(got) == {(f"r{i}", 0) for i in range(240)}  # exactly once
+    assert_every_record_once(out, stdout, 240)
 
     new_pid = instance_pids(fleet)[victim]
     assert new_pid != old_pid  # restarted through the deploy layer (the state file names the new process)
@@ -252,51 +195,6 @@ async def kill_instances(fleet: Path, names: list[str]) -> dict[str, int]:
     return pids
 
 
-def is_gone(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return True
-    return state in ("Z", "X")  # dead, perhaps not yet reaped
-
-
-async def process_gone(pid: int) -> None:
-    while True:
-        if is_gone(pid):
-            return
-        await asyncio.sleep(0.1)
-
-
-async def start_run(*args: str) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        FLEETGEN,
-        "run",
-        *args,
-        "--max-tokens",
-        "64",
-        "--no-live",
-        "--json",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-
-
-async def finish(proc: asyncio.subprocess.Process) -> tuple[bytes, bytes]:
-    try:
-        return await asyncio.wait_for(proc.communicate(), 300)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-
-
-def assert_every_record_once(out: Path, stdout: bytes, count: int) -> None:
-    summary = json.loads(stdout)
-    assert summary["status"] == "complete" and summary["results"] == count and summary["errors"] == 0
-    got = query(out, "SELECT id, sample FROM results")
-    assert len(got) == count and set(got) == {(f"r{i}", 0) for i in range(count)}
-
-
 async def test_an_instance_down_at_the_start_joins_once_fleetgen_up_brings_it_back(
     fleet: Path, tmp_path: Path
 ) -> None:
@@ -306,14 +204,14 @@ async def test_an_instance_down_at_the_start_joins_once_fleetgen_up_brings_it_ba
     await kill_instances(fleet, [victim])
     prompts = write_prompts(tmp_path / "p.jsonl", 300)
     out = tmp_path / "out"
-    proc = await start_run(str(prompts), "-o", str(out), "-f", str(fleet), "--concurrency", "2")
-    try:
+    async with fleetgen(
+        "run", str(prompts), "-o", str(out), "-f", str(fleet), "--concurrency", "2", *RUN_FLAGS
+    ) as proc:
         await asyncio.wait_for(wait_for_rows(out, 20, proc), 120)
         assert query(out, f"SELECT COUNT(*) FROM results WHERE instance = '{victim}'")[0][0] == 0
         up_at = time.time()
         code, up_out, up_err = await cli("up", "-f", str(fleet))
         assert code == 0, up_out + up_err
-    finally:
         stdout, stderr = await finish(proc)
     assert proc.returncode == 0, stderr.decode()
     assert f"{victim} is not ready (not running): it joins once ready" in stderr.decode()
@@ -328,10 +226,9 @@ async def test_restart_dead_restarts_an_instance_dead_at_the_start(fleet: Path, 
     old_pid = (await kill_instances(fleet, [victim]))[victim]
     prompts = write_prompts(tmp_path / "p.jsonl", 240)
     out = tmp_path / "out"
-    proc = await start_run(
-        str(prompts), "-o", str(out), "-f", str(fleet), "--restart-dead", "--concurrency", "2"
-    )
-    stdout, stderr = await finish(proc)
+    run = ["run", str(prompts), "-o", str(out), "-f", str(fleet), "--restart-dead", "--concurrency", "2"]
+    async with fleetgen(*run, *RUN_FLAGS) as proc:
+        stdout, stderr = await finish(proc)
     assert proc.returncode == 0, stderr.decode()
     assert f"{victim} is not ready (not running): restarting it in the background" in stderr.decode()
     assert_every_record_once(out, stdout, 240)
@@ -364,8 +261,9 @@ async def test_a_host_whose_ssh_went_away_comes_back_into_the_job(
     tunnels re-open on the same local ports, and h0's instances get rows again."""
     prompts = write_prompts(tmp_path / "p.jsonl", 200)
     out = tmp_path / "out"
-    proc = await start_run(str(prompts), "-o", str(out), "-f", str(fleet), "--concurrency", "2")
-    try:
+    async with fleetgen(
+        "run", str(prompts), "-o", str(out), "-f", str(fleet), "--concurrency", "2", *RUN_FLAGS
+    ) as proc:
         await asyncio.wait_for(wait_for_rows(out, 20, proc), 120)
         await asyncio.to_thread(ssh_hosts[0].stop)
         try:
@@ -373,7 +271,6 @@ async def test_a_host_whose_ssh_went_away_comes_back_into_the_job(
         finally:
             await asyncio.to_thread(ssh_hosts[0].start)
         back_at = time.time()
-    finally:
         stdout, stderr = await finish(proc)
     assert proc.returncode == 0, stderr.decode()
     assert_every_record_once(out, stdout, 200)

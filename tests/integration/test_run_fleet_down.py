@@ -16,19 +16,40 @@ import shlex
 import signal
 from pathlib import Path
 
-from tests.integration.test_run_fleet import (
-    FLEETGEN,
-    INSTANCES,
+from tests.fixtures.fleetcli import (
+    assert_rows_once,
     cli,
-    fleet,  # noqa: F401 (the fixture)
-    instance_pids,
+    finish,
+    fleetgen,
     query,
     wait_for_rows,
     write_prompts,
 )
+from tests.integration.test_run_fleet import (
+    INSTANCES,
+    fleet,  # noqa: F401 (the fixture)
+    instance_pids,
+)
 
 WAIT_S = 15  # --wait-ready: how long the job waits for a server once every one is gone
 BOUND_S = 120  # a generous bound on "at once" and on every wait here (no timing threshold is asserted)
+
+
+def run_args(prompts: Path, out: Path, fleet_file: Path, *flags: str) -> list[str]:
+    """`fleetgen run`'s argv (without the program) for a job over the fleet, two requests at a time."""
+    return [
+        "run",
+        str(prompts),
+        "-o",
+        str(out),
+        "-f",
+        str(fleet_file),
+        "--concurrency",
+        "2",
+        "--max-tokens",
+        "64",
+        *flags,
+    ]
 
 
 async def text_appears(path: Path, needle: str, proc: asyncio.subprocess.Process) -> str:
@@ -48,35 +69,15 @@ async def test_fleet_down_mid_job_is_said_at_once_then_fleetdown_with_the_resume
     prompts = write_prompts(tmp_path / "p.jsonl", 300)
     out = tmp_path / "out"
     log, stdout_path = tmp_path / "run.log", tmp_path / "run.out"
-    args = [
-        "run",
-        str(prompts),
-        "-o",
-        str(out),
-        "-f",
-        str(fleet),
-        "--concurrency",
-        "2",
-        "--max-tokens",
-        "64",
-        "--wait-ready",
-        str(WAIT_S),
-        "--log-every",
-        "1",
-    ]
+    args = run_args(prompts, out, fleet, "--wait-ready", str(WAIT_S), "--log-every", "1")
     with log.open("wb") as err, stdout_path.open("wb") as std:
-        proc = await asyncio.create_subprocess_exec(FLEETGEN, *args, stdout=std, stderr=err)
-    try:
-        await asyncio.wait_for(wait_for_rows(out, 20, proc), BOUND_S)
-        await asyncio.wait_for(text_appears(log, " compl/s ", proc), BOUND_S)  # item 12: progress lines
-        code, down_out, down_err = await cli("down", "-f", str(fleet))
-        assert code == 0, down_out + down_err
-        said = await asyncio.wait_for(text_appears(log, "every instance is down", proc), BOUND_S)
-        await asyncio.wait_for(proc.wait(), WAIT_S + BOUND_S)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        async with fleetgen(*args, stdout=std, stderr=err) as proc:
+            await asyncio.wait_for(wait_for_rows(out, 20, proc), BOUND_S)
+            await asyncio.wait_for(text_appears(log, " compl/s ", proc), BOUND_S)  # item 12: progress lines
+            code, down_out, down_err = await cli("down", "-f", str(fleet))
+            assert code == 0, down_out + down_err
+            said = await asyncio.wait_for(text_appears(log, "every instance is down", proc), BOUND_S)
+            await asyncio.wait_for(proc.wait(), WAIT_S + BOUND_S)
     text = log.read_text()
     assert proc.returncode != 0 and "Traceback" not in text, text
     down_at = said.index("every instance is down")
@@ -103,8 +104,7 @@ async def test_fleet_down_mid_job_is_said_at_once_then_fleetdown_with_the_resume
     code, stdout, stderr = await cli(*argv[1:], "--json")
     assert code == 0, stderr
     assert json.loads(stdout)["status"] == "complete"
-    got = query(out, "SELECT id, sample FROM results")
-    assert len(got) == 300 and set(got) == {(f"r{i}", 0) for i in range(300)}  # exactly once, none lost
+    assert_rows_once(out, 300)  # exactly once, none lost
     assert query(out, "SELECT COUNT(*) FROM errors")[0][0] == 0
 
 
@@ -119,42 +119,20 @@ async def test_a_hung_instance_is_named_and_its_requests_move_to_the_others(
     prompts = write_prompts(tmp_path / "p.jsonl", 200)
     out = tmp_path / "out"
     log = tmp_path / "run.log"
-    args = [
-        "run",
-        str(prompts),
-        "-o",
-        str(out),
-        "-f",
-        str(fleet),
-        "--concurrency",
-        "2",
-        "--max-tokens",
-        "64",
-        "--hung-after",
-        "5",
-        "--json",
-    ]
+    args = run_args(prompts, out, fleet, "--hung-after", "5", "--json")
     pid = instance_pids(fleet)[victim]
     with log.open("wb") as err:
-        proc = await asyncio.create_subprocess_exec(
-            FLEETGEN, *args, stdout=asyncio.subprocess.PIPE, stderr=err
-        )
-    try:
-        await asyncio.wait_for(wait_for_rows(out, 20, proc), BOUND_S)
-        os.kill(pid, signal.SIGSTOP)
-        try:
-            await asyncio.wait_for(text_appears(log, f"{victim} is down: no answer for", proc), BOUND_S)
-        finally:
-            os.kill(pid, signal.SIGCONT)  # it may come back into the job; the test is about saying it
-        stdout, _ = await asyncio.wait_for(proc.communicate(), 300)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        async with fleetgen(*args, stderr=err) as proc:
+            await asyncio.wait_for(wait_for_rows(out, 20, proc), BOUND_S)
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                await asyncio.wait_for(text_appears(log, f"{victim} is down: no answer for", proc), BOUND_S)
+            finally:
+                os.kill(pid, signal.SIGCONT)  # it may come back into the job; the test is about saying it
+            stdout, _ = await finish(proc)
     text = log.read_text()
     assert proc.returncode == 0, text
     line = next(line for line in text.splitlines() if line.startswith(f"{victim} is down: "))
     assert "requests in flight and /health failing: the engine looks hung" in line
     assert json.loads(stdout)["status"] == "complete"
-    got = query(out, "SELECT id, sample FROM results")
-    assert len(got) == 200 and set(got) == {(f"r{i}", 0) for i in range(200)}  # its requests went elsewhere
+    assert_rows_once(out, 200)  # its requests went elsewhere

@@ -18,22 +18,27 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from tests.fixtures.fleetcli import (
+    RUN_FLAGS,
+    SIM_SPEC_ARGS,
+    assert_every_record_once,
+    cli,
+    finish,
+    fleetgen,
+    is_gone,
+    query,
+    wait_for_rows,
+    write_prompts,
+)
 from tests.fixtures.slurm import SlurmCluster
 from tests.fixtures.sshd import SshdHost
 from tests.integration.test_deploy_support import free_ports, toml_value
-from tests.integration.test_run_fleet import cli, is_gone, query, start_run, wait_for_rows, write_prompts
 
 NUM_SERVERS = 4
 SIM_ARGS = {
-    "speculative-algorithm": "EAGLE",
-    "speculative-num-steps": 3,
-    "speculative-eagle-topk": 1,
-    "speculative-num-draft-tokens": 4,
-    "mamba-radix-cache-strategy": "extra_buffer",
-    "max-running-requests": 8,
-    "sim-decode-tps": 12.0,  # slow enough that a job ended mid-run has requests in flight
-    "sim-output-tokens": 32,
-}
+    **SIM_SPEC_ARGS,
+    "sim-decode-tps": 12.0,
+}  # slow enough that a job ended mid-run has requests in flight
 
 
 def write_cluster_fleet(
@@ -141,22 +146,15 @@ async def test_a_slurm_fleet_serves_a_job_exactly_once_through_a_preemption(
 
         prompts = write_prompts(tmp_path / "p.jsonl", 500)
         result = tmp_path / "out"
-        proc = await start_run(str(prompts), "-o", str(result), "-f", str(fleet), "--restart-dead")
         victim = "slurm-1"
-        try:
+        run = ["run", str(prompts), "-o", str(result), "-f", str(fleet), "--restart-dead", *RUN_FLAGS]
+        async with fleetgen(*run) as proc:
             await asyncio.wait_for(wait_for_rows(result, 40, proc), 120)
             ended_at = time.time()
             slurm_cluster.run("scancel", jobs[victim])  # as a preemption would end it
-            stdout, stderr = await asyncio.wait_for(proc.communicate(), 300)
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
+            stdout, stderr = await finish(proc)
         assert proc.returncode == 0, stderr.decode()
-        summary = json.loads(stdout)
-        assert summary["status"] == "complete" and summary["results"] == 500 and summary["errors"] == 0
-        got = query(result, "SELECT id, sample FROM results")
-        assert len(got) == 500 and set(got) == {(f"r{i}", 0) for i in range(500)}  # exactly once
+        assert_every_record_once(result, stdout, 500)
         back = state(fleet)[victim]
         assert back["slurm_job"] != jobs[victim]  # resubmitted through Slurm by --restart-dead
         after = f"SELECT COUNT(*) FROM results WHERE instance = '{victim}' AND started_at > {ended_at}"

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.fleetcli import cli
 from tests.fixtures.slurm import SlurmCluster
 from tests.integration.test_deploy_support import toml_value
-from tests.integration.test_run_fleet import cli
 from tests.integration.test_slurm_fleet import write_cluster_fleet
 
 DATA = Path(__file__).parents[1] / "data"

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.fleetcli import cli, query, write_prompts
 from tests.fixtures.slurm import SlurmCluster
 from tests.fixtures.vllm import TinyModel
 from tests.integration.test_deploy_vllm import NGRAM
-from tests.integration.test_run_fleet import cli, query, write_prompts
 from tests.integration.test_slurm_fleet import our_processes, state, statuses, write_cluster_fleet
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
