@@ -10,7 +10,7 @@ from __future__ import annotations
 from fleetgen.config.cluster import ClusterConfig
 from fleetgen.config.common import locate
 from fleetgen.config.engine import ENGINE_KINDS, LOOPBACK, ArgValue, EngineConfig, register_engine_kind
-from fleetgen.config.fleet import FleetFile, Instance, load_fleet
+from fleetgen.config.fleet import FleetFile, Instance, Selection, load_fleet
 from fleetgen.config.hosts import HostEntry
 from fleetgen.config.job import JobFile, load_job
 
@@ -24,6 +24,7 @@ __all__ = [
     "HostEntry",
     "Instance",
     "JobFile",
+    "Selection",
     "load_fleet",
     "load_job",
     "locate",

@@ -21,9 +21,9 @@ import aiohttp
 
 from fleetgen.config import FleetFile
 from fleetgen.dashboard.model import InstanceRow
+from fleetgen.deploy.hostside import local_shape
 from fleetgen.engines import Engine, engine_of_metrics
 from fleetgen.errors import EndpointError, FleetgenError
-from fleetgen.fleet.planning import local_shape
 from fleetgen.fleet.status import FleetView, Readiness
 from fleetgen.http.client import EngineClient
 from fleetgen.http.metrics import Scrape, load_from, max_running_from_info

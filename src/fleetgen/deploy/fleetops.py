@@ -16,7 +16,8 @@ from pathlib import Path
 
 import aiohttp
 
-from fleetgen.config import HostEntry, Instance
+from fleetgen.config import HostEntry, Instance, Selection
+from fleetgen.deploy.hostside import model_shape
 from fleetgen.deploy.instance import (
     HostSession,
     Narrate,
@@ -33,11 +34,10 @@ from fleetgen.deploy.wanted import (
     Fleet,
     api_key,
     build_wanted,
-    local_shape,
     measured_facts,
     planned_capacity,
 )
-from fleetgen.errors import ConfigError, FleetgenError, PlanError
+from fleetgen.errors import ConfigError, FleetgenError, ModelCardError, PlanError
 from fleetgen.modelcard import ModelShape
 from fleetgen.plan import (
     InstancePlan,
@@ -69,14 +69,22 @@ async def host_instances(fleet: Fleet, hs: HostSession) -> list[Instance]:
 
 @dataclass
 class Opened:
-    """The wanted hosts, connected (with their instances) or failed (with their outcomes)."""
+    """The wanted hosts, connected (with their instances) or failed (with their outcomes), and what `--only`
+    picks of them."""
 
+    selection: Selection
     sessions: dict[str, tuple[HostSession, list[Instance]]] = field(default_factory=dict)
     failed: list[Outcome] = field(default_factory=list)
 
+    def picked(self) -> list[Instance]:
+        """The connected hosts' instances `--only` picks (a name a host lacks fails in that host's run)."""
+        picks = self.selection.picks
+        every = ((picks.get(hs.entry.name), i) for hs, insts in self.sessions.values() for i in insts)
+        return [i for names, i in every if names is None or i.name in names]
+
 
 # Called with every connected host's session and instances before any instance is touched; raises to refuse.
-FleetCheck = Callable[[Opened], None]
+FleetCheck = Callable[[Opened], Awaitable[None]]
 
 
 async def for_each_host(
@@ -90,7 +98,7 @@ async def for_each_host(
     """Connect every wanted host concurrently, then (after `check_fleet`, which sees them all) run
     `per_host(hs, instances)` on each; a host error fails its own instances only."""
     selection = fleet.file.select(only)
-    opened = Opened()
+    opened = Opened(selection)
     async with aiohttp.ClientSession() as http, contextlib.AsyncExitStack() as stack:
 
         async def connect(entry: HostEntry) -> None:
@@ -110,7 +118,7 @@ async def for_each_host(
             if isinstance(result, BaseException):
                 raise result
         if check_fleet is not None:
-            check_fleet(opened)
+            await check_fleet(opened)
 
         async def run(hs: HostSession, instances: list[Instance]) -> list[Outcome]:
             try:
@@ -127,22 +135,28 @@ def plan_for_up(
     fleet: Fleet, opened: Opened, shape: ModelShape | None, *, plan_check: bool = True
 ) -> dict[str, InstancePlan]:
     """Run the cross-instance rules `plan` runs over the whole fleet and (`plan_check`, with a model shape)
-    the engine's own refusals of each connected instance's flags; raise PlanError naming each broken one,
-    before anything starts. Return each instance's plan (for planned vs actual capacity)."""
+    the engine's own refusals of each picked instance's flags; raise PlanError naming each broken one that
+    concerns an instance `--only` picked, before anything starts. Return each instance's plan (for planned vs
+    actual capacity)."""
     # Every host's facts as `plan` would have them: measured where connected, else the fleet file's.
     measured = {name: hs.survey for name, (hs, _) in opened.sessions.items()}
     facts = {h.name: measured_facts(h, measured.get(h.name)) for h in fleet.file.hosts}
+    detected = {n: [i for inst in insts for i in inst.gpus] for n, (_, insts) in opened.sessions.items()}
+    everyone, picked = fleet.file.instances(detected, source=fleet.path), opened.picked()
     refused: list[Issue] = []
     if shape is not None:
         plan = plan_fleet(fleet.file, shape, facts)
         errors, plans = list(plan.errors), {p.instance: p for p in plan.instances}
         if plan_check:
-            wanted = [inst for _, insts in opened.sessions.values() for inst in insts]
-            refused = engine_rejections(fleet.file, wanted, shape, facts)
-    else:  # no model shape here: sizing and the flag rules unknown, GPUs and ports still checked
-        detected = {n: [i for inst in insts for i in inst.gpus] for n, (_, insts) in opened.sessions.items()}
-        instances = fleet.file.instances(detected, source=fleet.path)
-        errors, plans = cross_instance_errors(fleet.file, instances, [], facts), {}
+            refused = engine_rejections(fleet.file, picked, shape, facts)
+    else:  # no model shape: sizing and the flag rules unknown, GPUs and ports still checked
+        errors, plans = cross_instance_errors(fleet.file, everyone, [], facts), {}
+    # What breaks among the instances `--only` left out alone (a clash of two of them) stops none it picked.
+    others = [i for i in everyone if i.name not in {p.name for p in picked}]
+    theirs = cross_instance_errors(
+        fleet.file, others, [plans[i.name] for i in others if i.name in plans], facts
+    )
+    errors = [e for e in errors if e not in theirs]
     if errors or refused:
         fixes = list(dict.fromkeys(e.fix for e in [*errors, *refused] if e.fix))
         fix = "; ".join(fixes) + f" (`fleetgen plan -f {fleet.path}` shows the whole plan)"
@@ -171,10 +185,21 @@ async def up(
     `plan_check` False launches even what the engine's own rules refuse (plan's flag rules)."""
     fleet = Fleet.load(fleet_path)
     secret = api_key(fleet.file)
-    shape = local_shape(fleet.file)
     plans: dict[str, InstancePlan] = {}
 
-    def check(opened: Opened) -> None:
+    async def check(opened: Opened) -> None:
+        hosts = [hs.host for hs, _ in opened.sessions.values()]
+        try:
+            shape: ModelShape | None = await model_shape(fleet.file.engine, fleet.path, hosts)
+        except ModelCardError as exc:  # up goes on, saying what it could not check and how to have it checked
+            shape = None
+            unchecked = "the engine's own rules for each instance's flags (plan's) and " if plan_check else ""
+            progress(
+                str(fleet.path),
+                f"warning: {unchecked}planned capacity not checked: the model's shape could not be read: "
+                f'{exc.message}; fix: set engine.model_config = "<local folder with config.json>" in '
+                f"{fleet.path}",
+            )
         plans.update(plan_for_up(fleet, opened, shape, plan_check=plan_check))
 
     def on_record(rec: InstanceRecord) -> None:

@@ -1,5 +1,5 @@
 """Host-side checks for a deployment: workdir, interpreter, model folder, port, GPU memory; what `hosts check`
-and `plan` report of a host is this same survey.
+and `plan` report of a host is this same survey. The model's shape, read here or on a host (`model_shape`).
 
 Each check is one POSIX sh snippet run with its values as positional arguments (never pasted into the text),
 answering in `key=value` lines; the failures become errors naming the host, the cause and the fix.
@@ -8,13 +8,20 @@ answering in `key=value` lines; the failures become errors naming the host, the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import posixpath
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from fleetgen.config import EngineConfig, HostEntry
 from fleetgen.deploy.listener import port_owners
 from fleetgen.engines import get_engine, launcher_of
-from fleetgen.errors import DeployError, LaunchFailed
+from fleetgen.errors import DeployError, LaunchFailed, ModelCardError, RemoteError
+from fleetgen.modelcard import ModelShape, load_model_shape, parse_model_shape
 from fleetgen.plan.types import MIB, GpuFacts
 from fleetgen.remote.base import Host, ProcInfo
 from fleetgen.remote.procfs import proc_info_from_dump
@@ -136,6 +143,52 @@ class HostSurvey:
 def is_path_like(model: str) -> bool:
     """A local folder (checked on the host) rather than a hub id like `Qwen/Qwen3-8B`."""
     return model.startswith(("/", "~", "./", "../"))
+
+
+def local_shape(folder: str, fleet_path: Path) -> ModelShape:
+    """A model folder read here; a relative path is relative to the fleet file."""
+    path = Path(folder).expanduser()
+    return load_model_shape(path if path.is_absolute() else fleet_path.parent / path)
+
+
+async def host_shape(host: Host, folder: str) -> ModelShape:
+    """A model folder read on `host` over its connection: `config.json`, and the index when there."""
+    config = await _host_json(host, posixpath.join(folder, "config.json"))
+    index = None
+    with contextlib.suppress(ModelCardError):
+        index = await _host_json(host, posixpath.join(folder, "model.safetensors.index.json"))
+    return parse_model_shape(config, index)
+
+
+async def model_shape(cfg: EngineConfig, fleet_path: Path, hosts: Sequence[Host]) -> ModelShape:
+    """The model's shape for `up`'s checks: `engine.model_config` here, else `engine.model` here when it is a
+    folder with a config.json here, else `engine.model` read on the first of `hosts`. ModelCardError says why
+    none could be read."""
+    if cfg.model_config_dir:
+        return local_shape(cfg.model_config_dir, fleet_path)
+    if (Path(cfg.model) / "config.json").is_file():
+        return load_model_shape(Path(cfg.model))
+    if not is_path_like(cfg.model):
+        raise ModelCardError(
+            f"engine.model {cfg.model!r} is a hub id: no config.json here or on a host to read"
+        )
+    if not hosts:
+        raise ModelCardError(f"{cfg.model}/config.json is not here, and no host was reached to read it on")
+    return await host_shape(hosts[0], cfg.model)
+
+
+async def _host_json(host: Host, path: str) -> dict[str, Any]:
+    try:
+        data = json.loads(await host.read(path))
+    except (RemoteError, json.JSONDecodeError) as exc:
+        raise ModelCardError(
+            f"cannot read {path} on {host.name}: {exc}",
+            fix="set engine.model to the model folder on the host, or engine.model_config to "
+            "a local copy of its config.json",
+        ) from exc
+    if not isinstance(data, dict):
+        raise ModelCardError(f"{path} on {host.name} is not a JSON object", fix="check the model folder")
+    return data
 
 
 def launcher_module(launcher: tuple[str, ...]) -> str:

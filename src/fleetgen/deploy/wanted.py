@@ -16,8 +16,7 @@ from fleetgen.deploy.hostside import HostSurvey
 from fleetgen.deploy.instance import WantedInstance
 from fleetgen.deploy.script import Command, InstancePaths, SecretEnv, render_script, sha256_text
 from fleetgen.engines import Engine, get_engine, launcher_of
-from fleetgen.errors import ConfigError, ModelCardError
-from fleetgen.modelcard import ModelShape, load_model_shape
+from fleetgen.errors import ConfigError
 from fleetgen.plan import HostFacts, InstancePlan, Launch, decide_launch, facts_from_file
 from fleetgen.plan.fleet import api_key_way
 
@@ -128,19 +127,6 @@ def build_wanted(
         planned=dict(planned or {}),
         timeout_s=fleet.engine.ready_timeout_s,
     )
-
-
-def local_shape(fleet: FleetFile) -> ModelShape | None:
-    """The model's shape from a config.json readable HERE (engine.model_config, else engine.model), for the
-    plan's checks and planned capacity; None without one: deploying never depends on it (the model may exist
-    only on the hosts; `fleetgen plan` says why it cannot read it)."""
-    folder = Path(fleet.engine.model_config_dir or fleet.engine.model)
-    if not (folder / "config.json").is_file():
-        return None
-    try:
-        return load_model_shape(folder)
-    except ModelCardError:
-        return None
 
 
 def planned_capacity(plan: InstancePlan | None) -> dict[str, float]:

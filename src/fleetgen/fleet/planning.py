@@ -7,18 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import posixpath
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fleetgen.config import ClusterConfig, FleetFile, HostEntry
-from fleetgen.deploy.hostside import parse_gpu_csv
+from fleetgen.deploy.hostside import host_shape, local_shape, parse_gpu_csv
 from fleetgen.engines import Engine, ParserVerdict, get_engine, launcher_of, select_rule_set
 from fleetgen.errors import ModelCardError, RemoteError
 from fleetgen.fleet.hostcheck import GPU_QUERY, HostReport, check_hosts
-from fleetgen.modelcard import ModelShape, load_model_shape, parse_model_shape
+from fleetgen.modelcard import ModelShape
 from fleetgen.plan import FleetPlan, GpuFacts, HostFacts, InstancePlan, Issue, facts_from_file, plan_fleet
-from fleetgen.remote import Host, open_host
+from fleetgen.remote import open_host
 from fleetgen.remote.slurm import partition_gpus, probe_node
 
 GIB = 1 << 30
@@ -44,12 +43,6 @@ def facts_from_report(host: HostEntry, report: HostReport) -> HostFacts:
     return facts_from_file(host, gpus, int(mem * GIB) if mem is not None else None, report.engine_version)
 
 
-def local_shape(model_config: str, fleet_path: Path) -> ModelShape:
-    """`engine.model_config` read locally; a relative path is relative to the fleet file."""
-    folder = Path(model_config).expanduser()
-    return load_model_shape(folder if folder.is_absolute() else fleet_path.parent / folder)
-
-
 async def load_shape(fleet: FleetFile, fleet_path: Path, *, offline: bool) -> ModelShape:
     """The model shape from `engine.model_config` (relative to the fleet file), else from the first host."""
     cfg = fleet.engine
@@ -61,30 +54,8 @@ async def load_shape(fleet: FleetFile, fleet_path: Path, *, offline: bool) -> Mo
             fix="set engine.model_config to a local folder holding config.json and "
             "model.safetensors.index.json, or plan without --offline",
         )
-    host = fleet.hosts[0]
-    async with open_host(host) as conn:
-        config = await _read_json(conn, posixpath.join(cfg.model, "config.json"), host.name)
-        try:
-            index = await _read_json(
-                conn, posixpath.join(cfg.model, "model.safetensors.index.json"), host.name
-            )
-        except ModelCardError:
-            index = None
-    return parse_model_shape(config, index)
-
-
-async def _read_json(conn: Host, path: str, host: str) -> dict[str, object]:
-    try:
-        data = json.loads(await conn.read(path))
-    except (RemoteError, json.JSONDecodeError) as exc:
-        raise ModelCardError(
-            f"cannot read {path} on {host}: {exc}",
-            fix="set engine.model to the model folder on the host, or engine.model_config to "
-            "a local copy of its config.json",
-        ) from exc
-    if not isinstance(data, dict):
-        raise ModelCardError(f"{path} on {host} is not a JSON object", fix="check the model folder")
-    return data
+    async with open_host(fleet.hosts[0]) as conn:
+        return await host_shape(conn, cfg.model)
 
 
 async def gather_inputs(fleet: FleetFile, fleet_path: Path, *, offline: bool) -> PlanInputs:
