@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,7 +40,7 @@ class Row:
     section: str
     metric: str
     unit: str
-    values: dict[str, float | None]  # driver name → value
+    values: Mapping[str, float | None]  # driver name → value
     ratio: float | None = None  # the comparison the target is about (see `ratio_text`)
     ratio_text: str = ""
     target: str = ""

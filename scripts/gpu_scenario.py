@@ -114,7 +114,7 @@ class Scenario:
         return self.sh(name, [*FLEETGEN, *args], timeout)
 
     def text(self, rec: dict[str, Any]) -> str:
-        return (self.out / rec["output"]).read_text(errors="replace")
+        return (self.out / str(rec["output"])).read_text(errors="replace")
 
     def json_of(self, rec: dict[str, Any]) -> Any:
         """The last JSON document in a command's output (fleetgen prints warnings before it)."""
@@ -203,7 +203,8 @@ class Scenario:
         """The engine's own words, whatever fleetgen's verdict: log, /metrics, server info, models, GPU."""
         name = f"{self.fleet['hosts'][0]['name']}-0"  # the first instance (fleetgen's naming: host-index)
         self.fg(f"{v}-engine-log", ["logs", name, "--fleet", str(fleet), "-n", "4000"], 120)
-        url, got = self.url(v), {}
+        url = self.url(v)
+        got: dict[str, int | str] = {}  # route → body length, or why it failed
         for name, path in [
             ("metrics", "/metrics"),
             ("server_info", "/get_server_info"),
@@ -503,7 +504,8 @@ class Scenario:
 
     # ---- the result -------------------------------------------------------------------------------------
     def report(self) -> Path:
-        st, rows = self.state, {}
+        st = self.state
+        rows: dict[str, dict[Any, Any]] = {}  # variant → its row; "spec_vs_nospec" → concurrency → ratio
         for v in ("spec", "nospec"):
             if v not in st:
                 continue

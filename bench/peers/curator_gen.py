@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from typing import Any
 
 # Before importing curator/litellm: no telemetry, no network look-ups of model prices, no live TUI.
 os.environ.setdefault("TELEMETRY_ENABLED", "false")
@@ -44,15 +45,15 @@ def offline_encoding() -> tiktoken.Encoding:
 oorp.OpenAIOnlineRequestProcessor.get_token_encoding = lambda self: offline_encoding()
 
 
-class Generate(curator.LLM):
+class Generate(curator.LLM):  # type: ignore[misc]  # curator is untyped, and absent from fleetgen's venv
     """One chat completion per record; keep content and reasoning, as fleetgen and the openai loop do."""
 
     return_completions_object = True
 
-    def prompt(self, row: dict) -> list[dict]:
+    def prompt(self, row: dict[str, str]) -> list[dict[str, str]]:
         return [{"role": "user", "content": row["prompt"]}]
 
-    def parse(self, row: dict, response: dict) -> dict:
+    def parse(self, row: dict[str, str], response: dict[str, Any]) -> dict[str, object]:
         choice = response["choices"][0]
         message = choice["message"]
         return {

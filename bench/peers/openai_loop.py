@@ -17,11 +17,11 @@ from typing import TextIO
 from openai import AsyncOpenAI
 
 
-async def generate(args: argparse.Namespace, records: list[dict], out: TextIO) -> None:
+async def generate(args: argparse.Namespace, records: list[dict[str, str]], out: TextIO) -> None:
     client = AsyncOpenAI(base_url=args.base_url, api_key="none", max_retries=5, timeout=3600)
     semaphore = asyncio.Semaphore(args.concurrency)
 
-    async def one(record: dict) -> None:
+    async def one(record: dict[str, str]) -> None:
         async with semaphore:
             resp = await client.chat.completions.create(
                 model=args.model,

@@ -77,7 +77,7 @@ def run_one(ctx: Context, name: str, input_path: Path, num: int) -> dict[str, ob
         raise RuntimeError(f"{name} exited {m.returncode}:\n{m.log_tail()}")
     stored = count_outputs(name, out)
     sustained = sustained_rate(out) if name == "fleetgen" else None
-    result = {
+    result: dict[str, object] = {
         "wall_s": m.wall_s,
         "cpu_s": m.cpu_s,
         "cpu_user_s": m.cpu_user_s,
