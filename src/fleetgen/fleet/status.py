@@ -98,6 +98,11 @@ class FleetView:
         self.watched: list[_Watched] = []
         self.failed: list[InstanceStatus] = []
 
+    def watch(self, hs: HostSession, inst: Instance, *, placement: str = "", job: str = "") -> None:
+        """Watch `inst` through `hs` (its host, or a Slurm job's node)."""
+        wanted = build_wanted(self.fleet.file, self.fleet.engine, inst, hs.survey, self.secret)
+        self.watched.append(_Watched(hs, wanted, placement=placement, job=job))
+
     def is_replaced(self, name: str) -> bool:
         """A Slurm instance whose job was replaced since this view placed it (resubmitted by `up` or
         `--restart-dead`, perhaps on another node): this view's session may reach the wrong node."""
@@ -194,22 +199,12 @@ async def open_view(fleet: Fleet, *, only: Sequence[str] | None = None) -> Async
                     await _place(view, hs, instances, stack)
                     return
                 for inst in instances:
-                    view.watched.append(
-                        _Watched(hs, build_wanted(fleet.file, fleet.engine, inst, hs.survey, view.secret))
-                    )
+                    view.watch(hs, inst)
             except FleetgenError as exc:
                 static = {i.name: i for i in fleet.file.instances_on(entry)}
                 for name in selection.names(entry.name, list(static.values())):
-                    known = static.get(name)
-                    view.failed.append(
-                        InstanceStatus(
-                            instance=name,
-                            host=entry.name,
-                            gpus=known.gpus if known else (),
-                            port=known.port if known else 0,
-                            problem=exc.message,
-                        )
-                    )
+                    gpus, port = (static[name].gpus, static[name].port) if name in static else ((), 0)
+                    view.failed.append(InstanceStatus(name, entry.name, gpus, port, problem=exc.message))
 
         # Every connect ends before the first error (if any) is raised: one raised while others are still
         # connecting would close the stack under them (and the event loop with their SSH tasks pending).
@@ -230,20 +225,12 @@ async def _place(
     fleet = view.fleet
     for p in await place(fleet, login, instances, load_state(fleet.path), stack):
         if p.node is not None:
-            wanted = build_wanted(fleet.file, fleet.engine, p.inst, p.node.survey, view.secret)
-            view.watched.append(_Watched(p.node, wanted, placement=p.where, job=p.job))
+            view.watch(p.node, p.inst, placement=p.where, job=p.job)
             continue
-        view.failed.append(
-            InstanceStatus(
-                instance=p.inst.name,
-                host=login.entry.name,
-                gpus=p.inst.gpus,
-                port=p.inst.port,
-                readiness=Readiness.DOWN if p.has_ended else Readiness.WAITING,
-                problem=p.where,
-                placement=p.where,
-            )
-        )
+        readiness = Readiness.DOWN if p.has_ended else Readiness.WAITING
+        status = InstanceStatus(p.inst.name, login.entry.name, p.inst.gpus, p.inst.port, readiness=readiness)
+        status.problem = status.placement = p.where
+        view.failed.append(status)
 
 
 async def fleet_status(
