@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from fleetgen.config import load_fleet
+from fleetgen.config import FleetFile, load_fleet
 from fleetgen.errors import ConfigError, FleetgenError
 from fleetgen.redact import redacting, remember
 
@@ -114,6 +114,15 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
             "[yellow]interrupted[/]: nothing half-written; run the same command again to resume"
         )
         raise typer.Exit(130) from None
+
+
+def run_on(fleet: Path, work: Callable[[FleetFile], Awaitable[T]]) -> T:
+    """`run` a command's work on its fleet file, read inside it: a bad file is rendered as every error is."""
+
+    async def go() -> T:
+        return await work(load_fleet(fleet))
+
+    return run(go())
 
 
 def os_error(exc: OSError) -> FleetgenError:

@@ -8,8 +8,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from fleetgen.cli.app import FLEET_OPTION, app, console, exit_with, flag, print_json, run, table, warn
-from fleetgen.config import load_fleet
+from fleetgen.cli.app import FLEET_OPTION, app, console, exit_with, flag, print_json, run_on, table, warn
 from fleetgen.fleet.hostcheck import HostReport, check_hosts
 
 hosts_app = typer.Typer(help="Inspect the hosts of a fleet.", no_args_is_help=True)
@@ -21,7 +20,7 @@ JSON_OPTION = flag("json", "Print a JSON list, one object per host.")
 @hosts_app.command("check")
 def check(fleet: Path = FLEET_OPTION, as_json: bool = JSON_OPTION) -> None:
     """Probe every host in parallel. Exit code 1 if any host is unreachable or lacks something."""
-    reports = run(_check(fleet))
+    reports = run_on(fleet, check_hosts)
     for report in reports:
         for message in report.warnings:
             warn(message)
@@ -32,10 +31,6 @@ def check(fleet: Path = FLEET_OPTION, as_json: bool = JSON_OPTION) -> None:
         _print_problems(reports)
     if not all(report.is_ready for report in reports):
         exit_with(1)
-
-
-async def _check(path: Path) -> list[HostReport]:
-    return await check_hosts(load_fleet(path))
 
 
 def _table(reports: list[HostReport]) -> Table:

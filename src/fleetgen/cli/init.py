@@ -69,7 +69,3 @@ async def _write_example(path: Path) -> None:
             f"{path} exists already; fleetgen init does not overwrite files",
             fix=f"pass another path (fleetgen init other.toml) or remove {path} first",
         ) from exc
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot write {path}: {exc.strerror}", fix="choose a folder you can write to"
-        ) from exc

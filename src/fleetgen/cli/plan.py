@@ -10,8 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from fleetgen.cli.app import FLEET_OPTION, app, console, exit_with, flag, print_json, run
-from fleetgen.config import load_fleet
+from fleetgen.cli.app import FLEET_OPTION, app, console, exit_with, flag, print_json, run_on
 from fleetgen.fleet.planning import plan_from_file
 from fleetgen.plan import FleetPlan, InstancePlan, Issue
 
@@ -31,17 +30,13 @@ def plan(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Plan GPU memory and flags per instance. Exit code 2 when an instance does not fit or a rule fails."""
-    result = run(_plan(fleet, offline, target))
+    result = run_on(fleet, lambda file: plan_from_file(file, fleet, offline=offline, target=target))
     if as_json:
         print_json(result.to_json())
     else:
         _render(result)
     if not result.fits:
         exit_with(2)
-
-
-async def _plan(path: Path, offline: bool, target: int | None) -> FleetPlan:
-    return await plan_from_file(load_fleet(path), path, offline=offline, target=target)
 
 
 def _gib(n: int) -> str:

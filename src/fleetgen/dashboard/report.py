@@ -15,7 +15,6 @@ from pathlib import Path
 from fleetgen.dashboard import chromium, page, render
 from fleetgen.dashboard.jobdata import JobReader
 from fleetgen.dashboard.model import JobView
-from fleetgen.errors import FleetgenError
 
 NUM_LISTED_ERRORS = 200  # the error table lists the latest ones; the caption says how many are left out
 
@@ -39,19 +38,16 @@ def read_job(out_dir: Path) -> JobView:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` via a temp file and a rename: a reader never sees half a report."""
+    """Write `text` to `path` via a temp file and a rename: a reader never sees half a report (an OSError
+    is the CLI's to say, with the path)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
         os.replace(tmp, path)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise FleetgenError(
-            f"cannot write the report {path}: {exc.strerror}",
-            fix="check the folder exists, is writable and the disk not full",
-        ) from exc
+    finally:
+        Path(tmp).unlink(missing_ok=True)  # gone after the rename; left over only by a failed write
 
 
 async def write_report(out_dir: Path, to: Path | None = None, *, png: bool = False) -> ReportFiles:
