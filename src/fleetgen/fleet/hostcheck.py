@@ -10,7 +10,7 @@ wrong with each.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fleetgen.config import EngineConfig, FleetFile, HostEntry
 from fleetgen.deploy.hostside import GpuInfo, survey_host
@@ -58,23 +58,16 @@ async def check_hosts(fleet: FleetFile) -> list[HostReport]:
 async def check_host(engine: EngineConfig, entry: HostEntry) -> HostReport:
     """Probe one host. Never raises for the host's own trouble: the report carries it."""
     host = open_host(entry)
+    report = HostReport(entry.name, False, python=engine.python, engine=engine.kind, model=engine.model)
     try:
         async with host:
-            return await _probe(host, engine, entry)
+            report = await _probe(host, engine, entry, report)
     except RemoteError as exc:  # unreachable, host key, or the connection died mid-probe
-        return HostReport(
-            host=entry.name,
-            reachable=False,
-            error=exc.message,
-            fix=exc.fix or None,
-            python=engine.python,
-            engine=engine.kind,
-            model=engine.model,
-            warnings=tuple(host.warnings),
-        )
+        report = replace(report, error=exc.message, fix=exc.fix or None)
+    return replace(report, warnings=tuple(host.warnings))
 
 
-async def _probe(host: Host, engine: EngineConfig, entry: HostEntry) -> HostReport:
+async def _probe(host: Host, engine: EngineConfig, entry: HostEntry, report: HostReport) -> HostReport:
     survey = await survey_host(host, entry, engine)
     python = survey.python_version or None
     problems = _software_problems(engine, entry, python, survey.engine_version)
@@ -93,23 +86,19 @@ async def _probe(host: Host, engine: EngineConfig, entry: HostEntry) -> HostRepo
             f"model folder {engine.model} is missing on {entry.name}; copy the model there "
             "(e.g. huggingface-cli download … --local-dir) or fix engine.model"
         )
-    return HostReport(
-        host=entry.name,
+    return replace(
+        report,
         reachable=True,
         os=survey.os or None,
         gpus=survey.gpu_rows,
         mem_total_gib=_gib(survey.mem_total_bytes),
         mem_available_gib=_gib(survey.mem_available_bytes),
         disk_free_gib=_gib(survey.disk_free_bytes),
-        python=engine.python,
         python_ok=python is not None,
         python_version=python,
-        engine=engine.kind,
         engine_version=survey.engine_version,
-        model=engine.model,
         model_present=survey.has_model,
         problems=tuple(problems),
-        warnings=tuple(host.warnings),
     )
 
 
