@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import json
 import shlex
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -21,19 +22,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from fleetgen.cli.app import (
-    Endpoints,
-    FleetOrNone,
-    JobFolder,
-    app,
-    console,
-    err_console,
-    flag,
-    on_stop,
-    print_json,
-    run,
-    table,
-)
+from fleetgen.cli.app import Endpoints, FleetOrNone, JobFolder, app, console, err_console, flag, on_stop, run
 from fleetgen.cli.runlog import PlainLog, progress_line
 from fleetgen.config import JobFile, load_job
 from fleetgen.deploy.wanted import Fleet
@@ -63,7 +52,9 @@ def render(progress: Progress) -> Table:
             f"[yellow]no server is ready[/]: waiting up to {progress.waiting_s:.0f} s more for one, then the "
             "job stops (`fleetgen up` brings them up; `fleetgen status` says why)"
         )
-    grid = table("instance|state|in flight|done|compl/s|last error", title=head, title_justify="left")
+    grid = Table(title=head, title_justify="left")
+    for column in ("instance", "state", "in flight", "done", "compl/s", "last error"):
+        grid.add_column(column)
     for e in progress.endpoints:
         grid.add_row(
             e.name,
@@ -313,7 +304,8 @@ async def _run_job(job: Job, meanwhile: Callable[[float], str], live: bool, log_
 
 def _print_summary(summary: Summary, json_out: bool) -> None:
     if json_out:
-        print_json({**dataclasses.asdict(summary), "completions_per_s": summary.completions_per_s})
+        data = {**dataclasses.asdict(summary), "completions_per_s": summary.completions_per_s}
+        console.print_json(json.dumps(data))
         return
     console.print(
         f"[bold]{summary.status}[/]: {summary.completions_this_run} completions this run in "
@@ -363,7 +355,7 @@ def export_command(
 
     summary = run(go())
     if json_out:
-        print_json(summary)
+        console.print_json(json.dumps(dataclasses.asdict(summary)))
     else:
         console.print(f"wrote {summary.rows} rows to {summary.path} ({summary.format})")
         for note in summary.notes:
