@@ -13,8 +13,8 @@ from rich.table import Table
 from fleetgen.cli.app import FLEET_OPTION, app, console, exit_with, flag, print_json, run_on
 from fleetgen.fleet.planning import plan_from_file
 from fleetgen.plan import FleetPlan, InstancePlan, Issue
+from fleetgen.plan.types import GIB
 
-GIB = 1 << 30
 OFFLINE_OPTION = flag("offline", "Use only the fleet file and local model folders.")
 TARGET_OPTION = typer.Option(
     None, "--target-concurrency", min=1, help="Solve for the flags giving N concurrent requests per instance."

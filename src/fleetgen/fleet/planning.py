@@ -17,10 +17,10 @@ from fleetgen.errors import ModelCardError, RemoteError
 from fleetgen.fleet.hostcheck import GPU_QUERY, HostReport, check_hosts
 from fleetgen.modelcard import ModelShape
 from fleetgen.plan import FleetPlan, GpuFacts, HostFacts, InstancePlan, Issue, facts_from_file, plan_fleet
+from fleetgen.plan.types import GIB
 from fleetgen.remote import open_host
 from fleetgen.remote.slurm import partition_gpus, probe_node
 
-GIB = 1 << 30
 PARSER_TIMEOUT_S = 180.0  # importing SGLang's server_args pulls in triton: tens of seconds on a cold host
 
 
