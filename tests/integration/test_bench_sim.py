@@ -16,7 +16,7 @@ import subprocess
 import sys
 from asyncio.subprocess import PIPE
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import tomli_w
 
@@ -171,7 +171,7 @@ def test_cli_png_without_chromium_stops_before_the_sweep(tmp_path: Path) -> None
 
 # Job files as users write them: sampling knobs of both engines in extra_body (some overriding the job's own
 # fields, some naming bench's lengths, which bench keeps), unicode, a seed, thinking off.
-UGLY_JOBS = [
+UGLY_JOBS: list[dict[str, object]] = [
     {"temperature": 0.6, "top_p": 0.95},
     {
         "model": "sim-model",
@@ -226,7 +226,7 @@ async def test_every_request_of_a_sweep_with_a_job_carries_its_sampling(sim_serv
             levels = await sweep([BenchTarget("i0", (server.base_url,))], load)
             bodies = _received(server.log_text())[seen:]
             assert len(bodies) == 1 + 3 + sum(r.num_requests for r in levels)  # probe, warm-up, levels
-            assert sorted(b["max_tokens"] for b in bodies) == [1] + [4] * 4 + [5] * 3
+            assert sorted(cast(int, b["max_tokens"]) for b in bodies) == [1] + [4] * 4 + [5] * 3
             assert all(_sampling_of(b) == load.sampling for b in bodies)
             for key, value in job.extra_body.items():
                 assert all(b[key] == value for b in bodies if key not in OWN_FIELDS)

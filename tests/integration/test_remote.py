@@ -205,8 +205,9 @@ async def test_follow_with_last_lines_is_one_tail(host: Host, tmp_path: Path) ->
 async def test_closed_host_refuses_use(ssh_hosts: list[SshdHost]) -> None:
     host = open_host(ssh_hosts[0].entry())
     async with host:
-        assert host.state is HostState.OPEN
-    assert host.state is HostState.CLOSED
+        states = [host.state]
+    states.append(host.state)
+    assert states == [HostState.OPEN, HostState.CLOSED]
     with pytest.raises(RemoteError, match="was closed"):
         await host.run(["true"])
     with pytest.raises(RemoteError, match="was closed"):

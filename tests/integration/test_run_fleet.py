@@ -133,8 +133,8 @@ async def test_kv_use_of_a_fleet_file_shows_in_status_and_the_dashboard(fleet: P
         finally:
             if proc.returncode is None:
                 proc.terminate()
-            _, err = await finish(proc)
-    assert proc.returncode is None or table != "the dashboard exited", err.decode()
+            _, stderr = await finish(proc)
+    assert proc.returncode is None or table != "the dashboard exited", stderr.decode()
     rows = re.findall(r'<tr class="instance[^"]*" data-instance="([^"]+)"[^>]*>(.*?)</tr>', table, re.S)
     cells = {name: re.findall(r"<td[^>]*>(.*?)</td>", body, re.S) for name, body in rows}
     assert set(cells) == INSTANCES, table

@@ -34,7 +34,8 @@ class Session:
     """The CLI with the key in its environment; everything it printed kept for the final check."""
 
     def __init__(self, fleet: Path, key: str) -> None:
-        self.fleet, self.key, self.printed = fleet, key, []
+        self.fleet, self.key = fleet, key
+        self.printed: list[str] = []
 
     async def cli(self, *args: str) -> tuple[int, str, str]:
         env = {**os.environ, "FLEETGEN_SECRET_TEST_KEY": self.key, "COLUMNS": "250"}

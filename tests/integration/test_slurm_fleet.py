@@ -46,7 +46,7 @@ def write_cluster_fleet(
     engine_extra: str = "",
     engine: Mapping[str, object] | None = None,
     env: Mapping[str, str] | None = None,
-    **cluster: object,
+    cluster: Mapping[str, object] | None = None,
 ) -> Path:
     """A fleet file of NUM_SERVERS sim servers placed by the test cluster; `cluster` overrides [cluster];
     `engine`, when given, is the whole [engine] table instead of the sim's ([engine.args] as its "args"),
@@ -72,7 +72,7 @@ def write_cluster_fleet(
         "base_port": free_ports(1)[0],
         "gpu_memory_gib": 80.0,
         "pending_timeout_s": 60.0,
-        **cluster,
+        **(cluster or {}),
     }
     lines = [
         "[engine]",
@@ -192,7 +192,9 @@ async def test_what_the_engine_left_on_the_node_is_swept_when_its_job_ends(
         "model": str(tmp_path),
         "launcher": ["-c", WITH_HELPER],
     }
-    fleet = write_cluster_fleet(tmp_path, engine={**sim, "ready_timeout_s": 120.0, "args": SIM_ARGS}, gpus=1)
+    fleet = write_cluster_fleet(
+        tmp_path, engine={**sim, "ready_timeout_s": 120.0, "args": SIM_ARGS}, cluster={"gpus": 1}
+    )
     try:
         code, out, err = await cli("up", "-f", str(fleet))
         assert code == 0, out + err
@@ -220,7 +222,7 @@ async def test_what_the_engine_left_on_the_node_is_swept_when_its_job_ends(
 async def test_what_the_cluster_refuses_is_answered_before_anything_is_queued(
     slurm_cluster: SlurmCluster, tmp_path: Path, cluster: dict[str, object], slurm_says: str, fix: str
 ) -> None:
-    fleet = write_cluster_fleet(tmp_path, **cluster)
+    fleet = write_cluster_fleet(tmp_path, cluster=cluster)
     code, out, err = await cli("up", "-f", str(fleet))
     text = " ".join((out + err).split())  # rich wraps long lines
     assert code != 0 and slurm_says in text and fix in text, text
@@ -242,7 +244,7 @@ async def test_the_api_key_reaches_no_file_slurm_keeps(
     key = "sk-slurm-" + os.urandom(8).hex()
     monkeypatch.setenv("FLEETGEN_SLURM_TEST_KEY", key)
     engine = 'bind = "0.0.0.0"\napi_key_env = "FLEETGEN_SLURM_TEST_KEY"'
-    fleet = write_cluster_fleet(tmp_path, engine_extra=engine, gpus=1)
+    fleet = write_cluster_fleet(tmp_path, engine_extra=engine, cluster={"gpus": 1})
     try:
         code, out, err = await cli("up", "-f", str(fleet))
         assert code == 0, out + err
@@ -272,12 +274,14 @@ async def test_nodes_reached_over_ssh_run_the_same_verification(
     sshd = ssh_hosts[0]
     fleet = write_cluster_fleet(
         tmp_path,
-        gpus=2,
-        node_access="ssh",
-        node_ssh_user=sshd.user,
-        node_ssh_port=sshd.port,
-        identity=str(sshd.identity),
-        known_hosts=str(sshd.known_hosts),
+        cluster={
+            "gpus": 2,
+            "node_access": "ssh",
+            "node_ssh_user": sshd.user,
+            "node_ssh_port": sshd.port,
+            "identity": str(sshd.identity),
+            "known_hosts": str(sshd.known_hosts),
+        },
     )
     try:
         code, out, err = await cli("up", "-f", str(fleet))
@@ -304,7 +308,7 @@ async def test_nodes_reached_through_srun_steps_of_the_servers_own_jobs(
     """`node_access = "srun"` (clusters that refuse SSH to compute nodes): every command on the node is a
     step of the server's own job (`srun --overlap --jobid`); up verifies through them, status reads them.
     (No sshd listens on the node's port 22 here: an SSH fallback would fail.)"""
-    fleet = write_cluster_fleet(tmp_path, gpus=2, node_access="srun")
+    fleet = write_cluster_fleet(tmp_path, cluster={"gpus": 2, "node_access": "srun"})
     try:
         code, out, err = await cli("up", "-f", str(fleet))
         assert code == 0, out + err

@@ -49,7 +49,7 @@ def stand_in_nvidia_smi(folder: Path) -> int:
 def fleet_file(tmp_path: Path, name: str, **cluster: object) -> Path:
     folder = tmp_path / name
     folder.mkdir()
-    return write_cluster_fleet(folder, f"model_config = {toml_value(str(MODEL))}", **cluster)
+    return write_cluster_fleet(folder, f"model_config = {toml_value(str(MODEL))}", cluster=cluster)
 
 
 async def plan_json(fleet: Path, *flags: str) -> dict[str, object]:

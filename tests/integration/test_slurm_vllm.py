@@ -24,12 +24,12 @@ async def test_a_real_vllm_cpu_server_placed_by_slurm_serves_a_job(
     slurm_cluster: SlurmCluster, vllm_python: Path, tiny_model: TinyModel, tmp_path: Path
 ) -> None:
     args = {"enforce-eager": True, "dtype": "bfloat16", "max-model-len": 1024, "speculative-config": NGRAM}
-    engine = {"kind": "vllm", "python": str(vllm_python), "model": str(tiny_model.path)}
+    engine: dict[str, object] = {"kind": "vllm", "python": str(vllm_python), "model": str(tiny_model.path)}
     engine |= {"served_model_name": "tiny", "ready_timeout_s": 600.0, "args": args}
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     env |= {"VLLM_NO_USAGE_STATS": "1", "VLLM_CACHE_ROOT": str(tmp_path / "vllm"), "PYTHONUNBUFFERED": "1"}
     env |= {"HF_HOME": str(tmp_path / "hf")}
-    fleet = write_cluster_fleet(tmp_path, engine=engine, env=env, gpus=1)
+    fleet = write_cluster_fleet(tmp_path, engine=engine, env=env, cluster={"gpus": 1})
     try:
         code, out, err = await cli("up", "-f", str(fleet))
         assert code == 0, out + err

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from fleetgen.bench.stats import OWN_FIELDS, BenchLoad, chat_body
-from fleetgen.cli import _TOPICS, app
+from fleetgen.cli import _TOPICS
+from fleetgen.cli.app import app
 from fleetgen.cli.bench import job_sampling, sampling_of
 from fleetgen.config import JobFile
 from fleetgen.generate.rows import request_body

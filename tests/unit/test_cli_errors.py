@@ -7,7 +7,8 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from fleetgen.cli import _TOPICS, app
+from fleetgen.cli import _TOPICS
+from fleetgen.cli.app import app
 
 
 def _cli() -> CliRunner:

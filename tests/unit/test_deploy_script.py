@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 
 from fleetgen.config import FleetFile
 from fleetgen.deploy.script import (
-    REDACTED,
     REDACTOR,
     Command,
     InstancePaths,
@@ -29,6 +28,7 @@ from fleetgen.deploy.verify import capacity_from_info, capacity_from_log, proces
 from fleetgen.deploy.wanted import build_command
 from fleetgen.deploy.watch import GENERIC_SIGNATURES, LogWatch, first_fatal, proc_state
 from fleetgen.engines import get_engine
+from fleetgen.redact import REDACTED
 from fleetgen.remote.base import ProcInfo, ProcState
 
 SECRET = "sk-very-secret-123"
@@ -92,8 +92,9 @@ def _run_public(tmp_path: Path, kind: str) -> tuple[str, str, str]:
         }
     )
     s = build_command(fleet, get_engine(kind), fleet.instances()[0], str(tmp_path))
-    assert s.secret is not None
-    s = replace(s, python=sys.executable, launcher=("-c", ENGINE, s.secret.name))
+    secret = s.secret
+    assert secret is not None
+    s = replace(s, python=sys.executable, launcher=("-c", ENGINE, secret.name))
     text = render_script(s)
     (tmp_path / "h0-0").mkdir()
     for path, data in s.secret_files(SECRET).items():
@@ -107,7 +108,7 @@ def _run_public(tmp_path: Path, kind: str) -> tuple[str, str, str]:
         check=True,
         cwd=tmp_path / "h0-0",
     )
-    return text, out.stdout + out.stderr, s.secret.name
+    return text, out.stdout + out.stderr, secret.name
 
 
 def test_sglang_key_reaches_it_by_a_0600_config_file_and_never_the_log(tmp_path: Path) -> None:

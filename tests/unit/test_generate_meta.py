@@ -103,7 +103,7 @@ def test_total_counts_work_items_without_bad_lines(tmp_path: Path) -> None:
     meta.num_records = 5
     meta.bad_lines.add(4)
     assert meta.total == (5 - 2) * 3 and orjson.loads(meta.current()["total"]) == 9
-    assert JobMeta(prompts, 3, None, set()).total is None  # a re-run pass changes no total
+    assert JobMeta(resume, 3, None, set()).total is None  # a re-run pass changes no total
 
 
 async def test_job_stores_total_finish_time_description_and_accept_length(tmp_path: Path) -> None:

@@ -41,6 +41,12 @@ def records(path: Path, start: Position | None = None) -> list[Record | BadInput
     return list(read_records(path, SHAPE, start or Position()))
 
 
+def only_records(items: list[Record | BadInput | Position]) -> list[Record]:
+    """`items`, asserted to hold records only."""
+    assert all(isinstance(r, Record) for r in items), items
+    return [r for r in items if isinstance(r, Record)]
+
+
 def test_jsonl_records_bad_lines_and_resume_offset(tmp_path: Path) -> None:
     path = tmp_path / "in.jsonl"
     path.write_bytes(b'{"id": 1, "prompt": "a"}\n\n{oops\n{"prompt": "b"}\n[1]\n')
@@ -119,11 +125,11 @@ def test_shapes_messages_conversations_prompt_and_problems(tmp_path: Path) -> No
 def test_parquet_and_datasets_folder_stream_with_resume(tmp_path: Path) -> None:
     table = pa.table({"id": [f"p{i}" for i in range(5000)], "prompt": [f"q{i}" for i in range(5000)]})
     pq.write_table(table, tmp_path / "in.parquet", row_group_size=1000)
-    got = records(tmp_path / "in.parquet", Position(4998, 0))
+    got = only_records(records(tmp_path / "in.parquet", Position(4998, 0)))
     assert [(r.record_id, r.line) for r in got] == [("p4998", 4999), ("p4999", 5000)]
     datasets = pytest.importorskip("datasets")
     datasets.Dataset.from_dict({"id": ["d0", "d1"], "prompt": ["x", "y"]}).save_to_disk(str(tmp_path / "ds"))
-    assert [r.record_id for r in records(tmp_path / "ds")] == ["d0", "d1"]
+    assert [r.record_id for r in only_records(records(tmp_path / "ds"))] == ["d0", "d1"]
 
 
 def test_multi_turn_history_uses_the_models_answers() -> None:

@@ -26,6 +26,7 @@ from types import ModuleType
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from packaging.tags import Tag
 from packaging.utils import parse_wheel_filename
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -267,7 +268,7 @@ TVM_GPU_DAY = [  # both in the SGLang 0.5.13 bundle on the H200; pip refused to 
 
 def _fit(file: str) -> int:
     """The best (lowest) place of a wheel's tags in the host's tags; ValueError when none installs there."""
-    order = prep.target_tags("3.12")
+    order: list[Tag] = prep.target_tags("3.12")
     return min(order.index(tag) for tag in parse_wheel_filename(file)[3] if tag in order)
 
 

@@ -71,8 +71,8 @@ def test_oom_because_another_process_holds_the_gpu_names_that_not_the_flags(kind
     assert "mem-fraction" not in signature.fix and "nvidia-smi" in signature.fix
     # the same OOM with no other process on the GPU is the engine's own sizing: its flags are the fix
     alone = [x.split(" Process 5058")[0] for x in lines]
-    signature, _ = first_fatal(alone, get_engine(kind).fatal_signatures) or (None, "")
-    assert signature is not None and signature.cause == "GPU out of memory"
+    alone_hit = first_fatal(alone, get_engine(kind).fatal_signatures)
+    assert alone_hit is not None and alone_hit[0].cause == "GPU out of memory"
 
 
 def test_sglang_root_cause_is_the_module_below_a_harmless_no_module_line() -> None:
@@ -142,10 +142,11 @@ def test_sglang_acceptance_over_the_test_request_alone(accepted_per_step: float,
     before = {k: v for k, v in samples.items() if k != "sglang:spec_accept_length"}
     tokens = 1 + round(steps * (1 + accepted_per_step))
     evidence = spec_evidence(SGLANG.metrics, before, _verify_steps_moved_by(before, steps), None, tokens)
-    assert evidence.steps == steps and evidence.accept_length == pytest.approx((tokens - 1) / steps)
+    accept = evidence.accept_length
+    assert evidence.steps == steps and accept is not None and accept == pytest.approx((tokens - 1) / steps)
     error, warning = judge_spec("h200-0", evidence)
     assert error is None
-    assert (warning is not None) == (evidence.accept_length - 1 < 0.05)
+    assert (warning is not None) == (accept - 1 < 0.05)
     assert (
         spec_evidence(SGLANG.metrics, before, _verify_steps_moved_by(before, steps), None).accept_length
         is None

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fleetgen import redact
-from fleetgen.redact import REDACTED, redacting, remember
+from fleetgen.redact import REDACTED, RedactingStream, redacting, remember
 
 KEY_CHARS = st.text(alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x7E, exclude_characters="<>"))
 
@@ -46,5 +46,6 @@ def test_the_stream_wrapper_redacts_writes_and_is_otherwise_the_stream() -> None
     print("key=sk-0123456789abcdef", file=stream)
     stream.writelines(["a sk-0123456789abcdef\n"])
     assert inner.getvalue() == f"key={REDACTED}\na {REDACTED}\n"
+    assert isinstance(stream, RedactingStream)  # any other attribute is the inner stream's:
     assert stream.isatty() is False and stream.getvalue() == inner.getvalue()
     redact._known.clear()

@@ -188,7 +188,7 @@ def test_spec_no_buffer_radix_is_refused_in_sglangs_words_exactly_until_the_chec
         first_release("spec_no_buffer_radix", "raises"),
         first_release("spec_no_buffer_radix", "gone"),
     )
-    assert (first, removed) == ("0.5.10", "0.5.14")
+    assert first == "0.5.10" and removed == "0.5.14"
     v = release(version)
     model = "qwen3-next-80b-a3b" if v < release("0.5.9") else "qwen3.6-27b"  # no Qwen3.5 model before 0.5.9
     plan = plan_one(dict(NO_BUFFER), version=version, model=model, gpu_gib=GPU183)
