@@ -1,7 +1,7 @@
 """The plan of a whole fleet: every instance sized and checked, plus the rules that span instances (pure).
 
-Fleet-wide rules: two instances on one GPU, one port used twice on a machine, hierarchical-cache host RAM
-summed over the instances of a machine against what it has (minus SGLang's 10 GiB reserve).
+Fleet-wide rules: two instances on one GPU, one port used twice on a machine, the host RAM the engine's
+instances pin (SGLang's hierarchical cache) summed per machine against what it has minus the engine's reserve.
 """
 
 from __future__ import annotations
@@ -12,12 +12,10 @@ from dataclasses import replace
 
 from fleetgen.config import FleetFile, HostEntry, Instance
 from fleetgen.engines import Engine, get_engine
-from fleetgen.engines.sglang import HICACHE_HOST_MEMORY
 from fleetgen.modelcard import ModelShape
 from fleetgen.plan.fixes import ranked_fixes, solve_target
 from fleetgen.plan.instance import Launch, decide_launch, size
 from fleetgen.plan.planners import planner_of
-from fleetgen.plan.sglang import HICACHE_RESERVE_BYTES
 from fleetgen.plan.types import GIB, Ask, FleetPlan, GpuFacts, HostFacts, InstancePlan, Issue, Memory
 
 
@@ -156,7 +154,7 @@ def cross_instance_errors(
     facts: Mapping[str, HostFacts],
 ) -> list[Issue]:
     """The rules that span instances, run by `plan` AND by `up` before it launches anything: two instances
-    on one GPU or one port of a machine, hierarchical-cache host RAM summed per machine."""
+    on one GPU or one port of a machine, pinned host RAM summed per machine."""
     one_gpu = "give each [[hosts]] entry of one machine its own gpus list"
     one_port = "give the [[hosts]] entries of one machine distinct base_port"
     return (
@@ -216,19 +214,22 @@ def _clashes(
 def _host_memory(
     fleet: FleetFile, plans: Sequence[InstancePlan], facts: Mapping[str, HostFacts]
 ) -> list[Issue]:
-    """Pinned hierarchical-cache RAM per machine against its available RAM minus SGLang's reserve."""
+    """Host RAM the engine's instances pin (its `Planner.host_ram`), per machine, against its available RAM
+    minus the engine's reserve."""
+    ram = planner_of(fleet.engine.kind).host_ram
+    if ram is None:
+        return []
     machines = _machines(fleet)
     pinned: dict[str, int] = defaultdict(int)
     available: dict[str, int | None] = {}
     for plan in plans:
         machine = machines[plan.host]
-        pinned[machine] += plan.memory.hicache_host_bytes
+        pinned[machine] += ram.pinned(plan.memory)
         available.setdefault(machine, _facts_of(facts, plan.host).mem_available_bytes)
     errors = []
-    fix = "set hicache-size (GB per pool per instance) or a lower hicache-ratio"
     for machine, want in pinned.items():
         have = available.get(machine)
-        if want and have is not None and want > have - HICACHE_RESERVE_BYTES:
-            text = HICACHE_HOST_MEMORY.format(req=want / 1e9, avail=(have - HICACHE_RESERVE_BYTES) / 1e9)
-            errors.append(Issue("hicache-host-memory", f"{machine}: {text}", fix))
+        if want and have is not None and want > have - ram.reserve_bytes:
+            text = ram.refusal.format(req=want / 1e9, avail=(have - ram.reserve_bytes) / 1e9)
+            errors.append(Issue(ram.rule, f"{machine}: {text}", ram.fix))
     return errors

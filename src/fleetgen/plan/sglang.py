@@ -16,14 +16,19 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from fleetgen.engines import RuleSet, translate_args
-from fleetgen.engines.sglang import MAMBA_TOO_SMALL, NOT_ENOUGH_MEMORY, WEIGHTS_LEAVE_NOTHING, SGLangEngine
+from fleetgen.engines.sglang import (
+    HICACHE_HOST_MEMORY,
+    MAMBA_TOO_SMALL,
+    NOT_ENOUGH_MEMORY,
+    WEIGHTS_LEAVE_NOTHING,
+    SGLangEngine,
+)
 from fleetgen.modelcard import DTYPE_BYTES, ModelShape
 from fleetgen.plan.rules import RuleInput, check_sglang_flags
 from fleetgen.plan.settings import SGLangSettings, resolve_settings
-from fleetgen.plan.types import GIB, MIB, Ask, Fix, Issue, Memory, Planner, Sizing
+from fleetgen.plan.types import GIB, MIB, Ask, Fix, HostRam, Issue, Memory, Planner, Sizing
 
 CONV_DTYPE_BYTES = 2  # SGLANG_MAMBA_CONV_DTYPE defaults to bfloat16
-HICACHE_RESERVE_BYTES = 10 * GIB  # SGLang's HICACHE_HOST_MEMORY_RESERVE_BYTES
 CUDA_CONTEXT_BYTES = 512 * MIB  # CUDA context + NCCL before SGLang measures free memory (estimate)
 
 
@@ -364,4 +369,14 @@ def required(ask: Ask, base: Sizing) -> Fix:
     return Fix(0, "")
 
 
-PLANNER = Planner(SGLangEngine.name, size_instance, variants, concurrency, rejections, required)
+# the hierarchical cache's host pools, refused by SGLang's HiCacheController at start
+HICACHE_HOST_RAM = HostRam(
+    lambda m: m.hicache_host_bytes,
+    10 * GIB,  # SGLang's HICACHE_HOST_MEMORY_RESERVE_BYTES
+    "hicache-host-memory",
+    HICACHE_HOST_MEMORY,
+    "set hicache-size (GB per pool per instance) or a lower hicache-ratio",
+)
+PLANNER = Planner(
+    SGLangEngine.name, size_instance, variants, concurrency, rejections, required, HICACHE_HOST_RAM
+)

@@ -161,6 +161,18 @@ class Sizing:
 
 
 @dataclass(frozen=True)
+class HostRam:
+    """Host RAM an engine's instances pin, summed per machine against what it has minus the engine's reserve;
+    over it, the engine's refusal (`refusal` formatted with `req` and `avail` in GB)."""
+
+    pinned: Callable[[Memory], int]  # what one instance pins, from its plan's numbers
+    reserve_bytes: int
+    rule: str
+    refusal: str
+    fix: str
+
+
+@dataclass(frozen=True)
 class Planner:
     """One engine's plan arithmetic, registered by engine name in `fleetgen.plan.planners`."""
 
@@ -175,3 +187,4 @@ class Planner:
     rejections: Callable[[Ask], tuple[Issue, ...]] = lambda _ask: ()
     # the cost-0 change one of `size`'s errors names, made before any other way out (none by default)
     required: Callable[[Ask, Sizing], Fix] = lambda _ask, _sized: Fix(0, "")
+    host_ram: HostRam | None = None  # host RAM its instances pin (none by default)
