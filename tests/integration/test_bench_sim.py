@@ -48,10 +48,10 @@ async def test_sweep_counts_every_request_and_token(sim_server: SimFactory) -> N
 async def _counters(url: str) -> dict[str, float]:
     import aiohttp
 
-    from fleetgen.http.metrics import parse_metrics
+    from fleetgen.http.metrics import Scrape
 
     async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as resp:
-        samples = parse_metrics(await resp.text())
+        samples = Scrape.parse(await resp.text()).samples
     return {
         k: v
         for k, v in samples.items()

@@ -17,9 +17,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from fleetgen.deploy.verify import capacity_from_info, judge_spec, spec_evidence
+from fleetgen.deploy.verify import judge_spec, spec_evidence
 from fleetgen.engines import get_engine
-from fleetgen.http.metrics import parse_metrics
+from fleetgen.http.metrics import Scrape
 from tests.fixtures.sim import SimFactory
 
 DATA = Path(__file__).parents[1] / "data"
@@ -67,16 +67,16 @@ def _read_names() -> set[str]:
 
 
 async def test_the_simulated_mtp_server_shows_what_real_sglang_shows(sim_server: SimFactory) -> None:
-    real_metrics = parse_metrics((REAL / "metrics-after-chat.txt").read_text())
+    real_metrics = Scrape.parse((REAL / "metrics-after-chat.txt").read_text()).samples
     real_info: dict[str, Any] = json.loads((REAL / "server_info.json").read_text())
     real_models = json.loads((REAL / "v1_models.json").read_text())
     real_model_info = json.loads((REAL / "model_info.json").read_text())
     async with sim_server("--model-path", str(MODEL), **MTP) as srv, aiohttp.ClientSession() as session:
         _, text = await _get(session, srv.base_url + "/metrics")
-        before = parse_metrics(text)
+        before = Scrape.parse(text).samples
         chat = await _chat(session, srv.base_url)
         _, text = await _get(session, srv.base_url + "/metrics")
-        after = parse_metrics(text)
+        after = Scrape.parse(text).samples
         info = json.loads((await _get(session, srv.base_url + "/server_info"))[1])
         models = json.loads((await _get(session, srv.base_url + "/v1/models"))[1])
         model_info = json.loads((await _get(session, srv.base_url + "/model_info"))[1])
@@ -97,7 +97,7 @@ async def test_the_simulated_mtp_server_shows_what_real_sglang_shows(sim_server:
     # /server_info: the keys fleetgen reads, in both
     for _, keys in SGLANG.view_checks:
         assert any(k in real_info for k in keys) and any(k in info for k in keys), keys
-    assert set(capacity_from_info(info)) == set(capacity_from_info(real_info))
+    assert set(SGLANG.reported_capacity(info, {})) == set(SGLANG.reported_capacity(real_info, {}))
     # MTP: the target's and the draft's KV pools, two lines with the same #tokens
     real_kv = [
         x for x in (REAL / "startup-key-lines.txt").read_text().splitlines() if "KV Cache is allocated" in x
@@ -119,11 +119,11 @@ def _last(pattern: str, text: str) -> float:
 
 async def test_without_speculation_the_accept_gauges_exist_and_read_zero(sim_server: SimFactory) -> None:
     """Real SGLang exports `sglang:spec_accept_length` without speculation (0.0), and no verify counter."""
-    real = parse_metrics((REAL.parent / "nospec" / "metrics-after-chat.txt").read_text())
+    real = Scrape.parse((REAL.parent / "nospec" / "metrics-after-chat.txt").read_text()).samples
     flags = {k: v for k, v in MTP.items() if not k.startswith("speculative")}
     async with sim_server("--model-path", str(MODEL), **flags) as srv, aiohttp.ClientSession() as session:
         await _chat(session, srv.base_url)
-        sim = parse_metrics((await _get(session, srv.base_url + "/metrics"))[1])
+        sim = Scrape.parse((await _get(session, srv.base_url + "/metrics"))[1]).samples
     for samples in (real, sim):
         assert samples["sglang:spec_accept_length"] == 0.0
         assert "sglang:spec_verify_calls_total" not in samples

@@ -25,7 +25,7 @@ from fleetgen.bench.stats import (
     tokens_per_chunk,
 )
 from fleetgen.engines import MetricNames, get_engine
-from fleetgen.http.metrics import accept_length, counter_deltas, parse_metrics
+from fleetgen.http.metrics import Scrape, accept_length, counter_deltas
 
 FINITE = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False)
 
@@ -78,9 +78,9 @@ vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="tiny"} %d
 """
 
 
-def test_parse_metrics_sums_label_sets() -> None:
+def test_a_scrape_sums_label_sets() -> None:
     text = VLLM_METRICS % (3, 5) + VLLM_METRICS.splitlines()[2].replace('"0"', '"1"').replace(" %d", " 4\n")
-    values = parse_metrics(text)
+    values = Scrape.parse(text).samples
     assert values["vllm:spec_decode_num_drafts_total"] == 7.0
     assert values["vllm:spec_decode_num_accepted_tokens_total"] == 5.0
 
@@ -93,8 +93,8 @@ def accept_length_from_metrics(
 
 def test_accept_length_from_vllm_counter_deltas() -> None:
     names = get_engine("vllm").metrics
-    before = parse_metrics(VLLM_METRICS % (100, 150))
-    after = parse_metrics(VLLM_METRICS % (300, 550))
+    before = Scrape.parse(VLLM_METRICS % (100, 150)).samples
+    after = Scrape.parse(VLLM_METRICS % (300, 550)).samples
     # 200 verify steps accepted 400 draft tokens: 2 per step plus the bonus token.
     assert accept_length_from_metrics(before, after, names) == pytest.approx(3.0)
     assert accept_length_from_metrics(after, after, names) is None
@@ -103,18 +103,18 @@ def test_accept_length_from_vllm_counter_deltas() -> None:
 def test_accept_length_from_sglang_gauge() -> None:
     names = get_engine("sglang").metrics
     text = '# TYPE sglang:spec_accept_length gauge\nsglang:spec_accept_length{model_name="m"} 2.75\n'
-    assert accept_length_from_metrics({}, parse_metrics(text), names) == 2.75
+    assert accept_length_from_metrics({}, Scrape.parse(text).samples, names) == 2.75
     assert accept_length_from_metrics({}, {}, names) is None
-    assert accept_length_from_metrics({}, parse_metrics(VLLM_METRICS % (1, 1)), names) is None
+    assert accept_length_from_metrics({}, Scrape.parse(VLLM_METRICS % (1, 1)).samples, names) is None
 
 
 def sglang_metrics(accept: float, generated: int) -> dict[str, float]:
-    return parse_metrics(
+    return Scrape.parse(
         "# TYPE sglang:spec_accept_length gauge\n"
         f'sglang:spec_accept_length{{model_name="m"}} {accept}\n'
         "# TYPE sglang:generation_tokens counter\n"
         f'sglang:generation_tokens_total{{model_name="m"}} {generated}\n'
-    )
+    ).samples
 
 
 def test_pooled_accept_length_never_adds_gauges_across_endpoints() -> None:
@@ -125,8 +125,8 @@ def test_pooled_accept_length_never_adds_gauges_across_endpoints() -> None:
     mixed = [sglang_metrics(2.0, 600), sglang_metrics(4.0, 1100)]
     assert pooled_accept_length(before, mixed) == pytest.approx(3.0)
     # vLLM counters per endpoint; an endpoint without metrics ({}) is left out.
-    vllm = [parse_metrics(VLLM_METRICS % (100, 150)), {}]
-    vllm_after = [parse_metrics(VLLM_METRICS % (300, 550)), {}]
+    vllm = [Scrape.parse(VLLM_METRICS % (100, 150)).samples, {}]
+    vllm_after = [Scrape.parse(VLLM_METRICS % (300, 550)).samples, {}]
     assert pooled_accept_length(vllm, vllm_after) == pytest.approx(3.0)
     assert pooled_accept_length([{}, {}], [{}, {}]) is None
 

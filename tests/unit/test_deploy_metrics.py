@@ -15,7 +15,6 @@ from fleetgen.http.metrics import (
     counter_rate,
     load_from,
     max_running_from_info,
-    parse_metrics,
 )
 
 VLLM_TEXT = """# HELP vllm:num_requests_running Number of requests running.
@@ -47,7 +46,7 @@ sglang:spec_accept_length{model_name="m",tp_rank="0"} 2.75
 
 def test_vllm_counters_give_rate_and_accept_length() -> None:
     names = get_engine("vllm").metrics
-    before = Scrape(10.0, parse_metrics(VLLM_TEXT))
+    before = Scrape(10.0, Scrape.parse(VLLM_TEXT).samples)
     now = Scrape(12.0, {**before.samples, "vllm:generation_tokens_total": 1500.0})
     load = load_from(names, now, before)
     assert load.running == 3 and load.queued == 1
@@ -65,7 +64,7 @@ def test_counter_reset_is_unknown_not_negative() -> None:
 
 def test_sglang_gauges_and_server_info_fallback() -> None:
     names = get_engine("sglang").metrics
-    load = load_from(names, Scrape(0.0, parse_metrics(SGLANG_TEXT)))
+    load = load_from(names, Scrape(0.0, Scrape.parse(SGLANG_TEXT).samples))
     assert (load.running, load.queued, load.gen_tokens_per_s, load.spec_accept_length) == (5, 2, 812.5, 2.75)
     info = {"internal_states": [{"avg_spec_accept_length": 3.1, "effective_max_running_requests_per_dp": 21}]}
     assert accept_length(names, {}, info) == pytest.approx(3.1)
@@ -76,7 +75,7 @@ def test_sglang_gauges_and_server_info_fallback() -> None:
 
 def test_bad_metrics_text_is_an_endpoint_error() -> None:
     with pytest.raises(EndpointError):
-        parse_metrics("vllm:x{unclosed 1\n")
+        Scrape.parse("vllm:x{unclosed 1\n")
 
 
 # The keys the deploy issue asks `status --json` to carry (tests/integration/test_deploy_vllm.py reuses them).

@@ -24,7 +24,7 @@ from fleetgen.deploy.script import (
     sha256_text,
 )
 from fleetgen.deploy.state import InstanceRecord, load_state, update_state
-from fleetgen.deploy.verify import capacity_from_info, capacity_from_log, process_drift, view_mismatches
+from fleetgen.deploy.verify import process_drift, view_mismatches
 from fleetgen.deploy.wanted import build_command
 from fleetgen.deploy.watch import GENERIC_SIGNATURES, LogWatch, first_fatal, proc_state
 from fleetgen.engines import get_engine
@@ -229,15 +229,17 @@ def test_view_mismatch_spec_reported_as_none_and_alias() -> None:
     assert len(bad) == 2 and "speculative_algorithm = None" in bad[0] and "0.7" in bad[1]
 
 
-def test_capacity_from_log_and_info() -> None:
+def test_capacity_from_each_engines_log_and_info() -> None:
     lines = [
         "[2026] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 12345, K size: 1 GB",
         "max_total_num_tokens=54321, chunked_prefill_size=8192, max_running_requests=21, context_len=8192",
         "INFO GPU KV cache size: 1,234 tokens",
     ]
-    assert capacity_from_log(lines) == {"kv_tokens": 1234.0, "max_running_requests": 21.0}
+    sglang, vllm = get_engine("sglang"), get_engine("vllm")
+    assert sglang.capacity(lines, None, {}) == {"kv_tokens": 54321.0, "max_running_requests": 21.0}
+    assert vllm.capacity(lines, None, {}) == {"kv_tokens": 1234.0}
     info = {"max_total_num_tokens": 99, "internal_states": [{"effective_max_running_requests_per_dp": 7}]}
-    assert capacity_from_info(info) == {"kv_tokens": 99.0, "max_running_requests": 7.0}
+    assert sglang.capacity(lines, info, {}) == {"kv_tokens": 99.0, "max_running_requests": 7.0}
 
 
 def test_log_watch_splits_partial_lines_and_fatal_is_engine_specific() -> None:

@@ -19,15 +19,14 @@ import pytest
 
 from fleetgen.config import FleetFile
 from fleetgen.deploy.hostside import PREP_SH, VERSION_PY, survey_from_prep
-from fleetgen.deploy.verify import capacity_from_info, capacity_from_log, judge_spec, spec_evidence
+from fleetgen.deploy.verify import judge_spec, spec_evidence
 from fleetgen.deploy.wanted import measured_facts, planned_capacity
 from fleetgen.deploy.watch import GENERIC_SIGNATURES, first_fatal, root_cause
 from fleetgen.engines import get_engine
 from fleetgen.http.metrics import (
+    Scrape,
     accept_length,
-    capacity_from_metrics,
     max_running_from_capacity,
-    parse_metrics,
 )
 from fleetgen.modelcard import load_model_shape
 from fleetgen.plan import facts_from_file, plan_fleet
@@ -109,7 +108,7 @@ def test_lines_that_only_mention_an_error_are_no_root_cause(line: str) -> None:
 def test_sglang_mtp_that_stepped_is_not_refused_before_its_averages_exist() -> None:
     """After the 24-token test request the real 0.5.15 server had 30 verify calls, accept length 0.0 and
     no avg_spec_accept_length: the old check (accept length only) refused it."""
-    after = parse_metrics((SGL_MTP / "metrics-before.txt").read_text())
+    after = Scrape.parse((SGL_MTP / "metrics-before.txt").read_text()).samples
     info = json.loads((SGL_MTP / "server_info.json").read_text())
     assert accept_length(SGLANG.metrics, after, info) is None  # what the old check relied on
     evidence = spec_evidence(SGLANG.metrics, {}, after, info)
@@ -118,8 +117,8 @@ def test_sglang_mtp_that_stepped_is_not_refused_before_its_averages_exist() -> N
 
 
 def test_sglang_mtp_accepting_nothing_is_a_warning_naming_the_causes() -> None:
-    before = parse_metrics((SGL_MTP / "metrics-before.txt").read_text())
-    after = parse_metrics((SGL_MTP / "metrics-after-chat.txt").read_text())
+    before = Scrape.parse((SGL_MTP / "metrics-before.txt").read_text()).samples
+    after = Scrape.parse((SGL_MTP / "metrics-after-chat.txt").read_text()).samples
     info = json.loads((SGL_MTP / "server_info-after-chat.json").read_text())
     error, warning = judge_spec("h200-0", spec_evidence(SGLANG.metrics, before, after, info))
     assert error is None and warning is not None
@@ -138,7 +137,7 @@ def test_sglang_acceptance_over_the_test_request_alone(accepted_per_step: float,
     """Right after start the real SGLang reports no accept length yet (H200, 0.5.15 MTP: `up` saw "23 verify
     steps during the test request" and no figure, and said nothing of a draft that accepts nothing). The
     request's own tokens tell: 1 + (accepted drafts + 1 per step) → warned iff ~nothing is accepted."""
-    samples = parse_metrics((SGL_MTP / "metrics-before.txt").read_text())
+    samples = Scrape.parse((SGL_MTP / "metrics-before.txt").read_text()).samples
     before = {k: v for k, v in samples.items() if k != "sglang:spec_accept_length"}
     tokens = 1 + round(steps * (1 + accepted_per_step))
     evidence = spec_evidence(SGLANG.metrics, before, _verify_steps_moved_by(before, steps), None, tokens)
@@ -154,13 +153,13 @@ def test_sglang_acceptance_over_the_test_request_alone(accepted_per_step: float,
 
 
 def test_vllm_mtp_with_3_of_838500_draft_tokens_accepted_is_not_silently_verified() -> None:
-    after = parse_metrics((VLLM / "metrics-end-selected.txt").read_text())
+    after = Scrape.parse((VLLM / "metrics-end-selected.txt").read_text()).samples
     error, warning = judge_spec("h200-0", spec_evidence(VLLM_ENGINE.metrics, {}, after, None))
     assert error is None and warning is not None and "accepts almost nothing" in warning
 
 
 def test_a_step_counter_that_did_not_move_refuses_the_server() -> None:
-    samples = parse_metrics((SGL_MTP / "metrics-before.txt").read_text())
+    samples = Scrape.parse((SGL_MTP / "metrics-before.txt").read_text()).samples
     zero = {k: v for k, v in samples.items() if k != "sglang:spec_accept_length"}
     error, _ = judge_spec("h200-0", spec_evidence(SGLANG.metrics, zero, zero, None))
     assert error is not None and "no speculative step happened" in error
@@ -171,17 +170,18 @@ def test_a_step_counter_that_did_not_move_refuses_the_server() -> None:
 
 def test_vllm_capacity_from_its_cache_config_info_and_its_log() -> None:
     text = (VLLM / "metrics-end-selected.txt").read_text()
-    capacity = capacity_from_metrics(VLLM_ENGINE.metrics, text)
+    capacity = VLLM_ENGINE.reported_capacity(None, Scrape.parse(text).labels)
     assert capacity == {"kv_tokens": 452_340, "max_running_requests": pytest.approx(55.2174, rel=1e-4)}
     assert max_running_from_capacity(capacity) == 55
     assert max_running_from_capacity(capacity, "32") == 32
-    logged = capacity_from_log(_lines(VLLM / "engine-mtp.log"))
+    logged = VLLM_ENGINE.capacity(_lines(VLLM / "engine-mtp.log"), None, {})
     assert logged == {"kv_tokens": 452_340, "max_running_requests": 55.22}
 
 
 def test_sglang_capacity_from_server_info() -> None:
     info = json.loads((SGL_MTP / "server_info.json").read_text())
-    assert capacity_from_info(info) == {"kv_tokens": 535_802, "mamba_slots": 112, "max_running_requests": 22}
+    capacity = {"kv_tokens": 535_802, "mamba_slots": 112, "max_running_requests": 22}
+    assert SGLANG.reported_capacity(info, {}) == SGLANG.capacity([], info, {}) == capacity
 
 
 @pytest.mark.parametrize(
@@ -245,8 +245,8 @@ def test_a_host_survey_names_gpus_or_why_nvidia_smi_failed(tmp_path: Path, nvidi
 
 
 def test_each_engines_capacity_comes_from_its_own_start_up_lines() -> None:
-    """Each engine reads capacity from its own log lines (`Engine.capacity_lines`), over its real H200 logs:
-    the figures are those every registered engine's lines find, and nothing when it reads the other's log."""
+    """Each engine reads capacity from its own log lines (`Engine.capacity_lines`), over its real H200 logs,
+    and nothing when it reads the other's log."""
     logs = {
         SGLANG: [
             _lines(SGL_MTP / "startup-key-lines.txt"),
@@ -257,6 +257,5 @@ def test_each_engines_capacity_comes_from_its_own_start_up_lines() -> None:
     for engine, own in logs.items():
         other = next(e for e in logs if e is not engine)
         for lines in own:
-            found = capacity_from_log(lines, engine)
-            assert found["kv_tokens"] > 0 and found == capacity_from_log(lines)
-            assert capacity_from_log(lines, other) == {}
+            assert engine.capacity(lines, None, {})["kv_tokens"] > 0
+            assert other.capacity(lines, None, {}) == {}

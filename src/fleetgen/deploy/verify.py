@@ -6,23 +6,21 @@ fraction and concurrency; one chat completion must succeed. Speculative decoding
 exposes right after that request (its verify-step counter moving: `sglang:spec_verify_calls_total`,
 `vllm:spec_decode_num_drafts_total`), not by an average it fills in later; a counter that exists and did not
 move refuses the server, acceptance near zero is a warning naming the likely causes. Capacity is reported
-planned vs actual (start-up log, /server_info, and /metrics labels such as `vllm:cache_config_info`).
+planned vs actual (what the engine reads from its start-up log, info JSON and /metrics: `Engine.capacity`).
 """
 
 from __future__ import annotations
 
 import difflib
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from fleetgen.deploy.script import Command, redact_argv, redact_environ
-from fleetgen.engines import ENGINES
 from fleetgen.engines.base import Engine, MetricNames
 from fleetgen.errors import VerifyError
 from fleetgen.http.client import EngineClient
-from fleetgen.http.metrics import accept_length, capacity_from_metrics, counter_deltas
+from fleetgen.http.metrics import accept_length, counter_deltas
 from fleetgen.remote.base import ProcInfo
 
 SPEC_FLAGS = ("speculative-algorithm", "speculative-config")
@@ -166,38 +164,6 @@ def _same(want: str, got: Any, aliases: Mapping[str, str]) -> bool:
         return False
 
 
-def capacity_from_log(lines: Sequence[str], engine: Engine | None = None) -> dict[str, float]:
-    """Capacity figures the engine logged at start (its `capacity_lines`; every registered engine's when
-    None); the last occurrence wins."""
-    patterns = engine.capacity_lines if engine else [p for e in ENGINES.values() for p in e.capacity_lines]
-    found: dict[str, float] = {}
-    for line in lines:
-        for what, pattern in patterns:
-            match = re.search(pattern, line)
-            if match:
-                found[what] = float(match.group(1).replace(",", ""))
-    return found
-
-
-def capacity_from_info(info: Any) -> dict[str, float]:
-    """Capacity figures in SGLang's /server_info (top level, scheduler_info, internal_states)."""
-    found: dict[str, float] = {}
-    if not isinstance(info, dict):
-        return found
-    places = [info, info.get("scheduler_info") or {}, *(info.get("internal_states") or [])]
-    for place in places:
-        if not isinstance(place, dict):
-            continue
-        for key, what in (
-            ("max_total_num_tokens", "kv_tokens"),
-            ("max_mamba_cache_size", "mamba_slots"),
-            ("effective_max_running_requests_per_dp", "max_running_requests"),
-        ):
-            if isinstance(place.get(key), int | float) and place[key]:
-                found[what] = float(place[key])
-    return found
-
-
 async def verify_engine(
     command: Command,
     engine: Engine,
@@ -225,11 +191,7 @@ async def verify_engine(
         info = await client.info(engine.info_paths)  # SGLang's averages, as they are after the request
         evidence = spec_evidence(engine.metrics, before.samples, after.samples, info, reply.completion_tokens)
         out.accept_length = _check_spec(command.instance, evidence, out, client.base_url)
-    actual = {
-        **capacity_from_log(log_lines, engine),
-        **capacity_from_info(view),
-        **capacity_from_metrics(engine.metrics, after.text),
-    }
+    actual = engine.capacity(log_lines, view, after.labels)
     out.capacity = [CapacityRow(w, planned.get(w), actual.get(w)) for w in sorted({*planned, *actual})]
     return out
 

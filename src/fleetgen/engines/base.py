@@ -44,9 +44,6 @@ class MetricNames:
     spec_num_drafts_total: str = ""
     spec_num_accepted_tokens_total: str = ""
     kv_usage: str = ""
-    # an info-style metric whose labels carry the capacity the engine settled on, and label → figure
-    capacity_info: str = ""
-    capacity_labels: tuple[tuple[str, str], ...] = ()
     # a counter that moves on every speculative verify step (proof that speculation runs)
     spec_steps_total: str = ""
 
@@ -175,6 +172,25 @@ def refused_argument_signatures(who: str, flag_fix: str) -> tuple[FatalSignature
     )
 
 
+# Each /metrics sample name's first label set (where an info-style metric carries its figures).
+Labels = Mapping[str, Mapping[str, str]]
+
+
+def positive_figures(places: Sequence[Any], keys: Sequence[tuple[str, str]]) -> dict[str, float]:
+    """The figures `keys` name (key → figure) in the mappings among `places`, where positive numbers; a later
+    place wins."""
+    found: dict[str, float] = {}
+    for place in places:
+        for key, what in keys:
+            try:
+                value = float(place[key])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if value > 0:
+                found[what] = value
+    return found
+
+
 # A flag whose effect the engine reports back in its info JSON: the flag's names (old, new), the keys to read.
 ViewCheck = tuple[tuple[str, ...], tuple[str, ...]]
 
@@ -228,6 +244,22 @@ class Engine:
     def build_env(self, cfg: EngineConfig, inst: Instance) -> dict[str, str]:
         """`engine.env` plus CUDA_VISIBLE_DEVICES for the instance's GPUs."""
         return {**cfg.env, "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in inst.gpus)}
+
+    def capacity(self, log: Sequence[str], info: Any, labels: Labels) -> dict[str, float]:
+        """The capacity it settled on: figures from its start-up log (`capacity_lines`, the last occurrence
+        winning), then what its info JSON and /metrics labels report (`reported_capacity`), which win."""
+        found: dict[str, float] = {}
+        for line in log:
+            for what, pattern in self.capacity_lines:
+                match = re.search(pattern, line)
+                if match:
+                    found[what] = float(match.group(1).replace(",", ""))
+        return found | self.reported_capacity(info, labels)
+
+    def reported_capacity(self, info: Any, labels: Labels) -> dict[str, float]:
+        """Capacity figures in its info JSON (`info_paths`' answer) or in the labels of its /metrics samples
+        (`labels`: each sample name's first label set); none by default."""
+        return {}
 
     def rejection_signatures_for(self, rules: RuleSet) -> tuple[FatalSignature, ...]:
         """Its refusals of an argv at start (what plan's rules predict), in its words, each with the fix for

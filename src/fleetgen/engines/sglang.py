@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import Any
 
 from fleetgen.config import ArgValue
 from fleetgen.engines.base import (
     Engine,
     FatalSignature,
+    Labels,
     MetricNames,
     RuleSet,
     ViewCheck,
     common_fatal_signatures,
+    positive_figures,
     refused_argument_signatures,
 )
 from fleetgen.engines.sglang_timeline import RULE_SETS
@@ -158,6 +161,13 @@ VIEW_CHECKS: tuple[ViewCheck, ...] = (
     (("max-running-requests",), ("max_running_requests",)),
 )
 
+# capacity figures in /server_info: key → figure
+SERVER_INFO_CAPACITY = (
+    ("max_total_num_tokens", "kv_tokens"),
+    ("max_mamba_cache_size", "mamba_slots"),
+    ("effective_max_running_requests_per_dp", "max_running_requests"),
+)
+
 
 class SGLangEngine(Engine):
     """SGLang behind the `Engine` interface."""
@@ -227,6 +237,13 @@ class SGLangEngine(Engine):
                 re.escape(NO_BUFFER_PAGE), "the no_buffer Mamba strategy pages by 1", NO_BUFFER_PAGE_FIX
             ),
         )
+
+    def reported_capacity(self, info: Any, labels: Labels) -> dict[str, float]:
+        """The figures in /server_info (top level, scheduler_info, internal_states: the last place wins)."""
+        if not isinstance(info, dict):
+            return {}
+        places = [info, info.get("scheduler_info") or {}, *(info.get("internal_states") or [])]
+        return positive_figures(places, SERVER_INFO_CAPACITY)
 
     def extra_argv(self, args: Mapping[str, ArgValue | list[ArgValue]]) -> list[str]:
         # /metrics is off by default; fleetgen's live view reads it

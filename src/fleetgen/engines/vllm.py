@@ -6,14 +6,18 @@ CUDA graphs) and keeps hybrid (Mamba/GDN) state in the same paged pool; MTP come
 
 from __future__ import annotations
 
+from typing import Any
+
 from packaging.version import Version
 
 from fleetgen.engines.base import (
     Engine,
     FatalSignature,
+    Labels,
     MetricNames,
     RuleSet,
     common_fatal_signatures,
+    positive_figures,
     refused_argument_signatures,
 )
 
@@ -83,11 +87,6 @@ class VLLMEngine(Engine):
         name,
         running="vllm:num_requests_running",
         queued="vllm:num_requests_waiting",
-        capacity_info="vllm:cache_config_info",
-        capacity_labels=(
-            ("kv_cache_size_tokens", "kv_tokens"),
-            ("kv_cache_max_concurrency", "max_running_requests"),
-        ),
         kv_usage="vllm:kv_cache_usage_perc",
         spec_num_drafts_total="vllm:spec_decode_num_drafts_total",
         spec_num_accepted_tokens_total="vllm:spec_decode_num_accepted_tokens_total",
@@ -104,3 +103,9 @@ class VLLMEngine(Engine):
     tp_flag = "--tensor-parallel-size"
     context_flag = "max-model-len"
     parser_body = PARSER_BODY
+
+    def reported_capacity(self, info: Any, labels: Labels) -> dict[str, float]:
+        """The labels of `vllm:cache_config_info{kv_cache_size_tokens="452340",…} 1.0`: KV tokens, max
+        concurrency at max-model-len."""
+        keys = (("kv_cache_size_tokens", "kv_tokens"), ("kv_cache_max_concurrency", "max_running_requests"))
+        return positive_figures([labels.get("vllm:cache_config_info", {})], keys)

@@ -31,7 +31,6 @@ from fleetgen.http.client import EngineClient
 from fleetgen.http.metrics import (
     Load,
     Scrape,
-    capacity_from_metrics,
     load_from,
     max_running_from_capacity,
     max_running_from_info,
@@ -169,10 +168,10 @@ class FleetView:
     async def _load(
         self, w: _Watched, client: EngineClient, info: Any, rate_window_s: float
     ) -> tuple[Load, dict[str, float]]:
-        """The engine's load now, and the capacity its /metrics labels carry (vLLM's cache_config_info)."""
+        """The engine's load now, and the capacity it reports (`Engine.reported_capacity`)."""
         names = self.fleet.engine.metrics
         scrape = await client.metrics(self.fleet.engine.metrics_path)
-        capacity = capacity_from_metrics(names, scrape.text)
+        capacity = self.fleet.engine.reported_capacity(info, scrape.labels)
         if not names.gen_throughput and w.before is None and rate_window_s > 0:
             await asyncio.sleep(rate_window_s)
             w.before = scrape

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from fleetgen.engines import MetricNames, engine_of_metrics, get_engine
 from fleetgen.errors import EndpointError
 from fleetgen.http.client import EngineClient
-from fleetgen.http.metrics import accept_length, counter_deltas, parse_metrics
+from fleetgen.http.metrics import Scrape, accept_length, counter_deltas
 
 DEFAULT_METRICS_PATH = "/metrics"
 SCRAPE_TIMEOUT_S = 5.0
@@ -73,7 +73,7 @@ class AcceptLengthScraper:
 
     async def _scrape(self, name: str, client: EngineClient) -> None:
         try:
-            samples = await asyncio.to_thread(parse_metrics, await client.get_text(self._path))
+            samples = (await asyncio.to_thread(Scrape.parse, await client.get_text(self._path))).samples
         except EndpointError:  # down, restarting, no metrics, unparseable: a gap in the series
             self.latest[name] = None
             return

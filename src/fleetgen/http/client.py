@@ -25,7 +25,7 @@ import aiohttp
 import orjson
 
 from fleetgen.errors import EndpointError
-from fleetgen.http.metrics import Scrape, parse_metrics
+from fleetgen.http.metrics import Scrape
 
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429})
 FINISH_ALIASES = {"max_tokens": "length", "eos": "stop", "stop_sequence": "stop"}
@@ -192,8 +192,7 @@ class EngineClient:
 
     async def metrics(self, path: str = "/metrics") -> Scrape:
         """One read of the engine's Prometheus text, parsed (`fleetgen.http.metrics`)."""
-        text = await self.get_text(path)
-        return Scrape(time.monotonic(), parse_metrics(text), text)
+        return Scrape.parse(await self.get_text(path), time.monotonic())
 
     async def served_model(self) -> str:
         """The served model: the first id in /v1/models."""

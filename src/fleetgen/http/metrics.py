@@ -10,22 +10,37 @@ over a window (`counter_deltas`): the figure of the last seconds, of a bench lev
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleetgen.engines import MetricNames
+from fleetgen.engines.base import Labels, MetricNames
 from fleetgen.errors import EndpointError
 
 
 @dataclass(frozen=True)
 class Scrape:
-    """One /metrics read: parsed samples (summed over labels), when (monotonic seconds), and its text."""
+    """One /metrics read, parsed once: samples (summed over labels), when (monotonic seconds), and each sample
+    name's first label set (where an info-style metric carries figures: vLLM's `cache_config_info`)."""
 
     at: float
-    samples: Mapping[str, float]
-    text: str = ""
+    samples: dict[str, float]
+    labels: Labels = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, text: str, at: float = 0.0) -> Scrape:
+        """Prometheus text → a Scrape taken `at`."""
+        totals: dict[str, float] = {}
+        labels: dict[str, Mapping[str, str]] = {}
+        try:
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    totals[sample.name] = totals.get(sample.name, 0.0) + float(sample.value)
+                    labels.setdefault(sample.name, sample.labels)
+        except ValueError as exc:
+            raise EndpointError(f"unparseable /metrics text: {exc}") from exc
+        return cls(at, totals, labels)
 
 
 @dataclass(frozen=True)
@@ -37,37 +52,6 @@ class Load:
     gen_tokens_per_s: float | None
     spec_accept_length: float | None
     kv_usage: float | None = None  # the KV pool's used fraction, 0..1
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text → {sample name: value summed over label sets}."""
-    totals: dict[str, float] = {}
-    try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                totals[sample.name] = totals.get(sample.name, 0.0) + float(sample.value)
-    except ValueError as exc:
-        raise EndpointError(f"unparseable /metrics text: {exc}") from exc
-    return totals
-
-
-def capacity_from_metrics(names: MetricNames, text: str) -> dict[str, float]:
-    """Capacity the engine exports in the labels of an info-style sample (vLLM's
-    `vllm:cache_config_info{kv_cache_size_tokens="452340",…} 1.0`: KV tokens, max concurrency)."""
-    families = text_string_to_metric_families(text) if names.capacity_info else ()
-    try:
-        labels = next((s.labels for f in families for s in f.samples if s.name == names.capacity_info), {})
-    except ValueError as exc:
-        raise EndpointError(f"unparseable /metrics text: {exc}") from exc
-    found: dict[str, float] = {}
-    for label, what in names.capacity_labels:
-        try:
-            value = float(labels[label])
-        except (KeyError, ValueError):
-            continue
-        if value > 0:
-            found[what] = value
-    return found
 
 
 def counter_deltas(
