@@ -97,7 +97,7 @@ async def test_the_simulated_mtp_server_shows_what_real_sglang_shows(sim_server:
     # /server_info: the keys fleetgen reads, in both
     for _, keys in SGLANG.view_checks:
         assert any(k in real_info for k in keys) and any(k in info for k in keys), keys
-    assert set(SGLANG.reported_capacity(info, {})) == set(SGLANG.reported_capacity(real_info, {}))
+    assert set(SGLANG.capacity([], info, {})) == set(SGLANG.capacity([], real_info, {}))
     # MTP: the target's and the draft's KV pools, two lines with the same #tokens
     real_kv = [
         x for x in (REAL / "startup-key-lines.txt").read_text().splitlines() if "KV Cache is allocated" in x

@@ -170,18 +170,25 @@ def test_a_step_counter_that_did_not_move_refuses_the_server() -> None:
 
 def test_vllm_capacity_from_its_cache_config_info_and_its_log() -> None:
     text = (VLLM / "metrics-end-selected.txt").read_text()
-    capacity = VLLM_ENGINE.reported_capacity(None, Scrape.parse(text).labels)
+    capacity = VLLM_ENGINE.capacity([], None, Scrape.parse(text).labels)
     assert capacity == {"kv_tokens": 452_340, "max_running_requests": pytest.approx(55.2174, rel=1e-4)}
     assert max_running_from_capacity(capacity) == 55
     assert max_running_from_capacity(capacity, "32") == 32
-    logged = VLLM_ENGINE.capacity(_lines(VLLM / "engine-mtp.log"), None, {})
-    assert logged == {"kv_tokens": 452_340, "max_running_requests": 55.22}
+    log = _lines(VLLM / "engine-mtp.log")
+    assert VLLM_ENGINE.capacity(log, None, {}) == {"kv_tokens": 452_340, "max_running_requests": 55.22}
+    # what `up` shows as actual: the log's figures, then /metrics' over them
+    assert VLLM_ENGINE.capacity(log, None, Scrape.parse(text).labels) == capacity
 
 
 def test_sglang_capacity_from_server_info() -> None:
     info = json.loads((SGL_MTP / "server_info.json").read_text())
     capacity = {"kv_tokens": 535_802, "mamba_slots": 112, "max_running_requests": 22}
-    assert SGLANG.reported_capacity(info, {}) == SGLANG.capacity([], info, {}) == capacity
+    assert SGLANG.capacity([], info, {}) == capacity
+    # what `up` shows as actual: the log's figures, then /server_info's over them
+    log = _lines(SGL_MTP / "startup-key-lines.txt")
+    assert SGLANG.capacity(log, info, {}) == capacity and SGLANG.capacity(log, None, {}).keys() >= {
+        "kv_tokens"
+    }
 
 
 @pytest.mark.parametrize(

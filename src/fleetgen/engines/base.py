@@ -246,20 +246,15 @@ class Engine:
         return {**cfg.env, "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in inst.gpus)}
 
     def capacity(self, log: Sequence[str], info: Any, labels: Labels) -> dict[str, float]:
-        """The capacity it settled on: figures from its start-up log (`capacity_lines`, the last occurrence
-        winning), then what its info JSON and /metrics labels report (`reported_capacity`), which win."""
+        """The capacity it settled on, from its start-up log (`capacity_lines`; the last occurrence wins); an
+        engine adds what its info JSON or the `labels` of its /metrics samples report, which win."""
         found: dict[str, float] = {}
         for line in log:
             for what, pattern in self.capacity_lines:
                 match = re.search(pattern, line)
                 if match:
                     found[what] = float(match.group(1).replace(",", ""))
-        return found | self.reported_capacity(info, labels)
-
-    def reported_capacity(self, info: Any, labels: Labels) -> dict[str, float]:
-        """Capacity figures in its info JSON (`info_paths`' answer) or in the labels of its /metrics samples
-        (`labels`: each sample name's first label set); none by default."""
-        return {}
+        return found
 
     def rejection_signatures_for(self, rules: RuleSet) -> tuple[FatalSignature, ...]:
         """Its refusals of an argv at start (what plan's rules predict), in its words, each with the fix for

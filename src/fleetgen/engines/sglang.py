@@ -7,7 +7,7 @@ below are copied from it so a plan can quote what the engine would say at start.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fleetgen.config import ArgValue
@@ -161,13 +161,6 @@ VIEW_CHECKS: tuple[ViewCheck, ...] = (
     (("max-running-requests",), ("max_running_requests",)),
 )
 
-# capacity figures in /server_info: key → figure
-SERVER_INFO_CAPACITY = (
-    ("max_total_num_tokens", "kv_tokens"),
-    ("max_mamba_cache_size", "mamba_slots"),
-    ("effective_max_running_requests_per_dp", "max_running_requests"),
-)
-
 
 class SGLangEngine(Engine):
     """SGLang behind the `Engine` interface."""
@@ -238,12 +231,16 @@ class SGLangEngine(Engine):
             ),
         )
 
-    def reported_capacity(self, info: Any, labels: Labels) -> dict[str, float]:
-        """The figures in /server_info (top level, scheduler_info, internal_states: the last place wins)."""
-        if not isinstance(info, dict):
-            return {}
-        places = [info, info.get("scheduler_info") or {}, *(info.get("internal_states") or [])]
-        return positive_figures(places, SERVER_INFO_CAPACITY)
+    def capacity(self, log: Sequence[str], info: Any, labels: Labels) -> dict[str, float]:
+        """Its log's figures, then /server_info's (top level, scheduler_info, internal_states: last wins)."""
+        view = info if isinstance(info, dict) else {}
+        places = [view, view.get("scheduler_info") or {}, *(view.get("internal_states") or [])]
+        keys = (
+            ("max_total_num_tokens", "kv_tokens"),
+            ("max_mamba_cache_size", "mamba_slots"),
+            ("effective_max_running_requests_per_dp", "max_running_requests"),
+        )
+        return super().capacity(log, info, labels) | positive_figures(places, keys)
 
     def extra_argv(self, args: Mapping[str, ArgValue | list[ArgValue]]) -> list[str]:
         # /metrics is off by default; fleetgen's live view reads it

@@ -6,6 +6,7 @@ CUDA graphs) and keeps hybrid (Mamba/GDN) state in the same paged pool; MTP come
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from packaging.version import Version
@@ -104,8 +105,9 @@ class VLLMEngine(Engine):
     context_flag = "max-model-len"
     parser_body = PARSER_BODY
 
-    def reported_capacity(self, info: Any, labels: Labels) -> dict[str, float]:
-        """The labels of `vllm:cache_config_info{kv_cache_size_tokens="452340",…} 1.0`: KV tokens, max
-        concurrency at max-model-len."""
+    def capacity(self, log: Sequence[str], info: Any, labels: Labels) -> dict[str, float]:
+        """Its log's figures, then the labels of `vllm:cache_config_info{kv_cache_size_tokens="452340",…} 1`:
+        KV tokens, max concurrency at max-model-len."""
         keys = (("kv_cache_size_tokens", "kv_tokens"), ("kv_cache_max_concurrency", "max_running_requests"))
-        return positive_figures([labels.get("vllm:cache_config_info", {})], keys)
+        reported = positive_figures([labels.get("vllm:cache_config_info", {})], keys)
+        return super().capacity(log, info, labels) | reported

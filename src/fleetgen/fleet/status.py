@@ -168,10 +168,10 @@ class FleetView:
     async def _load(
         self, w: _Watched, client: EngineClient, info: Any, rate_window_s: float
     ) -> tuple[Load, dict[str, float]]:
-        """The engine's load now, and the capacity it reports (`Engine.reported_capacity`)."""
+        """The engine's load now, and the capacity it reports (`Engine.capacity`)."""
         names = self.fleet.engine.metrics
         scrape = await client.metrics(self.fleet.engine.metrics_path)
-        capacity = self.fleet.engine.reported_capacity(info, scrape.labels)
+        capacity = self.fleet.engine.capacity((), info, scrape.labels)
         if not names.gen_throughput and w.before is None and rate_window_s > 0:
             await asyncio.sleep(rate_window_s)
             w.before = scrape

@@ -230,6 +230,6 @@ def _host_memory(
     for machine, want in pinned.items():
         have = available.get(machine)
         if want and have is not None and want > have - ram.reserve_bytes:
-            text = ram.refusal.format(req=want / 1e9, avail=(have - ram.reserve_bytes) / 1e9)
-            errors.append(Issue(ram.rule, f"{machine}: {text}", ram.fix))
+            text = ram.refusal.message.format(req=want / 1e9, avail=(have - ram.reserve_bytes) / 1e9)
+            errors.append(replace(ram.refusal, message=f"{machine}: {text}"))
     return errors

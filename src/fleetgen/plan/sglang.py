@@ -29,6 +29,7 @@ from fleetgen.plan.settings import SGLangSettings, resolve_settings
 from fleetgen.plan.types import GIB, MIB, Ask, Fix, HostRam, Issue, Memory, Planner, Sizing
 
 CONV_DTYPE_BYTES = 2  # SGLANG_MAMBA_CONV_DTYPE defaults to bfloat16
+HICACHE_RESERVE_BYTES = 10 * GIB  # SGLang's HICACHE_HOST_MEMORY_RESERVE_BYTES
 CUDA_CONTEXT_BYTES = 512 * MIB  # CUDA context + NCCL before SGLang measures free memory (estimate)
 
 
@@ -369,14 +370,11 @@ def required(ask: Ask, base: Sizing) -> Fix:
     return Fix(0, "")
 
 
-# the hierarchical cache's host pools, refused by SGLang's HiCacheController at start
-HICACHE_HOST_RAM = HostRam(
+# SGLang's HiCacheController refuses host pools over the host's available RAM minus its reserve
+HICACHE_FIX = "set hicache-size (GB per pool per instance) or a lower hicache-ratio"
+HICACHE = HostRam(
     lambda m: m.hicache_host_bytes,
-    10 * GIB,  # SGLang's HICACHE_HOST_MEMORY_RESERVE_BYTES
-    "hicache-host-memory",
-    HICACHE_HOST_MEMORY,
-    "set hicache-size (GB per pool per instance) or a lower hicache-ratio",
+    HICACHE_RESERVE_BYTES,
+    Issue("hicache-host-memory", HICACHE_HOST_MEMORY, HICACHE_FIX),
 )
-PLANNER = Planner(
-    SGLangEngine.name, size_instance, variants, concurrency, rejections, required, HICACHE_HOST_RAM
-)
+PLANNER = Planner(SGLangEngine.name, size_instance, variants, concurrency, rejections, required, HICACHE)

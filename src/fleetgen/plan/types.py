@@ -163,13 +163,11 @@ class Sizing:
 @dataclass(frozen=True)
 class HostRam:
     """Host RAM an engine's instances pin, summed per machine against what it has minus the engine's reserve;
-    over it, the engine's refusal (`refusal` formatted with `req` and `avail` in GB)."""
+    over it, the engine's refusal (its message formatted with `req` and `avail` in GB)."""
 
     pinned: Callable[[Memory], int]  # what one instance pins, from its plan's numbers
     reserve_bytes: int
-    rule: str
-    refusal: str
-    fix: str
+    refusal: Issue
 
 
 @dataclass(frozen=True)
