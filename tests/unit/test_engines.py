@@ -239,3 +239,27 @@ def test_no_engine_module_imports_another_engine() -> None:
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         others = {f"fleetgen.engines.{other}" for other in ENGINES if other != name}
         assert not imported & others, name
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module `path` imports, and each `from X import name` as `X.name` too."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+    return found
+
+
+def test_engine_knowledge_reaches_the_rest_through_the_registries() -> None:
+    """Outside engines/, only the plan layer's engine modules (and its registry) import an engine's modules;
+    the rest asks `get_engine` / `planner_of` (plan/fleet.py's host-RAM rule once imported SGLang's)."""
+    own = {"plan/planners.py", "plan/rules.py", "plan/settings.py", *(f"plan/{name}.py" for name in ENGINES)}
+    engine_modules = tuple(f"fleetgen.{layer}.{name}" for layer in ("engines", "plan") for name in ENGINES)
+    found = {
+        where: sorted(m for m in _imports(path) if m.startswith(engine_modules))
+        for path in sorted(SRC.rglob("*.py"))
+        if path.parent.name not in ("engines", "sim") and (where := str(path.relative_to(SRC))) not in own
+    }
+    assert {where: mods for where, mods in found.items() if mods} == {}
