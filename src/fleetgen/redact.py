@@ -1,7 +1,7 @@
 """Known secrets out of every text fleetgen prints: one registry, one function, one stream wrapper.
 
 The CLI registers each secret a command may meet with `remember` before anything runs (the API key:
-`cli.app.remember_key`, the callback of every fleet file option), and wraps its stdout and stderr in
+`cli.app.read_fleet`, the command's one read of its fleet file), and wraps its stdout and stderr in
 `RedactingStream` once per command (`cli.app`), so every line fleetgen prints — a
 log tail, `up`'s error tail, a watch failure, a status row, an error's context — reaches the terminal with
 each known secret replaced by `REDACTED`. The hosts' logs are already redacted as they are written (the

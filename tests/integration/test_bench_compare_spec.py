@@ -20,6 +20,7 @@ import pytest
 
 from fleetgen.config import load_fleet
 from fleetgen.deploy.fleetops import down
+from fleetgen.deploy.wanted import Fleet
 from tests.fixtures.sshd import SshdHost
 from tests.integration.test_deploy_support import ArgValue, log_files, write_fleet
 
@@ -153,7 +154,7 @@ async def test_compare_spec_deploys_off_then_on_and_reports_a_speedup_per_level(
     finally:
         stopped = await cli("down", "-f", str(fleet))
     assert stopped.returncode == 0, stopped.stderr
-    assert [o.instance for o in await down(fleet) if o.pid] == []  # nothing left running
+    assert [o.instance for o in await down(Fleet.load(fleet)) if o.pid] == []  # nothing left running
 
 
 async def test_a_failure_in_the_off_phase_says_the_fleet_runs_spec_off_and_how_to_restore(
@@ -183,4 +184,4 @@ async def test_a_failure_in_the_off_phase_says_the_fleet_runs_spec_off_and_how_t
         workdir = ssh_hosts[0].workdir / tmp_path.name
         assert launched_algorithms(workdir, "h0-0") == ["None"]  # the spec-on deploy never happened
     finally:
-        await down(fleet)
+        await down(Fleet.load(fleet))

@@ -27,6 +27,7 @@ import pytest
 from fleetgen.config import load_fleet
 from fleetgen.deploy.fleetops import down, up
 from fleetgen.deploy.listener import port_owners, stranger_problem
+from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import LaunchFailed, PlanError, VerifyError
 from fleetgen.fleet.status import Readiness, fleet_status
 from fleetgen.remote import open_host
@@ -60,13 +61,13 @@ async def test_two_instances_on_one_port_are_refused_before_anything_starts(
     assert [i.port for i in load_fleet(fleet).instances()] == [port, port]
     try:
         with pytest.raises(PlanError) as caught:
-            await up(fleet)
+            await up(Fleet.load(fleet))
         assert f"[port-clash] b-0 and a-0 both listen on port {port} of 127.0.0.1:" in caught.value.message
         assert "[gpu-shared] b-0 and a-0 both use GPU 0" in caught.value.message
         assert "distinct base_port" in caught.value.fix and "its own gpus list" in caught.value.fix
         assert not list((ssh_hosts[0].workdir / tmp_path.name).glob("*/launch.sh"))  # nothing launched
     finally:
-        await down(fleet)
+        await down(Fleet.load(fleet))
 
 
 async def test_port_taken_by_another_process_after_the_check_is_not_ready(
@@ -102,9 +103,9 @@ async def test_port_taken_by_another_process_after_the_check_is_not_ready(
             task.add_done_callback(lambda t: relays.append(t.result()))
 
     try:
-        [first] = await up(winner)
+        [first] = await up(Fleet.load(winner))
         assert first.error is None, first.error
-        [out] = await up(ours, progress=take_port)
+        [out] = await up(Fleet.load(ours), progress=take_port)
         assert relays, "the port was never taken"
         assert isinstance(out.error, VerifyError) and not out.is_ready
         message = " ".join(out.error.message.split())
@@ -119,7 +120,7 @@ async def test_port_taken_by_another_process_after_the_check_is_not_ready(
             again = await remote.spawn(
                 str(root / "launch.sh"), str(root / "logs" / "hand.log"), str(root / "pid"), cwd=str(root)
             )
-        [st] = await fleet_status(ours, rate_window_s=0)
+        [st] = await fleet_status(Fleet.load(ours), rate_window_s=0)
         assert st.pid == again.pid and st.drift == [] and st.readiness is not Readiness.READY
         assert f"pid {again.pid}) does not listen on port {inst.port}; it is held by pid {os.getpid()}" in (
             " ".join(st.problem.split())
@@ -127,8 +128,8 @@ async def test_port_taken_by_another_process_after_the_check_is_not_ready(
     finally:
         for server in relays:
             server.close()
-        await down(ours)
-        await down(winner)
+        await down(Fleet.load(ours))
+        await down(Fleet.load(winner))
 
 
 async def test_port_held_before_up_names_the_holder(ssh_hosts: list[SshdHost], tmp_path: Path) -> None:
@@ -141,14 +142,14 @@ async def test_port_held_before_up_names_the_holder(ssh_hosts: list[SshdHost], t
     )
     try:
         assert holder.stdout is not None and await holder.stdout.readline() == b"listening\n"
-        [out] = await up(fleet)
+        [out] = await up(Fleet.load(fleet))
         assert isinstance(out.error, LaunchFailed) and out.pid is None
         assert f"port {inst.port} on h0 is already in use by pid {holder.pid} (" in out.error.message
         assert "s.bind(" in out.error.message and "127.0.0.1" in out.error.message
     finally:
         holder.kill()
         await holder.wait()
-        await down(fleet)
+        await down(Fleet.load(fleet))
 
 
 async def test_a_child_holding_the_socket_counts_as_the_started_process(

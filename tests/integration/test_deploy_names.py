@@ -16,6 +16,7 @@ from pathlib import Path
 
 from fleetgen.config import load_fleet
 from fleetgen.deploy.fleetops import down, up
+from fleetgen.deploy.wanted import Fleet
 from tests.fixtures.sshd import SshdHost
 from tests.integration.test_deploy_sglang import FLEETGEN, sim_fleet
 
@@ -42,7 +43,7 @@ async def test_prefix_named_hosts_each_command_acts_on_exactly_its_instance(
     ports = {i.name: i.port for i in load_fleet(fleet).instances()}
     assert set(ports) == {"gpu-0", "gpu-1-0"}
     try:
-        outs = {o.instance: o for o in await up(fleet)}
+        outs = {o.instance: o for o in await up(Fleet.load(fleet))}
         assert all(o.error is None for o in outs.values()), outs
         assert (outs["gpu-0"].host, outs["gpu-1-0"].host) == ("gpu", "gpu-1")
 
@@ -62,13 +63,15 @@ async def test_prefix_named_hosts_each_command_acts_on_exactly_its_instance(
         assert "gpu-1-0" in stopped.stdout and "gpu-0 " not in stopped.stdout
         assert not _is_running(outs["gpu-1-0"].pid or 0) and _is_running(outs["gpu-0"].pid or 0)
 
-        again = {o.instance: o for o in await up(fleet, only=["gpu-1"])}  # the host gpu-1: its instances
+        again = {
+            o.instance: o for o in await up(Fleet.load(fleet), only=["gpu-1"])
+        }  # the host gpu-1: its instances
         assert list(again) == ["gpu-1-0"] and again["gpu-1-0"].error is None
         stopped = await _fleetgen("down", "--only", "gpu", "-f", str(fleet))
         assert stopped.returncode == 0, stopped.stderr + stopped.stdout
         assert not _is_running(outs["gpu-0"].pid or 0) and _is_running(again["gpu-1-0"].pid or 0)
     finally:
-        await down(fleet)
+        await down(Fleet.load(fleet))
 
 
 async def test_a_fleet_whose_names_collide_is_refused_before_connecting(

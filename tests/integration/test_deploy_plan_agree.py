@@ -19,6 +19,7 @@ from pathlib import Path
 
 from fleetgen.deploy.fleetops import down, up
 from fleetgen.deploy.state import load_state
+from fleetgen.deploy.wanted import Fleet
 from tests.fixtures.sshd import SshdHost
 from tests.integration.test_deploy_sglang import FLEETGEN, QWEN36, sim_fleet
 
@@ -56,7 +57,7 @@ async def test_plan_json_argv_is_byte_for_byte_what_up_launches(
     assert plan["rules"] == "sglang-0.5.23"
     assert "--cuda-graph-max-bs-decode" in plan["argv"] and "--mamba-radix-cache-strategy" in plan["argv"]
     try:
-        [out] = await up(fleet)
+        [out] = await up(Fleet.load(fleet))
         assert out.error is None, out.error
         assert out.pid is not None
         launched = (await asyncio.to_thread(Path(f"/proc/{out.pid}/cmdline").read_bytes)).split(b"\0")[:-1]
@@ -64,4 +65,4 @@ async def test_plan_json_argv_is_byte_for_byte_what_up_launches(
         record = load_state(fleet)[out.instance]
         assert (record.engine_version, record.rule_set) == ("0.5.23", "sglang-0.5.23")
     finally:
-        await down(fleet)
+        await down(Fleet.load(fleet))

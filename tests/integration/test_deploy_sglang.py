@@ -23,6 +23,7 @@ import pytest
 from fleetgen.config import load_fleet
 from fleetgen.deploy.fleetops import down, up
 from fleetgen.deploy.instance import Action, Outcome
+from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import LaunchFailed, VerifyError
 from fleetgen.fleet.status import Readiness, fleet_status
 from fleetgen.modelcard import load_model_shape
@@ -89,7 +90,7 @@ async def test_two_hosts_two_instances_come_up_in_parallel_verified(
     fleet = sim_fleet(tmp_path, ssh_hosts[:2], gpus=(0, 1), args={"sim-start-delay": 5.0}, model=QWEN36)
     events: list[tuple[str, str]] = []
     try:
-        outs = await up(fleet, progress=lambda inst, msg: events.append((inst, msg)))
+        outs = await up(Fleet.load(fleet), progress=lambda inst, msg: events.append((inst, msg)))
         _ok(outs)
         assert sorted(o.instance for o in outs) == ["h0-0", "h0-1", "h1-0", "h1-1"]
         assert all(o.action is Action.STARTED and o.is_ready for o in outs)
@@ -136,7 +137,7 @@ async def test_two_hosts_two_instances_come_up_in_parallel_verified(
         assert logs.returncode == 0, logs.stderr
         assert "The server is fired up and ready to roll!" in logs.stdout and "SIMULATION" in logs.stdout
     finally:
-        stopped = await down(fleet)
+        stopped = await down(Fleet.load(fleet))
     _ok(stopped)
     assert {o.action for o in stopped} == {Action.STOPPED}
 
@@ -145,7 +146,7 @@ async def test_oom_line_names_the_cause_and_stops_the_process(
     ssh_hosts: list[SshdHost], tmp_path: Path
 ) -> None:
     fleet = sim_fleet(tmp_path, ssh_hosts[:1], args={"sim-fail-at-start": "oom"})
-    [out] = await up(fleet)
+    [out] = await up(Fleet.load(fleet))
     assert isinstance(out.error, LaunchFailed) and not out.is_ready
     assert "memory" in out.error.message.lower()
     assert "Not enough memory" in str(out.error.context["matched"])
@@ -165,11 +166,11 @@ def _is_gone(pid: int) -> bool:
 async def test_spec_configured_but_not_running_is_refused(ssh_hosts: list[SshdHost], tmp_path: Path) -> None:
     fleet = sim_fleet(tmp_path, ssh_hosts[:1], args={"sim-no-spec": True})
     try:
-        [out] = await up(fleet)
+        [out] = await up(Fleet.load(fleet))
         assert isinstance(out.error, VerifyError) and not out.is_ready
         assert "speculative_algorithm" in str(out.error.context["mismatches"])
     finally:
-        await down(fleet)
+        await down(Fleet.load(fleet))
 
 
 async def test_tampered_env_shows_as_drift_then_up_replaces_it(
@@ -179,7 +180,7 @@ async def test_tampered_env_shows_as_drift_then_up_replaces_it(
     host = ssh_hosts[0]
     root = host.workdir / tmp_path.name / "h0-0"
     try:
-        [first] = await up(fleet)
+        [first] = await up(Fleet.load(fleet))
         _ok([first])
         # Someone restarts the server by hand with an edited environment.
         entry = load_fleet(fleet).host("h0")
@@ -191,23 +192,23 @@ async def test_tampered_env_shows_as_drift_then_up_replaces_it(
             hand = await remote.spawn(
                 str(root / "hand.sh"), str(root / "logs" / "hand.log"), str(root / "pid"), cwd=str(root)
             )
-        [st] = await fleet_status(fleet, rate_window_s=0)
+        [st] = await fleet_status(Fleet.load(fleet), rate_window_s=0)
         assert st.pid == hand.pid and st.readiness is not Readiness.READY
         assert st.drift == ["env SIM_MARK: rendered 'a', running 'tampered'"]
-        [healed] = await up(fleet)
+        [healed] = await up(Fleet.load(fleet))
         _ok([healed])
         assert healed.action is Action.REPLACED and healed.pid != hand.pid
-        [st2] = await fleet_status(fleet, rate_window_s=0)
+        [st2] = await fleet_status(Fleet.load(fleet), rate_window_s=0)
         assert st2.readiness is Readiness.READY and st2.drift == []
     finally:
-        await down(fleet)
+        await down(Fleet.load(fleet))
 
 
 async def test_wrong_python_is_named_before_anything_starts(
     ssh_hosts: list[SshdHost], tmp_path: Path
 ) -> None:
     fleet = sim_fleet(tmp_path, ssh_hosts[:1], python="/nonexistent/venv/bin/python")
-    [out] = await up(fleet)
+    [out] = await up(Fleet.load(fleet))
     assert isinstance(out.error, LaunchFailed)
     assert "/nonexistent/venv/bin/python" in out.error.message and "engine.python" in out.error.fix
     assert out.pid is None
@@ -215,7 +216,7 @@ async def test_wrong_python_is_named_before_anything_starts(
 
 async def test_missing_model_folder_is_named(ssh_hosts: list[SshdHost], tmp_path: Path) -> None:
     fleet = sim_fleet(tmp_path, ssh_hosts[:1], model=tmp_path / "no-such-model")
-    [out] = await up(fleet)
+    [out] = await up(Fleet.load(fleet))
     assert isinstance(out.error, LaunchFailed)
     assert "model folder" in out.error.message and "no-such-model" in out.error.message
     assert "engine.model" in out.error.fix
@@ -227,7 +228,7 @@ async def test_port_in_use_is_named(ssh_hosts: list[SshdHost], tmp_path: Path) -
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", port))
         squatter.listen()
-        [out] = await up(fleet)
+        [out] = await up(Fleet.load(fleet))
     assert isinstance(out.error, LaunchFailed)
     assert f"port {port}" in out.error.message and "in use" in out.error.message
     assert "base_port" in out.error.fix and out.pid is None
@@ -242,7 +243,7 @@ async def test_process_dying_during_start_is_reported_with_its_log(
         if message.startswith("spawned pid"):
             os.kill(int(message.split()[2].rstrip(",")), signal.SIGKILL)  # the host is this machine
 
-    [out] = await up(fleet, progress=kill_on_spawn)
+    [out] = await up(Fleet.load(fleet), progress=kill_on_spawn)
     assert isinstance(out.error, LaunchFailed)
     assert "exited while starting" in out.error.message
     assert out.error.context["log"] == out.log_path and out.error.fix
@@ -255,14 +256,14 @@ async def test_only_touches_the_named_instances(
 ) -> None:
     fleet = sim_fleet(tmp_path, ssh_hosts[:2])
     try:
-        outs = await up(fleet, only=only)
+        outs = await up(Fleet.load(fleet), only=only)
         _ok(outs)
         assert [o.instance for o in outs] == ["h1-0"]
-        statuses = {s.instance: s for s in await fleet_status(fleet, rate_window_s=0)}
+        statuses = {s.instance: s for s in await fleet_status(Fleet.load(fleet), rate_window_s=0)}
         assert statuses["h1-0"].readiness is Readiness.READY and statuses["h0-0"].readiness is Readiness.DOWN
         assert statuses["h0-0"].problem == "not running"
     finally:
-        await down(fleet)
+        await down(Fleet.load(fleet))
 
 
 @pytest.mark.parametrize(
@@ -282,7 +283,7 @@ async def test_public_bind_uses_the_key_and_never_writes_it(
     _append_engine(fleet, f'bind = "{bind}"\napi_key_env = "FLEETGEN_TEST_KEY"\n')
     root = ssh_hosts[0].workdir / tmp_path.name / "h0-0"
     try:
-        [out] = await up(fleet)
+        [out] = await up(Fleet.load(fleet))
         _ok([out])
         assert out.url.startswith(f"http://{reached_at}:")
         async with aiohttp.ClientSession() as http:
@@ -295,10 +296,10 @@ async def test_public_bind_uses_the_key_and_never_writes_it(
         assert not (root / "api_key").exists() and not (root / "api_key.yaml").exists()  # read, then removed
         log = _read(Path(out.log_path))
         assert "api_key='<redacted>'" in log and key not in log and _mode(Path(out.log_path)) == 0o600
-        [st] = await fleet_status(fleet, rate_window_s=0)
+        [st] = await fleet_status(Fleet.load(fleet), rate_window_s=0)
         assert st.readiness is Readiness.READY and st.drift == [] and key not in json.dumps(st.to_json())
     finally:
-        await down(fleet)
+        await down(Fleet.load(fleet))
 
 
 def _append_engine(fleet: Path, lines: str) -> None:
@@ -350,7 +351,7 @@ async def test_up_refuses_an_argv_the_engines_own_rule_refuses_before_starting_a
     with socket.socket() as probe, pytest.raises(ConnectionRefusedError):
         probe.connect(("127.0.0.1", port))
 
-    [out] = await up(fleet, plan_check=False)
+    [out] = await up(Fleet.load(fleet), plan_check=False)
     assert isinstance(out.error, LaunchFailed) and not out.is_ready
     assert refusal.message in str(out.error.context["matched"]) and out.error.fix == refusal.fix
     assert out.pid is not None and _is_gone(out.pid)

@@ -11,6 +11,7 @@ import pytest
 
 from fleetgen.deploy.fleetops import down, up
 from fleetgen.deploy.instance import Action
+from fleetgen.deploy.wanted import Fleet
 from fleetgen.fleet.pool import ready_endpoints
 from fleetgen.fleet.status import Readiness, fleet_status
 from tests.fixtures.sshd import SshdHost
@@ -58,14 +59,14 @@ async def test_vllm_lifecycle(
     fleet = _fleet(tmp_path / "fleet.toml", host, vllm_python, tiny_model, tmp_path, 2048)
     workdir = host.workdir / tmp_path.name
     try:
-        [first] = await up(fleet)
+        [first] = await up(Fleet.load(fleet))
         assert first.error is None, str(first.error)
         assert first.action is Action.STARTED and first.is_ready and first.verified is not None
         assert first.verified.model == "tiny"
         assert first.verified.accept_length is not None and first.verified.accept_length >= 1.0
         assert any(r.what == "kv_tokens" and r.actual for r in first.verified.capacity)
 
-        async with ready_endpoints(fleet) as [ep]:
+        async with ready_endpoints(Fleet.load(fleet)) as [ep]:
             async with (
                 aiohttp.ClientSession() as http,
                 http.post(
@@ -81,14 +82,14 @@ async def test_vllm_lifecycle(
                 body = await resp.json()
             assert resp.status == 200 and body["usage"]["completion_tokens"] == 8
 
-        [st] = await fleet_status(fleet)
+        [st] = await fleet_status(Fleet.load(fleet))
         assert st.readiness is Readiness.READY and st.drift == [] and st.pid == first.pid and st.running == 0
         assert st.uptime_s is not None and st.uptime_s > 0 and st.gen_tokens_per_s is not None
         assert set(st.to_json()) >= STATUS_JSON_KEYS
 
         old_log = Path(first.log_path)
         _fleet(fleet, host, vllm_python, tiny_model, tmp_path, 1024)
-        [second] = await up(fleet)
+        [second] = await up(Fleet.load(fleet))
         assert second.error is None, str(second.error)
         assert second.action is Action.REPLACED and second.pid != first.pid
         assert Path(second.log_path) != old_log and re.search(r"max_model_len\W{1,4}2048", read(old_log))
@@ -97,12 +98,12 @@ async def test_vllm_lifecycle(
         assert "--max-model-len 1024" in read(workdir / "h0-0" / "launch.sh")
 
         logs_before = log_files(workdir, "h0-0")
-        [third] = await up(fleet)
+        [third] = await up(Fleet.load(fleet))
         assert third.error is None, str(third.error)
         assert third.action is Action.UNCHANGED and third.pid == second.pid
         assert log_files(workdir, "h0-0") == logs_before
     finally:
-        [stopped] = await down(fleet)
+        [stopped] = await down(Fleet.load(fleet))
     assert stopped.error is None and stopped.action is Action.STOPPED
-    [after] = await fleet_status(fleet, rate_window_s=0)
+    [after] = await fleet_status(Fleet.load(fleet), rate_window_s=0)
     assert after.readiness is Readiness.DOWN and after.pid is None and after.problem == "not running"

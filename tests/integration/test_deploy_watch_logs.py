@@ -22,6 +22,7 @@ import pytest
 
 from fleetgen.config import load_fleet
 from fleetgen.deploy.fleetops import down, up
+from fleetgen.deploy.wanted import Fleet
 from tests.fixtures.sshd import SshdHost
 from tests.integration.test_deploy_support import write_fleet
 
@@ -53,11 +54,11 @@ async def fleet(ssh_hosts: list[SshdHost], tmp_path: Path) -> AsyncIterator[Path
         args=SIM_ARGS,
     )
     try:
-        outs = await up(path)
+        outs = await up(Fleet.load(path))
         assert [(o.instance, o.error) for o in outs] == [("h0-0", None), ("h0-1", None)]
         yield path
     finally:
-        await down(path)
+        await down(Fleet.load(path))
 
 
 class Command:
@@ -143,7 +144,7 @@ async def test_status_watch_shows_the_truth_at_every_refresh(fleet: Path) -> Non
         assert after["h0-0"][:2] == first["h0-0"][:2]  # the other instance is untouched
 
         # Brought back by `up`: the same watch (same tunnels) sees the new process ready.
-        [healed] = await up(fleet, only=["h0-1"])
+        [healed] = await up(Fleet.load(fleet), only=["h0-1"])
         assert healed.error is None and healed.pid not in (None, victim)
         # The lines the watch printed while `up` ran are still queued (not running, then the new process
         # loading): read on until it shows the new process ready, and never the killed one again.
@@ -219,7 +220,7 @@ async def test_logs_follow_prints_new_lines_then_the_next_launch(fleet: Path) ->
         assert is_run_of(follow.lines, log.read_text().splitlines())
 
         # A restart re-points current.log at a new file: the follower moves to it (tail -F semantics).
-        [restarted] = await up(fleet, only=["h0-0"], force=True)
+        [restarted] = await up(Fleet.load(fleet), only=["h0-0"], force=True)
         assert restarted.error is None
         await follow.line_where(lambda line: "The server is fired up and ready to roll!" in line)
         assert is_same_file(log, restarted.log_path)  # current.log now names the new launch's log

@@ -8,8 +8,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from fleetgen.config import load_fleet
 from fleetgen.deploy.fleetops import down, up
+from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import FleetDown
 from fleetgen.fleet.pool import ready_endpoints
 from tests.fixtures.sshd import SshdHost
@@ -24,14 +24,14 @@ async def _health(url: str) -> int:
 async def test_tunnels_close_when_the_block_exits_and_not_before(
     ssh_hosts: list[SshdHost], tmp_path: Path
 ) -> None:
-    fleet = sim_fleet(tmp_path, ssh_hosts[:1], gpus=(0, 1))
+    fleet = Fleet.load(sim_fleet(tmp_path, ssh_hosts[:1], gpus=(0, 1)))
     try:
         outcomes = await up(fleet)
         assert [o.error for o in outcomes] == [None, None]
         async with ready_endpoints(fleet) as endpoints:
             assert sorted(e.name for e in endpoints) == ["h0-0", "h0-1"]
             urls = [e.url for e in endpoints]
-            ports = {inst.port for inst in load_fleet(fleet).instances()}
+            ports = {inst.port for inst in fleet.file.instances()}
             # the URLs are tunnels (local forwards), not the engines' own ports
             assert all(int(url.rsplit(":", 1)[1]) not in ports for url in urls)
             for url in urls:

@@ -19,6 +19,7 @@ import pytest
 
 from fleetgen.config import load_fleet
 from fleetgen.deploy.fleetops import down, up
+from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import PlanError
 from tests.fixtures.sshd import SshdHost
 from tests.integration.test_deploy_sglang import QWEN36, sim_fleet
@@ -53,12 +54,12 @@ async def test_up_reads_the_model_on_the_host_and_refuses_what_the_engine_refuse
     root = ssh_hosts[0].workdir / tmp_path.name / "h0-0"
     try:
         with pytest.raises(PlanError) as refused:
-            await up(fleet)
+            await up(Fleet.load(fleet))
         assert "[no-buffer-overlap] h0-0:" in refused.value.message and "--no-plan-check" in refused.value.fix
         assert not (root / "pid").exists() and not log_files(root.parent, "h0-0")
         assert _refused_on_port(port)
     finally:
-        await down(fleet)
+        await down(Fleet.load(fleet))
         shutil.rmtree(home_dir)
 
 
@@ -69,7 +70,7 @@ async def test_up_says_which_checks_it_skipped_when_no_config_json_is_readable(
     fleet = sim_fleet(tmp_path, ssh_hosts[:1])
     said: list[tuple[str, str]] = []
     try:
-        [out] = await up(fleet, progress=lambda inst, msg: said.append((inst, msg)))
+        [out] = await up(Fleet.load(fleet), progress=lambda inst, msg: said.append((inst, msg)))
         assert out.error is None, out.error
         [warning] = [m for who, m in said if who == str(fleet) and m.startswith("warning:")]
         assert "engine's own rules for each instance's flags" in warning
@@ -77,7 +78,7 @@ async def test_up_says_which_checks_it_skipped_when_no_config_json_is_readable(
         assert 'engine.model_config = "<local folder with config.json>"' in warning
         assert said.index((str(fleet), warning)) < next(i for i, (w, _) in enumerate(said) if w == "h0-0")
     finally:
-        await down(fleet)
+        await down(Fleet.load(fleet))
 
 
 async def test_only_scopes_the_fleet_wide_check(ssh_hosts: list[SshdHost], tmp_path: Path) -> None:
@@ -91,10 +92,10 @@ async def test_only_scopes_the_fleet_wide_check(ssh_hosts: list[SshdHost], tmp_p
     try:
         for only in (["h1b"], ["h1-0"], ["h0", "h1b-0"]):
             with pytest.raises(PlanError) as refused:
-                await up(fleet, only=only)
+                await up(Fleet.load(fleet), only=only)
             assert "[port-clash] h1b-0 and h1-0" in refused.value.message
         assert _refused_on_port(ports[0])
-        [out] = await up(fleet, only=["h0-0"])
+        [out] = await up(Fleet.load(fleet), only=["h0-0"])
         assert out.error is None and out.is_ready, out.error
     finally:
-        await down(fleet)
+        await down(Fleet.load(fleet))

@@ -10,6 +10,7 @@ import pytest
 from fleetgen.bench.fleet import targets_of, write_spec_off
 from fleetgen.bench.stats import BenchTarget
 from fleetgen.config import load_fleet
+from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import ConfigError
 
 PAIRS = [("h0-0", "http://127.0.0.1:1"), ("h0-1", "http://127.0.0.1:2")]
@@ -57,7 +58,7 @@ def test_targets_per_scope() -> None:
 def test_spec_off_drops_only_speculative_args(tmp_path: Path) -> None:
     path = tmp_path / "fleet.toml"
     path.write_text(FLEET)
-    off = write_spec_off(path)
+    off = write_spec_off(Fleet.load(path)).path
     assert off == tmp_path / "fleet.spec-off.toml"
     original, written = load_fleet(path), load_fleet(off)
     assert written.engine.args == {
@@ -73,7 +74,7 @@ def test_spec_off_refuses_a_fleet_without_spec(tmp_path: Path) -> None:
     path = tmp_path / "fleet.toml"
     path.write_text(FLEET.replace('speculative-algorithm = "EAGLE"\nspeculative-num-steps = 3\n', ""))
     with pytest.raises(ConfigError, match="no speculative decoding flags") as info:
-        write_spec_off(path)
+        write_spec_off(Fleet.load(path))
     assert "--compare-spec" in info.value.fix
     assert not (tmp_path / "fleet.spec-off.toml").exists()
 
@@ -100,6 +101,6 @@ def test_spec_off_writes_back_every_other_value_as_it_was_read(tmp_path: Path) -
     path = tmp_path / "fleet.toml"
     path.write_text(UGLY, encoding="utf-8")
     before = tomllib.loads(UGLY)
-    after = tomllib.loads(write_spec_off(path).read_text(encoding="utf-8"))
+    after = tomllib.loads(write_spec_off(Fleet.load(path)).path.read_text(encoding="utf-8"))
     del before["engine"]["args"]["speculative-config"]
     assert after == before

@@ -12,14 +12,13 @@ import contextlib
 import dataclasses
 import tomllib
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import tomli_w
 
 from fleetgen.bench.stats import BenchLoad, BenchTarget, LevelResult, SpeedupRow, speedups
 from fleetgen.bench.sweep import sweep
-from fleetgen.config import load_fleet
 from fleetgen.deploy.fleetops import up
+from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import ConfigError, FleetgenError
 from fleetgen.fleet.pool import ready_endpoints
 
@@ -38,7 +37,7 @@ def targets_of(names_urls: Sequence[tuple[str, str]], scope: str) -> list[BenchT
 
 
 async def bench_fleet(
-    fleet_path: Path,
+    fleet: Fleet | None,
     urls: Sequence[str],
     load: BenchLoad,
     *,
@@ -48,11 +47,11 @@ async def bench_fleet(
 ) -> list[LevelResult]:
     """Sweep the given URLs, or the fleet's ready instances (through their tunnels, capped by the plan)."""
     async with contextlib.AsyncExitStack() as stack:
-        if urls:
+        if urls or fleet is None:
             pairs = [(f"endpoint-{i}", url.rstrip("/")) for i, url in enumerate(urls)]
             caps = [cap]
         else:
-            endpoints = await stack.enter_async_context(ready_endpoints(fleet_path))
+            endpoints = await stack.enter_async_context(ready_endpoints(fleet))
             pairs = [(e.name, e.url) for e in endpoints]
             caps = [cap, *(e.max_running_requests for e in endpoints)]
             if endpoints[0].api_key and not load.api_key:
@@ -64,7 +63,7 @@ async def bench_fleet(
 
 
 async def compare_spec(
-    fleet_path: Path,
+    fleet: Fleet,
     load: BenchLoad,
     *,
     scope: str = "both",
@@ -72,45 +71,44 @@ async def compare_spec(
     on_level: OnLevel | None = None,
 ) -> tuple[list[LevelResult], list[LevelResult], list[SpeedupRow]]:
     """Deploy spec off, bench; deploy the fleet file as written (spec on), bench; pair the results."""
-    off_path = write_spec_off(fleet_path)
+    spec_off = write_spec_off(fleet)
     try:
-        await _restart(off_path)
-        off = await bench_fleet(off_path, (), load, scope=scope, cap=cap, on_level=on_level)
+        await _restart(spec_off)
+        off = await bench_fleet(spec_off, (), load, scope=scope, cap=cap, on_level=on_level)
     except FleetgenError as exc:
         # Not silent: the fleet now runs (some of) the spec-off deploy, unlike what the fleet file says.
         exc.context["fleet left"] = "deployed WITHOUT speculative decoding (the --compare-spec off phase)"
-        exc.fix = f"{exc.fix}; then `fleetgen up -f {fleet_path}` restores the fleet file's deploy".lstrip(
+        exc.fix = f"{exc.fix}; then `fleetgen up -f {fleet.path}` restores the fleet file's deploy".lstrip(
             "; "
         )
         raise
     finally:
-        off_path.unlink(missing_ok=True)
-    await _restart(fleet_path)
-    on = await bench_fleet(fleet_path, (), load, scope=scope, cap=cap, on_level=on_level)
+        spec_off.path.unlink(missing_ok=True)
+    await _restart(fleet)
+    on = await bench_fleet(fleet, (), load, scope=scope, cap=cap, on_level=on_level)
     return off, on, speedups(off, on)
 
 
-async def _restart(fleet_path: Path) -> None:
-    outcomes = await up(fleet_path, force=True)
+async def _restart(fleet: Fleet) -> None:
+    outcomes = await up(fleet, force=True)
     for outcome in outcomes:
         if outcome.error is not None:
             raise outcome.error
 
 
-def write_spec_off(fleet_path: Path) -> Path:
-    """Write the fleet file without its speculative engine args beside it; refuse when it has none."""
-    load_fleet(fleet_path)  # validates, with the file's own error messages
-    data = tomllib.loads(fleet_path.read_text(encoding="utf-8"))
+def write_spec_off(fleet: Fleet) -> Fleet:
+    """Write the (loaded) fleet file without its speculative engine args beside it, and load that; refuse
+    when it has none."""
+    data = tomllib.loads(fleet.path.read_text(encoding="utf-8"))
     args = data.get("engine", {}).get("args", {})
     spec_keys = [k for k in args if k.startswith(SPEC_ARG_PREFIX)]
     if not spec_keys:
         raise ConfigError(
-            f"{fleet_path}: engine.args has no speculative decoding flags to turn off",
+            f"{fleet.path}: engine.args has no speculative decoding flags to turn off",
             fix='add them (e.g. speculative-algorithm = "EAGLE" for SGLang, speculative-config '
             "for vLLM), or run without --compare-spec",
         )
     data["engine"]["args"] = {k: v for k, v in args.items() if k not in spec_keys}
-    off_path = fleet_path.with_name(fleet_path.stem + ".spec-off.toml")
+    off_path = fleet.path.with_name(fleet.path.stem + ".spec-off.toml")
     off_path.write_text(tomli_w.dumps(data), encoding="utf-8")
-    load_fleet(off_path)  # what we wrote must read back as a valid fleet file
-    return off_path
+    return Fleet.load(off_path)  # what we wrote must read back as a valid fleet file

@@ -21,8 +21,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from fleetgen.config import FleetFile, load_fleet
-from fleetgen.errors import ConfigError, FleetgenError
+from fleetgen.deploy.wanted import Fleet
+from fleetgen.errors import FleetgenError
 from fleetgen.redact import redacting, remember
 
 app = typer.Typer(
@@ -62,28 +62,20 @@ err_console = _console(stderr=True)
 T = TypeVar("T")
 
 
-def remember_key(fleet: Path | None) -> Path | None:
-    """The callback of every fleet file option: the fleet's API key (when its variable is set) is redacted
-    from everything the command prints, before anything runs (a host's log or an error may hold it). No
-    option: fleet.toml, what a command falls back to. A file that does not load is left to the command,
-    which says what is wrong with it."""
-    try:
-        engine = load_fleet(fleet or Path("fleet.toml")).engine
-    except ConfigError:
-        return fleet
+def read_fleet(path: Path) -> Fleet:
+    """The command's fleet file, read once (a bad one raises ConfigError naming file, line and field); from
+    here on, the fleet's API key (when its variable is set) is redacted from everything the command prints
+    (a host's log or an error may hold it). Call it inside `run`, which renders that error."""
+    fleet = Fleet.load(path)
+    engine = fleet.file.engine
     if engine.is_public and engine.api_key_env:
         remember(os.environ.get(engine.api_key_env, ""))
     return fleet
 
 
-FLEET_OPTION = typer.Option(
-    Path("fleet.toml"), "--fleet", "-f", help="The fleet file (TOML).", callback=remember_key
-)
+FLEET_OPTION = typer.Option(Path("fleet.toml"), "--fleet", "-f", help="The fleet file (TOML).")
 # `run` and `dashboard`: no fleet file given is fleet.toml unless other servers are (`--endpoint`).
-FleetOrNone = Annotated[
-    Path | None,
-    typer.Option("--fleet", "-f", help="Fleet file (`fleetgen up` state).", callback=remember_key),
-]
+FleetOrNone = Annotated[Path | None, typer.Option("--fleet", "-f", help="Fleet file (`fleetgen up` state).")]
 
 Endpoints = Annotated[
     list[str] | None,
@@ -116,11 +108,12 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
         raise typer.Exit(130) from None
 
 
-def run_on(fleet: Path, work: Callable[[FleetFile], Awaitable[T]]) -> T:
-    """`run` a command's work on its fleet file, read inside it: a bad file is rendered as every error is."""
+def run_on(fleet: Path, work: Callable[[Fleet], Awaitable[T]]) -> T:
+    """`run` a command's work on its fleet file, read once inside it (`read_fleet`): a bad file is rendered
+    as every error is."""
 
     async def go() -> T:
-        return await work(load_fleet(fleet))
+        return await work(read_fleet(fleet))
 
     return run(go())
 

@@ -16,7 +16,18 @@ from rich.table import Table
 
 from fleetgen.bench.fleet import bench_fleet, compare_spec
 from fleetgen.bench.stats import DEFAULT_CONCURRENCIES, GREEDY, OWN_FIELDS, BenchLoad, LevelResult, SpeedupRow
-from fleetgen.cli.app import FLEET_OPTION, Endpoints, app, console, err_console, flag, print_json, run, table
+from fleetgen.cli.app import (
+    FLEET_OPTION,
+    Endpoints,
+    app,
+    console,
+    err_console,
+    flag,
+    print_json,
+    read_fleet,
+    run,
+    table,
+)
 from fleetgen.config import JobFile, load_job
 from fleetgen.dashboard import chromium, svg
 from fleetgen.errors import ConfigError
@@ -148,15 +159,16 @@ def bench(
             model=model or job_model,
             sampling=sampling,
         )
+        loaded = None if endpoint else read_fleet(fleet)
         rows: list[SpeedupRow] = []
-        if compare:
+        if loaded is not None and compare:
             off, on, rows = await compare_spec(
-                fleet, load, scope=scope, cap=max_concurrency, on_level=_progress
+                loaded, load, scope=scope, cap=max_concurrency, on_level=_progress
             )
             levels = [dataclasses.replace(r, target=f"{r.target} (spec off)") for r in off] + list(on)
         else:
             levels = await bench_fleet(
-                fleet, endpoint or [], load, scope=scope, cap=max_concurrency, on_level=_progress
+                loaded, endpoint or [], load, scope=scope, cap=max_concurrency, on_level=_progress
             )
         _print(load, levels, rows, as_json)
         if png is not None:

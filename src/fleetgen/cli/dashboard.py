@@ -19,13 +19,13 @@ from fleetgen.cli.app import (
     console,
     err_console,
     flag,
+    read_fleet,
     run,
     until_stopped,
 )
 from fleetgen.dashboard.fleetdata import EndpointSource, FleetViewSource, planned_capacity
 from fleetgen.dashboard.report import write_report
 from fleetgen.dashboard.server import Dashboard, FleetSource, no_fleet, serving
-from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import ConfigError
 from fleetgen.fleet.status import open_view
 
@@ -42,7 +42,7 @@ async def _fleet_source(fleet: Path | None, endpoints: list[str]) -> AsyncIterat
     if fleet is None:
         yield no_fleet, ""
         return
-    loaded = Fleet.load(fleet)
+    loaded = read_fleet(fleet)
     planned, note = await asyncio.to_thread(planned_capacity, loaded.file, fleet)
     async with open_view(loaded) as view:
         yield FleetViewSource(view, planned), note

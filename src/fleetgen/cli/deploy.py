@@ -18,9 +18,10 @@ from fleetgen.cli.app import (
     exit_with,
     flag,
     print_json,
-    remember_key,
+    read_fleet,
     render_error,
     run,
+    run_on,
     table,
     until_stopped,
 )
@@ -28,14 +29,11 @@ from fleetgen.deploy.fleetops import down as do_down
 from fleetgen.deploy.fleetops import up as do_up
 from fleetgen.deploy.instance import Outcome
 from fleetgen.deploy.logs import read_log
-from fleetgen.deploy.wanted import Fleet
 from fleetgen.fleet.status import InstanceStatus, Readiness, fleet_status, open_view
 
 ONLY_OPTION = typer.Option(None, "--only", help="Instance or host names (repeatable); default: all.")
 # `-f` is --follow for `logs` (as in `tail -f`), so there the fleet file is --fleet only.
-LOGS_FLEET_OPTION = typer.Option(
-    Path("fleet.toml"), "--fleet", help="The fleet file (TOML).", callback=remember_key
-)
+LOGS_FLEET_OPTION = typer.Option(Path("fleet.toml"), "--fleet", help="The fleet file (TOML).")
 
 
 def _progress(instance: str, message: str) -> None:
@@ -106,7 +104,7 @@ def up(
     fleet: Path = FLEET_OPTION, only: list[str] | None = ONLY_OPTION, plan_check: bool = PLAN_CHECK_OPTION
 ) -> None:
     """Start (or leave running) every instance, wait until ready, and verify it."""
-    _report(run(do_up(fleet, only=only, plan_check=plan_check, progress=_progress)), "ready")
+    _report(run_on(fleet, lambda f: do_up(f, only=only, plan_check=plan_check, progress=_progress)), "ready")
 
 
 @app.command()
@@ -114,13 +112,16 @@ def restart(
     fleet: Path = FLEET_OPTION, only: list[str] | None = ONLY_OPTION, plan_check: bool = PLAN_CHECK_OPTION
 ) -> None:
     """Stop and start every (selected) instance, then verify it."""
-    _report(run(do_up(fleet, only=only, force=True, plan_check=plan_check, progress=_progress)), "ready")
+    restarted = run_on(
+        fleet, lambda f: do_up(f, only=only, force=True, plan_check=plan_check, progress=_progress)
+    )
+    _report(restarted, "ready")
 
 
 @app.command()
 def down(fleet: Path = FLEET_OPTION, only: list[str] | None = ONLY_OPTION) -> None:
     """Stop every (selected) instance."""
-    _report(run(do_down(fleet, only=only)), "stopped")
+    _report(run_on(fleet, lambda f: do_down(f, only=only)), "stopped")
 
 
 def _table(statuses: Sequence[InstanceStatus]) -> Table:
@@ -160,7 +161,7 @@ def status(
 ) -> None:
     """Re-read every instance from its host: process, drift, health, load, accept length."""
     if not watch:
-        statuses = run(fleet_status(fleet, only=only))
+        statuses = run_on(fleet, lambda f: fleet_status(f, only=only))
         if as_json:
             print_json([s.to_json() for s in statuses])
         else:
@@ -172,7 +173,7 @@ def status(
 
 
 async def _watch(fleet: Path, only: list[str] | None, as_json: bool, interval: float) -> None:
-    async with open_view(Fleet.load(fleet), only=only) as view:
+    async with open_view(read_fleet(fleet), only=only) as view:
         while True:
             statuses = await view.refresh(rate_window_s=0)
             if as_json:
@@ -193,7 +194,7 @@ def logs(
     """Show an instance's current log (the launch in progress or running)."""
 
     async def show() -> None:
-        async for line in read_log(fleet, name, lines, follow=follow):
+        async for line in read_log(read_fleet(fleet), name, lines, follow=follow):
             print(line, flush=True)
 
     run(until_stopped(show()) if follow else show())

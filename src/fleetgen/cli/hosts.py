@@ -20,7 +20,7 @@ JSON_OPTION = flag("json", "Print a JSON list, one object per host.")
 @hosts_app.command("check")
 def check(fleet: Path = FLEET_OPTION, as_json: bool = JSON_OPTION) -> None:
     """Probe every host in parallel. Exit code 1 if any host is unreachable or lacks something."""
-    reports = run_on(fleet, check_hosts)
+    reports = run_on(fleet, lambda loaded: check_hosts(loaded.file))
     for report in reports:
         for message in report.warnings:
             warn(message)

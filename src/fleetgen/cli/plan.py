@@ -30,7 +30,9 @@ def plan(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Plan GPU memory and flags per instance. Exit code 2 when an instance does not fit or a rule fails."""
-    result = run_on(fleet, lambda file: plan_from_file(file, fleet, offline=offline, target=target))
+    result = run_on(
+        fleet, lambda loaded: plan_from_file(loaded.file, loaded.path, offline=offline, target=target)
+    )
     if as_json:
         print_json(result.to_json())
     else:

@@ -22,10 +22,20 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from fleetgen.cli.app import Endpoints, FleetOrNone, JobFolder, app, console, err_console, flag, on_stop, run
+from fleetgen.cli.app import (
+    Endpoints,
+    FleetOrNone,
+    JobFolder,
+    app,
+    console,
+    err_console,
+    flag,
+    on_stop,
+    read_fleet,
+    run,
+)
 from fleetgen.cli.runlog import PlainLog, progress_line
 from fleetgen.config import JobFile, load_job
-from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import ConfigError, FleetDown
 from fleetgen.fleet.pool import Link, open_fleet
 from fleetgen.fleet.status import Readiness
@@ -233,7 +243,7 @@ async def _servers(
         say = _meanwhile("the servers", None, False)
         yield Servers(url_hooks(urls), wait_ready or 0.0, DEFAULT_DEAD_TIMEOUT_S, say)
         return
-    loaded = Fleet.load(fleet or Path("fleet.toml"))
+    loaded = read_fleet(fleet or Path("fleet.toml"))
     fleet, engine = loaded.path, loaded.file.engine
     async with open_fleet(loaded) as links:
         at_start = await links.read_all()
@@ -244,7 +254,7 @@ async def _servers(
         wait = engine.ready_timeout_s if wait_ready is None else wait_ready
         _say_not_ready(at_start, fleet, wait, restart_dead)
         yield Servers(
-            fleet_hooks(loaded.file, fleet, links, at_start, restart_dead),
+            fleet_hooks(loaded, links, at_start, restart_dead),
             wait,
             wait,
             _meanwhile(f"the instances of {fleet}", fleet, restart_dead),

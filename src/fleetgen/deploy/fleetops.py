@@ -12,7 +12,6 @@ import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 
 import aiohttp
 
@@ -174,7 +173,7 @@ def plan_for_up(
 
 
 async def up(
-    fleet_path: Path,
+    fleet: Fleet,
     *,
     only: Sequence[str] | None = None,
     force: bool = False,
@@ -183,7 +182,6 @@ async def up(
 ) -> list[Outcome]:
     """Bring every (selected) instance up, verified; `force` restarts even matching processes (restart);
     `plan_check` False launches even what the engine's own rules refuse (plan's flag rules)."""
-    fleet = Fleet.load(fleet_path)
     secret = api_key(fleet.file)
     plans: dict[str, InstancePlan] = {}
 
@@ -203,9 +201,9 @@ async def up(
         plans.update(plan_for_up(fleet, opened, shape, plan_check=plan_check))
 
     def on_record(rec: InstanceRecord) -> None:
-        update_state(fleet_path, put=[rec])
+        update_state(fleet.path, put=[rec])
 
-    run = Rollout(fleet.engine, load_state(fleet_path), progress, on_record, force)
+    run = Rollout(fleet.engine, load_state(fleet.path), progress, on_record, force)
 
     async def per_host(hs: HostSession, instances: list[Instance]) -> list[Outcome]:
         wanted = [
@@ -220,10 +218,9 @@ async def up(
     return await for_each_host(fleet, only, per_host, check_fleet=check)
 
 
-async def down(fleet_path: Path, *, only: Sequence[str] | None = None) -> list[Outcome]:
+async def down(fleet: Fleet, *, only: Sequence[str] | None = None) -> list[Outcome]:
     """Stop every (selected) instance and forget it in the state."""
-    fleet = Fleet.load(fleet_path)
-    records = load_state(fleet_path)
+    records = load_state(fleet.path)
 
     async def per_host(hs: HostSession, instances: list[Instance]) -> list[Outcome]:
         wanted = [build_wanted(fleet.file, fleet.engine, i, hs.survey, None) for i in instances]
@@ -233,7 +230,7 @@ async def down(fleet_path: Path, *, only: Sequence[str] | None = None) -> list[O
             outs = list(
                 await asyncio.gather(*(stop_instance(hs, t, records.get(t.inst.name)) for t in wanted))
             )
-        update_state(fleet_path, drop=[o.instance for o in outs if o.error is None])
+        update_state(fleet.path, drop=[o.instance for o in outs if o.error is None])
         return outs
 
     return await for_each_host(fleet, only, per_host, check_launch=False)

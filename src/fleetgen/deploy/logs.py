@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import aiohttp
 
@@ -15,10 +14,9 @@ from fleetgen.errors import ConfigError
 
 
 async def read_log(
-    fleet_path: Path, name: str, num_lines: int = 100, *, follow: bool = False
+    fleet: Fleet, name: str, num_lines: int = 100, *, follow: bool = False
 ) -> AsyncIterator[str]:
     """The last `num_lines` lines of the instance's current log; with `follow`, then every new line."""
-    fleet = Fleet.load(fleet_path)
     entry = fleet.file.host_of_instance(name)
     async with (
         aiohttp.ClientSession() as http,

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from fleetgen.deploy.state import load_state
 from fleetgen.deploy.wanted import Fleet
@@ -33,12 +32,10 @@ class Link:
 
 
 @contextlib.asynccontextmanager
-async def ready_endpoints(
-    fleet_path: Path, *, only: Sequence[str] | None = None
-) -> AsyncIterator[list[Link]]:
+async def ready_endpoints(fleet: Fleet, *, only: Sequence[str] | None = None) -> AsyncIterator[list[Link]]:
     """The fleet's ready endpoints, their tunnels open until the block exits (the SSH connections close
     with it); raises FleetDown when none is ready."""
-    async with open_view(Fleet.load(fleet_path), only=only) as view:
+    async with open_view(fleet, only=only) as view:
         statuses = await view.refresh(rate_window_s=0)
         ready = [s for s in statuses if s.readiness is Readiness.READY]  # healthy, no drift
         endpoints = [Link(s.instance, s.url, view.secret, s.max_running_requests) for s in ready]

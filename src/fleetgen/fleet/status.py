@@ -13,7 +13,6 @@ import contextlib
 import enum
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -233,8 +232,8 @@ async def _place(
 
 
 async def fleet_status(
-    fleet_path: Path, *, only: Sequence[str] | None = None, rate_window_s: float = 1.0
+    fleet: Fleet, *, only: Sequence[str] | None = None, rate_window_s: float = 1.0
 ) -> list[InstanceStatus]:
     """One read of every (selected) instance; tunnels are closed again afterwards."""
-    async with open_view(Fleet.load(fleet_path), only=only) as view:
+    async with open_view(fleet, only=only) as view:
         return await view.refresh(rate_window_s)

@@ -16,6 +16,7 @@ from typing import Any
 from fleetgen.config import FleetFile
 from fleetgen.deploy.fleetops import up
 from fleetgen.deploy.instance import Action, Outcome
+from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import DeployError, FleetgenError
 from fleetgen.fleet.pool import FleetLinks, Link
 from fleetgen.fleet.status import Readiness
@@ -47,32 +48,30 @@ def url_hooks(urls: Sequence[str]) -> FleetHooks:
     return FleetHooks(endpoints, describe={"fleet": {"endpoints": list(urls)}})
 
 
-def fleet_hooks(
-    fleet: FleetFile, fleet_path: Path, links: FleetLinks, at_start: Sequence[Link], restart_dead: bool
-) -> FleetHooks:
-    """A job on the instances of `fleet_path` (`at_start`: as read then; those not ready start drained),
+def fleet_hooks(fleet: Fleet, links: FleetLinks, at_start: Sequence[Link], restart_dead: bool) -> FleetHooks:
+    """A job on the instances of `fleet` (`at_start`: as read then; those not ready start drained),
     `links.check` to re-read one, and with `restart_dead` a dead one brought back by `revive`."""
     return FleetHooks(
         [(e.name, e.url) for e in at_start],
-        describe=fleet_meta(fleet, fleet_path, links.names),
+        describe=fleet_meta(fleet.file, fleet.path, links.names),
         api_key=links.secret,
-        engine_kind=fleet.engine.kind,
+        engine_kind=fleet.file.engine.kind,
         not_ready={e.name: (e.readiness, e.problem) for e in at_start if e.readiness is not Readiness.READY},
         check=links.check,
-        on_dead=functools.partial(revive, fleet_path) if restart_dead else None,
+        on_dead=functools.partial(revive, fleet) if restart_dead else None,
     )
 
 
-async def revive(fleet_path: Path, instance: str) -> Outcome:
+async def revive(fleet: Fleet, instance: str) -> Outcome:
     """Bring a dead instance back through the deploy layer; raise when it does not come back verified.
 
     `up` first: it starts the instance only if its process is gone (or differs from the fleet file), so a
     server that is alive but briefly failing requests (overloaded, 503s) is verified and left running, not
     killed with its in-flight work. A process that runs but cannot be verified (hung) is then restarted.
     """
-    outcome = _one(await up(fleet_path, only=[instance]), instance)
+    outcome = _one(await up(fleet, only=[instance]), instance)
     if outcome.error is not None and outcome.action is Action.UNCHANGED:
-        outcome = _one(await up(fleet_path, only=[instance], force=True), instance)
+        outcome = _one(await up(fleet, only=[instance], force=True), instance)
     if outcome.error is not None:
         raise _failed(instance, outcome.error)
     return outcome
