@@ -7,11 +7,10 @@ attached to a ticket. PNGs are the same SVG charts rasterised (`chromium.svg_to_
 from __future__ import annotations
 
 import asyncio
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from fleetgen.atomic import write_atomic
 from fleetgen.dashboard import chromium, page, render
 from fleetgen.dashboard.jobdata import JobReader
 from fleetgen.dashboard.model import JobView
@@ -35,19 +34,6 @@ def read_job(out_dir: Path) -> JobView:
         return reader.read(num_errors=NUM_LISTED_ERRORS)
     finally:
         reader.close()
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` via a temp file and a rename: a reader never sees half a report (an OSError
-    is the CLI's to say, with the path)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)  # gone after the rename; left over only by a failed write
 
 
 async def write_report(out_dir: Path, to: Path | None = None, *, png: bool = False) -> ReportFiles:

@@ -4,20 +4,20 @@ State is a record, never the truth: `status` and `up` re-read every process from
 only to know which PID (and start time, to tell a reused PID) to look at. It never holds a secret: only the
 NAMES of the environment variables are stored (values may be tokens a user put in engine.env), and the argv
 as rendered, where an API key is a `${NAME}` reference.
-Writes are atomic (temp file + rename) so a crash mid-write leaves the previous state.
+Writes are atomic (`atomic.write_atomic`: temp file + fsync + rename) so a crash mid-write leaves the previous
+state.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pydantic import TypeAdapter
 
+from fleetgen.atomic import write_atomic
 from fleetgen.errors import ConfigError
 
 STATE_DIR = ".fleetgen"
@@ -74,27 +74,15 @@ def load_state(fleet_path: Path) -> dict[str, InstanceRecord]:
 
 def update_state(fleet_path: Path, put: Iterable[InstanceRecord] = (), drop: Iterable[str] = ()) -> None:
     """Upsert `put` and remove `drop` (instance names), keeping every other record; written atomically
-    (temp + fsync + rename)."""
+    (`atomic.write_atomic`: temp + fsync + rename)."""
     records = load_state(fleet_path)
     for name in drop:
         records.pop(name, None)
     for rec in put:
         records[rec.instance] = rec
-    path = state_path(fleet_path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "schema": SCHEMA_VERSION,
         "fleet_file": str(fleet_path.resolve()),
         "instances": {name: asdict(rec) for name, rec in sorted(records.items())},
     }
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".state-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(payload, fh, indent=2, sort_keys=True)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(state_path(fleet_path), json.dumps(payload, indent=2, sort_keys=True) + "\n")
