@@ -263,3 +263,26 @@ def test_engine_knowledge_reaches_the_rest_through_the_registries() -> None:
         if path.parent.name not in ("engines", "sim") and (where := str(path.relative_to(SRC))) not in own
     }
     assert {where: mods for where, mods in found.items() if mods} == {}
+
+
+def test_no_module_outside_an_engine_names_its_flags_or_view_keys() -> None:
+    """The flags and info keys an engine declares (`max_running_flags`, `view_keys`) are named only in its own
+    modules (fleet/status.py once named vLLM's max-num-seqs; deploy/verify.py SGLang's /server_info keys)."""
+    own = {"plan/planners.py", "plan/rules.py", "plan/settings.py", *(f"plan/{name}.py" for name in ENGINES)}
+    declared = {k for e in ENGINES.values() for k in (*e.max_running_flags, *e.view_keys)}
+    assert declared
+    found = {
+        where: hits
+        for path in sorted(SRC.rglob("*.py"))
+        if path.parent.name not in ("engines", "sim") and (where := str(path.relative_to(SRC))) not in own
+        if (
+            hits := sorted(
+                {
+                    n.value
+                    for n in ast.walk(ast.parse(path.read_text()))
+                    if isinstance(n, ast.Constant) and n.value in declared
+                }
+            )
+        )
+    }
+    assert found == {"http/metrics.py": ["internal_states"]}  # its accept length / max running: next

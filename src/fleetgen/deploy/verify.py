@@ -197,9 +197,8 @@ async def verify_engine(
 
 
 def _check_view(command: Command, engine: Engine, client: EngineClient, info: Any) -> None:
-    """Refuse when the engine's own view (SGLang's /server_info) contradicts the flags it was given."""
-    is_server_args = isinstance(info, dict) and ("model_path" in info or "mem_fraction_static" in info)
-    if not (is_server_args or (isinstance(info, dict) and "internal_states" in info)):
+    """Refuse when the engine's own view (an info JSON with one of its `view_keys`) contradicts its flags."""
+    if not (isinstance(info, dict) and any(key in info for key in engine.view_keys)):
         return
     problems = view_mismatches(command.args, info, engine)
     if problems:

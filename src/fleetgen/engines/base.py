@@ -205,6 +205,7 @@ class Engine:
     health_path = "/health"
     info_paths: tuple[str, ...] = ()  # its own view of its settings (JSON), first that answers
     view_checks: tuple[ViewCheck, ...] = ()  # flags whose effect the info JSON shows
+    view_keys: tuple[str, ...] = ()  # an info JSON holding one of these keys is its view (checked against)
     view_aliases: tuple[tuple[str, str], ...] = ()  # values the engine rewrites before it reports them
     metrics_path = "/metrics"
     metrics: MetricNames
@@ -222,6 +223,7 @@ class Engine:
     model_flag: str | None = None  # None: the model path is the first (positional) argument
     tp_flag: str
     context_flag: str  # the flag (no dashes) that caps one request's tokens, the model's length by default
+    max_running_flags: tuple[str, ...] = ()  # flags (no dashes) that cap the capacity's max_running_requests
     parser_body: str  # its own parser, run inside `parser_check_script` (reads `argv`, fills `out`)
 
     def build_argv(self, cfg: EngineConfig, inst: Instance, rules: RuleSet | None = None) -> list[str]:

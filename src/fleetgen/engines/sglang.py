@@ -170,6 +170,7 @@ class SGLangEngine(Engine):
     distributions: tuple[str, ...] = ("sglang",)
     info_paths: tuple[str, ...] = ("/server_info", "/get_server_info")
     view_checks: tuple[ViewCheck, ...] = VIEW_CHECKS
+    view_keys: tuple[str, ...] = ("model_path", "mem_fraction_static", "internal_states")
     view_aliases: tuple[tuple[str, str], ...] = (("NEXTN", "EAGLE"),)  # NEXTN is reported as EAGLE
     metrics = MetricNames.of(
         name,

@@ -103,6 +103,7 @@ class VLLMEngine(Engine):
     model_flag = None  # the model path is vLLM serve's positional argument
     tp_flag = "--tensor-parallel-size"
     context_flag = "max-model-len"
+    max_running_flags: tuple[str, ...] = ("max-num-seqs",)
     parser_body = PARSER_BODY
 
     def capacity(self, log: Sequence[str], info: Any, labels: Labels) -> dict[str, float]:

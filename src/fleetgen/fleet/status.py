@@ -153,7 +153,7 @@ class FleetView:
         st.running, st.queued = load.running, load.queued
         st.gen_tokens_per_s, st.spec_accept_length = load.gen_tokens_per_s, load.spec_accept_length
         st.kv_usage = load.kv_usage
-        seqs = flag_value(w.wanted.command.args, ("max-num-seqs",))
+        seqs = flag_value(w.wanted.command.args, engine.max_running_flags)
         st.max_running_requests = (
             max_running_from_info(info)
             or max_running_from_capacity(capacity, seqs)
