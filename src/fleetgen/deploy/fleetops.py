@@ -151,7 +151,8 @@ def plan_for_up(
     else:  # no model shape: sizing and the flag rules unknown, GPUs and ports still checked
         errors, plans = cross_instance_errors(fleet.file, everyone, [], facts), {}
     # What breaks among the instances `--only` left out alone (a clash of two of them) stops none it picked.
-    others = [i for i in everyone if i.name not in {p.name for p in picked}]
+    picked_names = {p.name for p in picked}
+    others = [i for i in everyone if i.name not in picked_names]
     theirs = cross_instance_errors(
         fleet.file, others, [plans[i.name] for i in others if i.name in plans], facts
     )
