@@ -59,7 +59,6 @@ class Dispatcher:
         self._fatal: FleetgenError | None = None
         self._refused = Streak(policy.max_identical_rejections)
         self._num_succeeded = 0
-        self._down_since: float | None = None
         self.failures_in_row = 0
         self.last_error = ""
 
@@ -70,9 +69,7 @@ class Dispatcher:
     @property
     def wait_left_s(self) -> float | None:
         """With no endpoint ready: the seconds left before the job stops with FleetDown; None while one is."""
-        if self._down_since is None or any(e.readiness is Readiness.READY for e in self.endpoints):
-            return None
-        return max(0.0, self.policy.dead_timeout_s - (time.monotonic() - self._down_since))
+        return self._watch.wait_left_s(self.policy.dead_timeout_s)
 
     def stop(self) -> None:
         """Stop taking new work (Ctrl-C); in-flight requests go on until `drain` or `abandon`."""
@@ -134,18 +131,13 @@ class Dispatcher:
         return best
 
     async def _wait_for_endpoint(self) -> None:
-        if any(e.readiness is Readiness.READY for e in self.endpoints):
-            self._down_since = None
-            await self._changed.wait()
-            return
-        now = time.monotonic()
-        self._down_since = self._down_since or now
-        if now - self._down_since > self.policy.dead_timeout_s:
+        left = self.wait_left_s
+        if left == 0.0:
             limit = self.policy.dead_timeout_s
             self._fatal = self._fleet_down(f"no endpoint has been healthy for {limit:.0f} s")
             return
-        with contextlib.suppress(TimeoutError):  # wake up to check the dead timer
-            await asyncio.wait_for(self._changed.wait(), 1.0)
+        with contextlib.suppress(TimeoutError):  # with none ready: wake up when the wait runs out
+            await asyncio.wait_for(self._changed.wait(), left)
 
     def _launch(self, endpoint: Endpoint, work: Work) -> None:
         if not endpoint.in_flight:

@@ -17,7 +17,7 @@ from fleetgen.config import FleetFile
 from fleetgen.deploy.fleetops import up
 from fleetgen.deploy.instance import Action, Outcome
 from fleetgen.deploy.wanted import Fleet
-from fleetgen.errors import DeployError, FleetgenError
+from fleetgen.errors import DeployError
 from fleetgen.fleet.pool import FleetLinks, Link
 from fleetgen.fleet.status import Readiness
 from fleetgen.generate.runner import FleetHooks
@@ -73,7 +73,12 @@ async def revive(fleet: Fleet, instance: str) -> Outcome:
     if outcome.error is not None and outcome.action is Action.UNCHANGED:
         outcome = _one(await up(fleet, only=[instance], force=True), instance)
     if outcome.error is not None:
-        raise _failed(instance, outcome.error)
+        raise DeployError(
+            f"restarting {instance} failed: {outcome.error.message}",
+            context={"instance": instance, **outcome.error.context},
+            fix=outcome.error.fix
+            or f"look at `fleetgen logs {instance}`; the job goes on with the other instances",
+        )
     return outcome
 
 
@@ -82,11 +87,3 @@ def _one(outcomes: Sequence[Outcome], instance: str) -> Outcome:
         if outcome.instance == instance:
             return outcome
     raise DeployError(f"the deploy layer reported nothing for {instance}", fix="check `fleetgen status`")
-
-
-def _failed(instance: str, error: FleetgenError) -> DeployError:
-    return DeployError(
-        f"restarting {instance} failed: {error.message}",
-        context={"instance": instance, **error.context},
-        fix=error.fix or f"look at `fleetgen logs {instance}`; the job goes on with the other instances",
-    )

@@ -6,7 +6,8 @@ DOWN (its process is gone, or it failed requests and was drained). A `Watch` pro
 not READY — first asking the fleet (`admit`, with a fleet file: the instance's readiness as its host reports
 it now, and where its tunnel is), then GET /health — at a growing interval, and marks it READY once it
 answers. With `--restart-dead` (`on_dead`), a DOWN endpoint is restarted through the deploy layer in the
-background, so the other endpoints keep taking work meanwhile.
+background, so the other endpoints keep taking work meanwhile. With none READY, the job waits a bounded time
+on one clock (`Watch.wait_left_s`): `--wait-ready` for a first one at the start, `dead_timeout_s` mid-job.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class Watch:
         self._restarting: set[Endpoint] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._started = False
+        self._none_ready_since: float | None = None  # monotonic: since when no endpoint is READY
 
     def start(self) -> None:
         """Watch every endpoint not READY now (those not ready when the job starts); once."""
@@ -89,18 +91,20 @@ class Watch:
             endpoint.last_error = reason
         self._watch(endpoint)
 
-    async def wait_ready(self, timeout_s: float) -> bool:
-        """Whether an endpoint is READY, waiting for one up to `timeout_s`."""
-        self.start()
-        deadline = time.monotonic() + timeout_s
-        while not any(e.readiness is Readiness.READY for e in self.endpoints):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            self._ready.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._ready.wait(), remaining)
-        return True
+    def wait_left_s(self, limit_s: float) -> float | None:
+        """With no endpoint READY: the seconds left of `limit_s`, counted from when none was (the start's
+        `--wait-ready`, the job's `dead_timeout_s`: one clock); None while one is."""
+        if any(e.readiness is Readiness.READY for e in self.endpoints):
+            return None
+        if self._none_ready_since is None:
+            self._none_ready_since = time.monotonic()
+        return max(0.0, limit_s - (time.monotonic() - self._none_ready_since))
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` for an endpoint to become READY."""
+        self._ready.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._ready.wait(), timeout_s)
 
     async def close(self) -> None:
         """Stop the probes and restarts."""
@@ -193,6 +197,7 @@ class Watch:
     def _mark_ready(self, endpoint: Endpoint) -> None:
         endpoint.readiness = Readiness.READY
         endpoint.num_failures_in_row = 0
+        self._none_ready_since = None
         self._ready.set()
         if self.on_ready is not None:
             self.on_ready()
@@ -217,32 +222,31 @@ async def served_models(
     may be on its way), calling `on_wait(seconds left)` every `tick_s`; then raise FleetDown naming each
     endpoint's problem. An endpoint that does not answer is drained like a failing one. {} when stopped.
     """
-    deadline, endpoints = time.monotonic() + wait_s, watch.endpoints
     watch.start()
     models: dict[str, str] = {}
-    while not models:
-        for endpoint in endpoints:
-            if endpoint.readiness is Readiness.READY and endpoint.name not in models:
+    while True:
+        for endpoint in watch.endpoints:
+            if endpoint.readiness is Readiness.READY:
                 try:
                     models[endpoint.name] = await endpoint.client.served_model()
                 except EndpointError as exc:
                     watch.lost(endpoint, exc.message)
-        remaining = deadline - time.monotonic()
         if models or is_stopped():
-            break
-        if remaining <= 0:
+            return models
+        remaining = watch.wait_left_s(wait_s)
+        if remaining == 0.0:
             what = f"no server became ready within {wait_s:g} s" if wait_s > 0 else "no server is ready"
             raise FleetDown(
                 f"{what}: nothing to generate with",
-                context={"servers": states(endpoints, "not ready")},
+                context={"servers": states(watch.endpoints, "not ready")},
                 fix="see why with `fleetgen status -f FLEET` (and `fleetgen logs INSTANCE --fleet FLEET`), "
                 "bring them up with `fleetgen up -f FLEET` (or rerun with --restart-dead, or a longer "
                 "--wait-ready), then rerun the same command: it resumes. With --endpoint URLs: start those "
                 "servers",
             )
-        on_wait(remaining)
-        await watch.wait_ready(min(remaining, tick_s))
-    return models
+        if remaining is not None:  # else one became READY meanwhile: ask it at once
+            on_wait(remaining)
+            await watch.wait_ready(min(remaining, tick_s))
 
 
 def states(endpoints: list[Endpoint], unknown: str) -> str:

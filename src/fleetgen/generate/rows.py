@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -34,12 +35,12 @@ def request_body(
     return body
 
 
+@dataclass(frozen=True)
 class RowBuilder:
     """Turns finished work into `results` / `errors` rows."""
 
-    def __init__(self, model: str, params_hash: str) -> None:
-        self.model = model
-        self.params_hash = params_hash
+    model: str
+    params_hash: str
 
     def result(self, endpoint: str, work: Work, started_at: float, latency_s: float) -> ResultRow:
         turns = work.done

@@ -102,19 +102,17 @@ class Job:
             intake = Intake.open(store, opts)
             async with contextlib.AsyncExitStack() as stack:
                 self._stack = stack
-                endpoints = [await self._endpoint(name, url) for name, url in self.fleet.endpoints]
+                endpoints = []
+                for name, url in self.fleet.endpoints:  # one not READY waits for the Watch to admit it
+                    readiness, why = self.fleet.not_ready.get(name, (Readiness.READY, ""))
+                    client = await self._client(url)
+                    endpoints.append(Endpoint(name, client, opts.concurrency, readiness, last_error=why))
                 admit = self._admit if self.fleet.check is not None else None
                 watch = Watch(endpoints, opts.policy, on_dead=self.fleet.on_dead, admit=admit)
                 stack.push_async_callback(watch.close)
                 return await self._run(store, intake, watch, on_progress)
         finally:
             store.close()
-
-    async def _endpoint(self, name: str, url: str) -> Endpoint:
-        """An endpoint as the fleet read it at the start; one not READY waits for the Watch to admit it."""
-        readiness, why = self.fleet.not_ready.get(name, (Readiness.READY, ""))
-        client = await self._client(url)
-        return Endpoint(name, client, self.options.concurrency, readiness, last_error=why)
 
     async def _client(self, url: str) -> EngineClient:
         """A client for one endpoint, closed with the job."""
