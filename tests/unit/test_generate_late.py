@@ -71,7 +71,6 @@ async def test_watch_restarts_the_dead_not_the_loading_until_it_dies(tmp_path: P
             Endpoint("s1", client, 2, Readiness.DOWN),
         ]
         watch = Watch(endpoints, QUICK, on_dead=on_dead, admit=admit)
-        watch.start()
         try:
             await all_ready(watch)
         finally:

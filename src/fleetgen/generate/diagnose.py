@@ -33,7 +33,8 @@ def all_bad(path: Path, shape: RecordShape, bad: list[BadInput], split: str | No
     first = bad[0] if bad else None
     context: dict[str, object] = {"first bad": f"line {first.line}: {first.reason}" if first else ""}
     if not path.is_dir() and path.suffix != ".parquet":
-        head = _head(path)
+        with open_input(path) as handle:  # decompressed: what was parsed
+            head = bytes(handle.read(64))
         if reasons.get("malformed JSON", 0) == len(bad) or b"\x00" in head:
             return InputError(
                 f"{where}: no line is a JSON object; the file is not JSON Lines",
@@ -63,11 +64,6 @@ def _expected(shape: RecordShape) -> str:
         f"a prompt in {shape.prompt_field!r} (job file: prompt_field) or a chat in 'messages' / "
         f"'conversations'; the id in {shape.id_field!r} (job file: id_field) or none (a content hash)"
     )
-
-
-def _head(path: Path) -> bytes:
-    with open_input(path) as handle:  # decompressed: what was parsed
-        return bytes(handle.read(64))
 
 
 def _fields_seen(path: Path, split: str | None) -> list[str]:

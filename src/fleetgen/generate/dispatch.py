@@ -48,7 +48,6 @@ class Dispatcher:
         self._on_success = on_success
         self._on_error = on_error
         self._retries: deque[Work] = deque()
-        self._num_waiting = 0
         self.num_in_flight = 0
         self._changed = asyncio.Event()
         self._drained: set[asyncio.Task[None]] = set()
@@ -64,7 +63,7 @@ class Dispatcher:
 
     @property
     def num_retrying(self) -> int:
-        return self._num_waiting + len(self._retries)
+        return len(self._timers) + len(self._retries)
 
     @property
     def wait_left_s(self) -> float | None:
@@ -78,7 +77,6 @@ class Dispatcher:
 
     async def run(self, items: Iterator[Work]) -> None:
         """Dispatch until the items and retries are done, `stop()` is called, or the fleet is down."""
-        self._watch.start()  # endpoints not ready at the start join once healthy
         exhausted = False
         while True:
             self._changed.clear()
@@ -95,7 +93,7 @@ class Dispatcher:
                 work = next(items, None)
                 exhausted = work is None
             if work is None:
-                if self.num_in_flight == 0 and self._num_waiting == 0:
+                if self.num_in_flight == 0 and not self._timers:
                     self._end_refusals()
                     if self._fatal is not None:
                         raise self._fatal
@@ -216,18 +214,12 @@ class Dispatcher:
         return ceiling * random.uniform(0.5, 1.0)  # jitter: retries of one burst do not arrive together
 
     def _retry_later(self, work: Work, delay: float) -> None:
-        self._num_waiting += 1
-        loop = asyncio.get_running_loop()
-        handle: asyncio.TimerHandle | None = None
-
         def ready() -> None:
-            self._num_waiting -= 1
-            if handle is not None:
-                self._timers.discard(handle)
+            self._timers.discard(handle)
             self._retries.append(work)
             self._changed.set()
 
-        handle = loop.call_later(delay, ready)
+        handle = asyncio.get_running_loop().call_later(delay, ready)
         self._timers.add(handle)
 
     def _hung(self, endpoint: Endpoint, why: str) -> None:

@@ -26,9 +26,6 @@ from fleetgen.http.client import EngineClient
 
 PROBE_TIMEOUT_S = 5.0  # a probe of a server not taking work: a live one answers /health at once
 OnDead = Callable[[str], Awaitable[object]]  # endpoint name → restart it (deploy layer); its result unused
-# Refresh the endpoint from the fleet: its readiness as the fleet reads it now (READY: use it once /health
-# says 200; WAITING: keep probing; DOWN: its process is gone, `--restart-dead` may start it).
-Admit = Callable[["Endpoint"], Awaitable[Readiness]]
 
 
 @dataclass(eq=False)
@@ -51,7 +48,9 @@ class Endpoint:
 
 class Watch:
     """Probes (and with `on_dead` restarts) the endpoints that are not READY; `on_ready` fires when one
-    becomes READY. Background tasks end with `close()`."""
+    becomes READY. `admit` refreshes an endpoint from the fleet: READY (use it once /health says 200), WAITING
+    (keep probing), DOWN (its process is gone: `on_dead` may start it). Its tasks start with it (those not
+    ready when the job starts are probed from then on) and end with `close()`."""
 
     def __init__(
         self,
@@ -59,7 +58,7 @@ class Watch:
         policy: RetryPolicy,
         *,
         on_dead: OnDead | None = None,
-        admit: Admit | None = None,
+        admit: Callable[[Endpoint], Awaitable[Readiness]] | None = None,
     ) -> None:
         self.endpoints = endpoints
         self.policy = policy
@@ -71,14 +70,7 @@ class Watch:
         self._probing: set[Endpoint] = set()
         self._restarting: set[Endpoint] = set()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._started = False
         self._none_ready_since: float | None = None  # monotonic: since when no endpoint is READY
-
-    def start(self) -> None:
-        """Watch every endpoint not READY now (those not ready when the job starts); once."""
-        if self._started:
-            return
-        self._started = True
         for endpoint in self.endpoints:
             if endpoint.readiness is not Readiness.READY:
                 self._watch(endpoint)
@@ -222,7 +214,6 @@ async def served_models(
     may be on its way), calling `on_wait(seconds left)` every `tick_s`; then raise FleetDown naming each
     endpoint's problem. An endpoint that does not answer is drained like a failing one. {} when stopped.
     """
-    watch.start()
     models: dict[str, str] = {}
     while True:
         for endpoint in watch.endpoints:

@@ -139,19 +139,14 @@ def _from_turns(turns: object, field: str) -> list[list[Message]] | str:
     return segments or f"no user turn in {field!r}"
 
 
-def record_id_of(raw: dict[str, Any], shape: RecordShape) -> str:
-    """The record's id: its id field, else the hash of its content."""
-    value = raw.get(shape.id_field)
-    return str(value) if value not in (None, "") else content_id(raw)
-
-
 def _record_of(
     raw: object, shape: RecordShape, source: str, line: int, end: int, is_done: IsDone | None = None
 ) -> Record | BadInput | None:
     """The record on a line; None when `is_done` says it is done with the same content."""
     if not isinstance(raw, dict):
         return BadInput(source, line, f"expected a JSON object, got {type(raw).__name__}", None, end)
-    record_id = record_id_of(raw, shape)
+    given = raw.get(shape.id_field)
+    record_id = str(given) if given not in (None, "") else content_id(raw)  # else the hash of its content
     stored = is_done(record_id) if is_done is not None else None
     if stored == 0:
         return None  # done before content hashes were stored: nothing to compare
