@@ -83,7 +83,7 @@ async def test_the_simulated_mtp_server_shows_what_real_sglang_shows(sim_server:
         log = srv.log_text()
     # every metric fleetgen reads exists in both, speculation proven the same way right after the request
     assert _read_names() <= set(real_metrics) and _read_names() <= set(after)
-    evidence = spec_evidence(SGLANG.metrics, before, after, info)
+    evidence = spec_evidence(SGLANG, before, after, info)
     assert evidence.steps and evidence.steps > 0
     assert judge_spec("sim", evidence)[0] is None
     # the chat response's shape (keys of the response, the choice and the message)

@@ -11,10 +11,8 @@ from fleetgen.errors import EndpointError
 from fleetgen.fleet.status import InstanceStatus, Readiness
 from fleetgen.http.metrics import (
     Scrape,
-    accept_length,
     counter_rate,
     load_from,
-    max_running_from_info,
 )
 
 VLLM_TEXT = """# HELP vllm:num_requests_running Number of requests running.
@@ -45,14 +43,14 @@ sglang:spec_accept_length{model_name="m",tp_rank="0"} 2.75
 
 
 def test_vllm_counters_give_rate_and_accept_length() -> None:
-    names = get_engine("vllm").metrics
+    vllm = get_engine("vllm")
     before = Scrape(10.0, Scrape.parse(VLLM_TEXT).samples)
     now = Scrape(12.0, {**before.samples, "vllm:generation_tokens_total": 1500.0})
-    load = load_from(names, now, before)
+    load = load_from(vllm, now, before)
     assert load.running == 3 and load.queued == 1
     assert load.gen_tokens_per_s == pytest.approx(250.0)
     assert load.spec_accept_length == pytest.approx(1 + 30 / 40)
-    assert load_from(names, now, None).gen_tokens_per_s is None  # one scrape: rate unknown, not zero
+    assert load_from(vllm, now, None).gen_tokens_per_s is None  # one scrape: rate unknown, not zero
 
 
 def test_counter_reset_is_unknown_not_negative() -> None:
@@ -63,14 +61,15 @@ def test_counter_reset_is_unknown_not_negative() -> None:
 
 
 def test_sglang_gauges_and_server_info_fallback() -> None:
-    names = get_engine("sglang").metrics
-    load = load_from(names, Scrape(0.0, Scrape.parse(SGLANG_TEXT).samples))
+    sglang, vllm = get_engine("sglang"), get_engine("vllm")
+    load = load_from(sglang, Scrape(0.0, Scrape.parse(SGLANG_TEXT).samples))
     assert (load.running, load.queued, load.gen_tokens_per_s, load.spec_accept_length) == (5, 2, 812.5, 2.75)
     info = {"internal_states": [{"avg_spec_accept_length": 3.1, "effective_max_running_requests_per_dp": 21}]}
-    assert accept_length(names, {}, info) == pytest.approx(3.1)
-    assert accept_length(names, {}, {"internal_states": [{}]}) is None
-    assert max_running_from_info(info) == 21
-    assert max_running_from_info({"max_running_requests": 48}) == 48
+    assert load_from(sglang, Scrape(0.0, {}), None, info).spec_accept_length == pytest.approx(3.1)
+    assert load_from(sglang, Scrape(0.0, {}), None, {"internal_states": [{}]}).spec_accept_length is None
+    assert sglang.max_running_from_info(info) == 21
+    assert sglang.max_running_from_info({"max_running_requests": 48}) == 48
+    assert vllm.max_running_from_info(info) is None and vllm.accept_length_from_info(info) is None
 
 
 def test_bad_metrics_text_is_an_endpoint_error() -> None:

@@ -285,4 +285,16 @@ def test_no_module_outside_an_engine_names_its_flags_or_view_keys() -> None:
             )
         )
     }
-    assert found == {"http/metrics.py": ["internal_states"]}  # its accept length / max running: next
+    assert found == {}
+
+
+def test_no_module_outside_engines_reads_sglang_server_info_figures() -> None:
+    """SGLang's /server_info keys are read by its engine module alone (`max_running_from_info`,
+    `accept_length_from_info`, `capacity`); http/metrics.py once read them for every engine."""
+    keys = re.compile(r"\b(internal_states|avg_spec_accept_length|effective_max_running_requests_per_dp)\b")
+    found = {
+        str(path.relative_to(SRC)): sorted(set(keys.findall(path.read_text())))
+        for path in sorted(SRC.rglob("*.py"))
+        if path.parent.name not in ("engines", "sim")
+    }
+    assert {where: hits for where, hits in found.items() if hits} == {}

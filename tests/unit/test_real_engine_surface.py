@@ -110,8 +110,9 @@ def test_sglang_mtp_that_stepped_is_not_refused_before_its_averages_exist() -> N
     no avg_spec_accept_length: the old check (accept length only) refused it."""
     after = Scrape.parse((SGL_MTP / "metrics-before.txt").read_text()).samples
     info = json.loads((SGL_MTP / "server_info.json").read_text())
-    assert accept_length(SGLANG.metrics, after, info) is None  # what the old check relied on
-    evidence = spec_evidence(SGLANG.metrics, {}, after, info)
+    assert accept_length(SGLANG.metrics, after) is None  # what the old check relied on
+    assert SGLANG.accept_length_from_info(info) is None
+    evidence = spec_evidence(SGLANG, {}, after, info)
     assert evidence.steps == 30
     assert judge_spec("h200-0", evidence) == (None, None)
 
@@ -120,7 +121,7 @@ def test_sglang_mtp_accepting_nothing_is_a_warning_naming_the_causes() -> None:
     before = Scrape.parse((SGL_MTP / "metrics-before.txt").read_text()).samples
     after = Scrape.parse((SGL_MTP / "metrics-after-chat.txt").read_text()).samples
     info = json.loads((SGL_MTP / "server_info-after-chat.json").read_text())
-    error, warning = judge_spec("h200-0", spec_evidence(SGLANG.metrics, before, after, info))
+    error, warning = judge_spec("h200-0", spec_evidence(SGLANG, before, after, info))
     assert error is None and warning is not None
     assert "accept length 1.00" in warning and "draft weights" in warning and "dummy" in warning
 
@@ -140,28 +141,25 @@ def test_sglang_acceptance_over_the_test_request_alone(accepted_per_step: float,
     samples = Scrape.parse((SGL_MTP / "metrics-before.txt").read_text()).samples
     before = {k: v for k, v in samples.items() if k != "sglang:spec_accept_length"}
     tokens = 1 + round(steps * (1 + accepted_per_step))
-    evidence = spec_evidence(SGLANG.metrics, before, _verify_steps_moved_by(before, steps), None, tokens)
+    evidence = spec_evidence(SGLANG, before, _verify_steps_moved_by(before, steps), None, tokens)
     accept = evidence.accept_length
     assert evidence.steps == steps and accept is not None and accept == pytest.approx((tokens - 1) / steps)
     error, warning = judge_spec("h200-0", evidence)
     assert error is None
     assert (warning is not None) == (accept - 1 < 0.05)
-    assert (
-        spec_evidence(SGLANG.metrics, before, _verify_steps_moved_by(before, steps), None).accept_length
-        is None
-    )
+    assert spec_evidence(SGLANG, before, _verify_steps_moved_by(before, steps), None).accept_length is None
 
 
 def test_vllm_mtp_with_3_of_838500_draft_tokens_accepted_is_not_silently_verified() -> None:
     after = Scrape.parse((VLLM / "metrics-end-selected.txt").read_text()).samples
-    error, warning = judge_spec("h200-0", spec_evidence(VLLM_ENGINE.metrics, {}, after, None))
+    error, warning = judge_spec("h200-0", spec_evidence(VLLM_ENGINE, {}, after, None))
     assert error is None and warning is not None and "accepts almost nothing" in warning
 
 
 def test_a_step_counter_that_did_not_move_refuses_the_server() -> None:
     samples = Scrape.parse((SGL_MTP / "metrics-before.txt").read_text()).samples
     zero = {k: v for k, v in samples.items() if k != "sglang:spec_accept_length"}
-    error, _ = judge_spec("h200-0", spec_evidence(SGLANG.metrics, zero, zero, None))
+    error, _ = judge_spec("h200-0", spec_evidence(SGLANG, zero, zero, None))
     assert error is not None and "no speculative step happened" in error
 
 
@@ -184,6 +182,10 @@ def test_sglang_capacity_from_server_info() -> None:
     info = json.loads((SGL_MTP / "server_info.json").read_text())
     capacity = {"kv_tokens": 535_802, "mamba_slots": 112, "max_running_requests": 22}
     assert SGLANG.capacity([], info, {}) == capacity
+    # the effective per-DP-rank value (22), not the server arg (48); after the chat its average acceptance
+    assert SGLANG.max_running_from_info(info) == 22 and VLLM_ENGINE.max_running_from_info(info) is None
+    after_chat = json.loads((SGL_MTP / "server_info-after-chat.json").read_text())
+    assert SGLANG.accept_length_from_info(after_chat) == 1.0
     # what `up` shows as actual: the log's figures, then /server_info's over them
     log = _lines(SGL_MTP / "startup-key-lines.txt")
     assert SGLANG.capacity(log, info, {}) == capacity and SGLANG.capacity(log, None, {}).keys() >= {

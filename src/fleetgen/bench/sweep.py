@@ -32,10 +32,9 @@ from fleetgen.bench.stats import (
     pooled_accept_length,
     read_event,
 )
-from fleetgen.engines import all_info_paths
+from fleetgen.engines import ENGINES, all_info_paths
 from fleetgen.errors import EndpointError
 from fleetgen.http.client import EngineClient
-from fleetgen.http.metrics import max_running_from_info
 
 
 async def stream_one(client: EngineClient, body: Mapping[str, object]) -> RequestSample:
@@ -69,12 +68,13 @@ async def scrape(clients: Sequence[EngineClient]) -> list[dict[str, float]]:
 
 
 async def server_cap(client: EngineClient) -> int | None:
-    """The server's own max running requests from its info JSON (any registered engine's info paths: SGLang's
-    /server_info, or the deprecated /get_server_info); None when it does not say (vLLM)."""
+    """The server's own max running requests from its info JSON (every registered engine's info paths, each
+    engine asked to read it); None when none says (vLLM)."""
     try:
-        return max_running_from_info(await client.info(all_info_paths()))
+        info = await client.info(all_info_paths())
     except EndpointError:
         return None
+    return next((n for e in ENGINES.values() if (n := e.max_running_from_info(info))), None)
 
 
 async def words_per_token(client: EngineClient, load: BenchLoad, model: str) -> float:

@@ -26,7 +26,7 @@ from fleetgen.engines import Engine, engine_of_metrics
 from fleetgen.errors import EndpointError, FleetgenError
 from fleetgen.fleet.status import FleetView, Readiness
 from fleetgen.http.client import EngineClient
-from fleetgen.http.metrics import Scrape, load_from, max_running_from_info
+from fleetgen.http.metrics import Scrape, load_from
 from fleetgen.plan.fleet import facts_from_file, plan_fleet
 
 HEALTH_PATH = "/health"
@@ -78,12 +78,12 @@ class EndpointSource:
             return row
         engine = engine_of_metrics(scrape.samples)
         info = await _info(client, engine)
-        load = load_from(engine.metrics, scrape, endpoint.before, info)
+        load = load_from(engine, scrape, endpoint.before, info)
         endpoint.before = scrape
         row.running, row.queued = load.running, load.queued
         row.gen_tokens_per_s, row.spec_accept_length = load.gen_tokens_per_s, load.spec_accept_length
         row.kv_usage = load.kv_usage
-        row.max_running_requests = max_running_from_info(info)
+        row.max_running_requests = engine.max_running_from_info(info)
         return row
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetgen.deploy.script import Command, redact_argv, redact_environ
-from fleetgen.engines.base import Engine, MetricNames
+from fleetgen.engines.base import Engine
 from fleetgen.errors import VerifyError
 from fleetgen.http.client import EngineClient
 from fleetgen.http.metrics import accept_length, counter_deltas
@@ -62,7 +62,7 @@ class SpecEvidence:
 
 
 def spec_evidence(
-    names: MetricNames,
+    engine: Engine,
     before: Mapping[str, float],
     after: Mapping[str, float],
     info: Any,
@@ -73,9 +73,10 @@ def spec_evidence(
     An engine that reports its accept length only later (SGLang fills it in after its "Decode batch" log
     lines) still shows it over the test request alone: the tokens decoded after the first one, divided by
     the verify steps that produced them (each step yields 1 + the drafts it accepted)."""
+    names = engine.metrics
     during = counter_deltas(names, before, after)
     steps = during.get(names.spec_steps_total) if names.spec_steps_total else None
-    reported = accept_length(names, during, info)
+    reported = accept_length(names, during) or engine.accept_length_from_info(info)
     if reported is None and steps and generated_tokens and generated_tokens > 1:
         reported = (generated_tokens - 1) / steps
     return SpecEvidence(steps=steps, accept_length=reported)
@@ -189,7 +190,7 @@ async def verify_engine(
     after = await client.metrics(engine.metrics_path)
     if flag_value(command.args, SPEC_FLAGS) is not None:
         info = await client.info(engine.info_paths)  # SGLang's averages, as they are after the request
-        evidence = spec_evidence(engine.metrics, before.samples, after.samples, info, reply.completion_tokens)
+        evidence = spec_evidence(engine, before.samples, after.samples, info, reply.completion_tokens)
         out.accept_length = _check_spec(command.instance, evidence, out, client.base_url)
     actual = engine.capacity(log_lines, view, after.labels)
     out.capacity = [CapacityRow(w, planned.get(w), actual.get(w)) for w in sorted({*planned, *actual})]

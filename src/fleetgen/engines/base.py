@@ -258,6 +258,15 @@ class Engine:
                     found[what] = float(match.group(1).replace(",", ""))
         return found
 
+    def max_running_from_info(self, info: Any) -> int | None:
+        """The concurrency it settled on, as its info JSON says; None where it does not say (vLLM)."""
+        return None
+
+    def accept_length_from_info(self, info: Any) -> float | None:
+        """Its mean accepted tokens per speculative step, as its info JSON says (where /metrics has none
+        yet); None where it does not say (vLLM)."""
+        return None
+
     def rejection_signatures_for(self, rules: RuleSet) -> tuple[FatalSignature, ...]:
         """Its refusals of an argv at start (what plan's rules predict), in its words, each with the fix for
         the release `rules` was read from (the fix `plan` gives); none by default."""

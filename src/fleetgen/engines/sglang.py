@@ -162,6 +162,13 @@ VIEW_CHECKS: tuple[ViewCheck, ...] = (
 )
 
 
+def _server_info_places(info: Any) -> list[Any]:
+    """Where /server_info keeps figures: its top level, `scheduler_info`, each DP rank's `internal_states`."""
+    view = info if isinstance(info, dict) else {}
+    states = view.get("internal_states")
+    return [view, view.get("scheduler_info") or {}, *(states if isinstance(states, list) else [])]
+
+
 class SGLangEngine(Engine):
     """SGLang behind the `Engine` interface."""
 
@@ -233,15 +240,23 @@ class SGLangEngine(Engine):
         )
 
     def capacity(self, log: Sequence[str], info: Any, labels: Labels) -> dict[str, float]:
-        """Its log's figures, then /server_info's (top level, scheduler_info, internal_states: last wins)."""
-        view = info if isinstance(info, dict) else {}
-        places = [view, view.get("scheduler_info") or {}, *(view.get("internal_states") or [])]
+        """Its log's figures, then /server_info's (`_server_info_places`: last wins)."""
         keys = (
             ("max_total_num_tokens", "kv_tokens"),
             ("max_mamba_cache_size", "mamba_slots"),
             ("effective_max_running_requests_per_dp", "max_running_requests"),
         )
-        return super().capacity(log, info, labels) | positive_figures(places, keys)
+        return super().capacity(log, info, labels) | positive_figures(_server_info_places(info), keys)
+
+    def max_running_from_info(self, info: Any) -> int | None:
+        """The effective per-DP-rank value, else the server arg `max_running_requests`."""
+        keys = (("max_running_requests", "n"), ("effective_max_running_requests_per_dp", "n"))
+        found = positive_figures(_server_info_places(info), keys).get("n")
+        return int(found) if found else None
+
+    def accept_length_from_info(self, info: Any) -> float | None:
+        """`avg_spec_accept_length` in the DP ranks' internal states (where the gauge still reads 0)."""
+        return positive_figures(_server_info_places(info), (("avg_spec_accept_length", "a"),)).get("a")
 
     def extra_argv(self, args: Mapping[str, ArgValue | list[ArgValue]]) -> list[str]:
         # /metrics is off by default; fleetgen's live view reads it

@@ -32,7 +32,6 @@ from fleetgen.http.metrics import (
     Scrape,
     load_from,
     max_running_from_capacity,
-    max_running_from_info,
 )
 
 
@@ -155,7 +154,7 @@ class FleetView:
         st.kv_usage = load.kv_usage
         seqs = flag_value(w.wanted.command.args, engine.max_running_flags)
         st.max_running_requests = (
-            max_running_from_info(info)
+            engine.max_running_from_info(info)
             or max_running_from_capacity(capacity, seqs)
             or (int(seqs) if seqs and seqs.isdigit() else None)
         )
@@ -168,14 +167,14 @@ class FleetView:
         self, w: _Watched, client: EngineClient, info: Any, rate_window_s: float
     ) -> tuple[Load, dict[str, float]]:
         """The engine's load now, and the capacity it reports (`Engine.capacity`)."""
-        names = self.fleet.engine.metrics
-        scrape = await client.metrics(self.fleet.engine.metrics_path)
-        capacity = self.fleet.engine.capacity((), info, scrape.labels)
-        if not names.gen_throughput and w.before is None and rate_window_s > 0:
+        engine = self.fleet.engine
+        scrape = await client.metrics(engine.metrics_path)
+        capacity = engine.capacity((), info, scrape.labels)
+        if not engine.metrics.gen_throughput and w.before is None and rate_window_s > 0:
             await asyncio.sleep(rate_window_s)
             w.before = scrape
-            scrape = await client.metrics(self.fleet.engine.metrics_path)
-        load = load_from(names, scrape, w.before, info)
+            scrape = await client.metrics(engine.metrics_path)
+        load = load_from(engine, scrape, w.before, info)
         w.before = scrape
         return load, capacity
 

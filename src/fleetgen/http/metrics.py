@@ -1,4 +1,4 @@
-"""An engine's numbers: its /metrics text (and SGLang's /server_info) → counters, gauges, load, accept length.
+"""An engine's numbers: its /metrics text → counters, gauges, load, accept length.
 
 The one place that reads them (pure). The text is parsed with prometheus_client's reference parser; samples
 are summed over label sets (per-position and per-DP-rank series add up to the engine-wide figure). SGLang
@@ -15,7 +15,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleetgen.engines.base import Labels, MetricNames
+from fleetgen.engines.base import Engine, Labels, MetricNames
 from fleetgen.errors import EndpointError
 
 
@@ -73,10 +73,10 @@ def counter_deltas(
     return during
 
 
-def accept_length(names: MetricNames, samples: Mapping[str, float], info: Any = None) -> float | None:
+def accept_length(names: MetricNames, samples: Mapping[str, float]) -> float | None:
     """Mean tokens accepted per speculative step, or None when no step happened (or spec is off).
 
-    SGLang: the `spec_accept_length` gauge, else `avg_spec_accept_length` in /server_info's internal states.
+    SGLang: the `spec_accept_length` gauge (its info JSON may know more: `Engine.accept_length_from_info`).
     vLLM: 1 + accepted / drafts from the spec-decode counters (its own definition of mean acceptance length);
     over a window when `samples` are `counter_deltas`.
     """
@@ -85,10 +85,6 @@ def accept_length(names: MetricNames, samples: Mapping[str, float], info: Any = 
     drafts = samples.get(names.spec_num_drafts_total, 0.0) if names.spec_num_drafts_total else 0.0
     if drafts > 0:
         return 1.0 + samples.get(names.spec_num_accepted_tokens_total, 0.0) / drafts
-    for state in internal_states(info):
-        value = state.get("avg_spec_accept_length")
-        if isinstance(value, int | float) and value > 0:
-            return float(value)
     return None
 
 
@@ -106,8 +102,9 @@ def counter_rate(name: str, now: Scrape, before: Scrape | None) -> float | None:
     return delta / elapsed
 
 
-def load_from(names: MetricNames, now: Scrape, before: Scrape | None = None, info: Any = None) -> Load:
+def load_from(engine: Engine, now: Scrape, before: Scrape | None = None, info: Any = None) -> Load:
     """Running/queued/KV use from gauges; throughput from the gauge (SGLang) or the counter rate (vLLM)."""
+    names = engine.metrics
     running = now.samples.get(names.running)
     queued = now.samples.get(names.queued)
     tps: float | None
@@ -119,28 +116,9 @@ def load_from(names: MetricNames, now: Scrape, before: Scrape | None = None, inf
         running=int(running) if running is not None else None,
         queued=int(queued) if queued is not None else None,
         gen_tokens_per_s=tps,
-        spec_accept_length=accept_length(names, now.samples, info),
+        spec_accept_length=accept_length(names, now.samples) or engine.accept_length_from_info(info),
         kv_usage=now.samples.get(names.kv_usage) if names.kv_usage else None,
     )
-
-
-def internal_states(info: Any) -> list[dict[str, Any]]:
-    """SGLang's per-DP-rank `internal_states` from /server_info (empty for other engines)."""
-    if not isinstance(info, dict):
-        return []
-    states = info.get("internal_states")
-    return [s for s in states if isinstance(s, dict)] if isinstance(states, list) else []
-
-
-def max_running_from_info(info: Any) -> int | None:
-    """The concurrency the engine settled on (SGLang: effective per-DP value, else the server arg)."""
-    for state in internal_states(info):
-        value = state.get("effective_max_running_requests_per_dp") or state.get("max_running_requests")
-        if isinstance(value, int) and value > 0:
-            return value
-    if isinstance(info, dict) and isinstance(info.get("max_running_requests"), int):
-        return int(info["max_running_requests"])
-    return None
 
 
 def max_running_from_capacity(capacity: Mapping[str, float], max_num_seqs: str | None = None) -> int | None:
