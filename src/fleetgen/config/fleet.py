@@ -106,7 +106,7 @@ class FleetFile(Strict):
         base = host.base_port if host.base_port is not None else self.engine.base_port
         return [
             Instance(
-                name=instance_name(host.name, k),
+                name=f"{host.name}-{k}",  # unique in a fleet: host names are, and `-k` is last
                 host=host.name,
                 gpus=tuple(gpus[k * tp : (k + 1) * tp]),
                 port=base + k,
@@ -187,11 +187,6 @@ class FleetFile(Strict):
 def _index_in(host: HostEntry, name: str) -> re.Match[str] | None:
     """`name` as `<host>-<k>` (k its instance index, no leading zero), else None."""
     return re.fullmatch(re.escape(host.name) + r"-(0|[1-9][0-9]*)", name)
-
-
-def instance_name(host: str, index: int) -> str:
-    """`<host>-<k>`: unique across a fleet, since host names are and the last `-k` is the index."""
-    return f"{host}-{index}"
 
 
 @dataclass(frozen=True)

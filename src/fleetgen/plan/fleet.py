@@ -36,12 +36,6 @@ def facts_from_file(
     return HostFacts(host.name, gpus or None, mem_available_bytes, engine_version)
 
 
-def _machine(host: HostEntry) -> str:
-    """One machine per SSH address and port: a gateway forwarding its ports to several machines (as GPU
-    rentals do) is several machines; two [[hosts]] entries with one `ssh` share GPUs and ports."""
-    return "local" if host.is_local else f"{host.address}:{host.port}"
-
-
 def plan_instance(
     fleet: FleetFile, inst: Instance, shape: ModelShape, facts: HostFacts, launch: Launch, target: int | None
 ) -> InstancePlan:
@@ -185,7 +179,9 @@ def engine_rejections(
 
 
 def _machines(fleet: FleetFile) -> dict[str, str]:
-    return {h.name: _machine(h) for h in fleet.hosts}
+    """Host name → machine: one per SSH address and port (a gateway forwarding its ports to several machines,
+    as GPU rentals do, is several machines; two [[hosts]] entries with one `ssh` share GPUs and ports)."""
+    return {h.name: "local" if h.is_local else f"{h.address}:{h.port}" for h in fleet.hosts}
 
 
 def _clashes(

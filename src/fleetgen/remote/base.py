@@ -26,7 +26,7 @@ from fleetgen.errors import CommandError, RemoteError, TransferError, tail
 from fleetgen.remote import scripts
 from fleetgen.remote.procfs import ProcInfo as ProcInfo  # re-exported: what `inspect` returns
 from fleetgen.remote.procfs import ProcState as ProcState
-from fleetgen.remote.procfs import StatLine, live_group_members, parse_stat, parse_stats, proc_info_from_dump
+from fleetgen.remote.procfs import StatLine, parse_stat, parse_stats, proc_info_from_dump
 
 DEFAULT_TIMEOUT_S = 600.0  # every command has a deadline: a hung host must surface as an error, not a hang
 _STOP_POLL_S = 0.2
@@ -213,21 +213,19 @@ class Host(ABC):
         result = await self.run(["test", "-e", await self.expand(path)], check=False)
         return result.exit_status == 0
 
-    async def makedirs(self, folder: str) -> None:
-        """`mkdir -p folder` on the host; RemoteError naming the folder when it cannot be made."""
-        cause = await self._makedirs(await self.expand(folder))
-        if cause is not None:
-            raise RemoteError(
-                f"cannot create folder {folder} on {self.name}: {cause}",
-                fix=f"check that {self.name}'s user may write there (and that no file has that name), "
-                "or choose another path",
-                context={"host": self.name},
-            )
-
-    async def _makedirs(self, folder: str) -> str | None:
-        """Create `folder` and its parents; None, or why it failed. Subclasses may skip the shell."""
+    async def _makedirs(self, folder: str) -> None:
+        """`mkdir -p folder` (expanded) on the host; a subclass may skip the shell."""
         made = await self.run(["mkdir", "-p", "--", folder], check=False)
-        return None if made.exit_status == 0 else (made.stderr.strip() or f"exit {made.exit_status}")
+        if made.exit_status != 0:
+            raise self.cannot_mkdir(folder, made.stderr.strip() or f"exit {made.exit_status}")
+
+    def cannot_mkdir(self, folder: str, cause: str) -> RemoteError:
+        return RemoteError(
+            f"cannot create folder {folder} on {self.name}: {cause}",
+            fix=f"check that {self.name}'s user may write there (and that no file has that name), "
+            "or choose another path",
+            context={"host": self.name},
+        )
 
     # ---- verified put ----------------------------------------------------------------------------------
     async def put(self, path: str, data: bytes, mode: int = 0o644) -> str:
@@ -239,7 +237,7 @@ class Host(ABC):
         self._check_usable()
         dest = await self.expand(path)
         folder = str(PurePosixPath(dest).parent)
-        await self.makedirs(folder)
+        await self._makedirs(folder)
         tmp = f"{folder}/.{PurePosixPath(dest).name}.{secrets.token_hex(6)}.fleetgen-tmp"
         want = hashlib.sha256(data).hexdigest()
         await self._write_temp(tmp, data, mode)
@@ -323,13 +321,13 @@ class Host(ABC):
             return []
         leads_group = me is None or me.pgrp == pid
         target = f"-{pid}" if leads_group else str(pid)
-        alive = [s.pid for s in stats if (s.pgrp if leads_group else s.pid) == pid and not s.is_dead]
+        alive = _alive(stats, pid, leads_group)
         for signal_name, wait_s in (("TERM", timeout), ("KILL", _KILL_GRACE_S)):
-            if not _is_alive(stats, pid, leads_group):
+            if not _alive(stats, pid, leads_group):
                 return alive
             stats = await self._stats(signal_name, target)
             stats = await self._wait_stopped(stats, pid, leads_group, wait_s)
-        if _is_alive(stats, pid, leads_group):
+        if _alive(stats, pid, leads_group):
             raise RemoteError(
                 f"process {pid} on {self.name} survived SIGTERM and SIGKILL",
                 fix=f"look at it on the host: ps -o pid,stat,cmd -g {pid}; it may be stuck in the kernel "
@@ -348,7 +346,7 @@ class Host(ABC):
         """Poll until nothing of the process (group) lives or `wait_s` passes; the last stats seen."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
-        while _is_alive(stats, pid, leads_group) and loop.time() < deadline:
+        while _alive(stats, pid, leads_group) and loop.time() < deadline:
             await asyncio.sleep(_STOP_POLL_S)
             stats = await self._stats()
         return stats
@@ -379,10 +377,10 @@ class Host(ABC):
             yield line
 
 
-def _is_alive(stats: list[StatLine], pid: int, leads_group: bool) -> bool:
-    if leads_group:  # the engine's workers share the group and hold GPU memory: all of them must be gone
-        return bool(live_group_members(stats, pid))
-    return any(s.pid == pid and not s.is_dead for s in stats)
+def _alive(stats: list[StatLine], pid: int, leads_group: bool) -> list[int]:
+    """Live PIDs of the group (the engine's workers share it and hold GPU memory: all must go), else the PID;
+    zombies do not count: they hold nothing."""
+    return [s.pid for s in stats if (s.pgrp if leads_group else s.pid) == pid and not s.is_dead]
 
 
 def _show_argv(argv: Sequence[str]) -> str:

@@ -74,11 +74,6 @@ def parse_stats(text: str) -> list[StatLine]:
     return [line for line in map(parse_stat, text.splitlines()) if line is not None]
 
 
-def live_group_members(stats: list[StatLine], pgrp: int) -> list[int]:
-    """PIDs of the process group `pgrp` that are not dead (zombies do not count: they hold nothing)."""
-    return [s.pid for s in stats if s.pgrp == pgrp and not s.is_dead]
-
-
 def decode_nul_list(raw: bytes) -> tuple[str, ...]:
     """/proc/PID/cmdline: NUL-separated args. Non-UTF-8 bytes survive as surrogates (os.fsdecode style)."""
     if not raw:

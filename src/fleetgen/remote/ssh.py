@@ -183,15 +183,10 @@ class SshHost(Host):
                 ) from exc
         return self._sftp
 
-    async def _makedirs(self, folder: str) -> str | None:
-        sftp = await self._sftp_client()  # SFTP: no login shell to start, unlike `mkdir -p` over exec
-        try:
+    async def _makedirs(self, folder: str) -> None:
+        # SFTP: no login shell to start, unlike `mkdir -p` over exec
+        async with self._sftp_doing(lambda why: self.cannot_mkdir(folder, why)) as sftp:
             await sftp.makedirs(folder, exist_ok=True)
-        except asyncssh.SFTPError as exc:
-            return str(exc.reason)
-        except _TRANSPORT_ERRORS as exc:
-            raise self._lost([], exc) from exc
-        return None
 
     @contextlib.asynccontextmanager
     async def _sftp_doing(self, failed: Callable[[str], FleetgenError]) -> AsyncIterator[asyncssh.SFTPClient]:
