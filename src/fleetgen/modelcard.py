@@ -66,6 +66,20 @@ class ModelShape:
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
 
+    def gdn_state_bytes(
+        self, tp: int, key_groups: int, conv_tokens: int, conv_bytes: int, ssm_dtype: str
+    ) -> int:
+        """One request's state in one GDN layer on one GPU, as both engines size it: the conv window
+        (`conv_tokens` of Q and K over `key_groups` heads, and V) + the SSM state; 0 without GDN layers."""
+        if not self.is_hybrid:
+            return 0
+        conv_dim = (
+            2 * key_groups * self.linear_key_head_dim
+            + self.linear_num_value_heads * self.linear_value_head_dim
+        )
+        ssm = self.linear_num_value_heads // tp * self.linear_value_head_dim * self.linear_key_head_dim
+        return conv_dim // tp * conv_tokens * conv_bytes + ssm * DTYPE_BYTES[ssm_dtype]
+
 
 Reader = Callable[[Mapping[str, Any], "_Found"], dict[str, Any]]
 

@@ -23,7 +23,7 @@ from fleetgen.engines.sglang import (
     WEIGHTS_LEAVE_NOTHING,
     SGLangEngine,
 )
-from fleetgen.modelcard import DTYPE_BYTES, ModelShape
+from fleetgen.modelcard import ModelShape
 from fleetgen.plan.rules import RuleInput, check_sglang_flags
 from fleetgen.plan.settings import SGLangSettings, resolve_settings
 from fleetgen.plan.types import GIB, MIB, Ask, Fix, HostRam, Issue, Memory, Planner, Sizing
@@ -35,17 +35,10 @@ CUDA_CONTEXT_BYTES = 512 * MIB  # CUDA context + NCCL before SGLang measures fre
 
 def state_bytes_per_request(shape: ModelShape, tp: int, ssm_dtype: str) -> int:
     """Conv + SSM state of one request, all linear layers (`BaseLinearStateParams.mamba_cache_per_req`)."""
-    if not shape.is_hybrid:
-        return 0
-    n_groups = shape.linear_num_key_heads
-    if n_groups % tp:
-        n_groups += tp - n_groups  # `extra_groups_for_head_shards`: groups replicated to cover the shards
-    conv_dim = (
-        shape.linear_value_head_dim * shape.linear_num_value_heads + 2 * n_groups * shape.linear_key_head_dim
-    )
-    conv = conv_dim // tp * (shape.conv_kernel - 1) * CONV_DTYPE_BYTES
-    ssm = shape.linear_num_value_heads // tp * shape.linear_value_head_dim * shape.linear_key_head_dim
-    return (conv + ssm * DTYPE_BYTES[ssm_dtype]) * len(shape.linear_layer_ids)
+    groups = shape.linear_num_key_heads
+    groups = tp if groups % tp else groups  # `extra_groups_for_head_shards`: replicated to cover the shards
+    per_layer = shape.gdn_state_bytes(tp, groups, shape.conv_kernel - 1, CONV_DTYPE_BYTES, ssm_dtype)
+    return per_layer * len(shape.linear_layer_ids)
 
 
 def kv_bytes_per_token(shape: ModelShape, tp: int, kv_dtype_bytes: int, *, draft_layers: int = 0) -> int:

@@ -68,19 +68,6 @@ def num_spec_tokens(args: Mapping[str, Any]) -> int:
     return int(conf.get("num_speculative_tokens", 0)) if isinstance(conf, Mapping) else 0
 
 
-def mamba_page_bytes(shape: ModelShape, tp: int, num_spec: int, ssm_dtype: str, conv_bytes: int) -> int:
-    """One GDN layer's state of one request (`MambaStateShapeCalculator.gated_delta_net_state_shape`)."""
-    if not shape.is_hybrid:
-        return 0
-    conv_dim = (
-        shape.linear_key_head_dim * shape.linear_num_key_heads * 2
-        + shape.linear_value_head_dim * shape.linear_num_value_heads
-    )
-    conv = conv_dim // tp * (shape.conv_kernel - 1 + num_spec) * conv_bytes
-    ssm = shape.linear_num_value_heads // tp * shape.linear_value_head_dim * shape.linear_key_head_dim
-    return conv + ssm * DTYPE_BYTES[ssm_dtype]
-
-
 @dataclass(frozen=True)
 class Pool:
     """vLLM's paged pool layout: block size, page, layers per group, Mamba groups, blocks per request."""
@@ -106,8 +93,10 @@ def pool_layout(shape: ModelShape, args: Mapping[str, Any], tp: int, ctx: int) -
     ssm = str(args.get("mamba-ssm-cache-dtype") or "auto")
     ssm = shape.ssm_dtype if ssm == "auto" else ssm
     conv = str(args.get("mamba-cache-dtype") or "auto")
-    mamba_page = mamba_page_bytes(
-        shape, tp, num_spec, ssm, shape.dtype_bytes if conv == "auto" else DTYPE_BYTES.get(conv, 2)
+    conv_bytes = shape.dtype_bytes if conv == "auto" else DTYPE_BYTES.get(conv, 2)
+    # `MambaStateShapeCalculator.gated_delta_net_state_shape`: the conv window holds the spec tokens too
+    mamba_page = shape.gdn_state_bytes(
+        tp, shape.linear_num_key_heads, shape.conv_kernel - 1 + num_spec, conv_bytes, ssm
     )
     block = max(int(args.get("block-size") or KERNEL_BLOCK_ALIGN), KERNEL_BLOCK_ALIGN)
     if mamba_page:
