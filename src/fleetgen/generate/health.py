@@ -142,9 +142,7 @@ class Watch:
         try:
             while endpoint.readiness is not Readiness.READY:
                 await asyncio.sleep(interval)
-                if await self._is_back(endpoint):
-                    self._mark_ready(endpoint)
-                    return
+                await self._bring_back(endpoint)
                 interval = min(interval * 2, self.policy.probe_interval_max_s)
         finally:
             self._probing.discard(endpoint)
@@ -164,13 +162,13 @@ class Watch:
                     endpoint.last_error = f"restart failed: {exc.message}"
                     continue
                 endpoint.num_restarts += 1
-                if await self._is_back(endpoint):  # False too when the probe got there first
-                    self._mark_ready(endpoint)
+                await self._bring_back(endpoint)
                 return
         finally:
             self._restarting.discard(endpoint)
 
-    async def _is_back(self, endpoint: Endpoint) -> bool:
+    async def _bring_back(self, endpoint: Endpoint) -> None:
+        """READY once the fleet (`admit`) and then its /health say so; a starting one that died is DOWN."""
         fleet_says = Readiness.READY
         if self._admit is not None:
             try:
@@ -180,13 +178,12 @@ class Watch:
         if fleet_says is Readiness.DOWN and endpoint.readiness is Readiness.WAITING:
             endpoint.readiness = Readiness.DOWN  # it was starting and died: a restart may bring it back
             self._restart_soon(endpoint)
-        return (
-            fleet_says is Readiness.READY
-            and endpoint.readiness is not Readiness.READY
-            and await endpoint.client.is_healthy(timeout_s=PROBE_TIMEOUT_S)
-        )
-
-    def _mark_ready(self, endpoint: Endpoint) -> None:
+        if (
+            fleet_says is not Readiness.READY
+            or endpoint.readiness is Readiness.READY
+            or not await endpoint.client.is_healthy(timeout_s=PROBE_TIMEOUT_S)
+        ):
+            return
         endpoint.readiness = Readiness.READY
         endpoint.num_failures_in_row = 0
         self._none_ready_since = None

@@ -3,7 +3,7 @@
 - `Intake.open`: refuse another input than the folder's (`identity.check`), record the input's identity;
   a folder with no result or error row holds no job yet (e.g. after a fail-fast stop) and takes any input;
 - `plan`: where reading starts (a trusted resume position, `identity.ResumeCheck`) and which keys are done;
-- `items`: each (record, sample) not done becomes a `Work`; a bad record an `inputs_bad` row; a stored id
+- `work`: each (record, sample) not done becomes a `Work`; a bad record an `inputs_bad` row; a stored id
   with other content an `InputMismatch`; the first `diagnose.FAIL_FAST` records of a job with no result all
   bad (or a whole short input) an `InputError` naming the likely cause.
 """
@@ -22,7 +22,6 @@ from fleetgen.generate.store import Store
 from fleetgen.generate.work import BadInput, JobOptions, Record, Work, key_hash
 from fleetgen.generate.writer import StoreWriter
 
-Records = Iterator[Record | BadInput | Position]  # a Position: a run of done records skipped
 # The re-run modes: the table and condition of the keys each one redoes.
 REDO = {"retry_errors": ("errors", "1"), "redo_truncated": ("results", "is_truncated = 1")}
 
@@ -87,22 +86,18 @@ class Intake:
         return is_done
 
     def work(self, writer: StoreWriter) -> Iterator[Work]:
-        """Read the input from the resume position: the work of every (record, sample) not done."""
-        opts, start = self.options, self.tracker.position if self.tracker else Position()
-        records = read_records(opts.input_path, opts.shape, start, opts.split, self.done_check())
-        return self.items(records, writer)
-
-    def items(self, records: Records, writer: StoreWriter) -> Iterator[Work]:
-        """The work of the records not done; bad records go to the writer as `inputs_bad` rows."""
-        tracker, wanted, done = self.tracker, self.wanted, self.done
+        """Read the input from the resume position: the work of every (record, sample) not done; bad records
+        go to the writer as `inputs_bad` rows."""
+        opts, tracker, wanted, done = self.options, self.tracker, self.wanted, self.done
+        start = tracker.position if tracker else Position()
         seen: set[int] = set()
-        for record in records:
+        for record in read_records(opts.input_path, opts.shape, start, opts.split, self.done_check()):
             if isinstance(record, Position):
                 if tracker is not None:
                     tracker.open(record.line, record.offset, 0)
                 continue
             if isinstance(record, Record):
-                keys = [key_hash(record.record_id, s) for s in range(self.options.params.samples)]
+                keys = [key_hash(record.record_id, s) for s in range(opts.params.samples)]
                 record = _check_duplicate(record, keys[0], seen, wanted, done)
             if isinstance(record, BadInput):
                 if wanted is None:  # re-run modes have already recorded the input's bad lines

@@ -208,13 +208,13 @@ class Counts(NamedTuple):
     bad_inputs: int = 0
 
 
+@dataclass
 class Store:
     """The SQLite store of one output folder. Open with `Store.open`; one writer at a time (a lock file)."""
 
-    def __init__(self, conn: sqlite3.Connection, path: Path, lock: IO[bytes] | None) -> None:
-        self.conn = conn
-        self.path = path
-        self._lock = lock
+    conn: sqlite3.Connection
+    path: Path
+    _lock: IO[bytes] | None
 
     @classmethod
     def open(cls, out_dir: Path, *, writer: bool = True) -> Store:
