@@ -93,7 +93,7 @@ async def test_two_hosts_two_instances_come_up_in_parallel_verified(
         outs = await up(Fleet.load(fleet), progress=lambda inst, msg: events.append((inst, msg)))
         _ok(outs)
         assert sorted(o.instance for o in outs) == ["h0-0", "h0-1", "h1-0", "h1-1"]
-        assert all(o.action is Action.STARTED and o.is_ready for o in outs)
+        assert all(o.action is Action.STARTED and o.error is None for o in outs)
         assert len({o.pid for o in outs}) == 4
         # Parallel: every instance was spawned before the first one was found healthy.
         kinds = [
@@ -147,7 +147,7 @@ async def test_oom_line_names_the_cause_and_stops_the_process(
 ) -> None:
     fleet = sim_fleet(tmp_path, ssh_hosts[:1], args={"sim-fail-at-start": "oom"})
     [out] = await up(Fleet.load(fleet))
-    assert isinstance(out.error, LaunchFailed) and not out.is_ready
+    assert isinstance(out.error, LaunchFailed)
     assert "memory" in out.error.message.lower()
     assert "Not enough memory" in str(out.error.context["matched"])
     assert "mem-fraction-static" in out.error.fix
@@ -167,7 +167,7 @@ async def test_spec_configured_but_not_running_is_refused(ssh_hosts: list[SshdHo
     fleet = sim_fleet(tmp_path, ssh_hosts[:1], args={"sim-no-spec": True})
     try:
         [out] = await up(Fleet.load(fleet))
-        assert isinstance(out.error, VerifyError) and not out.is_ready
+        assert isinstance(out.error, VerifyError)
         assert "speculative_algorithm" in str(out.error.context["mismatches"])
     finally:
         await down(Fleet.load(fleet))
@@ -352,6 +352,6 @@ async def test_up_refuses_an_argv_the_engines_own_rule_refuses_before_starting_a
         probe.connect(("127.0.0.1", port))
 
     [out] = await up(Fleet.load(fleet), plan_check=False)
-    assert isinstance(out.error, LaunchFailed) and not out.is_ready
+    assert isinstance(out.error, LaunchFailed)
     assert refusal.message in str(out.error.context["matched"]) and out.error.fix == refusal.fix
     assert out.pid is not None and _is_gone(out.pid)

@@ -61,7 +61,7 @@ async def test_vllm_lifecycle(
     try:
         [first] = await up(Fleet.load(fleet))
         assert first.error is None, str(first.error)
-        assert first.action is Action.STARTED and first.is_ready and first.verified is not None
+        assert first.action is Action.STARTED and first.error is None and first.verified is not None
         assert first.verified.model == "tiny"
         assert first.verified.accept_length is not None and first.verified.accept_length >= 1.0
         assert any(r.what == "kv_tokens" and r.actual for r in first.verified.capacity)

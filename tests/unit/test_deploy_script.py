@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import os
 import signal
@@ -21,7 +22,6 @@ from fleetgen.deploy.script import (
     InstancePaths,
     SecretEnv,
     render_script,
-    sha256_text,
 )
 from fleetgen.deploy.state import InstanceRecord, load_state, update_state
 from fleetgen.deploy.verify import process_drift, view_mismatches
@@ -44,7 +44,7 @@ def command(
         launcher=("-m", "sglang.launch_server"),
         args=(*args, *extra),
         env={"CUDA_VISIBLE_DEVICES": "0", "QUOTE": "it's $HOME"},
-        paths=InstancePaths(tmp, "h0-0"),
+        paths=InstancePaths.of(tmp, "h0-0"),
         secret=SecretEnv("FLEET_KEY", config_key="api-key") if secret else None,
     )
 
@@ -57,7 +57,7 @@ def test_script_quotes_every_value_and_execs_the_argv(tmp_path: Path) -> None:
         launcher=("%s\\n",),
         args=("a b", "$HOME", "'q'", "--x=1"),
         env={"V": "it's $HOME; `x`"},
-        paths=InstancePaths(str(tmp_path), "i"),
+        paths=InstancePaths.of(str(tmp_path), "i"),
     )
     text = render_script(s)
     assert text.startswith("#!/usr/bin/env bash\n") and "set -euo pipefail" in text
@@ -172,7 +172,7 @@ def test_missing_key_file_stops_the_script(tmp_path: Path) -> None:
         launcher=("started",),
         args=(),
         env={},
-        paths=InstancePaths(str(tmp_path), "i"),
+        paths=InstancePaths.of(str(tmp_path), "i"),
         secret=SecretEnv("K"),
     )
     (tmp_path / "launch.sh").write_text(render_script(s))
@@ -181,8 +181,11 @@ def test_missing_key_file_stops_the_script(tmp_path: Path) -> None:
 
 
 def test_sha_is_stable_and_changes_with_a_flag() -> None:
-    assert sha256_text(render_script(command())) == sha256_text(render_script(command()))
-    assert sha256_text(render_script(command())) != sha256_text(render_script(command(args=("--port", "2"))))
+    def sha(c: Command) -> str:
+        return hashlib.sha256(render_script(c).encode()).hexdigest()
+
+    assert sha(command()) == sha(command())
+    assert sha(command()) != sha(command(args=("--port", "2")))
 
 
 def _proc(argv: tuple[str, ...], env: dict[str, str]) -> ProcInfo:

@@ -49,10 +49,6 @@ from fleetgen.plan import (
 PerHost = Callable[[HostSession, list[Instance]], Awaitable[list[Outcome]]]
 
 
-def _noop(_instance: str, _message: str) -> None:
-    return None
-
-
 async def host_instances(fleet: Fleet, hs: HostSession) -> list[Instance]:
     """This host's instances; `gpus = "all"` is resolved with the GPUs nvidia-smi listed on the host."""
     detected: list[int] | None = None
@@ -179,7 +175,7 @@ async def up(
     only: Sequence[str] | None = None,
     force: bool = False,
     plan_check: bool = True,
-    progress: Narrate = _noop,
+    progress: Narrate = lambda _instance, _message: None,
 ) -> list[Outcome]:
     """Bring every (selected) instance up, verified; `force` restarts even matching processes (restart);
     `plan_check` False launches even what the engine's own rules refuse (plan's flag rules)."""
@@ -228,9 +224,11 @@ async def down(fleet: Fleet, *, only: Sequence[str] | None = None) -> list[Outco
         if fleet.file.cluster is not None:
             outs = await down_jobs(fleet, hs, wanted, records)
         else:
-            outs = list(
-                await asyncio.gather(*(stop_instance(hs, t, records.get(t.inst.name)) for t in wanted))
+            stops = (
+                settle(t.inst.name, hs.entry.name, partial(stop_instance, hs, t, records.get(t.inst.name)))
+                for t in wanted
             )
+            outs = list(await asyncio.gather(*stops))
         update_state(fleet.path, drop=[o.instance for o in outs if o.error is None])
         return outs
 

@@ -246,8 +246,30 @@ async def prepare_host(
             context={"host": entry.name},
             fix="set hosts.workdir to a folder the SSH user can write",
         )
-    if check_launch:
-        _check_launch(survey, entry, cfg)
+    if not check_launch:
+        return survey
+    ctx = {"host": entry.name}
+    if not survey.python_version:
+        raise LaunchFailed(
+            f"{entry.name}: the engine's python {cfg.python!r} does not run on the host",
+            context=ctx,
+            fix="set engine.python to the interpreter of the engine's venv "
+            "on the host (an absolute path such as /opt/venv/bin/python)",
+        )
+    if survey.module_missing:
+        launcher = launcher_of(cfg)
+        mod = launcher_module(launcher)
+        raise LaunchFailed(
+            f"{entry.name}: {cfg.python} cannot import {mod!r} (the launcher {' '.join(launcher)})",
+            context=ctx,
+            fix=f"install {mod} into that python, or fix engine.python / engine.launcher",
+        )
+    if not survey.has_model:
+        raise LaunchFailed(
+            f"{entry.name}: the model folder {cfg.model} does not exist on the host",
+            context=ctx,
+            fix="copy the model there, or set engine.model to the folder that holds it",
+        )
     return survey
 
 
@@ -265,31 +287,6 @@ def parse_gpu_csv(text: str) -> list[GpuInfo]:
         except ValueError:
             continue  # "[N/A]" fields (e.g. MIG): skip the row rather than invent numbers
     return gpus
-
-
-def _check_launch(survey: HostSurvey, entry: HostEntry, cfg: EngineConfig) -> None:
-    ctx = {"host": entry.name}
-    python, launcher, model = cfg.python, launcher_of(cfg), cfg.model
-    if not survey.python_version:
-        raise LaunchFailed(
-            f"{entry.name}: the engine's python {python!r} does not run on the host",
-            context=ctx,
-            fix="set engine.python to the interpreter of the engine's venv "
-            "on the host (an absolute path such as /opt/venv/bin/python)",
-        )
-    if survey.module_missing:
-        mod = launcher_module(launcher)
-        raise LaunchFailed(
-            f"{entry.name}: {python} cannot import {mod!r} (the launcher {' '.join(launcher)})",
-            context=ctx,
-            fix=f"install {mod} into that python, or fix engine.python / engine.launcher",
-        )
-    if not survey.has_model:
-        raise LaunchFailed(
-            f"{entry.name}: the model folder {model} does not exist on the host",
-            context=ctx,
-            fix="copy the model there, or set engine.model to the folder that holds it",
-        )
 
 
 async def probe_instance(

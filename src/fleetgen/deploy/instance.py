@@ -169,7 +169,6 @@ class Outcome:
     pid: int | None = None
     url: str = ""
     log_path: str = ""
-    is_ready: bool = False
     error: FleetgenError | None = None
     verified: Verified | None = None
     elapsed_s: float = 0.0
@@ -205,12 +204,11 @@ class Rollout:
 
 
 async def settle(instance: str, host: str, work: Callable[[Outcome], Awaitable[None]]) -> Outcome:
-    """`work` on a new Outcome, timed: ready when it returns, its error kept when it raises one of ours."""
+    """`work` on a new Outcome, timed: done when it returns, its error kept when it raises one of ours."""
     out = Outcome(instance=instance, host=host)
     started = time.monotonic()
     try:
         await work(out)
-        out.is_ready = True
     except FleetgenError as exc:
         out.error = exc
     out.elapsed_s = time.monotonic() - started
@@ -231,8 +229,6 @@ async def ensure_up(hs: HostSession, wanted: WantedInstance, run: Rollout, out: 
     spawned = await hs.host.spawn(paths.script, log_path, paths.pidfile, cwd=paths.root)
     run.progress(wanted.inst.name, f"spawned pid {spawned.pid}, log {log_path}")
     rec = wanted.record(hs.entry.name, spawned.log_path, spawned.pid, spawned.start_time)
-    run.on_record(rec)
-    out.record, out.pid, out.log_path = rec, rec.pid, rec.log_path
     await follow_launch(hs, wanted, rec, run, out)
 
 
@@ -256,14 +252,16 @@ async def follow_launch(
     *,
     undo: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
-    """After a launch, wherever it was placed: wait ready (reading its log), prove it alone holds its port,
-    verify the process and the engine's own view. A launch that fails here is undone (default: its process
-    stopped; a Slurm placement cancels its job) so the next `up` starts clean."""
+    """After a launch, wherever it was placed: record it, wait ready (reading its log), prove it alone holds
+    its port, verify the process and the engine's own view. A launch that fails here is undone (default: its
+    process stopped; a Slurm placement cancels its job) so the next `up` starts clean."""
 
     async def stop() -> None:
         await hs.host.stop(rec.pid, start_time=rec.start_time, timeout=10.0)
 
     undo = undo or stop
+    run.on_record(rec)
+    out.record, out.pid, out.log_path = rec, rec.pid, rec.log_path
     client = await hs.client_for(wanted)
     out.url, name = client.base_url, wanted.inst.name
     started = StartedProcess(name, hs.host, rec.pid, rec.start_time, rec.log_path)
@@ -300,9 +298,8 @@ async def keep_running(
 ) -> None:
     """The process already runs as wanted: leave it, and verify it like a new one."""
     out.action, out.pid = Action.UNCHANGED, running.pid
-    same = record is not None and record.pid == running.pid
-    out.record = record if same else None
-    out.log_path = record.log_path if record is not None and same else wanted.command.paths.current_log
+    out.record = record if record is not None and record.pid == running.pid else None
+    out.log_path = out.record.log_path if out.record else wanted.command.paths.current_log
     run.progress(wanted.inst.name, f"already running as wanted (pid {running.pid}); verifying")
     await prove_listener(hs, wanted, running.pid)
     client = await hs.client_for(wanted)
@@ -378,18 +375,16 @@ async def prove_listener(hs: HostSession, wanted: WantedInstance, pid: int) -> N
         )
 
 
-async def stop_instance(hs: HostSession, wanted: WantedInstance, record: InstanceRecord | None) -> Outcome:
-    """Stop one instance (TERM → wait → KILL of its process group) and wait until its port is free."""
-    out = Outcome(instance=wanted.inst.name, host=hs.entry.name)
-    try:
-        await remove_secret_files(hs.host, wanted.command)
-        running = await find_running(hs, wanted, record)
-        if running is None:
-            out.action = Action.ABSENT
-            return out
-        await hs.host.stop(running.pid, start_time=running.start_time)
-        await wait_port_free(hs.host, wanted.inst.port)
-        out.action, out.pid = Action.STOPPED, running.pid
-    except FleetgenError as exc:
-        out.error = exc
-    return out
+async def stop_instance(
+    hs: HostSession, wanted: WantedInstance, record: InstanceRecord | None, out: Outcome
+) -> None:
+    """Stop one instance (TERM → wait → KILL of its process group) and wait until its port is free (through
+    `settle`)."""
+    await remove_secret_files(hs.host, wanted.command)
+    running = await find_running(hs, wanted, record)
+    if running is None:
+        out.action = Action.ABSENT
+        return
+    await hs.host.stop(running.pid, start_time=running.start_time)
+    await wait_port_free(hs.host, wanted.inst.port)
+    out.action, out.pid = Action.STOPPED, running.pid

@@ -27,7 +27,7 @@ async def read_log(
                 f"no instance named {name!r} on host {entry.name}",
                 fix="`fleetgen status` lists the instances",
             )
-        path = InstancePaths(hs.survey.workdir, name).current_log
+        path = InstancePaths.of(hs.survey.workdir, name).current_log
         if not await hs.host.exists(path):
             raise ConfigError(
                 f"{name} has no log yet ({path} does not exist on {entry.name})",

@@ -16,7 +16,6 @@ the engine writes is its owner's only.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import posixpath
 import shlex
@@ -49,35 +48,21 @@ while True:
 
 @dataclass(frozen=True)
 class InstancePaths:
-    """Where an instance lives on its host: `<workdir>/<instance>/…`."""
+    """Where an instance lives on its host: `<workdir>/<instance>/…`. `key_config`: the YAML config an engine
+    without a key env var reads its key from (SGLang's `--config`)."""
 
-    workdir: str
-    instance: str
+    root: str
+    script: str
+    pidfile: str
+    keyfile: str
+    key_config: str
+    logs: str
 
-    @property
-    def root(self) -> str:
-        return posixpath.join(self.workdir, self.instance)
-
-    @property
-    def script(self) -> str:
-        return posixpath.join(self.root, "launch.sh")
-
-    @property
-    def pidfile(self) -> str:
-        return posixpath.join(self.root, "pid")
-
-    @property
-    def keyfile(self) -> str:
-        return posixpath.join(self.root, "api_key")
-
-    @property
-    def key_config(self) -> str:
-        """The YAML config an engine without a key env var reads its key from (SGLang's `--config`)."""
-        return posixpath.join(self.root, API_KEY_CONFIG)
-
-    @property
-    def logs(self) -> str:
-        return posixpath.join(self.root, "logs")
+    @classmethod
+    def of(cls, workdir: str, instance: str) -> InstancePaths:
+        root = posixpath.join(workdir, instance)
+        names = ("launch.sh", "pid", "api_key", API_KEY_CONFIG, "logs")
+        return cls(root, *(posixpath.join(root, name) for name in names))
 
     @property
     def current_log(self) -> str:
@@ -155,10 +140,6 @@ def render_script(command: Command) -> str:
         lines.append(f"exec > >(exec {redactor}) 2>&1")
     lines.append("exec " + shlex.join(command.argv))
     return "\n".join(lines) + "\n"
-
-
-def sha256_text(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def redact_argv(argv: Sequence[str], command: Command, secret_value: str | None) -> tuple[str, ...]:

@@ -46,7 +46,7 @@ from fleetgen.deploy.instance import (
 from fleetgen.deploy.state import InstanceRecord
 from fleetgen.deploy.verify import process_drift
 from fleetgen.deploy.wanted import Fleet
-from fleetgen.errors import DeployError, FleetgenError, LaunchFailed
+from fleetgen.errors import DeployError, LaunchFailed
 from fleetgen.remote.slurm import (
     HOPELESS,
     JobInfo,
@@ -244,8 +244,6 @@ async def _follow(
     async with node_session(fleet, login, info.node, info.job_id) as node:
         pid, start_time = await _engine_pid(node, wanted, rec.slurm_job)
         rec = replace(rec, pid=pid, start_time=start_time, node=info.node)
-        run.on_record(rec)
-        out.record, out.pid, out.log_path = rec, pid, rec.log_path
 
         async def undo() -> None:
             await cancel(login.host, [jname])
@@ -294,17 +292,14 @@ async def down_jobs(
     before = set((await queued(login.host, names)).values())
     await cancel(login.host, names)
     await wait_left(login, names)
-    outs = []
-    for wanted, jname in zip(all_wanted, names, strict=True):
-        out = Outcome(instance=wanted.inst.name, host=login.entry.name)
-        try:
-            await remove_secret_files(login.host, wanted.command)
-            out.swept = await _sweep(fleet, login, records.get(wanted.inst.name))
-            out.action = Action.STOPPED if jname in before or out.swept else Action.ABSENT
-        except FleetgenError as exc:
-            out.error = exc
-        outs.append(out)
-    return outs
+
+    async def sweep(wanted: WantedInstance, jname: str, out: Outcome) -> None:
+        await remove_secret_files(login.host, wanted.command)
+        out.swept = await _sweep(fleet, login, records.get(wanted.inst.name))
+        out.action = Action.STOPPED if jname in before or out.swept else Action.ABSENT
+
+    pairs = zip(all_wanted, names, strict=True)
+    return [await settle(w.inst.name, login.entry.name, partial(sweep, w, j)) for w, j in pairs]
 
 
 async def _sweep(fleet: Fleet, login: HostSession, rec: InstanceRecord | None) -> list[int]:

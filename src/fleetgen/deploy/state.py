@@ -20,8 +20,6 @@ from pydantic import TypeAdapter
 from fleetgen.atomic import write_atomic
 from fleetgen.errors import ConfigError
 
-STATE_DIR = ".fleetgen"
-STATE_FILE = "state.json"
 SCHEMA_VERSION = 1
 
 
@@ -52,8 +50,7 @@ _RECORDS = TypeAdapter(dict[str, InstanceRecord])
 
 
 def state_path(fleet_path: Path) -> Path:
-    """`.fleetgen/state.json` in the fleet file's folder."""
-    return fleet_path.resolve().parent / STATE_DIR / STATE_FILE
+    return fleet_path.resolve().parent / ".fleetgen" / "state.json"
 
 
 def load_state(fleet_path: Path) -> dict[str, InstanceRecord]:

@@ -5,6 +5,7 @@ Pure apart from reading the API key from fleetgen's own environment (named by `e
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections.abc import Mapping
@@ -14,7 +15,7 @@ from pathlib import Path
 from fleetgen.config import EngineConfig, FleetFile, HostEntry, Instance, load_fleet
 from fleetgen.deploy.hostside import HostSurvey
 from fleetgen.deploy.instance import WantedInstance
-from fleetgen.deploy.script import Command, InstancePaths, SecretEnv, render_script, sha256_text
+from fleetgen.deploy.script import Command, InstancePaths, SecretEnv, render_script
 from fleetgen.engines import Engine, get_engine, launcher_of
 from fleetgen.errors import ConfigError
 from fleetgen.plan import HostFacts, InstancePlan, Launch, decide_launch, facts_from_file
@@ -89,7 +90,7 @@ def build_command(
         launcher=launcher_of(cfg),
         args=launch.argv[1 + len(launcher_of(cfg)) :],
         env=env,
-        paths=InstancePaths(workdir, inst.name),
+        paths=InstancePaths.of(workdir, inst.name),
         secret=secret,
     )
 
@@ -122,7 +123,7 @@ def build_wanted(
         launch=launch,
         command=command,
         script=script,
-        sha256=sha256_text(script),
+        sha256=hashlib.sha256(script.encode()).hexdigest(),
         secret_value=secret_value,
         planned=dict(planned or {}),
         timeout_s=fleet.engine.ready_timeout_s,
