@@ -95,7 +95,8 @@ async def test_the_simulated_mtp_server_shows_what_real_sglang_shows(sim_server:
     assert models["data"][0]["root"] == real_models["data"][0]["root"] == "qwen3.6-27b"
     assert model_info["model_type"] == real_model_info["model_type"]
     # /server_info: the keys fleetgen reads, in both
-    for _, keys in SGLANG.view_checks:
+    for flags in SGLANG.view_checks:
+        keys = [flag.replace("-", "_") for flag in flags]
         assert any(k in real_info for k in keys) and any(k in info for k in keys), keys
     assert set(SGLANG.capacity([], info, {})) == set(SGLANG.capacity([], real_info, {}))
     # MTP: the target's and the draft's KV pools, two lines with the same #tokens

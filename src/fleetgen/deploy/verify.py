@@ -142,10 +142,11 @@ def view_mismatches(args: Sequence[str], info: Mapping[str, Any], engine: Engine
     /server_info); empty when all match."""
     problems: list[str] = []
     aliases = dict(engine.view_aliases)
-    for flags, keys in engine.view_checks:
+    for flags in engine.view_checks:
         want = flag_value(args, flags)
         if want is None:
             continue
+        keys = [flag.replace("-", "_") for flag in flags]
         key = next((k for k in keys if k in info), None)
         got = info.get(key) if key else None
         if not _same(want, got, aliases):

@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from fleetgen.config import EngineConfig, register_engine_kind
 from fleetgen.engines.base import (
     Engine,
-    FatalSignature,
     MetricNames,
     ParserVerdict,
     RuleSet,
@@ -61,7 +60,6 @@ def all_info_paths() -> tuple[str, ...]:
 __all__ = [
     "ENGINES",
     "Engine",
-    "FatalSignature",
     "MetricNames",
     "ParserVerdict",
     "RuleSet",

@@ -33,13 +33,12 @@ class FatalSignature:
 
 @dataclass(frozen=True)
 class MetricNames:
-    """Prometheus metric names of one engine. Empty string: the engine has no such gauge (derive it)."""
+    """Prometheus metric names of one engine (`*_total`: counters). Empty string: it has none (derive it)."""
 
     running: str
     queued: str
     gen_throughput: str = ""
     generation_tokens_total: str = ""
-    prompt_tokens_total: str = ""
     spec_accept_length: str = ""
     spec_num_drafts_total: str = ""
     spec_num_accepted_tokens_total: str = ""
@@ -49,11 +48,8 @@ class MetricNames:
 
     @classmethod
     def of(cls, engine: str, **names: Any) -> MetricNames:
-        """`names`, and the token counters every engine exports (`<engine>:generation_tokens_total`, …)."""
-        totals: dict[str, Any] = {
-            f"{k}_tokens_total": f"{engine}:{k}_tokens_total" for k in ("generation", "prompt")
-        }
-        return cls(**names, **totals)
+        """`names`, and the token counter every engine exports (`<engine>:generation_tokens_total`)."""
+        return cls(**names, generation_tokens_total=f"{engine}:generation_tokens_total")
 
 
 @dataclass(frozen=True)
@@ -191,10 +187,6 @@ def positive_figures(places: Sequence[Any], keys: Sequence[tuple[str, str]]) -> 
     return found
 
 
-# A flag whose effect the engine reports back in its info JSON: the flag's names (old, new), the keys to read.
-ViewCheck = tuple[tuple[str, ...], tuple[str, ...]]
-
-
 class Engine:
     """One inference engine: an engine module subclasses it, sets every attribute below and registers an
     instance in `fleetgen.engines`. Nothing outside `engines/` branches on an engine's name; it asks this."""
@@ -204,7 +196,8 @@ class Engine:
     distributions: tuple[str, ...]  # Python distributions that provide it, tried in order (its version)
     health_path = "/health"
     info_paths: tuple[str, ...] = ()  # its own view of its settings (JSON), first that answers
-    view_checks: tuple[ViewCheck, ...] = ()  # flags whose effect the info JSON shows
+    # flags whose effect the info JSON shows, each by its names (old, new), under the name with `_` for `-`
+    view_checks: tuple[tuple[str, ...], ...] = ()
     view_keys: tuple[str, ...] = ()  # an info JSON holding one of these keys is its view (checked against)
     view_aliases: tuple[tuple[str, str], ...] = ()  # values the engine rewrites before it reports them
     metrics_path = "/metrics"

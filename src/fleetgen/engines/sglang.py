@@ -17,7 +17,6 @@ from fleetgen.engines.base import (
     Labels,
     MetricNames,
     RuleSet,
-    ViewCheck,
     common_fatal_signatures,
     positive_figures,
     refused_argument_signatures,
@@ -147,20 +146,6 @@ PARSER_BODY = """
     out["resolved"] = {k: getattr(args, k) for k in keep if hasattr(args, k)}
 """
 
-# Flags whose effect SGLang reports back in /server_info (its ServerArgs field = the flag with `_`).
-VIEW_CHECKS: tuple[ViewCheck, ...] = (
-    (("speculative-algorithm",), ("speculative_algorithm",)),
-    (("speculative-num-steps",), ("speculative_num_steps",)),
-    (("speculative-eagle-topk",), ("speculative_eagle_topk",)),
-    (("speculative-num-draft-tokens",), ("speculative_num_draft_tokens",)),
-    (
-        ("mamba-radix-cache-strategy", "mamba-scheduler-strategy"),
-        ("mamba_radix_cache_strategy", "mamba_scheduler_strategy"),
-    ),
-    (("mem-fraction-static",), ("mem_fraction_static",)),
-    (("max-running-requests",), ("max_running_requests",)),
-)
-
 
 def _server_info_places(info: Any) -> list[Any]:
     """Where /server_info keeps figures: its top level, `scheduler_info`, each DP rank's `internal_states`."""
@@ -176,7 +161,15 @@ class SGLangEngine(Engine):
     default_launcher: tuple[str, ...] = ("-m", "sglang.launch_server")
     distributions: tuple[str, ...] = ("sglang",)
     info_paths: tuple[str, ...] = ("/server_info", "/get_server_info")
-    view_checks: tuple[ViewCheck, ...] = VIEW_CHECKS
+    view_checks: tuple[tuple[str, ...], ...] = (  # /server_info holds ServerArgs: the flag's fields
+        ("speculative-algorithm",),
+        ("speculative-num-steps",),
+        ("speculative-eagle-topk",),
+        ("speculative-num-draft-tokens",),
+        ("mamba-radix-cache-strategy", "mamba-scheduler-strategy"),
+        ("mem-fraction-static",),
+        ("max-running-requests",),
+    )
     view_keys: tuple[str, ...] = ("model_path", "mem_fraction_static", "internal_states")
     view_aliases: tuple[tuple[str, str], ...] = (("NEXTN", "EAGLE"),)  # NEXTN is reported as EAGLE
     metrics = MetricNames.of(

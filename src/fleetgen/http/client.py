@@ -30,7 +30,6 @@ from fleetgen.http.metrics import Scrape
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429})
 FINISH_ALIASES = {"max_tokens": "length", "eos": "stop", "stop_sequence": "stop"}
 CONTEXT_MARKERS = ("maximum context length", "context length", "too long", "longer than")
-CHAT_PATH = "/v1/chat/completions"
 
 
 class RequestFailed(EndpointError):
@@ -91,7 +90,7 @@ class EngineClient:
         max_connections: int = 0,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self._chat_url = self.base_url + CHAT_PATH
+        self._chat_url = self.base_url + "/v1/chat/completions"
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
@@ -156,7 +155,6 @@ class EngineClient:
     async def get_text(self, path: str, timeout_s: float | None = None) -> str:
         """The body of GET `path` (e.g. the /metrics text); EndpointError unless it answers 200."""
         status, raw = await self._get(path, timeout_s)
-        text = raw.decode(errors="replace")
         if status != 200:
             url = self.base_url + path
             raise EndpointError(
@@ -164,7 +162,7 @@ class EngineClient:
                 context={"url": url, "body": _error_text(raw)},
                 fix="check that the server is up and ready (`fleetgen status`)",
             )
-        return text
+        return raw.decode(errors="replace")
 
     async def get_json(self, path: str, timeout_s: float | None = None) -> Any:
         text = await self.get_text(path, timeout_s)
@@ -241,19 +239,13 @@ class EngineClient:
             raise self._failed(exc) from exc
 
     def _failed(self, exc: Exception) -> RequestFailed:
-        if isinstance(
-            exc, aiohttp.ClientConnectorError | aiohttp.ServerDisconnectedError | aiohttp.ClientOSError
-        ):
-            return RequestFailed(
-                f"connection to {self.base_url} failed: {exc}",
-                url=self._chat_url,
-                is_retryable=True,
-                is_connection=True,
-            )
+        dead = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+        if isinstance(exc, dead):
+            message = f"connection to {self.base_url} failed: {exc}"
+        else:
+            message = f"request to {self.base_url} failed: {type(exc).__name__}: {exc}"
         return RequestFailed(
-            f"request to {self.base_url} failed: {type(exc).__name__}: {exc}",
-            url=self._chat_url,
-            is_retryable=True,
+            message, url=self._chat_url, is_retryable=True, is_connection=isinstance(exc, dead)
         )
 
     def _refused(self, status: int, raw: bytes) -> RequestFailed:
@@ -279,13 +271,10 @@ def parse_completion(raw: bytes, url: str) -> Completion:
         raise RequestFailed(
             "the engine aborted the request (finish_reason=abort)", url=url, is_retryable=True
         )
-    reasoning = message.get("reasoning_content")
-    if reasoning is None:
-        reasoning = message.get("reasoning")
     usage = data.get("usage") or {}
     return Completion(
         content=message.get("content") or "",
-        reasoning_content=reasoning or "",
+        reasoning_content=message.get("reasoning_content") or message.get("reasoning") or "",
         finish_reason=finish,
         prompt_tokens=usage.get("prompt_tokens"),
         completion_tokens=usage.get("completion_tokens"),

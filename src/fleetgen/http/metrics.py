@@ -10,7 +10,7 @@ over a window (`counter_deltas`): the figure of the last seconds, of a bench lev
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -57,18 +57,12 @@ class Load:
 def counter_deltas(
     names: MetricNames, before: Mapping[str, float], after: Mapping[str, float]
 ) -> dict[str, float]:
-    """`after`, with each of the engine's counters replaced by its increase since `before` (the window's
-    figure); a counter `before` lacks counts from zero, one that went down means the engine restarted: its
-    new total. Gauges stay as read `after`."""
+    """`after`, with each of the engine's counters (its `*_total` names) replaced by its increase since
+    `before` (the window's figure); a counter `before` lacks counts from zero, one that went down means the
+    engine restarted: its new total. Gauges stay as read `after`."""
     during = dict(after)
-    counters = (
-        names.generation_tokens_total,
-        names.spec_steps_total,
-        names.spec_num_drafts_total,
-        names.spec_num_accepted_tokens_total,
-    )
-    for name in counters:
-        if name and name in after and after[name] >= before.get(name, 0.0):
+    for key, name in asdict(names).items():
+        if key.endswith("_total") and name in after and after[name] >= before.get(name, 0.0):
             during[name] = after[name] - before.get(name, 0.0)
     return during
 
