@@ -77,47 +77,37 @@ class JobInfo:
 
 
 _FIELD = re.compile(r"(?:^|\s)(JobId|JobName|JobState|Reason|BatchHost|NodeList|RunTime|ExitCode)=(\S*)")
+_NONE = ("None", "(null)", "None_assigned", "None assigned")  # how scontrol and sacct write "none"
+
+
+def _job(job: str, state: str, reason: str, nodes: str, run_time: str, code: str, name: str) -> JobInfo:
+    reason, nodes = ("" if v in _NONE else v for v in (reason, nodes))
+    return JobInfo(job, state or "UNKNOWN", reason, nodes, run_time, code, name)
 
 
 def parse_jobs(text: str) -> dict[str, JobInfo]:
     """`scontrol show job -o` output (one job per line) → JobInfo by job id."""
-    jobs: dict[str, JobInfo] = {}
-    for line in text.splitlines():
-        fields = dict(_FIELD.findall(line))
-        if "JobId" not in fields:
-            continue
-        reason = fields.get("Reason", "")
-        nodes = fields.get("BatchHost") or fields.get("NodeList", "")
-        jobs[fields["JobId"]] = JobInfo(
-            job_id=fields["JobId"],
-            state=fields.get("JobState", "UNKNOWN"),
-            reason="" if reason in ("None", "(null)") else reason,
-            nodes="" if nodes in ("(null)", "None_assigned") else nodes,
-            run_time=fields.get("RunTime", ""),
-            exit_code=fields.get("ExitCode", ""),
-            name=fields.get("JobName", ""),
+    rows = (dict(_FIELD.findall(line)) for line in text.splitlines())
+    return {
+        f["JobId"]: _job(
+            f["JobId"],
+            f.get("JobState", ""),
+            f.get("Reason", ""),
+            f.get("BatchHost") or f.get("NodeList", ""),
+            f.get("RunTime", ""),
+            f.get("ExitCode", ""),
+            f.get("JobName", ""),
         )
-    return jobs
+        for f in rows
+        if "JobId" in f
+    }
 
 
 def parse_sacct(text: str) -> dict[str, JobInfo]:
     """`sacct -n -P -X -o JobID,State,Reason,NodeList,Elapsed,ExitCode,JobName` → JobInfo by job id."""
-    jobs: dict[str, JobInfo] = {}
-    for line in text.splitlines():
-        parts = line.split("|")
-        if len(parts) < 7:
-            continue
-        job, state, reason, nodes, elapsed, code, name = parts[:7]
-        jobs[job] = JobInfo(
-            job_id=job,
-            state=state.split()[0] if state else "UNKNOWN",  # "CANCELLED by 0"
-            reason="" if reason == "None" else reason,
-            nodes="" if nodes == "None assigned" else nodes,
-            run_time=elapsed,
-            exit_code=code,
-            name=name,
-        )
-    return jobs
+    rows = (line.split("|") for line in text.splitlines())
+    # the state's first word: "CANCELLED by 0"
+    return {r[0]: _job(r[0], r[1].split()[0] if r[1] else "", *r[2:7]) for r in rows if len(r) >= 7}
 
 
 def slurm_message(result: RunResult) -> str:

@@ -24,11 +24,9 @@ class SrunHost(Host):
         self.job = job
         self.is_here = is_here  # the node's address is this machine's loopback: its ports are reachable
 
-    def _step(self, argv: Sequence[str]) -> list[str]:
-        return ["srun", "--overlap", f"--jobid={self.job}", "--nodes=1", "--ntasks=1", "--quiet", "--", *argv]
-
     async def _exec(self, argv: Sequence[str], stdin: bytes | None, timeout_s: float) -> Output:
-        result = await self.submit.run(self._step(argv), check=False, stdin=stdin, timeout=timeout_s)
+        step = ["srun", "--overlap", f"--jobid={self.job}", "--nodes=1", "--ntasks=1", "--quiet", "--", *argv]
+        result = await self.submit.run(step, check=False, stdin=stdin, timeout=timeout_s)
         return result.exit_status, result.stdout.encode(), result.stderr.encode()
 
     async def _stream_lines(self, argv: Sequence[str]) -> AsyncIterator[str]:

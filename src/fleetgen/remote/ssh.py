@@ -131,7 +131,8 @@ class SshHost(Host):
             raise self._lost(argv, exc) from exc
         if done.exit_status is None or done.exit_status < 0:
             if done.exit_signal:  # killed by a signal on the host: report it like a shell would (128+n)
-                return 128 + _signal_number(done.exit_signal[0]), _bytes(done.stdout), _bytes(done.stderr)
+                number = int(signal.Signals.__members__.get(f"SIG{done.exit_signal[0]}", 0))
+                return 128 + number, _bytes(done.stdout), _bytes(done.stderr)
             raise self._lost(argv, None)
         return done.exit_status, _bytes(done.stdout), _bytes(done.stderr)
 
@@ -269,13 +270,6 @@ class SshHost(Host):
                 self.warnings.append(f"forwards to {self.name} are down: {exc.message}")
                 log.warning("forwards to %s are down: %s", self.name, exc.message)
                 return
-
-
-def _signal_number(name: str) -> int:
-    try:
-        return int(signal.Signals[f"SIG{name}"])
-    except KeyError:
-        return 0
 
 
 def _bytes(data: bytes | str | None) -> bytes:

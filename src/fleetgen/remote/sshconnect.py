@@ -141,11 +141,13 @@ async def host_key_error(entry: HostEntry) -> HostKeyError:
     pattern = entry.address if entry.port == 22 else f"[{entry.address}]:{entry.port}"
     offered = await _offered_key(entry)
     context: dict[str, object] = {"host": entry.name, "ssh": where(entry), "known_hosts": str(path)}
-    key_kind = _keyscan_type(offered.get_algorithm()) if offered is not None else ""
-    type_flag = f"-t {key_kind} " if key_kind else ""  # only the key type the host offered us
+    algorithm = offered.get_algorithm() if offered is not None else ""
+    # ssh-keyscan's `-t` for the key type the host offered us (none when unknown: scan them all)
+    key_kind = next((kind for kind in ("ed25519", "ecdsa", "rsa") if kind in algorithm), "")
+    type_flag = f"-t {key_kind} " if key_kind else ""
     keyscan = f"ssh-keyscan -p {entry.port} {type_flag}{entry.address} >> {path}"
     if offered is not None:
-        context["offered key"] = f"{offered.get_fingerprint()} ({offered.get_algorithm()})"
+        context["offered key"] = f"{offered.get_fingerprint()} ({algorithm})"
         key_type, key_b64 = offered.export_public_key().decode().split()[:2]
         context["known_hosts line"] = f"{pattern} {key_type} {key_b64}"
     if _is_listed(path, entry):
@@ -182,8 +184,3 @@ def _is_listed(path: Path, entry: HostEntry) -> bool:
     except (OSError, ValueError):
         return False
     return bool(host_keys)
-
-
-def _keyscan_type(algorithm: str) -> str:
-    """ssh-keyscan's `-t` name for an SSH host key algorithm ("" when unknown: scan them all)."""
-    return next((kind for kind in ("ed25519", "ecdsa", "rsa") if kind in algorithm), "")
