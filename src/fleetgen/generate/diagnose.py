@@ -70,8 +70,7 @@ def _fields_seen(path: Path, split: str | None) -> list[str]:
     """The field names of the first records (Parquet / datasets: the columns)."""
     try:
         if path.is_dir():
-            files = hf_arrow_files(path, split)
-            with pa.memory_map(str(files[0])) as mapped:
+            with pa.memory_map(str(hf_arrow_files(path, split)[0])) as mapped:
                 return list(pa.ipc.open_stream(mapped).schema.names)
         if path.suffix == ".parquet":
             return list(pq.ParquetFile(str(path)).schema_arrow.names)

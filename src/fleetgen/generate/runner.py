@@ -35,7 +35,6 @@ from fleetgen.generate.jobmeta import JobMeta
 from fleetgen.generate.progress import (
     Counters,
     EndpointProgress,
-    PositionTracker,
     Progress,
     RateMeter,
     Summary,
@@ -150,7 +149,7 @@ class Job:
         was_finished = jobmeta.begin(store, self.fleet.describe)
         bad_lines = store.bad_lines(str(opts.input_path)) if tracker is not None else set()
         meta = self._meta = JobMeta(intake.resume, opts.params.samples, tracker, bad_lines)
-        writer = StoreWriter(store, lambda batch: self._committed(batch, tracker, meta), meta=meta.current)
+        writer = StoreWriter(store, lambda batch: self._committed(batch, meta), meta=meta.current)
         scraper = AcceptLengthScraper(  # URLs as now: a late host may have one by now
             [(e.name, e.client.base_url) for e in watch.endpoints],
             self.fleet.engine_kind,
@@ -187,7 +186,6 @@ class Job:
         self._dispatcher = dispatcher
         if self._stops:
             dispatcher.stop()
-        items = intake.work(writer)
         writer_task = asyncio.create_task(writer.run())
         writer_task.add_done_callback(lambda _t: dispatcher.stop())  # a failed writer stops the job
         beside = [
@@ -197,7 +195,7 @@ class Job:
         ]
         status = "complete"
         try:
-            await dispatcher.run(items)
+            await dispatcher.run(intake.work(writer))
             if self._stops:
                 status = "stopped"
                 await self._drain(dispatcher)
@@ -216,9 +214,7 @@ class Job:
                     dispatcher, (c.results + c.errors) / elapsed, c.output_tokens / elapsed, rates
                 )
                 on_progress(dataclasses.replace(final, is_final=True, waiting_s=None))
-        failure = writer_task.exception()
-        if failure is not None:
-            raise failure
+        writer_task.result()  # a failed writer's error is the job's
         return status
 
     async def _drain(self, dispatcher: Dispatcher) -> None:
@@ -273,8 +269,8 @@ class Job:
             store.set_meta({"params": params.to_json()})
         return params.digest
 
-    def _committed(self, batch: Batch, tracker: PositionTracker | None, meta: JobMeta) -> None:
-        c = self.counters
+    def _committed(self, batch: Batch, meta: JobMeta) -> None:
+        c, tracker = self.counters, meta.tracker
         c.results += len(batch.results)
         c.errors += len(batch.errors)
         c.bad += len(batch.bad)
