@@ -10,33 +10,21 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.table import Table
 
+import fleetgen.cli.app as cli
 from fleetgen.bench.fleet import bench_fleet, compare_spec
 from fleetgen.bench.stats import DEFAULT_CONCURRENCIES, GREEDY, OWN_FIELDS, BenchLoad, LevelResult, SpeedupRow
-from fleetgen.cli.app import (
-    FLEET_OPTION,
-    Endpoints,
-    app,
-    console,
-    err_console,
-    flag,
-    print_json,
-    read_fleet,
-    run,
-    table,
-)
 from fleetgen.config import JobFile, load_job
 from fleetgen.dashboard import chromium, svg
 from fleetgen.errors import ConfigError
 from fleetgen.generate.rows import request_body
 from fleetgen.generate.work import SamplingParams
 
-PNG_OPTION = typer.Option(
-    None, "--png", help="Write tok/s vs concurrency per instance to this PNG (needs Chromium)."
-)
+Opt = typer.Option
 
 
 def parse_levels(text: str) -> tuple[int, ...]:
@@ -68,7 +56,7 @@ def throughput_chart(levels: Sequence[LevelResult], title: str) -> str:
 def _progress(level: LevelResult) -> None:
     failed = f", [red]{level.num_failed} failed[/]" if level.num_failed else ""
     ttft = f"{level.ttft_s.p50 * 1000:.0f} ms" if level.ttft_s else "—"
-    err_console.print(
+    cli.err_console.print(
         f"[dim]{level.target} c={level.concurrency}:[/] {level.output_tok_s:,.0f} tok/s, "
         f"{level.requests_s:.2f} req/s, TTFT p50 {ttft}{failed}",
         highlight=False,
@@ -83,7 +71,7 @@ def _ms(value: float | None) -> str:
 
 def level_table(levels: Sequence[LevelResult], title: str) -> Table:
     columns = "target|conc|ok/fail|out tok/s|req/s|TTFT ms p50|p90|p99|ITL ms p50|p90|p99|accept"
-    grid = table(columns, numbers=True, no_wrap=True, title=title)
+    grid = cli.table(columns, numbers=True, no_wrap=True, title=title)
     for r in levels:
         ttft = [_ms(getattr(r.ttft_s, p, None)) for p in ("p50", "p90", "p99")]
         itl = [_ms(getattr(r.itl_s, p, None)) for p in ("p50", "p90", "p99")]
@@ -94,7 +82,7 @@ def level_table(levels: Sequence[LevelResult], title: str) -> Table:
 
 
 def speedup_table(rows: Sequence[SpeedupRow]) -> Table:
-    grid = table(
+    grid = cli.table(
         "target|conc|off tok/s|on tok/s|speedup|accept", numbers=True, title="speculative decoding: on vs off"
     )
     for r in rows:
@@ -104,45 +92,45 @@ def speedup_table(rows: Sequence[SpeedupRow]) -> Table:
     return grid
 
 
-INPUT_LEN_OPTION = typer.Option(1024, "--input-len", min=1, help="Prompt tokens per request.")
-OUTPUT_LEN_OPTION = typer.Option(1024, "--output-len", min=1, help="Output tokens per request (ignore_eos).")
-LEVELS_OPTION = typer.Option(
-    ",".join(map(str, DEFAULT_CONCURRENCIES)), "--concurrency", "-c", help="Levels per instance, e.g. 1,8,32."
-)
-CAP_OPTION = typer.Option(
-    None, "--max-concurrency", min=1, help="Cap the levels (the plan's max running requests caps them too)."
-)
-ROUNDS_OPTION = typer.Option(2, "--rounds", min=1, help="Requests per level = rounds × concurrency.")
-SCOPE_OPTION = typer.Option("both", "--scope", help="instances, fleet or both.")
-MODEL_OPTION = typer.Option(None, "--model", help="Model name; default: the server's first.")
-THINKING_OPTION = flag("thinking", "Chat template thinking on/off (default: the job file's, else on).", None)
-JOB_OPTION = typer.Option(
-    None,
-    "--job",
-    help="Job file (TOML): sample as `fleetgen run --job` does (default: greedy); lengths stay.",
-)
-COMPARE_OPTION = flag(
-    "compare-spec", "Deploy spec decoding off, then on (as the fleet file says); print the speedup."
-)
-JSON_OPTION = flag("json", "Print JSON instead of tables.")
-
-
-@app.command()
+@cli.app.command()
 def bench(
-    fleet: Path = FLEET_OPTION,
-    endpoint: Endpoints = None,
-    input_len: int = INPUT_LEN_OPTION,
-    output_len: int = OUTPUT_LEN_OPTION,
-    concurrency: str = LEVELS_OPTION,
-    max_concurrency: int | None = CAP_OPTION,
-    rounds: int = ROUNDS_OPTION,
-    scope: str = SCOPE_OPTION,
-    model: str | None = MODEL_OPTION,
-    thinking: bool | None = THINKING_OPTION,
-    job_file: Path | None = JOB_OPTION,
-    compare: bool = COMPARE_OPTION,
-    as_json: bool = JSON_OPTION,
-    png: Path | None = PNG_OPTION,
+    fleet: Path = cli.FLEET_OPTION,
+    endpoint: cli.Endpoints = None,
+    input_len: int = Opt(1024, "--input-len", min=1, help="Prompt tokens per request."),
+    output_len: int = Opt(1024, "--output-len", min=1, help="Output tokens per request (ignore_eos)."),
+    concurrency: str = Opt(
+        ",".join(map(str, DEFAULT_CONCURRENCIES)),
+        "--concurrency",
+        "-c",
+        help="Levels per instance, e.g. 1,8,32.",
+    ),
+    max_concurrency: int | None = Opt(
+        None,
+        "--max-concurrency",
+        min=1,
+        help="Cap the levels (the plan's max running requests caps them too).",
+    ),
+    rounds: int = Opt(2, "--rounds", min=1, help="Requests per level = rounds × concurrency."),
+    scope: str = Opt("both", "--scope", help="instances, fleet or both."),
+    model: str | None = Opt(None, "--model", help="Model name; default: the server's first."),
+    thinking: bool | None = cli.flag(
+        "thinking", "Chat template thinking on/off (default: the job file's, else on).", None
+    ),
+    job_file: Annotated[
+        Path | None,
+        Opt(
+            "--job",
+            help="Job file (TOML): sample as `fleetgen run --job` does (default: greedy); lengths stay.",
+        ),
+    ] = None,
+    compare: bool = cli.flag(
+        "compare-spec", "Deploy spec decoding off, then on (as the fleet file says); print the speedup."
+    ),
+    as_json: bool = cli.flag("json", "Print JSON instead of tables."),
+    png: Annotated[
+        Path | None,
+        Opt("--png", help="Write tok/s vs concurrency per instance to this PNG (needs Chromium)."),
+    ] = None,
 ) -> None:
     """Measure output tok/s, req/s, TTFT, ITL and spec accept length over a concurrency sweep."""
     _check_args(scope, compare, endpoint)
@@ -159,7 +147,7 @@ def bench(
             model=model or job_model,
             sampling=sampling,
         )
-        loaded = None if endpoint else read_fleet(fleet)
+        loaded = None if endpoint else cli.read_fleet(fleet)
         rows: list[SpeedupRow] = []
         if loaded is not None and compare:
             off, on, rows = await compare_spec(
@@ -173,9 +161,9 @@ def bench(
         _print(load, levels, rows, as_json)
         if png is not None:
             chromium.svg_to_png(throughput_chart(levels, f"in {input_len} / out {output_len} tokens"), png)
-            err_console.print(f"wrote {png}", highlight=False)
+            cli.err_console.print(f"wrote {png}", highlight=False)
 
-    run(go())
+    cli.run(go())
 
 
 def job_sampling(job: JobFile) -> dict[str, object]:
@@ -205,8 +193,10 @@ def _check_args(scope: str, compare: bool, endpoint: list[str] | None) -> None:
 
 def _print(load: BenchLoad, levels: Sequence[LevelResult], rows: Sequence[SpeedupRow], as_json: bool) -> None:
     if as_json:
-        print_json({"load": load, "levels": levels, "speedups": rows})
+        cli.print_json({"load": load, "levels": levels, "speedups": rows})
         return
-    console.print(level_table(levels, f"fleetgen bench: in {load.input_len} / out {load.output_len} tokens"))
+    cli.console.print(
+        level_table(levels, f"fleetgen bench: in {load.input_len} / out {load.output_len} tokens")
+    )
     if rows:
-        console.print(speedup_table(rows))
+        cli.console.print(speedup_table(rows))

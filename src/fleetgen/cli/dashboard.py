@@ -11,18 +11,7 @@ from typing import Annotated
 import aiohttp
 import typer
 
-from fleetgen.cli.app import (
-    Endpoints,
-    FleetOrNone,
-    JobFolder,
-    app,
-    console,
-    err_console,
-    flag,
-    read_fleet,
-    run,
-    until_stopped,
-)
+import fleetgen.cli.app as cli
 from fleetgen.dashboard.fleetdata import EndpointSource, FleetViewSource, planned_capacity
 from fleetgen.dashboard.report import write_report
 from fleetgen.dashboard.server import Dashboard, FleetSource, no_fleet, serving
@@ -42,7 +31,7 @@ async def _fleet_source(fleet: Path | None, endpoints: list[str]) -> AsyncIterat
     if fleet is None:
         yield no_fleet, ""
         return
-    loaded = read_fleet(fleet)
+    loaded = cli.read_fleet(fleet)
     planned, note = await asyncio.to_thread(planned_capacity, loaded.file, fleet)
     async with open_view(loaded) as view:
         yield FleetViewSource(view, planned), note
@@ -58,41 +47,41 @@ async def _serve(fleet: Path | None, out: Path | None, endpoints: list[str], por
         where = " · ".join(str(p) for p in (out, fleet if not endpoints else None) if p) or "fleet"
         dashboard = Dashboard(out, source, where, notes=[note])
         async with serving(dashboard, port) as url:
-            err_console.print(f"dashboard: [bold]{url}[/] (Ctrl-C to stop)", highlight=False)
-            err_console.print(
+            cli.err_console.print(f"dashboard: [bold]{url}[/] (Ctrl-C to stop)", highlight=False)
+            cli.err_console.print(
                 f"  from another machine: ssh -L {port}:127.0.0.1:{port} THIS_HOST, then open {url}",
                 highlight=False,
             )
             await asyncio.Event().wait()  # serve until Ctrl-C (`until_stopped` cancels this)
 
 
-@app.command("dashboard")
+@cli.app.command("dashboard")
 def dashboard_command(
-    fleet: FleetOrNone = None,
+    fleet: cli.FleetOrNone = None,
     out: Annotated[Path | None, Opt("--out", "-o", help="The job's output folder (`run -o`).")] = None,
-    endpoint: Endpoints = None,
+    endpoint: cli.Endpoints = None,
     port: Annotated[int, Opt("--port", min=0, max=65535, help="Port on 127.0.0.1 (0: any free one).")] = 8765,
 ) -> None:
     """Serve a live page on 127.0.0.1: the fleet's health and load, the job's progress and charts."""
     if fleet is None and Path("fleet.toml").exists() and not endpoint:
         fleet = Path("fleet.toml")
-    run(until_stopped(_serve(fleet, out, endpoint or [], port)))
+    cli.run(cli.until_stopped(_serve(fleet, out, endpoint or [], port)))
 
 
-@app.command("report")
+@cli.app.command("report")
 def report_command(
-    out_dir: JobFolder,
+    out_dir: cli.JobFolder,
     to: Annotated[Path | None, Opt("--to", help="The HTML file (default: OUT_DIR/report.html).")] = None,
-    png: bool = flag("png", "Also write one PNG per chart (needs Chromium)."),
+    png: bool = cli.flag("png", "Also write one PNG per chart (needs Chromium)."),
 ) -> None:
     """Write one self-contained HTML report of a finished or running job (and PNGs with --png)."""
-    files = run(write_report(out_dir, to, png=png))
+    files = cli.run(write_report(out_dir, to, png=png))
     job = files.job
     total = f"/{job.total:,}" if job.total is not None else ""
-    console.print(
+    cli.console.print(
         f"report: {files.html} — {job.done:,}{total} done, {job.num_errors:,} errors, "
         f"{job.num_truncated:,} truncated",
         highlight=False,
     )
     for path in files.pngs:
-        console.print(f"  {path}", highlight=False)
+        cli.console.print(f"  {path}", highlight=False)

@@ -5,26 +5,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from fleetgen.cli.app import (
-    FLEET_OPTION,
-    app,
-    console,
-    err_console,
-    exit_with,
-    flag,
-    print_json,
-    read_fleet,
-    render_error,
-    run,
-    run_on,
-    table,
-    until_stopped,
-)
+import fleetgen.cli.app as cli
 from fleetgen.deploy.fleetops import down as do_down
 from fleetgen.deploy.fleetops import up as do_up
 from fleetgen.deploy.instance import Outcome
@@ -32,12 +19,10 @@ from fleetgen.deploy.logs import read_log
 from fleetgen.fleet.status import InstanceStatus, Readiness, fleet_status, open_view
 
 ONLY_OPTION = typer.Option(None, "--only", help="Instance or host names (repeatable); default: all.")
-# `-f` is --follow for `logs` (as in `tail -f`), so there the fleet file is --fleet only.
-LOGS_FLEET_OPTION = typer.Option(Path("fleet.toml"), "--fleet", help="The fleet file (TOML).")
 
 
 def _progress(instance: str, message: str) -> None:
-    err_console.print(f"[dim]{escape(instance)}:[/] {escape(message)}", highlight=False)
+    cli.err_console.print(f"[dim]{escape(instance)}:[/] {escape(message)}", highlight=False)
 
 
 def _report(outcomes: Sequence[Outcome], verb: str) -> None:
@@ -46,8 +31,8 @@ def _report(outcomes: Sequence[Outcome], verb: str) -> None:
     for out in sorted(outcomes, key=lambda o: o.instance):
         if out.error is not None:
             failed += 1
-            err_console.print(f"[bold red]✗ {out.instance}[/] ({out.host}) failed:", highlight=False)
-            render_error(out.error)
+            cli.err_console.print(f"[bold red]✗ {out.instance}[/] ({out.host}) failed:", highlight=False)
+            cli.render_error(out.error)
             continue
         action = out.action.value if out.action else verb
         line = f"[green]✓ {out.instance}[/] ({out.host}) {action}"
@@ -59,13 +44,13 @@ def _report(outcomes: Sequence[Outcome], verb: str) -> None:
             line += f", {out.elapsed_s:.1f}s"
         if out.swept:
             line += f", swept pid(s) {', '.join(map(str, out.swept))} left on the node"
-        console.print(line, highlight=False)
+        cli.console.print(line, highlight=False)
         _print_verified(out)
     total = len(outcomes)
     style = "red" if failed else "green"
-    console.print(f"[{style}]{total - failed}/{total} {verb}[/]", highlight=False)
+    cli.console.print(f"[{style}]{total - failed}/{total} {verb}[/]", highlight=False)
     if failed:
-        exit_with(1)
+        cli.exit_with(1)
 
 
 def _print_verified(out: Outcome) -> None:
@@ -77,13 +62,13 @@ def _print_verified(out: Outcome) -> None:
         parts.append(f"speculative decoding ran ({ver.spec_steps:,.0f} verify steps during the test request)")
     if ver.accept_length is not None:
         parts.append(f"spec accept length {ver.accept_length:.2f}")
-    console.print("    verified: " + ", ".join(parts), highlight=False)
+    cli.console.print("    verified: " + ", ".join(parts), highlight=False)
     for warning in ver.warnings:
-        console.print(f"    [yellow]warning:[/] {warning}", highlight=False)
+        cli.console.print(f"    [yellow]warning:[/] {warning}", highlight=False)
     for row in ver.capacity:
         planned = "—" if row.planned is None else _figure(row.planned)
         actual = "—" if row.actual is None else _figure(row.actual)
-        console.print(f"    {row.what:<22} planned {planned:>12}   actual {actual:>12}", highlight=False)
+        cli.console.print(f"    {row.what:<22} planned {planned:>12}   actual {actual:>12}", highlight=False)
 
 
 def _figure(value: float) -> str:
@@ -91,7 +76,7 @@ def _figure(value: float) -> str:
     return f"{value:,.0f}" if value == int(value) else f"{value:,.2f}"
 
 
-PLAN_CHECK_OPTION = flag(
+PLAN_CHECK_OPTION = cli.flag(
     "plan-check",
     "Start nothing when plan's rules say the engine refuses an instance's flags (its own rejections, "
     "not memory estimates).",
@@ -99,33 +84,35 @@ PLAN_CHECK_OPTION = flag(
 )
 
 
-@app.command()
+@cli.app.command()
 def up(
-    fleet: Path = FLEET_OPTION, only: list[str] | None = ONLY_OPTION, plan_check: bool = PLAN_CHECK_OPTION
+    fleet: Path = cli.FLEET_OPTION, only: list[str] | None = ONLY_OPTION, plan_check: bool = PLAN_CHECK_OPTION
 ) -> None:
     """Start (or leave running) every instance, wait until ready, and verify it."""
-    _report(run_on(fleet, lambda f: do_up(f, only=only, plan_check=plan_check, progress=_progress)), "ready")
+    _report(
+        cli.run_on(fleet, lambda f: do_up(f, only=only, plan_check=plan_check, progress=_progress)), "ready"
+    )
 
 
-@app.command()
+@cli.app.command()
 def restart(
-    fleet: Path = FLEET_OPTION, only: list[str] | None = ONLY_OPTION, plan_check: bool = PLAN_CHECK_OPTION
+    fleet: Path = cli.FLEET_OPTION, only: list[str] | None = ONLY_OPTION, plan_check: bool = PLAN_CHECK_OPTION
 ) -> None:
     """Stop and start every (selected) instance, then verify it."""
-    restarted = run_on(
+    restarted = cli.run_on(
         fleet, lambda f: do_up(f, only=only, force=True, plan_check=plan_check, progress=_progress)
     )
     _report(restarted, "ready")
 
 
-@app.command()
-def down(fleet: Path = FLEET_OPTION, only: list[str] | None = ONLY_OPTION) -> None:
+@cli.app.command()
+def down(fleet: Path = cli.FLEET_OPTION, only: list[str] | None = ONLY_OPTION) -> None:
     """Stop every (selected) instance."""
-    _report(run_on(fleet, lambda f: do_down(f, only=only)), "stopped")
+    _report(cli.run_on(fleet, lambda f: do_down(f, only=only)), "stopped")
 
 
 def _table(statuses: Sequence[InstanceStatus]) -> Table:
-    grid = table(
+    grid = cli.table(
         "instance|host|gpus|pid|url|ready|up|run|queue|tok/s|accept|KV|problem", box=None, pad_edge=False
     )
     for s in statuses:
@@ -151,50 +138,51 @@ def _fmt(value: float | int | None, pattern: str = "{}") -> str:
     return "—" if value is None else pattern.format(value)
 
 
-@app.command()
+@cli.app.command()
 def status(
-    fleet: Path = FLEET_OPTION,
+    fleet: Path = cli.FLEET_OPTION,
     only: list[str] | None = ONLY_OPTION,
-    as_json: bool = flag("json", "Print a JSON list, one object per instance."),
-    watch: bool = flag("watch", "Refresh every few seconds until Ctrl-C."),
+    as_json: bool = cli.flag("json", "Print a JSON list, one object per instance."),
+    watch: bool = cli.flag("watch", "Refresh every few seconds until Ctrl-C."),
     interval: float = typer.Option(2.0, "--interval", help="Seconds between refreshes with --watch."),
 ) -> None:
     """Re-read every instance from its host: process, drift, health, load, accept length."""
     if not watch:
-        statuses = run_on(fleet, lambda f: fleet_status(f, only=only))
+        statuses = cli.run_on(fleet, lambda f: fleet_status(f, only=only))
         if as_json:
-            print_json([s.to_json() for s in statuses])
+            cli.print_json([s.to_json() for s in statuses])
         else:
-            console.print(_table(statuses))
+            cli.console.print(_table(statuses))
         if any(s.readiness is not Readiness.READY for s in statuses):
-            exit_with(1)
+            cli.exit_with(1)
         return
-    run(until_stopped(_watch(fleet, only, as_json, interval)))
+    cli.run(cli.until_stopped(_watch(fleet, only, as_json, interval)))
 
 
 async def _watch(fleet: Path, only: list[str] | None, as_json: bool, interval: float) -> None:
-    async with open_view(read_fleet(fleet), only=only) as view:
+    async with open_view(cli.read_fleet(fleet), only=only) as view:
         while True:
             statuses = await view.refresh(rate_window_s=0)
             if as_json:
-                print_json([s.to_json() for s in statuses], indent=None)
+                cli.print_json([s.to_json() for s in statuses], indent=None)
             else:
-                console.clear()
-                console.print(_table(statuses))
+                cli.console.clear()
+                cli.console.print(_table(statuses))
             await asyncio.sleep(interval)
 
 
-@app.command()
+@cli.app.command()
 def logs(
     name: str = typer.Argument(..., help="Instance name (`fleetgen status` lists them)."),
-    fleet: Path = LOGS_FLEET_OPTION,
-    follow: bool = flag("follow", "Keep printing new lines.", short="-f"),
+    # `-f` is --follow here (as in `tail -f`), so the fleet file is --fleet only.
+    fleet: Annotated[Path, typer.Option("--fleet", help="The fleet file (TOML).")] = Path("fleet.toml"),
+    follow: bool = cli.flag("follow", "Keep printing new lines.", short="-f"),
     lines: int = typer.Option(100, "--lines", "-n", min=0, help="How many lines of the end to show."),
 ) -> None:
     """Show an instance's current log (the launch in progress or running)."""
 
     async def show() -> None:
-        async for line in read_log(read_fleet(fleet), name, lines, follow=follow):
+        async for line in read_log(cli.read_fleet(fleet), name, lines, follow=follow):
             print(line, flush=True)
 
-    run(until_stopped(show()) if follow else show())
+    cli.run(cli.until_stopped(show()) if follow else show())

@@ -8,33 +8,34 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from fleetgen.cli.app import FLEET_OPTION, app, console, exit_with, flag, print_json, run_on, table, warn
+import fleetgen.cli.app as cli
 from fleetgen.fleet.hostcheck import HostReport, check_hosts
 
 hosts_app = typer.Typer(help="Inspect the hosts of a fleet.", no_args_is_help=True)
-app.add_typer(hosts_app, name="hosts")
-
-JSON_OPTION = flag("json", "Print a JSON list, one object per host.")
+cli.app.add_typer(hosts_app, name="hosts")
 
 
 @hosts_app.command("check")
-def check(fleet: Path = FLEET_OPTION, as_json: bool = JSON_OPTION) -> None:
+def check(
+    fleet: Path = cli.FLEET_OPTION,
+    as_json: bool = cli.flag("json", "Print a JSON list, one object per host."),
+) -> None:
     """Probe every host in parallel. Exit code 1 if any host is unreachable or lacks something."""
-    reports = run_on(fleet, lambda loaded: check_hosts(loaded.file))
+    reports = cli.run_on(fleet, lambda loaded: check_hosts(loaded.file))
     for report in reports:
         for message in report.warnings:
-            warn(message)
+            cli.warn(message)
     if as_json:
-        print_json(reports)
+        cli.print_json(reports)
     else:
-        console.print(_table(reports))
+        cli.console.print(_table(reports))
         _print_problems(reports)
     if not all(report.is_ready for report in reports):
-        exit_with(1)
+        cli.exit_with(1)
 
 
 def _table(reports: list[HostReport]) -> Table:
-    grid = table("host|status|os|gpus|ram free/total|disk free|python|engine|model", title="hosts")
+    grid = cli.table("host|status|os|gpus|ram free/total|disk free|python|engine|model", title="hosts")
     for r in reports:
         if not r.reachable:
             grid.add_row(r.host, "[red]unreachable[/]", *[""] * 7)
@@ -62,8 +63,8 @@ def _gpus(report: HostReport) -> str:
 def _print_problems(reports: list[HostReport]) -> None:
     for r in reports:
         if not r.reachable:
-            console.print(f"[bold red]{r.host}[/]: {escape(r.error or '')}", highlight=False)
+            cli.console.print(f"[bold red]{r.host}[/]: {escape(r.error or '')}", highlight=False)
             if r.fix:
-                console.print(f"  [bold green]fix:[/] {escape(r.fix)}", highlight=False)
+                cli.console.print(f"  [bold green]fix:[/] {escape(r.fix)}", highlight=False)
         for problem in r.problems:  # texts quote `[[hosts]]`: escaped, or rich would read them as markup
-            console.print(f"[yellow]{r.host}[/]: {escape(problem)}", highlight=False)
+            cli.console.print(f"[yellow]{r.host}[/]: {escape(problem)}", highlight=False)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
-from fleetgen.cli.app import app, console, run
+import fleetgen.cli.app as cli
 from fleetgen.engines import ENGINES
 from fleetgen.errors import ConfigError
 
@@ -48,14 +49,13 @@ gpus = [0]
 """
 
 
-PATH_ARGUMENT = typer.Argument(Path("fleet.toml"), help="Where to write the example.")
-
-
-@app.command("init")
-def init(path: Path = PATH_ARGUMENT) -> None:
+@cli.app.command("init")
+def init(
+    path: Annotated[Path, typer.Argument(help="Where to write the example.")] = Path("fleet.toml"),
+) -> None:
     """Write a commented example fleet file to PATH (refuses to overwrite)."""
-    run(_write_example(path))
-    console.print(
+    cli.run(_write_example(path))
+    cli.console.print(
         f"wrote {path}: edit [[hosts]] and [engine], then run `fleetgen hosts check -f {path}`", markup=False
     )
 

@@ -10,35 +10,34 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from fleetgen.cli.app import FLEET_OPTION, app, console, exit_with, flag, print_json, run_on
+import fleetgen.cli.app as cli
 from fleetgen.fleet.planning import plan_from_file
 from fleetgen.plan import FleetPlan, InstancePlan, Issue
 from fleetgen.plan.types import GIB
 
-OFFLINE_OPTION = flag("offline", "Use only the fleet file and local model folders.")
-TARGET_OPTION = typer.Option(
-    None, "--target-concurrency", min=1, help="Solve for the flags giving N concurrent requests per instance."
-)
-JSON_OPTION = flag("json", 'Print {"instances": [...]} as JSON.')
 
-
-@app.command("plan")
+@cli.app.command("plan")
 def plan(
-    fleet: Path = FLEET_OPTION,
-    offline: bool = OFFLINE_OPTION,
-    target: int | None = TARGET_OPTION,
-    as_json: bool = JSON_OPTION,
+    fleet: Path = cli.FLEET_OPTION,
+    offline: bool = cli.flag("offline", "Use only the fleet file and local model folders."),
+    target: int | None = typer.Option(
+        None,
+        "--target-concurrency",
+        min=1,
+        help="Solve for the flags giving N concurrent requests per instance.",
+    ),
+    as_json: bool = cli.flag("json", 'Print {"instances": [...]} as JSON.'),
 ) -> None:
     """Plan GPU memory and flags per instance. Exit code 2 when an instance does not fit or a rule fails."""
-    result = run_on(
+    result = cli.run_on(
         fleet, lambda loaded: plan_from_file(loaded.file, loaded.path, offline=offline, target=target)
     )
     if as_json:
-        print_json(result.to_json())
+        cli.print_json(result.to_json())
     else:
         _render(result)
     if not result.fits:
-        exit_with(2)
+        cli.exit_with(2)
 
 
 def _gib(n: int) -> str:
@@ -89,20 +88,20 @@ def _memory_table(p: InstancePlan, title: str) -> Table:
 
 def _issues(title: str, issues: tuple[Issue, ...], style: str) -> None:
     for issue in issues:
-        console.print(
+        cli.console.print(
             f"  [{style}]{title}[/] {escape(f'[{issue.rule}]')} {escape(issue.message)}", highlight=False
         )
         if issue.fix:
-            console.print(f"    [green]fix:[/] {escape(issue.fix)}", highlight=False)
+            cli.console.print(f"    [green]fix:[/] {escape(issue.fix)}", highlight=False)
 
 
 def _render_group(group: list[InstancePlan]) -> None:
     """One table for instances whose plans differ only in GPU and port (a node of identical GPUs)."""
     p = group[0]
-    console.print(_memory_table(p, _title(group)))
+    cli.console.print(_memory_table(p, _title(group)))
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(p.env.items()))
     label = "launch:" if len(group) == 1 else f"launch ({p.instance}; the others differ in GPU and port):"
-    console.print(
+    cli.console.print(
         f"  [dim]{escape(label)}[/] {escape(env)} {escape(shlex.join(p.argv))}",
         highlight=False,
         soft_wrap=True,
@@ -110,9 +109,9 @@ def _render_group(group: list[InstancePlan]) -> None:
     _issues("error", p.errors, "bold red")
     _issues("warning", p.warnings, "yellow")
     for rank, fix in enumerate(p.fixes, 1):
-        console.print(f"  [green]fix {rank}[/] (cost {fix.cost}): {escape(fix.change)}", highlight=False)
+        cli.console.print(f"  [green]fix {rank}[/] (cost {fix.cost}): {escape(fix.change)}", highlight=False)
     verdict = "[green]fits[/]" if p.fits else "[bold red]does not fit / refused[/]"
-    console.print(f"  verdict: {verdict}\n")
+    cli.console.print(f"  verdict: {verdict}\n")
 
 
 def _groups(instances: Sequence[InstancePlan]) -> list[list[InstancePlan]]:
@@ -130,4 +129,4 @@ def _render(result: FleetPlan) -> None:
     _issues("warning", result.warnings, "yellow")
     total = sum(i.memory.max_running_requests for i in result.instances if i.fits)
     state = "[green]all instances fit[/]" if result.fits else "[bold red]the plan fails (exit 2)[/]"
-    console.print(f"{len(result.instances)} instance(s), {total} concurrent requests in total: {state}")
+    cli.console.print(f"{len(result.instances)} instance(s), {total} concurrent requests in total: {state}")

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import json
 import shlex
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -22,18 +21,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from fleetgen.cli.app import (
-    Endpoints,
-    FleetOrNone,
-    JobFolder,
-    app,
-    console,
-    err_console,
-    flag,
-    on_stop,
-    read_fleet,
-    run,
-)
+import fleetgen.cli.app as cli
 from fleetgen.cli.runlog import PlainLog, progress_line
 from fleetgen.config import JobFile, load_job
 from fleetgen.errors import ConfigError, FleetDown
@@ -46,7 +34,7 @@ from fleetgen.generate.runner import FleetHooks, Job
 from fleetgen.generate.work import JobOptions, RecordShape, RetryPolicy, SamplingParams
 
 DEFAULT_CONCURRENCY = 64
-EXIT_CODES = {"stopped": 130, "failed": 1}
+EXIT_CODES = {"stopped": 130, "failed": 1}  # failed: nothing useful was produced, so never exit 0
 
 
 READINESS_STYLE = {Readiness.READY: "{}", Readiness.WAITING: "[yellow]{}[/]", Readiness.DOWN: "[red]{}[/]"}
@@ -91,12 +79,12 @@ WaitReady = Annotated[
 DEFAULT_DEAD_TIMEOUT_S = 300.0  # --endpoint URLs: the mid-job wait for a server to come back
 
 
-@app.command("run")
+@cli.app.command("run")
 def run_command(
     input_path: Annotated[Path, typer.Argument(help="Prompts: JSONL, Parquet, or a datasets folder.")],
     out: Annotated[Path, Opt("--out", "-o", help="Output folder; running again resumes.")],
-    fleet: FleetOrNone = None,
-    endpoint: Endpoints = None,
+    fleet: cli.FleetOrNone = None,
+    endpoint: cli.Endpoints = None,
     job_file: Annotated[Path | None, Opt("--job", help="Job file (TOML); flags override it.")] = None,
     concurrency: Annotated[
         int | None, Opt("--concurrency", min=1, help="In-flight requests per server.")
@@ -107,14 +95,16 @@ def run_command(
     top_k: Annotated[int | None, Opt("--top-k")] = None,
     seed: Annotated[int | None, Opt("--seed")] = None,
     samples: Annotated[int | None, Opt("--samples", min=1, help="Samples per record.")] = None,
-    thinking: bool | None = flag(
+    thinking: bool | None = cli.flag(
         "thinking", "enable_thinking on/off (default: the job file's, else on).", None
     ),
-    retry_errors: bool = flag("retry-errors", "Re-run only the error rows."),
-    redo_truncated: bool = flag("redo-truncated", "Re-run only truncated rows."),
-    force_params: bool = flag("force-params", "Resume despite other sampling params."),
-    add_input: bool = flag("add-input", "Run this input into a folder made from another (it holds both)."),
-    restart_dead: bool = flag("restart-dead", "Restart dead instances (fleet file)."),
+    retry_errors: bool = cli.flag("retry-errors", "Re-run only the error rows."),
+    redo_truncated: bool = cli.flag("redo-truncated", "Re-run only truncated rows."),
+    force_params: bool = cli.flag("force-params", "Resume despite other sampling params."),
+    add_input: bool = cli.flag(
+        "add-input", "Run this input into a folder made from another (it holds both)."
+    ),
+    restart_dead: bool = cli.flag("restart-dead", "Restart dead instances (fleet file)."),
     max_retries: Annotated[int | None, Opt("--max-retries", min=0)] = None,
     dead_timeout: Annotated[
         float | None,
@@ -136,8 +126,10 @@ def run_command(
         ),
     ] = 120.0,
     split: Annotated[str | None, Opt("--split", help="Split of a DatasetDict folder.")] = None,
-    json_out: bool = flag("json", "Print the summary as JSON."),
-    live: bool = flag("live", "The live view on a terminal (--no-live: plain log lines, as off one).", True),
+    json_out: bool = cli.flag("json", "Print the summary as JSON."),
+    live: bool = cli.flag(
+        "live", "The live view on a terminal (--no-live: plain log lines, as off one).", True
+    ),
     log_every: Annotated[
         float, Opt("--log-every", min=1.0, help="Off a terminal (or --no-live): a progress line every S s.")
     ] = 30.0,
@@ -180,11 +172,7 @@ def run_command(
             )
             return await _run_job(Job(options, servers.hooks), servers.meanwhile, live, log_every)
 
-    _finish(run(go()), json_out)
-
-
-def _finish(summary: Summary, json_out: bool) -> None:
-    """Print the summary; exit 130 when stopped, 1 when nothing useful was produced (never 0 then)."""
+    summary = cli.run(go())
     _print_summary(summary, json_out)
     if summary.status in EXIT_CODES:
         raise typer.Exit(EXIT_CODES[summary.status])
@@ -243,7 +231,7 @@ async def _servers(
         say = _meanwhile("the servers", None, False)
         yield Servers(url_hooks(urls), wait_ready or 0.0, DEFAULT_DEAD_TIMEOUT_S, say)
         return
-    loaded = read_fleet(fleet or Path("fleet.toml"))
+    loaded = cli.read_fleet(fleet or Path("fleet.toml"))
     fleet, engine = loaded.path, loaded.file.engine
     async with open_fleet(loaded) as links:
         at_start = await links.read_all()
@@ -272,9 +260,11 @@ def _say_not_ready(endpoints: list[Link], fleet: Path, wait_s: float, restart_de
             continue
         is_restarted = e.readiness is Readiness.DOWN and restart_dead
         then = "restarting it in the background" if is_restarted else "it joins once ready"
-        err_console.print(f"[yellow]{e.name} is not ready[/] ({escape(e.problem)}): {then}", highlight=False)
+        cli.err_console.print(
+            f"[yellow]{e.name} is not ready[/] ({escape(e.problem)}): {then}", highlight=False
+        )
     if not any(e.readiness is Readiness.READY for e in endpoints):
-        err_console.print(
+        cli.err_console.print(
             f"[yellow]no instance of {where} is ready yet[/]: waiting up to {wait_s:.0f} s for a first one "
             f"(`fleetgen up -f {where}` brings them up, `fleetgen status -f {where}` says why; "
             "--wait-ready S sets the wait)",
@@ -296,16 +286,16 @@ def _meanwhile(what: str, fleet: Path | None, restart_dead: bool) -> Callable[[f
 async def _run_job(job: Job, meanwhile: Callable[[float], str], live: bool, log_every: float) -> Summary:
     def on_signal() -> None:
         job.stop()
-        err_console.print(
+        cli.err_console.print(
             "[yellow]stopping[/]: no new work; in-flight requests finish (Ctrl-C again to abandon)"
         )
 
     try:
-        with on_stop(on_signal):
-            if not (live and err_console.is_terminal):  # off a terminal: a log, not a redrawn frame
-                say = functools.partial(err_console.print, markup=False, highlight=False)
+        with cli.on_stop(on_signal):
+            if not (live and cli.err_console.is_terminal):  # off a terminal: a log, not a redrawn frame
+                say = functools.partial(cli.err_console.print, markup=False, highlight=False)
                 return await job.run(PlainLog(say, every_s=log_every, meanwhile=meanwhile))
-            with Live(console=err_console, refresh_per_second=2, transient=False) as view:
+            with Live(console=cli.err_console, refresh_per_second=2, transient=False) as view:
                 return await job.run(lambda progress: view.update(render(progress)))
     except FleetDown as exc:
         exc.context["resume"] = shlex.join(["fleetgen", *sys.argv[1:]])
@@ -314,10 +304,9 @@ async def _run_job(job: Job, meanwhile: Callable[[float], str], live: bool, log_
 
 def _print_summary(summary: Summary, json_out: bool) -> None:
     if json_out:
-        data = {**dataclasses.asdict(summary), "completions_per_s": summary.completions_per_s}
-        console.print_json(json.dumps(data))
+        cli.print_json({**dataclasses.asdict(summary), "completions_per_s": summary.completions_per_s})
         return
-    console.print(
+    cli.console.print(
         f"[bold]{summary.status}[/]: {summary.completions_this_run} completions this run in "
         f"{summary.elapsed_s:.1f} s ({summary.completions_per_s:.1f}/s, "
         f"{summary.output_tokens_this_run} output tokens); the store holds {summary.results} results, "
@@ -325,24 +314,24 @@ def _print_summary(summary: Summary, json_out: bool) -> None:
         f"— {summary.out_dir}"
     )
     for bad in summary.bad_input_samples:
-        console.print(f"  bad input {bad.source}:{bad.line}: {bad.reason}", highlight=False, markup=False)
+        cli.console.print(f"  bad input {bad.source}:{bad.line}: {bad.reason}", highlight=False, markup=False)
     if summary.bad_inputs > len(summary.bad_input_samples):
-        console.print(
+        cli.console.print(
             f"  … and {summary.bad_inputs - len(summary.bad_input_samples)} more (table inputs_bad)"
         )
     if summary.errors:
-        console.print(f"  {summary.errors} error rows: see table errors; rerun with --retry-errors")
+        cli.console.print(f"  {summary.errors} error rows: see table errors; rerun with --retry-errors")
     if summary.status == "failed":
-        err_console.print(
+        cli.err_console.print(
             "[bold red]error:[/] the job produced no result: every work item is an error row or bad input, "
             "or the input holds no record (see the lines above)",
             highlight=False,
         )
 
 
-@app.command("export")
+@cli.app.command("export")
 def export_command(
-    out_dir: JobFolder,
+    out_dir: cli.JobFolder,
     fmt: Annotated[str, Opt("--format", help=f"One of: {', '.join(FORMATS)}.")] = "jsonl",
     to: Annotated[Path | None, Opt("--to", help="Output file (default: OUT_DIR/export.FORMAT.EXT).")] = None,
     filters: Annotated[
@@ -352,8 +341,8 @@ def export_command(
             help="clean | FLAG | no-FLAG (repeatable); truncated, empty, leaked_think, repetitive.",
         ),
     ] = None,
-    inline_think: bool = flag("inline-think", "Reasoning inline as <think>…</think>."),
-    json_out: bool = flag("json", "Print the summary as JSON."),
+    inline_think: bool = cli.flag("inline-think", "Reasoning inline as <think>…</think>."),
+    json_out: bool = cli.flag("json", "Print the summary as JSON."),
 ) -> None:
     """Export results (streamed): parquet, jsonl, SpecForge sharegpt, or OpenAI batch output."""
     ext = "parquet" if fmt == "parquet" else "jsonl"
@@ -363,15 +352,17 @@ def export_command(
         _check_out_dir(out_dir, "OUT_DIR")
         return await asyncio.to_thread(export, out_dir, fmt, target, filters or [], inline_think)
 
-    summary = run(go())
+    summary = cli.run(go())
     if json_out:
-        console.print_json(json.dumps(dataclasses.asdict(summary)))
+        cli.print_json(summary)
     else:
-        console.print(f"wrote {summary.rows} rows to {summary.path} ({summary.format})")
+        cli.console.print(f"wrote {summary.rows} rows to {summary.path} ({summary.format})")
         for note in summary.notes:
-            console.print(f"  {note}", highlight=False, markup=False)
+            cli.console.print(f"  {note}", highlight=False, markup=False)
         for why, num in summary.dropped.items():
-            console.print(f"  dropped {num}: {why}", highlight=False, markup=False)
+            cli.console.print(f"  dropped {num}: {why}", highlight=False, markup=False)
     if summary.rows == 0:  # an empty training file is nothing useful (SpecForge's validator refuses it)
-        err_console.print("[bold red]error:[/] no row was written (see the reasons above)", highlight=False)
+        cli.err_console.print(
+            "[bold red]error:[/] no row was written (see the reasons above)", highlight=False
+        )
         raise typer.Exit(1)
