@@ -195,7 +195,10 @@ def parse_model_shape(config: Mapping[str, Any], index: Mapping[str, Any] | None
     found = _Found(arch)
     fields = reader(text, found)
     dtype = _dtype(text, config, found)
-    weights = _weights(index, found)
+    weights = ((index or {}).get("metadata") or {}).get("total_size")
+    if not isinstance(weights, int) or weights <= 0:
+        found.missing.append("model.safetensors.index.json metadata.total_size")
+        weights = 0
     if found.missing:
         raise ModelCardError(
             f"{arch}: config.json lacks fields planning needs: {', '.join(found.missing)}",
@@ -218,14 +221,6 @@ def parse_model_shape(config: Mapping[str, Any], index: Mapping[str, Any] | None
         notes=notes,
         **fields,
     )
-
-
-def _weights(index: Mapping[str, Any] | None, found: _Found) -> int:
-    total = ((index or {}).get("metadata") or {}).get("total_size")
-    if not isinstance(total, int) or total <= 0:
-        found.missing.append("model.safetensors.index.json metadata.total_size")
-        return 0
-    return total
 
 
 def _mtp_bytes(

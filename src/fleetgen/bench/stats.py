@@ -240,20 +240,14 @@ def chat_body(load: BenchLoad, model: str, prompt: str, max_tokens: int) -> dict
     return body
 
 
-def has_token(event: Mapping[str, object]) -> bool:
-    choices = event.get("choices")
-    if not isinstance(choices, list) or not choices:
-        return False
-    delta = choices[0].get("delta") or {}
-    # SGLang names the thinking field reasoning_content, vLLM 0.32 names it reasoning: accept both.
-    return bool(delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"))
-
-
 def read_event(
     sample: RequestSample, event: Mapping[str, object], now: float, start: float, last: float
 ) -> float:
     """Account one SSE event; return the time of the latest token-bearing chunk."""
-    if has_token(event):
+    choices = event.get("choices")
+    delta = (choices[0].get("delta") or {}) if isinstance(choices, list) and choices else {}
+    # SGLang names the thinking field reasoning_content, vLLM 0.32 names it reasoning: accept both.
+    if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"):
         if sample.num_chunks == 0:
             sample.ttft_s = now - start
         else:

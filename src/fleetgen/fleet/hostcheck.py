@@ -80,7 +80,13 @@ async def _probe(host: Host, engine: EngineConfig, entry: HostEntry, report: Hos
         problems.append(
             f"nvidia-smi fails on {host.name}: {survey.gpu_error}; check the driver (run nvidia-smi there)"
         )
-    problems += _gpu_problems(entry, list(survey.gpu_rows))
+    found = [gpu.index for gpu in survey.gpu_rows]
+    missing = sorted(set(entry.gpus) - set(found)) if found and entry.gpus != "all" else []
+    if missing:
+        problems.append(
+            f"GPU(s) {missing} listed for {entry.name} do not exist there (found {found}); "
+            "fix `gpus` in its [[hosts]] entry"
+        )
     if not survey.has_model:
         problems.append(
             f"model folder {engine.model} is missing on {entry.name}; copy the model there "
@@ -127,15 +133,3 @@ def _software_problems(
             f"the {version} the host runs)"
         ]
     return []
-
-
-def _gpu_problems(entry: HostEntry, gpus: list[GpuInfo]) -> list[str]:
-    if not gpus or entry.gpus == "all":
-        return []
-    missing = sorted(set(entry.gpus) - {gpu.index for gpu in gpus})
-    if not missing:
-        return []
-    return [
-        f"GPU(s) {missing} listed for {entry.name} do not exist there (found {[g.index for g in gpus]}); "
-        "fix `gpus` in its [[hosts]] entry"
-    ]
