@@ -20,7 +20,7 @@ from fleetgen.errors import FleetDown
 from fleetgen.fleet.pool import Link
 from fleetgen.fleet.status import Readiness
 from fleetgen.generate.health import Endpoint, Watch, served_models
-from fleetgen.generate.progress import Progress, waiting
+from fleetgen.generate.progress import EndpointProgress, Progress
 from fleetgen.generate.runner import FleetHooks
 from fleetgen.generate.work import RetryPolicy
 from fleetgen.http.client import EngineClient
@@ -190,7 +190,8 @@ def test_the_live_view_shows_waiting_and_down_servers_with_why() -> None:
         Endpoint("h0-1", client, 8, Readiness.DOWN, last_error="not running"),
     ]
     console = Console(width=200, record=True)
-    console.print(render(waiting(endpoints, 1.0, 42.0)))
+    waiting = Progress(elapsed_s=1.0, endpoints=[EndpointProgress.of(e) for e in endpoints], waiting_s=42.0)
+    console.print(render(waiting))
     text = console.export_text()
     assert "no server is ready: waiting up to 42 s more for one, then the job stops" in " ".join(text.split())
     cells = {

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from fleetgen.fleet.status import Readiness
@@ -67,12 +66,6 @@ class Progress:
     endpoints: list[EndpointProgress] = field(default_factory=list)
     waiting_s: float | None = None  # no server ready (yet, or any more): seconds left to wait for one
     is_final: bool = False  # the job's end: the rates are its averages
-
-
-def waiting(endpoints: Sequence[Endpoint], elapsed_s: float, remaining_s: float) -> Progress:
-    """A snapshot while the job waits for a first ready server: no counts yet, each server's state and why."""
-    states = [EndpointProgress.of(e) for e in endpoints]
-    return Progress(elapsed_s=elapsed_s, endpoints=states, waiting_s=remaining_s)
 
 
 @dataclass(frozen=True)

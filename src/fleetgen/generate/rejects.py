@@ -42,20 +42,12 @@ def suspects(message: str, body: Mapping[str, Any]) -> list[str]:
     """Where the job sets the request fields the server's message names (context-length refusals: max_tokens
     and the prompts); `extra_body` keys by their own name."""
     text = message.lower()
-    named = [k for k in _keys(body) if re.search(rf"(?<![a-z_]){re.escape(k.lower())}(?![a-z_])", text)]
+    keys = [*body, *(str(k) for value in body.values() if isinstance(value, Mapping) for k in value)]
+    named = [k for k in keys if re.search(rf"(?<![a-z_]){re.escape(k.lower())}(?![a-z_])", text)]
     if any(marker in text for marker in CONTEXT_MARKERS):  # "the model's maximum context length": not `model`
         first = ("max_tokens", "messages")
         named = [*first, *(k for k in named if k not in (*first, "model"))]
     return list(dict.fromkeys(SOURCES.get(k, f"`extra_body.{k}` in the job file") for k in named))
-
-
-def _keys(body: Mapping[str, Any]) -> list[str]:
-    out: list[str] = []
-    for key, value in body.items():
-        out.append(key)
-        if isinstance(value, Mapping):
-            out += [str(k) for k in value]
-    return out
 
 
 @dataclass

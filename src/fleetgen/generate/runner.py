@@ -38,7 +38,6 @@ from fleetgen.generate.progress import (
     Progress,
     RateMeter,
     Summary,
-    waiting,
 )
 from fleetgen.generate.scrape import AcceptLengthScraper
 from fleetgen.generate.source import count_records
@@ -229,9 +228,11 @@ class Job:
     async def _resolve_model(self, watch: Watch, on_progress: OnProgress | None) -> str | None:
         """The served model, from the first ready endpoints (None: stopped while waiting for one)."""
 
-        def on_wait(remaining_s: float) -> None:
+        def on_wait(remaining_s: float) -> None:  # no counts yet: each server's state and why
             if on_progress is not None:
-                on_progress(waiting(watch.endpoints, time.monotonic() - self._started, remaining_s))
+                states = [EndpointProgress.of(e) for e in watch.endpoints]
+                elapsed = time.monotonic() - self._started
+                on_progress(Progress(elapsed_s=elapsed, endpoints=states, waiting_s=remaining_s))
 
         infos = await served_models(
             watch,
