@@ -36,10 +36,9 @@ _TIED_TO_CHANNEL_SH = '"$@" & p=$!; cat > /dev/null; kill "$p" 2>/dev/null; exit
 class SshHost(Host):
     """A Host over SSH. Use as `async with SshHost(entry) as host:`; refuses use after close."""
 
-    def __init__(self, entry: HostEntry, *, reconnect_attempts: int = RECONNECT_ATTEMPTS) -> None:
+    def __init__(self, entry: HostEntry) -> None:
         super().__init__(entry.name)
         self.entry = entry
-        self._attempts = reconnect_attempts
         self._conn: asyncssh.SSHClientConnection | None = None
         self._sftp: asyncssh.SFTPClient | None = None
         self._lock = asyncio.Lock()
@@ -78,17 +77,14 @@ class SshHost(Host):
             return conn
 
     async def _reconnect(self) -> asyncssh.SSHClientConnection:
-        delay = RECONNECT_BACKOFF_S
-        for attempt in range(1, self._attempts + 1):
+        for attempt in range(1, RECONNECT_ATTEMPTS):
             try:
                 return await sshconnect.connect(self.entry, self.warnings)
             except ConnectError:  # HostKeyError is not a ConnectError: a changed key is never retried
-                if attempt == self._attempts:
-                    raise
+                delay = RECONNECT_BACKOFF_S * 2 ** (attempt - 1)
                 log.info("reconnect to %s failed (attempt %d), retrying in %.1fs", self.name, attempt, delay)
-            await asyncio.sleep(delay)
-            delay *= 2
-        raise AssertionError("unreachable: the last attempt returns or raises")
+                await asyncio.sleep(delay)
+        return await sshconnect.connect(self.entry, self.warnings)  # the last attempt raises its error
 
     async def _forget_connection(self) -> None:
         for listener in self._listeners:
