@@ -83,70 +83,6 @@ def extra_buffer_no_radix_fix(rules: RuleSet) -> str:
 NO_BUFFER_PAGE_FIX = "remove page-size or use extra_buffer"
 
 
-# The signatures whose fixes do not depend on the release (`SGLangEngine.fatal_signatures_for` adds the
-# rejections before them).
-FATAL_SIGNATURES = (
-    FatalSignature(
-        r"Not enough memory\. Please try to increase --mem-fraction-static",
-        "no GPU memory left for the KV cache",
-        "raise mem-fraction-static, lower context or use tp = 2",
-    ),
-    FatalSignature(
-        r"Loaded weights leave no GPU memory for the KV cache",
-        "the weights (target + draft) exceed the static budget",
-        "raise mem-fraction-static or tp",
-    ),
-    FatalSignature(
-        r"Not enough GPU memory for hybrid \(mamba/linear-attention\) state cache",
-        "the Mamba state pool does not fit",
-        "max-mamba-cache-size, mamba-ssm-dtype bfloat16, or tp",
-    ),
-    FatalSignature(
-        r"Hybrid \(mamba/linear-attention\) state cache is too small to serve any requests",
-        "the Mamba pool holds no running request",
-        "raise max-mamba-cache-size or mem-fraction-static",
-    ),
-    FatalSignature(
-        r"Not enough host memory available\. Requesting",
-        "the hierarchical cache asks for more pinned host RAM than there is",
-        "lower hicache-size / hicache-ratio",
-    ),
-    FatalSignature(
-        r"Capture cuda graph failed",
-        "CUDA-graph capture ran out of memory",
-        "lower mem-fraction-static or cuda-graph-max-bs-decode",
-    ),
-    FatalSignature(
-        r"The memory capacity is unbalanced",
-        "another process holds memory on one of the GPUs",
-        "free the GPU (nvidia-smi) or pick other GPUs",
-    ),
-    *common_fatal_signatures("lower mem-fraction-static, context length or max-running-requests"),
-    *refused_argument_signatures(
-        "the engine", "check the flag names for this SGLang version (`fleetgen plan` names the renames)"
-    ),
-)
-
-# Runs on the host with its own python: the exact parser `sglang.launch_server` uses, then from_cli_args.
-PARSER_BODY = """
-    import argparse
-    import sglang
-    out["version"] = getattr(sglang, "__version__", "")
-    from sglang.srt.server_args import ServerArgs
-    class _Parser(argparse.ArgumentParser):
-        def error(self, message):
-            raise _Refused(message)
-    parser = _Parser(prog="sglang.launch_server")
-    ServerArgs.add_cli_args(parser)
-    ns = parser.parse_args(argv)
-    args = ServerArgs.from_cli_args(ns)
-    keep = ("mem_fraction_static", "mamba_radix_cache_strategy", "mamba_scheduler_strategy",
-            "speculative_algorithm", "speculative_num_draft_tokens", "max_running_requests",
-            "tp_size", "context_length", "port", "host")
-    out["resolved"] = {k: getattr(args, k) for k in keep if hasattr(args, k)}
-"""
-
-
 def _server_info_places(info: Any) -> list[Any]:
     """Where /server_info keeps figures: its top level, `scheduler_info`, each DP rank's `internal_states`."""
     view = info if isinstance(info, dict) else {}
@@ -187,7 +123,49 @@ class SGLangEngine(Engine):
         ("max_running_requests", r"max_running_requests=(\d+)"),
         ("mamba_slots", r"Mamba Cache is allocated\..*?(?:max_mamba_cache_size|#slots|size)[:=] ?(\d+)"),
     )
-    fatal_signatures: tuple[FatalSignature, ...] = FATAL_SIGNATURES
+    # The signatures whose fixes do not depend on the release (`SGLangEngine.fatal_signatures_for` adds the
+    # rejections before them).
+    fatal_signatures: tuple[FatalSignature, ...] = (
+        FatalSignature(
+            r"Not enough memory\. Please try to increase --mem-fraction-static",
+            "no GPU memory left for the KV cache",
+            "raise mem-fraction-static, lower context or use tp = 2",
+        ),
+        FatalSignature(
+            r"Loaded weights leave no GPU memory for the KV cache",
+            "the weights (target + draft) exceed the static budget",
+            "raise mem-fraction-static or tp",
+        ),
+        FatalSignature(
+            r"Not enough GPU memory for hybrid \(mamba/linear-attention\) state cache",
+            "the Mamba state pool does not fit",
+            "max-mamba-cache-size, mamba-ssm-dtype bfloat16, or tp",
+        ),
+        FatalSignature(
+            r"Hybrid \(mamba/linear-attention\) state cache is too small to serve any requests",
+            "the Mamba pool holds no running request",
+            "raise max-mamba-cache-size or mem-fraction-static",
+        ),
+        FatalSignature(
+            r"Not enough host memory available\. Requesting",
+            "the hierarchical cache asks for more pinned host RAM than there is",
+            "lower hicache-size / hicache-ratio",
+        ),
+        FatalSignature(
+            r"Capture cuda graph failed",
+            "CUDA-graph capture ran out of memory",
+            "lower mem-fraction-static or cuda-graph-max-bs-decode",
+        ),
+        FatalSignature(
+            r"The memory capacity is unbalanced",
+            "another process holds memory on one of the GPUs",
+            "free the GPU (nvidia-smi) or pick other GPUs",
+        ),
+        *common_fatal_signatures("lower mem-fraction-static, context length or max-running-requests"),
+        *refused_argument_signatures(
+            "the engine", "check the flag names for this SGLang version (`fleetgen plan` names the renames)"
+        ),
+    )
     rule_sets: tuple[RuleSet, ...] = RULE_SETS
     # SGLang reads its key from no env var, only from `--api-key` (argv: public to `ps`) or from a
     # `--config` YAML file (every release 0.5.7…0.5.23: server_args.py prepare_server_args →
@@ -196,7 +174,24 @@ class SGLangEngine(Engine):
     model_flag = "--model-path"
     tp_flag = "--tp-size"
     context_flag = "context-length"
-    parser_body = PARSER_BODY
+    # Runs on the host with its own python: the exact parser `sglang.launch_server` uses, then from_cli_args.
+    parser_body = """
+        import argparse
+        import sglang
+        out["version"] = getattr(sglang, "__version__", "")
+        from sglang.srt.server_args import ServerArgs
+        class _Parser(argparse.ArgumentParser):
+            def error(self, message):
+                raise _Refused(message)
+        parser = _Parser(prog="sglang.launch_server")
+        ServerArgs.add_cli_args(parser)
+        ns = parser.parse_args(argv)
+        args = ServerArgs.from_cli_args(ns)
+        keep = ("mem_fraction_static", "mamba_radix_cache_strategy", "mamba_scheduler_strategy",
+                "speculative_algorithm", "speculative_num_draft_tokens", "max_running_requests",
+                "tp_size", "context_length", "port", "host")
+        out["resolved"] = {k: getattr(args, k) for k in keep if hasattr(args, k)}
+    """
 
     def rejection_signatures_for(self, rules: RuleSet) -> tuple[FatalSignature, ...]:
         """SGLang's refusals of its arguments at start (what `plan.rules` predicts), as its log and its own

@@ -22,59 +22,6 @@ from fleetgen.engines.base import (
     refused_argument_signatures,
 )
 
-# vLLM main moved the default utilization to 0.92 (`vllm/config/cache.py`); releases before that use 0.9.
-RULE_SETS = (
-    RuleSet("vllm-0.x", "vllm", Version("0.6"), Version("0.99"), default_gpu_memory_utilization=0.9),
-)
-
-FATAL_SIGNATURES = (
-    FatalSignature(
-        r"Free memory on device \S+ \(.*\) on startup is less than desired GPU memory utilization",
-        "another process holds memory on the GPU, or the utilization is too high",
-        "free the GPU or lower gpu-memory-utilization",
-    ),
-    FatalSignature(
-        r"To serve at least one request with the model's max seq len",
-        "one request of full context does not fit in the KV cache",
-        "raise gpu-memory-utilization or lower max-model-len",
-    ),
-    FatalSignature(
-        r"No available memory for the cache blocks",
-        "weights and activations leave no KV cache",
-        "raise gpu-memory-utilization, lower max-model-len or use tp = 2",
-    ),
-    *common_fatal_signatures("lower gpu-memory-utilization, max-num-seqs or max-model-len"),
-    FatalSignature(
-        r"EngineDeadError|Engine core initialization failed",
-        "the engine core died at start",
-        "read the lines above it in the log",
-    ),
-    *refused_argument_signatures("vLLM", "check the flag names for this vLLM version"),
-)
-
-# Runs on the host with its own python: vLLM's `serve` parser (the module moved between releases).
-PARSER_BODY = """
-    import vllm
-    out["version"] = getattr(vllm, "__version__", "")
-    try:
-        from vllm.utils.argparse_utils import FlexibleArgumentParser
-    except ImportError:
-        from vllm.utils import FlexibleArgumentParser
-    try:
-        from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
-    except ImportError:
-        from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
-    class _Parser(FlexibleArgumentParser):
-        def error(self, message):
-            raise _Refused(message)
-    parser = make_arg_parser(_Parser(prog="vllm serve"))
-    ns = parser.parse_args(argv)
-    validate_parsed_serve_args(ns)
-    keep = ("model_tag", "gpu_memory_utilization", "max_model_len", "tensor_parallel_size",
-            "speculative_config", "max_num_seqs", "port", "host")
-    out["resolved"] = {k: getattr(ns, k) for k in keep if hasattr(ns, k)}
-"""
-
 
 class VLLMEngine(Engine):
     """vLLM behind the `Engine` interface."""
@@ -97,14 +44,61 @@ class VLLMEngine(Engine):
         ("kv_tokens", r"KV cache size: ([\d,]+) tokens"),
         ("max_running_requests", r"Maximum concurrency for [\d,]+ tokens per request: ([\d.]+)x"),
     )
-    fatal_signatures: tuple[FatalSignature, ...] = FATAL_SIGNATURES
-    rule_sets: tuple[RuleSet, ...] = RULE_SETS
+    fatal_signatures: tuple[FatalSignature, ...] = (
+        FatalSignature(
+            r"Free memory on device \S+ \(.*\) on startup is less than desired GPU memory utilization",
+            "another process holds memory on the GPU, or the utilization is too high",
+            "free the GPU or lower gpu-memory-utilization",
+        ),
+        FatalSignature(
+            r"To serve at least one request with the model's max seq len",
+            "one request of full context does not fit in the KV cache",
+            "raise gpu-memory-utilization or lower max-model-len",
+        ),
+        FatalSignature(
+            r"No available memory for the cache blocks",
+            "weights and activations leave no KV cache",
+            "raise gpu-memory-utilization, lower max-model-len or use tp = 2",
+        ),
+        *common_fatal_signatures("lower gpu-memory-utilization, max-num-seqs or max-model-len"),
+        FatalSignature(
+            r"EngineDeadError|Engine core initialization failed",
+            "the engine core died at start",
+            "read the lines above it in the log",
+        ),
+        *refused_argument_signatures("vLLM", "check the flag names for this vLLM version"),
+    )
+    # vLLM main moved the default utilization to 0.92 (`vllm/config/cache.py`); releases before that use 0.9.
+    rule_sets: tuple[RuleSet, ...] = (
+        RuleSet("vllm-0.x", "vllm", Version("0.6"), Version("0.99"), default_gpu_memory_utilization=0.9),
+    )
     api_key_env_var: str | None = "VLLM_API_KEY"  # vllm/envs.py; --api-key would show the key to `ps`
     model_flag = None  # the model path is vLLM serve's positional argument
     tp_flag = "--tensor-parallel-size"
     context_flag = "max-model-len"
     max_running_flags: tuple[str, ...] = ("max-num-seqs",)
-    parser_body = PARSER_BODY
+    # Runs on the host with its own python: vLLM's `serve` parser (the module moved between releases).
+    parser_body = """
+        import vllm
+        out["version"] = getattr(vllm, "__version__", "")
+        try:
+            from vllm.utils.argparse_utils import FlexibleArgumentParser
+        except ImportError:
+            from vllm.utils import FlexibleArgumentParser
+        try:
+            from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+        except ImportError:
+            from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
+        class _Parser(FlexibleArgumentParser):
+            def error(self, message):
+                raise _Refused(message)
+        parser = make_arg_parser(_Parser(prog="vllm serve"))
+        ns = parser.parse_args(argv)
+        validate_parsed_serve_args(ns)
+        keep = ("model_tag", "gpu_memory_utilization", "max_model_len", "tensor_parallel_size",
+                "speculative_config", "max_num_seqs", "port", "host")
+        out["resolved"] = {k: getattr(ns, k) for k in keep if hasattr(ns, k)}
+    """
 
     def capacity(self, log: Sequence[str], info: Any, labels: Labels) -> dict[str, float]:
         """Its log's figures, then the labels of `vllm:cache_config_info{kv_cache_size_tokens="452340",…} 1`:

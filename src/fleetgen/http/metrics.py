@@ -74,9 +74,9 @@ def accept_length(names: MetricNames, samples: Mapping[str, float]) -> float | N
     vLLM: 1 + accepted / drafts from the spec-decode counters (its own definition of mean acceptance length);
     over a window when `samples` are `counter_deltas`.
     """
-    if names.spec_accept_length and samples.get(names.spec_accept_length, 0.0) > 0:
+    if samples.get(names.spec_accept_length, 0.0) > 0:  # an engine without such a name has "": no sample
         return samples[names.spec_accept_length]
-    drafts = samples.get(names.spec_num_drafts_total, 0.0) if names.spec_num_drafts_total else 0.0
+    drafts = samples.get(names.spec_num_drafts_total, 0.0)
     if drafts > 0:
         return 1.0 + samples.get(names.spec_num_accepted_tokens_total, 0.0) / drafts
     return None
@@ -101,17 +101,15 @@ def load_from(engine: Engine, now: Scrape, before: Scrape | None = None, info: A
     names = engine.metrics
     running = now.samples.get(names.running)
     queued = now.samples.get(names.queued)
-    tps: float | None
-    if names.gen_throughput and names.gen_throughput in now.samples:
-        tps = now.samples[names.gen_throughput]
-    else:
+    tps = now.samples.get(names.gen_throughput)
+    if tps is None:
         tps = counter_rate(names.generation_tokens_total, now, before)
     return Load(
         running=int(running) if running is not None else None,
         queued=int(queued) if queued is not None else None,
         gen_tokens_per_s=tps,
         spec_accept_length=accept_length(names, now.samples) or engine.accept_length_from_info(info),
-        kv_usage=now.samples.get(names.kv_usage) if names.kv_usage else None,
+        kv_usage=now.samples.get(names.kv_usage),
     )
 
 
