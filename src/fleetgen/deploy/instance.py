@@ -98,11 +98,17 @@ class HostSession:
     public_bind: str | None = None
 
     async def url_for(self, port: int) -> str:
-        """Where fleetgen reaches a port: a local SSH forward, or directly on a public bind (the bind address,
-        or, bound to every interface, the host's SSH address, or loopback on a `local` host)."""
-        if self.public_bind:
-            return f"http://{public_address(self.entry, self.public_bind)}:{port}"
-        return f"http://127.0.0.1:{await self.host.forward(port)}"
+        """Where fleetgen reaches a port: a local SSH forward, or directly on a public bind: its address, or,
+        bound to every interface, the host's SSH address (a `local` host, whose address is the word "local",
+        at its own loopback)."""
+        bind, wildcard = self.public_bind, {"0.0.0.0": "127.0.0.1", "::": "[::1]"}
+        if not bind:
+            return f"http://127.0.0.1:{await self.host.forward(port)}"
+        if bind in wildcard:
+            address = wildcard[bind] if self.entry.is_local else self.entry.address
+        else:
+            address = f"[{bind}]" if ":" in bind else bind
+        return f"http://{address}:{port}"
 
     async def client_for(self, wanted: WantedInstance) -> EngineClient:
         """The engine client of an instance on this host, with its key."""
@@ -136,19 +142,6 @@ async def open_session(
         yield HostSession(entry=entry, host=host, survey=survey, http=http, public_bind=public_bind)
 
 
-def public_address(entry: HostEntry, bind: str) -> str:
-    """The address (URL form) fleetgen reaches a server bound to `bind` on host `entry` at.
-
-    A wildcard bind listens on every interface: an SSH host is reached at its SSH address, a `local` host
-    (whose `address` is the word "local", no host name) at its own loopback.
-    """
-    if bind in ("0.0.0.0", "::"):
-        if entry.is_local:
-            return "127.0.0.1" if bind == "0.0.0.0" else "[::1]"
-        return entry.address
-    return f"[{bind}]" if ":" in bind else bind
-
-
 def is_loopback(address: str) -> bool:
     """`localhost` or a loopback IP (127.0.0.0/8, ::1)."""
     if address == "localhost":
@@ -180,8 +173,7 @@ async def find_running(
     hs: HostSession, wanted: WantedInstance, record: InstanceRecord | None
 ) -> ProcInfo | None:
     """The live process of this instance: the recorded PID + start time, else the host's pidfile's."""
-    mine = record is not None and record.host == hs.entry.name
-    recorded = (record.pid, record.start_time) if record is not None and mine else None
+    recorded = (record.pid, record.start_time) if record and record.host == hs.entry.name else None
     at_record, named = await probe_instance(hs.host, wanted.command.paths.pidfile, recorded)
     if at_record is not None and at_record.is_alive:
         return at_record

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import posixpath
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -140,22 +140,3 @@ def render_script(command: Command) -> str:
         lines.append(f"exec > >(exec {redactor}) 2>&1")
     lines.append("exec " + shlex.join(command.argv))
     return "\n".join(lines) + "\n"
-
-
-def redact_argv(argv: Sequence[str], command: Command, secret_value: str | None) -> tuple[str, ...]:
-    """A running process's argv with a key (an old launch may have had one there) shown as REDACTED."""
-    if not command.secret or not secret_value:
-        return tuple(argv)
-    return tuple(part.replace(secret_value, REDACTED) for part in argv)
-
-
-def redact_environ(environ: Mapping[str, str], command: Command, secret_value: str | None) -> dict[str, str]:
-    """The subset of a running process's environ that `command` manages, the key replaced by a marker.
-
-    The key reads as REDACTED when it equals `secret_value` and as `<different key>` when not, so a rotated
-    key shows up as drift without ever being printed.
-    """
-    out = {name: environ[name] for name in command.environ if name in environ}
-    if command.secret and command.secret.name in out:
-        out[command.secret.name] = REDACTED if out[command.secret.name] == secret_value else "<different key>"
-    return out

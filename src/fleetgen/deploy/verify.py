@@ -16,11 +16,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetgen.deploy.script import Command, redact_argv, redact_environ
+from fleetgen.deploy.script import Command
 from fleetgen.engines.base import Engine
 from fleetgen.errors import VerifyError
 from fleetgen.http.client import EngineClient
 from fleetgen.http.metrics import accept_length, counter_deltas
+from fleetgen.redact import REDACTED
 from fleetgen.remote.base import ProcInfo
 
 SPEC_FLAGS = ("speculative-algorithm", "speculative-config")
@@ -108,16 +109,20 @@ def judge_spec(instance: str, ev: SpecEvidence) -> tuple[str | None, str | None]
 
 
 def process_drift(command: Command, proc: ProcInfo, secret_value: str | None) -> list[str]:
-    """Differences between the rendered argv/env and the running process's; empty when none."""
+    """Differences between the rendered argv/env and the running process's; empty when none. Inherited
+    variables are not ours; the key reads as REDACTED where it equals `secret_value` (an old launch may have
+    had it on its argv) and, in the environ, as `<different key>` where not: a rotated key shows up as drift
+    without ever being printed."""
     drift: list[str] = []
-    running_argv = redact_argv(proc.argv, command, secret_value)
-    if tuple(running_argv) != command.argv:
+    key = secret_value if command.secret else None
+    running_argv = tuple(part.replace(key, REDACTED) for part in proc.argv) if key else tuple(proc.argv)
+    if running_argv != command.argv:
         diff = difflib.ndiff(list(command.argv), list(running_argv))
-        changed = [d for d in diff if d[:1] in "+-"]
-        drift.append("argv differs (- rendered, + running): " + " ".join(changed))
-    running_env = redact_environ(proc.environ, command, secret_value)
+        drift.append("argv differs (- rendered, + running): " + " ".join(d for d in diff if d[:1] in "+-"))
     for name, want in sorted(command.environ.items()):
-        got = running_env.get(name)
+        got = proc.environ.get(name)
+        if got is not None and command.secret and name == command.secret.name:
+            got = REDACTED if got == secret_value else "<different key>"
         if got is None:
             drift.append(f"env {name}: rendered {want!r}, missing in the running process")
         elif got != want:
