@@ -66,7 +66,6 @@ class Watch:
         self.on_hung: Callable[[Endpoint, str], None] | None = None
         self._on_dead = on_dead
         self._admit = admit
-        self._ready = asyncio.Event()
         self._probing: set[Endpoint] = set()
         self._restarting: set[Endpoint] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -91,12 +90,6 @@ class Watch:
         if self._none_ready_since is None:
             self._none_ready_since = time.monotonic()
         return max(0.0, limit_s - (time.monotonic() - self._none_ready_since))
-
-    async def wait_ready(self, timeout_s: float) -> None:
-        """Wait up to `timeout_s` for an endpoint to become READY."""
-        self._ready.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._ready.wait(), timeout_s)
 
     async def close(self) -> None:
         """Stop the probes and restarts."""
@@ -187,7 +180,6 @@ class Watch:
         endpoint.readiness = Readiness.READY
         endpoint.num_failures_in_row = 0
         self._none_ready_since = None
-        self._ready.set()
         if self.on_ready is not None:
             self.on_ready()
 
@@ -212,6 +204,8 @@ async def served_models(
     endpoint's problem. An endpoint that does not answer is drained like a failing one. {} when stopped.
     """
     models: dict[str, str] = {}
+    ready = asyncio.Event()
+    watch.on_ready = ready.set  # until the dispatcher takes it over
     while True:
         for endpoint in watch.endpoints:
             if endpoint.readiness is Readiness.READY:
@@ -234,7 +228,9 @@ async def served_models(
             )
         if remaining is not None:  # else one became READY meanwhile: ask it at once
             on_wait(remaining)
-            await watch.wait_ready(min(remaining, tick_s))
+            ready.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ready.wait(), min(remaining, tick_s))
 
 
 def states(endpoints: list[Endpoint], unknown: str) -> str:
