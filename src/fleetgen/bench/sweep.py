@@ -32,7 +32,7 @@ from fleetgen.bench.stats import (
     pooled_accept_length,
     read_event,
 )
-from fleetgen.engines import ENGINES, all_info_paths
+from fleetgen.engines import ENGINES
 from fleetgen.errors import EndpointError
 from fleetgen.http.client import EngineClient
 
@@ -71,7 +71,7 @@ async def server_cap(client: EngineClient) -> int | None:
     """The server's own max running requests from its info JSON (every registered engine's info paths, each
     engine asked to read it); None when none says (vLLM)."""
     try:
-        info = await client.info(all_info_paths())
+        info = await client.info([p for e in ENGINES.values() for p in e.info_paths])
     except EndpointError:
         return None
     return next((n for e in ENGINES.values() if (n := e.max_running_from_info(info))), None)

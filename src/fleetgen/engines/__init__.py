@@ -52,11 +52,6 @@ def engine_of_metrics(samples: Mapping[str, float]) -> Engine:
     return next((e for e in ENGINES.values() if any(n.startswith(f"{e.name}:") for n in samples)), first)
 
 
-def all_info_paths() -> tuple[str, ...]:
-    """Every registered engine's info paths, in registry order (for a server whose engine is not known)."""
-    return tuple(dict.fromkeys(p for e in ENGINES.values() for p in e.info_paths))
-
-
 __all__ = [
     "ENGINES",
     "Engine",
@@ -64,7 +59,6 @@ __all__ = [
     "ParserVerdict",
     "RuleSet",
     "Translation",
-    "all_info_paths",
     "engine_of_metrics",
     "format_args",
     "get_engine",
