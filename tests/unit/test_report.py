@@ -85,7 +85,7 @@ def test_report_has_every_section_and_no_external_reference() -> None:
         meta={"params": {"temperature": 0.6}, "input": "in.jsonl"},
         error_examples=(Example("<script>alert(1)</script>#0", "a-0", "HTTP 500 </td>", "http_500"),),
     )
-    html = page.report_page(job, ())
+    html = page.report_page(job)
     for section in REPORT_SECTIONS:
         assert f'<section id="{section}"' in html, section
     assert "<script" not in html.replace("&lt;script&gt;", ""), "the report must be inert and escape input"

@@ -99,7 +99,10 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
         render_error(exc)
         raise typer.Exit(exc.exit_code) from None
     except OSError as exc:  # a path the user gave (a file where a folder goes, no permission, disk full)
-        render_error(os_error(exc))
+        where = " → ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
+        what = exc.strerror or type(exc).__name__
+        fix = "check the path and its permissions (and free disk space), then run the same command again"
+        render_error(FleetgenError(f"{what}: {where}" if where else f"{what}: {exc}", fix=fix))
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
         err_console.print(
@@ -116,16 +119,6 @@ def run_on(fleet: Path, work: Callable[[Fleet], Awaitable[T]]) -> T:
         return await work(read_fleet(fleet))
 
     return run(go())
-
-
-def os_error(exc: OSError) -> FleetgenError:
-    """An OSError that reached the CLI, as one error: what failed on which path, and the fix."""
-    where = " → ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
-    what = exc.strerror or type(exc).__name__
-    return FleetgenError(
-        f"{what}: {where}" if where else f"{what}: {exc}",
-        fix="check the path and its permissions (and free disk space), then run the same command again",
-    )
 
 
 def render_error(exc: FleetgenError) -> None:

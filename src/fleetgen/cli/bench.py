@@ -133,7 +133,10 @@ def bench(
     ] = None,
 ) -> None:
     """Measure output tok/s, req/s, TTFT, ITL and spec accept length over a concurrency sweep."""
-    _check_args(scope, compare, endpoint)
+    if scope not in ("both", "instances", "fleet"):
+        raise typer.BadParameter("--scope is one of: instances, fleet, both")
+    if compare and endpoint:
+        raise typer.BadParameter("--compare-spec deploys the fleet twice: use --fleet, not --endpoint")
 
     async def go() -> None:
         if png is not None:
@@ -182,13 +185,6 @@ def sampling_of(job_file: Path | None, thinking: bool | None) -> tuple[dict[str,
         return {**GREEDY, **off}, None
     job = load_job(job_file).overridden(thinking=thinking)
     return job_sampling(job), job.model
-
-
-def _check_args(scope: str, compare: bool, endpoint: list[str] | None) -> None:
-    if scope not in ("both", "instances", "fleet"):
-        raise typer.BadParameter("--scope is one of: instances, fleet, both")
-    if compare and endpoint:
-        raise typer.BadParameter("--compare-spec deploys the fleet twice: use --fleet, not --endpoint")
 
 
 def _print(load: BenchLoad, levels: Sequence[LevelResult], rows: Sequence[SpeedupRow], as_json: bool) -> None:

@@ -66,16 +66,6 @@ def render(progress: Progress) -> Table:
 
 
 Opt = typer.Option
-WaitReady = Annotated[
-    float | None,
-    Opt(
-        "--wait-ready",
-        min=0.0,
-        help="No server ready (at the start, or every one gone mid-job): wait this "
-        "long (s) for one, then stop with FleetDown (default: the fleet's engine.ready_timeout_s; with "
-        "--endpoint 0 at the start).",
-    ),
-]
 DEFAULT_DEAD_TIMEOUT_S = 300.0  # --endpoint URLs: the mid-job wait for a server to come back
 
 
@@ -115,7 +105,16 @@ def run_command(
             "(default: --wait-ready's; 300 with --endpoint).",
         ),
     ] = None,
-    wait_ready: WaitReady = None,
+    wait_ready: Annotated[
+        float | None,
+        Opt(
+            "--wait-ready",
+            min=0.0,
+            help="No server ready (at the start, or every one gone mid-job): wait this "
+            "long (s) for one, then stop with FleetDown (default: the fleet's engine.ready_timeout_s; with "
+            "--endpoint 0 at the start).",
+        ),
+    ] = None,
     hung_after: Annotated[
         float,
         Opt(

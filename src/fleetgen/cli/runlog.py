@@ -87,14 +87,11 @@ class PlainLog:
                 self._say(f"{e.name} is {e.readiness.value}: {why}; the others go on")
             elif is_ready and not was_ready:
                 self._say(f"{e.name} is ready again: it takes work")
-        if all_down and not self._all_down:
-            self._say(f"every instance is down: {self._meanwhile(p.waiting_s or 0.0)}")
-            for e in p.endpoints:
-                self._say(f"  {e.name} ({e.readiness.value}): {e.last_error or 'no reason known yet'}")
-                self._reasons[e.name] = e.last_error
-        elif all_down:
-            for e in p.endpoints:  # the fleet's own reason replaces the failed request's, once probed
-                if e.last_error != self._reasons.get(e.name):
+        if all_down:
+            if not self._all_down:
+                self._say(f"every instance is down: {self._meanwhile(p.waiting_s or 0.0)}")
+            for e in p.endpoints:  # each reason at once, again when the fleet's own replaces the request's
+                if not self._all_down or e.last_error != self._reasons.get(e.name):
                     self._reasons[e.name] = e.last_error
                     self._say(f"  {e.name} ({e.readiness.value}): {e.last_error or 'no reason known yet'}")
         self._all_down = all_down

@@ -90,6 +90,8 @@ class JobReader:
             errors = conn.execute("SELECT COUNT(*) FROM errors").fetchone()[0]
             self._read_new_series(conn)
             self._read_new_lengths(conn)
+            first, last = conn.execute("SELECT MIN(started_at), MAX(finished_at) FROM results").fetchone()
+            edges = [s.ts for s in self._samples[:1] + self._samples[-1:]]  # the series' first and last
             view = JobView(
                 out_dir=str(self.out_dir),
                 total=_total(meta),
@@ -105,21 +107,13 @@ class JobReader:
                 answer_tokens=tuple(self._answer),
                 samples=tuple(self._samples),
                 meta=meta,
-                **self._times(conn, meta),
+                started_at=min((t for t in (first, *edges) if t is not None), default=None),
+                updated_at=max((t for t in (last, *edges) if t is not None), default=None),
+                is_finished=bool(meta.get("finished_at")),
             )
         finally:
             conn.execute("COMMIT")
         return view
-
-    def _times(self, conn: sqlite3.Connection, meta: dict[str, Any]) -> dict[str, Any]:
-        first, last = conn.execute("SELECT MIN(started_at), MAX(finished_at) FROM results").fetchone()
-        starts = [t for t in (first, self._samples[0].ts if self._samples else None) if t is not None]
-        ends = [t for t in (last, self._samples[-1].ts if self._samples else None) if t is not None]
-        return {
-            "started_at": min(starts) if starts else None,
-            "updated_at": max(ends) if ends else None,
-            "is_finished": bool(meta.get("finished_at")),
-        }
 
     def _read_new_series(self, conn: sqlite3.Connection) -> None:
         rows = conn.execute(

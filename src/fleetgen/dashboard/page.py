@@ -75,8 +75,9 @@ def dashboard_page(current: Mapping[str, Any], subtitle: str) -> str:
     )
 
 
-def report_page(job: JobView, rows: Sequence[InstanceRow], *, generated_at: float | None = None) -> str:
-    """One self-contained HTML file: inline CSS and SVG, no script, no external reference."""
+def report_page(job: JobView, *, generated_at: float | None = None) -> str:
+    """One self-contained HTML file: inline CSS and SVG, no script, no external reference. Its instance
+    table is what the job's time series recorded (a report reads no fleet)."""
     generated = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(generated_at or time.time()))
     return _page(
         f"fleetgen report · {job.out_dir}",
@@ -88,9 +89,9 @@ def report_page(job: JobView, rows: Sequence[InstanceRow], *, generated_at: floa
         progress=render.progress_bar(job),
         error_table=render.error_table(job.error_examples, job.num_errors),
         examples=render.examples(job, with_errors=False),
-        fleet_table=render.instance_summary(job) + (render.fleet_table(rows) if rows else ""),
+        fleet_table=render.instance_summary(job),
         meta=meta_list(job.meta),
-        **_chart_values(render.charts(job, rows)),
+        **_chart_values(render.charts(job, ())),
     )
 
 

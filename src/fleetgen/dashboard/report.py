@@ -40,7 +40,7 @@ async def write_report(out_dir: Path, to: Path | None = None, *, png: bool = Fal
     """Write `to` (default `OUT_DIR/report.html`) and, with `png`, one PNG per chart next to it."""
     job = await asyncio.to_thread(read_job, out_dir)
     html_path = to or out_dir / "report.html"
-    await asyncio.to_thread(write_atomic, html_path, page.report_page(job, ()))
+    await asyncio.to_thread(write_atomic, html_path, page.report_page(job))
     pngs: list[Path] = []
     if png:
         for name, svg in render.charts(job, ()).items():
