@@ -90,8 +90,7 @@ async def compare_spec(
 
 
 async def _restart(fleet: Fleet) -> None:
-    outcomes = await up(fleet, force=True)
-    for outcome in outcomes:
+    for outcome in await up(fleet, force=True):
         if outcome.error is not None:
             raise outcome.error
 

@@ -67,24 +67,23 @@ class SshHost(Host):
             if self._conn is not None and not self._conn.is_closed():
                 return self._conn
             await self._forget_connection()
-            conn = await (
-                self._reconnect() if self._has_connected else sshconnect.connect(self.entry, self.warnings)
-            )
+            conn = await self._connect()
             self._conn, self._has_connected, self._home = conn, True, None
             if self.state is HostState.NEW:
                 self.state = HostState.OPEN
             await self._restore_forwards(conn)
             return conn
 
-    async def _reconnect(self) -> asyncssh.SSHClientConnection:
-        for attempt in range(1, RECONNECT_ATTEMPTS):
+    async def _connect(self) -> asyncssh.SSHClientConnection:
+        """One attempt the first time; after a drop RECONNECT_ATTEMPTS, the last one raising its error."""
+        for attempt in range(1, RECONNECT_ATTEMPTS if self._has_connected else 1):
             try:
                 return await sshconnect.connect(self.entry, self.warnings)
             except ConnectError:  # HostKeyError is not a ConnectError: a changed key is never retried
                 delay = RECONNECT_BACKOFF_S * 2 ** (attempt - 1)
                 log.info("reconnect to %s failed (attempt %d), retrying in %.1fs", self.name, attempt, delay)
                 await asyncio.sleep(delay)
-        return await sshconnect.connect(self.entry, self.warnings)  # the last attempt raises its error
+        return await sshconnect.connect(self.entry, self.warnings)
 
     async def _forget_connection(self) -> None:
         for listener in self._listeners:
