@@ -76,15 +76,9 @@ class PortOwners:
 
     def family_of(self, pid: int) -> set[int]:
         """`pid` and every descendant of it."""
-        children: dict[int, list[int]] = {}
-        for child, parent in self.parents.items():
-            children.setdefault(parent, []).append(child)
-        family, todo = {pid}, [pid]
-        while todo:
-            for child in children.get(todo.pop(), ()):
-                if child not in family:
-                    family.add(child)
-                    todo.append(child)
+        family = {pid}
+        while born := {child for child, parent in self.parents.items() if parent in family} - family:
+            family |= born
         return family
 
     def strangers(self, pid: int, bind: str) -> list[Listener] | None:

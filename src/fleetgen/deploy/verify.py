@@ -142,10 +142,12 @@ def flag_value(args: Sequence[str], names: Sequence[str]) -> str | None:
     return value
 
 
-def view_mismatches(args: Sequence[str], info: Mapping[str, Any], engine: Engine) -> list[str]:
-    """Flags set in `args` whose effect the engine's info JSON does not show (its `view_checks`: SGLang's
-    /server_info); empty when all match."""
+def view_mismatches(args: Sequence[str], info: Any, engine: Engine) -> list[str]:
+    """Flags set in `args` whose effect the engine's own view does not show (its `view_checks` over an info
+    JSON with one of its `view_keys`: SGLang's /server_info); empty when all match or it shows no view."""
     problems: list[str] = []
+    if not (isinstance(info, dict) and any(key in info for key in engine.view_keys)):
+        return problems
     aliases = dict(engine.view_aliases)
     for flags in engine.view_checks:
         want = flag_value(args, flags)
@@ -182,7 +184,13 @@ async def verify_engine(
     """The engine's own view, one real chat request, the accept length (when speculative), capacity."""
     out = Verified(model=await client.served_model())
     view = await client.info(engine.info_paths)
-    _check_view(command, engine, client, view)
+    if problems := view_mismatches(command.args, view, engine):
+        raise VerifyError(
+            f"{command.instance}: the engine does not run what was asked",
+            fix="the engine overrode or ignored these flags; read its log for the reason "
+            f"(`fleetgen logs {command.instance}`) and adjust engine.args",
+            context={"mismatches": "\n".join(problems), "url": client.base_url},
+        )
     before = await client.metrics(engine.metrics_path)
     reply = await client.chat(
         {
@@ -197,37 +205,16 @@ async def verify_engine(
     if flag_value(command.args, SPEC_FLAGS) is not None:
         info = await client.info(engine.info_paths)  # SGLang's averages, as they are after the request
         evidence = spec_evidence(engine, before.samples, after.samples, info, reply.completion_tokens)
-        out.accept_length = _check_spec(command.instance, evidence, out, client.base_url)
+        error, warning = judge_spec(command.instance, evidence)
+        if error:  # speculation never stepped; accepting nothing is only a warning
+            raise VerifyError(
+                error,
+                fix="check the speculative flags and the draft model in the log; the server runs without it "
+                "(slower than planned)",
+                context={"url": client.base_url},
+            )
+        out.warnings += [warning] if warning else []
+        out.spec_steps, out.accept_length = evidence.steps, evidence.accept_length
     actual = engine.capacity(log_lines, view, after.labels)
     out.capacity = [CapacityRow(w, planned.get(w), actual.get(w)) for w in sorted({*planned, *actual})]
     return out
-
-
-def _check_view(command: Command, engine: Engine, client: EngineClient, info: Any) -> None:
-    """Refuse when the engine's own view (an info JSON with one of its `view_keys`) contradicts its flags."""
-    if not (isinstance(info, dict) and any(key in info for key in engine.view_keys)):
-        return
-    problems = view_mismatches(command.args, info, engine)
-    if problems:
-        raise VerifyError(
-            f"{command.instance}: the engine does not run what was asked",
-            fix="the engine overrode or ignored these flags; read its log for the reason "
-            f"(`fleetgen logs {command.instance}`) and adjust engine.args",
-            context={"mismatches": "\n".join(problems), "url": client.base_url},
-        )
-
-
-def _check_spec(instance: str, evidence: SpecEvidence, out: Verified, url: str) -> float | None:
-    """Refuse a server whose speculation never stepped; warn when it accepts nothing. The accept length."""
-    error, warning = judge_spec(instance, evidence)
-    if error:
-        raise VerifyError(
-            error,
-            fix="check the speculative flags and the draft model in the log; the server runs without it "
-            "(slower than planned)",
-            context={"url": url},
-        )
-    if warning:
-        out.warnings.append(warning)
-    out.spec_steps = evidence.steps
-    return evidence.accept_length

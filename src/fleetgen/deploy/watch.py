@@ -132,9 +132,7 @@ async def poll_once(host: Host, watch: LogWatch, pid: int, start_time: int) -> l
 
     The first poll also points `current.log` at this launch's log (saving a round trip of its own).
     """
-    link = (
-        [posixpath.dirname(watch.log_path), posixpath.basename(watch.log_path)] if not watch.is_linked else []
-    )
+    link = [] if watch.is_linked else list(posixpath.split(watch.log_path))
     result = await host.run(sh(POLL_SH, str(pid), watch.log_path, str(watch.offset), *link))
     watch.is_linked = True
     stat_line, _, rest = result.stdout.partition("\n")
@@ -168,8 +166,7 @@ async def wait_ready(
     watch = LogWatch(proc.log_path)
     own = engine.fatal_signatures_for(rules)
     signatures = (*own, *GENERIC_SIGNATURES)
-    since = time.monotonic()
-    last_report = since
+    since = last_report = time.monotonic()
     while True:
         new = await poll_once(proc.host, watch, proc.pid, proc.start_time)
         fatal = first_fatal(new, own)
