@@ -53,14 +53,12 @@ class HostEntry(Strict):
 
     @property
     def user(self) -> str | None:
-        return self.ssh.split("@", 1)[0] if "@" in self.ssh else None
+        return self.ssh.rpartition("@")[0] or None
 
     @property
     def address(self) -> str:
-        rest = self.ssh.split("@", 1)[-1]
-        return rest.rsplit(":", 1)[0] if ":" in rest else rest
+        return self.ssh.rpartition("@")[2].partition(":")[0]
 
     @property
     def port(self) -> int:
-        rest = self.ssh.split("@", 1)[-1]
-        return int(rest.rsplit(":", 1)[1]) if ":" in rest else 22
+        return int(self.ssh.rpartition("@")[2].partition(":")[2] or 22)
