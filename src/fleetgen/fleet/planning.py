@@ -76,25 +76,14 @@ async def gather_inputs(fleet: FleetFile, fleet_path: Path, *, offline: bool) ->
         if not r.reachable
     ]
     versions = sorted({r.engine_version for r in reports if r.engine_version})
+    listed, wanted = ", ".join(versions), fleet.engine.version
     if len(versions) > 1:
-        notes.append(
-            Issue(
-                "engine-version",
-                f"hosts run different {fleet.engine.kind} versions: "
-                f"{', '.join(versions)}; planning with {versions[-1]}",
-                "install one version everywhere",
-            )
-        )
-    if versions and fleet.engine.version and fleet.engine.version not in versions:
-        notes.append(
-            Issue(
-                "engine-version",
-                f"engine.version = {fleet.engine.version} but the hosts run "
-                f"{', '.join(versions)}; planning with what runs",
-                "update engine.version",
-            )
-        )
-    return PlanInputs(shape, facts, versions[-1] if versions else fleet.engine.version, tuple(notes))
+        text = f"hosts run different {fleet.engine.kind} versions: {listed}; planning with {versions[-1]}"
+        notes.append(Issue("engine-version", text, "install one version everywhere"))
+    if versions and wanted and wanted not in versions:
+        text = f"engine.version = {wanted} but the hosts run {listed}; planning with what runs"
+        notes.append(Issue("engine-version", text, "update engine.version"))
+    return PlanInputs(shape, facts, versions[-1] if versions else wanted, tuple(notes))
 
 
 async def cluster_gpus(
@@ -118,22 +107,16 @@ async def cluster_gpus(
     notes: list[Issue] = []
     widest = max((n for _, n in have.per_node), default=0)
     if cluster.gpus > have.total:
-        notes.append(
-            Issue(
-                "cluster-gpus",
-                f"cluster.gpus = {cluster.gpus}, but partition {cluster.partition} has {have.total} GPU(s) "
-                f"on nodes that can run jobs ({'; '.join(have.lines) or 'no nodes'})",
-                f"set cluster.gpus to at most {have.total}, or pick a larger partition",
-            )
+        text = (
+            f"cluster.gpus = {cluster.gpus}, but partition {cluster.partition} has {have.total} GPU(s) "
+            f"on nodes that can run jobs ({'; '.join(have.lines) or 'no nodes'})"
         )
+        fix = f"set cluster.gpus to at most {have.total}, or pick a larger partition"
+        notes.append(Issue("cluster-gpus", text, fix))
     if tp > widest:
-        notes.append(
-            Issue(
-                "cluster-gpus",
-                f"engine.tp = {tp}, but no node of partition {cluster.partition} has over {widest} GPU(s)",
-                "lower engine.tp, or pick a partition with larger nodes (`sinfo -o '%P %G'`)",
-            )
-        )
+        text = f"engine.tp = {tp}, but no node of partition {cluster.partition} has over {widest} GPU(s)"
+        fix = "lower engine.tp, or pick a partition with larger nodes (`sinfo -o '%P %G'`)"
+        notes.append(Issue("cluster-gpus", text, fix))
     return tuple(replace(best, index=i) for i in range(cluster.gpus)), notes
 
 
@@ -163,22 +146,14 @@ async def _parse_on(fleet: FleetFile, host: HostEntry, inst: InstancePlan) -> tu
                 timeout=PARSER_TIMEOUT_S,
             )
     except RemoteError as exc:
-        return (), (
-            Issue(
-                "engine-parser", f"{host.name}: could not run {engine.name}'s parser: {exc.message}", exc.fix
-            ),
-        )
+        text = f"{host.name}: could not run {engine.name}'s parser: {exc.message}"
+        return (), (Issue("engine-parser", text, exc.fix),)
     verdict = engine.parse_verdict(result.stdout)
     if verdict.is_ok:
         return (), ()
     if verdict.error.startswith(("ModuleNotFoundError", "ImportError")):
-        return (), (
-            Issue(
-                "engine-parser",
-                f"{host.name}: {engine.name}'s parser did not import: {verdict.error}",
-                "`fleetgen hosts check` shows what is missing",
-            ),
-        )
+        text = f"{host.name}: {engine.name}'s parser did not import: {verdict.error}"
+        return (), (Issue("engine-parser", text, "`fleetgen hosts check` shows what is missing"),)
     return (parser_refusal(engine, host.name, verdict, inst),), ()
 
 
