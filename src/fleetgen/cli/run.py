@@ -137,7 +137,18 @@ def run_command(
     mode = "retry_errors" if retry_errors else "redo_truncated" if redo_truncated else "normal"
 
     async def go() -> Summary:
-        _check_flags(out, endpoint, retry_errors, redo_truncated, max_tokens, restart_dead)
+        _check_out_dir(out, "-o")
+        if retry_errors and redo_truncated:
+            raise ConfigError(
+                "--retry-errors and --redo-truncated are separate passes", fix="run one, then the other"
+            )
+        if redo_truncated and max_tokens is None:
+            raise ConfigError("--redo-truncated needs a new --max-tokens", fix="add --max-tokens N (larger)")
+        if restart_dead and endpoint:
+            raise ConfigError(
+                "--restart-dead needs the fleet file, not --endpoint URLs",
+                fix="drop --endpoint and pass -f fleet.toml: fleetgen restarts what it deployed",
+            )
         job = (load_job(job_file) if job_file else JobFile()).overridden(
             concurrency=concurrency,
             max_tokens=max_tokens,
@@ -184,28 +195,6 @@ def _check_out_dir(out: Path, flag: str) -> None:
             f"{flag} {out} is a file: the output of a job is a folder (results.sqlite and its lock)",
             fix=f"give {flag} a folder: a new path, or the folder of an earlier run to resume it",
             context={"path": str(out)},
-        )
-
-
-def _check_flags(
-    out: Path,
-    urls: list[str] | None,
-    retry_errors: bool,
-    redo_truncated: bool,
-    max_tokens: int | None,
-    restart_dead: bool,
-) -> None:
-    _check_out_dir(out, "-o")
-    if retry_errors and redo_truncated:
-        raise ConfigError(
-            "--retry-errors and --redo-truncated are separate passes", fix="run one, then the other"
-        )
-    if redo_truncated and max_tokens is None:
-        raise ConfigError("--redo-truncated needs a new --max-tokens", fix="add --max-tokens N (larger)")
-    if restart_dead and urls:
-        raise ConfigError(
-            "--restart-dead needs the fleet file, not --endpoint URLs",
-            fix="drop --endpoint and pass -f fleet.toml: fleetgen restarts what it deployed",
         )
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import sqlite3
 from array import array
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -188,36 +187,31 @@ def _quality(conn: sqlite3.Connection) -> dict[str, int]:
     return {label: int(value) for label, value in zip(QUALITY_COLUMNS.values(), row, strict=True)}
 
 
-def _examples(conn: sqlite3.Connection, sql: str, limit: int, say: Callable[..., str]) -> tuple[Example, ...]:
-    """Rows of (id, sample, instance, kind, *the rest) as examples; `say` turns the rest into the message."""
-    rows = conn.execute(sql, (limit,)).fetchall()
-    return tuple(
-        Example(f"{rid}#{sample}", inst, say(*rest), kind) for rid, sample, inst, kind, *rest in rows
-    )
-
-
 def _errors(conn: sqlite3.Connection, limit: int) -> tuple[Example, ...]:
-    sql = (
+    rows = conn.execute(
         "SELECT id, sample, COALESCE(instance, ''), COALESCE(kind, ''), COALESCE(reason, ''), status, "
-        "attempts FROM errors ORDER BY finished_at DESC LIMIT ?"
+        "attempts FROM errors ORDER BY finished_at DESC LIMIT ?",
+        (limit,),
     )
-    return _examples(
-        conn,
-        sql,
-        limit,
-        lambda reason, status, n: f"{reason}{f' (HTTP {status})' if status else ''} after {n} attempts",
+    return tuple(
+        Example(
+            f"{rid}#{sample}",
+            inst,
+            f"{reason}{f' (HTTP {status})' if status else ''} after {n} attempts",
+            kind,
+        )
+        for rid, sample, inst, kind, reason, status, n in rows
     )
 
 
 def _truncations(conn: sqlite3.Connection, limit: int) -> tuple[Example, ...]:
-    sql = (
-        "SELECT id, sample, COALESCE(instance, ''), 'length', completion_tokens, "
-        "substr(COALESCE(content, ''), -100), substr(COALESCE(reasoning_content, ''), -100) FROM results "
-        "WHERE is_truncated = 1 ORDER BY finished_at DESC LIMIT ?"
+    rows = conn.execute(
+        "SELECT id, sample, COALESCE(instance, ''), completion_tokens, substr(COALESCE(content, ''), -100), "
+        "substr(COALESCE(reasoning_content, ''), -100) FROM results WHERE is_truncated = 1 "
+        "ORDER BY finished_at DESC LIMIT ?",
+        (limit,),
     )
-    return _examples(
-        conn,
-        sql,
-        limit,
-        lambda tokens, content, reasoning: f"{tokens} tokens, ends: …{content or reasoning!r}",
+    return tuple(
+        Example(f"{rid}#{sample}", inst, f"{tokens} tokens, ends: …{content or reasoning!r}", "length")
+        for rid, sample, inst, tokens, content, reasoning in rows
     )

@@ -1,4 +1,5 @@
-"""HTML fragments and charts shared by the live page and the report: fleet table, job numbers, examples.
+"""HTML fragments and charts of the live page and the report: job numbers, examples, tables (the live fleet,
+the report's errors and instances).
 
 Pure: values in, escaped HTML strings out. The live page swaps these fragments in place every poll; the
 report puts the same fragments in one file, so both always agree on what a number means.
