@@ -35,9 +35,8 @@ class PlanInputs:
 
 
 def facts_from_report(host: HostEntry, report: HostReport) -> HostFacts:
-    """Measured facts (nvidia-smi, /proc/meminfo, engine version); the file's values where none was read."""
-    if not report.reachable:
-        return facts_from_file(host)
+    """Measured facts (nvidia-smi, /proc/meminfo, engine version); the file's values where none was read
+    (all of them for an unreachable host)."""
     mem = report.mem_available_gib
     gpus = tuple(g.facts() for g in report.gpus)
     return facts_from_file(host, gpus, int(mem * GIB) if mem is not None else None, report.engine_version)
