@@ -164,13 +164,8 @@ def size_instance(ask: Ask) -> Sizing:
         context_length=ctx,
     )
     errors = _errors(memory, ask.total_bytes, pool.blocks_per_request * pool.bytes_per_block)
-    warnings = (
-        Issue(
-            "estimate",
-            "vLLM activation and CUDA-graph memory are estimates; vLLM profiles them at "
-            "start (log: 'Available KV cache memory')",
-        ),
-    )
+    estimate = "vLLM activation and CUDA-graph memory are estimates; vLLM profiles them at start"
+    warnings = (Issue("estimate", f"{estimate} (log: 'Available KV cache memory')"),)
     return Sizing(memory, tuple(errors), warnings, {"gpu_memory_utilization": util})
 
 
