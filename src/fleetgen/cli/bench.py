@@ -161,7 +161,14 @@ def bench(
             levels = await bench_fleet(
                 loaded, endpoint or [], load, scope=scope, cap=max_concurrency, on_level=_progress
             )
-        _print(load, levels, rows, as_json)
+        if as_json:
+            cli.print_json({"load": load, "levels": levels, "speedups": rows})
+        else:
+            cli.console.print(
+                level_table(levels, f"fleetgen bench: in {input_len} / out {output_len} tokens")
+            )
+            if rows:
+                cli.console.print(speedup_table(rows))
         if png is not None:
             chromium.svg_to_png(throughput_chart(levels, f"in {input_len} / out {output_len} tokens"), png)
             cli.err_console.print(f"wrote {png}", highlight=False)
@@ -185,14 +192,3 @@ def sampling_of(job_file: Path | None, thinking: bool | None) -> tuple[dict[str,
         return {**GREEDY, **off}, None
     job = load_job(job_file).overridden(thinking=thinking)
     return job_sampling(job), job.model
-
-
-def _print(load: BenchLoad, levels: Sequence[LevelResult], rows: Sequence[SpeedupRow], as_json: bool) -> None:
-    if as_json:
-        cli.print_json({"load": load, "levels": levels, "speedups": rows})
-        return
-    cli.console.print(
-        level_table(levels, f"fleetgen bench: in {load.input_len} / out {load.output_len} tokens")
-    )
-    if rows:
-        cli.console.print(speedup_table(rows))

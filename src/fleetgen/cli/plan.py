@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
 from pathlib import Path
 
 import typer
@@ -114,16 +113,11 @@ def _render_group(group: list[InstancePlan]) -> None:
     cli.console.print(f"  verdict: {verdict}\n")
 
 
-def _groups(instances: Sequence[InstancePlan]) -> list[list[InstancePlan]]:
-    groups: dict[str, list[InstancePlan]] = {}
-    for p in instances:
-        key = repr((p.host, p.rules, p.memory, p.errors, p.warnings, p.fixes))
-        groups.setdefault(key, []).append(p)
-    return list(groups.values())
-
-
 def _render(result: FleetPlan) -> None:
-    for group in _groups(result.instances):
+    groups: dict[str, list[InstancePlan]] = {}
+    for p in result.instances:
+        groups.setdefault(repr((p.host, p.rules, p.memory, p.errors, p.warnings, p.fixes)), []).append(p)
+    for group in groups.values():
         _render_group(group)
     _issues("error", result.errors, "bold red")
     _issues("warning", result.warnings, "yellow")
