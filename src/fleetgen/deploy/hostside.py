@@ -1,5 +1,6 @@
-"""Host-side checks for a deployment: workdir, interpreter, model folder, port, GPU memory; what `hosts check`
-and `plan` report of a host is this same survey. The model's shape, read here or on a host (`model_shape`).
+"""Host-side checks for a deployment: workdir, interpreter, model folder, port, GPU memory. `hosts check`,
+`plan` and `up` read a host through this one survey, so `up` decides argv and checks the fleet from what
+`plan` measures. The model's shape, read here or on a host (`model_shape`).
 
 Each check is one POSIX sh snippet run with its values as positional arguments (never pasted into the text),
 answering in `key=value` lines; the failures become errors naming the host, the cause and the fix.
@@ -43,9 +44,7 @@ else:
 # $1 python, $2 top-level launcher module ("" when the launcher is not `-m`), $3 model path ("" = not a path),
 # $4 workdir, $5 VERSION_PY, $6… the engine's distributions. `~` is expanded against the login's $HOME; the
 # resolved workdir is printed first, then the free disk there (of its nearest existing folder when it cannot
-# be made). Also: OS, the python's version and the engine version it imports, GPUs (index, name, total and
-# used MiB, or nvidia-smi's last words) and RAM: what `plan` and `hosts check` measure, so `up` decides argv
-# and checks the fleet from the same.
+# be made), then what `HostSurvey` holds.
 PREP_SH = r"""
 python=$1 module=$2 model=$3 workdir=$4 version_py=$5
 shift 5

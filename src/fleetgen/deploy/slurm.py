@@ -154,13 +154,12 @@ async def node_session(fleet: Fleet, login: HostSession, node: str, job: str) ->
     cluster = _cluster(fleet)
     values: dict[str, object] = {"name": login.entry.name, "workdir": login.survey.workdir}
     srun: SrunHost | None = None
+    address = await node_address(login.host, node) if cluster.node_access != "local" else ""
     if cluster.node_access == "ssh":
-        address = await node_address(login.host, node)
         user = f"{cluster.node_ssh_user}@" if cluster.node_ssh_user else ""
-        values |= {"ssh": f"{user}{address}:{cluster.node_ssh_port}", "identity": cluster.identity}
-        values |= {"known_hosts": cluster.known_hosts}
+        ssh = f"{user}{address}:{cluster.node_ssh_port}"
+        values |= {"ssh": ssh, "identity": cluster.identity, "known_hosts": cluster.known_hosts}
     elif cluster.node_access == "srun":
-        address = await node_address(login.host, node)
         values["ssh"] = address  # where a public bind is reached; srun runs the commands
         here = login.entry.is_local and is_loopback(address)
         srun = SrunHost(login.entry.name, login.host, job, is_here=here)
