@@ -1,4 +1,4 @@
-"""fleetgen.remote: the `Host` interface and its two implementations, `LocalHost` and `SshHost`.
+"""fleetgen.remote: the `Host` interface; `LocalHost` and `SshHost` (and `srun.SrunHost`, a Slurm node).
 
 `open_host(entry)` picks one for a fleet file's `[[hosts]]` entry; use it as an async context manager:
 

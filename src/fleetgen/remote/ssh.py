@@ -139,18 +139,16 @@ class SshHost(Host):
         A drop noticed only now (the peer's FIN not yet read) makes the channel open fail: the command never
         started, so the open is retried once on a fresh connection instead of failing the caller.
         """
-        for attempt in (1, 2):
+        for is_retry in (False, True):
             conn = await self._connection()
             try:
                 process: asyncssh.SSHClientProcess[Any] = await conn.create_process(command, **options)
                 return process
-            except asyncssh.ChannelOpenError as exc:
-                conn.abort()
-                if attempt == 2:
-                    raise self._lost(argv, exc) from exc
             except _TRANSPORT_ERRORS as exc:
-                raise self._lost(argv, exc) from exc
-        raise AssertionError("unreachable: the second attempt returns or raises")
+                if is_retry or not isinstance(exc, asyncssh.ChannelOpenError):
+                    raise self._lost(argv, exc) from exc  # aborts the connection
+                conn.abort()
+        raise AssertionError("unreachable: the retry returns or raises")
 
     async def _stream_lines(self, argv: Sequence[str]) -> AsyncIterator[str]:
         command = shlex.join(scripts.sh(_TIED_TO_CHANNEL_SH, *argv))
