@@ -27,7 +27,6 @@ from fleetgen.redact import redacting, remember
 
 app = typer.Typer(
     name="fleetgen",
-    help="Plan, deploy and verify SGLang/vLLM servers over SSH, then generate training data exactly once.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,

@@ -50,9 +50,7 @@ def render(progress: Progress) -> Table:
             f"[yellow]no server is ready[/]: waiting up to {progress.waiting_s:.0f} s more for one, then the "
             "job stops (`fleetgen up` brings them up; `fleetgen status` says why)"
         )
-    grid = Table(title=head, title_justify="left")
-    for column in ("instance", "state", "in flight", "done", "compl/s", "last error"):
-        grid.add_column(column)
+    grid = cli.table("instance|state|in flight|done|compl/s|last error", title=head, title_justify="left")
     for e in progress.endpoints:
         grid.add_row(
             e.name,
