@@ -474,6 +474,9 @@ class Scenario:
 
     def actual(self, v: str) -> dict[str, Any]:
         """Capacity as the engine reports it: SGLang's server info, vLLM's startup log lines."""
+        from fleetgen.engines import get_engine
+
+        engine = get_engine(self.engine["kind"])
         got: dict[str, Any] = {}
         log = self.raw / f"{v}-engine-log.txt"
         text = log.read_text(errors="replace") if log.exists() else ""
@@ -483,8 +486,7 @@ class Scenario:
             try:
                 info = json.loads(info_path.read_text())
                 got["kv_tokens"] = info.get("max_total_num_tokens")
-                states = info.get("internal_states") or [{}]
-                got["max_running_requests"] = states[0].get("effective_max_running_requests_per_dp")
+                got["max_running_requests"] = engine.max_running_from_info(info)
                 got["max_running_requests_arg"] = info.get("max_running_requests")
             except json.JSONDecodeError:
                 pass

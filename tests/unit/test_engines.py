@@ -288,13 +288,19 @@ def test_no_module_outside_an_engine_names_its_flags_or_view_keys() -> None:
     assert found == {}
 
 
-def test_no_module_outside_engines_reads_sglang_server_info_figures() -> None:
-    """SGLang's /server_info keys are read by its engine module alone (`max_running_from_info`,
-    `accept_length_from_info`, `capacity`); http/metrics.py once read them for every engine."""
-    keys = re.compile(r"\b(internal_states|avg_spec_accept_length|effective_max_running_requests_per_dp)\b")
+def test_no_module_outside_engines_reads_an_engines_reported_figures() -> None:
+    """The keys an engine reports its figures under (SGLang's /server_info, vLLM's `cache_config_info`
+    labels) are read by its engine module alone (`capacity`, `max_running_from_info`,
+    `max_running_from_capacity`, `accept_length_from_info`), in src/ and scripts/; http/metrics.py once read
+    SGLang's for every engine and capped vLLM's `kv_cache_max_concurrency`, scripts/gpu_scenario.py read
+    `internal_states` itself."""
+    keys = re.compile(
+        r"\b(internal_states|avg_spec_accept_length|effective_max_running_requests_per_dp"
+        r"|cache_config_info|kv_cache_max_concurrency|kv_cache_size_tokens)\b"
+    )
+    paths = [p for p in SRC.rglob("*.py") if p.parent.name not in ("engines", "sim")]
     found = {
-        str(path.relative_to(SRC)): sorted(set(keys.findall(path.read_text())))
-        for path in sorted(SRC.rglob("*.py"))
-        if path.parent.name not in ("engines", "sim")
+        str(path.relative_to(SRC.parent.parent)): sorted(set(keys.findall(path.read_text())))
+        for path in sorted([*paths, *(SRC.parent.parent / "scripts").glob("*.py")])
     }
     assert {where: hits for where, hits in found.items() if hits} == {}

@@ -23,11 +23,7 @@ from fleetgen.deploy.verify import judge_spec, spec_evidence
 from fleetgen.deploy.wanted import measured_facts, planned_capacity
 from fleetgen.deploy.watch import GENERIC_SIGNATURES, first_fatal, root_cause
 from fleetgen.engines import get_engine
-from fleetgen.http.metrics import (
-    Scrape,
-    accept_length,
-    max_running_from_capacity,
-)
+from fleetgen.http.metrics import Scrape, accept_length
 from fleetgen.modelcard import load_model_shape
 from fleetgen.plan import facts_from_file, plan_fleet
 from fleetgen.plan.types import MIB, GpuFacts
@@ -170,8 +166,11 @@ def test_vllm_capacity_from_its_cache_config_info_and_its_log() -> None:
     text = (VLLM / "metrics-end-selected.txt").read_text()
     capacity = VLLM_ENGINE.capacity([], None, Scrape.parse(text).labels)
     assert capacity == {"kv_tokens": 452_340, "max_running_requests": pytest.approx(55.2174, rel=1e-4)}
-    assert max_running_from_capacity(capacity) == 55
-    assert max_running_from_capacity(capacity, "32") == 32
+    assert VLLM_ENGINE.max_running_from_capacity(capacity, None) == 55  # a floor: full-length requests
+    assert VLLM_ENGINE.max_running_from_capacity(capacity, "32") == 32  # capped by max-num-seqs
+    assert VLLM_ENGINE.max_running_from_capacity({}, "32") == 32  # max-num-seqs alone
+    assert VLLM_ENGINE.max_running_from_capacity({}, None) is None
+    assert SGLANG.max_running_from_capacity(capacity, "32") is None  # its info JSON says
     log = _lines(VLLM / "engine-mtp.log")
     assert VLLM_ENGINE.capacity(log, None, {}) == {"kv_tokens": 452_340, "max_running_requests": 55.22}
     # what `up` shows as actual: the log's figures, then /metrics' over them

@@ -255,6 +255,11 @@ class Engine:
         """The concurrency it settled on, as its info JSON says; None where it does not say (vLLM)."""
         return None
 
+    def max_running_from_capacity(self, capacity: Mapping[str, float], cap: str | None) -> int | None:
+        """The concurrency its `capacity` figures allow under `cap` (the value of its `max_running_flags` in
+        the argv); None where they do not say (SGLang: its info JSON says)."""
+        return None
+
     def accept_length_from_info(self, info: Any) -> float | None:
         """Its mean accepted tokens per speculative step, as its info JSON says (where /metrics has none
         yet); None where it does not say (vLLM)."""

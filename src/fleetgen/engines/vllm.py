@@ -6,7 +6,7 @@ CUDA graphs) and keeps hybrid (Mamba/GDN) state in the same paged pool; MTP come
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from packaging.version import Version
@@ -106,3 +106,10 @@ class VLLMEngine(Engine):
         keys = (("kv_cache_size_tokens", "kv_tokens"), ("kv_cache_max_concurrency", "max_running_requests"))
         reported = positive_figures([labels.get("vllm:cache_config_info", {})], keys)
         return super().capacity(log, info, labels) | reported
+
+    def max_running_from_capacity(self, capacity: Mapping[str, float], cap: str | None) -> int | None:
+        """Its "maximum concurrency" at max-model-len (`kv_cache_max_concurrency`), capped by max-num-seqs
+        (`cap`); either alone where the other is unknown. A floor, not a ceiling: shorter requests let vLLM
+        run more at once; fleetgen plans for full-length ones."""
+        seqs = int(cap) if cap and cap.isdigit() else 0
+        return min((int(n) for n in (capacity.get("max_running_requests", 0), seqs) if n >= 1), default=None)

@@ -27,12 +27,7 @@ from fleetgen.deploy.verify import flag_value, process_drift
 from fleetgen.deploy.wanted import Fleet, api_key, build_wanted
 from fleetgen.errors import FleetgenError
 from fleetgen.http.client import EngineClient
-from fleetgen.http.metrics import (
-    Load,
-    Scrape,
-    load_from,
-    max_running_from_capacity,
-)
+from fleetgen.http.metrics import Load, Scrape, load_from
 
 
 class Readiness(enum.Enum):
@@ -152,11 +147,9 @@ class FleetView:
         st.running, st.queued = load.running, load.queued
         st.gen_tokens_per_s, st.spec_accept_length = load.gen_tokens_per_s, load.spec_accept_length
         st.kv_usage = load.kv_usage
-        seqs = flag_value(w.wanted.command.args, engine.max_running_flags)
-        st.max_running_requests = (
-            engine.max_running_from_info(info)
-            or max_running_from_capacity(capacity, seqs)
-            or (int(seqs) if seqs and seqs.isdigit() else None)
+        cap = flag_value(w.wanted.command.args, engine.max_running_flags)
+        st.max_running_requests = engine.max_running_from_info(info) or engine.max_running_from_capacity(
+            capacity, cap
         )
         if st.drift:
             st.problem = "drift: the running process differs from the fleet file"

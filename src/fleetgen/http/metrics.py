@@ -22,7 +22,7 @@ from fleetgen.errors import EndpointError
 @dataclass(frozen=True)
 class Scrape:
     """One /metrics read, parsed once: samples (summed over labels), when (monotonic seconds), and each sample
-    name's first label set (where an info-style metric carries figures: vLLM's `cache_config_info`)."""
+    name's first label set (where an info-style metric carries figures, which `Engine.capacity` reads)."""
 
     at: float
     samples: dict[str, float]
@@ -111,15 +111,3 @@ def load_from(engine: Engine, now: Scrape, before: Scrape | None = None, info: A
         spec_accept_length=accept_length(names, now.samples) or engine.accept_length_from_info(info),
         kv_usage=now.samples.get(names.kv_usage),
     )
-
-
-def max_running_from_capacity(capacity: Mapping[str, float], max_num_seqs: str | None = None) -> int | None:
-    """vLLM's "maximum concurrency" at max-model-len (`kv_cache_max_concurrency`), capped by max-num-seqs.
-
-    A floor, not a ceiling: shorter requests let vLLM run more at once; fleetgen plans for full-length ones.
-    """
-    value = capacity.get("max_running_requests")
-    if not value or value < 1:
-        return None
-    cap = int(max_num_seqs) if max_num_seqs and max_num_seqs.isdigit() else None
-    return min(int(value), cap) if cap else int(value)
