@@ -66,12 +66,12 @@ class JobReader:
             self._conn.close()
             self._conn = None
 
-    def read(self, *, num_errors: int = NUM_EXAMPLES, num_truncations: int = NUM_EXAMPLES) -> JobView:
+    def read(self, *, num_errors: int = NUM_EXAMPLES) -> JobView:
         """The job as it is now; raises JobError when the store cannot be read."""
         if self._conn is None:
             self._conn = connect_ro(self.path)
         try:
-            return self._read(self._conn, num_errors, num_truncations)
+            return self._read(self._conn, num_errors)
         except sqlite3.Error as exc:
             self.close()
             raise JobError(
@@ -79,7 +79,7 @@ class JobReader:
                 fix="check the file is readable and the disk healthy; the run itself is unaffected",
             ) from exc
 
-    def _read(self, conn: sqlite3.Connection, num_errors: int, num_truncations: int) -> JobView:
+    def _read(self, conn: sqlite3.Connection, num_errors: int) -> JobView:
         conn.execute("BEGIN")  # one snapshot: counts, examples and series agree with each other
         try:
             meta = _meta(conn)
@@ -98,7 +98,7 @@ class JobReader:
                 num_errors=errors,
                 num_truncated=truncated,
                 error_examples=_errors(conn, num_errors),
-                truncation_examples=_truncations(conn, num_truncations),
+                truncation_examples=_truncations(conn, NUM_EXAMPLES),
                 error_kinds=_group(conn, "errors", "kind"),
                 finish_reasons=_group(conn, "results", "finish_reason"),
                 quality_flags=_quality(conn),
