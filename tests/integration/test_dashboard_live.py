@@ -194,3 +194,18 @@ async def kill_and_wait_sick(victim: Any, http: aiohttp.ClientSession, url: str,
     await wait_for(f"{name} to show as unhealthy", victim_sick, logs)
     print(f"killed instance shown unhealthy after {time.monotonic() - killed_at:.1f} s")
     return name
+
+
+async def test_the_ssh_forward_it_prints_names_the_port_it_bound(tmp_path: Path) -> None:
+    """`--port 0` lets the system pick: the `ssh -L` line must name that port (it printed `0:127.0.0.1:0`)."""
+    log = tmp_path / "dashboard.log"
+    async with fleetgen("dashboard", "-o", str(tmp_path / "out"), "--port", "0", log=log):
+
+        async def printed_forward() -> re.Match[str] | None:
+            return re.search(r"ssh -L (\d+):127\.0\.0\.1:(\d+) THIS_HOST, then open (\S+)", log.read_text())
+
+        found = await wait_for("the dashboard to print how to reach it", printed_forward, [log])
+        local, remote, url = int(found[1]), int(found[2]), found[3]
+        assert local == remote == int(url.rsplit(":", 1)[1].strip("/")) > 0
+        async with aiohttp.ClientSession() as http, http.get(url) as answer:
+            assert answer.status == 200

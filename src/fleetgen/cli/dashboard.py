@@ -7,6 +7,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated
+from urllib.parse import urlsplit
 
 import aiohttp
 import typer
@@ -48,8 +49,9 @@ async def _serve(fleet: Path | None, out: Path | None, endpoints: list[str], por
         dashboard = Dashboard(out, source, where, notes=[note])
         async with serving(dashboard, port) as url:
             cli.err_console.print(f"dashboard: [bold]{url}[/] (Ctrl-C to stop)", highlight=False)
+            bound = urlsplit(url).port  # with --port 0, the one the system picked
             cli.err_console.print(
-                f"  from another machine: ssh -L {port}:127.0.0.1:{port} THIS_HOST, then open {url}",
+                f"  from another machine: ssh -L {bound}:127.0.0.1:{bound} THIS_HOST, then open {url}",
                 highlight=False,
             )
             await asyncio.Event().wait()  # serve until Ctrl-C (`until_stopped` cancels this)
