@@ -46,8 +46,6 @@ from fleetgen.plan import (
     plan_fleet,
 )
 
-PerHost = Callable[[HostSession, list[Instance]], Awaitable[list[Outcome]]]
-
 
 async def host_instances(fleet: Fleet, hs: HostSession) -> list[Instance]:
     """This host's instances; `gpus = "all"` is resolved with the GPUs nvidia-smi listed on the host."""
@@ -78,20 +76,17 @@ class Opened:
         return [i for names, i in every if names is None or i.name in names]
 
 
-# Called with every connected host's session and instances before any instance is touched; raises to refuse.
-FleetCheck = Callable[[Opened], Awaitable[None]]
-
-
 async def for_each_host(
     fleet: Fleet,
     only: Sequence[str] | None,
-    per_host: PerHost,
+    per_host: Callable[[HostSession, list[Instance]], Awaitable[list[Outcome]]],
     *,
     check_launch: bool = True,
-    check_fleet: FleetCheck | None = None,
+    check_fleet: Callable[[Opened], Awaitable[None]] | None = None,
 ) -> list[Outcome]:
-    """Connect every wanted host concurrently, then (after `check_fleet`, which sees them all) run
-    `per_host(hs, instances)` on each; a host error fails its own instances only."""
+    """Connect every wanted host concurrently, then (after `check_fleet`, which sees them all before any
+    instance is touched, and raises to refuse) run `per_host(hs, instances)` on each; a host error fails its
+    own instances only."""
     selection = fleet.file.select(only)
     opened = Opened(selection)
     async with aiohttp.ClientSession() as http, contextlib.AsyncExitStack() as stack:
@@ -209,8 +204,7 @@ async def up(
         ]
         if fleet.file.cluster is not None:  # placed by Slurm: one job per server (deploy.slurm)
             return await up_jobs(fleet, hs, wanted, run)
-        runs = (settle(t.inst.name, hs.entry.name, partial(ensure_up, hs, t, run)) for t in wanted)
-        return list(await asyncio.gather(*runs))
+        return await settle(hs.entry.name, wanted, partial(ensure_up, hs, run))
 
     return await for_each_host(fleet, only, per_host, check_fleet=check)
 
@@ -224,11 +218,7 @@ async def down(fleet: Fleet, *, only: Sequence[str] | None = None) -> list[Outco
         if fleet.file.cluster is not None:
             outs = await down_jobs(fleet, hs, wanted, records)
         else:
-            stops = (
-                settle(t.inst.name, hs.entry.name, partial(stop_instance, hs, t, records.get(t.inst.name)))
-                for t in wanted
-            )
-            outs = list(await asyncio.gather(*stops))
+            outs = await settle(hs.entry.name, wanted, partial(stop_instance, hs, records))
         update_state(fleet.path, drop=[o.instance for o in outs if o.error is None])
         return outs
 

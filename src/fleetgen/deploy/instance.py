@@ -7,11 +7,12 @@ its GPUs) waited free, and a new process spawned from a freshly pushed, verified
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import enum
 import ipaddress
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -195,19 +196,26 @@ class Rollout:
     force: bool = False
 
 
-async def settle(instance: str, host: str, work: Callable[[Outcome], Awaitable[None]]) -> Outcome:
-    """`work` on a new Outcome, timed: done when it returns, its error kept when it raises one of ours."""
-    out = Outcome(instance=instance, host=host)
-    started = time.monotonic()
-    try:
-        await work(out)
-    except FleetgenError as exc:
-        out.error = exc
-    out.elapsed_s = time.monotonic() - started
-    return out
+async def settle(
+    host: str, wanted: Sequence[WantedInstance], work: Callable[[WantedInstance, Outcome], Awaitable[None]]
+) -> list[Outcome]:
+    """`work` on each instance in parallel, each on a new Outcome, timed: done when it returns, its error kept
+    when it raises one of ours."""
+
+    async def one(w: WantedInstance) -> Outcome:
+        out = Outcome(instance=w.inst.name, host=host)
+        started = time.monotonic()
+        try:
+            await work(w, out)
+        except FleetgenError as exc:
+            out.error = exc
+        out.elapsed_s = time.monotonic() - started
+        return out
+
+    return list(await asyncio.gather(*(one(w) for w in wanted)))
 
 
-async def ensure_up(hs: HostSession, wanted: WantedInstance, run: Rollout, out: Outcome) -> None:
+async def ensure_up(hs: HostSession, run: Rollout, wanted: WantedInstance, out: Outcome) -> None:
     """Bring one instance to the wanted state and verify it (through `settle`: errors go in the Outcome)."""
     record = run.records.get(wanted.inst.name)
     running = await find_running(hs, wanted, record)
@@ -368,12 +376,12 @@ async def prove_listener(hs: HostSession, wanted: WantedInstance, pid: int) -> N
 
 
 async def stop_instance(
-    hs: HostSession, wanted: WantedInstance, record: InstanceRecord | None, out: Outcome
+    hs: HostSession, records: Mapping[str, InstanceRecord], wanted: WantedInstance, out: Outcome
 ) -> None:
     """Stop one instance (TERM → wait → KILL of its process group) and wait until its port is free (through
     `settle`)."""
     await remove_secret_files(hs.host, wanted.command)
-    running = await find_running(hs, wanted, record)
+    running = await find_running(hs, wanted, records.get(wanted.inst.name))
     if running is None:
         out.action = Action.ABSENT
         return

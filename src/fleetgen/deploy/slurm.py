@@ -175,14 +175,11 @@ async def up_jobs(
     job kept, taken over (pending) or (re)submitted, and every one verified like an SSH host's."""
     if all_wanted:
         await preflight(login, _cluster(fleet), all_wanted[0])
-    ensures = (
-        settle(w.inst.name, login.entry.name, partial(_ensure, fleet, login, w, run)) for w in all_wanted
-    )
-    return list(await asyncio.gather(*ensures))
+    return await settle(login.entry.name, all_wanted, partial(_ensure, fleet, login, run))
 
 
 async def _ensure(
-    fleet: Fleet, login: HostSession, wanted: WantedInstance, run: Rollout, out: Outcome
+    fleet: Fleet, login: HostSession, run: Rollout, wanted: WantedInstance, out: Outcome
 ) -> None:
     name = wanted.inst.name
     record = run.records.get(name)
@@ -292,13 +289,13 @@ async def down_jobs(
     await cancel(login.host, names)
     await wait_left(login, names)
 
-    async def sweep(wanted: WantedInstance, jname: str, out: Outcome) -> None:
+    async def sweep(wanted: WantedInstance, out: Outcome) -> None:
         await remove_secret_files(login.host, wanted.command)
         out.swept = await _sweep(fleet, login, records.get(wanted.inst.name))
-        out.action = Action.STOPPED if jname in before or out.swept else Action.ABSENT
+        was_queued = job_name(fleet.path, wanted.inst.name) in before
+        out.action = Action.STOPPED if was_queued or out.swept else Action.ABSENT
 
-    pairs = zip(all_wanted, names, strict=True)
-    return [await settle(w.inst.name, login.entry.name, partial(sweep, w, j)) for w, j in pairs]
+    return await settle(login.entry.name, all_wanted, sweep)
 
 
 async def _sweep(fleet: Fleet, login: HostSession, rec: InstanceRecord | None) -> list[int]:

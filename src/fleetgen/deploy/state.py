@@ -70,8 +70,7 @@ def load_state(fleet_path: Path) -> dict[str, InstanceRecord]:
 
 
 def update_state(fleet_path: Path, put: Iterable[InstanceRecord] = (), drop: Iterable[str] = ()) -> None:
-    """Upsert `put` and remove `drop` (instance names), keeping every other record; written atomically
-    (`atomic.write_atomic`: temp + fsync + rename)."""
+    """Upsert `put` and remove `drop` (instance names), keeping every other record."""
     records = load_state(fleet_path)
     for name in drop:
         records.pop(name, None)
