@@ -62,8 +62,9 @@ async def _chat(session: aiohttp.ClientSession, url: str) -> Any:
 
 def _read_names() -> set[str]:
     names = SGLANG.metrics
-    fields = (names.running, names.queued, names.gen_throughput, names.spec_accept_length)
-    return {n for n in (*fields, names.generation_tokens_total, names.spec_steps_total) if n}
+    fields = (names.running, names.queued, names.gen_throughput, names.generation_tokens_total)
+    # and the gauge SGLangEngine.accept_length reads
+    return {n for n in (*fields, names.spec_steps_total, "sglang:spec_accept_length") if n}
 
 
 async def test_the_simulated_mtp_server_shows_what_real_sglang_shows(sim_server: SimFactory) -> None:

@@ -24,8 +24,8 @@ from fleetgen.bench.stats import (
     summarize,
     tokens_per_chunk,
 )
-from fleetgen.engines import MetricNames, get_engine
-from fleetgen.http.metrics import Scrape, accept_length, counter_deltas
+from fleetgen.engines import Engine, get_engine
+from fleetgen.http.metrics import Scrape, counter_deltas
 
 FINITE = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False)
 
@@ -86,26 +86,26 @@ def test_a_scrape_sums_label_sets() -> None:
 
 
 def accept_length_from_metrics(
-    before: dict[str, float], after: dict[str, float], names: MetricNames
+    before: dict[str, float], after: dict[str, float], engine: Engine
 ) -> float | None:
-    return accept_length(names, counter_deltas(names, before, after))
+    return engine.accept_length(counter_deltas(before, after))
 
 
 def test_accept_length_from_vllm_counter_deltas() -> None:
-    names = get_engine("vllm").metrics
+    engine = get_engine("vllm")
     before = Scrape.parse(VLLM_METRICS % (100, 150)).samples
     after = Scrape.parse(VLLM_METRICS % (300, 550)).samples
     # 200 verify steps accepted 400 draft tokens: 2 per step plus the bonus token.
-    assert accept_length_from_metrics(before, after, names) == pytest.approx(3.0)
-    assert accept_length_from_metrics(after, after, names) is None
+    assert accept_length_from_metrics(before, after, engine) == pytest.approx(3.0)
+    assert accept_length_from_metrics(after, after, engine) is None
 
 
 def test_accept_length_from_sglang_gauge() -> None:
-    names = get_engine("sglang").metrics
+    engine = get_engine("sglang")
     text = '# TYPE sglang:spec_accept_length gauge\nsglang:spec_accept_length{model_name="m"} 2.75\n'
-    assert accept_length_from_metrics({}, Scrape.parse(text).samples, names) == 2.75
-    assert accept_length_from_metrics({}, {}, names) is None
-    assert accept_length_from_metrics({}, Scrape.parse(VLLM_METRICS % (1, 1)).samples, names) is None
+    assert accept_length_from_metrics({}, Scrape.parse(text).samples, engine) == 2.75
+    assert accept_length_from_metrics({}, {}, engine) is None
+    assert accept_length_from_metrics({}, Scrape.parse(VLLM_METRICS % (1, 1)).samples, engine) is None
 
 
 def sglang_metrics(accept: float, generated: int) -> dict[str, float]:

@@ -69,7 +69,7 @@ def test_sglang_gauges_and_server_info_fallback() -> None:
     assert load_from(sglang, Scrape(0.0, {}), None, {"internal_states": [{}]}).spec_accept_length is None
     assert sglang.max_running_from_info(info) == 21
     assert sglang.max_running_from_info({"max_running_requests": 48}) == 48
-    assert vllm.max_running_from_info(info) is None and vllm.accept_length_from_info(info) is None
+    assert vllm.max_running_from_info(info) is None and vllm.accept_length({}, info) is None
 
 
 def test_bad_metrics_text_is_an_endpoint_error() -> None:

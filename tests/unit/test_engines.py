@@ -291,7 +291,7 @@ def test_no_module_outside_an_engine_names_its_flags_or_view_keys() -> None:
 def test_no_module_outside_engines_reads_an_engines_reported_figures() -> None:
     """The keys an engine reports its figures under (SGLang's /server_info, vLLM's `cache_config_info`
     labels) are read by its engine module alone (`capacity`, `max_running_from_info`,
-    `max_running_from_capacity`, `accept_length_from_info`), in src/ and scripts/; http/metrics.py once read
+    `max_running_from_capacity`, `accept_length`), in src/ and scripts/; http/metrics.py once read
     SGLang's for every engine and capped vLLM's `kv_cache_max_concurrency`, scripts/gpu_scenario.py read
     `internal_states` itself."""
     keys = re.compile(

@@ -28,8 +28,8 @@ from fleetgen.generate.work import RecordShape, RetryPolicy
 from tests.unit.test_generate_job import new_job, options, params, write_jsonl
 from tests.unit.test_generate_standin import StandIn, serve
 
-SGLANG = get_engine("sglang").metrics
-VLLM = get_engine("vllm").metrics
+SGLANG = get_engine("sglang")
+VLLM = get_engine("vllm")
 SGLANG_METRICS = """\
 # HELP sglang:spec_accept_length The average acceptance length of speculative decoding.
 # TYPE sglang:spec_accept_length gauge
@@ -51,7 +51,7 @@ def _decode(value: str) -> Any:
 
 def test_accept_length_sglang_gauge_and_vllm_counters_over_the_window() -> None:
     assert window_accept_length(SGLANG, {"sglang:spec_accept_length": 2.6}, None) == 2.6
-    drafts, accepted = VLLM.spec_num_drafts_total, VLLM.spec_num_accepted_tokens_total
+    drafts, accepted = "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_accepted_tokens_total"
     first = {drafts: 100.0, accepted: 150.0}
     assert window_accept_length(VLLM, first, None) == 2.5  # lifetime until there is a window
     later = {drafts: 200.0, accepted: 350.0}

@@ -23,7 +23,7 @@ from fleetgen.deploy.verify import judge_spec, spec_evidence
 from fleetgen.deploy.wanted import measured_facts, planned_capacity
 from fleetgen.deploy.watch import GENERIC_SIGNATURES, first_fatal, root_cause
 from fleetgen.engines import get_engine
-from fleetgen.http.metrics import Scrape, accept_length
+from fleetgen.http.metrics import Scrape
 from fleetgen.modelcard import load_model_shape
 from fleetgen.plan import facts_from_file, plan_fleet
 from fleetgen.plan.types import MIB, GpuFacts
@@ -106,8 +106,8 @@ def test_sglang_mtp_that_stepped_is_not_refused_before_its_averages_exist() -> N
     no avg_spec_accept_length: the old check (accept length only) refused it."""
     after = Scrape.parse((SGL_MTP / "metrics-before.txt").read_text()).samples
     info = json.loads((SGL_MTP / "server_info.json").read_text())
-    assert accept_length(SGLANG.metrics, after) is None  # what the old check relied on
-    assert SGLANG.accept_length_from_info(info) is None
+    assert SGLANG.accept_length(after) is None  # what the old check relied on
+    assert SGLANG.accept_length(after, info) is None
     evidence = spec_evidence(SGLANG, {}, after, info)
     assert evidence.steps == 30
     assert judge_spec("h200-0", evidence) == (None, None)
@@ -184,7 +184,7 @@ def test_sglang_capacity_from_server_info() -> None:
     # the effective per-DP-rank value (22), not the server arg (48); after the chat its average acceptance
     assert SGLANG.max_running_from_info(info) == 22 and VLLM_ENGINE.max_running_from_info(info) is None
     after_chat = json.loads((SGL_MTP / "server_info-after-chat.json").read_text())
-    assert SGLANG.accept_length_from_info(after_chat) == 1.0
+    assert SGLANG.accept_length({}, after_chat) == 1.0
     # what `up` shows as actual: the log's figures, then /server_info's over them
     log = _lines(SGL_MTP / "startup-key-lines.txt")
     assert SGLANG.capacity(log, info, {}) == capacity and SGLANG.capacity(log, None, {}).keys() >= {

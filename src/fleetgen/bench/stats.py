@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fleetgen.engines import engine_of_metrics
-from fleetgen.http.metrics import accept_length, counter_deltas
+from fleetgen.http.metrics import counter_deltas
 
 DEFAULT_CONCURRENCIES = (1, 8, 32, 128, 512)
 GREEDY: Mapping[str, object] = {"temperature": 0.0}  # the sampling of a sweep without a job file
@@ -155,11 +155,11 @@ def pooled_accept_length(
     tokens each endpoint generated in the window (equal weights when an engine exports no token counter)."""
     pairs: list[tuple[float, float]] = []  # (accept length, generated tokens)
     for before, after in zip(befores, afters, strict=True):
-        names = engine_of_metrics(after).metrics
-        during = counter_deltas(names, before, after)
-        value = accept_length(names, during)
+        engine = engine_of_metrics(after)
+        during = counter_deltas(before, after)
+        value = engine.accept_length(during)
         if value is not None:
-            pairs.append((value, during.get(names.generation_tokens_total, 0.0)))
+            pairs.append((value, during.get(engine.metrics.generation_tokens_total, 0.0)))
     if not pairs:
         return None
     weights = [w for _, w in pairs] if all(w > 0 for _, w in pairs) else [1.0] * len(pairs)

@@ -20,7 +20,7 @@ from fleetgen.deploy.script import Command
 from fleetgen.engines.base import Engine
 from fleetgen.errors import VerifyError
 from fleetgen.http.client import EngineClient
-from fleetgen.http.metrics import accept_length, counter_deltas
+from fleetgen.http.metrics import counter_deltas
 from fleetgen.redact import REDACTED
 from fleetgen.remote.base import ProcInfo
 
@@ -74,10 +74,9 @@ def spec_evidence(
     An engine that reports its accept length only later (SGLang fills it in after its "Decode batch" log
     lines) still shows it over the test request alone: the tokens decoded after the first one, divided by
     the verify steps that produced them (each step yields 1 + the drafts it accepted)."""
-    names = engine.metrics
-    during = counter_deltas(names, before, after)
-    steps = during.get(names.spec_steps_total) if names.spec_steps_total else None
-    reported = accept_length(names, during) or engine.accept_length_from_info(info)
+    during = counter_deltas(before, after)
+    steps = during.get(engine.metrics.spec_steps_total) if engine.metrics.spec_steps_total else None
+    reported = engine.accept_length(during, info)
     if reported is None and steps and generated_tokens and generated_tokens > 1:
         reported = (generated_tokens - 1) / steps
     return SpecEvidence(steps=steps, accept_length=reported)

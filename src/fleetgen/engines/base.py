@@ -39,9 +39,6 @@ class MetricNames:
     queued: str
     gen_throughput: str = ""
     generation_tokens_total: str = ""
-    spec_accept_length: str = ""
-    spec_num_drafts_total: str = ""
-    spec_num_accepted_tokens_total: str = ""
     kv_usage: str = ""
     # a counter that moves on every speculative verify step (proof that speculation runs)
     spec_steps_total: str = ""
@@ -260,9 +257,10 @@ class Engine:
         the argv); None where they do not say (SGLang: its info JSON says)."""
         return None
 
-    def accept_length_from_info(self, info: Any) -> float | None:
-        """Its mean accepted tokens per speculative step, as its info JSON says (where /metrics has none
-        yet); None where it does not say (vLLM)."""
+    def accept_length(self, samples: Mapping[str, float], info: Any = None) -> float | None:
+        """Mean tokens per speculative step (bonus included) from its /metrics `samples` (over a window when
+        they are `http.metrics.counter_deltas`), else its `info` JSON; None when no step happened (or spec
+        is off)."""
         return None
 
     def rejection_signatures_for(self, rules: RuleSet) -> tuple[FatalSignature, ...]:

@@ -113,7 +113,6 @@ class SGLangEngine(Engine):
         running="sglang:num_running_reqs",
         queued="sglang:num_queue_reqs",
         gen_throughput="sglang:gen_throughput",
-        spec_accept_length="sglang:spec_accept_length",
         kv_usage="sglang:token_usage",
         spec_steps_total="sglang:spec_verify_calls_total",
     )
@@ -242,8 +241,11 @@ class SGLangEngine(Engine):
         found = positive_figures(_server_info_places(info), keys).get("n")
         return int(found) if found else None
 
-    def accept_length_from_info(self, info: Any) -> float | None:
-        """`avg_spec_accept_length` in the DP ranks' internal states (where the gauge still reads 0)."""
+    def accept_length(self, samples: Mapping[str, float], info: Any = None) -> float | None:
+        """The `sglang:spec_accept_length` gauge, else `avg_spec_accept_length` in the DP ranks' internal
+        states (the gauge reads 0 until its first "Decode batch" log line, and without speculation)."""
+        if samples.get("sglang:spec_accept_length", 0.0) > 0:
+            return samples["sglang:spec_accept_length"]
         return positive_figures(_server_info_places(info), (("avg_spec_accept_length", "a"),)).get("a")
 
     def extra_argv(self, args: Mapping[str, ArgValue | list[ArgValue]]) -> list[str]:

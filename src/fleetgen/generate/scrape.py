@@ -18,25 +18,24 @@ import asyncio
 import contextlib
 from collections.abc import Mapping, Sequence
 
-from fleetgen.engines import MetricNames, engine_of_metrics, get_engine
+from fleetgen.engines import Engine, engine_of_metrics, get_engine
 from fleetgen.errors import EndpointError
 from fleetgen.http.client import EngineClient
-from fleetgen.http.metrics import Scrape, accept_length, counter_deltas
+from fleetgen.http.metrics import Scrape, counter_deltas
 
 DEFAULT_METRICS_PATH = "/metrics"
 SCRAPE_TIMEOUT_S = 5.0
 
 
 def window_accept_length(
-    names: MetricNames | None, now: Mapping[str, float], before: Mapping[str, float] | None
+    engine: Engine | None, now: Mapping[str, float], before: Mapping[str, float] | None
 ) -> float | None:
     """Accept length from one scrape (`now`), over the window since `before` for counter-only engines.
 
-    `names`: the fleet's engine's; None (bare `--endpoint` URLs) for the engine whose metric names `now`
-    carries. None when speculative decoding is off or made no step in the window.
+    `engine`: the fleet's; None (bare `--endpoint` URLs) for the engine whose metric names `now` carries.
+    None when speculative decoding is off or made no step in the window.
     """
-    names = names or engine_of_metrics(now).metrics
-    return accept_length(names, counter_deltas(names, before or {}, now))
+    return (engine or engine_of_metrics(now)).accept_length(counter_deltas(before or {}, now))
 
 
 class AcceptLengthScraper:
@@ -52,7 +51,7 @@ class AcceptLengthScraper:
     ) -> None:
         """A scraper for a fleet of `kind` (None: bare URLs, whose engine is unknown)."""
         engine = get_engine(kind) if kind is not None else None
-        self._names = engine.metrics if engine else None
+        self._engine = engine
         self._path = engine.metrics_path if engine else DEFAULT_METRICS_PATH
         self._clients = {
             name: EngineClient(url, api_key=api_key, timeout_s=SCRAPE_TIMEOUT_S, max_connections=1)
@@ -77,5 +76,5 @@ class AcceptLengthScraper:
         except EndpointError:  # down, restarting, no metrics, unparseable: a gap in the series
             self.latest[name] = None
             return
-        self.latest[name] = window_accept_length(self._names, samples, self._before.get(name))
+        self.latest[name] = window_accept_length(self._engine, samples, self._before.get(name))
         self._before[name] = samples

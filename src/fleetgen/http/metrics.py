@@ -1,21 +1,21 @@
-"""An engine's numbers: its /metrics text → counters, gauges, load, accept length.
+"""An engine's numbers: its /metrics text → counters, gauges, load.
 
-The one place that reads them (pure). The text is parsed with prometheus_client's reference parser; samples
-are summed over label sets (per-position and per-DP-rank series add up to the engine-wide figure). SGLang
-exports gauges (`sglang:gen_throughput`, `sglang:spec_accept_length`); vLLM only counters, so its throughput
-is the rate of `vllm:generation_tokens_total` between two reads and its accept length 1 + accepted / drafts
-over a window (`counter_deltas`): the figure of the last seconds, of a bench level or of one test request.
+The text is parsed with prometheus_client's reference parser (pure); samples are summed over label sets
+(per-position and per-DP-rank series add up to the engine-wide figure). SGLang exports gauges
+(`sglang:gen_throughput`); vLLM only counters, so its throughput is the rate of `vllm:generation_tokens_total`
+between two reads and its accept length (`Engine.accept_length`) is read over a window (`counter_deltas`):
+the figure of the last seconds, of a bench level or of one test request.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleetgen.engines.base import Engine, Labels, MetricNames
+from fleetgen.engines.base import Engine, Labels
 from fleetgen.errors import EndpointError
 
 
@@ -54,32 +54,16 @@ class Load:
     kv_usage: float | None = None  # the KV pool's used fraction, 0..1
 
 
-def counter_deltas(
-    names: MetricNames, before: Mapping[str, float], after: Mapping[str, float]
-) -> dict[str, float]:
-    """`after`, with each of the engine's counters (its `*_total` names) replaced by its increase since
-    `before` (the window's figure); a counter `before` lacks counts from zero, one that went down means the
-    engine restarted: its new total. Gauges stay as read `after`."""
-    during = dict(after)
-    for key, name in asdict(names).items():
-        if key.endswith("_total") and name in after and after[name] >= before.get(name, 0.0):
-            during[name] = after[name] - before.get(name, 0.0)
-    return during
-
-
-def accept_length(names: MetricNames, samples: Mapping[str, float]) -> float | None:
-    """Mean tokens accepted per speculative step, or None when no step happened (or spec is off).
-
-    SGLang: the `spec_accept_length` gauge (its info JSON may know more: `Engine.accept_length_from_info`).
-    vLLM: 1 + accepted / drafts from the spec-decode counters (its own definition of mean acceptance length);
-    over a window when `samples` are `counter_deltas`.
-    """
-    if samples.get(names.spec_accept_length, 0.0) > 0:  # an engine without such a name has "": no sample
-        return samples[names.spec_accept_length]
-    drafts = samples.get(names.spec_num_drafts_total, 0.0)
-    if drafts > 0:
-        return 1.0 + samples.get(names.spec_num_accepted_tokens_total, 0.0) / drafts
-    return None
+def counter_deltas(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
+    """`after`, with each counter (a `*_total` sample) replaced by its increase since `before` (the window's
+    figure); a counter `before` lacks counts from zero, one that went down means the engine restarted: its
+    new total. Gauges stay as read `after`."""
+    return {
+        name: value - before.get(name, 0.0)
+        if name.endswith("_total") and value >= before.get(name, 0.0)
+        else value
+        for name, value in after.items()
+    }
 
 
 def counter_rate(name: str, now: Scrape, before: Scrape | None) -> float | None:
@@ -108,6 +92,6 @@ def load_from(engine: Engine, now: Scrape, before: Scrape | None = None, info: A
         running=int(running) if running is not None else None,
         queued=int(queued) if queued is not None else None,
         gen_tokens_per_s=tps,
-        spec_accept_length=accept_length(names, now.samples) or engine.accept_length_from_info(info),
+        spec_accept_length=engine.accept_length(now.samples, info),
         kv_usage=now.samples.get(names.kv_usage),
     )
