@@ -59,6 +59,27 @@ async def test_run_timeout_is_an_error_not_a_hang(host: Host) -> None:
     assert (await host.run(["echo", "still usable"])).stdout == "still usable\n"
 
 
+async def test_a_cancel_that_lands_as_a_local_command_ends_is_never_lost() -> None:
+    """A task cancelled (a job's end cancels its probes and restarts) just as its command has finished
+    must still end: a lost cancel (Python 3.11's asyncio.wait_for returns the result instead) leaves a
+    probe looping and `fleetgen run` never exits."""
+
+    def reads(task: asyncio.Task[object]) -> bool:
+        return "Process._read_stream" in repr(task.get_coro())  # asyncio's reader of a child's output
+
+    async with LocalHost("here") as host:
+        for _ in range(20):
+            run = asyncio.create_task(host.run(["true"]))
+            seen: set[asyncio.Task[object]] = set()
+            while not any(reads(t) for t in seen) or not all(t.done() for t in seen):
+                await asyncio.sleep(0)  # until the command's output is read and every task it used is done
+                seen |= asyncio.all_tasks() - {run, asyncio.current_task()}
+            assert not run.done()
+            run.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await run
+
+
 async def test_put_is_verified_atomic_and_creates_folders(host: Host, tmp_path: Path) -> None:
     target = tmp_path / host.name / "deep" / "er" / "file.bin"
     data = bytes(range(256)) * 40

@@ -25,8 +25,10 @@ class LocalHost(Host):
             return 127, b"", f"{argv[0]}: not found ({exc.strerror})".encode()
         except PermissionError as exc:
             return 126, b"", f"{argv[0]}: {exc.strerror}".encode()
+        # Not wait_for: on Python 3.11 it loses a cancel that lands as the command ends (a probe loops on).
         try:
-            out, err = await asyncio.wait_for(proc.communicate(stdin), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                out, err = await proc.communicate(stdin)
         except TimeoutError as exc:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
