@@ -40,7 +40,6 @@ from fleetgen.errors import ConfigError, FleetgenError, ModelCardError, PlanErro
 from fleetgen.modelcard import ModelShape
 from fleetgen.plan import (
     InstancePlan,
-    Issue,
     cross_instance_errors,
     engine_rejections,
     plan_fleet,
@@ -133,14 +132,12 @@ def plan_for_up(
     facts = {h.name: measured_facts(h, measured.get(h.name)) for h in fleet.file.hosts}
     detected = {n: [i for inst in insts for i in inst.gpus] for n, (_, insts) in opened.sessions.items()}
     everyone, picked = fleet.file.instances(detected, source=fleet.path), opened.picked()
-    refused: list[Issue] = []
     if shape is not None:
         plan = plan_fleet(fleet.file, shape, facts)
         errors, plans = list(plan.errors), {p.instance: p for p in plan.instances}
-        if plan_check:
-            refused = engine_rejections(fleet.file, picked, shape, facts)
     else:  # no model shape: sizing and the flag rules unknown, GPUs and ports still checked
         errors, plans = cross_instance_errors(fleet.file, everyone, [], facts), {}
+    refused = engine_rejections(fleet.file, picked, shape, facts) if shape is not None and plan_check else []
     # What breaks among the instances `--only` left out alone (a clash of two of them) stops none it picked.
     picked_names = {p.name for p in picked}
     others = [i for i in everyone if i.name not in picked_names]

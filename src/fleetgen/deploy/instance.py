@@ -255,11 +255,6 @@ async def follow_launch(
     """After a launch, wherever it was placed: record it, wait ready (reading its log), prove it alone holds
     its port, verify the process and the engine's own view. A launch that fails here is undone (default: its
     process stopped; a Slurm placement cancels its job) so the next `up` starts clean."""
-
-    async def stop() -> None:
-        await hs.host.stop(rec.pid, start_time=rec.start_time, timeout=10.0)
-
-    undo = undo or stop
     run.on_record(rec)
     out.record, out.pid, out.log_path = rec, rec.pid, rec.log_path
     client = await hs.client_for(wanted)
@@ -281,7 +276,7 @@ async def follow_launch(
     except (LaunchFailed, VerifyError) as exc:
         # A half-dead engine can keep its port and GPU memory, and one that cannot serve on its port is of no
         # use: leave nothing half-started behind, so the next `up` starts clean.
-        await undo()
+        await (undo() if undo else hs.host.stop(rec.pid, start_time=rec.start_time, timeout=10.0))
         exc.context["stopped"] = f"pid {rec.pid} (its log stays at {rec.log_path})"
         raise
     run.progress(name, "healthy; verifying the process and the engine's own view")

@@ -236,14 +236,10 @@ async def _follow(
     """Wait for the allocation, learn node and PID, then the SSH hosts' chain: ready, listener, verify."""
     timeout_s = _cluster(fleet).pending_timeout_s
     info = await wait_running(login, rec.slurm_job, wanted.inst.name, run.progress, timeout_s)
-    jname = job_name(fleet.path, wanted.inst.name)
+    undo = partial(cancel, login.host, [job_name(fleet.path, wanted.inst.name)])
     async with node_session(fleet, login, info.node, info.job_id) as node:
         pid, start_time = await _engine_pid(node, wanted, rec.slurm_job)
         rec = replace(rec, pid=pid, start_time=start_time, node=info.node)
-
-        async def undo() -> None:
-            await cancel(login.host, [jname])
-
         await follow_launch(node, wanted, rec, run, out, undo=undo)
 
 
