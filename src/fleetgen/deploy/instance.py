@@ -274,8 +274,7 @@ async def follow_launch(
             await remove_secret_files(hs.host, wanted.command)  # read at start: a healthy engine is past that
         await prove_listener(hs, wanted, rec.pid)
     except (LaunchFailed, VerifyError) as exc:
-        # A half-dead engine can keep its port and GPU memory, and one that cannot serve on its port is of no
-        # use: leave nothing half-started behind, so the next `up` starts clean.
+        # A half-dead engine can keep its port and GPU memory; one that cannot serve on its port is of no use.
         await (undo() if undo else hs.host.stop(rec.pid, start_time=rec.start_time, timeout=10.0))
         exc.context["stopped"] = f"pid {rec.pid} (its log stays at {rec.log_path})"
         raise

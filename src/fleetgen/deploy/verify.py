@@ -91,11 +91,10 @@ def judge_spec(instance: str, ev: SpecEvidence) -> tuple[str | None, str | None]
         )
         return error, None
     if ev.steps is None and ev.accept_length is None:
-        warning = (
+        return None, (
             f"{instance}: speculative decoding could not be confirmed: this engine exposes no verify-step "
             "counter and no accept length yet"
         )
-        return None, warning
     if ev.accept_length is not None and ev.accept_length - 1.0 < NEAR_ZERO_ACCEPTED_PER_STEP:
         return None, (
             f"{instance}: speculative decoding runs but accepts almost nothing: accept length "
