@@ -81,15 +81,6 @@ class PortOwners:
             family |= born
         return family
 
-    def strangers(self, pid: int, bind: str) -> list[Listener] | None:
-        """The sockets that can receive requests for `bind` but are not held only by `pid`'s family; None
-        when no such socket is held by the family at all (nothing of ours listens)."""
-        family = self.family_of(pid)
-        reachable = [lst for lst in self.listeners if lst.can_receive(bind)]
-        if not any(lst.holders & family for lst in reachable):
-            return None
-        return [lst for lst in reachable if not lst.holders or not lst.holders <= family]
-
     def describe(self, listeners: list[Listener], exclude: set[int]) -> str:
         """`pid 123 (python -m x …) on 0.0.0.0`, for each holder not in `exclude`, or an unseen holder."""
         parts = []
@@ -146,15 +137,19 @@ def parse_owners(port: int, stdout: str) -> PortOwners:
 
 
 def stranger_problem(owners: PortOwners, pid: int, bind: str) -> str:
-    """Why requests to the port may not reach `pid` (naming who would answer instead); empty when they can
-    reach nothing else."""
-    strangers = owners.strangers(pid, bind)
+    """Why requests to the port may not reach `pid` (naming who would answer instead): no socket that can
+    receive them is held by `pid`'s family, or one is held by another process too; empty when they can reach
+    nothing else."""
     family = owners.family_of(pid)
-    if strangers is None:
-        others = [lst for lst in owners.listeners if lst.can_receive(bind)]
-        who = f"it is held by {owners.describe(others, family)}" if others else "nothing listens there now"
+    reachable = [lst for lst in owners.listeners if lst.can_receive(bind)]
+    if not any(lst.holders & family for lst in reachable):
+        who = (
+            f"it is held by {owners.describe(reachable, family)}"
+            if reachable
+            else "nothing listens there now"
+        )
         return f"the process fleetgen started (pid {pid}) does not listen on port {owners.port}; {who}"
-    if strangers:
+    if strangers := [lst for lst in reachable if not lst.holders or not lst.holders <= family]:
         return (
             f"port {owners.port} is also listened on by {owners.describe(strangers, family)}: requests may "
             f"reach it instead of pid {pid}"
