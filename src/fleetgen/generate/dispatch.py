@@ -95,8 +95,6 @@ class Dispatcher:
             if work is None:
                 if self.num_in_flight == 0 and not self._timers:
                     self._end_refusals()
-                    if self._fatal is not None:
-                        raise self._fatal
                     return
                 await self._changed.wait()
                 continue
@@ -180,14 +178,13 @@ class Dispatcher:
     def _failed(self, endpoint: Endpoint, work: Work, exc: RequestFailed) -> None:
         self.last_error = f"{endpoint.name}: {exc.message}"
         endpoint.last_error = exc.message
-        is_backpressure = exc.status == 429  # the server is alive and asks us to slow down
         if not exc.is_retryable:  # the server is alive and refuses this request: held, see rejects.py
             for held in self._refused.add(endpoint.name, work, exc):
                 self._on_error(*held)
             if self._refused.is_the_jobs:
                 self._fatal = self._refused.error(self._body_for(work))
             return
-        if not is_backpressure:
+        if exc.status != 429:  # 429 is backpressure: the server is alive and asks us to slow down
             self.failures_in_row += 1
             endpoint.num_failures_in_row += 1
             if exc.is_connection or endpoint.num_failures_in_row >= self.policy.drain_after:
@@ -196,29 +193,26 @@ class Dispatcher:
         if work.attempts > self.policy.max_retries:
             self._on_error(endpoint.name, work, exc)
         else:
-            self._retry_later(work, self._backoff(work.attempts))
+            self._retry_later(work)
         if self.failures_in_row >= self.policy.max_consecutive_failures:
             self._fatal = self._fleet_down(f"{self.failures_in_row} requests failed in a row")
 
     def _end_refusals(self) -> None:
         """The work is done: refusals still held are error rows, unless nothing at all succeeded this run
-        and they are one refusal repeated (a small job whose every request is wrong)."""
+        and they are one refusal repeated (a small job whose every request is wrong: RequestRejected)."""
         if self._num_succeeded == 0 and len(self._refused.held) >= 2:
-            self._fatal = self._refused.error(self._body_for(self._refused.held[-1][1]))
-            return
+            raise self._refused.error(self._body_for(self._refused.held[-1][1]))
         for held in self._refused.release():
             self._on_error(*held)
 
-    def _backoff(self, attempt: int) -> float:
-        ceiling = min(self.policy.backoff_max_s, self.policy.backoff_base_s * 2.0 ** (attempt - 1))
-        return ceiling * random.uniform(0.5, 1.0)  # jitter: retries of one burst do not arrive together
-
-    def _retry_later(self, work: Work, delay: float) -> None:
+    def _retry_later(self, work: Work) -> None:
         def ready() -> None:
             self._timers.discard(handle)
             self._retries.append(work)
             self._changed.set()
 
+        ceiling = min(self.policy.backoff_max_s, self.policy.backoff_base_s * 2.0 ** (work.attempts - 1))
+        delay = ceiling * random.uniform(0.5, 1.0)  # jitter: retries of one burst do not arrive together
         handle = asyncio.get_running_loop().call_later(delay, ready)
         self._timers.add(handle)
 
