@@ -19,15 +19,16 @@ import pyarrow.parquet as pq
 
 from fleetgen.errors import InputError
 from fleetgen.generate.source import hf_arrow_files, open_input
-from fleetgen.generate.work import BadInput, RecordShape
+from fleetgen.generate.work import BadInput, JobOptions, RecordShape
 
 FAIL_FAST = 50
 NUM_PEEK = 20
 PROMPT_LIKE = ("prompt", "question", "instruction", "input", "query", "text", "problem", "content", "user")
 
 
-def all_bad(path: Path, shape: RecordShape, bad: list[BadInput], split: str | None = None) -> InputError:
+def all_bad(opts: JobOptions, bad: list[BadInput]) -> InputError:
     """The error for an input whose records read so far are all bad (`bad`: the first of them)."""
+    path, shape = opts.input_path, opts.shape
     reasons = Counter(b.reason.split(":")[0] for b in bad)
     where = f"{path} ({len(bad)} record{'s' * (len(bad) != 1)} read, all bad)"
     first = bad[0] if bad else None
@@ -41,7 +42,7 @@ def all_bad(path: Path, shape: RecordShape, bad: list[BadInput], split: str | No
                 context={**context, "first bytes": repr(head[:60])},
                 fix="convert it to JSON Lines (one JSON object per line), Parquet or a datasets folder",
             )
-    fields = _fields_seen(path, split)
+    fields = _fields_seen(path, opts.split)
     if reasons.get("missing field", 0) * 2 >= len(bad) and fields:
         guess = next((name for name in PROMPT_LIKE if name in fields), fields[0])
         return InputError(

@@ -114,7 +114,7 @@ class Intake:
             for sample in todo:
                 yield Work(record, sample, keys[sample])
         if self.first_bad and not self.num_good and not self.had_results:
-            raise self._all_bad()  # a short input, every record bad
+            raise diagnose.all_bad(opts, self.first_bad)  # a short input, every record bad
 
     def _note_bad(self, record: BadInput) -> None:
         """The first FAIL_FAST records of a job that has no results all bad: stop, naming the likely cause."""
@@ -122,11 +122,7 @@ class Intake:
             return
         self.first_bad.append(record)
         if len(self.first_bad) == diagnose.FAIL_FAST:
-            raise self._all_bad()
-
-    def _all_bad(self) -> Exception:
-        opts = self.options
-        return diagnose.all_bad(opts.input_path, opts.shape, self.first_bad, opts.split)
+            raise diagnose.all_bad(self.options, self.first_bad)
 
 
 def _check_duplicate(
