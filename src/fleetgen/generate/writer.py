@@ -46,11 +46,8 @@ class StoreWriter:
         """Write batches until closed and drained. A write error propagates (the job cannot go on)."""
         loop = asyncio.get_running_loop()
         try:
-            while True:
+            while len(self._batch) or not self._closing:
                 if not len(self._batch):
-                    if self._closing:
-                        await self._final_meta(loop)
-                        return
                     self._wake.clear()
                     await self._wake.wait()
                     continue
@@ -63,14 +60,12 @@ class StoreWriter:
                 self._last_meta = dict(batch.meta)
                 await loop.run_in_executor(self._pool, self._store.write_batch, batch)
                 self._on_commit(batch)
+            # The resume position moves on after the last batch commits: persist where it ended up.
+            meta = self._meta()
+            if meta != self._last_meta:
+                await loop.run_in_executor(self._pool, self._store.write_batch, Batch(meta=meta))
         finally:
             self._pool.shutdown(wait=True)
-
-    async def _final_meta(self, loop: asyncio.AbstractEventLoop) -> None:
-        """The resume position moves on after the last batch commits: persist where it ended up."""
-        meta = self._meta()
-        if meta != self._last_meta:
-            await loop.run_in_executor(self._pool, self._store.write_batch, Batch(meta=meta))
 
     def close(self) -> None:
         """Ask `run()` to write what is pending and return."""
