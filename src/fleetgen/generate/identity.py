@@ -47,10 +47,9 @@ def sample_digest(path: Path, size: int) -> str:
 
 def identify(path: Path, split: str | None, shape: RecordShape) -> dict[str, Any]:
     """The identity of an input as it is now."""
-    files = input_files(path, split)
     kind = "datasets" if path.is_dir() else "parquet" if path.suffix == ".parquet" else "jsonl"
     parts = []
-    for file in files:
+    for file in input_files(path, split):
         size = file.stat().st_size
         name = str(file.relative_to(path)) if path.is_dir() else file.name
         parts.append({"name": name, "size": size, "sample": sample_digest(file, size)})

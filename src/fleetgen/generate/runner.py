@@ -253,8 +253,7 @@ class Job:
         return wanted or served.pop()
 
     def _check_params(self, store: Store, model: str) -> str:
-        params = self.options.params
-        params = dataclasses.replace(params, model=model)
+        params = dataclasses.replace(self.options.params, model=model)
         stored = store.get_meta("params")
         ignore = frozenset({"max_tokens"}) if self.options.mode == "redo_truncated" else frozenset()
         if stored is not None and not self.options.force_params:

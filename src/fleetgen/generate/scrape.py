@@ -50,8 +50,7 @@ class AcceptLengthScraper:
         api_key: str | None = None,
     ) -> None:
         """A scraper for a fleet of `kind` (None: bare URLs, whose engine is unknown)."""
-        engine = get_engine(kind) if kind is not None else None
-        self._engine = engine
+        self._engine = engine = get_engine(kind) if kind is not None else None
         self._path = engine.metrics_path if engine else DEFAULT_METRICS_PATH
         self._clients = {
             name: EngineClient(url, api_key=api_key, timeout_s=SCRAPE_TIMEOUT_S, max_connections=1)
