@@ -75,11 +75,9 @@ class Watch:
                 self._watch(endpoint)
         self._spawn(self._guard_hung())
 
-    def lost(self, endpoint: Endpoint, reason: str = "") -> None:
+    def lost(self, endpoint: Endpoint) -> None:
         """The endpoint failed (connection, repeated errors): DOWN, probed, restarted with `on_dead`."""
         endpoint.readiness = Readiness.DOWN
-        if reason:
-            endpoint.last_error = reason
         self._watch(endpoint)
 
     def wait_left_s(self, limit_s: float) -> float | None:
@@ -212,7 +210,8 @@ async def served_models(
                 try:
                     models[endpoint.name] = await endpoint.client.served_model()
                 except EndpointError as exc:
-                    watch.lost(endpoint, exc.message)
+                    endpoint.last_error = exc.message
+                    watch.lost(endpoint)
         if models or is_stopped():
             return models
         remaining = watch.wait_left_s(wait_s)
