@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from fleetgen.errors import InputError
 from fleetgen.generate.source import hf_arrow_files, open_input
-from fleetgen.generate.work import BadInput, JobOptions, RecordShape
+from fleetgen.generate.work import BadInput, JobOptions
 
 FAIL_FAST = 50
 NUM_PEEK = 20
@@ -27,12 +27,11 @@ PROMPT_LIKE = ("prompt", "question", "instruction", "input", "query", "text", "p
 
 
 def all_bad(opts: JobOptions, bad: list[BadInput]) -> InputError:
-    """The error for an input whose records read so far are all bad (`bad`: the first of them)."""
+    """The error for an input whose records read so far are all bad (`bad`: the first, never none)."""
     path, shape = opts.input_path, opts.shape
     reasons = Counter(b.reason.split(":")[0] for b in bad)
     where = f"{path} ({len(bad)} record{'s' * (len(bad) != 1)} read, all bad)"
-    first = bad[0] if bad else None
-    context: dict[str, object] = {"first bad": f"line {first.line}: {first.reason}" if first else ""}
+    context: dict[str, object] = {"first bad": f"line {bad[0].line}: {bad[0].reason}"}
     if not path.is_dir() and path.suffix != ".parquet":
         with open_input(path) as handle:  # decompressed: what was parsed
             head = bytes(handle.read(64))
@@ -43,27 +42,24 @@ def all_bad(opts: JobOptions, bad: list[BadInput]) -> InputError:
                 fix="convert it to JSON Lines (one JSON object per line), Parquet or a datasets folder",
             )
     fields = _fields_seen(path, opts.split)
+    context["fields seen"] = ", ".join(fields)
+    context["expected"] = (
+        f"a prompt in {shape.prompt_field!r} (job file: prompt_field) or a chat in 'messages' / "
+        f"'conversations'; the id in {shape.id_field!r} (job file: id_field) or none (a content hash)"
+    )
     if reasons.get("missing field", 0) * 2 >= len(bad) and fields:
         guess = next((name for name in PROMPT_LIKE if name in fields), fields[0])
         return InputError(
             f"{where}: no record has the fields the job reads — 'messages', 'conversations' or "
             f"{shape.prompt_field!r}",
-            context={**context, "fields seen": ", ".join(fields), "expected": _expected(shape)},
+            context=context,
             fix=f'set prompt_field = "{guess}" in the job file (--job FILE; id_field names the id), or '
             "rename the field in the input",
         )
-    common, _ = reasons.most_common(1)[0] if reasons else ("", 0)
     return InputError(
-        f"{where}: every record is bad (most often: {common})",
-        context={**context, "fields seen": ", ".join(fields), "expected": _expected(shape)},
+        f"{where}: every record is bad (most often: {reasons.most_common(1)[0][0]})",
+        context=context,
         fix="fix the records (table inputs_bad lists each with its reason), or point the job at its input",
-    )
-
-
-def _expected(shape: RecordShape) -> str:
-    return (
-        f"a prompt in {shape.prompt_field!r} (job file: prompt_field) or a chat in 'messages' / "
-        f"'conversations'; the id in {shape.id_field!r} (job file: id_field) or none (a content hash)"
     )
 
 
