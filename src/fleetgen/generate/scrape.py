@@ -46,8 +46,8 @@ class AcceptLengthScraper:
         endpoints: Sequence[tuple[str, str]],
         kind: str | None,
         *,
-        interval_s: float = 3.0,
-        api_key: str | None = None,
+        interval_s: float,
+        api_key: str | None,
     ) -> None:
         """A scraper for a fleet of `kind` (None: bare URLs, whose engine is unknown)."""
         self._engine = engine = get_engine(kind) if kind is not None else None
