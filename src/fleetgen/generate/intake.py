@@ -113,12 +113,12 @@ class Intake:
                 tracker.open(record.line, record.end_offset, len(todo))
             for sample in todo:
                 yield Work(record, sample, keys[sample])
-        if self.first_bad and not self.num_good and not self.had_results:
+        if self.first_bad and not self.num_good:  # `_note_bad` notes them only in a job with no results
             raise diagnose.all_bad(opts, self.first_bad)  # a short input, every record bad
 
     def _note_bad(self, record: BadInput) -> None:
         """The first FAIL_FAST records of a job that has no results all bad: stop, naming the likely cause."""
-        if self.num_good or self.had_results or len(self.first_bad) >= diagnose.FAIL_FAST:
+        if self.num_good or self.had_results:
             return
         self.first_bad.append(record)
         if len(self.first_bad) == diagnose.FAIL_FAST:
