@@ -217,11 +217,10 @@ class Job:
         return status
 
     async def _drain(self, dispatcher: Dispatcher) -> None:
+        """Wait for the requests in flight to finish, or for a second stop (`_execute` then abandons them)."""
         drain = asyncio.create_task(dispatcher.drain())
         abandon = asyncio.create_task(self._abandon.wait())
         await asyncio.wait({drain, abandon}, return_when=asyncio.FIRST_COMPLETED)
-        if not drain.done():
-            await dispatcher.abandon()
         drain.cancel()
         abandon.cancel()
 
