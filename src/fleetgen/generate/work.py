@@ -1,8 +1,8 @@
-"""The values that flow through a generation job: work items, completions, rows, sampling params.
+"""The values of a generation job: input records and their work items, bad input, sampling params, options.
 
-A `Work` item is one (record, sample). Its `segments` are the message lists to send turn by turn: turn k is
-requested with `segments[0] + answer[0] + … + segments[k]`, so a multi-turn conversation is regenerated on
-the model's own history. A single-turn record has one segment.
+A `Work` item is one (record, sample). The record's `segments` are the message lists to send turn by turn:
+turn k is requested with `segments[0] + answer[0] + … + segments[k]`, so a multi-turn conversation is
+regenerated on the model's own history. A single-turn record has one segment.
 """
 
 from __future__ import annotations
