@@ -129,9 +129,7 @@ class Dispatcher:
     async def _wait_for_endpoint(self) -> None:
         left = self.wait_left_s
         if left == 0.0:
-            limit = self.policy.dead_timeout_s
-            self._fatal = self._fleet_down(f"no endpoint has been healthy for {limit:.0f} s")
-            return
+            raise self._fleet_down(f"no endpoint has been healthy for {self.policy.dead_timeout_s:.0f} s")
         with contextlib.suppress(TimeoutError):  # with none ready: wake up when the wait runs out
             await asyncio.wait_for(self._changed.wait(), left)
 

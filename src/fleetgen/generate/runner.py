@@ -144,10 +144,9 @@ class Job:
             return rows.summary(store, "stopped", "", self.counters, time.monotonic() - self._started, {})
         builder = rows.RowBuilder(model, self._check_params(store, model))
         intake.plan(store, self.counters)
-        tracker = intake.tracker
         was_finished = jobmeta.begin(store, self.fleet.describe)
-        bad_lines = store.bad_lines(str(opts.input_path)) if tracker is not None else set()
-        meta = self._meta = JobMeta(intake.resume, opts.params.samples, tracker, bad_lines)
+        bad_lines = store.bad_lines(str(opts.input_path)) if intake.tracker is not None else set()
+        meta = self._meta = JobMeta(intake.resume, opts.params.samples, intake.tracker, bad_lines)
         writer = StoreWriter(store, lambda batch: self._committed(batch, meta), meta=meta.current)
         scraper = AcceptLengthScraper(  # URLs as now: a late host may have one by now
             [(e.name, e.client.base_url) for e in watch.endpoints],
