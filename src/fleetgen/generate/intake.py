@@ -2,7 +2,8 @@
 
 - `Intake.open`: refuse another input than the folder's (`identity.check`), record the input's identity;
   a folder with no result or error row holds no job yet (e.g. after a fail-fast stop) and takes any input;
-- `plan`: where reading starts (a trusted resume position, `identity.ResumeCheck`) and which keys are done;
+- `plan`: where reading starts (a trusted resume position, `identity.ResumeCheck`) and which keys are done,
+  or (the re-run modes) which keys are redone;
 - `work`: each (record, sample) not done becomes a `Work`; a bad record an `inputs_bad` row; a stored id
   with other content an `InputMismatch`; the first `diagnose.FAIL_FAST` records of a job with no result all
   bad (or a whole short input) an `InputError` naming the likely cause.
@@ -28,7 +29,7 @@ REDO = {"retry_errors": ("errors", "1"), "redo_truncated": ("results", "is_trunc
 
 @dataclass
 class Intake:
-    """The input side of one run. Open with `Intake.open` (it checks the input against the folder)."""
+    """The input side of one run: `open`, `plan`, `work` (the module docstring says what each does)."""
 
     options: JobOptions
     resume: identity.ResumeCheck
@@ -43,7 +44,6 @@ class Intake:
 
     @classmethod
     def open(cls, store: Store, opts: JobOptions) -> Intake:
-        """Refuse another input than the folder's (InputMismatch); record its identity as it is now."""
         counts = store.counts()
         if counts.results == 0 and counts.errors == 0:
             jobmeta.forget(store)  # nothing generated yet: any input and params may start here
@@ -56,7 +56,6 @@ class Intake:
         return cls(opts, resume, had_results=counts.results > 0)
 
     def plan(self, store: Store, counters: Counters) -> None:
-        """Decide what this run reads: from a trusted resume position, or (re-run modes) the wanted keys."""
         counters.before = store.counts()
         if self.options.mode in REDO:
             self.wanted = store.keys_where(*REDO[self.options.mode])
@@ -86,8 +85,6 @@ class Intake:
         return is_done
 
     def work(self, writer: StoreWriter) -> Iterator[Work]:
-        """Read the input from the resume position: the work of every (record, sample) not done; bad records
-        go to the writer as `inputs_bad` rows."""
         opts, tracker, wanted, done = self.options, self.tracker, self.wanted, self.done
         start = tracker.position if tracker else Position()
         seen: set[int] = set()
