@@ -9,7 +9,7 @@ A row of a table is a named record (`ResultRow`, `ErrorRow`, `BadRow`, `SeriesRo
 table's columns in order; its `Table` derives the INSERT (an upsert on the key) and SELECT column lists from
 it, so a field is named in one place. A migration that adds a column adds the field in the same change.
 
-Writes come in batches from one writer (`StoreWriter`): every ~100 ms or 512 rows, one transaction, then
+Writes come in batches from one writer (`StoreWriter`, which says how often), one transaction each, then
 `on_commit` — so whatever the progress counts is already on disk, and a kill -9 leaves either a whole row or
 none. Resume reads only the compact `khash` column through a covering index.
 """
