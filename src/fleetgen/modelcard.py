@@ -91,10 +91,10 @@ class _Found:
     arch: str
     missing: list[str] = field(default_factory=list)
 
-    def get(self, cfg: Mapping[str, Any], key: str, default: Any = None, *, required: bool = True) -> Any:
+    def get(self, cfg: Mapping[str, Any], key: str, default: Any = None) -> Any:
         if key in cfg and cfg[key] is not None:
             return cfg[key]
-        if required and default is None:
+        if default is None:
             self.missing.append(key)
             return 0
         return default
@@ -108,7 +108,7 @@ def _attention(cfg: Mapping[str, Any], found: _Found) -> dict[str, Any]:
         "num_layers": found.get(cfg, "num_hidden_layers"),
         "num_kv_heads": found.get(cfg, "num_key_value_heads", heads or None),
         "head_dim": head_dim,
-        "v_head_dim": found.get(cfg, "v_head_dim", head_dim, required=False) or head_dim,
+        "v_head_dim": found.get(cfg, "v_head_dim", head_dim) or head_dim,
         "hidden_size": hidden,
         "vocab_size": found.get(cfg, "vocab_size"),
         "context_length": found.get(cfg, "max_position_embeddings"),
@@ -135,7 +135,7 @@ def _hybrid_gdn(cfg: Mapping[str, Any], found: _Found) -> dict[str, Any]:
         found.missing.append("full_attention_interval or layer_types")
         full = ()
     out["full_attention_layer_ids"] = full
-    out["linear_layer_ids"] = tuple(i for i in range(num_layers) if i not in set(full))
+    out["linear_layer_ids"] = tuple(i for i in range(num_layers) if i not in full)
     for key in (
         "linear_num_key_heads",
         "linear_num_value_heads",
@@ -216,8 +216,8 @@ def parse_model_shape(config: Mapping[str, Any], index: Mapping[str, Any] | None
         tie_word_embeddings=bool(text.get("tie_word_embeddings", config.get("tie_word_embeddings", False))),
         is_multimodal="vision_config" in config,
         is_quantized="quantization_config" in config or "quantization_config" in text,
-        vision_num_layers=vision.get("num_hidden_layers") if vision else None,
-        vision_hidden_size=vision.get("hidden_size") if vision else None,
+        vision_num_layers=vision.get("num_hidden_layers"),
+        vision_hidden_size=vision.get("hidden_size"),
         notes=notes,
         **fields,
     )
@@ -247,21 +247,20 @@ def _mtp_bytes(
 
 def load_model_shape(folder: Path) -> ModelShape:
     """Read `folder/config.json` and (if present) `model.safetensors.index.json` into a `ModelShape`."""
-    config = _read_json(folder / "config.json", required=True)
-    index = _read_json(folder / "model.safetensors.index.json", required=False)
-    assert config is not None  # required=True raised otherwise
-    return parse_model_shape(config, index)
+    config = _read_json(folder / "config.json")
+    if config is None:
+        raise ModelCardError(
+            f"no config.json in {folder}",
+            fix="set engine.model_config to a folder holding the model's config.json",
+        )
+    return parse_model_shape(config, _read_json(folder / "model.safetensors.index.json"))
 
 
-def _read_json(path: Path, *, required: bool) -> dict[str, Any] | None:
+def _read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object in `path`; None when there is no such file."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        if required:
-            raise ModelCardError(
-                f"no {path.name} in {path.parent}",
-                fix="set engine.model_config to a folder holding the model's config.json",
-            ) from None
         return None
     except (OSError, json.JSONDecodeError) as exc:
         raise ModelCardError(f"cannot read {path}: {exc}", fix="check the file is the model's JSON") from exc
