@@ -192,6 +192,18 @@ def test_target_concurrency_solved_or_refused_with_reason() -> None:
     assert "5000 concurrent requests do not fit" in error.message and "at most" in error.message
 
 
+def test_target_concurrency_fix_names_the_change_the_refusal_requires() -> None:
+    """Under a refusal (0.5.10: spec + no_buffer + radix cache), the target's fix says the required change in
+    its text too: its flags alone would be refused again."""
+    fleet = _fleet([{"name": "a", "gpus": [0], "gpu_memory_gib": GPU183}], args=MOTIVATING, version="0.5.10")
+    base = plan_fleet(fleet, QWEN, _facts(fleet), None).instances[0]
+    assert "spec-no-buffer-radix" in _rules(base)
+    fix = plan_fleet(fleet, QWEN, _facts(fleet), None, target=8).instances[0].fixes[0]
+    assert fix.args["mamba-scheduler-strategy"] == "extra_buffer" and fix.env == SPEC_V2
+    assert "--mamba-scheduler-strategy extra_buffer + SGLANG_ENABLE_SPEC_V2=1" in fix.change, fix.change
+    assert f"→ {fix.max_running_requests} concurrent" in fix.change
+
+
 def test_vllm_uses_total_memory_and_refuses_when_free_is_short() -> None:
     hosts = [{"name": "a", "gpus": [0], "gpu_memory_gib": 80, "gpu_free_gib": 60}]
     fleet = _fleet(

@@ -68,13 +68,20 @@ def _best(engine: str, ask: Ask) -> tuple[int, dict[str, Any], Sizing | None]:
     return most, extra, sized
 
 
-def _yield(n: int, sized: Sizing) -> str:
-    return f" → {n} concurrent, {sized.memory.kv_tokens:,} KV tokens"
-
-
-def _yielding(fix: Fix, text: str, n: int, sized: Sizing) -> Fix:
-    """`fix` as offered: its full text, `n` concurrent requests and the KV tokens of its sizing."""
-    return replace(fix, change=text, max_running_requests=n, kv_tokens=sized.memory.kv_tokens)
+def _offered(required: Fix, variant: Fix, extra: dict[str, Any], n: int, sized: Sizing) -> Fix:
+    """`required`, then `variant`, then the pool flags `extra`, as one fix offered: a text naming all three
+    and what its sizing yields (`n` concurrent requests, its KV tokens)."""
+    flags = " ".join(f"--{k} {v}" for k, v in extra.items())
+    text = ", ".join(t for t in (required.change, variant.change, flags) if t)
+    return replace(
+        variant,
+        cost=max(required.cost, variant.cost),
+        change=f"{text} → {n} concurrent, {sized.memory.kv_tokens:,} KV tokens",
+        args={**required.args, **variant.args, **extra},
+        env={**required.env, **variant.env},
+        max_running_requests=n,
+        kv_tokens=sized.memory.kv_tokens,
+    )
 
 
 def ranked_fixes(engine: str, ask: Ask, base: Sizing) -> tuple[Fix, ...]:
@@ -84,8 +91,7 @@ def ranked_fixes(engine: str, ask: Ask, base: Sizing) -> tuple[Fix, ...]:
     fixes: list[Fix] = []
     alone = size(engine, fixed) if required.change else None
     if alone is not None and _is_usable(alone):
-        n = alone.memory.max_running_requests
-        fixes.append(_yielding(required, required.change + _yield(n, alone), n, alone))
+        fixes.append(_offered(Fix(0, ""), required, {}, alone.memory.max_running_requests, alone))
     has_tp = False
     for variant in _variants(engine, fixed):
         if variant.tp and has_tp:
@@ -96,30 +102,22 @@ def ranked_fixes(engine: str, ask: Ask, base: Sizing) -> tuple[Fix, ...]:
         has_tp = has_tp or bool(variant.tp)
         if any((f.max_running_requests, f.kv_tokens) == (n, sized.memory.kv_tokens) for f in fixes):
             continue  # a cheaper change already gives exactly this
-        flags = " ".join(f"--{k} {v}" for k, v in extra.items())
-        text = ", ".join(t for t in (required.change, variant.change, flags) if t) + _yield(n, sized)
-        args = {**required.args, **variant.args, **extra}
-        change = replace(
-            variant, cost=max(required.cost, variant.cost), args=args, env={**required.env, **variant.env}
-        )
-        fixes.append(_yielding(change, text, n, sized))
+        fixes.append(_offered(required, variant, extra, n, sized))
     return tuple(sorted(fixes, key=lambda f: (f.cost, -f.max_running_requests)))
 
 
 def solve_target(engine: str, ask: Ask, base: Sizing, target: int) -> tuple[Fix | None, str]:
-    """The cheapest flags giving `target` concurrent requests, or why none do (and the most reachable)."""
-    fixed = _apply(ask, planner_of(engine).required(ask, base))
+    """The cheapest flags giving `target` concurrent requests, or why none do (and the most reachable). The
+    fix's args and env are the whole `engine.args` and `engine.env` to launch, not a change to them."""
+    required = planner_of(engine).required(ask, base)
+    fixed = _apply(ask, required)
     best_n, best_text = 0, ""
     for variant in _variants(engine, fixed):
         trial = _apply(fixed, variant)
         extra, sized = _try(engine, trial, size(engine, trial), target)
         if _is_usable(sized, target):
-            flags = " ".join(f"--{k} {v}" for k, v in extra.items())
-            text = ", ".join(t for t in (variant.change, flags) if t)
-            change = replace(
-                variant, args={**fixed.args, **variant.args, **extra}, env={**fixed.env, **variant.env}
-            )
-            return _yielding(change, text, sized.memory.max_running_requests, sized), ""
+            offer = _offered(required, variant, extra, sized.memory.max_running_requests, sized)
+            return replace(offer, args={**ask.args, **offer.args}, env={**ask.env, **offer.env}), ""
         n, _, _ = _best(engine, trial)
         if n > best_n:
             best_n, best_text = n, variant.change or "the current flags"
