@@ -60,7 +60,7 @@ def test_vllm_argv_has_positional_model_and_keeps_the_public_key_off_the_argv() 
     fleet = _fleet("vllm", bind="0.0.0.0", api_key_env="MY_KEY", args={"max-model-len": 4096})
     inst = fleet.instances()[0]
     engine = get_engine("vllm")
-    argv = engine.build_argv(fleet.engine, inst)
+    argv = engine.build_argv(fleet.engine, inst, engine.rule_sets[0])
     assert argv[0] == "/models/q"
     assert "--api-key" not in argv and not any("MY_KEY" in a for a in argv)  # `ps` shows every argv
     assert engine.api_key_env_var == "VLLM_API_KEY"  # the launch script exports the key under this name

@@ -89,7 +89,7 @@ def test_rule_set_matches_what_the_release_source_says(row: list[str]) -> None:
     assert r.spec_reserve_mb == int(reserve)
     assert r.draft_weights_in_budget == r.draft_kv_in_budget == YES[draft]
     assert (r.mamba_ratio_rule, r.mamba_pool_solve, r.mrr_cap) == (ratio, solve, cap)
-    assert r.joint_mamba_spec_solve == solve.startswith("joint")
+    assert r.mamba_pool_solve.startswith("joint") == solve.startswith("joint")
     assert r.auto_strategy_extra_buffer == YES[auto] and r.explicit_no_buffer_needs_no_overlap == YES[nb]
     assert r.rejects_extra_buffer_without_radix == YES[eb]
     assert r.vlm_cache_reserve_mb == int(vlm) and r.gpu_tier_35g[0] == int(tier)
@@ -104,7 +104,7 @@ def test_first_releases_of_the_headline_behaviours() -> None:
     assert first_release("spec_no_buffer_radix", "radix_off") == "0.5.9"
     assert first_release("spec_no_buffer_radix", "raises") == "0.5.10"
     assert first_release("spec_v2_default", True) == "0.5.11"
-    assert first_release("joint_mamba_spec_solve", True) == "0.5.13"
+    assert first_release("mamba_pool_solve", "joint") == "0.5.13"
     assert first_release("draft_kv_in_budget", True) == "0.5.14"
     assert first_release("strategy_flag", "mamba-radix-cache-strategy") == "0.5.14"
     assert first_release("spec_v2_removed_warning", True) == "0.5.14"
@@ -441,7 +441,7 @@ def test_timeline_matches_the_wheels(release: str) -> None:
     assert ("radix_off" in found) == (r.spec_no_buffer_radix == "radix_off")
     assert ("raises" in found) == (r.spec_no_buffer_radix == "raises")
     assert ("spec_v2_true" in found) == r.spec_v2_default
-    assert ("joint" in found) == r.joint_mamba_spec_solve and ("padded" in found) == (
+    assert ("joint" in found) == r.mamba_pool_solve.startswith("joint") and ("padded" in found) == (
         r.mamba_pool_solve == "joint-padded"
     )
     assert ("new_flag" in found) == (r.strategy_flag == "mamba-radix-cache-strategy")

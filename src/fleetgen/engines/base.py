@@ -69,7 +69,6 @@ class RuleSet:
     """
 
     name: str
-    engine: str
     min_version: Version
     max_version: Version
     strategy_flag: str = ""
@@ -107,10 +106,6 @@ class RuleSet:
     auto_strategy_extra_buffer: bool = False  # `auto` resolves to extra_buffer when overlap is on
     # --- vLLM -------------------------------------------------------------------------------------
     default_gpu_memory_utilization: float = 0.9
-
-    @property
-    def joint_mamba_spec_solve(self) -> bool:
-        return self.mamba_pool_solve.startswith("joint")
 
 
 @dataclass(frozen=True)
@@ -216,7 +211,7 @@ class Engine:
     max_running_flags: tuple[str, ...] = ()  # flags (no dashes) that cap the capacity's max_running_requests
     parser_body: str  # its own parser, run inside `parser_check_script` (reads `argv`, fills `out`)
 
-    def build_argv(self, cfg: EngineConfig, inst: Instance, rules: RuleSet | None = None) -> list[str]:
+    def build_argv(self, cfg: EngineConfig, inst: Instance, rules: RuleSet) -> list[str]:
         """The engine's arguments (after python + launcher): `engine.args` (renamed flags translated for
         `rules`' era), then model, TP, bind, port, served name and the engine's `extra_argv`."""
         args = translate_args(cfg.args, rules).args
@@ -378,9 +373,9 @@ class Translation:
     renamed: tuple[tuple[str, str], ...] = ()
 
 
-def translate_args(args: Mapping[str, ArgValue | list[ArgValue]], rules: RuleSet | None) -> Translation:
+def translate_args(args: Mapping[str, ArgValue | list[ArgValue]], rules: RuleSet) -> Translation:
     """Rewrite flags renamed in `rules`' era to the names that era accepts (first replacement)."""
-    table = {r.old: r.new[0] for r in rules.renames} if rules is not None else {}
+    table = {r.old: r.new[0] for r in rules.renames}
     renamed = tuple((key, table[key]) for key in args if key in table)
     return Translation({table.get(key, key): value for key, value in args.items()}, renamed)
 

@@ -148,7 +148,7 @@ def rules_for(version: str) -> RuleSet:
     key = release(version)
     changes = sorted((c for c in TIMELINE if release(c.first) <= key), key=lambda c: release(c.first))
     values: dict[str, Any] = {c.feature: c.value for c in changes}
-    return RuleSet(name=f"sglang-{version}", engine="sglang", min_version=key, max_version=key, **values)
+    return RuleSet(name=f"sglang-{version}", min_version=key, max_version=key, **values)
 
 
 RULE_SETS: tuple[RuleSet, ...] = tuple(rules_for(r) for r in RELEASES)

@@ -68,7 +68,7 @@ class VLLMEngine(Engine):
     )
     # vLLM main moved the default utilization to 0.92 (`vllm/config/cache.py`); releases before that use 0.9.
     rule_sets: tuple[RuleSet, ...] = (
-        RuleSet("vllm-0.x", "vllm", Version("0.6"), Version("0.99"), default_gpu_memory_utilization=0.9),
+        RuleSet("vllm-0.x", Version("0.6"), Version("0.99"), default_gpu_memory_utilization=0.9),
     )
     api_key_env_var: str | None = "VLLM_API_KEY"  # vllm/envs.py; --api-key would show the key to `ps`
     model_flag = None  # the model path is vLLM serve's positional argument

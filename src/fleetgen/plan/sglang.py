@@ -117,11 +117,11 @@ class _Pool:
 
 def _mamba_pool(rest: float, p: int, s: SGLangSettings, rules: RuleSet) -> _Pool:
     """Mamba slots and spec scratch out of `rest` bytes (`handle_max_mamba_cache` of the release)."""
-    if rules.joint_mamba_spec_solve:
+    solve = rules.mamba_pool_solve
+    if solve.startswith("joint"):
         return _joint_pool(rest, p, s, _padding(rules))
     d, mrr = s.draft_tokens, s.max_running_requests or 0
     scratch = p * mrr * d if s.is_spec else 0
-    solve = rules.mamba_pool_solve
     if solve != "ratio-scratch":  # 0.5.8+: the scratch is reserved first, in every branch
         rest -= scratch
     fixed = s.max_mamba_cache_size

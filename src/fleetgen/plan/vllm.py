@@ -62,7 +62,7 @@ def num_spec_tokens(args: Mapping[str, Any]) -> int:
     if not raw:
         return 0
     try:
-        conf = json.loads(str(raw)) if not isinstance(raw, Mapping) else raw
+        conf = json.loads(str(raw))
     except json.JSONDecodeError:
         return 0
     return int(conf.get("num_speculative_tokens", 0)) if isinstance(conf, Mapping) else 0
