@@ -193,7 +193,7 @@ def size_sglang(ask: Ask, s: SGLangSettings) -> tuple[Memory, list[Issue]]:
         rest_bytes=int(rest),
         kv_bytes_per_token=cell,
         state_bytes_per_request=p,
-        mamba_slots=pool.slots if shape.is_hybrid else 0,
+        mamba_slots=pool.slots,
         mamba_pool_bytes=(pool.slots + _padding(rules)) * p if shape.is_hybrid else 0,
         spec_scratch_bytes=int(pool.scratch),
         kv_pool_bytes=tokens * cell,
@@ -204,7 +204,7 @@ def size_sglang(ask: Ask, s: SGLangSettings) -> tuple[Memory, list[Issue]]:
         headroom_needed_bytes=int(needed * MIB) + _outside_budget(ask, s, tokens, cell),
         context_length=s.context_length,
     )
-    return memory, memory_errors(memory, shape, s, rules)
+    return memory, memory_errors(memory, shape, rules)
 
 
 def _rest(ask: Ask, s: SGLangSettings, budget: float) -> tuple[int, int, float]:
@@ -245,7 +245,7 @@ def _unchecked(text: str, rules: RuleSet) -> str:
     )
 
 
-def memory_errors(m: Memory, shape: ModelShape, s: SGLangSettings, rules: RuleSet) -> list[Issue]:
+def memory_errors(m: Memory, shape: ModelShape, rules: RuleSet) -> list[Issue]:
     """What SGLang would raise at start for these numbers, in its own words."""
     if shape.is_hybrid and m.mamba_slots <= 0:
         text = MAMBA_TOO_SMALL.format(size=m.mamba_slots)
@@ -257,7 +257,7 @@ def memory_errors(m: Memory, shape: ModelShape, s: SGLangSettings, rules: RuleSe
     if shape.is_hybrid and m.max_running_requests <= 0:
         text = (
             f"Hybrid (mamba/linear-attention) state cache is too small to serve any requests. "
-            f"max_mamba_cache_size={m.mamba_slots}, mamba_ratio={s.mamba_ratio}"
+            f"max_mamba_cache_size={m.mamba_slots}, mamba_ratio={m.mamba_ratio}"
         )
         return [Issue("mamba-pool", _unchecked(text, rules), MEMORY_FIX)]
     return []
@@ -304,8 +304,8 @@ def size_instance(ask: Ask) -> Sizing:
         "context_length": s.context_length,
         "ssm_dtype": s.ssm_dtype,
     }
-    errors = tuple(flags.errors) + (tuple(mem_errors) if not flags.errors else ())
-    return Sizing(memory, errors, tuple(warnings), resolved)
+    # a refused flag stops SGLang before it sizes anything: its memory errors would never be raised
+    return Sizing(memory, flags.errors or tuple(mem_errors), tuple(warnings), resolved)
 
 
 def _context_warning(m: Memory) -> Issue:
@@ -330,11 +330,10 @@ def _headroom_warning(m: Memory, with_draft: bool) -> Issue:
 
 def _hicache_bytes(m: Memory, s: SGLangSettings, is_hybrid: bool) -> int:
     """Pinned host RAM: a KV host pool and, for hybrid models, a Mamba host pool, both from ratio or size."""
-    ratio = s.hicache_ratio
     if s.hicache_size_gb > 0:
         return int(s.hicache_size_gb * 1e9) * (2 if is_hybrid else 1)
-    kv_host = m.kv_tokens * m.kv_bytes_per_token
-    return int(ratio * kv_host) + (int(ratio * m.mamba_slots * m.state_bytes_per_request) if is_hybrid else 0)
+    mamba_host = m.mamba_slots * m.state_bytes_per_request if is_hybrid else 0
+    return int(s.hicache_ratio * m.kv_pool_bytes) + int(s.hicache_ratio * mamba_host)
 
 
 def variants(ask: Ask) -> list[Fix]:
@@ -348,7 +347,7 @@ def concurrency(ask: Ask, sized: Sizing, n: int) -> dict[str, Any]:
     """max-running-requests, and for a hybrid model the Mamba slots that many requests need."""
     out: dict[str, Any] = {"max-running-requests": n}
     if ask.shape.is_hybrid:  # ρ Mamba slots per running request
-        out["max-mamba-cache-size"] = int(sized.resolved.get("mamba_ratio", 3)) * n
+        out["max-mamba-cache-size"] = sized.memory.mamba_ratio * n
     return out
 
 
