@@ -71,7 +71,7 @@ def counter_rate(name: str, now: Scrape, before: Scrape | None) -> float | None:
 
     A counter that went down means the engine restarted: the rate is unknown, not negative.
     """
-    if before is None or not name or name not in now.samples or name not in before.samples:
+    if before is None or name not in now.samples or name not in before.samples:
         return None
     elapsed = now.at - before.at
     delta = now.samples[name] - before.samples[name]

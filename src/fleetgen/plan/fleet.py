@@ -224,7 +224,7 @@ def _host_memory(
         available.setdefault(machine, _facts_of(facts, plan.host).mem_available_bytes)
     errors = []
     for machine, want in pinned.items():
-        have = available.get(machine)
+        have = available[machine]
         if want and have is not None and want > have - ram.reserve_bytes:
             text = ram.refusal.message.format(req=want / 1e9, avail=(have - ram.reserve_bytes) / 1e9)
             errors.append(replace(ram.refusal, message=f"{machine}: {text}"))
