@@ -117,9 +117,7 @@ def _attention(cfg: Mapping[str, Any], found: _Found) -> dict[str, Any]:
 
 def _dense(cfg: Mapping[str, Any], found: _Found) -> dict[str, Any]:
     out = _attention(cfg, found)
-    out["full_attention_layer_ids"] = tuple(range(out["num_layers"]))
-    out["linear_layer_ids"] = ()
-    return out
+    return {**out, "full_attention_layer_ids": tuple(range(out["num_layers"])), "linear_layer_ids": ()}
 
 
 def _hybrid_gdn(cfg: Mapping[str, Any], found: _Found) -> dict[str, Any]:

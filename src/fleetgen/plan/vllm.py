@@ -147,7 +147,7 @@ def size_instance(ask: Ask) -> Sizing:
     pool = pool_layout(shape, args, tp, ctx)
     num_blocks = kv_pool // pool.bytes_per_block if pool.bytes_per_block else 0
     concurrency = num_blocks / pool.blocks_per_request if pool.blocks_per_request else 0.0
-    cell = pool.page_bytes // pool.block_size * len(shape.full_attention_layer_ids) if pool.block_size else 0
+    cell = pool.page_bytes // pool.block_size * len(shape.full_attention_layer_ids)
     memory = Memory(
         free_bytes=ask.free_bytes,
         mem_fraction_static=util,
