@@ -25,23 +25,21 @@ def _apply(ask: Ask, c: Fix) -> Ask:
     return replace(ask, args={**ask.args, **c.args}, env={**ask.env, **c.env}, tp=c.tp or ask.tp)
 
 
-def _shared(engine: str, ask: Ask) -> list[Fix]:
-    """The ways out every engine has: half the context (above 4096 tokens), more GPUs (tp × 2, × 4, …: the
-    first that fits is kept) and, for 16-bit weights not quantised yet, online FP8 quantisation."""
+def _variants(engine: str, ask: Ask) -> list[Fix]:
+    """The engine's own ways out, then the ones every engine has: half the context (above 4096 tokens), more
+    GPUs (tp × 2, × 4, …: the first that fits is kept) and, for 16-bit weights not quantised yet, online FP8
+    quantisation."""
     flag = get_engine(engine).context_flag
     ctx = int(ask.args.get(flag) or ask.shape.context_length)
-    out = [Fix(3, f"{flag} {ctx} → {ctx // 2}", {flag: ctx // 2})] if ctx > 4096 else []
+    out = list(planner_of(engine).variants(ask))
+    if ctx > 4096:
+        out.append(Fix(3, f"{flag} {ctx} → {ctx // 2}", {flag: ctx // 2}))
     out += [Fix(4, f"tp = {ask.tp * f}", tp=ask.tp * f) for f in TP_FACTORS]
     if can_quantize_fp8(ask) and "quantization" not in ask.args:
         fp8 = ask.shape.weight_bytes // 2 // ask.tp
         text = f"--quantization fp8 (weights {fp8 / (1 << 30):.1f} GiB per GPU; check the quality)"
         out.append(Fix(4, text, {"quantization": "fp8"}))
     return out
-
-
-def _variants(engine: str, ask: Ask) -> list[Fix]:
-    """The engine's own ways out, then the ones every engine shares."""
-    return planner_of(engine).variants(ask) + _shared(engine, ask)
 
 
 def _is_usable(sized: Sizing, need: int = 1) -> bool:

@@ -159,11 +159,7 @@ def cross_instance_errors(
 
 
 def engine_rejections(
-    fleet: FleetFile,
-    instances: Sequence[Instance],
-    shape: ModelShape,
-    facts: Mapping[str, HostFacts],
-    version: str | None = None,
+    fleet: FleetFile, instances: Sequence[Instance], shape: ModelShape, facts: Mapping[str, HostFacts]
 ) -> list[Issue]:
     """The engine's own refusals of each instance's flags (its rules for the rule set `decide_launch` picks,
     in its words, each named by instance), run by `up` before it launches anything: certain, unlike the
@@ -171,7 +167,7 @@ def engine_rejections(
     cfg = fleet.engine
     refused: list[Issue] = []
     for inst in instances:
-        rules = decide_launch(cfg, inst, _facts_of(facts, inst.host), version).rules
+        rules = decide_launch(cfg, inst, _facts_of(facts, inst.host)).rules
         ask = Ask(dict(cfg.args), dict(cfg.env), cfg.tp, 0, 0, rules, shape)
         found = planner_of(cfg.kind).rejections(ask)
         refused += [replace(e, message=f"{inst.name}: {e.message}") for e in found]

@@ -108,8 +108,8 @@ def _strategy(
     args: Mapping[str, Any], env: Mapping[str, str], rules: RuleSet, shape: ModelShape, is_spec: bool
 ) -> _Strategy:
     """The Mamba strategy, radix cache and overlap as the release resolves `auto` and the spec worker."""
-    is_radix = not bool(args.get("disable-radix-cache"))
-    is_overlap = not bool(args.get("disable-overlap-schedule"))
+    is_radix = not args.get("disable-radix-cache")
+    is_overlap = not args.get("disable-overlap-schedule")
     if is_spec:
         is_overlap = is_overlap and _spec_overlap(env, rules)
     given = str(args.get(rules.strategy_flag) or "auto")
