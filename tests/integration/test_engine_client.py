@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
+from fleetgen.errors import EndpointError
 from fleetgen.http.client import EngineClient, RequestFailed
 from tests.fixtures.sim import SimFactory
 
@@ -41,3 +42,16 @@ async def test_owned_or_borrowed_the_key_goes_with_every_request(sim_server: Sim
                 await client.chat(BODY)
             assert refused.value.status == 401 and not refused.value.is_retryable
             assert refused.value.kind == "http_401"
+
+
+async def test_a_view_that_is_not_there_or_not_json_names_the_fix(sim_server: SimFactory) -> None:
+    async with (
+        sim_server(served_model_name="m", enable_metrics=True) as (url, _),
+        EngineClient(url) as client,
+    ):
+        with pytest.raises(EndpointError) as absent:
+            await client.info(["/no-such-view"])
+        with pytest.raises(EndpointError) as not_json:
+            await client.get_json("/metrics")
+    assert "/no-such-view" in absent.value.message and "engine.kind" in absent.value.fix
+    assert "did not return JSON" in not_json.value.message and "http://host:port" in not_json.value.fix

@@ -170,7 +170,9 @@ class EngineClient:
             return orjson.loads(text)
         except orjson.JSONDecodeError as exc:
             raise EndpointError(
-                f"GET {self.base_url}{path} did not return JSON", context={"body": text[:500]}
+                f"GET {self.base_url}{path} did not return JSON",
+                context={"body": text[:500]},
+                fix="check that the URL is the engine's (http://host:port, no /v1) and that it is up",
             ) from exc
 
     async def info(self, paths: Sequence[str]) -> Any:
@@ -185,7 +187,9 @@ class EngineClient:
         if not errors:
             return None
         raise EndpointError(
-            "the engine's info endpoint did not answer: " + "; ".join(errors), context={"url": self.base_url}
+            "the engine's info endpoint did not answer: " + "; ".join(errors),
+            context={"url": self.base_url},
+            fix="check that engine.kind names the engine it runs and that it is up (`fleetgen status`)",
         )
 
     async def metrics(self, path: str = "/metrics") -> Scrape:
