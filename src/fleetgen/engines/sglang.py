@@ -81,6 +81,7 @@ def extra_buffer_no_radix_fix(rules: RuleSet) -> str:
 
 
 NO_BUFFER_PAGE_FIX = "remove page-size or use extra_buffer"
+HICACHE_NO_RADIX_FIX = "remove one of the two flags"
 
 
 def _server_info_places(info: Any) -> list[Any]:
@@ -209,7 +210,7 @@ class SGLangEngine(Engine):
             FatalSignature(
                 r"enable-hierarchical-cache and disable-radix-cache are mutually exclusive",
                 "hierarchical cache needs the radix cache",
-                "remove one of the two flags",
+                HICACHE_NO_RADIX_FIX,
             ),
             FatalSignature(
                 r"mamba_track_interval \d+ must be greater than or equal to speculative_num_draft_tokens",

@@ -107,7 +107,7 @@ class VLLMEngine(Engine):
 
     def accept_length(self, samples: Mapping[str, float], info: Any = None) -> float | None:
         """1 + accepted / drafts from the spec-decode counters (vLLM's own mean acceptance length)."""
-        drafts = samples.get("vllm:spec_decode_num_drafts_total", 0.0)
+        drafts = samples.get(self.metrics.spec_steps_total, 0.0)
         accepted = samples.get("vllm:spec_decode_num_accepted_tokens_total", 0.0)
         return 1.0 + accepted / drafts if drafts > 0 else None
 

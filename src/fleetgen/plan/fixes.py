@@ -14,7 +14,7 @@ from typing import Any
 from fleetgen.engines import get_engine
 from fleetgen.plan.instance import can_quantize_fp8, size
 from fleetgen.plan.planners import planner_of
-from fleetgen.plan.types import Ask, Fix, Sizing
+from fleetgen.plan.types import GIB, Ask, Fix, Sizing
 
 MAX_SCAN = 1024
 MIN_TOKENS_PER_REQUEST = 4096  # a "concurrent request" must have room for at least this much context
@@ -37,7 +37,7 @@ def _variants(engine: str, ask: Ask) -> list[Fix]:
     out += [Fix(4, f"tp = {ask.tp * f}", tp=ask.tp * f) for f in TP_FACTORS]
     if can_quantize_fp8(ask) and "quantization" not in ask.args:
         fp8 = ask.shape.weight_bytes // 2 // ask.tp
-        text = f"--quantization fp8 (weights {fp8 / (1 << 30):.1f} GiB per GPU; check the quality)"
+        text = f"--quantization fp8 (weights {fp8 / GIB:.1f} GiB per GPU; check the quality)"
         out.append(Fix(4, text, {"quantization": "fp8"}))
     return out
 

@@ -13,6 +13,7 @@ from fleetgen.engines import Translation
 from fleetgen.engines.sglang import (
     EXTRA_BUFFER_NO_RADIX,
     HICACHE_NO_RADIX,
+    HICACHE_NO_RADIX_FIX,
     NO_BUFFER_OVERLAP,
     NO_BUFFER_PAGE,
     NO_BUFFER_PAGE_FIX,
@@ -85,7 +86,7 @@ def extra_buffer_without_radix(x: RuleInput) -> Found:
 
 def hicache_without_radix(x: RuleInput) -> Found:
     if x.settings.is_hicache and not x.settings.is_radix:
-        return _error("hicache-no-radix", HICACHE_NO_RADIX, "remove one of the two flags")
+        return _error("hicache-no-radix", HICACHE_NO_RADIX, HICACHE_NO_RADIX_FIX)
     return Found()
 
 
