@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from fleetgen.config import EngineConfig, register_engine_kind
 from fleetgen.engines.base import (
     Engine,
-    MetricNames,
     ParserVerdict,
     RuleSet,
     Translation,
@@ -55,7 +54,6 @@ def engine_of_metrics(samples: Mapping[str, float]) -> Engine:
 __all__ = [
     "ENGINES",
     "Engine",
-    "MetricNames",
     "ParserVerdict",
     "RuleSet",
     "Translation",
