@@ -77,6 +77,7 @@ def _offered(required: Fix, variant: Fix, extra: dict[str, Any], n: int, sized: 
         change=f"{text} → {n} concurrent, {sized.memory.kv_tokens:,} KV tokens",
         args={**required.args, **variant.args, **extra},
         env={**required.env, **variant.env},
+        tp=variant.tp or required.tp,
         max_running_requests=n,
         kv_tokens=sized.memory.kv_tokens,
     )
@@ -89,7 +90,7 @@ def ranked_fixes(engine: str, ask: Ask, base: Sizing) -> tuple[Fix, ...]:
     fixes: list[Fix] = []
     alone = size(engine, fixed) if required.change else None
     if alone is not None and _is_usable(alone):
-        fixes.append(_offered(Fix(0, ""), required, {}, alone.memory.max_running_requests, alone))
+        fixes.append(_offered(required, Fix(0, ""), {}, alone.memory.max_running_requests, alone))
     has_tp = False
     for variant in _variants(engine, fixed):
         if variant.tp and has_tp:
