@@ -73,8 +73,9 @@ def test_sglang_gauges_and_server_info_fallback() -> None:
 
 
 def test_bad_metrics_text_is_an_endpoint_error() -> None:
-    with pytest.raises(EndpointError):
+    with pytest.raises(EndpointError) as err:
         Scrape.parse("vllm:x{unclosed 1\n")
+    assert "/metrics" in err.value.fix  # it names the fix, as every error does
 
 
 # The keys the deploy issue asks `status --json` to carry (tests/integration/test_deploy_vllm.py reuses them).

@@ -39,7 +39,8 @@ class Scrape:
                     totals[sample.name] = totals.get(sample.name, 0.0) + float(sample.value)
                     labels.setdefault(sample.name, sample.labels)
         except ValueError as exc:
-            raise EndpointError(f"unparseable /metrics text: {exc}") from exc
+            fix = "check that the URL is an engine's (http://host:port) serving Prometheus text at /metrics"
+            raise EndpointError(f"unparseable /metrics text: {exc}", fix=fix) from exc
         return cls(at, totals, labels)
 
 
