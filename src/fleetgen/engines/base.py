@@ -238,8 +238,7 @@ class Engine:
         found: dict[str, float] = {}
         for line in log:
             for what, pattern in self.capacity_lines:
-                match = re.search(pattern, line)
-                if match:
+                if match := re.search(pattern, line):
                     found[what] = float(match.group(1).replace(",", ""))
         return found
 

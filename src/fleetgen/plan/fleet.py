@@ -78,8 +78,7 @@ def _binding_gpu(inst: Instance, facts: HostFacts) -> GpuFacts | Issue:
         fix = "set gpu_memory_gib (and gpu_free_gib) in its [[hosts]] entry, or plan without --offline"
         return Issue("gpu-unknown", f"no GPU memory known for host {inst.host}", fix)
     gpus = {g.index: g for g in facts.gpus}
-    missing = [g for g in inst.gpus if g not in gpus]
-    if missing:
+    if missing := [g for g in inst.gpus if g not in gpus]:
         have = ", ".join(str(i) for i in sorted(gpus)) or "none"
         return Issue(
             "gpu-absent",
