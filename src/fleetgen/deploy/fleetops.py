@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -61,18 +61,45 @@ async def host_instances(fleet: Fleet, hs: HostSession) -> list[Instance]:
 
 @dataclass
 class Opened:
-    """The wanted hosts, connected (with their instances) or failed (with their outcomes), and what `--only`
-    picks of them."""
+    """The wanted hosts, connected (with their instances) or failed (with why), and what `--only` picks of
+    them."""
 
     selection: Selection
     sessions: dict[str, tuple[HostSession, list[Instance]]] = field(default_factory=dict)
-    failed: list[Outcome] = field(default_factory=list)
+    failed: list[tuple[HostEntry, FleetgenError]] = field(default_factory=list)
 
     def picked(self) -> list[Instance]:
         """The connected hosts' instances `--only` picks (a name a host lacks fails in that host's run)."""
         picks = self.selection.picks
         every = ((picks.get(hs.entry.name), i) for hs, insts in self.sessions.values() for i in insts)
         return [i for names, i in every if names is None or i.name in names]
+
+
+@contextlib.asynccontextmanager
+async def open_hosts(
+    fleet: Fleet, only: Sequence[str] | None, *, check_launch: bool
+) -> AsyncIterator[Opened]:
+    """Every wanted host connected concurrently and surveyed (`open_session`), with its instances; a host
+    that fails is kept with its error (it fails its own instances only). The connections close on exit."""
+    opened = Opened(fleet.file.select(only))
+    async with aiohttp.ClientSession() as http, contextlib.AsyncExitStack() as stack:
+
+        async def connect(entry: HostEntry) -> None:
+            try:
+                session = open_session(entry, fleet.file.engine, http, check_launch=check_launch)
+                hs = await stack.enter_async_context(session)
+                opened.sessions[entry.name] = (hs, await host_instances(fleet, hs))
+            except FleetgenError as exc:
+                opened.failed.append((entry, exc))
+
+        # Every connect ends before an unexpected error is raised: raised while others still connect, it
+        # would close the stack under them (and the event loop with their SSH tasks pending).
+        for result in await asyncio.gather(
+            *(connect(h) for h in opened.selection.hosts(fleet.file)), return_exceptions=True
+        ):
+            if isinstance(result, BaseException):
+                raise result
+        yield opened
 
 
 async def for_each_host(
@@ -83,41 +110,27 @@ async def for_each_host(
     check_launch: bool = True,
     check_fleet: Callable[[Opened], Awaitable[None]] | None = None,
 ) -> list[Outcome]:
-    """Connect every wanted host concurrently, then (after `check_fleet`, which sees them all before any
-    instance is touched, and raises to refuse) run `per_host(hs, instances)` on each; a host error fails its
-    own instances only."""
-    selection = fleet.file.select(only)
-    opened = Opened(selection)
-    async with aiohttp.ClientSession() as http, contextlib.AsyncExitStack() as stack:
-
-        async def connect(entry: HostEntry) -> None:
-            try:
-                session = open_session(entry, fleet.file.engine, http, check_launch=check_launch)
-                hs = await stack.enter_async_context(session)
-                opened.sessions[entry.name] = (hs, await host_instances(fleet, hs))
-            except FleetgenError as exc:
-                names = selection.names(entry.name, fleet.file.instances_on(entry))
-                opened.failed += [Outcome(instance=n, host=entry.name, error=exc) for n in names]
-
-        # Every connect ends before an unexpected error is raised: raised while others still connect, it
-        # would close the stack under them.
-        for result in await asyncio.gather(
-            *(connect(h) for h in selection.hosts(fleet.file)), return_exceptions=True
-        ):
-            if isinstance(result, BaseException):
-                raise result
+    """`open_hosts`, then `check_fleet` (it sees every host before any instance is touched, and raises to
+    refuse), then `per_host(hs, instances)` on each host at once."""
+    async with open_hosts(fleet, only, check_launch=check_launch) as opened:
         if check_fleet is not None:
             await check_fleet(opened)
 
         async def run(hs: HostSession, instances: list[Instance]) -> list[Outcome]:
             try:
-                return list(await per_host(hs, selection.pick(hs.entry.name, instances)))
+                return await per_host(hs, opened.selection.pick(hs.entry.name, instances))
             except FleetgenError as exc:
-                names = selection.names(hs.entry.name, instances)
-                return [Outcome(instance=n, host=hs.entry.name, error=exc) for n in names]
+                return _failed(opened.selection, hs.entry, exc, instances)
 
         results = await asyncio.gather(*(run(hs, insts) for hs, insts in opened.sessions.values()))
-    return [*opened.failed, *(o for outs in results for o in outs)]
+    unreached = [_failed(opened.selection, e, exc, fleet.file.instances_on(e)) for e, exc in opened.failed]
+    return [o for outs in [*unreached, *results] for o in outs]
+
+
+def _failed(
+    selection: Selection, entry: HostEntry, exc: FleetgenError, instances: list[Instance]
+) -> list[Outcome]:
+    return [Outcome(instance=n, host=entry.name, error=exc) for n in selection.names(entry.name, instances)]
 
 
 def plan_for_up(

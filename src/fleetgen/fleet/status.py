@@ -15,11 +15,9 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import aiohttp
-
-from fleetgen.config import LOOPBACK, HostEntry, Instance
-from fleetgen.deploy.fleetops import host_instances
-from fleetgen.deploy.instance import HostSession, WantedInstance, find_running, open_session
+from fleetgen.config import LOOPBACK, Instance
+from fleetgen.deploy.fleetops import open_hosts
+from fleetgen.deploy.instance import HostSession, WantedInstance, find_running
 from fleetgen.deploy.listener import port_owners, stranger_problem
 from fleetgen.deploy.slurm import place
 from fleetgen.deploy.state import load_state
@@ -175,35 +173,27 @@ class FleetView:
 @contextlib.asynccontextmanager
 async def open_view(fleet: Fleet, *, only: Sequence[str] | None = None) -> AsyncIterator[FleetView]:
     """A FleetView with every wanted host connected; hosts that fail show up as not-ready statuses."""
-    selection = fleet.file.select(only)
     view = FleetView(fleet, api_key(fleet.file))
-    async with aiohttp.ClientSession() as http, contextlib.AsyncExitStack() as stack:
-
-        async def connect(entry: HostEntry) -> None:
+    async with (
+        open_hosts(fleet, only, check_launch=False) as opened,
+        contextlib.AsyncExitStack() as nodes,
+    ):
+        failed = list(opened.failed)
+        for hs, instances in opened.sessions.values():
             try:
-                hs = await stack.enter_async_context(
-                    open_session(entry, fleet.file.engine, http, check_launch=False)
-                )
-                instances = selection.pick(entry.name, await host_instances(fleet, hs))
+                picked = opened.selection.pick(hs.entry.name, instances)
                 if fleet.file.cluster is not None:  # placed by Slurm: each running job's node is its host
-                    await _place(view, hs, instances, stack)
-                    return
-                for inst in instances:
+                    await _place(view, hs, picked, nodes)
+                    continue
+                for inst in picked:
                     view.watch(hs, inst)
             except FleetgenError as exc:
-                static = {i.name: i for i in fleet.file.instances_on(entry)}
-                for name in selection.names(entry.name, list(static.values())):
-                    gpus, port = (static[name].gpus, static[name].port) if name in static else ((), 0)
-                    view.failed.append(InstanceStatus(name, entry.name, gpus, port, problem=exc.message))
-
-        # Every connect ends before the first error (if any) is raised: one raised while others are still
-        # connecting would close the stack under them (and the event loop with their SSH tasks pending).
-        results = await asyncio.gather(
-            *(connect(h) for h in selection.hosts(fleet.file)), return_exceptions=True
-        )
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
+                failed.append((hs.entry, exc))
+        for entry, error in failed:
+            static = {i.name: i for i in fleet.file.instances_on(entry)}
+            for name in opened.selection.names(entry.name, list(static.values())):
+                gpus, port = (static[name].gpus, static[name].port) if name in static else ((), 0)
+                view.failed.append(InstanceStatus(name, entry.name, gpus, port, problem=error.message))
         yield view
 
 
