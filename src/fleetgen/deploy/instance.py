@@ -315,7 +315,7 @@ async def _clear_way(hs: HostSession, wanted: WantedInstance, running: ProcInfo 
     elif (owners := await port_owners(hs.host, port)).listeners:
         raise LaunchFailed(
             f"{wanted.inst.name}: port {port} on {hs.entry.name} is already in use by "
-            + (owners.describe(list(owners.listeners), set()) or "another process"),
+            + owners.describe(owners.listeners, set()),
             context={"host": hs.entry.name, "port": port},
             fix=f"stop what listens there (`ss -ltnp | grep :{port}` on the host) or set "
             "hosts.base_port / engine.base_port to free ports",

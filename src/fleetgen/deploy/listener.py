@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import ipaddress
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from fleetgen.remote.base import Host
@@ -81,7 +81,7 @@ class PortOwners:
             family |= born
         return family
 
-    def describe(self, listeners: list[Listener], exclude: set[int]) -> str:
+    def describe(self, listeners: Sequence[Listener], exclude: set[int]) -> str:
         """`pid 123 (python -m x …) on 0.0.0.0`, for each holder not in `exclude`, or an unseen holder."""
         parts = []
         for lst in listeners:
