@@ -119,13 +119,12 @@ class FleetView:
         return st
 
     async def _read(self, w: _Watched, st: InstanceStatus, rate_window_s: float) -> None:
-        records = load_state(self.fleet.path)
-        running = await find_running(w.hs, w.wanted, records.get(st.instance))
+        rec = load_state(self.fleet.path).get(st.instance)
+        running = await find_running(w.hs, w.wanted, rec)
         if running is None:
             st.readiness, st.problem = Readiness.DOWN, "not running"
             return
         st.pid, st.uptime_s = running.pid, w.hs.survey.uptime_of(running.start_time)
-        rec = records.get(st.instance)
         st.log_path = rec.log_path if rec and rec.pid == running.pid else ""
         st.drift = process_drift(w.wanted.command, running, self.secret)
         st.url = await w.hs.url_for(st.port)
