@@ -10,7 +10,7 @@ wrong with each.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from fleetgen.config import EngineConfig, FleetFile, HostEntry
 from fleetgen.deploy.hostside import GpuInfo, survey_host
@@ -42,7 +42,7 @@ class HostReport:
     model: str = ""
     model_present: bool = False
     problems: tuple[str, ...] = ()
-    warnings: tuple[str, ...] = field(default=())
+    warnings: tuple[str, ...] = ()
 
     @property
     def is_ready(self) -> bool:
