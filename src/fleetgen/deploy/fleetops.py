@@ -28,7 +28,7 @@ from fleetgen.deploy.instance import (
     stop_instance,
 )
 from fleetgen.deploy.slurm import down_jobs, up_jobs
-from fleetgen.deploy.state import InstanceRecord, load_state, update_state
+from fleetgen.deploy.state import load_state, update_state
 from fleetgen.deploy.wanted import (
     Fleet,
     api_key,
@@ -202,10 +202,8 @@ async def up(
             )
         plans.update(plan_for_up(fleet, opened, shape, plan_check=plan_check))
 
-    def on_record(rec: InstanceRecord) -> None:
-        update_state(fleet.path, put=[rec])
-
-    run = Rollout(fleet.engine, load_state(fleet.path), progress, on_record, force)
+    records = load_state(fleet.path)
+    run = Rollout(fleet.engine, records, progress, lambda rec: update_state(fleet.path, put=[rec]), force)
 
     async def per_host(hs: HostSession, instances: list[Instance]) -> list[Outcome]:
         wanted = [
