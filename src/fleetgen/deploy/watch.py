@@ -93,9 +93,9 @@ class LogWatch:
         self.lines += new
         return new
 
-    def tail_text(self, num_lines: int = NUM_ERROR_LINES) -> str:
+    def tail_text(self) -> str:
         extra = [self.partial] if self.partial else []
-        return tail("\n".join(self.lines + extra), num_lines)
+        return tail("\n".join(self.lines + extra), NUM_ERROR_LINES)
 
 
 def first_fatal(
@@ -159,7 +159,6 @@ async def wait_ready(
     rules: RuleSet,
     timeout_s: float,
     progress: Callable[[str], None] | None = None,
-    poll_s: float = 0.25,
 ) -> LogWatch:
     """Return once the engine answers its health endpoint; raise LaunchFailed or ReadyTimeout otherwise.
     `rules`: the rule set that decided the launch; a fatal line's fix is that release's."""
@@ -191,7 +190,7 @@ async def wait_ready(
             last_report = time.monotonic()
             last = watch.lines[-1][:120] if watch.lines else "(log empty so far)"
             progress(f"waiting for health, {elapsed:.0f}s / {timeout_s:.0f}s; log: {last}")
-        await asyncio.sleep(poll_s)
+        await asyncio.sleep(0.25)
 
 
 def _context(proc: StartedProcess, watch: LogWatch, **extra: object) -> dict[str, object]:
