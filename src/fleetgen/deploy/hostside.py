@@ -272,6 +272,10 @@ async def prepare_host(
     return survey
 
 
+# nvidia-smi's GPUs as `parse_gpu_csv` reads them (PREP_SH asks the same).
+GPU_QUERY = ["nvidia-smi", "--query-gpu=index,name,memory.total,memory.used", "--format=csv,noheader,nounits"]
+
+
 def parse_gpu_csv(text: str) -> list[GpuInfo]:
     """nvidia-smi `index,name,memory.total,memory.used` CSV (noheader, nounits; the name may be left out)."""
     gpus = []

@@ -18,8 +18,6 @@ from fleetgen.engines import get_engine
 from fleetgen.errors import RemoteError
 from fleetgen.remote import Host, open_host
 
-GPU_QUERY = ["nvidia-smi", "--query-gpu=index,name,memory.total,memory.used", "--format=csv,noheader,nounits"]
-
 
 @dataclass(frozen=True)
 class HostReport:

@@ -11,10 +11,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fleetgen.config import ClusterConfig, FleetFile, HostEntry
-from fleetgen.deploy.hostside import host_shape, local_shape, parse_gpu_csv
+from fleetgen.deploy.hostside import GPU_QUERY, host_shape, local_shape, parse_gpu_csv
 from fleetgen.engines import Engine, ParserVerdict, get_engine, launcher_of, select_rule_set
 from fleetgen.errors import ModelCardError, RemoteError
-from fleetgen.fleet.hostcheck import GPU_QUERY, HostReport, check_hosts
+from fleetgen.fleet.hostcheck import HostReport, check_hosts
 from fleetgen.modelcard import ModelShape
 from fleetgen.plan import FleetPlan, GpuFacts, HostFacts, InstancePlan, Issue, facts_from_file, plan_fleet
 from fleetgen.plan.types import GIB
