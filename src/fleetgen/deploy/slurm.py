@@ -47,9 +47,11 @@ from fleetgen.deploy.state import InstanceRecord
 from fleetgen.deploy.verify import process_drift
 from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import DeployError, LaunchFailed
+from fleetgen.plan import Issue
 from fleetgen.remote.slurm import (
     HOPELESS,
     JobInfo,
+    PartitionGpus,
     cancel,
     job_options,
     jobs,
@@ -100,13 +102,20 @@ async def preflight(login: HostSession, cluster: ClusterConfig, wanted: WantedIn
     test = sbatch_argv(cluster, wanted, "fleetgen-test-only", ["--wrap=true"])
     test.insert(1, "--test-only")
     await slurm(login.host, test, "accept a server's job")
-    have = await partition_gpus(login.host, cluster.partition)
-    if cluster.gpus > have.total:
-        raise DeployError(
-            f"cluster.gpus = {cluster.gpus}, but partition {cluster.partition} has {have.total} GPU(s) on "
-            f"nodes that can run jobs (sinfo: {'; '.join(have.lines) or 'no nodes'})",
-            fix=f"set cluster.gpus to at most {have.total} in the fleet file, or pick a larger partition",
-        )
+    if short := gpus_shortfall(cluster, await partition_gpus(login.host, cluster.partition)):
+        raise DeployError(short.message, fix=short.fix)
+
+
+def gpus_shortfall(cluster: ClusterConfig, have: PartitionGpus) -> Issue | None:
+    """`cluster.gpus` over the GPUs the partition has (`up` refuses it, `plan` warns)."""
+    if cluster.gpus <= have.total:
+        return None
+    return Issue(
+        "cluster-gpus",
+        f"cluster.gpus = {cluster.gpus}, but partition {cluster.partition} has {have.total} GPU(s) on nodes "
+        f"that can run jobs (sinfo: {'; '.join(have.lines) or 'no nodes'})",
+        f"set cluster.gpus to at most {have.total} in the fleet file, or pick a larger partition",
+    )
 
 
 async def wait_running(

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from fleetgen.config import ClusterConfig, FleetFile, HostEntry
 from fleetgen.deploy.hostside import GPU_QUERY, host_shape, local_shape, parse_gpu_csv
+from fleetgen.deploy.slurm import gpus_shortfall
 from fleetgen.engines import Engine, ParserVerdict, get_engine, launcher_of, select_rule_set
 from fleetgen.errors import ModelCardError, RemoteError
 from fleetgen.fleet.hostcheck import HostReport, check_hosts
@@ -103,15 +104,8 @@ async def cluster_gpus(
             "cluster.gpu_memory_gib set in the fleet file",
         )
     best = max(rows, key=lambda g: g.memory_total_mib - g.memory_used_mib).facts()
-    notes: list[Issue] = []
+    notes = [short] if (short := gpus_shortfall(cluster, have)) else []
     widest = max((n for _, n in have.per_node), default=0)
-    if cluster.gpus > have.total:
-        text = (
-            f"cluster.gpus = {cluster.gpus}, but partition {cluster.partition} has {have.total} GPU(s) "
-            f"on nodes that can run jobs ({'; '.join(have.lines) or 'no nodes'})"
-        )
-        fix = f"set cluster.gpus to at most {have.total}, or pick a larger partition"
-        notes.append(Issue("cluster-gpus", text, fix))
     if tp > widest:
         text = f"engine.tp = {tp}, but no node of partition {cluster.partition} has over {widest} GPU(s)"
         fix = "lower engine.tp, or pick a partition with larger nodes (`sinfo -o '%P %G'`)"
