@@ -139,8 +139,7 @@ async def open_session(
         )
     async with host or open_host(entry) as host:
         survey = await prepare_host(host, entry, cfg, check_launch=check_launch)
-        public_bind = cfg.bind if cfg.is_public else None
-        yield HostSession(entry=entry, host=host, survey=survey, http=http, public_bind=public_bind)
+        yield HostSession(entry, host, survey, http, public_bind=cfg.bind if cfg.is_public else None)
 
 
 def is_loopback(address: str) -> bool:
@@ -259,11 +258,10 @@ async def follow_launch(
     out.record, out.pid, out.log_path = rec, rec.pid, rec.log_path
     client = await hs.client_for(wanted)
     out.url, name = client.base_url, wanted.inst.name
-    started = StartedProcess(name, hs.host, rec.pid, rec.start_time, rec.log_path)
     try:
         try:
             watch = await wait_ready(
-                started,
+                StartedProcess(name, hs.host, rec.pid, rec.start_time, rec.log_path),
                 run.engine,
                 client,
                 rules=wanted.launch.rules,
