@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from fleetgen.remote.base import Host
 from fleetgen.remote.scripts import sh
 
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
 # $1 port. Prints `L INODE ADDR_HEX` per LISTEN socket on the port, `P PID PPID` per process, `H PID INODE`
 # per holder of one of those sockets, `C PID BASE64(cmdline)` per holder. /proc/PID/stat's comm may hold
 # spaces and parentheses: the state and ppid follow its LAST `) `. Holders come from one `ls -l` of every
@@ -50,7 +52,7 @@ class Listener:
     """One LISTEN socket on the port: its inode, local address, and the processes holding it."""
 
     inode: int
-    address: ipaddress.IPv4Address | ipaddress.IPv6Address
+    address: Address
     holders: frozenset[int]
 
     def can_receive(self, bind: str) -> bool:
@@ -97,15 +99,13 @@ class PortOwners:
         return "; ".join(parts)
 
 
-def _plain(
-    address: ipaddress.IPv4Address | ipaddress.IPv6Address,
-) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+def _plain(address: Address) -> Address:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         return address.ipv4_mapped
     return address
 
 
-def parse_address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+def parse_address(text: str) -> Address:
     """/proc/net/tcp{,6}'s hex address: 32-bit words in host (little-endian) byte order."""
     raw = bytes.fromhex(text)
     words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
@@ -114,7 +114,7 @@ def parse_address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
 
 def parse_owners(port: int, stdout: str) -> PortOwners:
     """Read what OWNERS_SH printed."""
-    sockets: dict[int, ipaddress.IPv4Address | ipaddress.IPv6Address] = {}
+    sockets: dict[int, Address] = {}
     holders: dict[int, set[int]] = {}
     parents: dict[int, int] = {}
     argv: dict[int, tuple[str, ...]] = {}
