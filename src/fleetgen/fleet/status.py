@@ -108,9 +108,7 @@ class FleetView:
 
     async def _one(self, w: _Watched, rate_window_s: float) -> InstanceStatus:
         inst = w.wanted.inst
-        st = InstanceStatus(
-            instance=inst.name, host=inst.host, gpus=inst.gpus, port=inst.port, placement=w.placement
-        )
+        st = InstanceStatus(inst.name, inst.host, inst.gpus, inst.port, placement=w.placement)
         try:
             await self._read(w, st, rate_window_s)
         except FleetgenError as exc:
