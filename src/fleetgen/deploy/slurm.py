@@ -211,8 +211,7 @@ async def _ensure(
     if old:
         why = "restart" if run.force else "flags or env changed, or its process is gone"
         run.progress(name, f"cancelling Slurm job {', '.join(old)} ({why})")
-        await cancel(login.host, [jname])
-        await wait_left(login, [jname])
+        await cancel_jobs(login, [jname])
     out.swept = await _sweep(fleet, login, record)  # its job ended but processes live: port, GPU
     if out.swept:
         run.progress(name, f"swept pid(s) {', '.join(map(str, out.swept))}, left on its node by an ended job")
@@ -272,8 +271,9 @@ async def _engine_pid(node: HostSession, wanted: WantedInstance, job: str) -> tu
         await asyncio.sleep(0.2)
 
 
-async def wait_left(login: HostSession, names: Sequence[str], timeout_s: float = 60.0) -> None:
-    """Wait until Slurm lists no job with these names (after scancel); raise naming what stays."""
+async def cancel_jobs(login: HostSession, names: Sequence[str], timeout_s: float = 60.0) -> None:
+    """scancel the jobs with these names, then wait until Slurm lists none; raise naming what stays."""
+    await cancel(login.host, names)
     deadline = time.monotonic() + timeout_s
     while left := await queued(login.host, names):
         if time.monotonic() > deadline:
@@ -291,8 +291,7 @@ async def down_jobs(
     none, then sweep on the node what the job left there (`_sweep`)."""
     names = [job_name(fleet.path, t.inst.name) for t in all_wanted]
     before = set((await queued(login.host, names)).values())
-    await cancel(login.host, names)
-    await wait_left(login, names)
+    await cancel_jobs(login, names)
 
     async def sweep(wanted: WantedInstance, out: Outcome) -> None:
         await remove_secret_files(login.host, wanted.command)
