@@ -219,7 +219,7 @@ async def ensure_up(hs: HostSession, run: Rollout, wanted: WantedInstance, out: 
     record = run.records.get(wanted.inst.name)
     running = await find_running(hs, wanted, record)
     if running and not run.force and not process_drift(wanted.command, running, wanted.secret_value):
-        await keep_running(hs, wanted, record, run, out, running)
+        await keep_running(hs, wanted, run, out, running)
         return
     await _clear_way(hs, wanted, running, run)
     out.action = Action.REPLACED if running else Action.STARTED
@@ -281,14 +281,10 @@ async def follow_launch(
 
 
 async def keep_running(
-    hs: HostSession,
-    wanted: WantedInstance,
-    record: InstanceRecord | None,
-    run: Rollout,
-    out: Outcome,
-    running: ProcInfo,
+    hs: HostSession, wanted: WantedInstance, run: Rollout, out: Outcome, running: ProcInfo
 ) -> None:
     """The process already runs as wanted: leave it, and verify it like a new one."""
+    record = run.records.get(wanted.inst.name)
     out.action, out.pid = Action.UNCHANGED, running.pid
     out.record = record if record is not None and record.pid == running.pid else None
     out.log_path = out.record.log_path if out.record else wanted.command.paths.current_log

@@ -199,7 +199,7 @@ async def _ensure(
             async with node_session(fleet, login, info.node, info.job_id) as node:
                 running = await find_running(node, wanted, record)
                 if running and not process_drift(wanted.command, running, wanted.secret_value):
-                    await keep_running(node, wanted, record, run, out, running)
+                    await keep_running(node, wanted, run, out, running)
                     return
         elif record.script_sha256 == wanted.sha256:  # queued by an earlier `up`: take it over
             run.progress(name, f"Slurm job {job} is already queued for it: waiting for it")
