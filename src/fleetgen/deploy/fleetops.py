@@ -61,12 +61,16 @@ async def host_instances(fleet: Fleet, hs: HostSession) -> list[Instance]:
 
 @dataclass
 class Opened:
-    """The wanted hosts, connected (with their instances) or failed (with why), and what `--only` picks of
-    them."""
+    """The wanted hosts, connected (with their instances), what `--only` picks of them, and the picked
+    instances that failed (name, host, why)."""
 
     selection: Selection
     sessions: dict[str, tuple[HostSession, list[Instance]]] = field(default_factory=dict)
-    failed: list[tuple[HostEntry, FleetgenError]] = field(default_factory=list)
+    failed: list[tuple[str, HostEntry, FleetgenError]] = field(default_factory=list)
+
+    def fail(self, entry: HostEntry, exc: FleetgenError, instances: Sequence[Instance]) -> None:
+        """`exc` fails every instance `--only` picks of `entry` (`instances`: its own, as far as known)."""
+        self.failed += [(name, entry, exc) for name in self.selection.names(entry.name, instances)]
 
     def picked(self) -> list[Instance]:
         """The connected hosts' instances `--only` picks (a name a host lacks fails in that host's run)."""
@@ -80,7 +84,7 @@ async def open_hosts(
     fleet: Fleet, only: Sequence[str] | None, *, check_launch: bool
 ) -> AsyncIterator[Opened]:
     """Every wanted host connected concurrently and surveyed (`open_session`), with its instances; a host
-    that fails is kept with its error (it fails its own instances only). The connections close on exit."""
+    that fails fails its own instances only (`Opened.failed`). The connections close on exit."""
     opened = Opened(fleet.file.select(only))
     async with aiohttp.ClientSession() as http, contextlib.AsyncExitStack() as stack:
 
@@ -90,7 +94,7 @@ async def open_hosts(
                 hs = await stack.enter_async_context(session)
                 opened.sessions[entry.name] = (hs, await host_instances(fleet, hs))
             except FleetgenError as exc:
-                opened.failed.append((entry, exc))
+                opened.fail(entry, exc, fleet.file.instances_on(entry))
 
         # Every connect ends before an unexpected error is raised: raised while others still connect, it
         # would close the stack under them (and the event loop with their SSH tasks pending).
@@ -120,17 +124,12 @@ async def for_each_host(
             try:
                 return await per_host(hs, opened.selection.pick(hs.entry.name, instances))
             except FleetgenError as exc:
-                return _failed(opened.selection, hs.entry, exc, instances)
+                opened.fail(hs.entry, exc, instances)
+                return []
 
         results = await asyncio.gather(*(run(hs, insts) for hs, insts in opened.sessions.values()))
-    unreached = [_failed(opened.selection, e, exc, fleet.file.instances_on(e)) for e, exc in opened.failed]
-    return [o for outs in [*unreached, *results] for o in outs]
-
-
-def _failed(
-    selection: Selection, entry: HostEntry, exc: FleetgenError, instances: list[Instance]
-) -> list[Outcome]:
-    return [Outcome(instance=n, host=entry.name, error=exc) for n in selection.names(entry.name, instances)]
+    failed = [Outcome(instance=name, host=entry.name, error=exc) for name, entry, exc in opened.failed]
+    return [*failed, *(o for outs in results for o in outs)]
 
 
 def plan_for_up(

@@ -175,7 +175,6 @@ async def open_view(fleet: Fleet, *, only: Sequence[str] | None = None) -> Async
         open_hosts(fleet, only, check_launch=False) as opened,
         contextlib.AsyncExitStack() as nodes,
     ):
-        failed = list(opened.failed)
         for hs, instances in opened.sessions.values():
             try:
                 picked = opened.selection.pick(hs.entry.name, instances)
@@ -185,12 +184,11 @@ async def open_view(fleet: Fleet, *, only: Sequence[str] | None = None) -> Async
                 for inst in picked:
                     view.watch(hs, inst)
             except FleetgenError as exc:
-                failed.append((hs.entry, exc))
-        for entry, error in failed:
-            static = {i.name: i for i in fleet.file.instances_on(entry)}
-            for name in opened.selection.names(entry.name, list(static.values())):
-                gpus, port = (static[name].gpus, static[name].port) if name in static else ((), 0)
-                view.failed.append(InstanceStatus(name, entry.name, gpus, port, problem=error.message))
+                opened.fail(hs.entry, exc, instances)
+        static = {i.name: i for h in fleet.file.hosts for i in fleet.file.instances_on(h)}
+        for name, entry, error in opened.failed:
+            gpus, port = (static[name].gpus, static[name].port) if name in static else ((), 0)
+            view.failed.append(InstanceStatus(name, entry.name, gpus, port, problem=error.message))
         yield view
 
 
