@@ -139,9 +139,8 @@ class FleetView:
             return
         info = await client.info(engine.info_paths)
         load, capacity = await self._load(w, client, info, rate_window_s)
-        st.running, st.queued = load.running, load.queued
+        st.running, st.queued, st.kv_usage = load.running, load.queued, load.kv_usage
         st.gen_tokens_per_s, st.spec_accept_length = load.gen_tokens_per_s, load.spec_accept_length
-        st.kv_usage = load.kv_usage
         cap = flag_value(w.wanted.command.args, engine.max_running_flags)
         st.max_running_requests = engine.max_running_from_info(info) or engine.max_running_from_capacity(
             capacity, cap
