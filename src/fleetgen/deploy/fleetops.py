@@ -83,8 +83,8 @@ class Opened:
 async def open_hosts(
     fleet: Fleet, only: Sequence[str] | None, *, check_launch: bool
 ) -> AsyncIterator[Opened]:
-    """Every wanted host connected concurrently and surveyed (`open_session`), with its instances; a host
-    that fails fails its own instances only (`Opened.failed`). The connections close on exit."""
+    """Every wanted host connected and surveyed at once (`open_session`), with its instances, or failed
+    (`Opened.failed`); the connections close on exit."""
     opened = Opened(fleet.file.select(only))
     async with aiohttp.ClientSession() as http, contextlib.AsyncExitStack() as stack:
 
