@@ -347,9 +347,8 @@ async def place(
             where = f"Slurm job {info.job_id} on {info.node}"
             placed.append(Placement(inst, nodes[key], where, job=info.job_id))
         elif info.is_active:
-            placed.append(
-                Placement(inst, None, f"Slurm job {info.job_id} {info.describe()}, {info.run_time}")
-            )
+            where = f"Slurm job {info.job_id} {info.describe()}, {info.run_time}"
+            placed.append(Placement(inst, None, where))
         else:
             where = f"Slurm job {info.job_id} ended: {info.describe()}"
             placed.append(Placement(inst, None, where, has_ended=True))
