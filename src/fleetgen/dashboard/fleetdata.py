@@ -33,12 +33,12 @@ HEALTH_PATH = "/health"
 PROBE_TIMEOUT_S = 3.0  # a sick server must turn red within seconds, not after a 30 s client timeout
 
 
+@dataclass(frozen=True)
 class FleetViewSource:
     """Rows from an open `FleetView` (the caller keeps it open while the dashboard runs)."""
 
-    def __init__(self, view: FleetView, planned: Mapping[str, int]) -> None:
-        self.view = view
-        self.planned = planned
+    view: FleetView
+    planned: Mapping[str, int]
 
     async def __call__(self) -> Sequence[InstanceRow]:
         statuses = await self.view.refresh(rate_window_s=0.0)

@@ -71,12 +71,10 @@ class JobView:
     meta: Mapping[str, object] = field(default_factory=dict)
 
 
-def bucket_edges(
-    start: float, end: float, max_points: int = MAX_POINTS, min_width: float = 2.0
-) -> list[float]:
-    """Equal-width bucket edges over [start, end]: at most `max_points` buckets, each ≥ `min_width` s."""
+def bucket_edges(start: float, end: float, min_width: float = 2.0) -> list[float]:
+    """Equal-width bucket edges over [start, end]: at most `MAX_POINTS` buckets, each ≥ `min_width` s."""
     span = max(end - start, 0.0)
-    width = max(span / max_points, min_width)
+    width = max(span / MAX_POINTS, min_width)
     count = max(int(span // width), 1)
     return [start + k * width for k in range(count + 1)]
 
@@ -113,16 +111,14 @@ def sample_interval(grouped: Mapping[str, Sequence[Sample]]) -> float:
     return max(gaps[len(gaps) // 2], 2.0) if gaps else 2.0
 
 
-def rate_series(samples: Sequence[Sample], attr: str, *, max_points: int = MAX_POINTS) -> list[Series]:
+def rate_series(samples: Sequence[Sample], attr: str) -> list[Series]:
     """Per-instance rate (per second) of a cumulative counter (`completions` or `output_tokens`), and a
     last series `total` (`is_total`): counts are read at shared bucket edges, so instances sampled at
     different moments add up."""
     grouped = by_instance(samples)
     if not grouped or len(samples) < 2:
         return []
-    edges = bucket_edges(
-        min(s.ts for s in samples), max(s.ts for s in samples), max_points, min_width=sample_interval(grouped)
-    )
+    edges = bucket_edges(min(s.ts for s in samples), max(s.ts for s in samples), sample_interval(grouped))
     series, totals = [], [0.0] * (len(edges) - 1)
     for name, rows in grouped.items():
         times, counts = [r.ts for r in rows], [int(getattr(r, attr)) for r in rows]
@@ -134,12 +130,12 @@ def rate_series(samples: Sequence[Sample], attr: str, *, max_points: int = MAX_P
     return series
 
 
-def gauge_series(samples: Sequence[Sample], attr: str, *, max_points: int = MAX_POINTS) -> list[Series]:
+def gauge_series(samples: Sequence[Sample], attr: str) -> list[Series]:
     """Per-instance line of a gauge (`accept_len`): the mean of the samples in each bucket."""
     present = [s for s in samples if getattr(s, attr) is not None]
     if not present:
         return []
-    edges = bucket_edges(min(s.ts for s in present), max(s.ts for s in present), max_points)
+    edges = bucket_edges(min(s.ts for s in present), max(s.ts for s in present))
     series = []
     for name, rows in by_instance(present).items():
         buckets: dict[int, list[float]] = {}

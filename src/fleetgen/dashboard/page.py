@@ -75,16 +75,15 @@ def dashboard_page(current: Mapping[str, Any], subtitle: str) -> str:
     )
 
 
-def report_page(job: JobView, *, generated_at: float | None = None) -> str:
+def report_page(job: JobView) -> str:
     """One self-contained HTML file: inline CSS and SVG, no script, no external reference. Its instance
     table is what the job's time series recorded (a report reads no fleet)."""
-    generated = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(generated_at or time.time()))
     return _page(
         f"fleetgen report · {job.out_dir}",
         f"<style>\n{asset('dashboard.css')}\n</style>",
         "report.html",
         subtitle=escape(f"{job.out_dir} · {'finished' if job.is_finished else 'running'}"),
-        generated=escape(generated),
+        generated=escape(time.strftime("%Y-%m-%d %H:%M:%S")),
         cards=render.summary_cards(render.summary_numbers(job)),
         progress=render.progress_bar(job),
         error_table=render.error_table(job.error_examples, job.num_errors),

@@ -7,6 +7,7 @@ attached to a ticket. PNGs are the same SVG charts rasterised (`chromium.svg_to_
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,11 +30,8 @@ class ReportFiles:
 
 def read_job(out_dir: Path) -> JobView:
     """The job in `out_dir` as it is now, with up to `NUM_LISTED_ERRORS` error rows."""
-    reader = JobReader(out_dir)
-    try:
+    with contextlib.closing(JobReader(out_dir)) as reader:
         return reader.read(num_errors=NUM_LISTED_ERRORS)
-    finally:
-        reader.close()
 
 
 async def write_report(out_dir: Path, to: Path | None = None, *, png: bool = False) -> ReportFiles:

@@ -83,10 +83,10 @@ class Dashboard:
         state["fragments"]["notice"] = "".join(f"<p>{escape(n)}</p>" for n in notices)
         return state
 
-    async def refresh_forever(self, interval_s: float = REFRESH_S) -> None:
+    async def refresh_forever(self) -> None:
         while True:
             await self.refresh()
-            await asyncio.sleep(interval_s)
+            await asyncio.sleep(REFRESH_S)
 
     def close(self) -> None:
         if self.reader is not None:

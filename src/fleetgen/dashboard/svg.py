@@ -88,12 +88,10 @@ def format_duration(seconds: float) -> str:
     return f"{days}d{rest // 3600:02d}h"
 
 
-def time_ticks(start: float, end: float, count: int = 6) -> list[float]:
-    """Tick positions (seconds) at a round step (1 s … 1 d) covering [start, end]."""
-    span = max(end - start, 1.0)
+def time_ticks(span: float, count: int = 6) -> list[float]:
+    """Tick positions (seconds) at a round step (1 s … 1 d) from 0 to `span`."""
     step = next((s for s in _TIME_STEPS if span / s <= count), 86400 * math.ceil(span / 86400 / count))
-    first = math.ceil(start / step) * step
-    return [first + k * step for k in range(int((end - first) // step) + 1)]
+    return [k * step for k in range(int(span // step) + 1)]
 
 
 def _frame(height: int, title: str, body: str, *, is_empty: bool = False) -> str:
@@ -168,7 +166,7 @@ def line_chart(
     right = WIDTH - _RIGHT - _legend_width([s.name for s in drawn])
     x_of, y_of = _Scale(x0, x1, _LEFT, right), _Scale(y_ticks[0], y_ticks[-1], HEIGHT - _BOTTOM, _TOP)
     if x_ticks is None:
-        x_ticks = [(x0 + t, format_duration(t)) for t in time_ticks(0.0, x1 - x0)]
+        x_ticks = [(x0 + t, format_duration(t)) for t in time_ticks(x1 - x0)]
     colors = [s.color or (TOTAL_COLOR if s.is_total else color_for(k)) for k, s in enumerate(drawn)]
     body = [_axes(y_ticks, x_ticks, x_of, y_of)]
     for line, color in zip(drawn, colors, strict=True):
