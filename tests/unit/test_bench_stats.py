@@ -137,7 +137,6 @@ def sample(
     s = RequestSample(
         is_ok=ok,
         ttft_s=ttft,
-        latency_s=1.0,
         num_chunks=chunks,
         output_tokens=tokens,
         prompt_tokens=prompt,

@@ -37,8 +37,7 @@ def targets_of(names_urls: Sequence[tuple[str, str]], scope: str) -> list[BenchT
 
 
 async def bench_fleet(
-    fleet: Fleet | None,
-    urls: Sequence[str],
+    source: Fleet | Sequence[str],
     load: BenchLoad,
     *,
     scope: str = "both",
@@ -47,19 +46,16 @@ async def bench_fleet(
 ) -> list[LevelResult]:
     """Sweep the given URLs, or the fleet's ready instances (through their tunnels, capped by the plan)."""
     async with contextlib.AsyncExitStack() as stack:
-        if urls or fleet is None:
-            pairs = [(f"endpoint-{i}", url.rstrip("/")) for i, url in enumerate(urls)]
-            caps = [cap]
-        else:
-            endpoints = await stack.enter_async_context(ready_endpoints(fleet))
+        if isinstance(source, Fleet):
+            endpoints = await stack.enter_async_context(ready_endpoints(source))
             pairs = [(e.name, e.url) for e in endpoints]
             caps = [cap, *(e.max_running_requests for e in endpoints)]
             if endpoints[0].api_key and not load.api_key:
                 load = dataclasses.replace(load, api_key=endpoints[0].api_key)
-        known = [c for c in caps if c]
-        return await sweep(
-            targets_of(pairs, scope), load, cap=min(known) if known else None, on_level=on_level
-        )
+        else:
+            pairs = [(f"endpoint-{i}", url.rstrip("/")) for i, url in enumerate(source)]
+            caps = [cap]
+        return await sweep(targets_of(pairs, scope), load, caps=caps, on_level=on_level)
 
 
 async def compare_spec(
@@ -74,7 +70,7 @@ async def compare_spec(
     spec_off = write_spec_off(fleet)
     try:
         await _restart(spec_off)
-        off = await bench_fleet(spec_off, (), load, scope=scope, cap=cap, on_level=on_level)
+        off = await bench_fleet(spec_off, load, scope=scope, cap=cap, on_level=on_level)
     except FleetgenError as exc:
         # Not silent: the fleet now runs (some of) the spec-off deploy, unlike what the fleet file says.
         exc.context["fleet left"] = "deployed WITHOUT speculative decoding (the --compare-spec off phase)"
@@ -85,7 +81,7 @@ async def compare_spec(
     finally:
         spec_off.path.unlink(missing_ok=True)
     await _restart(fleet)
-    on = await bench_fleet(fleet, (), load, scope=scope, cap=cap, on_level=on_level)
+    on = await bench_fleet(fleet, load, scope=scope, cap=cap, on_level=on_level)
     return off, on, speedups(off, on)
 
 

@@ -84,7 +84,6 @@ class RequestSample:
 
     is_ok: bool = False
     ttft_s: float = 0.0
-    latency_s: float = 0.0
     itls: array[float] = field(default_factory=lambda: array("d"))
     num_chunks: int = 0
     output_tokens: int = 0

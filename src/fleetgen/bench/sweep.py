@@ -47,7 +47,6 @@ async def stream_one(client: EngineClient, body: Mapping[str, object]) -> Reques
     except EndpointError as exc:
         sample.error = f"{exc.message} ({client.base_url})"
         return sample
-    sample.latency_s = time.perf_counter() - start
     if sample.num_chunks == 0 or sample.output_tokens == 0:
         sample.error = f"{client.base_url} streamed no tokens (or no usage: does it honour include_usage?)"
         return sample
@@ -137,10 +136,11 @@ async def sweep(
     targets: Sequence[BenchTarget],
     load: BenchLoad,
     *,
-    cap: int | None = None,
+    caps: Sequence[int | None] = (),
     on_level: Callable[[LevelResult], None] | None = None,
 ) -> list[LevelResult]:
-    """Every target through every level (capped by `cap` and by the servers' own max running requests)."""
+    """Every target through every level, capped by the lowest of `caps` (known before: the user's, the
+    plan's) and of the servers' own max running requests."""
     results: list[LevelResult] = []
     async with contextlib.AsyncExitStack() as stack:
         # max_connections=0: the connection pool must never be what caps concurrency.
@@ -153,10 +153,10 @@ async def sweep(
         for target in targets:
             clients = [by_url[url] for url in target.urls]
             model = load.model or await clients[0].served_model()
-            caps = [c for c in [cap, *[await server_cap(client) for client in clients]] if c]
+            known = [c for c in [*caps, *[await server_cap(client) for client in clients]] if c]
             ratio = await words_per_token(clients[0], load, model)
             num_words = max(1, round(load.input_len * ratio))
-            levels = capped_levels(load.concurrencies, min(caps) if caps else None)
+            levels = capped_levels(load.concurrencies, min(known, default=None))
             if levels and load.warmup_tokens:
                 await warm_up(clients, levels[-1], load, model, num_words)
             for concurrency in levels:

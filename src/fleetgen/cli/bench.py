@@ -138,6 +138,8 @@ def bench(
     if compare and endpoint:
         raise typer.BadParameter("--compare-spec deploys the fleet twice: use --fleet, not --endpoint")
 
+    lengths = f"in {input_len} / out {output_len} tokens"
+
     async def go() -> None:
         if png is not None:
             chromium.require_chromium()  # before the sweep, not after minutes of it
@@ -150,27 +152,24 @@ def bench(
             model=model or job_model,
             sampling=sampling,
         )
-        loaded = None if endpoint else cli.read_fleet(fleet)
         rows: list[SpeedupRow] = []
-        if loaded is not None and compare:
+        if compare:
             off, on, rows = await compare_spec(
-                loaded, load, scope=scope, cap=max_concurrency, on_level=_progress
+                cli.read_fleet(fleet), load, scope=scope, cap=max_concurrency, on_level=_progress
             )
             levels = [dataclasses.replace(r, target=f"{r.target} (spec off)") for r in off] + list(on)
         else:
             levels = await bench_fleet(
-                loaded, endpoint or [], load, scope=scope, cap=max_concurrency, on_level=_progress
+                endpoint or cli.read_fleet(fleet), load, scope=scope, cap=max_concurrency, on_level=_progress
             )
         if as_json:
             cli.print_json({"load": load, "levels": levels, "speedups": rows})
         else:
-            cli.console.print(
-                level_table(levels, f"fleetgen bench: in {input_len} / out {output_len} tokens")
-            )
+            cli.console.print(level_table(levels, f"fleetgen bench: {lengths}"))
             if rows:
                 cli.console.print(speedup_table(rows))
         if png is not None:
-            chromium.svg_to_png(throughput_chart(levels, f"in {input_len} / out {output_len} tokens"), png)
+            chromium.svg_to_png(throughput_chart(levels, lengths), png)
             cli.err_console.print(f"wrote {png}", highlight=False)
 
     cli.run(go())
