@@ -5,10 +5,13 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
+import fleetgen.cli.deploy as deploy_cli
 from fleetgen.cli import _TOPICS
 from fleetgen.cli.app import app
+from fleetgen.fleet.status import InstanceStatus, Readiness
 
 
 def _cli() -> CliRunner:
@@ -51,3 +54,23 @@ def test_plan_shows_one_table_per_group_of_identical_instances() -> None:
     assert "node96-0 … node96-3: 4 identical instances" in text
     assert "node183-0 … node183-6: 7 identical instances" in text
     assert "11 instance(s)" in text and "all instances fit" in text
+
+
+def test_status_prints_a_problem_with_brackets_verbatim(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host key pattern on another port (`[host]:2222`) is text, not a rich tag to swallow."""
+    problem = "the host key of a ([gpu1.example.com]:2222) CHANGED: see [[hosts]] a"
+
+    async def fake_status(fleet: object, only: object = None) -> list[InstanceStatus]:
+        return [InstanceStatus("a-0", "a", (0,), 30000, readiness=Readiness.DOWN, problem=problem)]
+
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text(
+        '[engine]\nkind = "sglang"\nmodel = "/m"\n\n[[hosts]]\nname = "a"\nssh = "local"\ngpus = [0]\n'
+    )
+    runner = _cli()
+    monkeypatch.setattr(deploy_cli, "fleet_status", fake_status)
+    result = runner.invoke(app, ["status", "-f", str(fleet)], env={"COLUMNS": "400"})
+    assert result.exit_code == 1
+    assert problem in result.output, result.output

@@ -62,9 +62,9 @@ def _print_verified(out: Outcome) -> None:
         parts.append(f"speculative decoding ran ({ver.spec_steps:,.0f} verify steps during the test request)")
     if ver.accept_length is not None:
         parts.append(f"spec accept length {ver.accept_length:.2f}")
-    cli.console.print("    verified: " + ", ".join(parts), highlight=False)
+    cli.console.print("    verified: " + escape(", ".join(parts)), highlight=False)
     for warning in ver.warnings:
-        cli.console.print(f"    [yellow]warning:[/] {warning}", highlight=False)
+        cli.console.print(f"    [yellow]warning:[/] {escape(warning)}", highlight=False)
     for row in ver.capacity:
         planned = "—" if row.planned is None else _figure(row.planned)
         actual = "—" if row.actual is None else _figure(row.actual)
@@ -129,7 +129,7 @@ def _table(statuses: Sequence[InstanceStatus]) -> Table:
             _fmt(s.gen_tokens_per_s, "{:.1f}"),
             _fmt(s.spec_accept_length, "{:.2f}"),
             _fmt(None if s.kv_usage is None else s.kv_usage * 100, "{:.0f}%"),
-            "; ".join([s.problem, *s.drift]).strip("; "),
+            escape("; ".join([s.problem, *s.drift]).strip("; ")),
         )
     return grid
 
