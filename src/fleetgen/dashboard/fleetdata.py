@@ -22,7 +22,7 @@ import aiohttp
 from fleetgen.config import FleetFile
 from fleetgen.dashboard.model import InstanceRow
 from fleetgen.deploy.hostside import local_shape
-from fleetgen.engines import Engine, engine_of_metrics
+from fleetgen.engines import engine_of_metrics
 from fleetgen.errors import EndpointError, FleetgenError
 from fleetgen.fleet.status import FleetView, Readiness
 from fleetgen.http.client import EngineClient
@@ -77,7 +77,10 @@ class EndpointSource:
             row.problem = f"no metrics: {exc.message} (SGLang serves them with --enable-metrics)"
             return row
         engine = engine_of_metrics(scrape.samples)
-        info = await _info(client, engine)
+        try:
+            info = await client.info(engine.info_paths)
+        except EndpointError:  # no info JSON: the row keeps what /metrics says
+            info = None
         load = load_from(engine, scrape, endpoint.before, info)
         endpoint.before = scrape
         row.running, row.queued = load.running, load.queued
@@ -85,14 +88,6 @@ class EndpointSource:
         row.kv_usage = load.kv_usage
         row.max_running_requests = engine.max_running_from_info(info)
         return row
-
-
-async def _info(client: EngineClient, engine: Engine) -> object:
-    """The engine's info JSON, or None when it has none or it does not answer."""
-    try:
-        return await client.info(engine.info_paths)
-    except EndpointError:
-        return None
 
 
 def planned_capacity(fleet: FleetFile, fleet_path: Path) -> tuple[dict[str, int], str]:
