@@ -12,6 +12,7 @@ import fleetgen.cli.deploy as deploy_cli
 from fleetgen.cli import _TOPICS
 from fleetgen.cli.app import app
 from fleetgen.fleet.status import InstanceStatus, Readiness
+from fleetgen.generate.store import Store
 
 
 def _cli() -> CliRunner:
@@ -74,3 +75,12 @@ def test_status_prints_a_problem_with_brackets_verbatim(
     result = runner.invoke(app, ["status", "-f", str(fleet)], env={"COLUMNS": "400"})
     assert result.exit_code == 1
     assert problem in result.output, result.output
+
+
+def test_report_prints_a_path_with_brackets_verbatim(tmp_path: Path) -> None:
+    """A folder named like `job[v2]` is a path, not a rich tag: `report` names the file it wrote."""
+    out = tmp_path / "job[v2]"
+    Store.open(out).close()
+    result = _cli().invoke(app, ["report", str(out)], env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    assert f"report: {out / 'report.html'} — 0 done" in result.output

@@ -73,11 +73,10 @@ def level_table(levels: Sequence[LevelResult], title: str) -> Table:
     columns = "target|conc|ok/fail|out tok/s|req/s|TTFT ms p50|p90|p99|ITL ms p50|p90|p99|accept"
     grid = cli.table(columns, numbers=True, no_wrap=True, title=title)
     for r in levels:
-        ttft = [_ms(getattr(r.ttft_s, p, None)) for p in ("p50", "p90", "p99")]
-        itl = [_ms(getattr(r.itl_s, p, None)) for p in ("p50", "p90", "p99")]
+        times = [_ms(getattr(stats, p, None)) for stats in (r.ttft_s, r.itl_s) for p in ("p50", "p90", "p99")]
         accept = f"{r.accept_length:.2f}" if r.accept_length is not None else "—"
         counts = [str(r.concurrency), f"{r.num_requests - r.num_failed}/{r.num_failed}"]
-        grid.add_row(r.target, *counts, f"{r.output_tok_s:,.0f}", f"{r.requests_s:.2f}", *ttft, *itl, accept)
+        grid.add_row(r.target, *counts, f"{r.output_tok_s:,.0f}", f"{r.requests_s:.2f}", *times, accept)
     return grid
 
 
@@ -170,7 +169,7 @@ def bench(
                 cli.console.print(speedup_table(rows))
         if png is not None:
             chromium.svg_to_png(throughput_chart(levels, lengths), png)
-            cli.err_console.print(f"wrote {png}", highlight=False)
+            cli.err_console.print(f"wrote {png}", highlight=False, markup=False)
 
     cli.run(go())
 

@@ -84,6 +84,7 @@ def report_command(
         f"report: {files.html} — {job.done:,}{total} done, {job.num_errors:,} errors, "
         f"{job.num_truncated:,} truncated",
         highlight=False,
+        markup=False,
     )
     for path in files.pngs:
-        cli.console.print(f"  {path}", highlight=False)
+        cli.console.print(f"  {path}", highlight=False, markup=False)

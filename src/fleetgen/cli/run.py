@@ -297,7 +297,7 @@ def _print_summary(summary: Summary, json_out: bool) -> None:
         f"{summary.elapsed_s:.1f} s ({summary.completions_per_s:.1f}/s, "
         f"{summary.output_tokens_this_run} output tokens); the store holds {summary.results} results, "
         f"{summary.errors} errors, {summary.truncated} truncated, {summary.bad_inputs} bad input lines "
-        f"— {summary.out_dir}"
+        f"— {escape(str(summary.out_dir))}"
     )
     for bad in summary.bad_input_samples:
         cli.console.print(f"  bad input {bad.source}:{bad.line}: {bad.reason}", highlight=False, markup=False)
@@ -342,7 +342,7 @@ def export_command(
     if json_out:
         cli.print_json(summary)
     else:
-        cli.console.print(f"wrote {summary.rows} rows to {summary.path} ({summary.format})")
+        cli.console.print(f"wrote {summary.rows} rows to {summary.path} ({summary.format})", markup=False)
         for note in summary.notes:
             cli.console.print(f"  {note}", highlight=False, markup=False)
         for why, num in summary.dropped.items():
