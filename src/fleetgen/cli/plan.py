@@ -85,13 +85,14 @@ def _memory_table(p: InstancePlan, title: str) -> Table:
     return table
 
 
-def _issues(title: str, issues: tuple[Issue, ...], style: str) -> None:
-    for issue in issues:
-        cli.console.print(
-            f"  [{style}]{title}[/] {escape(f'[{issue.rule}]')} {escape(issue.message)}", highlight=False
-        )
-        if issue.fix:
-            cli.console.print(f"    [green]fix:[/] {escape(issue.fix)}", highlight=False)
+def _issues(errors: tuple[Issue, ...], warnings: tuple[Issue, ...]) -> None:
+    for title, style, issues in (("error", "bold red", errors), ("warning", "yellow", warnings)):
+        for issue in issues:
+            cli.console.print(
+                f"  [{style}]{title}[/] {escape(f'[{issue.rule}]')} {escape(issue.message)}", highlight=False
+            )
+            if issue.fix:
+                cli.console.print(f"    [green]fix:[/] {escape(issue.fix)}", highlight=False)
 
 
 def _render_group(group: list[InstancePlan]) -> None:
@@ -105,8 +106,7 @@ def _render_group(group: list[InstancePlan]) -> None:
         highlight=False,
         soft_wrap=True,
     )
-    _issues("error", p.errors, "bold red")
-    _issues("warning", p.warnings, "yellow")
+    _issues(p.errors, p.warnings)
     for rank, fix in enumerate(p.fixes, 1):
         cli.console.print(f"  [green]fix {rank}[/] (cost {fix.cost}): {escape(fix.change)}", highlight=False)
     verdict = "[green]fits[/]" if p.fits else "[bold red]does not fit / refused[/]"
@@ -119,8 +119,7 @@ def _render(result: FleetPlan) -> None:
         groups.setdefault(repr((p.host, p.rules, p.memory, p.errors, p.warnings, p.fixes)), []).append(p)
     for group in groups.values():
         _render_group(group)
-    _issues("error", result.errors, "bold red")
-    _issues("warning", result.warnings, "yellow")
+    _issues(result.errors, result.warnings)
     total = sum(i.memory.max_running_requests for i in result.instances if i.fits)
     state = "[green]all instances fit[/]" if result.fits else "[bold red]the plan fails (exit 2)[/]"
     cli.console.print(f"{len(result.instances)} instance(s), {total} concurrent requests in total: {state}")

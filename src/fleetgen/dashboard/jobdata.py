@@ -189,29 +189,24 @@ def _quality(conn: sqlite3.Connection) -> dict[str, int]:
 
 def _errors(conn: sqlite3.Connection, limit: int) -> tuple[Example, ...]:
     rows = conn.execute(
-        "SELECT id, sample, COALESCE(instance, ''), COALESCE(kind, ''), COALESCE(reason, ''), status, "
-        "attempts FROM errors ORDER BY finished_at DESC LIMIT ?",
+        "SELECT id || '#' || sample, COALESCE(instance, ''), COALESCE(kind, ''), COALESCE(reason, ''), "
+        "status, attempts FROM errors ORDER BY finished_at DESC LIMIT ?",
         (limit,),
     )
     return tuple(
-        Example(
-            f"{rid}#{sample}",
-            inst,
-            f"{reason}{f' (HTTP {status})' if status else ''} after {n} attempts",
-            kind,
-        )
-        for rid, sample, inst, kind, reason, status, n in rows
+        Example(record, inst, f"{reason}{f' (HTTP {status})' if status else ''} after {n} attempts", kind)
+        for record, inst, kind, reason, status, n in rows
     )
 
 
 def _truncations(conn: sqlite3.Connection, limit: int) -> tuple[Example, ...]:
     rows = conn.execute(
-        "SELECT id, sample, COALESCE(instance, ''), completion_tokens, substr(COALESCE(content, ''), -100), "
-        "substr(COALESCE(reasoning_content, ''), -100) FROM results WHERE is_truncated = 1 "
-        "ORDER BY finished_at DESC LIMIT ?",
+        "SELECT id || '#' || sample, COALESCE(instance, ''), completion_tokens, "
+        "substr(COALESCE(content, ''), -100), substr(COALESCE(reasoning_content, ''), -100) FROM results "
+        "WHERE is_truncated = 1 ORDER BY finished_at DESC LIMIT ?",
         (limit,),
     )
     return tuple(
-        Example(f"{rid}#{sample}", inst, f"{tokens} tokens, ends: …{content or reasoning!r}", "length")
-        for rid, sample, inst, tokens, content, reasoning in rows
+        Example(record, inst, f"{tokens} tokens, ends: …{content or reasoning!r}", "length")
+        for record, inst, tokens, content, reasoning in rows
     )
