@@ -54,24 +54,21 @@ def _page(title: str, style: str, body: str, **values: str) -> str:
     return Template(asset("page.html")).substitute(title=escape(title), style=style, body=filled)
 
 
-def _chart_values(charts: Mapping[str, str]) -> dict[str, str]:
-    return {key.replace("-", "_"): value for key, value in charts.items() if key.startswith("chart-")}
+def _by_name(fragments: Mapping[str, str]) -> dict[str, str]:
+    """Fragments by element id, named as the templates name them (`chart-accept` → `$chart_accept`)."""
+    return {key.replace("-", "_"): value for key, value in fragments.items()}
 
 
 def dashboard_page(current: Mapping[str, Any], subtitle: str) -> str:
-    """The live page with `current` (a `state()`) already in it; the script then keeps it current."""
-    fragments = current["fragments"]
+    """The live page with `current` (a `state()`, with the server's notice) already in it, each fragment in
+    the element of its id; the script then keeps it current."""
     return _page(
         current["title"],
         '<link rel="stylesheet" href="static/dashboard.css">',
         "live.html",
         subtitle=escape(subtitle),
-        notice=fragments.get("notice", ""),
         cards=render.summary_cards(current["numbers"]),
-        progress=fragments["progress-wrap"],
-        fleet_table=fragments["fleet"],
-        examples=fragments["examples"],
-        **_chart_values(fragments),
+        **_by_name(current["fragments"]),
     )
 
 
@@ -90,7 +87,7 @@ def report_page(job: JobView) -> str:
         examples=render.examples(job, with_errors=False),
         fleet_table=render.instance_summary(job),
         meta=meta_list(job.meta),
-        **_chart_values(render.charts(job, ())),
+        **_by_name(render.charts(job, ())),
     )
 
 
