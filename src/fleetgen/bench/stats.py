@@ -184,9 +184,6 @@ def build_level(
     ok = [s for s in samples if s.is_ok]
     failed = [s for s in samples if not s.is_ok]
     out_tokens = sum(s.output_tokens for s in ok)
-    itls = array("d")
-    for s in ok:
-        itls.extend(s.itls)
     return LevelResult(
         target=target.name,
         num_instances=len(target.urls),
@@ -199,7 +196,7 @@ def build_level(
         output_tok_s=out_tokens / duration_s if duration_s > 0 else 0.0,
         requests_s=len(ok) / duration_s if duration_s > 0 else 0.0,
         ttft_s=summarize([s.ttft_s for s in ok]),
-        itl_s=summarize(itls),
+        itl_s=summarize([itl for s in ok for itl in s.itls]),
         accept_length=accept_length,
         tokens_per_chunk=tokens_per_chunk(samples),
         first_error=failed[0].error if failed else "",

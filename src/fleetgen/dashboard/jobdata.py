@@ -126,13 +126,7 @@ class JobReader:
                 row.instance, int(row.completions or 0), int(row.output_tokens or 0)
             )
             self._samples.append(
-                Sample(
-                    ts=float(row.t),
-                    instance=str(row.instance),
-                    completions=completions,
-                    output_tokens=tokens,
-                    accept_len=row.accept_length,
-                )
+                Sample(float(row.t), str(row.instance), completions, tokens, row.accept_length)
             )
         self._samples.sort(key=lambda s: s.ts)
 

@@ -126,10 +126,9 @@ async def serving(dashboard: Dashboard, port: int) -> AsyncIterator[str]:
         await site.start()
     except OSError as exc:
         await runner.cleanup()
-        in_use = exc.errno == errno.EADDRINUSE
         raise ConfigError(
             f"cannot listen on {LOOPBACK}:{port}: {exc.strerror}",
-            fix="pass another --port" if in_use else "check the port number",
+            fix="pass another --port" if exc.errno == errno.EADDRINUSE else "check the port number",
         ) from exc
     bound = runner.addresses[0][1]
     refresher = asyncio.create_task(dashboard.refresh_forever())
