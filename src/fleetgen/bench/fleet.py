@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import tomllib
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import tomli_w
 
@@ -22,7 +22,6 @@ from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import ConfigError, FleetgenError
 from fleetgen.fleet.pool import ready_endpoints
 
-OnLevel = Callable[[LevelResult], None]
 SPEC_ARG_PREFIX = "speculative"  # SGLang's speculative-*, vLLM's speculative-config
 
 
@@ -42,7 +41,7 @@ async def bench_fleet(
     *,
     scope: str = "both",
     cap: int | None = None,
-    on_level: OnLevel | None = None,
+    on_level: Callable[[LevelResult], None] | None = None,
 ) -> list[LevelResult]:
     """Sweep the given URLs, or the fleet's ready instances (through their tunnels, capped by the plan)."""
     async with contextlib.AsyncExitStack() as stack:
@@ -59,18 +58,14 @@ async def bench_fleet(
 
 
 async def compare_spec(
-    fleet: Fleet,
-    load: BenchLoad,
-    *,
-    scope: str = "both",
-    cap: int | None = None,
-    on_level: OnLevel | None = None,
+    fleet: Fleet, bench: Callable[[Fleet], Awaitable[list[LevelResult]]]
 ) -> tuple[list[LevelResult], list[LevelResult], list[SpeedupRow]]:
-    """Deploy spec off, bench; deploy the fleet file as written (spec on), bench; pair the results."""
+    """Deploy spec off, `bench` it (`bench_fleet` with the load and its options); deploy the fleet file as
+    written (spec on), `bench` it; pair the results."""
     spec_off = write_spec_off(fleet)
     try:
         await _restart(spec_off)
-        off = await bench_fleet(spec_off, load, scope=scope, cap=cap, on_level=on_level)
+        off = await bench(spec_off)
     except FleetgenError as exc:
         # Not silent: the fleet now runs (some of) the spec-off deploy, unlike what the fleet file says.
         exc.context["fleet left"] = "deployed WITHOUT speculative decoding (the --compare-spec off phase)"
@@ -81,7 +76,7 @@ async def compare_spec(
     finally:
         spec_off.path.unlink(missing_ok=True)
     await _restart(fleet)
-    on = await bench_fleet(fleet, load, scope=scope, cap=cap, on_level=on_level)
+    on = await bench(fleet)
     return off, on, speedups(off, on)
 
 

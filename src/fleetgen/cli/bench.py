@@ -7,6 +7,7 @@ and draws the PNG with the dashboard's chart renderer (`dashboard.svg`, rasteris
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -151,16 +152,15 @@ def bench(
             model=model or job_model,
             sampling=sampling,
         )
+        sweep_of = functools.partial(
+            bench_fleet, load=load, scope=scope, cap=max_concurrency, on_level=_progress
+        )
         rows: list[SpeedupRow] = []
         if compare:
-            off, on, rows = await compare_spec(
-                cli.read_fleet(fleet), load, scope=scope, cap=max_concurrency, on_level=_progress
-            )
+            off, on, rows = await compare_spec(cli.read_fleet(fleet), sweep_of)
             levels = [dataclasses.replace(r, target=f"{r.target} (spec off)") for r in off] + list(on)
         else:
-            levels = await bench_fleet(
-                endpoint or cli.read_fleet(fleet), load, scope=scope, cap=max_concurrency, on_level=_progress
-            )
+            levels = await sweep_of(endpoint or cli.read_fleet(fleet))
         if as_json:
             cli.print_json({"load": load, "levels": levels, "speedups": rows})
         else:
