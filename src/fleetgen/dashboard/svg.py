@@ -27,8 +27,7 @@ class Series:
 
     name: str
     points: Sequence[tuple[float, float]]
-    color: str = ""
-    is_total: bool = False
+    is_total: bool = False  # drawn thick and dark, whatever the palette
 
 
 @dataclass(frozen=True)
@@ -167,7 +166,7 @@ def line_chart(
     x_of, y_of = _Scale(x0, x1, _LEFT, right), _Scale(y_ticks[0], y_ticks[-1], HEIGHT - _BOTTOM, _TOP)
     if x_ticks is None:
         x_ticks = [(x0 + t, format_duration(t)) for t in time_ticks(x1 - x0)]
-    colors = [s.color or (TOTAL_COLOR if s.is_total else color_for(k)) for k, s in enumerate(drawn)]
+    colors = [TOTAL_COLOR if s.is_total else color_for(k) for k, s in enumerate(drawn)]
     body = [_axes(y_ticks, x_ticks, x_of, y_of)]
     for line, color in zip(drawn, colors, strict=True):
         path = " ".join(f"{x_of(x):.1f},{y_of(y):.1f}" for x, y in line.points)
