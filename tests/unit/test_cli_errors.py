@@ -84,3 +84,11 @@ def test_report_prints_a_path_with_brackets_verbatim(tmp_path: Path) -> None:
     result = _cli().invoke(app, ["report", str(out)], env={"COLUMNS": "400"})
     assert result.exit_code == 0, result.output
     assert f"report: {out / 'report.html'} — 0 done" in result.output
+
+
+def test_export_of_no_row_is_an_error(tmp_path: Path) -> None:
+    """An empty training file is nothing useful: `export` says so and exits 1."""
+    Store.open(tmp_path).close()
+    result = _cli().invoke(app, ["export", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "error: no row was written (see the reasons above)" in result.output

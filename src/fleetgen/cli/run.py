@@ -24,7 +24,7 @@ from rich.table import Table
 import fleetgen.cli.app as cli
 from fleetgen.cli.runlog import PlainLog, progress_line
 from fleetgen.config import JobFile, load_job
-from fleetgen.errors import ConfigError, FleetDown
+from fleetgen.errors import ConfigError, FleetDown, FleetgenError
 from fleetgen.fleet.pool import Link, open_fleet
 from fleetgen.fleet.status import Readiness
 from fleetgen.generate.export import FORMATS, ExportSummary, export
@@ -348,7 +348,5 @@ def export_command(
         for why, num in summary.dropped.items():
             cli.console.print(f"  dropped {num}: {why}", highlight=False, markup=False)
     if summary.rows == 0:  # an empty training file is nothing useful (SpecForge's validator refuses it)
-        cli.err_console.print(
-            "[bold red]error:[/] no row was written (see the reasons above)", highlight=False
-        )
+        cli.render_error(FleetgenError("no row was written (see the reasons above)"))
         raise typer.Exit(1)

@@ -115,9 +115,9 @@ def rate_series(samples: Sequence[Sample], attr: str) -> list[Series]:
     """Per-instance rate (per second) of a cumulative counter (`completions` or `output_tokens`), and a
     last series `total` (`is_total`): counts are read at shared bucket edges, so instances sampled at
     different moments add up."""
-    grouped = by_instance(samples)
-    if not grouped or len(samples) < 2:
+    if len(samples) < 2:
         return []
+    grouped = by_instance(samples)
     edges = bucket_edges(min(s.ts for s in samples), max(s.ts for s in samples), sample_interval(grouped))
     series, totals = [], [0.0] * (len(edges) - 1)
     for name, rows in grouped.items():
