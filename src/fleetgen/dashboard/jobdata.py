@@ -141,15 +141,13 @@ class JobReader:
     def _read_new_lengths(self, conn: sqlite3.Connection) -> None:
         # Engines report one completion_tokens; the reasoning share is estimated from the characters.
         rows = conn.execute(
-            "SELECT rowid, completion_tokens, length(reasoning_content), length(content) FROM results "
-            "WHERE rowid > ? ORDER BY rowid",
+            "SELECT rowid, COALESCE(completion_tokens, 0), COALESCE(length(reasoning_content), 0), "
+            "COALESCE(length(content), 0) FROM results WHERE rowid > ? ORDER BY rowid",
             (self._result_rowid,),
         ).fetchall()
         for rowid, tokens, reasoning_chars, answer_chars in rows:
             self._result_rowid = rowid
-            reasoning_chars, answer_chars = reasoning_chars or 0, answer_chars or 0
             chars = reasoning_chars + answer_chars
-            tokens = int(tokens or 0)
             reasoning = round(tokens * reasoning_chars / chars) if chars else 0
             self._reasoning.append(reasoning)
             self._answer.append(tokens - reasoning)
