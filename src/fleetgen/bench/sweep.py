@@ -47,10 +47,9 @@ async def stream_one(client: EngineClient, body: Mapping[str, object]) -> Reques
     except EndpointError as exc:
         sample.error = f"{exc.message} ({client.base_url})"
         return sample
-    if sample.num_chunks == 0 or sample.output_tokens == 0:
+    sample.is_ok = sample.num_chunks > 0 and sample.output_tokens > 0
+    if not sample.is_ok:
         sample.error = f"{client.base_url} streamed no tokens (or no usage: does it honour include_usage?)"
-        return sample
-    sample.is_ok = True
     return sample
 
 
@@ -101,9 +100,8 @@ async def run_level(
     """`concurrency` workers per URL, closed loop, until the level's request budget is spent."""
     budget = load.num_requests(concurrency, len(clients))
     rng = random.Random(load.seed * 1_000_003 + concurrency)
-    prompts = [make_prompt(num_words, rng) for _ in range(budget)]
+    queue = iter([make_prompt(num_words, rng) for _ in range(budget)])  # made before the clock starts
     samples: list[RequestSample] = []
-    queue = iter(prompts)
 
     async def worker(client: EngineClient) -> None:
         for prompt in queue:  # one shared iterator: each prompt is sent once

@@ -55,11 +55,9 @@ def _title(group: list[InstancePlan]) -> str:
 
 def _memory_table(p: InstancePlan, title: str) -> Table:
     m = p.memory
-    table = Table(title=title, title_justify="left")
-    table.add_column("memory (per GPU)")
-    table.add_column("GiB", justify="right")
-    table.add_column("capacity")
-    table.add_column("", justify="right")
+    table = cli.table("memory (per GPU)|GiB|capacity|", title=title, title_justify="left")
+    for column in table.columns[1::2]:  # the numbers: GiB, and each capacity figure
+        column.justify = "right"
     rows = [
         ("free at start", _gib(m.free_bytes), "mem fraction", f"{m.mem_fraction_static:.3f}"),
         ("static budget", _gib(m.budget_bytes), "KV bytes / token", f"{m.kv_bytes_per_token:,}"),
