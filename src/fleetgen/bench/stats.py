@@ -47,8 +47,7 @@ class BenchLoad:
     model: str | None = None
     ignore_eos: bool = True  # exactly output_len tokens per request, as `vllm bench serve` does
     # The body fields that decide how tokens are sampled, in every request (probe and warm-up too): greedy
-    # unless `fleetgen bench --job` puts there the job's, as `fleetgen run` sends them. Bench's own fields
-    # (OWN_FIELDS: lengths, streaming) are set over them.
+    # unless `fleetgen bench --job` puts there the job's, as `fleetgen run` sends them; OWN_FIELDS go over.
     sampling: Mapping[str, object] = field(default_factory=lambda: dict(GREEDY))
     api_key: str | None = None
     timeout_s: float = 3600.0
