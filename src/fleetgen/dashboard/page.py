@@ -19,11 +19,13 @@ from typing import Any
 from fleetgen.dashboard import render
 from fleetgen.dashboard.model import InstanceRow, JobView, Sample, sick_reason
 
+STATIC = resources.files("fleetgen.dashboard").joinpath("static")  # templates, CSS and script, shipped
+
 
 @cache
 def asset(name: str) -> str:
-    """The text of a file shipped in `fleetgen/dashboard/static/`."""
-    return resources.files("fleetgen.dashboard").joinpath("static", name).read_text(encoding="utf-8")
+    """The text of a file in `STATIC`."""
+    return STATIC.joinpath(name).read_text(encoding="utf-8")
 
 
 def state(job: JobView, rows: Sequence[InstanceRow], live: Sequence[Sample] = ()) -> dict[str, Any]:

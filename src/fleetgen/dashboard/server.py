@@ -14,7 +14,6 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from html import escape
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -110,8 +109,9 @@ def make_app(dashboard: Dashboard) -> web.Application:
         return web.json_response(dashboard.state, headers={"Cache-Control": "no-store"})
 
     app = web.Application()
-    static_dir = Path(str(resources.files("fleetgen.dashboard").joinpath("static")))
-    app.add_routes([web.get("/", index), web.get("/api/state", api_state), web.static("/static", static_dir)])
+    app.add_routes(
+        [web.get("/", index), web.get("/api/state", api_state), web.static("/static", str(page.STATIC))]
+    )
     return app
 
 
