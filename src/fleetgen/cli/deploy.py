@@ -35,15 +35,13 @@ def _report(outcomes: Sequence[Outcome], verb: str) -> None:
             cli.render_error(out.error)
             continue
         action = out.action.value if out.action else verb
-        line = f"[green]✓ {out.instance}[/] ({out.host}) {action}"
-        if out.pid:
-            line += f", pid {out.pid}"
-        if out.url:
-            line += f", {out.url}"
-        if out.elapsed_s:
-            line += f", {out.elapsed_s:.1f}s"
-        if out.swept:
-            line += f", swept pid(s) {', '.join(map(str, out.swept))} left on the node"
+        facts = [
+            f"pid {out.pid}" if out.pid else "",
+            out.url,
+            f"{out.elapsed_s:.1f}s" if out.elapsed_s else "",
+            f"swept pid(s) {', '.join(map(str, out.swept))} left on the node" if out.swept else "",
+        ]
+        line = ", ".join([f"[green]✓ {out.instance}[/] ({out.host}) {action}", *filter(None, facts)])
         cli.console.print(line, highlight=False)
         _print_verified(out)
     total = len(outcomes)
