@@ -34,10 +34,10 @@ from fleetgen.generate.runner import FleetHooks, Job
 from fleetgen.generate.work import JobOptions, RecordShape, RetryPolicy, SamplingParams
 
 DEFAULT_CONCURRENCY = 64
+DEFAULT_DEAD_TIMEOUT_S = 300.0  # --endpoint URLs: the mid-job wait for a server to come back
 EXIT_CODES = {"stopped": 130, "failed": 1}  # failed: nothing useful was produced, so never exit 0
-
-
 READINESS_STYLE = {Readiness.READY: "{}", Readiness.WAITING: "[yellow]{}[/]", Readiness.DOWN: "[red]{}[/]"}
+Opt = typer.Option
 
 
 def render(progress: Progress) -> Table:
@@ -61,10 +61,6 @@ def render(progress: Progress) -> Table:
             escape(e.last_error[:60]),
         )
     return grid
-
-
-Opt = typer.Option
-DEFAULT_DEAD_TIMEOUT_S = 300.0  # --endpoint URLs: the mid-job wait for a server to come back
 
 
 @cli.app.command("run")
