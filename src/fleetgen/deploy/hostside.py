@@ -235,9 +235,8 @@ def survey_from_prep(stdout: str) -> HostSurvey:
 async def prepare_host(
     host: Host, entry: HostEntry, cfg: EngineConfig, *, check_launch: bool = True
 ) -> HostSurvey:
-    """The host surveyed, its workdir made; with `check_launch`, the engine's python, launcher module and
-    model folder checked. `check_launch=False` (for `down`, `status`, `logs`) only reports: a broken python
-    must not stop a `down`."""
+    """The host surveyed, its workdir made; with `check_launch`, the first of `launch_problems` raised.
+    `check_launch=False` (for `down`, `status`, `logs`) only reports: a broken python must not stop `down`."""
     survey = await survey_host(host, entry, cfg)
     if not survey.workdir:
         raise DeployError(
@@ -245,31 +244,56 @@ async def prepare_host(
             context={"host": entry.name},
             fix="set hosts.workdir to a folder the SSH user can write",
         )
-    if not check_launch:
-        return survey
+    problems = launch_problems(survey, entry, cfg) if check_launch else []
+    if problems:
+        raise problems[0]
+    return survey
+
+
+INSTALL_FIX = "pip install the engine into that python, or point engine.python at the venv that has it"
+
+
+def not_installed(cfg: EngineConfig) -> str:
+    """No distribution of the engine for its python (what the version probe reads)."""
+    return (
+        f"{cfg.kind} is not installed for {cfg.python} (no {' or '.join(get_engine(cfg.kind).distributions)})"
+    )
+
+
+def launch_problems(survey: HostSurvey, entry: HostEntry, cfg: EngineConfig) -> list[LaunchFailed]:
+    """What stops the engine from starting on this host, each with its fix: its python does not run, its
+    launcher module does not import, its model folder is missing. `up` raises the first; `hosts check` lists
+    them all, so a host it calls ready is one `up` launches on."""
     ctx = {"host": entry.name}
     if not survey.python_version:
-        raise LaunchFailed(
-            f"{entry.name}: the engine's python {cfg.python!r} does not run on the host",
-            context=ctx,
-            fix="set engine.python to the interpreter of the engine's venv "
-            "on the host (an absolute path such as /opt/venv/bin/python)",
-        )
+        return [
+            LaunchFailed(
+                f"{entry.name}: the engine's python {cfg.python!r} does not run on the host",
+                context=ctx,
+                fix="set engine.python to the interpreter of the engine's venv "
+                "on the host (an absolute path such as /opt/venv/bin/python)",
+            )
+        ]
+    problems = []
     if survey.module_missing:
         launcher = launcher_of(cfg)
         mod = launcher_module(launcher)
-        raise LaunchFailed(
-            f"{entry.name}: {cfg.python} cannot import {mod!r} (the launcher {' '.join(launcher)})",
-            context=ctx,
-            fix=f"install {mod} into that python, or fix engine.python / engine.launcher",
+        why = f"{cfg.python} cannot import {mod!r} (the launcher {' '.join(launcher)})"
+        if survey.engine_version is None:
+            why = f"{not_installed(cfg)}: {why}"
+        problems.append(
+            LaunchFailed(f"{entry.name}: {why}", context=ctx, fix=f"{INSTALL_FIX} (or fix engine.launcher)")
         )
     if not survey.has_model:
-        raise LaunchFailed(
-            f"{entry.name}: the model folder {cfg.model} does not exist on the host",
-            context=ctx,
-            fix="copy the model there, or set engine.model to the folder that holds it",
+        problems.append(
+            LaunchFailed(
+                f"{entry.name}: the model folder {cfg.model} does not exist on the host",
+                context=ctx,
+                fix="copy the model there (e.g. huggingface-cli download … --local-dir), or set engine.model "
+                "to the folder that holds it",
+            )
         )
-    return survey
+    return problems
 
 
 # nvidia-smi's GPUs as `parse_gpu_csv` reads them (PREP_SH asks the same).

@@ -13,8 +13,14 @@ import asyncio
 from dataclasses import dataclass, replace
 
 from fleetgen.config import EngineConfig, FleetFile, HostEntry
-from fleetgen.deploy.hostside import GpuInfo, survey_host
-from fleetgen.engines import get_engine
+from fleetgen.deploy.hostside import (
+    INSTALL_FIX,
+    GpuInfo,
+    HostSurvey,
+    launch_problems,
+    not_installed,
+    survey_host,
+)
 from fleetgen.errors import RemoteError
 from fleetgen.remote import Host, open_host
 
@@ -68,7 +74,8 @@ async def check_host(engine: EngineConfig, entry: HostEntry) -> HostReport:
 async def _probe(host: Host, engine: EngineConfig, entry: HostEntry, report: HostReport) -> HostReport:
     survey = await survey_host(host, entry, engine)
     python = survey.python_version or None
-    problems = _software_problems(engine, entry, python, survey.engine_version)
+    problems = [f"{p.message}; {p.fix}" for p in launch_problems(survey, entry, engine)]
+    problems += _version_problems(engine, entry, survey)
     if not survey.workdir:
         problems.append(
             f"cannot create the workdir {entry.workdir} on {entry.name}; set hosts.workdir to a folder the "
@@ -84,11 +91,6 @@ async def _probe(host: Host, engine: EngineConfig, entry: HostEntry, report: Hos
         problems.append(
             f"GPU(s) {missing} listed for {entry.name} do not exist there (found {found}); "
             "fix `gpus` in its [[hosts]] entry"
-        )
-    if not survey.has_model:
-        problems.append(
-            f"model folder {engine.model} is missing on {entry.name}; copy the model there "
-            "(e.g. huggingface-cli download … --local-dir) or fix engine.model"
         )
     return replace(
         report,
@@ -110,20 +112,15 @@ def _gib(size: int | None) -> float | None:
     return round(size / 1024**3, 2) if size is not None else None
 
 
-def _software_problems(
-    engine: EngineConfig, entry: HostEntry, python: str | None, version: str | None
-) -> list[str]:
-    if python is None:
-        return [
-            f"engine python `{engine.python}` does not run on {entry.name}; install it there or set "
-            "engine.python to its full path (e.g. /opt/venv/bin/python)"
-        ]
+def _version_problems(engine: EngineConfig, entry: HostEntry, survey: HostSurvey) -> list[str]:
+    """The engine's release on the host: none found (a launcher that imports, but no engine distribution), or
+    another than the fleet file's `engine.version`. A python that does not run, or a launcher that does not
+    import, is a launch problem already."""
+    version = survey.engine_version
+    if not survey.python_version or survey.module_missing:
+        return []
     if version is None:
-        dists = " or ".join(get_engine(engine.kind).distributions)
-        return [
-            f"{engine.kind} is not installed for {engine.python} on {entry.name} (no {dists} "
-            "distribution); pip install it into that python, or point engine.python at the venv that has it"
-        ]
+        return [f"{entry.name}: {not_installed(engine)}; {INSTALL_FIX}"]
     if engine.version and not version.startswith(engine.version):
         return [
             f"{entry.name} has {engine.kind} {version}, the fleet file expects {engine.version}; install "
