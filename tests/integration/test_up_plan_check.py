@@ -10,8 +10,11 @@ Over REAL sshd, with `fleetgen.sim` as the engine:
 
 from __future__ import annotations
 
+import asyncio
+import json
 import shutil
 import socket
+import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,7 +25,7 @@ from fleetgen.deploy.fleetops import down, up
 from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import PlanError
 from tests.fixtures.sshd import SshdHost
-from tests.integration.test_deploy_sglang import QWEN36, sim_fleet
+from tests.integration.test_deploy_sglang import FLEETGEN, QWEN36, sim_fleet
 from tests.integration.test_deploy_support import log_files
 
 # Folder names a user may well have: spaces, quotes, a `$`, non-ASCII; each must reach the host as one path.
@@ -58,6 +61,41 @@ async def test_up_reads_the_model_on_the_host_and_refuses_what_the_engine_refuse
         assert "[no-buffer-overlap] h0-0:" in refused.value.message and "--no-plan-check" in refused.value.fix
         assert not (root / "pid").exists() and not log_files(root.parent, "h0-0")
         assert _refused_on_port(port)
+    finally:
+        await down(Fleet.load(fleet))
+        shutil.rmtree(home_dir)
+
+
+async def test_plan_and_up_read_the_model_on_the_host_not_a_folder_here_of_the_same_name(
+    ssh_hosts: list[SshdHost], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`engine.model` is a folder on the host (the hybrid Qwen3.6); a folder here by the same relative name
+    holds another, dense model. `plan` and `up` both size and check the host's model: its Mamba rule refuses
+    no_buffer with the overlap scheduler in both, before anything starts (`up` read the decoy here, saw a
+    dense model, checked nothing and launched)."""
+    home_dir = Path.home() / f".fleetgen-test-{tmp_path.name}"
+    shutil.copytree(QWEN36, home_dir / "model")
+    model = f"~/{home_dir.name}/model"
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(QWEN36.parent / "llama-3.1-8b", tmp_path / model)  # "./~/…": same name, here
+    fleet = sim_fleet(
+        tmp_path, ssh_hosts[:1], model=Path(model), args={"mamba-radix-cache-strategy": "no_buffer"}
+    )
+    planned = await asyncio.to_thread(
+        subprocess.run,
+        [FLEETGEN, "plan", "--json", "-f", str(fleet)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    [plan] = json.loads(planned.stdout)["instances"]
+    assert "no-buffer-overlap" in [e["rule"] for e in plan["errors"]], plan["errors"]
+    root = ssh_hosts[0].workdir / tmp_path.name / "h0-0"
+    try:
+        with pytest.raises(PlanError) as refused:
+            await up(Fleet.load(fleet))
+        assert "[no-buffer-overlap] h0-0:" in refused.value.message
+        assert not (root / "pid").exists()
     finally:
         await down(Fleet.load(fleet))
         shutil.rmtree(home_dir)

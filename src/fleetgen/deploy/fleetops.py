@@ -16,7 +16,7 @@ from functools import partial
 import aiohttp
 
 from fleetgen.config import HostEntry, Instance, Selection
-from fleetgen.deploy.hostside import model_shape
+from fleetgen.deploy.hostside import MODEL_CONFIG_FIX, model_shape
 from fleetgen.deploy.instance import (
     HostSession,
     Narrate,
@@ -187,17 +187,16 @@ async def up(
     plans: dict[str, InstancePlan] = {}
 
     async def check(opened: Opened) -> None:
-        hosts = [hs.host for hs, _ in opened.sessions.values()]
+        first = next((hs.host for hs, _ in opened.sessions.values()), None)
         try:
-            shape: ModelShape | None = await model_shape(fleet.file.engine, fleet.path, hosts)
+            shape: ModelShape | None = await model_shape(fleet.file.engine, fleet.path, first)
         except ModelCardError as exc:  # up goes on, saying what it could not check and how to have it checked
             shape = None
             unchecked = "the engine's own rules for each instance's flags (plan's) and " if plan_check else ""
             progress(
                 str(fleet.path),
                 f"warning: {unchecked}planned capacity not checked: the model's shape could not be read: "
-                f'{exc.message}; fix: set engine.model_config = "<local folder with config.json>" in '
-                f"{fleet.path}",
+                f"{exc.message}; fix: {MODEL_CONFIG_FIX.format(fleet.path)}",
             )
         plans.update(plan_for_up(fleet, opened, shape, plan_check=plan_check))
 

@@ -13,7 +13,6 @@ import contextlib
 import json
 import posixpath
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -159,21 +158,23 @@ async def host_shape(host: Host, folder: str) -> ModelShape:
     return parse_model_shape(config, index)
 
 
-async def model_shape(cfg: EngineConfig, fleet_path: Path, hosts: Sequence[Host]) -> ModelShape:
-    """The model's shape for `up`'s checks: `engine.model_config` here, else `engine.model` here when it is a
-    folder with a config.json here, else `engine.model` read on the first of `hosts`. ModelCardError says why
-    none could be read."""
+MODEL_CONFIG_FIX = 'set engine.model_config = "<local folder with config.json>" in {}'
+
+
+async def model_shape(cfg: EngineConfig, fleet_path: Path, host: Host | None) -> ModelShape:
+    """The model's shape, as `plan` and `up` both read it: `engine.model_config` here (relative to the fleet
+    file), else `engine.model` read on `host` (a fleet's first host; None: none reached), never a folder here
+    that merely has the same name. ModelCardError says why none could be read."""
     if cfg.model_config_dir:
         return local_shape(cfg.model_config_dir, fleet_path)
-    if (Path(cfg.model) / "config.json").is_file():
-        return load_model_shape(Path(cfg.model))
+    fix = MODEL_CONFIG_FIX.format(fleet_path)
     if not is_path_like(cfg.model):
         raise ModelCardError(
-            f"engine.model {cfg.model!r} is a hub id: no config.json here or on a host to read"
+            f"engine.model {cfg.model!r} is a hub id: no folder to read config.json in", fix=fix
         )
-    if not hosts:
-        raise ModelCardError(f"{cfg.model}/config.json is not here, and no host was reached to read it on")
-    return await host_shape(hosts[0], cfg.model)
+    if host is None:
+        raise ModelCardError(f"{cfg.model} is on the hosts, and none was reached to read it on", fix=fix)
+    return await host_shape(host, cfg.model)
 
 
 async def _host_json(host: Host, path: str) -> dict[str, Any]:

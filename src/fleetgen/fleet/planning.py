@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fleetgen.config import ClusterConfig, FleetFile, HostEntry
-from fleetgen.deploy.hostside import GPU_QUERY, host_shape, local_shape, parse_gpu_csv
+from fleetgen.deploy.hostside import GPU_QUERY, is_path_like, model_shape, parse_gpu_csv
 from fleetgen.deploy.slurm import gpus_shortfall
 from fleetgen.engines import Engine, ParserVerdict, get_engine, launcher_of, select_rule_set
 from fleetgen.errors import ModelCardError, RemoteError
@@ -44,10 +44,10 @@ def facts_from_report(host: HostEntry, report: HostReport) -> HostFacts:
 
 
 async def load_shape(fleet: FleetFile, fleet_path: Path, *, offline: bool) -> ModelShape:
-    """The model shape from `engine.model_config` (relative to the fleet file), else from the first host."""
+    """The model shape as `up` reads it (`deploy.hostside.model_shape`), on the first host where it is one."""
     cfg = fleet.engine
-    if cfg.model_config_dir:
-        return local_shape(cfg.model_config_dir, fleet_path)
+    if cfg.model_config_dir or not is_path_like(cfg.model):
+        return await model_shape(cfg, fleet_path, None)
     if offline:
         raise ModelCardError(
             "--offline needs the model's config.json locally, and engine.model_config is not set",
@@ -55,7 +55,7 @@ async def load_shape(fleet: FleetFile, fleet_path: Path, *, offline: bool) -> Mo
             "model.safetensors.index.json, or plan without --offline",
         )
     async with open_host(fleet.hosts[0]) as conn:
-        return await host_shape(conn, cfg.model)
+        return await model_shape(cfg, fleet_path, conn)
 
 
 async def gather_inputs(fleet: FleetFile, fleet_path: Path, *, offline: bool) -> PlanInputs:
