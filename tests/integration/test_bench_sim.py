@@ -136,7 +136,8 @@ async def test_cli_json_and_png(sim_server: SimFactory, tmp_path: Path) -> None:
     assert proc.returncode == 0, stderr.decode()
     doc = json.loads(stdout)
     got = [(r["target"], r["concurrency"], r["num_failed"]) for r in doc["levels"]]
-    assert got == [(t, c, 0) for t in ("endpoint-0", "endpoint-1", "fleet") for c in (1, 2)]
+    address = url.split("://", 1)[1]  # bare URLs are named by their address; the same one again by its place
+    assert got == [(t, c, 0) for t in (address, f"{address}#2", "fleet") for c in (1, 2)]
     assert all(r["output_tokens"] == r["num_requests"] * 8 for r in doc["levels"])
     width, _, colors = png_pixels(png)  # the chart's data: tests/unit/test_charts.py; here: it is drawn
     assert width == svg.WIDTH * chromium.SCALE and {svg.color_for(k) for k in range(3)} <= colors

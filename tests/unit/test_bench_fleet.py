@@ -6,12 +6,15 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from fleetgen.bench.fleet import targets_of, write_spec_off
 from fleetgen.bench.stats import BenchTarget
 from fleetgen.config import load_fleet
 from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import ConfigError
+from fleetgen.http.client import named_urls
 
 PAIRS = [("h0-0", "http://127.0.0.1:1"), ("h0-1", "http://127.0.0.1:2")]
 
@@ -104,3 +107,18 @@ def test_spec_off_writes_back_every_other_value_as_it_was_read(tmp_path: Path) -
     after = tomllib.loads(write_spec_off(Fleet.load(path)).path.read_text(encoding="utf-8"))
     del before["engine"]["args"]["speculative-config"]
     assert after == before
+
+
+@given(
+    st.lists(
+        st.sampled_from(["http://127.0.0.1:30000", "http://10.0.0.2:8000/", "https://gpu-1:443"]), max_size=8
+    )
+)
+def test_bare_urls_are_named_by_their_address_once_each(urls: list[str]) -> None:
+    """`run`, `bench` and the dashboard name bare `--endpoint` URLs alike: by the address, each name once (a
+    URL given again is that address and its place), every URL kept in order."""
+    named = named_urls(urls)
+    assert [url for _, url in named] == [u.rstrip("/") for u in urls]
+    assert len({name for name, _ in named}) == len(urls)
+    for name, url in named:
+        assert name.split("#")[0] == url.split("://", 1)[1]

@@ -21,6 +21,7 @@ from fleetgen.deploy.fleetops import up
 from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import ConfigError, FleetgenError
 from fleetgen.fleet.pool import ready_endpoints
+from fleetgen.http.client import named_urls
 
 SPEC_ARG_PREFIX = "speculative"  # SGLang's speculative-*, vLLM's speculative-config
 
@@ -52,7 +53,7 @@ async def bench_fleet(
             if endpoints[0].api_key and not load.api_key:
                 load = dataclasses.replace(load, api_key=endpoints[0].api_key)
         else:
-            pairs = [(f"endpoint-{i}", url.rstrip("/")) for i, url in enumerate(source)]
+            pairs = named_urls(source)
             caps = [cap]
         return await sweep(targets_of(pairs, scope), load, caps=caps, on_level=on_level)
 

@@ -25,7 +25,7 @@ from fleetgen.deploy.hostside import local_shape
 from fleetgen.engines import engine_of_metrics
 from fleetgen.errors import EndpointError, FleetgenError
 from fleetgen.fleet.status import FleetView, Readiness
-from fleetgen.http.client import EngineClient
+from fleetgen.http.client import EngineClient, named_urls
 from fleetgen.http.metrics import Scrape, load_from
 from fleetgen.plan.fleet import facts_from_file, plan_fleet
 
@@ -56,7 +56,7 @@ class EndpointSource:
     """Rows read straight from servers given as URLs: health, /metrics, info (SGLang /server_info)."""
 
     def __init__(self, urls: Sequence[str], http: aiohttp.ClientSession) -> None:
-        self.endpoints = [_Endpoint(url.split("://", 1)[-1].rstrip("/"), url.rstrip("/")) for url in urls]
+        self.endpoints = [_Endpoint(name, url) for name, url in named_urls(urls)]
         self.http = http
 
     async def __call__(self) -> Sequence[InstanceRow]:

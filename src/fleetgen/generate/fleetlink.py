@@ -21,6 +21,7 @@ from fleetgen.errors import DeployError
 from fleetgen.fleet.pool import FleetLinks, Link
 from fleetgen.fleet.status import Readiness
 from fleetgen.generate.runner import FleetHooks
+from fleetgen.http.client import named_urls
 
 
 def fleet_meta(fleet: FleetFile, path: Path, instances: Sequence[str]) -> dict[str, Any]:
@@ -44,8 +45,7 @@ def fleet_meta(fleet: FleetFile, path: Path, instances: Sequence[str]) -> dict[s
 
 def url_hooks(urls: Sequence[str]) -> FleetHooks:
     """A job on bare `--endpoint` URLs (each named by its address): all that is known is where they are."""
-    endpoints = [(url.split("://", 1)[-1].rstrip("/"), url) for url in urls]
-    return FleetHooks(endpoints, describe={"fleet": {"endpoints": list(urls)}})
+    return FleetHooks(named_urls(urls), describe={"fleet": {"endpoints": list(urls)}})
 
 
 def fleet_hooks(fleet: Fleet, links: FleetLinks, at_start: Sequence[Link], restart_dead: bool) -> FleetHooks:

@@ -259,6 +259,17 @@ class EngineClient:
         )
 
 
+def named_urls(urls: Sequence[str]) -> list[tuple[str, str]]:
+    """Bare `--endpoint` URLs as (name, URL), for `run`, `bench` and the dashboard alike: each named by its
+    address (`host:port`), a URL given again by that address and its place (`host:port#2`)."""
+    named: list[tuple[str, str]] = []
+    for url in urls:
+        address = url.split("://", 1)[-1].rstrip("/")
+        seen = sum(1 for _, earlier in named if earlier == url.rstrip("/"))
+        named.append((address if not seen else f"{address}#{seen + 1}", url.rstrip("/")))
+    return named
+
+
 def parse_completion(raw: bytes, url: str) -> Completion:
     """Normalize one chat completion body into `Completion` (one shape whatever the engine)."""
     try:
