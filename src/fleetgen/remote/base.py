@@ -62,11 +62,7 @@ class HostState(enum.Enum):
 
 
 class Host(ABC):
-    """One machine fleetgen acts on. An async context manager; refuses use after close.
-
-    Subclasses implement the transport primitives only."""
-
-    name: str
+    """One machine fleetgen acts on. An async context manager; refuses use after close."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -133,15 +129,14 @@ class Host(ABC):
         *,
         check: bool = True,
         stdin: bytes | None = None,
-        timeout: float | None = None,  # noqa: ASYNC109 (the Host's public parameter name)
+        timeout: float = DEFAULT_TIMEOUT_S,  # noqa: ASYNC109 (the Host's public parameter name)
     ) -> RunResult:
         """Run argv (no shell parsing of the values); non-zero exit with `check` raises CommandError."""
         self._check_usable()
         argv = tuple(argv)
         if not argv:
             raise ValueError("run() needs a program to run: argv is empty")
-        limit = DEFAULT_TIMEOUT_S if timeout is None else timeout
-        status, out, err = await self._exec(argv, stdin, limit)
+        status, out, err = await self._exec(argv, stdin, timeout)
         result = RunResult(
             argv=argv,
             exit_status=status,
@@ -322,11 +317,15 @@ class Host(ABC):
         leads_group = me is None or me.pgrp == pid
         target = f"-{pid}" if leads_group else str(pid)
         alive = _alive(stats, pid, leads_group)
+        loop = asyncio.get_running_loop()
         for signal_name, wait_s in (("TERM", timeout), ("KILL", _KILL_GRACE_S)):
             if not _alive(stats, pid, leads_group):
                 return alive
             stats = await self._stats(signal_name, target)
-            stats = await self._wait_stopped(stats, pid, leads_group, wait_s)
+            deadline = loop.time() + wait_s
+            while _alive(stats, pid, leads_group) and loop.time() < deadline:
+                await asyncio.sleep(_STOP_POLL_S)
+                stats = await self._stats()
         if _alive(stats, pid, leads_group):
             raise RemoteError(
                 f"process {pid} on {self.name} survived SIGTERM and SIGKILL",
@@ -339,17 +338,6 @@ class Host(ABC):
     async def _stats(self, signal_name: str = "", target: str = "") -> list[StatLine]:
         result = await self.run(scripts.sh(scripts.SIGNAL_AND_STATS_SH, signal_name, target))
         return parse_stats(result.stdout)
-
-    async def _wait_stopped(
-        self, stats: list[StatLine], pid: int, leads_group: bool, wait_s: float
-    ) -> list[StatLine]:
-        """Poll until nothing of the process (group) lives or `wait_s` passes; the last stats seen."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_s
-        while _alive(stats, pid, leads_group) and loop.time() < deadline:
-            await asyncio.sleep(_STOP_POLL_S)
-            stats = await self._stats()
-        return stats
 
     # ---- logs ------------------------------------------------------------------------------------------
     async def tail(self, path: str, num_lines: int = 100) -> str:

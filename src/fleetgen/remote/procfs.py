@@ -44,7 +44,6 @@ class StatLine:
 
     pid: int
     state: str
-    ppid: int
     pgrp: int
     start_time: int
 
@@ -62,9 +61,7 @@ def parse_stat(text: str) -> StatLine | None:
     try:
         pid = int(head.split("(", 1)[0])
         # fields[0] is stat field 3 (state); field N is fields[N - 3]
-        return StatLine(
-            pid=pid, state=fields[0], ppid=int(fields[1]), pgrp=int(fields[2]), start_time=int(fields[19])
-        )
+        return StatLine(pid=pid, state=fields[0], pgrp=int(fields[2]), start_time=int(fields[19]))
     except ValueError:
         return None
 

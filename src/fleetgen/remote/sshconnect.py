@@ -61,11 +61,7 @@ def _client_keys(entry: HostEntry) -> Any:
     return [str(path)]
 
 
-async def connect(
-    entry: HostEntry,
-    warnings: list[str],
-    timeout: float = CONNECT_TIMEOUT_S,  # noqa: ASYNC109 (the Host's public parameter name)
-) -> asyncssh.SSHClientConnection:
+async def connect(entry: HostEntry, warnings: list[str]) -> asyncssh.SSHClientConnection:
     """One SSH connection to `entry`, or ConnectError / HostKeyError saying why not and what to do."""
     known = _known_hosts_arg(entry, warnings)
     try:
@@ -75,7 +71,7 @@ async def connect(
             username=username(entry),
             known_hosts=known,
             client_keys=_client_keys(entry),
-            connect_timeout=timeout,
+            connect_timeout=CONNECT_TIMEOUT_S,
             keepalive_interval=KEEPALIVE_INTERVAL_S,
             keepalive_count_max=KEEPALIVE_COUNT_MAX,
         )
@@ -89,7 +85,7 @@ async def connect(
             entry, f"cannot load the identity {entry.identity} for {entry.name}: {exc}", fix
         ) from exc
     except (TimeoutError, OSError, asyncssh.Error) as exc:
-        raise unreachable_error(entry, exc, timeout) from exc
+        raise unreachable_error(entry, exc) from exc
 
 
 def where(entry: HostEntry) -> str:
@@ -101,12 +97,12 @@ def connect_error(entry: HostEntry, message: str, fix: str) -> ConnectError:
     return ConnectError(message, fix=fix, context={"host": entry.name, "ssh": where(entry)})
 
 
-def unreachable_error(entry: HostEntry, exc: BaseException, timeout: float) -> ConnectError:
+def unreachable_error(entry: HostEntry, exc: BaseException) -> ConnectError:
     """ConnectError for a host that could not be reached (refused, timed out, unknown name, dropped)."""
     if isinstance(exc, ConnectionRefusedError):
         cause = "connection refused (nothing listens on that port)"
     elif isinstance(exc, asyncio.TimeoutError):
-        cause = f"no answer within {timeout:g}s"
+        cause = f"no answer within {CONNECT_TIMEOUT_S:g}s"
     elif isinstance(exc, socket.gaierror):
         cause = f"cannot resolve the name {entry.address!r}"
     elif isinstance(exc, asyncssh.Error):
@@ -177,9 +173,7 @@ async def _offered_key(entry: HostEntry) -> asyncssh.SSHKey | None:
 
 
 def _is_listed(path: Path, entry: HostEntry) -> bool:
-    if not path.exists():
-        return False
-    try:
+    try:  # a missing file (OSError) lists nothing
         host_keys = asyncssh.read_known_hosts(str(path)).match(entry.address, entry.address, entry.port)[0]
     except (OSError, ValueError):
         return False
