@@ -27,8 +27,7 @@ def remember(secret: str) -> None:
 def redact(text: str) -> str:
     """`text` with every remembered secret replaced by REDACTED (longest first: one may contain another)."""
     for secret in sorted(_known, key=len, reverse=True):
-        if secret in text:
-            text = text.replace(secret, REDACTED)
+        text = text.replace(secret, REDACTED)
     return text
 
 

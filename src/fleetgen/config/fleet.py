@@ -99,7 +99,7 @@ class FleetFile(Strict):
             gpus = list(range(tp))
         else:
             gpus = list(gpu_indices)
-            why, fix = _gpu_count_problem(gpus, tp, f'gpus = "all" found {_gpu_list(gpus)} on {host.name}')
+            why, fix = _gpu_count_problem(gpus, tp, f'gpus = "all" found {gpus} on {host.name}')
             if why:
                 where = self.where(source, ("hosts", self.hosts.index(host), "gpus"))
                 raise ConfigError(f"{where}: {why}", fix=fix, context={"host": host.name})
@@ -232,7 +232,7 @@ def layout_problems(fleet: FleetFile) -> list[tuple[tuple[int | str, ...], str]]
     ]
     for i, host in enumerate(fleet.hosts):
         if host.gpus != "all":
-            why, fix = _gpu_count_problem(host.gpus, tp, f"gpus = {_gpu_list(host.gpus)}")
+            why, fix = _gpu_count_problem(host.gpus, tp, f"gpus = {host.gpus}")
             if why:
                 problems.append((("hosts", i, "gpus"), f"{why}; {fix}"))
     for j, other in enumerate(fleet.hosts):
@@ -263,7 +263,7 @@ def _name_clash(fleet: FleetFile, host: HostEntry, name: str) -> str:
     return ""
 
 
-def _gpu_count_problem(gpus: Sequence[int], tp: int, what: str) -> tuple[str, str]:
+def _gpu_count_problem(gpus: list[int], tp: int, what: str) -> tuple[str, str]:
     """Why `tp` leaves some of `gpus` unused (or there are none), and the fix; empty when it does not."""
     if not gpus:
         return f"{what}: no GPU, so no instance", "list the GPUs to use, or remove this host"
@@ -275,12 +275,8 @@ def _gpu_count_problem(gpus: Sequence[int], tp: int, what: str) -> tuple[str, st
         f"({len(gpus) // tp} instance(s) of {tp} GPUs)"
     )
     if usable:
-        return why, f"list a multiple of {tp} GPUs (gpus = {_gpu_list(usable)}) or change engine.tp"
+        return why, f"list a multiple of {tp} GPUs (gpus = {usable}) or change engine.tp"
     return why, f"list at least {tp} GPUs for this host or remove it (engine.tp is for every host)"
-
-
-def _gpu_list(gpus: Sequence[int]) -> str:
-    return "[" + ", ".join(map(str, gpus)) + "]"
 
 
 def load_fleet(path: Path) -> FleetFile:
