@@ -41,7 +41,7 @@ class EngineConfig(Strict):
     api_key_env: str | None = None
     ready_timeout_s: Annotated[float, Field(gt=0)] = 1800.0
 
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True)  # merged with Strict's (frozen, extra="forbid")
 
     @field_validator("kind")
     @classmethod
@@ -63,7 +63,7 @@ class EngineConfig(Strict):
 
     @model_validator(mode="after")
     def _public_bind_needs_key(self) -> EngineConfig:
-        if self.bind != LOOPBACK and not self.api_key_env:
+        if self.is_public and not self.api_key_env:
             raise ValueError(
                 f"bind = {self.bind!r} exposes the servers beyond this host; set engine.api_key_env to the "
                 "name of an environment variable holding an API key, or keep bind = '127.0.0.1' (SSH tunnels)"

@@ -71,7 +71,10 @@ class SshHost(Host):
             self._conn, self._has_connected, self._home = conn, True, None
             if self.state is HostState.NEW:
                 self.state = HostState.OPEN
-            await self._restore_forwards(conn)
+            for remote_port, local_port in self._forwards.items():  # the same local ports as before a drop
+                await self._listen(conn, local_port, remote_port)
+            if self._forwards:
+                self._watch(conn)
             return conn
 
     async def _connect(self) -> asyncssh.SSHClientConnection:
@@ -162,7 +165,10 @@ class SshHost(Host):
             process.close()
 
     # ---- files -----------------------------------------------------------------------------------------
-    async def _sftp_client(self) -> asyncssh.SFTPClient:
+    @contextlib.asynccontextmanager
+    async def _sftp_doing(self, failed: Callable[[str], FleetgenError]) -> AsyncIterator[asyncssh.SFTPClient]:
+        """The connection's SFTP client (started on first use) for one call: an SFTP error becomes
+        `failed(reason)`, a drop ConnectionLost."""
         conn = await self._connection()
         if self._sftp is None:
             try:
@@ -175,23 +181,17 @@ class SshHost(Host):
                     fix="enable it in the host's sshd_config: Subsystem sftp internal-sftp",
                     context={"host": self.name},
                 ) from exc
-        return self._sftp
+        try:
+            yield self._sftp
+        except asyncssh.SFTPError as exc:
+            raise failed(str(exc.reason)) from exc
+        except _TRANSPORT_ERRORS as exc:
+            raise self._lost([], exc) from exc
 
     async def _makedirs(self, folder: str) -> None:
         # SFTP: no login shell to start, unlike `mkdir -p` over exec
         async with self._sftp_doing(lambda why: self.cannot_mkdir(folder, why)) as sftp:
             await sftp.makedirs(folder, exist_ok=True)
-
-    @contextlib.asynccontextmanager
-    async def _sftp_doing(self, failed: Callable[[str], FleetgenError]) -> AsyncIterator[asyncssh.SFTPClient]:
-        """The SFTP client for one call: an SFTP error becomes `failed(reason)`, a drop ConnectionLost."""
-        sftp = await self._sftp_client()
-        try:
-            yield sftp
-        except asyncssh.SFTPError as exc:
-            raise failed(str(exc.reason)) from exc
-        except _TRANSPORT_ERRORS as exc:
-            raise self._lost([], exc) from exc
 
     async def _write_temp(self, path: str, data: bytes, mode: int) -> None:
         def failed(why: str) -> TransferError:
@@ -240,12 +240,6 @@ class SshHost(Host):
             ) from exc
         self._listeners.append(listener)
         return int(listener.get_port())
-
-    async def _restore_forwards(self, conn: asyncssh.SSHClientConnection) -> None:
-        for remote_port, local_port in self._forwards.items():
-            await self._listen(conn, local_port, remote_port)
-        if self._forwards:
-            self._watch(conn)
 
     def _watch(self, conn: asyncssh.SSHClientConnection) -> None:
         """Reconnect as soon as `conn` drops while forwards exist: users of a forward make no calls."""
