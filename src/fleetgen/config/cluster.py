@@ -8,8 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
-from fleetgen.config.common import Strict
-from fleetgen.config.hosts import HostEntry, SshTarget
+from fleetgen.config.hosts import HostName, Machine, SshTarget
 
 # sbatch options fleetgen sets on every job: refused in cluster.sbatch_args (the ones a [cluster] field sets
 # name that field).
@@ -22,7 +21,7 @@ MANAGED_SBATCH |= {"--gpus-per-task", "-D", "--chdir", *SBATCH_FIELDS}
 SLURM_TIME = re.compile(r"(?:\d+-)?\d+(?::\d{1,2}){0,2}|UNLIMITED|unlimited|infinite|INFINITE")
 
 
-class ClusterConfig(Strict):
+class ClusterConfig(Machine):
     """`[cluster]`: the servers are placed by a Slurm cluster, one job per server (`deploy.slurm`).
 
     fleetgen runs `sbatch`/`squeue`/`scancel` on the submit host (`submit`: "local" = this machine, or
@@ -31,7 +30,7 @@ class ClusterConfig(Strict):
     """
 
     kind: Literal["slurm"]
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")] = "slurm"
+    name: HostName = "slurm"
     partition: Annotated[str, Field(pattern=r"^[^\s,]+$")]
     gpus: Annotated[int, Field(ge=1, le=4096)]
     gpus_per_node: Annotated[int, Field(ge=1, le=64)] | None = None
@@ -39,15 +38,9 @@ class ClusterConfig(Strict):
     account: Annotated[str, Field(pattern=r"^\S+$")] | None = None
     sbatch_args: list[str] = Field(default_factory=list)
     submit: SshTarget = "local"
-    identity: str | None = None
-    known_hosts: str | None = None
     node_access: Literal["local", "ssh", "srun"] = "ssh"
     node_ssh_user: str | None = None
     node_ssh_port: Annotated[int, Field(ge=1, le=65535)] = 22
-    workdir: str = "~/fleetgen"
-    base_port: Annotated[int, Field(ge=1024, le=65000)] | None = None
-    gpu_memory_gib: Annotated[float, Field(gt=0)] | None = None
-    host_memory_gib: Annotated[float, Field(gt=0)] | None = None
     pending_timeout_s: Annotated[float, Field(gt=0)] = 3600.0  # `up` waits this long for an allocation
 
     @field_validator("time")
@@ -74,8 +67,7 @@ class ClusterConfig(Strict):
     def submit_host(self) -> dict[str, Any]:
         """The `[[hosts]]` entry the cluster stands for: the submit host, its GPUs the cluster's (slots
         0…gpus-1, one instance per `tp` of them; Slurm picks the real devices on the node)."""
-        shared = HostEntry.model_fields.keys() & ClusterConfig.model_fields.keys()  # named alike, meant alike
-        values = self.model_dump(include=shared, exclude_none=True)
+        values = self.model_dump(include={"name", *Machine.model_fields}, exclude_none=True)
         return {**values, "ssh": self.submit, "gpus": list(range(self.gpus))}
 
 

@@ -1,4 +1,4 @@
-"""`[[hosts]]`: one machine reached over SSH, and the SSH target form fleet files write."""
+"""`[[hosts]]`: one machine reached over SSH, what `[cluster]` says alike (`Machine`), the SSH target form."""
 
 from __future__ import annotations
 
@@ -18,22 +18,28 @@ def ssh_form(value: str) -> str:
 
 
 SshTarget = Annotated[str, AfterValidator(ssh_form)]
+HostName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
 
 
-class HostEntry(Strict):
-    """`[[hosts]]`: one machine reached over SSH (or `ssh = "local"`)."""
+class Machine(Strict):
+    """What `[[hosts]]` and `[cluster]` (standing as its submit host) both say of a machine."""
 
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
-    ssh: SshTarget = "local"
     identity: str | None = None
     known_hosts: str | None = None
-    insecure_skip_host_key_check: bool = False
-    gpus: list[int] | Literal["all"] = "all"
-    gpu_memory_gib: Annotated[float, Field(gt=0)] | None = None
-    gpu_free_gib: Annotated[float, Field(gt=0)] | None = None
-    host_memory_gib: Annotated[float, Field(gt=0)] | None = None
     workdir: str = "~/fleetgen"
     base_port: Annotated[int, Field(ge=1024, le=65000)] | None = None
+    gpu_memory_gib: Annotated[float, Field(gt=0)] | None = None
+    host_memory_gib: Annotated[float, Field(gt=0)] | None = None
+
+
+class HostEntry(Machine):
+    """`[[hosts]]`: one machine reached over SSH (or `ssh = "local"`)."""
+
+    name: HostName
+    ssh: SshTarget = "local"
+    insecure_skip_host_key_check: bool = False
+    gpus: list[int] | Literal["all"] = "all"
+    gpu_free_gib: Annotated[float, Field(gt=0)] | None = None
 
     @field_validator("gpus")
     @classmethod
