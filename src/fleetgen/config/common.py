@@ -75,8 +75,7 @@ def locate(text: str, loc: tuple[int | str, ...]) -> int | None:
         if headers:
             table = name
             start = headers[index] if index is not None and index < len(headers) else headers[0]
-            nxt = [i for i, r in enumerate(rows) if i > start and re.match(r"^\s*\[", r)]
-            end = nxt[0] if nxt else len(rows)
+            end = next((i for i in range(start + 1, end) if re.match(r"^\s*\[", rows[i])), end)
             keys = keys[1:]
             if not keys:
                 return start + 1

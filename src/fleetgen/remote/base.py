@@ -164,7 +164,7 @@ class Host(ABC):
 
     def command_error(self, result: RunResult, message: str = "", fix: str = "") -> CommandError:
         """A CommandError with host, argv, exit code and stderr tail; default cause/fix by exit code."""
-        program = result.argv[0] if result.argv else "?"
+        program = result.argv[0]
         if not message and result.exit_status == 127:
             message = f"`{program}` was not found on {self.name}"
             fix = fix or f"install `{program}` on {self.name}, or give its full path (check: which {program})"

@@ -75,8 +75,7 @@ def decode_nul_list(raw: bytes) -> tuple[str, ...]:
     """/proc/PID/cmdline: NUL-separated args. Non-UTF-8 bytes survive as surrogates (os.fsdecode style)."""
     if not raw:
         return ()
-    parts = raw[:-1] if raw.endswith(b"\0") else raw
-    return tuple(p.decode("utf-8", "surrogateescape") for p in parts.split(b"\0"))
+    return tuple(p.decode("utf-8", "surrogateescape") for p in raw.removesuffix(b"\0").split(b"\0"))
 
 
 def decode_environ(raw: bytes) -> dict[str, str]:

@@ -72,7 +72,7 @@ class JobInfo:
     def describe(self) -> str:
         """`CANCELLED (reason)`, Slurm's own words."""
         why = f" ({self.reason})" if self.reason else ""
-        code = f", exit {self.exit_code}" if self.exit_code and self.exit_code not in ("0:0", "") else ""
+        code = f", exit {self.exit_code}" if self.exit_code not in ("0:0", "") else ""
         return f"{self.state}{why}{code}"
 
 
