@@ -288,11 +288,9 @@ class Host(ABC):
             scripts.EXIT_NOT_EXECUTABLE: f"put {script} with mode 0o755",
             scripts.EXIT_LOG_EXISTS: "use a new log file name per launch (e.g. with a timestamp)",
         }
-        cause = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else ""
+        cause = result.stderr.strip().rpartition("\n")[2] or "spawn failed"  # stderr's last line
         fix = fixes.get(result.exit_status, f"check {folder} and {log} on {self.name}")
-        return self.command_error(
-            result, f"cannot start {script} on {self.name}: {cause or 'spawn failed'}", fix
-        )
+        return self.command_error(result, f"cannot start {script} on {self.name}: {cause}", fix)
 
     async def inspect(self, pid: int, start_time: int | None = None) -> ProcInfo:
         """State, argv, environ, start time from /proc. GONE if absent or the start time differs (PID reuse);
