@@ -26,8 +26,8 @@ class SrunHost(Host):
 
     async def _exec(self, argv: Sequence[str], stdin: bytes | None, timeout_s: float) -> Output:
         step = ["srun", "--overlap", f"--jobid={self.job}", "--nodes=1", "--ntasks=1", "--quiet", "--", *argv]
-        result = await self.submit.run(step, check=False, stdin=stdin, timeout=timeout_s)
-        return result.exit_status, result.stdout.encode(), result.stderr.encode()
+        self.submit._check_usable()
+        return await self.submit._exec(step, stdin, timeout_s)  # the bytes as they come: a file may be binary
 
     async def _stream_lines(self, argv: Sequence[str]) -> AsyncIterator[str]:
         raise RemoteError(
