@@ -194,12 +194,11 @@ class Host(ABC):
             return (await self.home()).rstrip("/") + path[1:] or "/"
         return path
 
-    async def read(self, path: str, size: int | None = None) -> bytes:
-        """A file's bytes (the first `size` at most)."""
+    async def read(self, path: str) -> bytes:
+        """A file's bytes."""
         self._check_usable()
         target = await self.expand(path)
-        argv = ["cat", "--", target] if size is None else ["head", "-c", str(size), "--", target]
-        status, out, err = await self._exec(argv, None, DEFAULT_TIMEOUT_S)
+        status, out, err = await self._exec(["cat", "--", target], None, DEFAULT_TIMEOUT_S)
         if status != 0:
             raise self.unreadable(target, err.decode(errors="replace").strip() or f"exit {status}")
         return out

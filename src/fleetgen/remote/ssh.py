@@ -209,14 +209,14 @@ class SshHost(Host):
                 await fh.fsync()
             await sftp.chmod(path, mode)  # the host's umask may have masked bits off at creation
 
-    async def read(self, path: str, size: int | None = None) -> bytes:
-        """Read a file over SFTP; `size` is required for /proc files (their stat size is 0)."""
+    async def read(self, path: str) -> bytes:
+        """Read a file over SFTP (not a /proc file: its stat size is 0, so it reads empty)."""
         target = await self.expand(path)
         async with (
             self._sftp_doing(lambda why: self.unreadable(target, why)) as sftp,
             sftp.open(target, "rb") as fh,
         ):
-            data: bytes = await fh.read(-1 if size is None else size)
+            data: bytes = await fh.read()
         return data
 
     # ---- forwards --------------------------------------------------------------------------------------
