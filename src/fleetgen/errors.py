@@ -142,6 +142,6 @@ class FleetDown(JobError):
     """Too many consecutive failures across the fleet: the servers are gone."""
 
 
-def tail(text: str, num_lines: int = 20) -> str:
+def tail(text: str, num_lines: int) -> str:
     """The last `num_lines` lines of `text`, for error context (stderr tails, log tails)."""
     return "\n".join(text.rstrip("\n").splitlines()[-num_lines:])
