@@ -137,15 +137,15 @@ async def host_key_error(entry: HostEntry) -> HostKeyError:
     pattern = entry.address if entry.port == 22 else f"[{entry.address}]:{entry.port}"
     offered = await _offered_key(entry)
     context: dict[str, object] = {"host": entry.name, "ssh": where(entry), "known_hosts": str(path)}
-    algorithm = offered.get_algorithm() if offered is not None else ""
     # ssh-keyscan's `-t` for the key type the host offered us (none when unknown: scan them all)
-    key_kind = next((kind for kind in ("ed25519", "ecdsa", "rsa") if kind in algorithm), "")
-    type_flag = f"-t {key_kind} " if key_kind else ""
-    keyscan = f"ssh-keyscan -p {entry.port} {type_flag}{entry.address} >> {path}"
+    type_flag = ""
     if offered is not None:
+        algorithm = offered.get_algorithm()
         context["offered key"] = f"{offered.get_fingerprint()} ({algorithm})"
         key_type, key_b64 = offered.export_public_key().decode().split()[:2]
         context["known_hosts line"] = f"{pattern} {key_type} {key_b64}"
+        type_flag = next((f"-t {kind} " for kind in ("ed25519", "ecdsa", "rsa") if kind in algorithm), "")
+    keyscan = f"ssh-keyscan -p {entry.port} {type_flag}{entry.address} >> {path}"
     if _is_listed(path, entry):
         return HostKeyError(
             f"the host key of {entry.name} ({pattern}) CHANGED: {path} lists another key; fleetgen refuses "
