@@ -80,11 +80,14 @@ class Host(ABC):
         """Create `path` (new), write `data`, fsync, set `mode`: through stdin (a transport may do better)."""
         result = await self.run(scripts.sh(scripts.WRITE_SH, path, f"{mode:o}"), check=False, stdin=data)
         if result.exit_status != 0:
-            raise self.command_error(
-                result,
-                f"cannot write {path} on {self.name}",
-                f"check free disk and permissions on {self.name}",
-            )
+            raise self.cannot_write(path, result.stderr.strip() or f"exit {result.exit_status}")
+
+    def cannot_write(self, path: str, cause: str) -> TransferError:
+        return TransferError(
+            f"cannot write {path} on {self.name}: {cause}",
+            fix=f"check that the folder is writable and the disk not full on {self.name}",
+            context={"host": self.name, "path": path},
+        )
 
     @abstractmethod
     def _stream_lines(self, argv: Sequence[str]) -> AsyncIterator[str]:

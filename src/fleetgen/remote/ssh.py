@@ -18,7 +18,7 @@ from typing import Any
 import asyncssh
 
 from fleetgen.config import HostEntry
-from fleetgen.errors import ConnectError, ConnectionLost, FleetgenError, RemoteError, TransferError
+from fleetgen.errors import ConnectError, ConnectionLost, FleetgenError, RemoteError
 from fleetgen.remote import scripts, sshconnect
 from fleetgen.remote.base import Host, HostState, Output
 
@@ -194,14 +194,7 @@ class SshHost(Host):
             await sftp.makedirs(folder, exist_ok=True)
 
     async def _write_temp(self, path: str, data: bytes, mode: int) -> None:
-        def failed(why: str) -> TransferError:
-            return TransferError(
-                f"cannot write {path} on {self.name}: {why}",
-                fix=f"check that the folder is writable and the disk not full on {self.name}",
-                context={"host": self.name, "path": path},
-            )
-
-        async with self._sftp_doing(failed) as sftp:
+        async with self._sftp_doing(lambda why: self.cannot_write(path, why)) as sftp:
             # "xb": O_EXCL, the temp name must be new; fsync before the hash so the rename publishes
             # bytes that are on disk, not only in the page cache.
             async with sftp.open(path, "xb", attrs=asyncssh.SFTPAttrs(permissions=mode)) as fh:
