@@ -52,5 +52,5 @@ class RedactingStream:
 def redacting(stream: TextIO) -> TextIO:
     """`stream` wrapped once (wrapping a wrapped stream returns it as it is)."""
     if isinstance(stream, RedactingStream):
-        return cast(TextIO, stream)
+        return stream
     return cast(TextIO, RedactingStream(stream))  # duck-typed: every other attribute is the inner stream's

@@ -83,7 +83,7 @@ def locate(text: str, loc: tuple[int | str, ...]) -> int | None:
         for i in range(start, end):
             if re.search(rf'(^|[{{,])\s*"?{re.escape(key)}"?\s*=', rows[i]):  # `key =`, or inline `{ key =`
                 return i + 1
-    if table and keys:  # a field written as its own sub-table: `[engine.args]`
+    if table:  # a field written as its own sub-table: `[engine.args]`
         header = rf"^\s*\[\s*{re.escape(table)}\.{re.escape(keys[0])}\s*\]"
         sub = [i for i, r in enumerate(rows) if re.match(header, r)]
         if sub:
