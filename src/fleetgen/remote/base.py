@@ -82,13 +82,6 @@ class Host(ABC):
         if result.exit_status != 0:
             raise self.cannot_write(path, result.stderr.strip() or f"exit {result.exit_status}")
 
-    def cannot_write(self, path: str, cause: str) -> TransferError:
-        return TransferError(
-            f"cannot write {path} on {self.name}: {cause}",
-            fix=f"check that the folder is writable and the disk not full on {self.name}",
-            context={"host": self.name, "path": path},
-        )
-
     @abstractmethod
     def _stream_lines(self, argv: Sequence[str]) -> AsyncIterator[str]:
         """Run argv and yield its stdout lines as they come; stop the command when the iterator closes."""
@@ -222,6 +215,13 @@ class Host(ABC):
             fix=f"check that {self.name}'s user may write there (and that no file has that name), "
             "or choose another path",
             context={"host": self.name},
+        )
+
+    def cannot_write(self, path: str, cause: str) -> TransferError:
+        return TransferError(
+            f"cannot write {path} on {self.name}: {cause}",
+            fix=f"check that the folder is writable and the disk not full on {self.name}",
+            context={"host": self.name, "path": path},
         )
 
     # ---- verified put ----------------------------------------------------------------------------------
