@@ -15,7 +15,8 @@ async def test_a_file_read_through_srun_steps_is_the_exact_bytes(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
     """Bytes that are not UTF-8 (a binary file, a /proc environ) come back as they are on the node."""
-    submitted = slurm_cluster.run("sbatch", "--parsable", "--gres=gpu:1", "--wrap", "sleep 120")
+    output = f"--output={tmp_path / 'job.out'}"
+    submitted = slurm_cluster.run("sbatch", "--parsable", "--gres=gpu:1", output, "--wrap", "sleep 120")
     job = submitted.stdout.strip().split(";")[0]
     try:
         deadline = time.monotonic() + 60
