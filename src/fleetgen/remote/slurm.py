@@ -41,8 +41,8 @@ _FIXES = (
         "no node has the GPUs one server asks for (engine.tp, `--gres=gpu:<tp>`) in this partition: "
         "lower engine.tp or pick a partition with larger nodes (`sinfo -o '%P %G'`)",
     ),
-    ("invalid account", "set cluster.account to one you may use (`sacctmgr show assoc user=$USER`)"),
-    ("qos", "fix the --qos in cluster.sbatch_args"),
+    ("invalid account", HOPELESS["InvalidAccount"]),
+    ("qos", HOPELESS["InvalidQOS"]),
     ("unrecognized option", "remove the option from cluster.sbatch_args (`sbatch --help` lists them)"),
     ("invalid option", "remove the option from cluster.sbatch_args (`sbatch --help` lists them)"),
 )
