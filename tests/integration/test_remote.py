@@ -53,6 +53,12 @@ async def test_missing_program_says_not_found_and_how_to_fix(host: Host) -> None
     assert "install" in caught.value.fix and "full path" in caught.value.fix
 
 
+async def test_a_command_killed_by_a_signal_exits_as_a_shell_reports_it(host: Host) -> None:
+    """128 + the signal's number on every kind of host (asyncio says -9 here; SSH sends the signal's name)."""
+    assert (await host.run(["sh", "-c", "kill -KILL $$"], check=False)).exit_status == 128 + 9
+    assert (await host.run(["sh", "-c", "kill -TERM $$"], check=False)).exit_status == 128 + 15
+
+
 async def test_run_timeout_is_an_error_not_a_hang(host: Host) -> None:
     with pytest.raises(CommandError, match="did not finish within"):
         await host.run(["sleep", "30"], timeout=0.5)

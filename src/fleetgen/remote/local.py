@@ -35,7 +35,8 @@ class LocalHost(Host):
             await proc.wait()
             raise self.timed_out(argv, timeout_s) from exc
         assert proc.returncode is not None  # communicate() returned, so the process was reaped
-        return proc.returncode, out, err
+        # Killed by a signal: asyncio says -n, a shell (and SshHost) 128+n.
+        return (proc.returncode if proc.returncode >= 0 else 128 - proc.returncode), out, err
 
     async def _stream_lines(self, argv: Sequence[str]) -> AsyncIterator[str]:
         proc = await asyncio.create_subprocess_exec(

@@ -127,12 +127,12 @@ class SshHost(Host):
             raise self.timed_out(argv, timeout_s) from exc
         except _TRANSPORT_ERRORS as exc:
             raise self._lost(argv, exc) from exc
-        if done.exit_status is None or done.exit_status < 0:
-            if done.exit_signal:  # killed by a signal on the host: report it like a shell would (128+n)
-                number = int(signal.Signals.__members__.get(f"SIG{done.exit_signal[0]}", 0))
-                return 128 + number, _bytes(done.stdout), _bytes(done.stderr)
+        status = done.exit_status  # -1 when the host sent an exit signal instead (SSH sends one or the other)
+        if done.exit_signal:  # killed by a signal on the host: report it like a shell would (128+n)
+            status = 128 + int(signal.Signals.__members__.get(f"SIG{done.exit_signal[0]}", 0))
+        if status is None or status < 0:
             raise self._lost(argv, None)
-        return done.exit_status, _bytes(done.stdout), _bytes(done.stderr)
+        return status, _bytes(done.stdout), _bytes(done.stderr)
 
     async def _start(
         self, argv: Sequence[str], command: str, **options: Any
