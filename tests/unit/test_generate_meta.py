@@ -92,7 +92,9 @@ def test_fleet_meta_has_the_engine_section_but_never_env_values() -> None:
     assert "hf_secret123" not in orjson.dumps(meta).decode()
     bare = url_hooks(["http://127.0.0.1:1/"])
     assert bare.describe == {"fleet": {"endpoints": ["http://127.0.0.1:1/"]}}
-    assert bare.endpoints == [("127.0.0.1:1", "http://127.0.0.1:1/")]
+    assert bare.endpoints == [
+        ("127.0.0.1:1", "http://127.0.0.1:1")
+    ]  # named by its address (http.client.named_urls)
 
 
 def test_total_counts_work_items_without_bad_lines(tmp_path: Path) -> None:
