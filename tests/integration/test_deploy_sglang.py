@@ -8,13 +8,14 @@ simulated server (it speaks SGLang's HTTP surface and log lines); everything els
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import aiohttp
@@ -74,6 +75,19 @@ def sim_fleet(
     )
 
 
+async def _until(condition: Callable[[], bool], *, timeout_s: float) -> None:
+    """Wait (bounded) for something a server does on its own clock."""
+    async with asyncio.timeout(timeout_s):
+        while True:
+            if condition():
+                return
+            await asyncio.sleep(0.2)
+
+
+def _logged(log: Path, text: str) -> bool:
+    return text in _read(log)
+
+
 def _read(path: Path) -> str:
     """A file on a test host (they are this machine)."""
     return path.read_text()
@@ -112,6 +126,11 @@ async def test_two_hosts_two_instances_come_up_in_parallel_verified(
         script = _read(ssh_hosts[0].workdir / tmp_path.name / "h0-1" / "launch.sh")
         assert "export CUDA_VISIBLE_DEVICES=1" in script and "exec " in script
 
+        # SGLang reports an accept length (the gauge, /server_info) only once a "Decode batch" line logged the
+        # verify request's period, up to a second after it: status is read after that, not in the race.
+        for out, host in zip(sorted(outs, key=lambda o: o.instance), [0, 0, 1, 1], strict=True):
+            log = ssh_hosts[host].workdir / tmp_path.name / out.instance / "logs" / "current.log"
+            await _until(functools.partial(_logged, log, "accept len:"), timeout_s=30)
         done = await asyncio.to_thread(
             subprocess.run,
             [FLEETGEN, "status", "--json", "-f", str(fleet)],
