@@ -19,10 +19,11 @@ from fleetgen.cli.run import render
 from fleetgen.errors import FleetDown
 from fleetgen.fleet.pool import Link
 from fleetgen.fleet.status import Readiness
+from fleetgen.generate.dispatch import Dispatcher
 from fleetgen.generate.health import Endpoint, Watch, served_models
 from fleetgen.generate.progress import EndpointProgress, Progress
 from fleetgen.generate.runner import FleetHooks
-from fleetgen.generate.work import RetryPolicy
+from fleetgen.generate.work import Record, RetryPolicy, Work
 from fleetgen.http.client import EngineClient
 from tests.unit.test_generate_job import new_job, rows, write_jsonl
 from tests.unit.test_generate_standin import StandIn, serve
@@ -201,3 +202,28 @@ def test_the_live_view_shows_waiting_and_down_servers_with_why() -> None:
     }
     assert cells["h0-0"][1] == "waiting" and cells["h0-0"][5] == "loading [model] shards"  # not markup
     assert cells["h0-1"][1] == "down" and cells["h0-1"][5] == "not running"
+
+
+async def test_a_request_drained_before_its_first_step_goes_back_to_the_queue() -> None:
+    """The dispatcher launches requests in one loop turn; another request's connection failure in that turn
+    drains their endpoint before they ran a step. Each must leave the in-flight count and go back to the
+    queue: a task cancelled before it starts runs none of its body (the job waited forever on "in flight 2",
+    seen in the Slurm preemption test)."""
+    async with EngineClient("http://127.0.0.1:9", max_connections=2, timeout_s=1) as nowhere:
+        endpoints = [Endpoint("s0", nowhere, 4), Endpoint("s1", nowhere, 4)]
+        watch = Watch(endpoints, QUICK)
+        dispatcher = Dispatcher(watch, lambda work: {}, lambda *_: None, lambda *_: None)
+        try:
+            works = [
+                Work(Record(f"r{i}", "q", i, 0, [[{"role": "user", "content": "q"}]]), 0) for i in range(3)
+            ]
+            for work in works:
+                dispatcher._launch(endpoints[0], work)
+            dispatcher._mark_down(endpoints[0])  # the same loop turn: no task has run a step
+            await asyncio.gather(*endpoints[0].tasks, return_exceptions=True)
+            await asyncio.sleep(0)  # the tasks' done callbacks
+            assert dispatcher.num_in_flight == 0 and endpoints[0].in_flight == 0 and not endpoints[0].tasks
+            assert sorted(w.record.record_id for w in dispatcher._retries) == ["r0", "r1", "r2"]
+            assert endpoints[0].readiness is Readiness.DOWN and dispatcher.num_retrying == 3
+        finally:
+            await watch.close()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
 import time
 from collections import deque
@@ -140,23 +141,17 @@ class Dispatcher:
         self.num_in_flight += 1
         task = asyncio.get_running_loop().create_task(self._serve(endpoint, work))
         endpoint.tasks.add(task)
+        # Its end is counted by a callback, not the coroutine's `finally`: a task cancelled before its first
+        # step (drained in the loop turn that launched it) runs none of its body.
+        task.add_done_callback(functools.partial(self._served, endpoint, work))
 
     async def _serve(self, endpoint: Endpoint, work: Work) -> None:
-        task = asyncio.current_task()
-        assert task is not None
         started, t0 = time.time(), time.monotonic()
         try:
             while not work.is_finished:
                 work.done.append(await endpoint.client.chat(self._body_for(work)))
         except RequestFailed as exc:
             self._failed(endpoint, work, exc)
-        except asyncio.CancelledError:
-            if task not in self._drained:
-                raise
-            # The endpoint was drained: this work goes elsewhere, and it was not its fault.
-            self._drained.discard(task)
-            task.uncancel()
-            self._retries.append(work)
         else:
             endpoint.num_failures_in_row = 0
             self.failures_in_row = 0
@@ -166,12 +161,17 @@ class Dispatcher:
             endpoint.completions += 1
             endpoint.output_tokens += sum(c.completion_tokens or 0 for c in work.done)
             self._on_success(endpoint.name, work, started, time.monotonic() - t0)
-        finally:
-            endpoint.answered_at = time.monotonic()
-            endpoint.in_flight -= 1
-            endpoint.tasks.discard(task)
-            self.num_in_flight -= 1
-            self._changed.set()
+
+    def _served(self, endpoint: Endpoint, work: Work, task: asyncio.Task[None]) -> None:
+        endpoint.answered_at = time.monotonic()
+        endpoint.in_flight -= 1
+        endpoint.tasks.discard(task)
+        self.num_in_flight -= 1
+        if task in self._drained:  # its endpoint was drained: the work goes elsewhere, not its fault
+            self._drained.discard(task)
+            if task.cancelled():
+                self._retries.append(work)
+        self._changed.set()
 
     def _failed(self, endpoint: Endpoint, work: Work, exc: RequestFailed) -> None:
         self.last_error = f"{endpoint.name}: {exc.message}"
