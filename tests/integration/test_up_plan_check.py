@@ -10,11 +10,9 @@ Over REAL sshd, with `fleetgen.sim` as the engine:
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 import socket
-import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,8 +22,9 @@ from fleetgen.config import load_fleet
 from fleetgen.deploy.fleetops import down, up
 from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import PlanError
+from tests.fixtures.fleetcli import cli
 from tests.fixtures.sshd import SshdHost
-from tests.integration.test_deploy_sglang import FLEETGEN, QWEN36, sim_fleet
+from tests.integration.test_deploy_sglang import QWEN36, sim_fleet
 from tests.integration.test_deploy_support import log_files
 
 # Folder names a user may well have: spaces, quotes, a `$`, non-ASCII; each must reach the host as one path.
@@ -81,14 +80,8 @@ async def test_plan_and_up_read_the_model_on_the_host_not_a_folder_here_of_the_s
     fleet = sim_fleet(
         tmp_path, ssh_hosts[:1], model=Path(model), args={"mamba-radix-cache-strategy": "no_buffer"}
     )
-    planned = await asyncio.to_thread(
-        subprocess.run,
-        [FLEETGEN, "plan", "--json", "-f", str(fleet)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    [plan] = json.loads(planned.stdout)["instances"]
+    _, planned, _ = await cli("plan", "--json", "-f", str(fleet))
+    [plan] = json.loads(planned)["instances"]
     assert "no-buffer-overlap" in [e["rule"] for e in plan["errors"]], plan["errors"]
     root = ssh_hosts[0].workdir / tmp_path.name / "h0-0"
     try:
