@@ -1,0 +1,18 @@
+# Device helpers for the grid (bench/gpu/grid.py) and tune runs: `source bench/gpu/grid-session.sh` in each call.
+# The bundle (scripts/airgap_prepare.py --fa3 --with-fleetgen --chunk-mib 56) travels as .gpu/pNN, one a call.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+PY=/opt/torch/.venv/bin/python3
+SITE=/root/site
+export PYTHONPATH=$SITE:$SITE/nvidia_cutlass_dsl/python_packages:$PWD/src
+take() { mkdir -p /root/in && mv .gpu/p* /root/in/ && ls /root/in | tr '\n' ' ' && du -sh /root/in; }
+assemble() {  # the pieces → /root/bundle → installed into $SITE (FA3 put back)
+  mkdir -p /root/bundle && cat /root/in/p* | tee >(sha256sum | cut -c1-16 >&2) | tar -x -C /root/bundle &&
+    rm -f /root/in/p* && bash /root/bundle/install.sh $SITE $PY > /root/install.log 2>&1; tail -1 /root/install.log
+  $PY -c "import sglang, sgl_kernel; from sgl_kernel.flash_attn import flash_attn_with_kvcache; print('sglang', sglang.__version__)" 2>&1 | tail -2
+  nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader; }
+grid_start() {  # grid_start SETTINGS [args…]: in the background, survives the call
+  mkdir -p /root/grid && (setsid nohup $PY bench/gpu/grid.py --model /root/bundle/model --out /root/grid \
+    --python $PY --settings "$@" > /root/grid/stdout 2>&1 < /dev/null &); echo grid started; }
+grid_wait() {  # grid_wait SECONDS: until the grid says done (or the time), then its files into $OUT
+  local s=$SECONDS; while [ $((SECONDS-s)) -lt $1 ]; do grep -q "\[grid\] done" /root/grid/stdout 2>/dev/null && break; sleep 5; done
+  cat /root/grid/stdout; cp /root/grid/grid.json $OUT/ 2>/dev/null; tar -cJf $OUT/grid-logs.tar.xz -C /root/grid . 2>/dev/null; ls $OUT; }
