@@ -132,6 +132,10 @@ class Result:
     admitted: int | None = None
     server_info: dict[str, Any] = field(default_factory=dict)
     window_s: float = 0.0
+    # the engine's decode rate (`sglang:gen_throughput`, sampled) over the window: what decides the job's time
+    decode_tok_s: float = 0.0
+    # Δ generation_tokens_total / Δt: SGLang 0.5.15 counts a request's tokens when it *finishes*, so a short
+    # window right after an equilibrium start reads low (the first to finish are the short residuals)
     output_tok_s: float = 0.0
     completions: int = 0
     running_mean: float = 0.0
@@ -160,6 +164,7 @@ async def metrics(s: aiohttp.ClientSession, base: str) -> dict[str, float | None
         "queued": "sglang:num_queue_reqs",
         "usage": "sglang:token_usage",
         "accept": "sglang:spec_accept_length",
+        "decode": "sglang:gen_throughput",  # the scheduler's rate over its last decode-log interval
     }
     return {k: gauge(text, n) for k, n in names.items()}
 
@@ -269,6 +274,7 @@ async def measure(res: Result, base: str, window: float, warm_max: float, seed: 
         res.window_s = time.monotonic() - ts
         res.output_tok_s = ((last["gen"] or 0) - (first["gen"] or 0)) / res.window_s
         res.completions = len(done) - n0
+        res.decode_tok_s = sum(x["decode"] for x in res.samples) / len(res.samples)
         res.running_mean = sum(x["running"] for x in res.samples) / len(res.samples)
         res.queued_mean = sum(x["queued"] for x in res.samples) / len(res.samples)
         res.token_usage_max = max(x["usage"] for x in res.samples)
@@ -328,7 +334,8 @@ def main() -> int:
         (a.out / f"{name}.json").write_text(json.dumps(asdict(res), indent=1))
         print(
             f"[grid] {name}: admitted {res.admitted} running {res.running_mean:.0f} queued "
-            f"{res.queued_mean:.0f} {res.output_tok_s:,.0f} tok/s startup {res.startup_s:.0f} s {res.error}",
+            f"{res.queued_mean:.0f} decode {res.decode_tok_s:,.0f} tok/s (finished {res.output_tok_s:,.0f}) "
+            f"startup {res.startup_s:.0f} s {res.error}",
             flush=True,
         )
     (a.out / "grid.json").write_text(json.dumps(results, indent=1))
