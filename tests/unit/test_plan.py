@@ -18,7 +18,7 @@ from fleetgen.engines.sglang import SGLangEngine
 from fleetgen.modelcard import load_model_shape
 from fleetgen.plan import InstancePlan, facts_from_file, plan_fleet
 from fleetgen.plan.fleet import api_key_way
-from fleetgen.plan.sglang import CUDA_CONTEXT_BYTES, kv_bytes_per_token, state_bytes_per_request
+from fleetgen.plan.sglang.memory import CUDA_CONTEXT_BYTES, kv_bytes_per_token, state_bytes_per_request
 
 MODELS = Path(__file__).parents[1] / "data" / "models"
 QWEN = load_model_shape(MODELS / "qwen3.6-27b")

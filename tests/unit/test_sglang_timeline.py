@@ -24,7 +24,7 @@ from fleetgen.engines.sglang_timeline import RELEASES, RULE_SETS, rules_for
 from fleetgen.fleet.planning import parser_refusal
 from fleetgen.modelcard import load_model_shape
 from fleetgen.plan import facts_from_file, plan_fleet
-from fleetgen.plan.sglang import CUDA_CONTEXT_BYTES
+from fleetgen.plan.sglang.memory import CUDA_CONTEXT_BYTES
 from tests.unit.test_plan import GPU96, GPU183, MODELS, MOTIVATING, QWEN, plan_one
 
 GIB = 1 << 30

@@ -25,7 +25,7 @@ from fleetgen.engines.sglang import (
     extra_buffer_no_radix_fix,
     no_buffer_overlap_fix,
 )
-from fleetgen.plan.settings import SGLangSettings
+from fleetgen.plan.sglang.settings import SGLangSettings
 from fleetgen.plan.types import Ask, Issue
 
 
