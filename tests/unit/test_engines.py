@@ -228,7 +228,7 @@ def test_every_registered_engine_has_plan_arithmetic_and_is_a_fleet_kind() -> No
     config accepts exactly the engines (`config.ENGINE_KINDS`, registered by `fleetgen.engines`)."""
     assert set(PLANNERS) == set(ENGINES) == set(ENGINE_KINDS)
     for name, engine in ENGINES.items():
-        assert engine.name == name and PLANNERS[name].engine == name
+        assert engine.name == name and PLANNERS[name].engine is engine
         assert engine.distributions and engine.default_launcher and engine.fatal_signatures
 
 

@@ -18,7 +18,9 @@ from fleetgen.engines.sglang_timeline import RELEASES, rules_for
 from fleetgen.modelcard import load_model_shape
 from fleetgen.plan import FleetPlan, HostFacts, engine_rejections, facts_from_file, plan_fleet
 from fleetgen.plan.fixes import MIN_TOKENS_PER_REQUEST
+from fleetgen.plan.sglang.memory import SGLangExtras
 from fleetgen.plan.types import GIB, GpuFacts
+from fleetgen.plan.vllm import VLLMExtras
 from tests.unit.test_plan import EXTRA, GPU96, GPU183, MODELS, MOTIVATING, QWEN, SPEC_V2, plan_one
 
 
@@ -73,7 +75,7 @@ def test_explicit_no_buffer_with_overlap_on_0_5_23() -> None:
     ok = plan_one(
         {"mamba-radix-cache-strategy": "no_buffer", "disable-overlap-schedule": True}, version="0.5.23"
     )
-    assert ok.fits and ok.memory.mamba_ratio == 3
+    assert ok.fits and SGLangExtras.of(ok.memory).mamba_ratio == 3
 
 
 def test_spec_v2_env_is_gone_in_0_5_23() -> None:
@@ -139,7 +141,7 @@ def test_hicache_host_memory_over_the_limit() -> None:
     result = plan_fleet(fleet, QWEN, _facts(fleet), None)
     error = next(e for e in result.errors if e.rule == "hicache-host-memory")
     assert "Not enough host memory available. Requesting" in error.message
-    pinned = sum(i.memory.hicache_host_bytes for i in result.instances)
+    pinned = sum(SGLangExtras.of(i.memory).hicache_host_bytes for i in result.instances)
     assert f"{pinned / 1e9:.2f} GB" in error.message
 
 
@@ -241,7 +243,8 @@ def test_vllm_hybrid_keeps_state_in_the_paged_pool() -> None:
         1 + 2
     )  # 17 attention layers (16 + MTP) = 1 group; 48 GDN = 3 groups
     blocks = m.rest_bytes // (17 * block * 4096)
-    assert m.mamba_slots == 0 and block == 800
+    vllm = VLLMExtras.of(m)
+    assert vllm.block_size == block == 800 and vllm.num_blocks == blocks
     assert m.kv_tokens == int(blocks / per_request * 8192)
     assert m.max_running_requests == min(1024, blocks // per_request)  # H200-class GPUs: max_num_seqs 1024
 

@@ -12,11 +12,12 @@ from fleetgen.plan import vllm
 from fleetgen.plan.sglang import planner as sglang
 from fleetgen.plan.types import Planner
 
-PLANNERS: dict[str, Planner] = {p.engine: p for p in (sglang.PLANNER, vllm.PLANNER)}
+PLANNERS: dict[str, Planner] = {p.engine.name: p for p in (sglang.PLANNER, vllm.PLANNER)}
 
 
 def planner_of(engine: str) -> Planner:
-    """The plan arithmetic of the engine registered as `engine`."""
+    """The plan arithmetic of the engine registered as `engine`: looked up once, where a command starts
+    planning (`plan_fleet`, `up`'s checks), and passed in from there."""
     try:
         return PLANNERS[engine]
     except KeyError:

@@ -6,42 +6,37 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from fleetgen.engines import translate_args
-from fleetgen.engines.sglang import HICACHE_HOST_MEMORY, SGLangEngine
-from fleetgen.plan.sglang.memory import HICACHE_RESERVE_BYTES, draft_kv_in_cell, size_sglang
-from fleetgen.plan.sglang.rules import RuleInput, check_sglang_flags
-from fleetgen.plan.sglang.settings import SGLangSettings, resolve_settings
+from fleetgen.engines import get_engine
+from fleetgen.engines.sglang import HICACHE_HOST_MEMORY, SGLangEngine, sglang_rules
+from fleetgen.plan.sglang.memory import HICACHE_RESERVE_BYTES, SGLangExtras, draft_kv_in_cell, size_sglang
+from fleetgen.plan.sglang.rules import check_sglang_flags
+from fleetgen.plan.sglang.settings import SGLangSettings, sglang_ask
 from fleetgen.plan.types import GIB, Ask, Fix, HostRam, Issue, Memory, Planner, Sizing
 
 
-def _rule_input(ask: Ask) -> RuleInput:
-    translation = translate_args(ask.args, ask.rules)
-    settings = resolve_settings(translation.args, ask.env, ask.rules, ask.shape)
-    return RuleInput(**vars(ask), translation=translation, settings=settings)
-
-
 def rejections(ask: Ask) -> tuple[Issue, ...]:
-    """SGLang's own refusals of these flags at start (`plan.rules`' errors): no memory arithmetic."""
-    return check_sglang_flags(_rule_input(ask)).errors
+    """SGLang's own refusals of these flags at start (`plan.sglang.rules`' errors): no memory arithmetic."""
+    return check_sglang_flags(sglang_ask(ask)).errors
 
 
 def size_instance(ask: Ask) -> Sizing:
-    """SGLang's verdict: its memory arithmetic, its startup rules (`plan.rules`), headroom and context
+    """SGLang's verdict: its memory arithmetic, its startup rules (`plan.sglang.rules`), headroom and context
     warnings."""
-    rule_input = _rule_input(ask)
-    s = rule_input.settings
-    memory, mem_errors = size_sglang(ask, s)
-    flags = check_sglang_flags(rule_input)
+    x = sglang_ask(ask)
+    s = x.settings
+    memory, mem_errors = size_sglang(x)
+    flags = check_sglang_flags(x)
     warnings = list(flags.warnings)
     if memory.headroom_needed_bytes > memory.headroom_bytes:
-        warnings.append(_headroom_warning(memory, s.is_spec and not draft_kv_in_cell(s, ask.rules)))
+        warnings.append(_headroom_warning(memory, s.is_spec and not draft_kv_in_cell(s, x.rules)))
     if 0 < memory.kv_tokens < memory.context_length:
         warnings.append(_context_warning(memory))
+    extras = SGLangExtras.of(memory)
     if s.is_hicache:
-        pinned = _hicache_bytes(memory, s, ask.shape.is_hybrid and ask.rules.hicache_hybrid)
-        memory = replace(memory, hicache_host_bytes=pinned)
+        pinned = _hicache_bytes(memory, s, ask.shape.is_hybrid and x.rules.hicache_hybrid)
+        memory = replace(memory, extras=replace(extras, hicache_host_bytes=pinned))
     resolved = {
-        "mem_fraction_static": memory.mem_fraction_static,
+        "mem_fraction_static": extras.mem_fraction_static,
         "mamba_strategy": s.strategy,
         "overlap_schedule": s.is_overlap,
         "speculative_num_draft_tokens": s.draft_tokens,
@@ -77,7 +72,7 @@ def _hicache_bytes(m: Memory, s: SGLangSettings, is_hybrid: bool) -> int:
     """Pinned host RAM: a KV host pool and, for hybrid models, a Mamba host pool, both from ratio or size."""
     if s.hicache_size_gb > 0:
         return int(s.hicache_size_gb * 1e9) * (2 if is_hybrid else 1)
-    mamba_host = m.mamba_slots * m.state_bytes_per_request if is_hybrid else 0
+    mamba_host = SGLangExtras.of(m).mamba_slots * m.state_bytes_per_request if is_hybrid else 0
     return int(s.hicache_ratio * m.kv_pool_bytes) + int(s.hicache_ratio * mamba_host)
 
 
@@ -92,7 +87,7 @@ def concurrency(ask: Ask, sized: Sizing, n: int) -> dict[str, Any]:
     """max-running-requests, and for a hybrid model the Mamba slots that many requests need."""
     out: dict[str, Any] = {"max-running-requests": n}
     if ask.shape.is_hybrid:  # ρ Mamba slots per running request
-        out["max-mamba-cache-size"] = sized.memory.mamba_ratio * n
+        out["max-mamba-cache-size"] = SGLangExtras.of(sized.memory).mamba_ratio * n
     return out
 
 
@@ -100,7 +95,7 @@ def required(ask: Ask, base: Sizing) -> Fix:
     """The change SGLang's refusal of spec + no_buffer + radix cache names (0.5.10–0.5.13): extra_buffer, with
     SGLANG_ENABLE_SPEC_V2=1 where the release reads it off by default."""
     if any(e.rule == "spec-no-buffer-radix" for e in base.errors):
-        r = ask.rules
+        r = sglang_rules(ask.rules)
         env = {r.spec_v2_env: "1"} if r.spec_v2_env and not r.spec_v2_default else {}
         text = f"--{r.strategy_flag} extra_buffer" + (f" + {r.spec_v2_env}=1" if env else "")
         return Fix(0, text, {r.strategy_flag: "extra_buffer"}, env)
@@ -110,8 +105,10 @@ def required(ask: Ask, base: Sizing) -> Fix:
 # SGLang's HiCacheController refuses host pools over the host's available RAM minus its reserve
 HICACHE_FIX = "set hicache-size (GB per pool per instance) or a lower hicache-ratio"
 HICACHE = HostRam(
-    lambda m: m.hicache_host_bytes,
+    lambda m: SGLangExtras.of(m).hicache_host_bytes,
     HICACHE_RESERVE_BYTES,
     Issue("hicache-host-memory", HICACHE_HOST_MEMORY, HICACHE_FIX),
 )
-PLANNER = Planner(SGLangEngine.name, size_instance, variants, concurrency, rejections, required, HICACHE)
+PLANNER = Planner(
+    get_engine(SGLangEngine.name), size_instance, variants, concurrency, rejections, required, HICACHE
+)
