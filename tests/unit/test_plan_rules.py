@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -249,10 +250,17 @@ def test_vllm_hybrid_keeps_state_in_the_paged_pool() -> None:
     assert m.max_running_requests == min(1024, blocks // per_request)  # H200-class GPUs: max_num_seqs 1024
 
 
-def _write(tmp_path: Path, args: dict[str, Any], env: dict[str, str], gpu_gib: float, version: str) -> Path:
+def _write(
+    tmp_path: Path,
+    args: dict[str, Any],
+    env: dict[str, str],
+    gpu_gib: float,
+    version: str,
+    kind: str = "sglang",
+) -> Path:
     lines = [
         "[engine]",
-        'kind = "sglang"',
+        f'kind = "{kind}"',
         f'version = "{version}"',
         'model = "/m"',
         f'model_config = "{MODELS / "qwen3.6-27b"}"',
@@ -278,6 +286,25 @@ def test_cli_exit_2_with_ranked_fixes_and_json(tmp_path: Path) -> None:
     assert ok.exit_code == 0, ok.output
     data = json.loads(ok.output)
     assert data["instances"][0]["fits"] and data["instances"][0]["max_running_requests"] > 0
+
+
+@pytest.mark.parametrize(
+    ("kind", "version", "own", "other"),
+    [
+        ("sglang", "0.5.23", "mem-fraction-static", "gpu-memory-utilization"),
+        ("vllm", "0.11.0", "gpu-memory-utilization", "mem-fraction-static"),
+    ],
+)
+def test_the_plan_table_names_each_engines_own_rows(
+    tmp_path: Path, kind: str, version: str, own: str, other: str
+) -> None:
+    """Each engine names its own rows: vLLM's budget setting is gpu-memory-utilization (it once printed as
+    SGLang's "mem fraction"), and only SGLang has a Mamba pool."""
+    path = _write(tmp_path, {}, {}, GPU183, version, kind=kind)
+    result = CliRunner().invoke(app, ["plan", "--offline", "-f", str(path)], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert own in result.output and other not in result.output and "mem fraction" not in result.output
+    assert ("Mamba slots" in result.output) == (kind == "sglang")
 
 
 def test_example_fleet_file_plans_offline() -> None:
