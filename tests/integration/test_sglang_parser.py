@@ -20,7 +20,7 @@ from fleetgen.deploy.wanted import build_command
 from fleetgen.engines import get_engine
 from fleetgen.fleet.planning import plan_from_file
 from fleetgen.modelcard import load_model_shape
-from fleetgen.plan.sglang import kv_bytes_per_token, state_bytes_per_request
+from fleetgen.plan.sglang.memory import kv_bytes_per_token, state_bytes_per_request
 from tests.unit.test_plan import GPU96, MODELS, MOTIVATING, plan_one
 
 pytestmark = pytest.mark.sglang

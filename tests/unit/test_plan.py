@@ -18,7 +18,12 @@ from fleetgen.engines.sglang import SGLangEngine
 from fleetgen.modelcard import load_model_shape
 from fleetgen.plan import InstancePlan, facts_from_file, plan_fleet
 from fleetgen.plan.fleet import api_key_way
-from fleetgen.plan.sglang import CUDA_CONTEXT_BYTES, kv_bytes_per_token, state_bytes_per_request
+from fleetgen.plan.sglang.memory import (
+    CUDA_CONTEXT_BYTES,
+    SGLangExtras,
+    kv_bytes_per_token,
+    state_bytes_per_request,
+)
 
 MODELS = Path(__file__).parents[1] / "data" / "models"
 QWEN = load_model_shape(MODELS / "qwen3.6-27b")
@@ -102,17 +107,17 @@ def _early_expected(gpu_gib: float, max_mamba: int | None = None) -> tuple[int, 
 def test_extra_buffer_on_96gb_early_2026() -> None:
     plan = plan_one({**MOTIVATING, **EXTRA}, env=SPEC_V2)
     assert plan.fits, plan.errors
-    m = plan.memory
+    m, sg = plan.memory, SGLangExtras.of(plan.memory)
     slots, tokens, running = _early_expected(GPU96)
-    assert (m.mamba_slots, m.kv_tokens, m.max_running_requests) == (slots, tokens, running)
-    assert m.mamba_ratio == 5 and m.spec_scratch_bytes == 153_944_064 * 48 * 4
+    assert (sg.mamba_slots, m.kv_tokens, m.max_running_requests) == (slots, tokens, running)
+    assert sg.mamba_ratio == 5 and sg.spec_scratch_bytes == 153_944_064 * 48 * 4
     assert m.kv_tokens < m.context_length  # 262,144-token context: said, with the fix
     assert any(w.rule == "full-context" and "context-length" in w.fix for w in plan.warnings)
 
 
 def test_without_spec_v2_env_extra_buffer_takes_4_slots() -> None:
     plan = plan_one({**MOTIVATING, **EXTRA})
-    assert plan.memory.mamba_ratio == 4
+    assert SGLangExtras.of(plan.memory).mamba_ratio == 4
     assert any(w.rule == "spec-v2-env" for w in plan.warnings)
 
 
@@ -120,9 +125,12 @@ def test_max_mamba_cache_size_24() -> None:
     auto = plan_one({**MOTIVATING, **EXTRA}, env=SPEC_V2).memory
     fixed = plan_one({**MOTIVATING, **EXTRA, "max-mamba-cache-size": 24}, env=SPEC_V2).memory
     _, tokens, running = _early_expected(GPU96, max_mamba=24)
-    assert (fixed.mamba_slots, fixed.kv_tokens, fixed.max_running_requests) == (24, tokens, running)
-    assert fixed.mamba_pool_bytes == 24 * 153_944_064
-    assert auto.mamba_slots == 23  # the ratio split gives 23 here: the 24th slot comes out of the KV pool
+    fixed_slots = SGLangExtras.of(fixed).mamba_slots
+    assert (fixed_slots, fixed.kv_tokens, fixed.max_running_requests) == (24, tokens, running)
+    assert SGLangExtras.of(fixed).mamba_pool_bytes == 24 * 153_944_064
+    assert (
+        SGLangExtras.of(auto).mamba_slots == 23
+    )  # the ratio split gives 23: the 24th comes out of the KV pool
     assert fixed.kv_tokens < auto.kv_tokens
 
 
@@ -130,13 +138,17 @@ def test_183gb_gives_more() -> None:
     small = plan_one({**MOTIVATING, **EXTRA}, env=SPEC_V2).memory
     big = plan_one({**MOTIVATING, **EXTRA}, env=SPEC_V2, gpu_gib=GPU183).memory
     slots, tokens, running = _early_expected(GPU183)
-    assert (big.mamba_slots, big.kv_tokens, big.max_running_requests) == (slots, tokens, running)
+    assert (SGLangExtras.of(big).mamba_slots, big.kv_tokens, big.max_running_requests) == (
+        slots,
+        tokens,
+        running,
+    )
     assert big.max_running_requests > small.max_running_requests and big.kv_tokens > small.kv_tokens
 
 
 def test_0_5_23_joint_solve_and_draft_inside() -> None:
     plan = plan_one({**MOTIVATING, "mamba-radix-cache-strategy": "extra_buffer"}, version="0.5.23")
-    m = plan.memory
+    m, sg = plan.memory, SGLangExtras.of(plan.memory)
     p, d, rho = 153_944_064, 4, 5
     draft_tables = 2 * QWEN.vocab_size * QWEN.hidden_size * 2  # the MTP head's own embedding + LM head
     assert m.weights_bytes == QWEN.weight_bytes + draft_tables  # target + MTP draft weights inside the budget
@@ -144,10 +156,10 @@ def test_0_5_23_joint_solve_and_draft_inside() -> None:
     rest = (GPU96 * GIB - CUDA_CONTEXT_BYTES) * 0.9 - m.weights_bytes - 100 * (1 << 20)
     budget = rest * 0.9 / 1.9
     slots = int((budget - p * (1 + d)) // (p * (1 + d / rho)))
-    assert m.mamba_slots == slots
+    assert sg.mamba_slots == slots
     running = min(48, slots // rho)
-    assert m.spec_scratch_bytes == p * (running + 1) * d
-    assert m.kv_tokens == int(rest - m.spec_scratch_bytes - (slots + 1) * p) // 69_632
+    assert sg.spec_scratch_bytes == p * (running + 1) * d
+    assert m.kv_tokens == int(rest - sg.spec_scratch_bytes - (slots + 1) * p) // 69_632
     assert m.max_running_requests == running
 
 
@@ -161,14 +173,16 @@ def test_0_5_23_auto_strategy_is_extra_buffer_and_renames_are_named() -> None:
     assert "--mamba-scheduler-strategy" not in plan.argv and "--cuda-graph-max-bs" not in plan.argv
     assert "--mamba-radix-cache-strategy" in plan.argv and "--cuda-graph-max-bs-decode" in plan.argv
     auto = plan_one(dict(MOTIVATING), version="0.5.23")
-    assert auto.fits and auto.resolved["mamba_strategy"] == "extra_buffer" and auto.memory.mamba_ratio == 5
+    assert auto.fits and auto.resolved["mamba_strategy"] == "extra_buffer"
+    assert SGLangExtras.of(auto.memory).mamba_ratio == 5
 
 
 def test_default_mem_fraction_matches_sglangs_formula_for_a_vlm() -> None:
     plan = plan_one({}, version="0.5.23", gpu_gib=81_559 / 1024)
     reserved = max(512 + 8192 * 1.5 + 1 / 8 * 1024 + 256 * 2, 10 * 1024)
     vlm = 0.95 * (1 - 0.1 * (24 * 1152**2 / (24 * 1024**2) - 1))
-    assert plan.memory.mem_fraction_static == pytest.approx(round((81_559 - reserved) / 81_559, 3) * vlm)
+    mfs = SGLangExtras.of(plan.memory).mem_fraction_static
+    assert mfs == pytest.approx(round((81_559 - reserved) / 81_559, 3) * vlm)
 
 
 def test_ssm_bfloat16_halves_the_state() -> None:
@@ -185,7 +199,7 @@ def test_tp2_halves_state_and_kv() -> None:
 def test_dense_model_has_no_mamba_pool() -> None:
     plan = plan_one({"mem-fraction-static": 0.85}, model="llama-3.1-8b", gpu_gib=80)
     m = plan.memory
-    assert plan.fits and m.mamba_slots == 0 and m.state_bytes_per_request == 0
+    assert plan.fits and SGLangExtras.of(m).mamba_slots == 0 and m.state_bytes_per_request == 0
     assert m.kv_bytes_per_token == 8 * 256 * 32 * 2
     assert m.max_running_requests == min(
         max(min(int(m.kv_tokens / 131072 * 512), 4096), 2048), m.kv_tokens // 2
@@ -196,7 +210,7 @@ def test_moe_hybrid_plans() -> None:
     plan = plan_one(
         {"mem-fraction-static": 0.9}, model="qwen3-next-80b-a3b", gpu_gib=GPU183, version="0.5.23"
     )
-    assert plan.fits and plan.memory.mamba_slots > 0
+    assert plan.fits and SGLangExtras.of(plan.memory).mamba_slots > 0
     assert (
         plan.memory.state_bytes_per_request == ((128 * 32 + 2 * 16 * 128) * 3 * 2 + 32 * 128 * 128 * 4) * 36
     )

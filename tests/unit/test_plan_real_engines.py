@@ -18,6 +18,7 @@ import pytest
 from fleetgen.config import FleetFile
 from fleetgen.modelcard import load_model_shape
 from fleetgen.plan import InstancePlan, plan_fleet
+from fleetgen.plan.sglang.memory import SGLangExtras
 from fleetgen.plan.types import GpuFacts, HostFacts
 from fleetgen.plan.vllm import pool_layout
 
@@ -121,5 +122,5 @@ def test_sglang_mtp_draft_weights_are_what_the_engine_loaded() -> None:
     """The MTP head loads its own embedding and LM head: "mem usage=5.53 GB" (GiB), not one layer's 0.83."""
     log = (REAL / "sglang-0.5.15-h200/mtp/startup-key-lines.txt").read_text()
     loaded = _number(r"type=Qwen3_5ForCausalLMMTP, .*mem usage=([\d.]+) GB", log) * (1 << 30)
-    planned = _plan(REAL / "sglang-0.5.15-h200/fleet-mtp.toml").memory.draft_weights_bytes
+    planned = SGLangExtras.of(_plan(REAL / "sglang-0.5.15-h200/fleet-mtp.toml").memory).draft_weights_bytes
     assert planned == pytest.approx(loaded, rel=0.05)

@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -18,7 +19,9 @@ from fleetgen.engines.sglang_timeline import RELEASES, rules_for
 from fleetgen.modelcard import load_model_shape
 from fleetgen.plan import FleetPlan, HostFacts, engine_rejections, facts_from_file, plan_fleet
 from fleetgen.plan.fixes import MIN_TOKENS_PER_REQUEST
+from fleetgen.plan.sglang.memory import SGLangExtras
 from fleetgen.plan.types import GIB, GpuFacts
+from fleetgen.plan.vllm import VLLMExtras
 from tests.unit.test_plan import EXTRA, GPU96, GPU183, MODELS, MOTIVATING, QWEN, SPEC_V2, plan_one
 
 
@@ -73,7 +76,7 @@ def test_explicit_no_buffer_with_overlap_on_0_5_23() -> None:
     ok = plan_one(
         {"mamba-radix-cache-strategy": "no_buffer", "disable-overlap-schedule": True}, version="0.5.23"
     )
-    assert ok.fits and ok.memory.mamba_ratio == 3
+    assert ok.fits and SGLangExtras.of(ok.memory).mamba_ratio == 3
 
 
 def test_spec_v2_env_is_gone_in_0_5_23() -> None:
@@ -139,7 +142,7 @@ def test_hicache_host_memory_over_the_limit() -> None:
     result = plan_fleet(fleet, QWEN, _facts(fleet), None)
     error = next(e for e in result.errors if e.rule == "hicache-host-memory")
     assert "Not enough host memory available. Requesting" in error.message
-    pinned = sum(i.memory.hicache_host_bytes for i in result.instances)
+    pinned = sum(SGLangExtras.of(i.memory).hicache_host_bytes for i in result.instances)
     assert f"{pinned / 1e9:.2f} GB" in error.message
 
 
@@ -241,15 +244,23 @@ def test_vllm_hybrid_keeps_state_in_the_paged_pool() -> None:
         1 + 2
     )  # 17 attention layers (16 + MTP) = 1 group; 48 GDN = 3 groups
     blocks = m.rest_bytes // (17 * block * 4096)
-    assert m.mamba_slots == 0 and block == 800
+    vllm = VLLMExtras.of(m)
+    assert vllm.block_size == block == 800 and vllm.num_blocks == blocks
     assert m.kv_tokens == int(blocks / per_request * 8192)
     assert m.max_running_requests == min(1024, blocks // per_request)  # H200-class GPUs: max_num_seqs 1024
 
 
-def _write(tmp_path: Path, args: dict[str, Any], env: dict[str, str], gpu_gib: float, version: str) -> Path:
+def _write(
+    tmp_path: Path,
+    args: dict[str, Any],
+    env: dict[str, str],
+    gpu_gib: float,
+    version: str,
+    kind: str = "sglang",
+) -> Path:
     lines = [
         "[engine]",
-        'kind = "sglang"',
+        f'kind = "{kind}"',
         f'version = "{version}"',
         'model = "/m"',
         f'model_config = "{MODELS / "qwen3.6-27b"}"',
@@ -275,6 +286,25 @@ def test_cli_exit_2_with_ranked_fixes_and_json(tmp_path: Path) -> None:
     assert ok.exit_code == 0, ok.output
     data = json.loads(ok.output)
     assert data["instances"][0]["fits"] and data["instances"][0]["max_running_requests"] > 0
+
+
+@pytest.mark.parametrize(
+    ("kind", "version", "own", "other"),
+    [
+        ("sglang", "0.5.23", "mem-fraction-static", "gpu-memory-utilization"),
+        ("vllm", "0.11.0", "gpu-memory-utilization", "mem-fraction-static"),
+    ],
+)
+def test_the_plan_table_names_each_engines_own_rows(
+    tmp_path: Path, kind: str, version: str, own: str, other: str
+) -> None:
+    """Each engine names its own rows: vLLM's budget setting is gpu-memory-utilization (it once printed as
+    SGLang's "mem fraction"), and only SGLang has a Mamba pool."""
+    path = _write(tmp_path, {}, {}, GPU183, version, kind=kind)
+    result = CliRunner().invoke(app, ["plan", "--offline", "-f", str(path)], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert own in result.output and other not in result.output and "mem fraction" not in result.output
+    assert ("Mamba slots" in result.output) == (kind == "sglang")
 
 
 def test_example_fleet_file_plans_offline() -> None:

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from fleetgen.config import FleetFile
 from fleetgen.modelcard import ModelShape, load_model_shape
 from fleetgen.plan import FleetPlan, facts_from_file, plan_fleet
+from fleetgen.plan.sglang.memory import SGLangExtras
 
 MODELS = Path(__file__).parents[1] / "data" / "models"
 SHAPES = {
@@ -99,7 +100,8 @@ def test_the_issue_case_qwen3_next_on_80_gib() -> None:
     assert [e.rule for e in p.errors] == ["weights-exceed-gpu"]
     assert "148.3 GiB per GPU (tp = 1); the GPU has 80.0 GiB" in p.errors[0].message
     assert p.fixes and p.fixes[0].tp == 4 and p.fixes[0].change.startswith("tp = 4")
-    assert p.memory.mamba_slots == 0 and p.memory.mamba_pool_bytes == 0
+    sg = SGLangExtras.of(p.memory)
+    assert sg.mamba_slots == 0 and sg.mamba_pool_bytes == 0
 
 
 def test_weights_that_fit_the_gpu_but_not_the_budget_say_so() -> None:

@@ -24,7 +24,7 @@ from fleetgen.engines.sglang_timeline import RELEASES, RULE_SETS, rules_for
 from fleetgen.fleet.planning import parser_refusal
 from fleetgen.modelcard import load_model_shape
 from fleetgen.plan import facts_from_file, plan_fleet
-from fleetgen.plan.sglang import CUDA_CONTEXT_BYTES
+from fleetgen.plan.sglang.memory import CUDA_CONTEXT_BYTES, SGLangExtras
 from tests.unit.test_plan import GPU96, GPU183, MODELS, MOTIVATING, QWEN, plan_one
 
 GIB = 1 << 30
@@ -122,7 +122,7 @@ def test_0_5_8_does_not_check_spec_no_buffer_radix_warns_and_plans() -> None:
     assert plan.rules == "sglang-0.5.8" and plan.fits, plan.errors
     warning = next(w for w in plan.warnings if w.rule == "spec-no-buffer-radix")
     assert "does not check" in warning.message and "extra_buffer" in warning.fix
-    assert plan.resolved["mamba_strategy"] == "no_buffer" and plan.memory.mamba_ratio == 3
+    assert plan.resolved["mamba_strategy"] == "no_buffer" and SGLangExtras.of(plan.memory).mamba_ratio == 3
 
 
 def test_0_5_8_has_no_qwen3_5_model() -> None:
@@ -141,8 +141,9 @@ def test_0_5_9_turns_radix_cache_off_with_a_warning_instead_of_refusing() -> Non
         "supported with radix cache yet."
     )
     m = plan.memory
-    assert m.mamba_ratio == 1 and m.mamba_slots == 48  # radix off: one slot per request, MRR 48 (spec)
-    assert m.max_running_requests == 48 and m.spec_scratch_bytes == P * 48 * 4
+    sg = SGLangExtras.of(m)
+    assert sg.mamba_ratio == 1 and sg.mamba_slots == 48  # radix off: one slot per request, MRR 48 (spec)
+    assert m.max_running_requests == 48 and sg.spec_scratch_bytes == P * 48 * 4
 
 
 @pytest.mark.parametrize(
@@ -281,10 +282,10 @@ def test_the_logs_fix_for_the_spec_radix_refusal_is_plans_for_every_release(vers
 
 def test_0_5_12_spec_v2_is_on_by_default_so_extra_buffer_takes_5_slots() -> None:
     extra = {**MOTIVATING, "mamba-scheduler-strategy": "extra_buffer"}
-    assert plan_one(extra, version="0.5.12").memory.mamba_ratio == 5
-    assert plan_one(extra, version="0.5.10").memory.mamba_ratio == 4  # opt-in before 0.5.11
+    assert SGLangExtras.of(plan_one(extra, version="0.5.12").memory).mamba_ratio == 5
+    assert SGLangExtras.of(plan_one(extra, version="0.5.10").memory).mamba_ratio == 4  # opt-in before 0.5.11
     off = plan_one(extra, version="0.5.12", env={"SGLANG_ENABLE_SPEC_V2": "0"})
-    assert off.memory.mamba_ratio == 4
+    assert SGLangExtras.of(off.memory).mamba_ratio == 4
     refused = plan_one(dict(MOTIVATING), version="0.5.12")
     fix = refused.fixes[0]
     assert fix.args == {"mamba-scheduler-strategy": "extra_buffer"} and not fix.env  # env is on already
@@ -293,7 +294,8 @@ def test_0_5_12_spec_v2_is_on_by_default_so_extra_buffer_takes_5_slots() -> None
 def test_0_5_9_extra_buffer_ratio_follows_spec_not_overlap() -> None:
     extra = {**MOTIVATING, "mamba-scheduler-strategy": "extra_buffer"}
     plan = plan_one(extra, version="0.5.9", env={"SGLANG_ENABLE_SPEC_V2": "1"})
-    assert plan.resolved["overlap_schedule"] and plan.memory.mamba_ratio == 4  # init_memory_pool: spec → 4
+    assert plan.resolved["overlap_schedule"]
+    assert SGLangExtras.of(plan.memory).mamba_ratio == 4  # init_memory_pool: spec → 4
 
 
 def test_flag_names_0_5_13_vs_0_5_15_vs_0_5_23() -> None:
@@ -309,7 +311,7 @@ def test_flag_names_0_5_13_vs_0_5_15_vs_0_5_23() -> None:
     fresh = {**MOTIVATING, "mamba-radix-cache-strategy": "extra_buffer", "cuda-graph-max-bs-decode": 32}
     back = plan_one(fresh, version="0.5.13")
     assert "--mamba-scheduler-strategy" in back.argv and "--cuda-graph-max-bs" in back.argv
-    assert "--mamba-radix-cache-strategy" not in back.argv and back.memory.mamba_ratio == 5
+    assert "--mamba-radix-cache-strategy" not in back.argv and SGLangExtras.of(back.memory).mamba_ratio == 5
 
 
 def test_disable_cuda_graph_is_deprecated_not_refused_in_0_5_23() -> None:
@@ -341,7 +343,8 @@ def _joint(gpu_gib: float, padded: bool, vlm_mib: int, cell: int) -> tuple[int, 
 def test_joint_solve_variants(version: str, padded: bool, vlm_mib: int, cell: int) -> None:
     """A path-less MTP head's KV joins the target's cell only from 0.5.19 (before: its own pool, outside)."""
     m = plan_one(dict(MOTIVATING), version=version, gpu_gib=GPU183).memory  # auto → extra_buffer, ρ 5
-    assert (m.mamba_slots, m.kv_tokens, m.max_running_requests) == _joint(GPU183, padded, vlm_mib, cell)
+    slots = SGLangExtras.of(m).mamba_slots
+    assert (slots, m.kv_tokens, m.max_running_requests) == _joint(GPU183, padded, vlm_mib, cell)
     assert m.weights_bytes == QWEN.weight_bytes + DRAFT_VOCAB_TABLES and m.kv_bytes_per_token == cell
 
 
@@ -350,7 +353,8 @@ def test_0_5_8_reserves_the_scratch_even_with_an_explicit_pool() -> None:
     shape = load_model_shape(MODELS / "qwen3-next-80b-a3b")
     m8 = plan_one(args, version="0.5.8", model="qwen3-next-80b-a3b", gpu_gib=GPU183, tp=2).memory
     m7 = plan_one(args, version="0.5.7", model="qwen3-next-80b-a3b", gpu_gib=GPU183, tp=2).memory
-    assert m8.spec_scratch_bytes == m8.state_bytes_per_request * 48 * 4 and m7.spec_scratch_bytes == 0
+    assert SGLangExtras.of(m8).spec_scratch_bytes == m8.state_bytes_per_request * 48 * 4
+    assert SGLangExtras.of(m7).spec_scratch_bytes == 0
     assert m7.kv_tokens > m8.kv_tokens and shape.mtp_layers == 1
 
 
@@ -360,12 +364,15 @@ def test_default_mem_fraction_keeps_the_release_spec_reserve(version: str, reser
     total = 97_887
     reserved = max(512 + 8192 * 1.5 + 1 / 8 * 1024 + 256 * 2, 10 * 1024) + reserve_mb
     vlm = 0.95 * (1 - 0.1 * (24 * 1152**2 / (24 * 1024**2) - 1))
-    assert plan.memory.mem_fraction_static == pytest.approx(round((total - reserved) / total, 3) * vlm)
+    mfs = SGLangExtras.of(plan.memory).mem_fraction_static
+    assert mfs == pytest.approx(round((total - reserved) / total, 3) * vlm)
 
 
 def test_32gb_gpu_tier_changed_in_0_5_20() -> None:
-    old = plan_one({}, version="0.5.19", model="llama-3.1-8b", gpu_gib=32).memory.mem_fraction_static
-    new = plan_one({}, version="0.5.20", model="llama-3.1-8b", gpu_gib=32).memory.mem_fraction_static
+    old, new = (
+        SGLangExtras.of(plan_one({}, version=v, model="llama-3.1-8b", gpu_gib=32).memory).mem_fraction_static
+        for v in ("0.5.19", "0.5.20")
+    )
     total = 32 * 1024
     assert old == round((total - (512 + 2048 * 1.5 + 128 + 24 * 2)) / total, 3)
     assert new == round((total - (512 + 4096 * 1.5 + 128 + 48 * 2)) / total, 3)
@@ -395,7 +402,8 @@ def test_hicache_before_0_5_10_keeps_no_mamba_host_pool() -> None:
     new = plan_one(args, version="0.5.10")
     assert any(w.rule == "hicache-hybrid" for w in old.warnings)
     assert not any(w.rule == "hicache-hybrid" for w in new.warnings)
-    assert old.memory.hicache_host_bytes == int(2.0 * old.memory.kv_tokens * old.memory.kv_bytes_per_token)
+    pinned = SGLangExtras.of(old.memory).hicache_host_bytes
+    assert pinned == int(2.0 * old.memory.kv_tokens * old.memory.kv_bytes_per_token)
 
 
 def test_version_strings_pick_the_release_read() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from itertools import zip_longest
 from pathlib import Path
 
 import typer
@@ -54,32 +55,31 @@ def _title(group: list[InstancePlan]) -> str:
 
 
 def _memory_table(p: InstancePlan, title: str) -> Table:
+    """The figures every engine has, and the engine's own rows (`MemoryExtras`) in its own words."""
     m = p.memory
     table = cli.table("memory (per GPU)|GiB|capacity|", title=title, title_justify="left")
     for column in table.columns[1::2]:  # the numbers: GiB, and each capacity figure
         column.justify = "right"
-    rows = [
-        ("free at start", _gib(m.free_bytes), "mem fraction", f"{m.mem_fraction_static:.3f}"),
-        ("static budget", _gib(m.budget_bytes), "KV bytes / token", f"{m.kv_bytes_per_token:,}"),
-        ("weights", _gib(m.weights_bytes), "state bytes / request", f"{m.state_bytes_per_request:,}"),
-        (
-            "Mamba pool",
-            _gib(m.mamba_pool_bytes),
-            "Mamba slots (ρ per request)",
-            f"{m.mamba_slots} ({m.mamba_ratio})",
-        ),
-        ("spec scratch", _gib(m.spec_scratch_bytes), "KV tokens", f"{m.kv_tokens:,}"),
-        ("KV pool", _gib(m.kv_pool_bytes), "max running requests", str(m.max_running_requests)),
-        (
-            "headroom (est. need)",
-            f"{_gib(m.headroom_bytes)} ({_gib(m.headroom_needed_bytes)})",
-            "context / full request fits",
-            f"{m.context_length:,} / {'yes' if m.kv_tokens >= m.context_length else 'NO'}",
-        ),
-        ("hicache host RAM", _gib(m.hicache_host_bytes), "", ""),
+    own = [(label, _gib(n)) for label, n in m.extras.memory_rows()]
+    memory = [
+        ("free at start", _gib(m.free_bytes)),
+        ("static budget", _gib(m.budget_bytes)),
+        ("weights", _gib(m.weights_bytes)),
+        *own,
+        ("KV pool", _gib(m.kv_pool_bytes)),
+        ("headroom (est. need)", f"{_gib(m.headroom_bytes)} ({_gib(m.headroom_needed_bytes)})"),
     ]
-    for row in rows:
-        table.add_row(*row)
+    fits = "yes" if m.kv_tokens >= m.context_length else "NO"
+    capacity = [
+        *m.extras.capacity_rows(),
+        ("KV bytes / token", f"{m.kv_bytes_per_token:,}"),
+        ("state bytes / request", f"{m.state_bytes_per_request:,}"),
+        ("KV tokens", f"{m.kv_tokens:,}"),
+        ("max running requests", str(m.max_running_requests)),
+        ("context / full request fits", f"{m.context_length:,} / {fits}"),
+    ]
+    for left, right in zip_longest(memory, capacity, fillvalue=("", "")):
+        table.add_row(*left, *right)
     return table
 
 

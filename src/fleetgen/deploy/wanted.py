@@ -131,8 +131,11 @@ def build_wanted(
 
 
 def planned_capacity(plan: InstancePlan | None) -> dict[str, float]:
-    """The plan's KV tokens, concurrency and Mamba slots for one instance; empty without a plan (no model
-    shape here) or when it cannot size it: `fleetgen plan` shows why; deploying goes on."""
-    mem = plan.memory if plan is not None else None
-    figures = ("kv_tokens", "max_running_requests", "mamba_slots")
-    return {what: float(getattr(mem, what)) for what in figures if getattr(mem, what, 0)}
+    """The plan's KV tokens, concurrency and the engine's own planned figures (`MemoryExtras.planned`:
+    SGLang's Mamba slots) for one instance; empty without a plan (no model shape here) or when it cannot
+    size it: `fleetgen plan` shows why; deploying goes on."""
+    if plan is None:
+        return {}
+    mem = plan.memory
+    figures = {"kv_tokens": float(mem.kv_tokens), "max_running_requests": float(mem.max_running_requests)}
+    return {what: n for what, n in (figures | mem.extras.planned()).items() if n}

@@ -2,7 +2,8 @@
 
 An engine module (`sglang.py`, `vllm.py`) knows one inference server: how to turn an instance into argv +
 env, which endpoints and metric names it serves, which log lines mean "ready" or "dead", and — per release
-era — which flags exist and how it sizes GPU memory (`RuleSet`). Pure: no I/O, no env vars, no clock.
+era — which flags exist (`RuleSet`, which each engine extends with its own switches). Pure: no I/O, no env
+vars, no clock.
 """
 
 from __future__ import annotations
@@ -61,51 +62,19 @@ class FlagRename:
 
 @dataclass(frozen=True)
 class RuleSet:
-    """How one release of an engine validates flags and sizes memory (facts from that release's source).
+    """How one release era of an engine names its flags: what every engine's rules have. An engine subclasses
+    it with the switches its own plan and log watcher read (`SGLangRules`, `VLLMRules`), in its own module.
 
     Names are flag names without dashes. `renames` map names of OTHER releases to this release's names.
-    SGLang's rule sets are derived from a per-feature timeline (`fleetgen.engines.sglang_timeline`); the
     `min_version`/`max_version` are releases (`release`), both included.
     """
 
     name: str
     min_version: Version
     max_version: Version
-    strategy_flag: str = ""
     renames: tuple[FlagRename, ...] = ()
     removed_flags: Mapping[str, str] = field(default_factory=dict)
     deprecated_flags: Mapping[str, str] = field(default_factory=dict)  # parsed, with a warning
-    # --- SGLang startup checks -------------------------------------------------------------------
-    # spec + no_buffer + radix cache: "unchecked" (accepted as is), "radix_off" (warning, radix cache
-    # silently disabled), "raises" (ValueError), "gone" (the check no longer exists)
-    spec_no_buffer_radix: str = "gone"
-    rejects_extra_buffer_without_radix: bool = False  # ValueError; other releases ignore extra_buffer
-    explicit_no_buffer_needs_no_overlap: bool = False  # asserts instead of turning overlap off
-    track_interval_text: bool = True  # False: a bare `assert` (AssertionError without a message)
-    missing_archs: frozenset[str] = frozenset()  # architectures this release has no model for
-    hicache_hybrid: bool = True  # the hierarchical cache keeps a Mamba host pool (HiMambaRadixCache)
-    # --- SGLang speculative worker ----------------------------------------------------------------
-    spec_v2_env: str = ""  # env var that selects the overlap (v2) spec worker, "" when it no longer exists
-    spec_v2_default: bool = False
-    spec_v2_removed_warning: bool = False  # the release logs that SGLANG_ENABLE_SPEC_V2 was removed
-    default_spec_max_running: int = 48
-    # --- SGLang memory semantics ------------------------------------------------------------------
-    spec_reserve_mb: int = 0  # extra headroom the default mem-fraction formula keeps for EAGLE/MTP
-    gpu_tier_35g: tuple[int, int, int] = (4096, 48, 160)  # 20–35 GiB GPUs: chunk, max bs tp<4, tp>=4
-    draft_weights_in_budget: bool = False
-    draft_kv_in_budget: bool = False
-    # an MTP head without --speculative-draft-model-path also gets its KV in the cell (else: its own pool,
-    # out of the headroom); 0.5.14–0.5.18 count only a draft with a path (`eagle_draft_num_layers`)
-    pathless_draft_kv_in_budget: bool = True
-    mamba_ratio_rule: str = "by-overlap"  # "by-spec-quirk" | "by-spec" | "by-overlap" (slots/request)
-    # "ratio-scratch" | "scratch-first-512" | "scratch-first" | "joint" | "joint-padded"
-    mamba_pool_solve: str = "joint-padded"
-    mamba_oom_errors: bool = False  # explicit errors when the Mamba pool gets no slot / serves nothing
-    mrr_cap: str = "half-tokens"  # an explicit --max-running-requests is capped by: none|estimate|half-tokens
-    vlm_cache_reserve_mb: int = 0  # multimodal embedding cache reserved out of the KV budget
-    auto_strategy_extra_buffer: bool = False  # `auto` resolves to extra_buffer when overlap is on
-    # --- vLLM -------------------------------------------------------------------------------------
-    default_gpu_memory_utilization: float = 0.9
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,8 @@ from fleetgen.engines.base import (
     refused_argument_signatures,
 )
 from fleetgen.engines.sglang_timeline import RULE_SETS
+from fleetgen.engines.sglang_timeline import SGLangRules as SGLangRules  # re-exported: the plan's
+from fleetgen.engines.sglang_timeline import sglang_rules as sglang_rules
 
 # Exact texts from SGLang's source (see the reference, §2), used by the plan and by the deploy log watcher.
 SPEC_NO_BUFFER_RADIX = (
@@ -61,7 +63,7 @@ WEIGHTS_LEAVE_NOTHING = (
 )
 
 
-def extra_buffer_fix(rules: RuleSet) -> str:
+def extra_buffer_fix(rules: SGLangRules) -> str:
     """The way out of spec + no_buffer + radix cache under `rules`, given by plan's rule and by the log
     watcher alike: the extra_buffer strategy (under the release's flag name), plus SGLANG_ENABLE_SPEC_V2=1
     only where the release reads it and it is off by default (before 0.5.11; 0.5.14 removed it)."""
@@ -71,12 +73,12 @@ def extra_buffer_fix(rules: RuleSet) -> str:
     return f'set engine.args {rules.strategy_flag} = "extra_buffer"{env}{alt}'
 
 
-def no_buffer_overlap_fix(rules: RuleSet) -> str:
+def no_buffer_overlap_fix(rules: SGLangRules) -> str:
     """The way out of explicit no_buffer with the overlap scheduler on (plan's rule and the log watcher)."""
     return f'set engine.args {rules.strategy_flag} = "extra_buffer" or disable-overlap-schedule = true'
 
 
-def extra_buffer_no_radix_fix(rules: RuleSet) -> str:
+def extra_buffer_no_radix_fix(rules: SGLangRules) -> str:
     return f'remove disable-radix-cache, or set engine.args {rules.strategy_flag} = "no_buffer"'
 
 
@@ -166,7 +168,7 @@ class SGLangEngine(Engine):
             "the engine", "check the flag names for this SGLang version (`fleetgen plan` names the renames)"
         ),
     )
-    rule_sets: tuple[RuleSet, ...] = RULE_SETS
+    rule_sets: tuple[SGLangRules, ...] = RULE_SETS
     # SGLang reads its key from no env var, only from `--api-key` (argv: public to `ps`) or from a
     # `--config` YAML file (every release 0.5.7…0.5.23: server_args.py prepare_server_args →
     # ConfigArgumentMerger, in-process, so /proc shows only `--config PATH`).
@@ -194,8 +196,9 @@ class SGLangEngine(Engine):
     """
 
     def rejection_signatures_for(self, rules: RuleSet) -> tuple[FatalSignature, ...]:
-        """SGLang's refusals of its arguments at start (what `plan.rules` predicts), as its log and its own
-        parser say them, with the fix for `rules`' release."""
+        """SGLang's refusals of its arguments at start (what `plan.sglang.rules` predicts), as its log and its
+        own parser say them, with the fix for `rules`' release."""
+        rules = sglang_rules(rules)
         return (
             FatalSignature(
                 r"Speculative decoding for \S+ is not compatible with radix cache",

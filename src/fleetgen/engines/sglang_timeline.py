@@ -23,6 +23,51 @@ RELEASES: tuple[str, ...] = tuple(
 
 QWEN3_5_ARCHS = frozenset({"Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"})
 
+
+@dataclass(frozen=True)
+class SGLangRules(RuleSet):
+    """How one SGLang release validates flags and sizes memory: the generic rule set (flag names) plus the
+    switches `fleetgen.plan.sglang` and the log watcher read, each set per release by `TIMELINE`."""
+
+    strategy_flag: str = ""  # the Mamba strategy's flag name in this release
+    # --- startup checks --------------------------------------------------------------------------------
+    # spec + no_buffer + radix cache: "unchecked" (accepted as is), "radix_off" (warning, radix cache
+    # silently disabled), "raises" (ValueError), "gone" (the check no longer exists)
+    spec_no_buffer_radix: str = "gone"
+    rejects_extra_buffer_without_radix: bool = False  # ValueError; other releases ignore extra_buffer
+    explicit_no_buffer_needs_no_overlap: bool = False  # asserts instead of turning overlap off
+    track_interval_text: bool = True  # False: a bare `assert` (AssertionError without a message)
+    missing_archs: frozenset[str] = frozenset()  # architectures this release has no model for
+    hicache_hybrid: bool = True  # the hierarchical cache keeps a Mamba host pool (HiMambaRadixCache)
+    # --- speculative worker ----------------------------------------------------------------------------
+    spec_v2_env: str = ""  # env var that selects the overlap (v2) spec worker, "" when it no longer exists
+    spec_v2_default: bool = False
+    spec_v2_removed_warning: bool = False  # the release logs that SGLANG_ENABLE_SPEC_V2 was removed
+    default_spec_max_running: int = 48
+    # --- memory semantics ------------------------------------------------------------------------------
+    spec_reserve_mb: int = 0  # extra headroom the default mem-fraction formula keeps for EAGLE/MTP
+    gpu_tier_35g: tuple[int, int, int] = (4096, 48, 160)  # 20–35 GiB GPUs: chunk, max bs tp<4, tp>=4
+    draft_weights_in_budget: bool = False
+    draft_kv_in_budget: bool = False
+    # an MTP head without --speculative-draft-model-path also gets its KV in the cell (else: its own pool,
+    # out of the headroom); 0.5.14–0.5.18 count only a draft with a path (`eagle_draft_num_layers`)
+    pathless_draft_kv_in_budget: bool = True
+    mamba_ratio_rule: str = "by-overlap"  # "by-spec-quirk" | "by-spec" | "by-overlap" (slots/request)
+    # "ratio-scratch" | "scratch-first-512" | "scratch-first" | "joint" | "joint-padded"
+    mamba_pool_solve: str = "joint-padded"
+    mamba_oom_errors: bool = False  # explicit errors when the Mamba pool gets no slot / serves nothing
+    mrr_cap: str = "half-tokens"  # an explicit --max-running-requests is capped by: none|estimate|half-tokens
+    vlm_cache_reserve_mb: int = 0  # multimodal embedding cache reserved out of the KV budget
+    auto_strategy_extra_buffer: bool = False  # `auto` resolves to extra_buffer when overlap is on
+
+
+def sglang_rules(rules: RuleSet) -> SGLangRules:
+    """`rules` as SGLang's: every rule set an SGLang instance is planned or watched with is one of `RULE_SETS`
+    (`select_rule_set` picks among the engine's own)."""
+    assert isinstance(rules, SGLangRules), f"{rules.name} is not an SGLang rule set"
+    return rules
+
+
 # Flag names by release: ≤0.5.13.post1 only the old names exist; 0.5.14–0.5.19 add the new names and keep
 # the old ones as `DeprecatedAliasStoreAction`s; from 0.5.20 flags come from dataclass fields and the old
 # names are gone (argparse: "unrecognized arguments" / "ambiguous option: --cuda-graph-max-bs could match
@@ -64,7 +109,7 @@ _DISABLE_CUDA_GRAPH = {
 
 @dataclass(frozen=True)
 class Change:
-    """From release `first` on, `feature` (a `RuleSet` field) has `value`; `source` says where it was read."""
+    """From release `first` on, `feature` (an `SGLangRules` field) has `value`; `source`: where it is read."""
 
     feature: str
     first: str
@@ -142,13 +187,13 @@ TIMELINE: tuple[Change, ...] = (
 )
 
 
-def rules_for(version: str) -> RuleSet:
+def rules_for(version: str) -> SGLangRules:
     """The rule set of one release read, named after it (`sglang-0.5.15`): every feature's latest value at or
     before it."""
     key = release(version)
     changes = sorted((c for c in TIMELINE if release(c.first) <= key), key=lambda c: release(c.first))
     values: dict[str, Any] = {c.feature: c.value for c in changes}
-    return RuleSet(name=f"sglang-{version}", min_version=key, max_version=key, **values)
+    return SGLangRules(name=f"sglang-{version}", min_version=key, max_version=key, **values)
 
 
-RULE_SETS: tuple[RuleSet, ...] = tuple(rules_for(r) for r in RELEASES)
+RULE_SETS: tuple[SGLangRules, ...] = tuple(rules_for(r) for r in RELEASES)

@@ -7,6 +7,7 @@ CUDA graphs) and keeps hybrid (Mamba/GDN) state in the same paged pool; MTP come
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from packaging.version import Version
@@ -21,6 +22,19 @@ from fleetgen.engines.base import (
     positive_figures,
     refused_argument_signatures,
 )
+
+
+@dataclass(frozen=True)
+class VLLMRules(RuleSet):
+    """How one vLLM release era sizes memory: the generic rule set plus its default utilization."""
+
+    default_gpu_memory_utilization: float = 0.9
+
+
+def vllm_rules(rules: RuleSet) -> VLLMRules:
+    """`rules` as vLLM's: every rule set a vLLM instance is planned with is one of its `rule_sets`."""
+    assert isinstance(rules, VLLMRules), f"{rules.name} is not a vLLM rule set"
+    return rules
 
 
 class VLLMEngine(Engine):
@@ -67,8 +81,8 @@ class VLLMEngine(Engine):
         *refused_argument_signatures("vLLM", "check the flag names for this vLLM version"),
     )
     # vLLM main moved the default utilization to 0.92 (`vllm/config/cache.py`); releases before that use 0.9.
-    rule_sets: tuple[RuleSet, ...] = (
-        RuleSet("vllm-0.x", Version("0.6"), Version("0.99"), default_gpu_memory_utilization=0.9),
+    rule_sets: tuple[VLLMRules, ...] = (
+        VLLMRules("vllm-0.x", Version("0.6"), Version("0.99"), default_gpu_memory_utilization=0.9),
     )
     api_key_env_var: str | None = "VLLM_API_KEY"  # vllm/envs.py; --api-key would show the key to `ps`
     model_flag = None  # the model path is vLLM serve's positional argument

@@ -1,8 +1,8 @@
 """The pure memory plan and flag rules: `plan_fleet(fleet, shape, facts, version) -> FleetPlan`.
 
-Modules: `types` (values in and out), `settings` (SGLang flags as the engine resolves them), `sglang` / `vllm`
-(each engine's memory arithmetic), `rules` (startup checks in the engine's words), `instance` (one instance),
-`fixes` (ranked fixes, target concurrency), `fleet` (the whole fleet and cross-instance rules).
+Modules: `types` (values in and out), `planners` (engine name → `Planner`), each engine's own arithmetic and
+rules (`sglang/`, `vllm`), `instance` (one instance), `fixes` (ranked fixes, target concurrency), `fleet` (the
+whole fleet and cross-instance rules).
 """
 
 from __future__ import annotations

@@ -11,10 +11,8 @@ from bisect import bisect_left
 from dataclasses import replace
 from typing import Any
 
-from fleetgen.engines import get_engine
 from fleetgen.plan.instance import can_quantize_fp8, size
-from fleetgen.plan.planners import planner_of
-from fleetgen.plan.types import GIB, Ask, Fix, Sizing
+from fleetgen.plan.types import GIB, Ask, Fix, Planner, Sizing
 
 MAX_SCAN = 1024
 MIN_TOKENS_PER_REQUEST = 4096  # a "concurrent request" must have room for at least this much context
@@ -25,13 +23,13 @@ def _apply(ask: Ask, c: Fix) -> Ask:
     return replace(ask, args={**ask.args, **c.args}, env={**ask.env, **c.env}, tp=c.tp or ask.tp)
 
 
-def _variants(engine: str, ask: Ask) -> list[Fix]:
+def _variants(planner: Planner, ask: Ask) -> list[Fix]:
     """The engine's own ways out, then the ones every engine has: half the context (above 4096 tokens), more
     GPUs (tp × 2, × 4, …: the first that fits is kept) and, for 16-bit weights not quantised yet, online FP8
     quantisation."""
-    flag = get_engine(engine).context_flag
+    flag = planner.engine.context_flag
     ctx = int(ask.args.get(flag) or ask.shape.context_length)
-    out = list(planner_of(engine).variants(ask))
+    out = list(planner.variants(ask))
     if ctx > 4096:
         out.append(Fix(3, f"{flag} {ctx} → {ctx // 2}", {flag: ctx // 2}))
     out += [Fix(4, f"tp = {ask.tp * f}", tp=ask.tp * f) for f in TP_FACTORS]
@@ -49,20 +47,20 @@ def _is_usable(sized: Sizing, need: int = 1) -> bool:
     return sized.fits and m.max_running_requests >= need and m.kv_tokens >= floor
 
 
-def _try(engine: str, ask: Ask, probe: Sizing, n: int) -> tuple[dict[str, Any], Sizing]:
-    extra = planner_of(engine).concurrency(ask, probe, n)
-    return extra, size(engine, replace(ask, args={**ask.args, **extra}))
+def _try(planner: Planner, ask: Ask, probe: Sizing, n: int) -> tuple[dict[str, Any], Sizing]:
+    extra = planner.concurrency(ask, probe, n)
+    return extra, size(planner, replace(ask, args={**ask.args, **extra}))
 
 
-def _best(engine: str, ask: Ask) -> tuple[int, dict[str, Any], Sizing | None]:
+def _best(planner: Planner, ask: Ask) -> tuple[int, dict[str, Any], Sizing | None]:
     """The most running requests reachable by sizing the pools explicitly (usable is monotone in n)."""
-    probe = size(engine, ask)
+    probe = size(planner, ask)
     most = bisect_left(
-        range(1, MAX_SCAN + 1), True, key=lambda n: not _is_usable(_try(engine, ask, probe, n)[1], n)
+        range(1, MAX_SCAN + 1), True, key=lambda n: not _is_usable(_try(planner, ask, probe, n)[1], n)
     )
     if most == 0:
         return 0, {}, None
-    extra, sized = _try(engine, ask, probe, most)
+    extra, sized = _try(planner, ask, probe, most)
     return most, extra, sized
 
 
@@ -83,19 +81,19 @@ def _offered(required: Fix, variant: Fix, extra: dict[str, Any], n: int, sized: 
     )
 
 
-def ranked_fixes(engine: str, ask: Ask, base: Sizing) -> tuple[Fix, ...]:
+def ranked_fixes(planner: Planner, ask: Ask, base: Sizing) -> tuple[Fix, ...]:
     """Fixes that make this instance fit (or serve more), cheapest first, each with what it yields."""
-    required = planner_of(engine).required(ask, base)
+    required = planner.required(ask, base)
     fixed = _apply(ask, required)
     fixes: list[Fix] = []
-    alone = size(engine, fixed) if required.change else None
+    alone = size(planner, fixed) if required.change else None
     if alone is not None and _is_usable(alone):
         fixes.append(_offered(required, Fix(0, ""), {}, alone.memory.max_running_requests, alone))
     has_tp = False
-    for variant in _variants(engine, fixed):
+    for variant in _variants(planner, fixed):
         if variant.tp and has_tp:
             continue  # a smaller tp already fits
-        n, extra, sized = _best(engine, _apply(fixed, variant))
+        n, extra, sized = _best(planner, _apply(fixed, variant))
         if sized is None or (base.fits and n <= base.memory.max_running_requests):
             continue
         has_tp = has_tp or bool(variant.tp)
@@ -105,19 +103,19 @@ def ranked_fixes(engine: str, ask: Ask, base: Sizing) -> tuple[Fix, ...]:
     return tuple(sorted(fixes, key=lambda f: (f.cost, -f.max_running_requests)))
 
 
-def solve_target(engine: str, ask: Ask, base: Sizing, target: int) -> tuple[Fix | None, str]:
+def solve_target(planner: Planner, ask: Ask, base: Sizing, target: int) -> tuple[Fix | None, str]:
     """The cheapest flags giving `target` concurrent requests, or why none do (and the most reachable). The
     fix's args and env are the whole `engine.args` and `engine.env` to launch, not a change to them."""
-    required = planner_of(engine).required(ask, base)
+    required = planner.required(ask, base)
     fixed = _apply(ask, required)
     best_n, best_text = 0, ""
-    for variant in _variants(engine, fixed):
+    for variant in _variants(planner, fixed):
         trial = _apply(fixed, variant)
-        extra, sized = _try(engine, trial, size(engine, trial), target)
+        extra, sized = _try(planner, trial, size(planner, trial), target)
         if _is_usable(sized, target):
             offer = _offered(required, variant, extra, sized.memory.max_running_requests, sized)
             return replace(offer, args={**ask.args, **offer.args}, env={**ask.env, **offer.env}), ""
-        n, _, _ = _best(engine, trial)
+        n, _, _ = _best(planner, trial)
         if n > best_n:
             best_n, best_text = n, variant.change or "the current flags"
     why = f"{target} concurrent requests do not fit in this GPU's memory with any ranked change; "

@@ -11,12 +11,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from fleetgen.config import FleetFile, HostEntry, Instance
-from fleetgen.engines import Engine, get_engine
+from fleetgen.engines import Engine
 from fleetgen.modelcard import ModelShape
 from fleetgen.plan.fixes import ranked_fixes, solve_target
 from fleetgen.plan.instance import Launch, decide_launch, size
 from fleetgen.plan.planners import planner_of
-from fleetgen.plan.types import GIB, Ask, FleetPlan, GpuFacts, HostFacts, InstancePlan, Issue, Memory
+from fleetgen.plan.types import GIB, Ask, FleetPlan, GpuFacts, HostFacts, InstancePlan, Issue, Memory, Planner
 
 
 def facts_from_file(
@@ -37,28 +37,42 @@ def facts_from_file(
 
 
 def plan_instance(
-    fleet: FleetFile, inst: Instance, shape: ModelShape, facts: HostFacts, launch: Launch, target: int | None
+    planner: Planner,
+    fleet: FleetFile,
+    inst: Instance,
+    shape: ModelShape,
+    facts: HostFacts,
+    launch: Launch,
+    target: int | None,
 ) -> InstancePlan:
-    """Size and check one instance that runs `launch` (`decide_launch`'s); fixes when it does not fit;
-    flags for `target`."""
+    """Size and check one instance that runs `launch` (`decide_launch`'s) with its engine's `planner`; fixes
+    when it does not fit; flags for `target`."""
     cfg = fleet.engine
     rules = launch.rules
     base = InstancePlan(
-        inst.name, inst.host, inst.gpus, inst.port, cfg.kind, rules.name, Memory(), launch.argv, launch.env
+        inst.name,
+        inst.host,
+        inst.gpus,
+        inst.port,
+        planner.engine.name,
+        rules.name,
+        Memory(),
+        launch.argv,
+        launch.env,
     )
     gpu = _binding_gpu(inst, facts)
     if isinstance(gpu, Issue):
         return replace(base, errors=(gpu,))
     ask = Ask(dict(cfg.args), dict(cfg.env), cfg.tp, gpu.free_bytes, gpu.total_bytes, rules, shape)
-    sized = size(cfg.kind, ask)
+    sized = size(planner, ask)
     warnings = [*sized.warnings, *(Issue("model", note) for note in shape.notes)]
     if not gpu.measured:
         text = f"GPU memory of {inst.host} is from the fleet file, not measured"
         warnings.append(Issue("gpu-facts", text, "run `fleetgen plan` without --offline to read nvidia-smi"))
-    fixes = ranked_fixes(cfg.kind, ask, sized) if not sized.fits else ()
+    fixes = ranked_fixes(planner, ask, sized) if not sized.fits else ()
     errors = list(sized.errors)
     if target is not None:
-        fix, why = solve_target(cfg.kind, ask, sized, target)
+        fix, why = solve_target(planner, ask, sized, target)
         fixes = ((fix,) if fix else ()) + fixes
         if fix is None:
             errors.append(Issue("target-concurrency", why, "add GPUs (more instances) or lower the target"))
@@ -102,17 +116,18 @@ def plan_fleet(
 ) -> FleetPlan:
     """Plan every instance of `fleet`; `facts` maps host name → what is known of it (file or measured, with
     the engine version it runs); `version` stands in where a host's is unknown (default engine.version)."""
+    planner = planner_of(fleet.engine.kind)
     detected: dict[str, Sequence[int]] = {n: [g.index for g in f.gpus] for n, f in facts.items() if f.gpus}
     instances = fleet.instances(detected)
     launches = [decide_launch(fleet.engine, i, _facts_of(facts, i.host), version) for i in instances]
     plans = [
-        plan_instance(fleet, i, shape, _facts_of(facts, i.host), launch, target)
+        plan_instance(planner, fleet, i, shape, _facts_of(facts, i.host), launch, target)
         for i, launch in zip(instances, launches, strict=True)
     ]
     notes = {x.rule_warning for x in launches if x.rule_warning}
-    key_errors, key_warnings = api_key_way(fleet, get_engine(fleet.engine.kind))
+    key_errors, key_warnings = api_key_way(fleet, planner.engine)
     warnings = [Issue("rule-set", note) for note in sorted(notes)] + key_warnings
-    errors = key_errors + cross_instance_errors(fleet, instances, plans, facts)
+    errors = key_errors + _cross_instance(planner, fleet, instances, plans, facts)
     return FleetPlan(
         tuple(plans), tuple(errors), tuple(warnings), {"target_concurrency": target} if target else {}
     )
@@ -148,12 +163,22 @@ def cross_instance_errors(
 ) -> list[Issue]:
     """The rules that span instances, run by `plan` AND by `up` before it launches anything: two instances
     on one GPU or one port of a machine, pinned host RAM summed per machine."""
+    return _cross_instance(planner_of(fleet.engine.kind), fleet, instances, plans, facts)
+
+
+def _cross_instance(
+    planner: Planner,
+    fleet: FleetFile,
+    instances: Sequence[Instance],
+    plans: Sequence[InstancePlan],
+    facts: Mapping[str, HostFacts],
+) -> list[Issue]:
     one_gpu = "give each [[hosts]] entry of one machine its own gpus list"
     one_port = "give the [[hosts]] entries of one machine distinct base_port"
     return (
         _clashes(fleet, instances, "gpu-shared", lambda i: i.gpus, "use GPU {}", one_gpu)
         + _clashes(fleet, instances, "port-clash", lambda i: (i.port,), "listen on port {}", one_port)
-        + _host_memory(fleet, plans, facts)
+        + _host_memory(planner, fleet, plans, facts)
     )
 
 
@@ -164,11 +189,12 @@ def engine_rejections(
     in its words, each named by instance), run by `up` before it launches anything: certain, unlike the
     memory arithmetic's estimates, and known without GPU figures."""
     cfg = fleet.engine
+    planner = planner_of(cfg.kind)
     refused: list[Issue] = []
     for inst in instances:
         rules = decide_launch(cfg, inst, _facts_of(facts, inst.host)).rules
         ask = Ask(dict(cfg.args), dict(cfg.env), cfg.tp, 0, 0, rules, shape)
-        found = planner_of(cfg.kind).rejections(ask)
+        found = planner.rejections(ask)
         refused += [replace(e, message=f"{inst.name}: {e.message}") for e in found]
     return refused
 
@@ -203,11 +229,11 @@ def _clashes(
 
 
 def _host_memory(
-    fleet: FleetFile, plans: Sequence[InstancePlan], facts: Mapping[str, HostFacts]
+    planner: Planner, fleet: FleetFile, plans: Sequence[InstancePlan], facts: Mapping[str, HostFacts]
 ) -> list[Issue]:
     """Host RAM the engine's instances pin (its `Planner.host_ram`), per machine, against its available RAM
     minus the engine's reserve."""
-    ram = planner_of(fleet.engine.kind).host_ram
+    ram = planner.host_ram
     if ram is None:
         return []
     machines = _machines(fleet)

@@ -1,7 +1,7 @@
 """One instance's plan: size it with its engine's arithmetic, check its flags, build its argv and env.
 
-Engines plug in through `fleetgen.plan.planners` (name → `Planner`); nothing here branches on an
-engine's name.
+Engines plug in through `fleetgen.plan.planners` (name → `Planner`, looked up once by the caller and passed
+in); nothing here branches on an engine's name.
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from dataclasses import dataclass, replace
 
 from fleetgen.config import EngineConfig, Instance
 from fleetgen.engines import RuleSet, get_engine, launcher_of, select_rule_set
-from fleetgen.plan.planners import planner_of
-from fleetgen.plan.types import GIB, Ask, HostFacts, Issue, Sizing
+from fleetgen.plan.types import GIB, Ask, HostFacts, Issue, Planner, Sizing
 
 # The 0600 config file a public bind's key reaches an engine through when it reads no key env var (SGLang's
 # `--config`). Relative: `up` starts every engine in its own instance folder, where it pushes this file, so
@@ -20,7 +19,7 @@ from fleetgen.plan.types import GIB, Ask, HostFacts, Issue, Sizing
 API_KEY_CONFIG = "api_key.yaml"
 
 
-def size(engine: str, ask: Ask) -> Sizing:
+def size(planner: Planner, ask: Ask) -> Sizing:
     """Size one instance with its engine's rules (`--quantization fp8` of 16-bit weights: one byte each)."""
     if can_quantize_fp8(ask) and ask.args.get("quantization") == "fp8":
         shape = ask.shape
@@ -28,7 +27,7 @@ def size(engine: str, ask: Ask) -> Sizing:
             shape, weight_bytes=shape.weight_bytes // 2, mtp_weight_bytes=shape.mtp_weight_bytes // 2
         )
         ask = replace(ask, shape=fp8)
-    return _weights_first(planner_of(engine).size(ask), ask)
+    return _weights_first(planner.size(ask), ask)
 
 
 def can_quantize_fp8(ask: Ask) -> bool:
@@ -40,10 +39,6 @@ def can_quantize_fp8(ask: Ask) -> bool:
 # What an engine's arithmetic reports when the weights leave nothing: the consequences (a negative Mamba pool,
 # no KV pool), not the cause. `_weights_first` names the cause instead.
 CONSEQUENCES = frozenset({"mamba-pool", "weights", "kv-cache"})
-# What is left for the pools when the weights fill the GPU: nothing.
-POOLS = (
-    "rest_bytes mamba_slots mamba_pool_bytes spec_scratch_bytes kv_pool_bytes kv_tokens max_running_requests"
-)
 WEIGHTS_FIX = "more GPUs per instance (tp) or smaller weights (FP8 quantisation, a quantised checkpoint)"
 
 
@@ -59,12 +54,11 @@ def _weights_first(sized: Sizing, ask: Ask) -> Sizing:
     else:
         text = (
             f"{weights}; the engine's static budget is {m.budget_bytes / GIB:.1f} GiB "
-            f"(memory fraction {m.mem_fraction_static:.3f}): nothing is left for the KV cache"
+            f"({m.extras.budget_setting()}): nothing is left for the KV cache"
         )
     issue = Issue("weights-exceed-gpu", text, WEIGHTS_FIX)
-    empty = replace(m, **dict.fromkeys(POOLS.split(), 0))
     others = tuple(e for e in sized.errors if e.rule not in CONSEQUENCES)
-    return replace(sized, memory=empty, errors=(issue, *others))
+    return replace(sized, memory=m.without_pools(), errors=(issue, *others))
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The plan layer's engine registry: each engine's plan arithmetic (`Planner`), by the engine's name.
 
-An engine's planner lives next to its memory arithmetic (`plan/sglang.py`, `plan/vllm.py`) and is listed
+An engine's planner lives next to its memory arithmetic (`plan/sglang/`, `plan/vllm.py`) and is listed
 here once; every engine in `fleetgen.engines.ENGINES` has one (engines sit left of plan and cannot
 point here).
 """
@@ -8,14 +8,16 @@ point here).
 from __future__ import annotations
 
 from fleetgen.errors import ConfigError
-from fleetgen.plan import sglang, vllm
+from fleetgen.plan import vllm
+from fleetgen.plan.sglang import planner as sglang
 from fleetgen.plan.types import Planner
 
-PLANNERS: dict[str, Planner] = {p.engine: p for p in (sglang.PLANNER, vllm.PLANNER)}
+PLANNERS: dict[str, Planner] = {p.engine.name: p for p in (sglang.PLANNER, vllm.PLANNER)}
 
 
 def planner_of(engine: str) -> Planner:
-    """The plan arithmetic of the engine registered as `engine`."""
+    """The plan arithmetic of the engine registered as `engine`: looked up once, where a command starts
+    planning (`plan_fleet`, `up`'s checks), and passed in from there."""
     try:
         return PLANNERS[engine]
     except KeyError:

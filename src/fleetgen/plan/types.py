@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Self
 
-from fleetgen.engines import RuleSet
+from fleetgen.engines import Engine, RuleSet
 from fleetgen.modelcard import ModelShape
 
 GIB = 1 << 30
@@ -57,28 +57,65 @@ class HostFacts:
 
 
 @dataclass(frozen=True)
+class MemoryExtras:
+    """The figures one engine's arithmetic adds to `Memory`'s common ones: an engine subclasses it in its own
+    plan module (`SGLangExtras`, `VLLMExtras`) and names its own rows, so no engine adds a field here. This
+    base has none: the extras of a plan that sized nothing (no GPU known)."""
+
+    @classmethod
+    def of(cls, memory: Memory) -> Self:
+        """`memory`'s extras as this engine's, or its zero figures where the plan sized nothing (an engine
+        reads only its own plans: another engine's extras are a bug)."""
+        if isinstance(memory.extras, cls):
+            return memory.extras
+        assert type(memory.extras) is MemoryExtras, f"{type(memory.extras).__name__} read as {cls.__name__}"
+        return cls()
+
+    def budget_setting(self) -> str:
+        """The engine's own setting that sized the static budget, as a flag and its value (for messages)."""
+        return ""
+
+    def memory_rows(self) -> tuple[tuple[str, int], ...]:
+        """Its own byte counts per GPU, each with its label in the plan table."""
+        return ()
+
+    def capacity_rows(self) -> tuple[tuple[str, str], ...]:
+        """Its own settings and capacity figures, each with its label in the plan table (label, value)."""
+        return ()
+
+    def planned(self) -> dict[str, float]:
+        """Its figures that `up` sets beside what the engine reports (named as its `Engine.capacity` names
+        them)."""
+        return {}
+
+    def without_pools(self) -> Self:
+        """The figures when the weights leave nothing for the pools: every pool zero."""
+        return self
+
+
+@dataclass(frozen=True)
 class Memory:
-    """The engine's memory arithmetic for one instance (per GPU of it)."""
+    """The engine's memory arithmetic for one instance (per GPU of it): the figures every engine has, and its
+    own in `extras`."""
 
     free_bytes: int = 0
-    mem_fraction_static: float = 0.0
-    budget_bytes: int = 0
+    budget_bytes: int = 0  # the engine's static budget (weights + its pools)
     weights_bytes: int = 0
-    draft_weights_bytes: int = 0
-    rest_bytes: int = 0
+    rest_bytes: int = 0  # what the budget leaves after the weights
     kv_bytes_per_token: int = 0
-    state_bytes_per_request: int = 0
-    mamba_slots: int = 0
-    mamba_pool_bytes: int = 0
-    spec_scratch_bytes: int = 0
+    state_bytes_per_request: int = 0  # recurrent (Mamba/GDN) state of one request
     kv_pool_bytes: int = 0
     kv_tokens: int = 0
     max_running_requests: int = 0
-    mamba_ratio: int = 0
-    headroom_bytes: int = 0
+    headroom_bytes: int = 0  # outside the budget: activations, CUDA graphs
     headroom_needed_bytes: int = 0
-    hicache_host_bytes: int = 0
     context_length: int = 0
+    extras: MemoryExtras = field(default_factory=MemoryExtras)
+
+    def without_pools(self) -> Memory:
+        """These figures when the weights leave nothing for the pools: every pool zero, never negative."""
+        zero = dict.fromkeys(("rest_bytes", "kv_pool_bytes", "kv_tokens", "max_running_requests"), 0)
+        return replace(self, **zero, extras=self.extras.without_pools())
 
 
 @dataclass(frozen=True)
@@ -104,13 +141,15 @@ class InstancePlan:
         return not self.errors
 
     def to_json(self) -> dict[str, Any]:
-        """Every field (issues and fixes as objects), the main numbers of `memory` beside them, and fits."""
+        """Every field (issues and fixes as objects; the engine's extras nested in `memory`), the main
+        numbers of `memory` and the engine's extras beside them, and fits."""
         out = asdict(self)
         mem = out["memory"]
+        main = ("weights_bytes", "kv_bytes_per_token", "state_bytes_per_request", "kv_tokens")
         return {
             **out,
-            **{k: mem[k] for k in ("weights_bytes", "kv_bytes_per_token", "state_bytes_per_request")},
-            **{k: mem[k] for k in ("mamba_slots", "spec_scratch_bytes", "kv_tokens", "max_running_requests")},
+            **{k: mem[k] for k in (*main, "max_running_requests")},
+            **mem["extras"],
             "fits": self.fits,
             "fits_full_context": mem["kv_tokens"] >= mem["context_length"] > 0,
         }
@@ -172,9 +211,10 @@ class HostRam:
 
 @dataclass(frozen=True)
 class Planner:
-    """One engine's plan arithmetic, registered by engine name in `fleetgen.plan.planners`."""
+    """One engine's plan arithmetic, registered by its engine's name in `fleetgen.plan.planners`; looked up
+    once where a command starts planning and passed in from there."""
 
-    engine: str  # the engine's registered name (`Engine.name`)
+    engine: Engine  # the engine it plans (its flags: context, max running)
     size: Callable[[Ask], Sizing]  # the engine's own sizing of one instance
     # the engine's own cheaper ways out (pool size, state precision); context, more GPUs and FP8 are shared
     variants: Callable[[Ask], list[Fix]]

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from fleetgen.engines.vllm import VLLMEngine
+from fleetgen.engines import get_engine
+from fleetgen.engines.vllm import VLLMEngine, vllm_rules
 from fleetgen.modelcard import DTYPE_BYTES, ModelShape
-from fleetgen.plan.types import GIB, Ask, Fix, Issue, Memory, Planner, Sizing
+from fleetgen.plan.types import GIB, Ask, Fix, Issue, Memory, MemoryExtras, Planner, Sizing
 
 ACTIVATION_BYTES_PER_TOKEN = 512 * 1024  # forward-pass peak per batched token (estimate, not profiled here)
 GRAPH_BYTES = 1 * GIB  # CUDA-graph estimate (vLLM 0.24 logged 0.96 GiB, 1.30 GiB with MTP-3 on a 27B model)
@@ -66,6 +67,28 @@ def num_spec_tokens(args: Mapping[str, Any]) -> int:
     except json.JSONDecodeError:
         return 0
     return int(conf.get("num_speculative_tokens", 0)) if isinstance(conf, Mapping) else 0
+
+
+@dataclass(frozen=True)
+class VLLMExtras(MemoryExtras):
+    """vLLM's own figures beside the common ones: its utilization of total memory and its paged pool (blocks
+    of `block_size` tokens per attention page)."""
+
+    gpu_memory_utilization: float = 0.0
+    block_size: int = 0
+    num_blocks: int = 0
+
+    def budget_setting(self) -> str:
+        return f"gpu-memory-utilization {self.gpu_memory_utilization:.2f}"
+
+    def capacity_rows(self) -> tuple[tuple[str, str], ...]:
+        return (
+            ("gpu-memory-utilization", f"{self.gpu_memory_utilization:.2f}"),
+            ("KV blocks (tokens each)", f"{self.num_blocks:,} ({self.block_size})"),
+        )
+
+    def without_pools(self) -> VLLMExtras:
+        return replace(self, num_blocks=0)
 
 
 @dataclass(frozen=True)
@@ -135,7 +158,7 @@ def size_instance(ask: Ask) -> Sizing:
     """vLLM's verdict on one instance: its per-GPU memory arithmetic and the start-up errors vLLM would raise,
     with the caveat that vLLM profiles what is estimated here."""
     shape, args, tp = ask.shape, ask.args, ask.tp
-    util = float(args.get("gpu-memory-utilization") or ask.rules.default_gpu_memory_utilization)
+    util = float(args.get("gpu-memory-utilization") or vllm_rules(ask.rules).default_gpu_memory_utilization)
     requested = int(ask.total_bytes * util)
     num_spec = num_spec_tokens(args)
     weights = shape.weight_bytes // tp if num_spec else (shape.weight_bytes - shape.mtp_weight_bytes) // tp
@@ -150,7 +173,6 @@ def size_instance(ask: Ask) -> Sizing:
     cell = pool.page_bytes // pool.block_size * len(shape.full_attention_layer_ids)
     memory = Memory(
         free_bytes=ask.free_bytes,
-        mem_fraction_static=util,
         budget_bytes=requested,
         headroom_bytes=ask.total_bytes - requested,
         headroom_needed_bytes=peak,
@@ -162,6 +184,7 @@ def size_instance(ask: Ask) -> Sizing:
         state_bytes_per_request=pool.mamba_groups * pool.group_size * pool.page_bytes * (1 + num_spec),
         max_running_requests=min(seqs, int(concurrency)),
         context_length=ctx,
+        extras=VLLMExtras(gpu_memory_utilization=util, block_size=pool.block_size, num_blocks=num_blocks),
     )
     errors = _errors(memory, ask.total_bytes, pool.blocks_per_request * pool.bytes_per_block)
     estimate = "vLLM activation and CUDA-graph memory are estimates; vLLM profiles them at start"
@@ -174,7 +197,10 @@ def _errors(m: Memory, total_bytes: int, per_request: int) -> list[Issue]:
     requested = m.budget_bytes
     if m.free_bytes < requested:
         text = FREE_LESS_THAN_UTIL.format(
-            free=m.free_bytes / GIB, total=total_bytes / GIB, util=m.mem_fraction_static, req=requested / GIB
+            free=m.free_bytes / GIB,
+            total=total_bytes / GIB,
+            util=VLLMExtras.of(m).gpu_memory_utilization,
+            req=requested / GIB,
         )
         return [Issue("gpu-memory-utilization", text, "lower gpu-memory-utilization or free the GPU")]
     if m.rest_bytes < per_request:
@@ -193,4 +219,4 @@ def concurrency(ask: Ask, sized: Sizing, n: int) -> dict[str, Any]:
     return {"max-num-seqs": n}
 
 
-PLANNER = Planner(VLLMEngine.name, size_instance, variants, concurrency)
+PLANNER = Planner(get_engine(VLLMEngine.name), size_instance, variants, concurrency)

@@ -10,8 +10,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fleetgen.engines import RuleSet
+from fleetgen.engines import Translation, translate_args
+from fleetgen.engines.sglang import SGLangRules, sglang_rules
 from fleetgen.modelcard import DTYPE_BYTES, ModelShape
+from fleetgen.plan.types import Ask
 
 TRUE_ENV = {"1", "true", "yes", "on"}
 SPEC_DEFAULT_STEPS, SPEC_DEFAULT_TOPK, SPEC_DEFAULT_DRAFT = 3, 1, 4
@@ -96,7 +98,7 @@ class _Strategy:
     radix_dropped: bool = False
 
 
-def _spec_overlap(env: Mapping[str, str], rules: RuleSet) -> bool:
+def _spec_overlap(env: Mapping[str, str], rules: SGLangRules) -> bool:
     """Whether the overlap (v2) spec worker runs: opt-in by env ≤0.5.10, default on 0.5.11–0.5.13, always."""
     if not rules.spec_v2_env:
         return True
@@ -105,7 +107,7 @@ def _spec_overlap(env: Mapping[str, str], rules: RuleSet) -> bool:
 
 
 def _strategy(
-    args: Mapping[str, Any], env: Mapping[str, str], rules: RuleSet, shape: ModelShape, is_spec: bool
+    args: Mapping[str, Any], env: Mapping[str, str], rules: SGLangRules, shape: ModelShape, is_spec: bool
 ) -> _Strategy:
     """The Mamba strategy, radix cache and overlap as the release resolves `auto` and the spec worker."""
     is_radix = not args.get("disable-radix-cache")
@@ -127,7 +129,7 @@ def _strategy(
 
 
 def resolve_settings(
-    args: Mapping[str, Any], env: Mapping[str, str], rules: RuleSet, shape: ModelShape
+    args: Mapping[str, Any], env: Mapping[str, str], rules: SGLangRules, shape: ModelShape
 ) -> SGLangSettings:
     """Resolve `engine.args` (already translated to `rules`' flag names) the way that release does."""
     is_spec, draft = _spec(args)
@@ -160,3 +162,22 @@ def resolve_settings(
         radix_dropped_for_spec=st.radix_dropped,
         has_draft_path=bool(args.get("speculative-draft-model-path")),
     )
+
+
+@dataclass(frozen=True)
+class SGLangAsk(Ask):
+    """An ask as SGLang sees it: its release's rules, its flags translated to that release's names and
+    resolved as the release resolves them. What its memory arithmetic and its flag rules read."""
+
+    rules: SGLangRules
+    translation: Translation
+    settings: SGLangSettings
+
+
+def sglang_ask(ask: Ask) -> SGLangAsk:
+    """`ask` with SGLang's view of it (`ask.rules` is one of SGLang's rule sets: `select_rule_set` picked it
+    from the engine's own)."""
+    rules = sglang_rules(ask.rules)
+    translation = translate_args(ask.args, rules)
+    settings = resolve_settings(translation.args, ask.env, rules, ask.shape)
+    return SGLangAsk(**{**vars(ask), "rules": rules}, translation=translation, settings=settings)

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fleetgen.engines import Translation
 from fleetgen.engines.sglang import (
     EXTRA_BUFFER_NO_RADIX,
     HICACHE_NO_RADIX,
@@ -25,16 +24,8 @@ from fleetgen.engines.sglang import (
     extra_buffer_no_radix_fix,
     no_buffer_overlap_fix,
 )
-from fleetgen.plan.settings import SGLangSettings
-from fleetgen.plan.types import Ask, Issue
-
-
-@dataclass(frozen=True)
-class RuleInput(Ask):
-    """Everything a flag rule may look at: the ask, and how the engine translates and resolves its flags."""
-
-    translation: Translation
-    settings: SGLangSettings
+from fleetgen.plan.sglang.settings import SGLangAsk
+from fleetgen.plan.types import Issue
 
 
 @dataclass(frozen=True)
@@ -51,10 +42,10 @@ def _warning(rule: str, text: str, fix: str) -> Found:
     return Found(warnings=(Issue(rule, text, fix),))
 
 
-Rule = Callable[[RuleInput], Found]
+Rule = Callable[[SGLangAsk], Found]
 
 
-def spec_no_buffer_radix(x: RuleInput) -> Found:
+def spec_no_buffer_radix(x: SGLangAsk) -> Found:
     """Spec + no_buffer + radix cache: unchecked (≤0.5.8), radix silently off (0.5.9), refused (0.5.10–13)."""
     s, r = x.settings, x.rules
     arch = x.shape.architecture
@@ -74,7 +65,7 @@ def spec_no_buffer_radix(x: RuleInput) -> Found:
     return Found()
 
 
-def extra_buffer_without_radix(x: RuleInput) -> Found:
+def extra_buffer_without_radix(x: SGLangAsk) -> Found:
     s = x.settings
     if not (x.shape.is_hybrid and s.strategy_given.startswith("extra_buffer") and not s.is_radix):
         return Found()
@@ -84,13 +75,13 @@ def extra_buffer_without_radix(x: RuleInput) -> Found:
     return _warning("extra-buffer-no-radix", "extra_buffer has no effect with disable-radix-cache", fix)
 
 
-def hicache_without_radix(x: RuleInput) -> Found:
+def hicache_without_radix(x: SGLangAsk) -> Found:
     if x.settings.is_hicache and not x.settings.is_radix:
         return _error("hicache-no-radix", HICACHE_NO_RADIX, HICACHE_NO_RADIX_FIX)
     return Found()
 
 
-def track_interval(x: RuleInput) -> Found:
+def track_interval(x: SGLangAsk) -> Found:
     s = x.settings
     if (
         x.shape.is_hybrid
@@ -105,7 +96,7 @@ def track_interval(x: RuleInput) -> Found:
     return Found()
 
 
-def no_buffer_limits(x: RuleInput) -> Found:
+def no_buffer_limits(x: SGLangAsk) -> Found:
     s = x.settings
     if not (x.shape.is_hybrid and s.is_radix and s.strategy == "no_buffer"):
         return Found()
@@ -117,7 +108,7 @@ def no_buffer_limits(x: RuleInput) -> Found:
     return Found(errors=tuple(errors))
 
 
-def mem_fraction_range(x: RuleInput) -> Found:
+def mem_fraction_range(x: SGLangAsk) -> Found:
     mfs = x.settings.mem_fraction_static
     if mfs is not None and not 0 < mfs < 1:
         fix = "use a fraction such as 0.85, or leave it out for SGLang's default"
@@ -125,7 +116,7 @@ def mem_fraction_range(x: RuleInput) -> Found:
     return Found()
 
 
-def renamed_flags(x: RuleInput) -> Found:
+def renamed_flags(x: SGLangAsk) -> Found:
     names = {r.old: r for r in x.rules.renames}
     warnings = []
     for old, new in x.translation.renamed:
@@ -147,7 +138,7 @@ def renamed_flags(x: RuleInput) -> Found:
     return Found(errors=tuple(errors), warnings=tuple(warnings))
 
 
-def architecture(x: RuleInput) -> Found:
+def architecture(x: SGLangAsk) -> Found:
     """A model architecture the release has no model class for (Qwen3.5/3.6 before 0.5.9)."""
     if x.shape.architecture not in x.rules.missing_archs:
         return Found()
@@ -155,7 +146,7 @@ def architecture(x: RuleInput) -> Found:
     return _error("architecture", text, "use a newer SGLang (0.5.9 or later for Qwen3.5/3.6)")
 
 
-def hicache_hybrid(x: RuleInput) -> Found:
+def hicache_hybrid(x: SGLangAsk) -> Found:
     """Before 0.5.10 the hierarchical cache of a hybrid model is the plain HiRadixCache: no Mamba state."""
     if not (x.settings.is_hicache and x.shape.is_hybrid and not x.rules.hicache_hybrid):
         return Found()
@@ -166,7 +157,7 @@ def hicache_hybrid(x: RuleInput) -> Found:
     return _warning("hicache-hybrid", text, "use SGLang 0.5.10 or later for HiCache here")
 
 
-def spec_overlap(x: RuleInput) -> Found:
+def spec_overlap(x: SGLangAsk) -> Found:
     s, r = x.settings, x.rules
     if not s.is_spec:
         return Found()
@@ -199,7 +190,7 @@ SGLANG_RULES: tuple[Rule, ...] = (
 )
 
 
-def check_sglang_flags(x: RuleInput) -> Found:
+def check_sglang_flags(x: SGLangAsk) -> Found:
     """Run every SGLang flag rule; errors and warnings in rule order."""
     found = [rule(x) for rule in SGLANG_RULES]
     return Found(

@@ -1,6 +1,6 @@
 """SGLang's GPU-memory arithmetic, as the release named by the rule set does it (pure).
 
-rest = free·mfs − weights, then the Mamba pool and spec scratch (`RuleSet.mamba_pool_solve`), then KV.
+rest = free·mfs − weights, then the Mamba pool and spec scratch (`SGLangRules.mamba_pool_solve`), then KV.
 ≤0.5.12 (`model_runner_kv_cache_mixin.py`): the spec scratch P·MRR·D is taken first (uncapped MRR), then the
 Mamba pool by ratio (M = rest·r/(1+r) // P); the MTP draft's weights and KV live outside the budget.
 0.5.13: Mamba pool and scratch solved jointly; 0.5.14: draft weights and the MTP layer's KV inside the
@@ -13,24 +13,52 @@ by `set_embed_and_head`), so its load counts vocab × hidden twice more: "mem us
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
 
-from fleetgen.engines import RuleSet, translate_args
-from fleetgen.engines.sglang import (
-    HICACHE_HOST_MEMORY,
-    MAMBA_TOO_SMALL,
-    NOT_ENOUGH_MEMORY,
-    WEIGHTS_LEAVE_NOTHING,
-    SGLangEngine,
-)
+from fleetgen.engines.sglang import MAMBA_TOO_SMALL, NOT_ENOUGH_MEMORY, WEIGHTS_LEAVE_NOTHING, SGLangRules
 from fleetgen.modelcard import ModelShape
-from fleetgen.plan.rules import RuleInput, check_sglang_flags
-from fleetgen.plan.settings import SGLangSettings, resolve_settings
-from fleetgen.plan.types import GIB, MIB, Ask, Fix, HostRam, Issue, Memory, Planner, Sizing
+from fleetgen.plan.sglang.settings import SGLangAsk, SGLangSettings
+from fleetgen.plan.types import GIB, MIB, Issue, Memory, MemoryExtras
 
 CONV_DTYPE_BYTES = 2  # SGLANG_MAMBA_CONV_DTYPE defaults to bfloat16
 HICACHE_RESERVE_BYTES = 10 * GIB  # SGLang's HICACHE_HOST_MEMORY_RESERVE_BYTES
 CUDA_CONTEXT_BYTES = 512 * MIB  # CUDA context + NCCL before SGLang measures free memory (estimate)
+
+
+@dataclass(frozen=True)
+class SGLangExtras(MemoryExtras):
+    """SGLang's own figures beside the common ones: its static fraction, the MTP draft's weights, the Mamba
+    pool (slots, ρ slots per running request, bytes), the speculative scratch and the hierarchical cache's
+    pinned host RAM."""
+
+    mem_fraction_static: float = 0.0
+    draft_weights_bytes: int = 0
+    mamba_slots: int = 0
+    mamba_ratio: int = 0
+    mamba_pool_bytes: int = 0
+    spec_scratch_bytes: int = 0
+    hicache_host_bytes: int = 0
+
+    def budget_setting(self) -> str:
+        return f"mem-fraction-static {self.mem_fraction_static:.3f}"
+
+    def memory_rows(self) -> tuple[tuple[str, int], ...]:
+        return (
+            ("Mamba pool", self.mamba_pool_bytes),
+            ("spec scratch", self.spec_scratch_bytes),
+            ("hicache host RAM", self.hicache_host_bytes),
+        )
+
+    def capacity_rows(self) -> tuple[tuple[str, str], ...]:
+        return (
+            ("mem-fraction-static", f"{self.mem_fraction_static:.3f}"),
+            ("Mamba slots (ρ per request)", f"{self.mamba_slots} ({self.mamba_ratio})"),
+        )
+
+    def planned(self) -> dict[str, float]:
+        return {"mamba_slots": float(self.mamba_slots)}
+
+    def without_pools(self) -> SGLangExtras:
+        return replace(self, mamba_slots=0, mamba_pool_bytes=0, spec_scratch_bytes=0)
 
 
 def state_bytes_per_request(shape: ModelShape, tp: int, ssm_dtype: str) -> int:
@@ -61,12 +89,12 @@ def draft_weight_bytes(shape: ModelShape, tp: int) -> int:
     ) // tp
 
 
-def draft_kv_in_cell(s: SGLangSettings, rules: RuleSet) -> bool:
+def draft_kv_in_cell(s: SGLangSettings, rules: SGLangRules) -> bool:
     """Whether the draft's KV is folded into the target's per-token cell (inside the budget)."""
     return s.is_spec and rules.draft_kv_in_budget and (s.has_draft_path or rules.pathless_draft_kv_in_budget)
 
 
-def _gpu_tier(total_mib: float, tp: int, rules: RuleSet) -> tuple[int, int]:
+def _gpu_tier(total_mib: float, tp: int, rules: SGLangRules) -> tuple[int, int]:
     """(chunked_prefill_size, cuda-graph max bs) SGLang picks by GPU size (`handle_gpu_memory_settings`)."""
     if total_mib < 20 * 1024:
         return 2048, 8
@@ -80,7 +108,7 @@ def _gpu_tier(total_mib: float, tp: int, rules: RuleSet) -> tuple[int, int]:
     return 16384, 512
 
 
-def reserved_mib(total_bytes: int, tp: int, s: SGLangSettings, rules: RuleSet) -> float:
+def reserved_mib(total_bytes: int, tp: int, s: SGLangSettings, rules: SGLangRules) -> float:
     """SGLang's activation + CUDA-graph reserve (MiB) behind the default --mem-fraction-static."""
     total_mib = total_bytes / MIB
     chunk, max_bs = _gpu_tier(total_mib, tp, rules)
@@ -95,7 +123,7 @@ def reserved_mib(total_bytes: int, tp: int, s: SGLangSettings, rules: RuleSet) -
 
 
 def default_mem_fraction(
-    total_bytes: int, tp: int, s: SGLangSettings, rules: RuleSet, shape: ModelShape
+    total_bytes: int, tp: int, s: SGLangSettings, rules: SGLangRules, shape: ModelShape
 ) -> float:
     """The --mem-fraction-static SGLang picks when none is given (incl. `adjust_mem_fraction_for_vlm`)."""
     total_mib = total_bytes / MIB
@@ -115,7 +143,7 @@ class _Pool:
     rest_after: float
 
 
-def _mamba_pool(rest: float, p: int, s: SGLangSettings, rules: RuleSet) -> _Pool:
+def _mamba_pool(rest: float, p: int, s: SGLangSettings, rules: SGLangRules) -> _Pool:
     """Mamba slots and spec scratch out of `rest` bytes (`handle_max_mamba_cache` of the release)."""
     solve = rules.mamba_pool_solve
     if solve.startswith("joint"):
@@ -156,7 +184,7 @@ def _joint_pool(rest: float, p: int, s: SGLangSettings, pad: int) -> _Pool:
     return _Pool(m, scratch, rest - scratch - (m + pad) * p)
 
 
-def max_running(tokens: int, s: SGLangSettings, rules: RuleSet, slots: int | None) -> int:
+def max_running(tokens: int, s: SGLangSettings, rules: SGLangRules, slots: int | None) -> int:
     """`resolve_max_num_reqs`: the estimate, the user's cap, token and Mamba-slot limits."""
     estimated = max(min(int(tokens / max(s.context_length, 1) * 512), 4096), 2048)
     if s.max_running_requests is not None:
@@ -169,12 +197,12 @@ def max_running(tokens: int, s: SGLangSettings, rules: RuleSet, slots: int | Non
     return max(n, 0)
 
 
-def size_sglang(ask: Ask, s: SGLangSettings) -> tuple[Memory, list[Issue]]:
+def size_sglang(x: SGLangAsk) -> tuple[Memory, list[Issue]]:
     """The whole per-GPU plan of one SGLang instance, and the memory errors the engine would raise."""
-    shape, rules, tp, total_bytes = ask.shape, ask.rules, ask.tp, ask.total_bytes
+    shape, rules, tp, total_bytes, s = x.shape, x.rules, x.tp, x.total_bytes, x.settings
     mfs = s.mem_fraction_static or default_mem_fraction(total_bytes, tp, s, rules, shape)
-    free = max(ask.free_bytes - CUDA_CONTEXT_BYTES, 0)
-    draft_w, weights, rest = _rest(ask, s, free * mfs)
+    free = max(x.free_bytes - CUDA_CONTEXT_BYTES, 0)
+    draft_w, weights, rest = _rest(x, free * mfs)
     p = state_bytes_per_request(shape, tp, s.ssm_dtype)
     pool = _mamba_pool(rest, p, s, rules) if shape.is_hybrid else _Pool(0, 0, rest)
     draft_layers = shape.mtp_layers if draft_kv_in_cell(s, rules) else 0
@@ -184,33 +212,36 @@ def size_sglang(ask: Ask, s: SGLangSettings) -> tuple[Memory, list[Issue]]:
         tokens = min(tokens, s.max_total_tokens)
     running = max_running(tokens, s, rules, pool.slots if shape.is_hybrid else None)
     needed = reserved_mib(total_bytes, tp, s, rules) - (rules.spec_reserve_mb if s.is_spec else 0)
+    extras = SGLangExtras(
+        mem_fraction_static=mfs,
+        draft_weights_bytes=draft_w,
+        mamba_slots=pool.slots,
+        mamba_ratio=s.mamba_ratio if shape.is_hybrid else 0,
+        mamba_pool_bytes=(pool.slots + _padding(rules)) * p if shape.is_hybrid else 0,
+        spec_scratch_bytes=int(pool.scratch),
+    )
     memory = Memory(
         free_bytes=free,
-        mem_fraction_static=mfs,
         budget_bytes=int(free * mfs),
         weights_bytes=weights,
-        draft_weights_bytes=draft_w,
         rest_bytes=int(rest),
         kv_bytes_per_token=cell,
         state_bytes_per_request=p,
-        mamba_slots=pool.slots,
-        mamba_pool_bytes=(pool.slots + _padding(rules)) * p if shape.is_hybrid else 0,
-        spec_scratch_bytes=int(pool.scratch),
         kv_pool_bytes=tokens * cell,
         kv_tokens=tokens,
         max_running_requests=running if tokens > 0 else 0,
-        mamba_ratio=s.mamba_ratio if shape.is_hybrid else 0,
         headroom_bytes=int(free * (1 - mfs)),
-        headroom_needed_bytes=int(needed * MIB) + _outside_budget(ask, s, tokens, cell),
+        headroom_needed_bytes=int(needed * MIB) + _outside_budget(x, tokens, cell),
         context_length=s.context_length,
+        extras=extras,
     )
     return memory, memory_errors(memory, shape, rules)
 
 
-def _rest(ask: Ask, s: SGLangSettings, budget: float) -> tuple[int, int, float]:
+def _rest(x: SGLangAsk, budget: float) -> tuple[int, int, float]:
     """(draft weights, weights counted in the budget, what the budget leaves for the pools)."""
-    shape, rules, tp = ask.shape, ask.rules, ask.tp
-    draft_w = draft_weight_bytes(shape, tp) if s.is_spec else 0
+    shape, rules, tp = x.shape, x.rules, x.tp
+    draft_w = draft_weight_bytes(shape, tp) if x.settings.is_spec else 0
     in_budget = draft_w if rules.draft_weights_in_budget else 0
     weights = (shape.weight_bytes - shape.mtp_weight_bytes) // tp + in_budget
     rest = budget - weights
@@ -219,11 +250,12 @@ def _rest(ask: Ask, s: SGLangSettings, budget: float) -> tuple[int, int, float]:
     return draft_w, weights, rest
 
 
-def _outside_budget(ask: Ask, s: SGLangSettings, tokens: int, cell: int) -> int:
+def _outside_budget(x: SGLangAsk, tokens: int, cell: int) -> int:
     """Early 2026: the MTP draft's weights and its own KV pool come out of the (1 - mfs) headroom."""
+    s = x.settings
     if not s.is_spec:
         return 0
-    shape, rules, tp = ask.shape, ask.rules, ask.tp
+    shape, rules, tp = x.shape, x.rules, x.tp
     outside = 0 if rules.draft_weights_in_budget else draft_weight_bytes(shape, tp)
     if not draft_kv_in_cell(s, rules):
         with_draft = kv_bytes_per_token(shape, tp, s.kv_dtype_bytes, draft_layers=shape.mtp_layers)
@@ -231,11 +263,11 @@ def _outside_budget(ask: Ask, s: SGLangSettings, tokens: int, cell: int) -> int:
     return outside
 
 
-def _padding(rules: RuleSet) -> int:
+def _padding(rules: SGLangRules) -> int:
     return int(rules.mamba_pool_solve == "joint-padded")
 
 
-def _unchecked(text: str, rules: RuleSet) -> str:
+def _unchecked(text: str, rules: SGLangRules) -> str:
     """Before 0.5.13 SGLang had no explicit Mamba-pool check: say what happens and what later releases say."""
     if rules.mamba_oom_errors:
         return text
@@ -245,128 +277,23 @@ def _unchecked(text: str, rules: RuleSet) -> str:
     )
 
 
-def memory_errors(m: Memory, shape: ModelShape, rules: RuleSet) -> list[Issue]:
+def memory_errors(m: Memory, shape: ModelShape, rules: SGLangRules) -> list[Issue]:
     """What SGLang would raise at start for these numbers, in its own words."""
-    if shape.is_hybrid and m.mamba_slots <= 0:
-        text = MAMBA_TOO_SMALL.format(size=m.mamba_slots)
+    sg = SGLangExtras.of(m)
+    if shape.is_hybrid and sg.mamba_slots <= 0:
+        text = MAMBA_TOO_SMALL.format(size=sg.mamba_slots)
         return [Issue("mamba-pool", _unchecked(text, rules), MEMORY_FIX)]
     if m.rest_bytes <= 0 and rules.draft_weights_in_budget:
-        return [Issue("weights", WEIGHTS_LEAVE_NOTHING.format(mfs=m.mem_fraction_static), MEMORY_FIX)]
+        return [Issue("weights", WEIGHTS_LEAVE_NOTHING.format(mfs=sg.mem_fraction_static), MEMORY_FIX)]
     if m.kv_tokens <= 0:
-        return [Issue("kv-cache", NOT_ENOUGH_MEMORY.format(mfs=m.mem_fraction_static), MEMORY_FIX)]
+        return [Issue("kv-cache", NOT_ENOUGH_MEMORY.format(mfs=sg.mem_fraction_static), MEMORY_FIX)]
     if shape.is_hybrid and m.max_running_requests <= 0:
         text = (
             f"Hybrid (mamba/linear-attention) state cache is too small to serve any requests. "
-            f"max_mamba_cache_size={m.mamba_slots}, mamba_ratio={m.mamba_ratio}"
+            f"max_mamba_cache_size={sg.mamba_slots}, mamba_ratio={sg.mamba_ratio}"
         )
         return [Issue("mamba-pool", _unchecked(text, rules), MEMORY_FIX)]
     return []
 
 
 MEMORY_FIX = "see the ranked fixes (max-mamba-cache-size, mamba-ssm-dtype bfloat16, tp = 2, shorter context)"
-
-
-# --- the SGLang planner: sizing with its flag rules and warnings, its ways out, its concurrency flags -----
-
-
-def _rule_input(ask: Ask) -> RuleInput:
-    translation = translate_args(ask.args, ask.rules)
-    settings = resolve_settings(translation.args, ask.env, ask.rules, ask.shape)
-    return RuleInput(**vars(ask), translation=translation, settings=settings)
-
-
-def rejections(ask: Ask) -> tuple[Issue, ...]:
-    """SGLang's own refusals of these flags at start (`plan.rules`' errors): no memory arithmetic."""
-    return check_sglang_flags(_rule_input(ask)).errors
-
-
-def size_instance(ask: Ask) -> Sizing:
-    """SGLang's verdict: its memory arithmetic, its startup rules (`plan.rules`), headroom and context
-    warnings."""
-    rule_input = _rule_input(ask)
-    s = rule_input.settings
-    memory, mem_errors = size_sglang(ask, s)
-    flags = check_sglang_flags(rule_input)
-    warnings = list(flags.warnings)
-    if memory.headroom_needed_bytes > memory.headroom_bytes:
-        warnings.append(_headroom_warning(memory, s.is_spec and not draft_kv_in_cell(s, ask.rules)))
-    if 0 < memory.kv_tokens < memory.context_length:
-        warnings.append(_context_warning(memory))
-    if s.is_hicache:
-        pinned = _hicache_bytes(memory, s, ask.shape.is_hybrid and ask.rules.hicache_hybrid)
-        memory = replace(memory, hicache_host_bytes=pinned)
-    resolved = {
-        "mem_fraction_static": memory.mem_fraction_static,
-        "mamba_strategy": s.strategy,
-        "overlap_schedule": s.is_overlap,
-        "speculative_num_draft_tokens": s.draft_tokens,
-        "mamba_ratio": s.mamba_ratio,
-        "context_length": s.context_length,
-        "ssm_dtype": s.ssm_dtype,
-    }
-    # a refused flag stops SGLang before it sizes anything: its memory errors would never be raised
-    return Sizing(memory, flags.errors or tuple(mem_errors), tuple(warnings), resolved)
-
-
-def _context_warning(m: Memory) -> Issue:
-    return Issue(
-        "full-context",
-        f"one request of full context ({m.context_length:,} tokens) does not fit: the KV pool holds "
-        f"{m.kv_tokens:,} tokens per GPU",
-        f"set context-length <= {m.kv_tokens:,} (e.g. 8192) if requests are shorter, or use tp = 2",
-    )
-
-
-def _headroom_warning(m: Memory, with_draft: bool) -> Issue:
-    draft = " and the MTP draft (weights + its own KV pool)" if with_draft else ""
-    return Issue(
-        "headroom",
-        f"(1 - mem-fraction-static) leaves {m.headroom_bytes / GIB:.1f} GiB outside the static pools; "
-        f"activations, CUDA graphs{draft} are estimated at {m.headroom_needed_bytes / GIB:.1f} GiB "
-        "(SGLang's own reserve formula): a CUDA OOM at graph capture is likely",
-        "lower mem-fraction-static (or leave it out for SGLang's default) or cuda-graph-max-bs",
-    )
-
-
-def _hicache_bytes(m: Memory, s: SGLangSettings, is_hybrid: bool) -> int:
-    """Pinned host RAM: a KV host pool and, for hybrid models, a Mamba host pool, both from ratio or size."""
-    if s.hicache_size_gb > 0:
-        return int(s.hicache_size_gb * 1e9) * (2 if is_hybrid else 1)
-    mamba_host = m.mamba_slots * m.state_bytes_per_request if is_hybrid else 0
-    return int(s.hicache_ratio * m.kv_pool_bytes) + int(s.hicache_ratio * mamba_host)
-
-
-def variants(ask: Ask) -> list[Fix]:
-    """SGLang's own ways out: pools sized explicitly, bfloat16 Mamba state."""
-    if ask.shape.is_hybrid:
-        return [Fix(1, ""), Fix(2, "--mamba-ssm-dtype bfloat16", {"mamba-ssm-dtype": "bfloat16"})]
-    return [Fix(1, "")]
-
-
-def concurrency(ask: Ask, sized: Sizing, n: int) -> dict[str, Any]:
-    """max-running-requests, and for a hybrid model the Mamba slots that many requests need."""
-    out: dict[str, Any] = {"max-running-requests": n}
-    if ask.shape.is_hybrid:  # ρ Mamba slots per running request
-        out["max-mamba-cache-size"] = sized.memory.mamba_ratio * n
-    return out
-
-
-def required(ask: Ask, base: Sizing) -> Fix:
-    """The change SGLang's refusal of spec + no_buffer + radix cache names (0.5.10–0.5.13): extra_buffer, with
-    SGLANG_ENABLE_SPEC_V2=1 where the release reads it off by default."""
-    if any(e.rule == "spec-no-buffer-radix" for e in base.errors):
-        r = ask.rules
-        env = {r.spec_v2_env: "1"} if r.spec_v2_env and not r.spec_v2_default else {}
-        text = f"--{r.strategy_flag} extra_buffer" + (f" + {r.spec_v2_env}=1" if env else "")
-        return Fix(0, text, {r.strategy_flag: "extra_buffer"}, env)
-    return Fix(0, "")
-
-
-# SGLang's HiCacheController refuses host pools over the host's available RAM minus its reserve
-HICACHE_FIX = "set hicache-size (GB per pool per instance) or a lower hicache-ratio"
-HICACHE = HostRam(
-    lambda m: m.hicache_host_bytes,
-    HICACHE_RESERVE_BYTES,
-    Issue("hicache-host-memory", HICACHE_HOST_MEMORY, HICACHE_FIX),
-)
-PLANNER = Planner(SGLangEngine.name, size_instance, variants, concurrency, rejections, required, HICACHE)
