@@ -25,6 +25,7 @@ from aiohttp import web
 from fleetgen.sim import chat
 from fleetgen.sim.engine import Progress
 from fleetgen.sim.metrics import render_metrics
+from fleetgen.sim.sampling import RequestError
 from fleetgen.sim.state import SimState
 from fleetgen.sim.text import (
     Directives,
@@ -152,9 +153,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         payload = await request.json()
         if state.args["log_requests"]:  # SGLang prints its GenerateReqInput; the sim, the body it received
             request_logger.info("Receive: obj=%s", json.dumps(payload, sort_keys=True))
-        req = chat.parse_chat_request(payload, state.args["default_chat_template_kwargs"])
-    except (ValueError, chat.RequestError) as exc:
+        req = chat.parse_chat_request(
+            payload, state.args["default_chat_template_kwargs"], state.shape.vocab_size
+        )
+    except ValueError as exc:  # not JSON
         return _error(str(exc), HTTPStatus.BAD_REQUEST.phrase, 400)
+    except RequestError as exc:
+        return _error(str(exc), exc.err_type, 400)
     user_text = "\n".join(req.user_texts)
     directives = parse_directives(user_text)
     injected = _injected_error(state, directives, hashlib.sha256(user_text.encode()).hexdigest())
