@@ -183,6 +183,8 @@ class SimScheduler:
 
     def _drop(self, seqs: list[Seq]) -> None:
         for seq in seqs:
+            if seq.is_finished:  # already out of the batch (finished, or aborted)
+                continue
             if seq in self._running:
                 self._running.remove(seq)
                 self._used -= seq.context
@@ -299,11 +301,14 @@ class SimScheduler:
 
     def _finish(self) -> None:
         """Finished sequences leave the batch at the step that finished them, freeing their KV and slot."""
-        done = [seq for seq in self._running if seq.is_finished]
-        for seq in done:
-            self._running.remove(seq)
-            self._used -= seq.context
-            self._touched.add(seq.progress)
+        kept: list[Seq] = []
+        for seq in self._running:
+            if seq.is_finished:
+                self._used -= seq.context
+                self._touched.add(seq.progress)
+            else:
+                kept.append(seq)
+        self._running = kept
 
     def _notify(self) -> None:
         for progress in self._touched:
