@@ -73,7 +73,6 @@ def simulate(sched: SimScheduler, num_requests: int, prompt: int, lengths: list[
                 await stack.enter_async_context(sched.running(prompt, [out], out, False))
             while sched.counters.num_running or sched.counters.num_queued:
                 trace.seconds += sched.step()
-                sched._sync_gauges()
                 trace.peak_running = max(trace.peak_running, sched.counters.num_running)
                 trace.peak_used = max(trace.peak_used, sched.counters.used_tokens)
                 assert sched.counters.num_running <= sched.max_running

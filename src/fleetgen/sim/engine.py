@@ -205,13 +205,16 @@ class SimScheduler:
                 self._work.clear()
                 await self._work.wait()
                 self._due = time.monotonic()
-            seconds = self.step()
-            self._sync_gauges()
-            await self._keep_pace(seconds)
+            await self._keep_pace(self.step())
 
     def step(self) -> float:
         """One turn: admit and prefill a batch if one fits, else decode everything running once.
         Returns the simulated seconds it took."""
+        seconds = self._turn()
+        self._sync_gauges()
+        return seconds
+
+    def _turn(self) -> float:
         admitted = self._admit()
         if admitted:
             seconds = self.pace.prefill_seconds(len(admitted), sum(s.context for s in admitted))
