@@ -6,8 +6,16 @@ the startup rules fleetgen depends on with SGLang's exact error texts, prints SG
 lines, and serves SGLang's HTTP surface (health, server/model info, metrics, OpenAI chat) with synthetic
 answers. Its log says SIMULATION on the first line.
 
+Throughput: with `--sim-bandwidth-gbs B` (an H200 is ~4800) a decode step takes a roofline's time over the
+bytes it reads, so tokens/s depend on the batch as on a GPU: they grow with the running requests the Mamba
+arithmetic admits and saturate; speculative decoding pays its draft passes and state copies
+(`SGLANG_SIMULATE_ACC_LEN` forces the accept length, as in SGLang). `--sim-time-scale S` runs the simulated
+clock S times faster than the wall's, for quick CI runs (rates seen from outside are then S times the
+simulated GPU's). Without a bandwidth, `--sim-decode-tps` paces every request at a fixed rate (0: instant).
+
 Modules: `flags` (parser from data), `extract_flags` (one-off dump of SGLang's parser), `model` (model shape),
 `resolve` (startup rules), `memory` (pool arithmetic), `startup` (log lines, failures), `text` (synthetic
-generations, test directives), `chat` (response bodies), `engine` (simulated scheduler), `metrics`,
-`state` (info endpoints), `server` (aiohttp routes), `run` (the process's life).
+generations, test directives), `chat` (request checks, response bodies), `sampling` (SGLang's sampling
+refusals), `engine` (simulated scheduler), `stepmodel` (step times), `counters` (numbers, decode log line),
+`metrics`, `state` (info endpoints), `server` (aiohttp routes), `run` (the process's life).
 """

@@ -14,14 +14,11 @@ import functools
 import json
 from typing import Any
 
+from fleetgen.sim.sampling import RequestError, sampling_values, verify_sampling
 from fleetgen.sim.text import Generation
 
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 DEFAULT_MODEL_NAME = "default"
-
-
-class RequestError(Exception):
-    """The request is invalid: answered with HTTP 400 and SGLang's ErrorResponse body."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,26 +56,27 @@ def _thinking(body: dict[str, Any], server_default: dict[str, Any] | None) -> bo
     return True
 
 
-def parse_chat_request(body: Any, server_kwargs: dict[str, Any] | None) -> ChatRequest:
-    """Validate the few fields the simulator needs, like SGLang's pydantic model would."""
+def parse_chat_request(body: Any, server_kwargs: dict[str, Any] | None, vocab_size: int) -> ChatRequest:
+    """Validate the request like SGLang: its pydantic model's types, `_validate_request`, then the sampling
+    fields (`sampling.verify_sampling`, SamplingParams.verify's ranges and words)."""
     if not isinstance(body, dict):
         raise RequestError("Input should be a valid dictionary")
     messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise RequestError(
-            "messages: Field required" if messages is None else "messages: must be a non-empty list"
-        )
-    texts = [_text_of(m.get("content")) for m in messages if isinstance(m, dict)]
-    user = [_text_of(m.get("content")) for m in messages if isinstance(m, dict) and m.get("role") == "user"]
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    n, seed = body.get("n", 1), body.get("seed")
-    for name, value in (("max_tokens", max_tokens), ("n", n), ("seed", seed)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-            raise RequestError(f"{name}: Input should be a valid integer")
-    if max_tokens is not None and max_tokens < 0:
-        raise RequestError("max_tokens must be positive")
+    if messages is None:
+        raise RequestError("messages: Field required")
+    if not isinstance(messages, list):
+        raise RequestError("messages: Input should be a valid list")
+    n = body.get("n", 1)
+    if not isinstance(n, int) or isinstance(n, bool):
+        raise RequestError("n: Input should be a valid integer")
+    sampling = sampling_values(body)
+    if not messages:
+        raise RequestError("Messages cannot be empty.", "BadRequestError")
+    verify_sampling(sampling, vocab_size)
     if n < 1:
         raise RequestError("n must be positive")
+    texts = [_text_of(m.get("content")) for m in messages if isinstance(m, dict)]
+    user = [_text_of(m.get("content")) for m in messages if isinstance(m, dict) and m.get("role") == "user"]
     options = body.get("stream_options") or {}
     return ChatRequest(
         model=str(body.get("model", DEFAULT_MODEL_NAME)),
@@ -86,9 +84,9 @@ def parse_chat_request(body: Any, server_kwargs: dict[str, Any] | None) -> ChatR
         all_texts=texts,
         stream=bool(body.get("stream", False)),
         include_usage=bool(options.get("include_usage", False)),
-        max_tokens=max_tokens,
+        max_tokens=sampling["max_new_tokens"],
         n=n,
-        seed=seed,
+        seed=sampling["seed"],
         separate_reasoning=bool(body.get("separate_reasoning", True)),
         enable_thinking=_thinking(body, server_kwargs),
     )

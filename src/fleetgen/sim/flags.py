@@ -145,6 +145,25 @@ SIM_KNOBS: tuple[tuple[str, dict[str, Any]], ...] = (
         },
     ),
     (
+        "--sim-bandwidth-gbs",
+        {
+            "type": float,
+            "default": 0.0,
+            "help": "Simulated GPU memory bandwidth (GB/s): each step's time is a roofline over the bytes it "
+            "reads (weights, each request's state and KV), so throughput depends on the batch; an H200 is "
+            "about 4800. 0: pace by --sim-decode-tps instead.",
+        },
+    ),
+    (
+        "--sim-time-scale",
+        {
+            "type": float,
+            "default": 1.0,
+            "help": "Simulated seconds per wall-clock second (10: a step of 20 ms takes 2 ms); rates seen "
+            "from outside are this many times the simulated GPU's.",
+        },
+    ),
+    (
         "--sim-output-tokens",
         {
             "type": int,
@@ -189,7 +208,12 @@ SIM_KNOBS: tuple[tuple[str, dict[str, Any]], ...] = (
     ),
     (
         "--sim-accept-length",
-        {"type": float, "default": 2.6, "help": "Mean speculative accept length (bonus token included)."},
+        {
+            "type": float,
+            "default": 2.6,
+            "help": "Mean speculative accept length (bonus token included); "
+            "SGLANG_SIMULATE_ACC_LEN > 0 in the environment overrides it, as it forces SGLang's.",
+        },
     ),
     (
         "--sim-gpu-memory-gib",

@@ -38,6 +38,7 @@ class MemoryInputs:
     ssm_dtype_bytes: int
     draft_weights_gib: float = 0.0  # the MTP draft's load, counted inside the budget (0.5.14+)
     draft_kv_layers: int = 0  # the draft's attention layers, folded into the KV cell (0.5.19+)
+    lazy_extra_buffer: bool = False  # extra_buffer_lazy: one tracking slot up front, overlap or not
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,10 +61,13 @@ class Capacity:
 
 
 def mamba_ratio(inputs: MemoryInputs) -> int:
-    """State slots per running request (`_calculate_mamba_ratio`): 1 without radix cache, else 3 (+1/+2)."""
+    """State slots per running request (`_calculate_mamba_ratio`): 1 without radix cache, else 3 plus the
+    extra buffer's tracking slots (`get_mamba_tracking_slots`: 2 with overlap, 1 without or when lazy)."""
     if not inputs.radix_cache:
         return 1
-    return MAMBA_BASE_RATIO + ((2 if inputs.overlap else 1) if inputs.extra_buffer else 0)
+    if not inputs.extra_buffer:
+        return MAMBA_BASE_RATIO
+    return MAMBA_BASE_RATIO + (2 if inputs.overlap and not inputs.lazy_extra_buffer else 1)
 
 
 def _rest_gib(inputs: MemoryInputs, shape: ModelShape) -> tuple[float, float]:

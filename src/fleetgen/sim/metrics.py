@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from fleetgen.sim.engine import E2E_BUCKETS, SimScheduler
+from fleetgen.sim.counters import E2E_BUCKETS
+from fleetgen.sim.engine import SimScheduler
 
 
 def _labels(pairs: Mapping[str, object]) -> str:

@@ -27,6 +27,7 @@ from fleetgen.sim.model import ModelShape, load_shape
 from fleetgen.sim.resolve import Resolution, StartupRuleError, resolve
 from fleetgen.sim.server import build_app
 from fleetgen.sim.state import SimKnobs, SimState
+from fleetgen.sim.stepmodel import FixedPace, Pace, forced_accept_length, roofline_for
 
 logger = logging.getLogger("sglang.srt.entrypoints.engine")
 SPEC_DESTS = (
@@ -36,6 +37,7 @@ SPEC_DESTS = (
     "speculative_num_draft_tokens",
 )
 CONTEXT_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
+ACC_LEN_ENV = "SGLANG_SIMULATE_ACC_LEN"  # SGLang's forced acceptance (`environ.py`; off when <= 0)
 
 
 def _split(values: dict[str, Any]) -> tuple[dict[str, Any], SimKnobs]:
@@ -82,7 +84,18 @@ def _context_rule(res: Resolution, shape: ModelShape, force: bool) -> None:
     )
 
 
-def _memory_inputs(args: dict[str, Any], knobs: SimKnobs, draft: int, shape: ModelShape) -> MemoryInputs:
+def _ssm_dtype_bytes(args: dict[str, Any]) -> int:
+    return 2 if args["mamba_ssm_dtype"] in ("bfloat16", "float16") else 4
+
+
+def num_draft_tokens(args: dict[str, Any]) -> int:
+    """Tokens verified per request per step: 0 without speculative decoding."""
+    return (args["speculative_num_draft_tokens"] or 0) if args["speculative_algorithm"] else 0
+
+
+def memory_inputs(args: dict[str, Any], knobs: SimKnobs, shape: ModelShape) -> MemoryInputs:
+    """What the pool arithmetic reads, from the resolved args."""
+    draft = num_draft_tokens(args)
     return MemoryInputs(
         gpu_gib=knobs.gpu_memory_gib,
         tp_size=args["tp_size"],
@@ -96,7 +109,8 @@ def _memory_inputs(args: dict[str, Any], knobs: SimKnobs, draft: int, shape: Mod
         radix_cache=not args["disable_radix_cache"],
         extra_buffer=args["mamba_radix_cache_strategy"] in ("extra_buffer", "extra_buffer_lazy"),
         overlap=not args["disable_overlap_schedule"],
-        ssm_dtype_bytes=2 if args["mamba_ssm_dtype"] in ("bfloat16", "float16") else 4,
+        lazy_extra_buffer=args["mamba_radix_cache_strategy"] == "extra_buffer_lazy",
+        ssm_dtype_bytes=_ssm_dtype_bytes(args),
         draft_weights_gib=shape.draft_weights_gib(args["tp_size"]) if draft else 0.0,
         draft_kv_layers=shape.mtp_layers if draft else 0,
     )
@@ -105,8 +119,7 @@ def _memory_inputs(args: dict[str, Any], knobs: SimKnobs, draft: int, shape: Mod
 async def _build_pools(res: Resolution, shape: ModelShape, knobs: SimKnobs) -> Capacity:
     """Weights then pools, with SGLang's lines; a misfit dies like SGLang's scheduler does."""
     args = res.args
-    draft = (args["speculative_num_draft_tokens"] or 0) if args["speculative_algorithm"] else 0
-    inputs = _memory_inputs(args, knobs, draft, shape)
+    inputs = memory_inputs(args, knobs, shape)
     free = inputs.gpu_gib - 0.6
     startup.logger.info(f"Load weight begin. avail mem={free:.2f} GB")
     await asyncio.sleep(knobs.start_delay * 0.4)
@@ -126,25 +139,45 @@ async def _build_pools(res: Resolution, shape: ModelShape, knobs: SimKnobs) -> C
     except (ValueError, RuntimeError) as exc:
         startup.die_in_scheduler(type(exc).__name__, str(exc), "_profile_available_bytes")
         raise  # not reached: the process is gone
-    startup.log_pools(capacity, args, shape, draft)
+    startup.log_pools(capacity, args, shape, num_draft_tokens(args))
     return capacity
+
+
+def build_scheduler(
+    args: dict[str, Any], knobs: SimKnobs, shape: ModelShape, capacity: Capacity, acc_len_env: str | None
+) -> SimScheduler:
+    """The scheduler for the pools built: capped at the max running requests the arithmetic gives, paced
+    by the roofline with `--sim-bandwidth-gbs`, else by the fixed `--sim-decode-tps`."""
+    draft = num_draft_tokens(args)
+    pace: Pace = FixedPace(knobs.decode_tps)
+    if knobs.bandwidth_gbs > 0:
+        pace = roofline_for(
+            shape,
+            bandwidth_gbs=knobs.bandwidth_gbs,
+            tp_size=args["tp_size"],
+            ssm_dtype_bytes=_ssm_dtype_bytes(args),
+            num_spec_steps=(args["speculative_num_steps"] or 0) if draft else 0,
+            num_draft_tokens=draft,
+        )
+    return SimScheduler(
+        max_running=capacity.max_running_requests,
+        max_total_tokens=capacity.max_total_num_tokens,
+        pace=pace,
+        time_scale=knobs.time_scale,
+        max_prefill_tokens=args["max_prefill_tokens"],
+        spec_draft_tokens=draft,
+        accept_length=forced_accept_length(acc_len_env, knobs.accept_length, draft),
+        crash_after=knobs.crash_after,
+        hybrid=shape.is_hybrid,
+        mamba_cache_size=capacity.mamba_cache_size,
+    )
 
 
 async def _serve(res: Resolution, shape: ModelShape, knobs: SimKnobs, launch_command: str) -> None:
     started = time.monotonic()
     capacity = await _build_pools(res, shape, knobs)
     args = res.args
-    is_spec = args["speculative_algorithm"] is not None
-    scheduler = SimScheduler(
-        max_running=capacity.max_running_requests,
-        max_total_tokens=capacity.max_total_num_tokens,
-        decode_tps=knobs.decode_tps,
-        spec_draft_tokens=(args["speculative_num_draft_tokens"] or 0) if is_spec else 0,
-        accept_length=knobs.accept_length,
-        crash_after=knobs.crash_after,
-        hybrid=shape.is_hybrid,
-        mamba_cache_size=capacity.mamba_cache_size,
-    )
+    scheduler = build_scheduler(args, knobs, shape, capacity, os.environ.get(ACC_LEN_ENV))
     state = SimState(args, launch_command, shape, capacity, scheduler, knobs)
     runner = web.AppRunner(build_app(state), access_log=None, handle_signals=False)
     await runner.setup()
@@ -158,26 +191,34 @@ async def _serve(res: Resolution, shape: ModelShape, knobs: SimKnobs, launch_com
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    log_task = asyncio.create_task(scheduler.log_loop())
+    tasks = [asyncio.create_task(scheduler.log_loop()), asyncio.create_task(scheduler.run())]
     await stop.wait()
-    log_task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await log_task
+    for task in tasks:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
     await runner.cleanup()
+
+
+def configure(values: dict[str, Any]) -> tuple[Resolution, ModelShape, SimKnobs]:
+    """Parsed flags (argparse dests) resolved for the model's shape, and the `--sim-*` knobs; raises
+    StartupRuleError as SGLang's resolution does."""
+    raw, knobs = _split(values)
+    shape = load_shape(raw["model_path"], knobs.architecture, knobs.weights_gib)
+    res = resolve(raw, shape, knobs.gpu_memory_gib)
+    _context_rule(res, shape, force=knobs.fail_at_start == "valueerror")
+    return res, shape, knobs
 
 
 def main(argv: list[str]) -> int:
     """`python -m fleetgen.sim ARGS`: returns the exit code (argparse exits 2 by itself on a bad flag)."""
     parser = build_parser()
     argv = merge_config(parser, argv)  # `--config FILE.yaml`, as prepare_server_args merges it
-    namespace = parser.parse_args(argv)
-    raw, knobs = _split(vars(namespace))
-    startup.configure_logging(raw["log_level"])
+    values = vars(parser.parse_args(argv))
+    startup.configure_logging(values["log_level"])
     startup.logger.warning(startup.SIMULATION_NOTICE)
-    shape = load_shape(raw["model_path"], knobs.architecture, knobs.weights_gib)
     try:
-        res = resolve(raw, shape, knobs.gpu_memory_gib)
-        _context_rule(res, shape, force=knobs.fail_at_start == "valueerror")
+        res, shape, knobs = configure(values)
     except StartupRuleError as err:
         logging.shutdown()
         print(startup.launcher_traceback(err), file=sys.stderr, flush=True)

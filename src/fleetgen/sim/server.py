@@ -23,7 +23,9 @@ from typing import Any
 from aiohttp import web
 
 from fleetgen.sim import chat
+from fleetgen.sim.engine import Progress
 from fleetgen.sim.metrics import render_metrics
+from fleetgen.sim.sampling import RequestError
 from fleetgen.sim.state import SimState
 from fleetgen.sim.text import (
     Directives,
@@ -151,9 +153,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         payload = await request.json()
         if state.args["log_requests"]:  # SGLang prints its GenerateReqInput; the sim, the body it received
             request_logger.info("Receive: obj=%s", json.dumps(payload, sort_keys=True))
-        req = chat.parse_chat_request(payload, state.args["default_chat_template_kwargs"])
-    except (ValueError, chat.RequestError) as exc:
+        req = chat.parse_chat_request(
+            payload, state.args["default_chat_template_kwargs"], state.shape.vocab_size
+        )
+    except ValueError as exc:  # not JSON
         return _error(str(exc), HTTPStatus.BAD_REQUEST.phrase, 400)
+    except RequestError as exc:
+        return _error(str(exc), exc.err_type, 400)
     user_text = "\n".join(req.user_texts)
     directives = parse_directives(user_text)
     injected = _injected_error(state, directives, hashlib.sha256(user_text.encode()).hexdigest())
@@ -165,21 +171,17 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if directives.delay > 0:
         await asyncio.sleep(directives.delay)
     req_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-    async with state.scheduler.running(prompt, req.stream):
+    lengths = [g.completion_tokens for g in gens]
+    max_new = req.max_tokens or max(1, state.args["context_length"] - prompt)
+    async with state.scheduler.running(prompt, lengths, max_new, req.stream) as progress:
         if req.stream:
-            return await _stream(request, state, req, gens, (req_id, created, prompt))
-        await _decode(state, gens, streaming=False)
+            return await _stream(request, state, req, gens, (req_id, created, prompt), progress)
+        async for _ in progress.updates():
+            pass
+        if progress.aborted is not None:
+            return _error(progress.aborted, "InternalServerError", 500)
         body = chat.chat_response(req_id, created, req.model, gens, prompt, state.shape.eos_token_id)
         return web.Response(body=body, content_type="application/json")
-
-
-async def _decode(state: SimState, gens: list[Generation], streaming: bool) -> None:
-    """Let the simulated decode time pass (choices decode in parallel) and account the tokens."""
-    lengths = [g.completion_tokens for g in gens]
-    released = 0
-    async for step in state.scheduler.pace(max(lengths)):
-        before, released = released, released + step
-        state.scheduler.generated(sum(min(n, released) - min(n, before) for n in lengths), streaming)
 
 
 async def _stream(
@@ -188,6 +190,7 @@ async def _stream(
     req: chat.ChatRequest,
     gens: list[Generation],
     ids: tuple[str, int, int],
+    progress: Progress,
 ) -> web.StreamResponse:
     """SSE: role chunk, reasoning/content deltas as decode progresses, finish chunks, usage, [DONE]."""
     req_id, created, prompt = ids
@@ -198,16 +201,13 @@ async def _stream(
     sent = [0] * len(gens)
     interval = max(1, state.args["stream_interval"])
     await response.write("".join(chat.stream_first(head, i) for i in range(len(gens))).encode())
-    released = 0
-    async for step in state.scheduler.pace(max(g.completion_tokens for g in gens)):
-        released += step
+    async for counts in progress.updates():
         parts = []
-        for i, gen in enumerate(gens):
-            due = chat.num_stream_pieces(gen) if released >= gen.completion_tokens else released // interval
-            due = min(due, chat.num_stream_pieces(gen))
+        for i, (gen, released) in enumerate(zip(gens, counts, strict=True)):
+            pieces = chat.num_stream_pieces(gen)
+            due = pieces if released >= gen.completion_tokens else min(released // interval, pieces)
             parts.append(chat.stream_pieces(head, i, gen, sent[i], due))
             sent[i] = due
-        state.scheduler.generated(step * len(gens), streaming=True)
         await response.write("".join(parts).encode())
     tail = [chat.stream_finish(head, i, gen, eos) for i, gen in enumerate(gens)]
     if req.include_usage or state.args["stream_response_default_include_usage"]:

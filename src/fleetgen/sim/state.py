@@ -20,6 +20,8 @@ class SimKnobs:
     """The `--sim-*` values."""
 
     decode_tps: float
+    bandwidth_gbs: float
+    time_scale: float
     output_tokens: int
     reasoning_fraction: float
     start_delay: float
