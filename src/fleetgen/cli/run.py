@@ -159,7 +159,7 @@ def run_command(
                 input_path=input_path,
                 out_dir=out,
                 params=SamplingParams.of(job),
-                shape=RecordShape(job.id_field, job.prompt_field, job.system_prompt),
+                shape=RecordShape.of(job),
                 concurrency=job.concurrency or servers.planned_cap or DEFAULT_CONCURRENCY,
                 policy=RetryPolicy(
                     max_retries=job.max_retries,

@@ -19,16 +19,15 @@ import pyarrow.parquet as pq
 
 from fleetgen.errors import InputError
 from fleetgen.generate.source import hf_arrow_files, open_input
-from fleetgen.generate.work import BadInput, JobOptions
+from fleetgen.generate.work import BadInput, RecordShape
 
 FAIL_FAST = 50
 NUM_PEEK = 20
 PROMPT_LIKE = ("prompt", "question", "instruction", "input", "query", "text", "problem", "content", "user")
 
 
-def all_bad(opts: JobOptions, bad: list[BadInput]) -> InputError:
+def all_bad(path: Path, shape: RecordShape, split: str | None, bad: list[BadInput]) -> InputError:
     """The error for an input whose records read so far are all bad (`bad`: the first, never none)."""
-    path, shape = opts.input_path, opts.shape
     reasons = Counter(b.reason.split(":")[0] for b in bad)
     where = f"{path} ({len(bad)} record{'s' * (len(bad) != 1)} read, all bad)"
     context: dict[str, object] = {"first bad": f"line {bad[0].line}: {bad[0].reason}"}
@@ -41,7 +40,7 @@ def all_bad(opts: JobOptions, bad: list[BadInput]) -> InputError:
                 context={**context, "first bytes": repr(head[:60])},
                 fix="convert it to JSON Lines (one JSON object per line), Parquet or a datasets folder",
             )
-    fields = _fields_seen(path, opts.split)
+    fields = _fields_seen(path, split)
     context["fields seen"] = ", ".join(fields)
     context["expected"] = (
         f"a prompt in {shape.prompt_field!r} (job file: prompt_field) or a chat in 'messages' / "

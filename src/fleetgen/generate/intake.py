@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from fleetgen.errors import InputError
 from fleetgen.generate import diagnose, identity, jobmeta, rows
 from fleetgen.generate.progress import Counters, PositionTracker
 from fleetgen.generate.source import IsDone, Position, conflict, read_records
@@ -111,7 +112,7 @@ class Intake:
             for sample in todo:
                 yield Work(record, sample, keys[sample])
         if self.first_bad and not self.num_good:  # `_note_bad` notes them only in a job with no results
-            raise diagnose.all_bad(opts, self.first_bad)  # a short input, every record bad
+            raise self._all_bad()  # a short input, every record bad
 
     def _note_bad(self, record: BadInput) -> None:
         """The first FAIL_FAST records of a job that has no results all bad: stop, naming the likely cause."""
@@ -119,7 +120,11 @@ class Intake:
             return
         self.first_bad.append(record)
         if len(self.first_bad) == diagnose.FAIL_FAST:
-            raise diagnose.all_bad(self.options, self.first_bad)
+            raise self._all_bad()
+
+    def _all_bad(self) -> InputError:
+        opts = self.options
+        return diagnose.all_bad(opts.input_path, opts.shape, opts.split, self.first_bad)
 
 
 def _check_duplicate(

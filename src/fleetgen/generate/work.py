@@ -157,6 +157,11 @@ class RecordShape:
     prompt_field: str = "prompt"
     system_prompt: str | None = None
 
+    @classmethod
+    def of(cls, job: JobFile) -> RecordShape:
+        """How a job file says its records read (`run` and `read_job_shape` alike)."""
+        return cls(job.id_field, job.prompt_field, job.system_prompt)
+
 
 @dataclass(frozen=True)
 class RetryPolicy:

@@ -1,0 +1,178 @@
+"""The job's shape as values (`plan.job`): length stats, output-length distributions and their spec, the
+figures planning derives. Pure: no files."""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from fleetgen.errors import ConfigError
+from fleetgen.plan.job import (
+    EmpiricalLengths,
+    JobShape,
+    LengthStats,
+    LogNormalLengths,
+    default_sigma,
+    expected_output,
+)
+
+lengths = st.lists(st.integers(1, 200_000), min_size=1, max_size=300)
+
+
+@st.composite
+def specs(draw: st.DrawFn) -> LogNormalLengths:
+    """A lognormal spec as users give them: a range of outputs and a mean inside it."""
+    low = draw(st.integers(1, 2000))
+    high = draw(st.integers(low * 2, 200_000))
+    mean = draw(st.floats(low + 0.05 * (high - low), high - 0.3 * (high - low)))
+    sigma = draw(st.one_of(st.none(), st.floats(0.1, 2.0)))
+    text = f"mean={mean!r},min={low},max={high}" + ("" if sigma is None else f",sigma={sigma!r}")
+    try:
+        return LogNormalLengths.parse(text)
+    except ConfigError as exc:
+        assume("too close" not in exc.message)  # a mean the sigma cannot reach: refused, tested below
+        raise
+
+
+@given(lengths)
+def test_length_stats_are_nearest_rank_members_in_order(values: list[int]) -> None:
+    stats = LengthStats.of(values)
+    ordered = sorted(values)
+    assert stats.count == len(values) and stats.max == ordered[-1]
+    assert ordered[0] <= stats.p50 <= stats.p90 <= stats.p99 <= stats.max
+    assert math.isclose(stats.mean, statistics.fmean(values))
+    for p, value in ((0.5, stats.p50), (0.9, stats.p90), (0.99, stats.p99)):
+        assert value in values
+        assert sum(v <= value for v in values) >= p * len(values)  # at least a share p at or below it
+        assert sum(v < value for v in values) < p * len(values)  # and the smallest such value
+
+
+def test_length_stats_refuse_nothing_to_summarise() -> None:
+    with pytest.raises(ValueError):
+        LengthStats.of([])
+
+
+@settings(max_examples=60, deadline=None)
+@given(specs(), st.integers(0, 2**32))
+def test_lognormal_draws_stay_in_range_reproducibly_and_have_the_asked_mean(
+    spec: LogNormalLengths, seed: int
+) -> None:
+    """Invariant: every draw is within [min, max]; the same seed draws the same lengths; the mean of many
+    draws is the asked mean (within 4 standard errors and rounding to whole tokens)."""
+    first = spec.sample(random.Random(seed))
+    rng = random.Random(seed)
+    many = [spec.sample(rng) for _ in range(20_000)]
+    assert many[0] == first
+    assert all(spec.min <= x <= spec.max for x in many)
+    standard_error = statistics.stdev(many) / math.sqrt(len(many))
+    assert abs(statistics.fmean(many) - spec.mean) <= 4 * standard_error + 0.01 * spec.mean + 0.5
+
+
+@given(specs())
+def test_lognormal_stats_are_its_quantiles_in_order(spec: LogNormalLengths) -> None:
+    stats = spec.stats
+    assert stats.count == 0 and stats.mean == spec.mean and stats.max == spec.max
+    assert spec.min <= stats.p50 <= stats.p90 <= stats.p99 <= spec.max
+
+
+def test_the_issues_job_spec_reads_as_asked() -> None:
+    spec = LogNormalLengths.parse("mean=1800,min=300,max=6000")
+    assert (spec.mean, spec.min, spec.max) == (1800, 300, 6000)
+    # sigma from the range: [300, 6000] are the 1st and 99th percentiles of the untruncated lognormal
+    assert spec.sigma == pytest.approx(math.log(20) / (2 * 2.3263), rel=1e-4)
+    assert LogNormalLengths.parse("max=50, mean=10").min == 1  # min defaults to one token
+    assert LogNormalLengths.parse("mean=1800,min=300,max=6000,sigma=0.3").sigma == 0.3
+    rng = random.Random(7)
+    draws = [spec.sample(rng) for _ in range(20_000)]
+    assert statistics.fmean(draws) == pytest.approx(1800, rel=0.02)
+    assert statistics.median(draws) == pytest.approx(spec.stats.p50, rel=0.02)
+
+
+@pytest.mark.parametrize(
+    ("spec", "named"),
+    [
+        ("mean=1800,min=300", "no max="),
+        ("min=300,max=6000", "no mean="),
+        ("mean=abc,max=6000", "'mean=abc'"),
+        ("mean=1800,max=inf", "'max=inf'"),
+        ("mean=1800,maximum=6000", "'maximum=6000'"),
+        ("mean 1800,max=6000", "'mean 1800'"),
+        ("mean=1800,min=300.5,max=6000", "min=300.5 is not a whole number"),
+        ("mean=7000,min=300,max=6000", "mean=7000 must lie strictly between"),
+        ("mean=300,min=300,max=6000", "mean=300 must lie strictly between"),
+        ("mean=10,min=60,max=50", "need 1 ≤ min < max"),
+        ("mean=10,min=0,max=50", "need 1 ≤ min < max"),
+        ("mean=1800,max=6000,sigma=0", "sigma=0 must be in"),
+        ("mean=5990,min=300,max=6000", "too close to min=300 or max=6000"),
+    ],
+)
+def test_a_bad_spec_names_the_bad_part_and_the_fix(spec: str, named: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        LogNormalLengths.parse(spec)
+    assert named in caught.value.message and caught.value.message.startswith("output lengths: ")
+    assert "mean=1800,min=300,max=6000" in caught.value.fix or "sigma=" in caught.value.fix
+
+
+def test_default_sigma_widens_with_the_range() -> None:
+    assert default_sigma(300, 6000) < default_sigma(30, 6000)
+    assert default_sigma(100, 100 * math.e ** (2 * 2.3263)) == pytest.approx(1.0, rel=1e-4)
+
+
+@given(st.lists(st.integers(1, 9000), min_size=1, max_size=50), st.integers(0, 2**32))
+def test_empirical_draws_are_observed_lengths_reproducibly(values: list[int], seed: int) -> None:
+    lengths = EmpiricalLengths(tuple(values), "test")
+    first = lengths.sample(random.Random(seed))
+    rng = random.Random(seed)
+    drawn = [lengths.sample(rng) for _ in range(50)]
+    assert drawn[0] == first and set(drawn) <= set(values)
+    assert lengths.stats == LengthStats.of(values)
+
+
+def test_expected_output_is_the_ceiling_without_lengths_and_refuses_lengths_past_max_tokens() -> None:
+    stats, note = expected_output(None, 4096)
+    assert stats == LengthStats(0, 4096.0, 4096, 4096, 4096, 4096) and "ceiling" in note
+    spec = LogNormalLengths.parse("mean=1800,min=300,max=6000")
+    assert expected_output(spec, 6000) == (spec.stats, spec.source)
+    with pytest.raises(ConfigError) as caught:
+        expected_output(spec, 4096)
+    assert "6000" in caught.value.message and "max_tokens 4096" in caught.value.message
+    assert "at least 6000" in caught.value.fix
+    with pytest.raises(ConfigError):
+        expected_output(EmpiricalLengths((10, 5000), "earlier run"), 4999)
+
+
+def shape(prompt: list[int], output: list[int], **over: object) -> JobShape:
+    base: dict[str, object] = dict(
+        prompt_tokens=LengthStats.of(prompt),
+        output_tokens=LengthStats.of(output),
+        output_from="test",
+        is_output_ceiling=False,
+        max_tokens=4096,
+        samples=1,
+        thinking=True,
+        shared_prefix_tokens=0.0,
+        counted_with="test",
+        is_estimate=False,
+        records_sampled=len(prompt),
+        records_read=len(prompt),
+        records_bad=0,
+        longest_prompt_tokens=0,
+        max_turns=1,
+    )
+    base.update(over)
+    return JobShape(**base)  # type: ignore[arg-type]
+
+
+def test_derived_figures() -> None:
+    job = shape([100, 300], [1000, 3000], shared_prefix_tokens=50.0)
+    assert job.context_tokens == 300 + 4096  # the longest prompt and its whole answer
+    assert job.kv_tokens_per_request == 200 + 2000  # mean prompt + mean output
+    assert job.prefix_share == 0.25
+    # a longer record outside the sample decides the context; a conversation makes room for its answers
+    assert shape([100], [10], longest_prompt_tokens=900).context_tokens == 900 + 4096
+    assert shape([100], [10], max_turns=3).context_tokens == 100 + 3 * 4096
