@@ -59,6 +59,8 @@ class SGLangRules(RuleSet):
     mrr_cap: str = "half-tokens"  # an explicit --max-running-requests is capped by: none|estimate|half-tokens
     vlm_cache_reserve_mb: int = 0  # multimodal embedding cache reserved out of the KV budget
     auto_strategy_extra_buffer: bool = False  # `auto` resolves to extra_buffer when overlap is on
+    # --- throughput ------------------------------------------------------------------------------------
+    has_linear_replayssm: bool = False  # --enable-linear-replayssm (no_buffer, Triton linear-attn decode)
 
 
 def sglang_rules(rules: RuleSet) -> SGLangRules:
@@ -184,6 +186,9 @@ TIMELINE: tuple[Change, ...] = (
     Change("mrr_cap", "0.5.14", "half-tokens", "model_runner_kv_cache_mixin.py _resolve_max_num_reqs"),
     Change("vlm_cache_reserve_mb", "0.5.18", 100, "kv_cache_configurator.py mm_runtime_reservation_gb"),
     Change("auto_strategy_extra_buffer", "0.5.14", True, "server_args.py _handle_mamba_radix_cache"),
+    # the replayed SSM decode: absent from 0.5.14's source, in 0.5.15's server_args.py (its check: no_buffer
+    # and the Triton linear-attn decode backend) and in 0.5.23's arg groups
+    Change("has_linear_replayssm", "0.5.15", True, "server_args.py enable_linear_replayssm"),
 )
 
 

@@ -18,6 +18,7 @@ from fleetgen.errors import ModelCardError, RemoteError
 from fleetgen.fleet.hostcheck import HostReport, check_hosts
 from fleetgen.modelcard import ModelShape
 from fleetgen.plan import FleetPlan, GpuFacts, HostFacts, InstancePlan, Issue, facts_from_file, plan_fleet
+from fleetgen.plan.job import JobShape
 from fleetgen.plan.types import GIB
 from fleetgen.remote import open_host
 from fleetgen.remote.slurm import partition_gpus, probe_node
@@ -167,12 +168,12 @@ def parser_refusal(engine: Engine, host: str, verdict: ParserVerdict, inst: Inst
 
 
 async def plan_from_file(
-    fleet: FleetFile, fleet_path: Path, *, offline: bool, target: int | None
+    fleet: FleetFile, fleet_path: Path, *, offline: bool, target: int | None, job: JobShape | None = None
 ) -> FleetPlan:
     """The whole `fleetgen plan`: inputs, pure plan, and (online) the hosts' own parser verdicts."""
     inputs = await gather_inputs(fleet, fleet_path, offline=offline)
     detected = {n: [g.index for g in f.gpus] for n, f in inputs.facts.items() if f.gpus is not None}
     fleet.instances(detected, source=fleet_path)  # detected GPUs tp does not divide: refused, file:line
-    plan = plan_fleet(fleet, inputs.shape, inputs.facts, inputs.version, target=target)
+    plan = plan_fleet(fleet, inputs.shape, inputs.facts, inputs.version, target=target, job=job)
     plan = replace(plan, warnings=plan.warnings + inputs.notes)
     return plan if offline else await check_with_host_parser(fleet, plan)

@@ -15,7 +15,9 @@ from fleetgen.engines import Engine
 from fleetgen.modelcard import ModelShape
 from fleetgen.plan.fixes import ranked_fixes, solve_target
 from fleetgen.plan.instance import Launch, decide_launch, size
+from fleetgen.plan.job import JobShape
 from fleetgen.plan.planners import planner_of
+from fleetgen.plan.throughput import plan_job
 from fleetgen.plan.types import GIB, Ask, FleetPlan, GpuFacts, HostFacts, InstancePlan, Issue, Memory, Planner
 
 
@@ -44,9 +46,10 @@ def plan_instance(
     facts: HostFacts,
     launch: Launch,
     target: int | None,
+    job: JobShape | None = None,
 ) -> InstancePlan:
     """Size and check one instance that runs `launch` (`decide_launch`'s) with its engine's `planner`; fixes
-    when it does not fit; flags for `target`."""
+    when it does not fit; flags for `target`; for a `job`, its running requests and throughput settings."""
     cfg = fleet.engine
     rules = launch.rules
     base = InstancePlan(
@@ -76,8 +79,12 @@ def plan_instance(
         fixes = ((fix,) if fix else ()) + fixes
         if fix is None:
             errors.append(Issue("target-concurrency", why, "add GPUs (more instances) or lower the target"))
+    planned = plan_job(planner, ask, sized, job) if job is not None and sized.fits else None
+    if planned is not None and planned.warning is not None:
+        warnings.append(planned.warning)
     return replace(
         base,
+        job=planned,
         memory=sized.memory,
         errors=tuple(errors),
         warnings=tuple(warnings),
@@ -113,6 +120,7 @@ def plan_fleet(
     version: str | None = None,
     *,
     target: int | None = None,
+    job: JobShape | None = None,
 ) -> FleetPlan:
     """Plan every instance of `fleet`; `facts` maps host name → what is known of it (file or measured, with
     the engine version it runs); `version` stands in where a host's is unknown (default engine.version)."""
@@ -121,7 +129,7 @@ def plan_fleet(
     instances = fleet.instances(detected)
     launches = [decide_launch(fleet.engine, i, _facts_of(facts, i.host), version) for i in instances]
     plans = [
-        plan_instance(planner, fleet, i, shape, _facts_of(facts, i.host), launch, target)
+        plan_instance(planner, fleet, i, shape, _facts_of(facts, i.host), launch, target, job)
         for i, launch in zip(instances, launches, strict=True)
     ]
     notes = {x.rule_warning for x in launches if x.rule_warning}

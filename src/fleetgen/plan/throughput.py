@@ -1,43 +1,69 @@
-"""Serving a job, not the defaults: the settings that raise one instance's running requests for this job (pure).
+"""Serving a job, not the defaults: how many of the job's requests an instance runs, what bounds them, and the
+settings that raise them (pure).
 
 An engine's defaults are sized for chat: SGLang's radix cache holds ρ Mamba slots per running request (ρ = 5
 with extra_buffer + overlap), so a hybrid model on a 96 GB GPU runs 8 requests while most of its memory sits
-idle. For a job of distinct prompts the cache buys nothing; the throughput settings size the pools for the
-job's own KV per request instead. Each engine offers its own settings (`Planner.settings`, in its flags for the
-release on the host); this module holds what they share: what a setting is, how many of the job's requests a
-sized instance runs and what bounds them, and the warning when that bound leaves the GPU idle.
+idle. For a job of distinct prompts the cache buys nothing; each engine offers its own settings that size the
+pools for the job (`Planner.settings`, in its flags for the release planned). This module holds what they
+share: the job's running requests on a sizing, the share of the budget they use, the user's own flags as the
+first setting, the ranking, and the loud warning when the user's flags leave most of the GPU to no request.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import replace
 
 from fleetgen.plan.job import JobShape
-from fleetgen.plan.types import Memory
+from fleetgen.plan.types import Ask, Issue, JobPlan, Memory, Planner, Setting, Sizing
 
-# Below this share of the static budget in use by the job's running requests, the plan says so loudly.
+# Below this share of the static budget filled by the job's running requests, the plan says so loudly.
 IDLE_SHARE = 0.5
 
 
-@dataclass(frozen=True)
-class Setting:
-    """One way to serve a job on one instance: the whole `engine.args` and `engine.env` it launches with (the
-    user's, with `change` over them) and what the plan says it yields for this job."""
+def used_share(m: Memory, running: int, job: JobShape) -> float:
+    """The share of what the budget leaves after the weights that `running` of the job's requests fill: their
+    recurrent state (and its copies) and the KV each holds at its end."""
+    if m.rest_bytes <= 0:
+        return 0.0
+    per_request = m.state_bytes_per_request + job.kv_tokens_per_request * m.kv_bytes_per_token
+    return min(running * per_request / m.rest_bytes, 1.0)
 
-    name: str  # short and stable: "as-written", "no-radix-256", "no-radix-256-replayssm", …
-    change: str  # the change in the engine's own flags ("" for the user's own)
-    args: Mapping[str, Any]
-    env: Mapping[str, str]
-    running: int  # the job's requests it runs at once (planned)
-    bound: str  # what bounds them, in words
-    kv_tokens: int
-    is_spec: bool = False
-    numerics: str = ""  # what it changes in the numbers ("" for nothing): taken only when allowed
-    used_share: float = 0.0  # share of the static budget the running requests' state and KV fill
-    notes: tuple[str, ...] = field(default_factory=tuple)
 
-    @property
-    def changes_numerics(self) -> bool:
-        return bool(self.numerics)
+def job_running(planner: Planner, ask: Ask, sized: Sizing, job: JobShape) -> tuple[int, str]:
+    """The job's requests a sizing runs at once and what bounds them: the engine's own reading where it has
+    one (`Planner.bound`), else its cap or its KV pool over the job's KV per request, whichever is less."""
+    if planner.bound is not None:
+        return planner.bound(ask, sized, job)
+    m = sized.memory
+    by_kv = int(m.kv_tokens // max(job.kv_tokens_per_request, 1.0))
+    if by_kv < m.max_running_requests:
+        return by_kv, f"the KV pool's {m.kv_tokens:,} tokens ÷ {job.kv_tokens_per_request:,.0f} per request"
+    return m.max_running_requests, f"{planner.engine.name}'s own cap"
+
+
+def plan_job(planner: Planner, ask: Ask, sized: Sizing, job: JobShape) -> JobPlan:
+    """The user's flags as the first setting, the engine's after them (ranked by the running requests they
+    plan: `tune` measures them), and the warning when the user's leave most of the budget unused."""
+    running, bound = job_running(planner, ask, sized, job)
+    share = used_share(sized.memory, running, job)
+    mine = Setting(
+        "as-written", "", ask.args, ask.env, running, bound, sized.memory.kv_tokens, used_share=share
+    )
+    offered = sorted(planner.settings(ask, job), key=lambda s: (bool(s.numerics), -s.running))
+    result = JobPlan((mine, *offered))
+    best = result.best
+    if share < IDLE_SHARE and best.running > running:
+        result = replace(result, warning=_idle_warning(mine, best, job))
+    return result
+
+
+def _idle_warning(mine: Setting, best: Setting, job: JobShape) -> Issue:
+    shared = "share no prefix" if job.prefix_share < 0.05 else f"share {job.prefix_share:.0%} of their tokens"
+    return Issue(
+        "job-throughput",
+        f"{mine.running} running requests for this job: {mine.bound}; they fill {mine.used_share:.0%} of "
+        f"the memory left after the weights. These prompts {shared}: with {best.change} each request holds "
+        f"one state and {best.running} fit with this job's KV per request "
+        f"({job.kv_tokens_per_request:,.0f} tokens)",
+        f"use {best.change}, or let `fleetgen tune` measure the settings below on the GPU",
+    )

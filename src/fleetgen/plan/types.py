@@ -8,6 +8,7 @@ from typing import Any, Self
 
 from fleetgen.engines import Engine, RuleSet
 from fleetgen.modelcard import ModelShape
+from fleetgen.plan.job import JobShape
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -34,6 +35,41 @@ class Fix:
     tp: int = 0
     max_running_requests: int = 0
     kv_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One way to serve a job on one instance (`Planner.settings`): the whole `engine.args` and `engine.env`
+    it launches with (the user's, with `change` over them) and what the plan says it yields for this job."""
+
+    name: str  # short and stable: "as-written", "no-radix-256", "no-radix-256-replayssm", …
+    change: str  # the change in the engine's own flags ("" for the user's own)
+    args: Mapping[str, Any]
+    env: Mapping[str, str]
+    running: int  # the job's requests it runs at once (planned)
+    bound: str  # what bounds them, in words
+    kv_tokens: int
+    is_spec: bool = False
+    numerics: str = ""  # what it changes in the numbers ("" for nothing): taken only when allowed
+    used_share: float = 0.0  # share of the static budget the running requests' state and KV fill
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """One instance planned for a job: the user's flags (`settings[0]`, "as-written") and the engine's
+    throughput settings after them, best first; the warning when the user's leave the GPU idle."""
+
+    settings: tuple[Setting, ...]
+    warning: Issue | None = None
+
+    @property
+    def as_written(self) -> Setting:
+        return self.settings[0]
+
+    @property
+    def best(self) -> Setting:
+        """The setting planned to run the most of the job's requests without changing the numbers."""
+        return max((s for s in self.settings if not s.numerics), key=lambda s: s.running)
 
 
 @dataclass(frozen=True)
@@ -135,6 +171,7 @@ class InstancePlan:
     warnings: tuple[Issue, ...] = ()
     fixes: tuple[Fix, ...] = ()
     resolved: Mapping[str, Any] = field(default_factory=dict)
+    job: JobPlan | None = None  # planned for a job (`plan --job`): its running requests and settings
 
     @property
     def fits(self) -> bool:
@@ -226,3 +263,8 @@ class Planner:
     # the cost-0 change one of `size`'s errors names, made before any other way out (none by default)
     required: Callable[[Ask, Sizing], Fix] = lambda _ask, _sized: Fix(0, "")
     host_ram: HostRam | None = None  # host RAM its instances pin (none by default)
+    # the engine's own throughput settings for a job (`plan.throughput`): none by default, and then the
+    # user's flags are the only setting
+    settings: Callable[[Ask, JobShape], list[Setting]] = lambda _ask, _job: []
+    # the job's running requests on a sizing and what bounds them (default: the KV pool and the engine's cap)
+    bound: Callable[[Ask, Sizing, JobShape], tuple[int, str]] | None = None

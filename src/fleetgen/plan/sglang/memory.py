@@ -94,7 +94,7 @@ def draft_kv_in_cell(s: SGLangSettings, rules: SGLangRules) -> bool:
     return s.is_spec and rules.draft_kv_in_budget and (s.has_draft_path or rules.pathless_draft_kv_in_budget)
 
 
-def _gpu_tier(total_mib: float, tp: int, rules: SGLangRules) -> tuple[int, int]:
+def gpu_tier(total_mib: float, tp: int, rules: SGLangRules) -> tuple[int, int]:
     """(chunked_prefill_size, cuda-graph max bs) SGLang picks by GPU size (`handle_gpu_memory_settings`)."""
     if total_mib < 20 * 1024:
         return 2048, 8
@@ -111,7 +111,7 @@ def _gpu_tier(total_mib: float, tp: int, rules: SGLangRules) -> tuple[int, int]:
 def reserved_mib(total_bytes: int, tp: int, s: SGLangSettings, rules: SGLangRules) -> float:
     """SGLang's activation + CUDA-graph reserve (MiB) behind the default --mem-fraction-static."""
     total_mib = total_bytes / MIB
-    chunk, max_bs = _gpu_tier(total_mib, tp, rules)
+    chunk, max_bs = gpu_tier(total_mib, tp, rules)
     chunk = s.chunked_prefill_size or chunk
     max_bs = s.cuda_graph_max_bs or max_bs
     reserved = 512 + max(chunk, 2048) * 1.5 + tp / 8 * 1024 + max_bs * 2

@@ -8,6 +8,7 @@ from typing import Any
 
 from fleetgen.engines import get_engine
 from fleetgen.engines.sglang import HICACHE_HOST_MEMORY, SGLangEngine, sglang_rules
+from fleetgen.plan.sglang import throughput
 from fleetgen.plan.sglang.memory import HICACHE_RESERVE_BYTES, SGLangExtras, draft_kv_in_cell, size_sglang
 from fleetgen.plan.sglang.rules import check_sglang_flags
 from fleetgen.plan.sglang.settings import SGLangSettings, sglang_ask
@@ -110,5 +111,13 @@ HICACHE = HostRam(
     Issue("hicache-host-memory", HICACHE_HOST_MEMORY, HICACHE_FIX),
 )
 PLANNER = Planner(
-    get_engine(SGLangEngine.name), size_instance, variants, concurrency, rejections, required, HICACHE
+    get_engine(SGLangEngine.name),
+    size_instance,
+    variants,
+    concurrency,
+    rejections,
+    required,
+    HICACHE,
+    settings=lambda ask, job: throughput.settings(size_instance, ask, job),
+    bound=throughput.bound_of,
 )

@@ -1,0 +1,189 @@
+"""SGLang's settings for a job's throughput, in its own flags for the release planned (pure).
+
+What caps a hybrid model's running requests is the Mamba pool, not memory: `max running = min(…, slots // ρ)`,
+ρ = 5 with the radix cache + extra_buffer + overlap (0.5.14+'s `auto`), 3 for no_buffer, 1 with
+`--disable-radix-cache`, where `--max-running-requests M` sizes the pool at exactly M slots. A job of distinct
+prompts gets nothing from the radix cache, so the settings offered here turn it off and size the pool for the
+job: the largest M whose state and the job's KV per request fit the static budget. On the H200 (0.5.15,
+Qwen3.6-27B, outputs ~1,800 tokens) that took 44 running to 256 and the decode rate from 1,460 to 3,008 tok/s;
+the replayed SSM decode (`--enable-linear-replayssm`, 0.5.15+, no_buffer only) to 3,660
+(bench/results/grid-sglang-0.5.15-h200.md).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from fleetgen.engines.sglang import sglang_rules
+from fleetgen.plan.job import JobShape
+from fleetgen.plan.sglang.memory import SGLangExtras, gpu_tier
+from fleetgen.plan.sglang.settings import SGLangSettings, sglang_ask
+from fleetgen.plan.throughput import used_share
+from fleetgen.plan.types import MIB, Ask, Setting, Sizing
+
+MAX_RUNNING = 4096  # SGLang's own ceiling on its estimate; no search goes past it
+SPEC_FLAGS = ("speculative-algorithm", "speculative-num-steps", "speculative-eagle-topk")
+MTP_FLAGS = {
+    "speculative-algorithm": "EAGLE",
+    "speculative-num-steps": 3,
+    "speculative-eagle-topk": 1,
+    "speculative-num-draft-tokens": 4,
+}
+HICACHE_FLAGS = ("enable-hierarchical-cache", "hicache-ratio", "hicache-size")
+# what each option that changes the numbers changes (offered, taken only when the user allows it)
+NUMERICS = {
+    "mamba-ssm-dtype": "the GDN recurrent state is kept in bfloat16 instead of float32 (rounding every step)",
+    "kv-cache-dtype": "the KV cache is stored in FP8 (attention reads rounded keys and values)",
+}
+
+Size = Callable[[Ask], Sizing]
+
+
+def job_context(job: JobShape, model_context: int) -> int:
+    """The context the job needs, rounded up to 256 tokens, never above the model's own."""
+    return min(-(-job.context_tokens // 256) * 256, model_context)
+
+
+def _graph_flag(ask: Ask) -> str:
+    """The decode CUDA-graph batch flag under the release's name (split from cuda-graph-max-bs in 0.5.14)."""
+    old = {r.old for r in ask.rules.renames}
+    return "cuda-graph-max-bs" if "cuda-graph-max-bs-decode" in old else "cuda-graph-max-bs-decode"
+
+
+def _settings(ask: Ask, args: Mapping[str, Any]) -> SGLangSettings:
+    x = sglang_ask(replace(ask, args=args))
+    return x.settings
+
+
+def bound_of(ask: Ask, sized: Sizing, job: JobShape) -> tuple[int, str]:
+    """The job's running requests on this sizing and what bounds them, in SGLang's terms."""
+    m, s = sized.memory, _settings(ask, ask.args)
+    extras = SGLangExtras.of(m)
+    by_kv = int(m.kv_tokens // max(job.kv_tokens_per_request, 1.0))
+    terms = [(by_kv, f"the KV pool's {m.kv_tokens:,} tokens ÷ {job.kv_tokens_per_request:,.0f} per request")]
+    if ask.shape.is_hybrid:
+        text = f"the Mamba pool's {extras.mamba_slots} slots ÷ ρ {extras.mamba_ratio} per request"
+        terms.append((extras.mamba_slots // max(extras.mamba_ratio, 1), text))
+    if s.max_running_requests is not None:
+        terms.append((s.max_running_requests, f"max-running-requests {s.max_running_requests}"))
+    terms.append((m.max_running_requests, "SGLang's own cap (its estimate from context-length, tokens ÷ 2)"))
+    return min(terms, key=lambda t: t[0])
+
+
+def _pool_args(ask: Ask, base: Mapping[str, Any], n: int) -> dict[str, Any]:
+    """`base` with the radix cache off and the pools sized for `n` running requests (one Mamba slot each), the
+    decode CUDA graphs covering them."""
+    rules = sglang_rules(ask.rules)
+    args = {k: v for k, v in base.items() if k not in HICACHE_FLAGS}  # it needs the radix cache
+    args |= {"disable-radix-cache": True, "max-running-requests": n}
+    if ask.shape.is_hybrid:
+        args[rules.strategy_flag] = "no_buffer"
+    _, tier_bs = gpu_tier(ask.total_bytes / MIB, ask.tp, rules)
+    if n > tier_bs:
+        args[_graph_flag(ask)] = n
+    return args
+
+
+def most_running(size: Size, ask: Ask, base: Mapping[str, Any], job: JobShape, ctx: int) -> int:
+    """The most running requests whose state and the job's KV per request fit (usable is monotone in n)."""
+
+    def fits(n: int) -> bool:
+        sized = size(replace(ask, args=_pool_args(ask, base, n)))
+        m = sized.memory
+        enough_kv = m.kv_tokens >= max(n * job.kv_tokens_per_request, ctx)
+        return sized.fits and m.max_running_requests >= n and enough_kv
+
+    return bisect_left(range(1, MAX_RUNNING + 1), True, key=lambda n: not fits(n))
+
+
+def _offer(
+    size: Size, ask: Ask, job: JobShape, name: str, change: str, args: dict[str, Any], **kw: Any
+) -> Setting:
+    trial = replace(ask, args=args, env=kw.pop("env", ask.env))
+    sized = size(trial)
+    running, bound = bound_of(trial, sized, job)
+    return Setting(
+        name,
+        change,
+        args,
+        dict(trial.env),
+        running if sized.fits else 0,
+        bound if sized.fits else "; ".join(e.message for e in sized.errors),
+        sized.memory.kv_tokens,
+        is_spec=_settings(trial, args).is_spec,
+        used_share=used_share(sized.memory, running, job),
+        **kw,
+    )
+
+
+def _spec_toggled(ask: Ask, base: Mapping[str, Any], is_spec: bool) -> tuple[dict[str, Any], str] | None:
+    """The user's flags with speculative decoding the other way: off, or the model's MTP head (3/1/4)."""
+    if is_spec:
+        return {k: v for k, v in base.items() if not k.startswith("speculative-")}, "no speculative decoding"
+    if ask.shape.mtp_layers:
+        return {**base, **MTP_FLAGS}, "MTP speculative decoding (EAGLE 3/1/4)"
+    return None
+
+
+def settings(size: Size, ask: Ask, job: JobShape) -> list[Setting]:
+    """SGLang's throughput settings for this job, best planned first: the radix cache off and the pools sized
+    for the job (and 3/4 of that, for `tune` to narrow in), with the replayed SSM decode where the release has
+    it, speculative decoding the other way, and the options that change the numbers (marked)."""
+    s = _settings(ask, ask.args)
+    if not ask.shape.is_hybrid or job.prefix_share >= 0.5:
+        return []  # a prefix cache that pays, or no Mamba pool to free: the engine's own sizing stands
+    ctx = job_context(job, ask.shape.context_length)
+    base = {**ask.args, "context-length": ctx}
+    rules = sglang_rules(ask.rules)
+    out: list[Setting] = []
+    variants: list[tuple[str, str, dict[str, Any]]] = [("", "", base)]
+    toggled = _spec_toggled(ask, base, s.is_spec)
+    if toggled:
+        variants.append(("-nospec" if s.is_spec else "-mtp", toggled[1], toggled[0]))
+    for suffix, what, args in variants:
+        n = most_running(size, ask, args, job, ctx)
+        if n == 0:
+            continue
+        for k in (n, n * 3 // 4):
+            pool = _pool_args(ask, args, k)
+            text = ", ".join(filter(None, [what, _change_text(ask, pool, k, ctx)]))
+            out.append(_offer(size, ask, job, f"no-radix-{k}{suffix}", text, pool))
+            if rules.has_linear_replayssm and not _settings(ask, pool).is_spec:
+                replay = {**pool, "enable-linear-replayssm": True}
+                name = f"no-radix-{k}-replayssm{suffix}"
+                out.append(_offer(size, ask, job, name, text + " + --enable-linear-replayssm", replay))
+    out += _numerics(size, ask, job, base, ctx)
+    return out
+
+
+def _numerics(size: Size, ask: Ask, job: JobShape, base: Mapping[str, Any], ctx: int) -> list[Setting]:
+    """The pools sized again with the state or the KV cache in fewer bytes (each changes the numbers)."""
+    out = []
+    for flag, value in (("mamba-ssm-dtype", "bfloat16"), ("kv-cache-dtype", "fp8_e4m3")):
+        if flag in base:
+            continue
+        args = {**base, flag: value}
+        n = most_running(size, ask, args, job, ctx)
+        if n:
+            pool = _pool_args(ask, args, n)
+            text = f"{_change_text(ask, pool, n, ctx)}, --{flag} {value}"
+            name = f"no-radix-{n}-{value}"
+            out.append(_offer(size, ask, job, name, text, pool, numerics=NUMERICS[flag]))
+    return out
+
+
+def _change_text(ask: Ask, pool: Mapping[str, Any], n: int, ctx: int) -> str:
+    """The flags a setting adds to the user's, as they would be typed."""
+    parts = ["--disable-radix-cache", f"--max-running-requests {n}", f"--context-length {ctx}"]
+    rules = sglang_rules(ask.rules)
+    if rules.strategy_flag in pool:
+        parts.append(f"--{rules.strategy_flag} no_buffer")
+    graph = _graph_flag(ask)
+    if graph in pool:
+        parts.append(f"--{graph} {pool[graph]}")
+    if any(k in ask.args for k in HICACHE_FLAGS):
+        parts.append("no hierarchical cache (it needs the radix cache)")
+    return " ".join(parts)
