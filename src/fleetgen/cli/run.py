@@ -24,6 +24,7 @@ from rich.table import Table
 import fleetgen.cli.app as cli
 from fleetgen.cli.runlog import PlainLog, progress_line
 from fleetgen.config import JobFile, load_job
+from fleetgen.deploy.wanted import refuse_simulated_acceptance
 from fleetgen.errors import ConfigError, FleetDown, FleetgenError
 from fleetgen.fleet.pool import Link, open_fleet
 from fleetgen.fleet.status import Readiness
@@ -214,6 +215,7 @@ async def _servers(
         yield Servers(url_hooks(urls), wait_ready or 0.0, DEFAULT_DEAD_TIMEOUT_S, say)
         return
     loaded = cli.read_fleet(fleet or Path("fleet.toml"))
+    refuse_simulated_acceptance(loaded)  # its servers would not write the model's text
     fleet, engine = loaded.path, loaded.file.engine
     async with open_fleet(loaded) as links:
         at_start = await links.read_all()
