@@ -17,7 +17,10 @@ Writes OUT/:
                  `cat chunks/c*/part* | tar -x` reassembles it
 Only wheels are fetched (`pip download --only-binary=:all:`); nothing is built. The host's own packages
 (torch and what its image ships) are not fetched: `--host-has` names them (default: the H200 image's list,
-KINDS.md), and the script checks that every requirement of every fetched wheel is fetched or on the host.
+KINDS.md). A bundle that cannot start the engine is an error (exit 1, naming each gap, before anything is
+written): every requirement of the engine's wheels is another of its wheels or on the host — never a wheel
+fetched only for fleetgen (`--with-fleetgen`) — and every requirement of the rest is in the bundle or on
+the host.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import zipfile
 from pathlib import Path
 
 from packaging import tags
+from packaging.requirements import Requirement
 from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
@@ -50,6 +54,11 @@ def words(text: str) -> list[str]:
 
 def norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def spec_name(spec: str) -> str:
+    """The project a spec names (`flashinfer_python==0.6.12` -> `flashinfer-python`)."""
+    return norm(re.split(r"[<>=!~]", spec, maxsplit=1)[0])
 
 
 PLATFORMS = [
@@ -112,7 +121,7 @@ def fleetgen_specs(engine_specs: list[str], host_has: list[str]) -> list[str]:
     project = tomllib.loads((HERE.parent / "pyproject.toml").read_text())["project"]
     names = [norm(re.split(r"[\s\[<>=!~;]", d, maxsplit=1)[0]) for d in project["dependencies"]]
     names += [n for name in names for n in FLEETGEN_NEEDS.get(name, [])]
-    taken = {norm(re.split(r"[<>=!~]", s, maxsplit=1)[0]) for s in engine_specs} | {norm(h) for h in host_has}
+    taken = {spec_name(s) for s in engine_specs} | {norm(h) for h in host_has}
     return sorted({n for n in names if n not in taken})
 
 
@@ -154,6 +163,11 @@ SGLANG_0_5_15 = [
     "executing",
     "pure-eval",
     "ipython-pygments-lexers",
+    # sglang's own requirement, soundfile's and cffi's: the H200 image has none of them; fetched for
+    # fleetgen alone (--with-fleetgen) they once hid the engine's gap
+    "orjson",
+    "cffi",
+    "pycparser",
     "jsonschema",
     "jsonschema-specifications",
     "referencing",
@@ -164,10 +178,10 @@ SGLANG_0_5_15 = [
 
 def repin(specs: list[str], pins: list[str], drop: tuple[str, ...] = ()) -> list[str]:
     """`specs`, each name in `pins` re-pinned (it must be in `specs`), the names in `drop` left out."""
-    by_name = {norm(re.split(r"[<>=!~]", p, maxsplit=1)[0]): p for p in pins}
+    by_name = {spec_name(p): p for p in pins}
     out, seen = [], set()
     for spec in specs:
-        name = norm(re.split(r"[<>=!~]", spec, maxsplit=1)[0])
+        name = spec_name(spec)
         if name in drop:
             continue
         out.append(by_name.get(name, spec))
@@ -383,32 +397,69 @@ def copy_raw_member(wheel: Path, info: zipfile.ZipInfo, target: Path) -> None:
             left -= len(block)
 
 
-def requirements(wheel: Path) -> list[str]:
-    """The names a wheel requires on Linux x86-64 (extras and other platforms' markers left out)."""
+def host_markers(python: str) -> dict[str, str]:
+    """The environment markers of the host pip installs on: CPython `python` on Linux x86-64, no extra."""
+    return {
+        "implementation_name": "cpython",
+        "platform_python_implementation": "CPython",
+        "python_version": ".".join(python.split(".")[:2]),
+        "python_full_version": python if python.count(".") == 2 else f"{python}.0",
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "os_name": "posix",
+        "platform_machine": "x86_64",
+        "extra": "",
+    }
+
+
+def required_names(requires_dist: list[str], python: str) -> list[str]:
+    """The projects `Requires-Dist` lines require on the host: each marker evaluated as pip evaluates it
+    there (`implementation_name == "pypy"`, an extra, another platform: not required)."""
+    env = host_markers(python)
+    reqs = [Requirement(line) for line in requires_dist]
+    return [norm(r.name) for r in reqs if r.marker is None or r.marker.evaluate(env)]
+
+
+def requirements(wheel: Path, python: str) -> list[str]:
+    """The projects a wheel requires on the host (its METADATA's `Requires-Dist`, `required_names`)."""
     with zipfile.ZipFile(wheel) as z:
         meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
         text = z.read(meta).decode("utf-8", "replace")
-    names = []
-    for line in text.splitlines():
-        if not line.startswith("Requires-Dist:"):
-            continue
-        req, _, marker = line[len("Requires-Dist:") :].partition(";")
-        if "extra ==" in marker or 'sys_platform == "win32"' in marker or "darwin" in marker:
-            continue
-        if "aarch64" in marker and "!=" not in marker:
-            continue
-        names.append(norm(re.split(r"[\s\[<>=!~(]", req.strip(), maxsplit=1)[0]))
-    return names
+    lines = [
+        ln[len("Requires-Dist:") :].strip() for ln in text.splitlines() if ln.startswith("Requires-Dist:")
+    ]
+    return required_names(lines, python)
 
 
-def missing_requirements(wheels: list[Path], host_has: list[str]) -> dict[str, list[str]]:
-    have = {wheel_name(w) for w in wheels} | {norm(n) for n in host_has} | {norm(n) for n in NOT_NEEDED}
+def closure_gaps(required: dict[str, list[str]], host_has: list[str]) -> dict[str, list[str]]:
+    """Each project some project of `required` (project -> what it requires) requires that is neither one
+    of them, on the host, nor NOT_NEEDED -> the projects that require it."""
+    have = set(required) | {norm(n) for n in host_has} | {norm(n) for n in NOT_NEEDED}
     gaps: dict[str, list[str]] = {}
-    for w in wheels:
-        for name in requirements(w):
+    for project, names in sorted(required.items()):
+        for name in names:
             if name not in have:
-                gaps.setdefault(name, []).append(wheel_name(w))
+                gaps.setdefault(name, []).append(project)
     return gaps
+
+
+def check_closure(required: dict[str, list[str]], specs: list[str], host_has: list[str], what: str) -> None:
+    """SystemExit naming every gap: the engine's own wheels (`specs`) must close over themselves and the
+    host (a wheel fetched only for fleetgen, `--with-fleetgen`, fills none of its gaps), then the bundle."""
+    engine = {name: needs for name, needs in required.items() if name in {spec_name(s) for s in specs}}
+    gaps = {"the engine": closure_gaps(engine, host_has), "fleetgen": closure_gaps(required, host_has)}
+    lines = [
+        f"  {name}: required by {', '.join(by)} (for {whose}), neither in the bundle nor on the host"
+        for whose, found in gaps.items()
+        for name, by in sorted(found.items())
+        if whose == "the engine" or name not in gaps["the engine"]
+    ]
+    if lines:
+        raise SystemExit(
+            f"the bundle cannot start {what} on the host:\n" + "\n".join(lines) + "\nfix: add each to the "
+            "engine's set in SETS (or, when the engine never imports it on this path, to NOT_NEEDED; when "
+            "the host's image has it, to --host-has) and run again"
+        )
 
 
 # Qwen's added tokens in their order (Qwen2.5-VL / Qwen3 / Qwen3.5): the config's vision ids fall on them.
@@ -628,21 +679,20 @@ def main() -> None:
     host_has = a.host_has.read_text().split() if a.host_has else HOST_HAS
     if not a.skip_download:
         download(specs + (fleetgen_specs(specs, host_has) if a.with_fleetgen else []), wheels_dir, a.python)
-    shutil.rmtree(extra, ignore_errors=True)
     kept, dropped = one_per_project([w.name for w in wheels_dir.glob("*.whl")], a.python)
     for name in dropped:
         (wheels_dir / name).unlink()
         print(f"dropped {name}: another wheel of its release fits the host better")
     wheels = [wheels_dir / name for name in kept]
+    required = {wheel_name(w): requirements(w, a.python) for w in wheels}
+    check_closure(required, specs, host_has, f"{a.engine} {a.version}")  # before anything is written
+    shutil.rmtree(extra, ignore_errors=True)
     for w in wheels:
         name = wheel_name(w).replace("-", "_")
         apart = APART.get(name, []) if a.fa3 else []
         if name in SLIM:
             before, after = slim(w, SLIM[name], apart, extra)
             print(f"slimmed {w.name}: {before / 2**20:.1f} -> {after / 2**20:.1f} MiB")
-    gaps = missing_requirements(wheels, host_has)
-    for name, by in sorted(gaps.items()):
-        print(f"WARNING: {name} is required by {', '.join(by)}: neither fetched nor on the host")
     model_folder(a.config, a.out, a.engine)
     (a.out / "install.sh").write_text(INSTALL_SH)
     (a.out / "inflate.py").write_text(INFLATE_PY)

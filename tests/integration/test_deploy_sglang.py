@@ -374,3 +374,34 @@ async def test_up_refuses_an_argv_the_engines_own_rule_refuses_before_starting_a
     assert isinstance(out.error, LaunchFailed)
     assert refusal.message in str(out.error.context["matched"]) and out.error.fix == refusal.fix
     assert out.pid is not None and _is_gone(out.pid)
+
+
+async def test_up_refuses_simulated_acceptance_before_anything_starts_and_tune_may_launch_it(
+    ssh_hosts: list[SshdHost], tmp_path: Path
+) -> None:
+    """SGLANG_SIMULATE_ACC_LEN in [engine.env] commits tokens the model did not choose: `up`, `restart` and
+    `run` exit 2 naming it, with nothing started on the host; the deploy path's explicit permission (what
+    `tune` passes) launches it, and the server comes up verified."""
+    env = {"SGLANG_SIMULATE_ACC_LEN": "3.0", "SGLANG_SIMULATE_ACC_METHOD": "match-expected"}
+    fleet = sim_fleet(tmp_path, ssh_hosts[:1], env=env)
+    port = load_fleet(fleet).instances()[0].port
+    root = ssh_hosts[0].workdir / tmp_path.name / "h0-0"
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "hi"}\n')
+    for argv in (["up"], ["restart"], ["run", str(prompts), "-o", str(tmp_path / "out")]):
+        done = await asyncio.to_thread(
+            subprocess.run, [FLEETGEN, *argv, "-f", str(fleet)], capture_output=True, text=True, check=False
+        )
+        said = " ".join(done.stderr.split())
+        assert done.returncode == 2, (argv, done.stderr)
+        assert "SGLANG_SIMULATE_ACC_LEN=3.0, SGLANG_SIMULATE_ACC_METHOD=match-expected" in said
+        assert "fix: remove these settings from [engine.env]" in said
+    assert not root.exists() and not (tmp_path / "out").exists()  # not even its folder on the host
+    with socket.socket() as probe, pytest.raises(ConnectionRefusedError):
+        probe.connect(("127.0.0.1", port))
+    try:
+        [out] = await up(Fleet.load(fleet), allow_simulated_acceptance=True)
+        _ok([out])
+        assert out.pid is not None and "SGLANG_SIMULATE_ACC_LEN=3.0" in _read(root / "launch.sh")
+    finally:
+        await down(Fleet.load(fleet))

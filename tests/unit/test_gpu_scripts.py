@@ -309,3 +309,74 @@ def test_the_gpu_day_pair_keeps_the_newest_manylinux_and_two_versions_or_a_forei
     for foreign in ("six-1.0-cp311-cp311-manylinux_2_17_x86_64.whl", "six-1.0-py3-none-win_amd64.whl"):
         with pytest.raises(SystemExit, match=f"{re.escape(foreign)} does not install on the host"):
             prep.one_per_project([foreign], "3.12")
+
+
+# Every wheel's `Requires-Dist` of every set, as PyPI serves it (how it was read: the file's `how`).
+REQUIRES_DIST = json.loads((ROOT / "tests" / "data" / "airgap" / "requires-dist.json").read_text())["sets"]
+
+
+@pytest.mark.parametrize("engine", sorted(prep.SETS))
+def test_each_engine_set_starts_the_engine_without_fleetgens_wheels(engine: tuple[str, str]) -> None:
+    """The engine's own wheels close over themselves and the H200 image: SGLang 0.5.15 once left out
+    `orjson` (its own requirement), `cffi` (soundfile's) and `pycparser` (cffi's), fetched only with
+    --with-fleetgen, and `airgap_prepare` exited 0 after a warning with a bundle SGLang could not start on."""
+    captured = REQUIRES_DIST[" ".join(engine)]
+    names = {prep.spec_name(s) for s in prep.SETS[engine]}
+    assert names <= set(captured), f"recapture tests/data/airgap/requires-dist.json: {names - set(captured)}"
+    for spec in prep.SETS[engine]:
+        if "==" in spec:
+            assert captured[prep.spec_name(spec)]["version"] == spec.split("==")[1], spec
+    required = {n: prep.required_names(captured[n]["requires_dist"], "3.12") for n in names}
+    assert prep.closure_gaps(required, prep.HOST_HAS) == {}
+    prep.check_closure(required, prep.SETS[engine], prep.HOST_HAS, " ".join(engine))
+
+
+@pytest.mark.parametrize(
+    ("line", "required"),
+    [
+        ('pycparser; implementation_name != "PyPy"', ["pycparser"]),  # cffi's: CPython needs it
+        ('cffi; implementation_name == "pypy"', []),  # pyzmq's: PyPy only
+        ("cffi >=1.0", ["cffi"]),
+        ('torch; extra == "gpu"', []),
+        ('pywin32; sys_platform == "win32"', []),
+        (
+            'av; sys_platform == "linux" and (platform_machine == "aarch64" or platform_machine == "arm64")',
+            [],
+        ),
+        ('torchcodec==0.11.1; sys_platform != "linux" or platform_machine != "aarch64"', ["torchcodec"]),
+        ('tomli; python_version < "3.11"', []),
+        ("Flashinfer_Python[cu13]==0.6.12", ["flashinfer-python"]),
+    ],
+)
+def test_a_requirement_counts_where_its_marker_holds_on_the_host(line: str, required: list[str]) -> None:
+    assert prep.required_names([line], "3.12") == required
+
+
+def _dist(folder: Path, name: str, requires: list[str]) -> None:
+    """A wheel whose METADATA requires `requires` (nothing else in it matters to the closure check)."""
+    meta = "".join(f"Requires-Dist: {r}\n" for r in requires)
+    with zipfile.ZipFile(folder / f"{name}-1.0-py3-none-any.whl", "w") as z:
+        z.writestr(f"{name}-1.0.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {name}\n{meta}")
+
+
+def test_a_bundle_that_cannot_start_the_engine_exits_non_zero_naming_each_gap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`cryptography` is in the folder (as `--with-fleetgen` fetches it), not in the engine's set: it fills
+    none of the engine's gaps. Nothing of the bundle is written."""
+    wheels = tmp_path / "out" / "wheels"
+    wheels.mkdir(parents=True)
+    _dist(wheels, "sglang", ["orjson", "soundfile==0.13.1", "cryptography", "numpy"])
+    _dist(wheels, "soundfile", ["cffi >=1.0", 'cffi; implementation_name == "pypy"'])
+    _dist(wheels, "cryptography", ["cffi>=1.14"])
+    argv = ["airgap_prepare.py", "--engine", "sglang", "--version", "0.5.15", "--config", str(QWEN36)]
+    monkeypatch.setattr(sys, "argv", [*argv, "--out", str(tmp_path / "out"), "--skip-download"])
+    with pytest.raises(SystemExit) as stopped:
+        prep.main()
+    said = str(stopped.value.code)
+    assert said.startswith("the bundle cannot start sglang 0.5.15 on the host")
+    assert "orjson: required by sglang (for the engine)" in said
+    assert "cryptography: required by sglang (for the engine)" in said
+    assert "cffi: required by soundfile (for the engine)" in said and "cryptography (for" not in said
+    assert "numpy" not in said  # on the host
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["wheels"]

@@ -143,13 +143,13 @@ def bench(
     async def go() -> None:
         if png is not None:
             chromium.require_chromium()  # before the sweep, not after minutes of it
-        sampling, job_model = sampling_of(job_file, thinking)
+        sampling, job_model = sampling_of(job_file, thinking, model)
         load = BenchLoad(
             input_len,
             output_len,
             parse_levels(concurrency),
             rounds,
-            model=model or job_model,
+            model=job_model,
             sampling=sampling,
         )
         sweep_of = functools.partial(
@@ -182,11 +182,13 @@ def job_sampling(job: JobFile) -> dict[str, object]:
     return {key: value for key, value in body.items() if key not in OWN_FIELDS}
 
 
-def sampling_of(job_file: Path | None, thinking: bool | None) -> tuple[dict[str, object], str | None]:
-    """The sweep's sampling and the job's model: the job file's (`--thinking` overrides it, as in `run`), or
-    greedy without one."""
+def sampling_of(
+    job_file: Path | None, thinking: bool | None, model: str | None = None
+) -> tuple[dict[str, object], str | None]:
+    """The sweep's sampling and the job's model: the job file's (`--thinking` and `--model` override it, as
+    flags override it in `run`), or greedy and `--model` without one."""
     if job_file is None:
         off = {} if thinking is not False else {"chat_template_kwargs": {"enable_thinking": False}}
-        return {**GREEDY, **off}, None
-    job = load_job(job_file).overridden(thinking=thinking)
+        return {**GREEDY, **off}, model
+    job = load_job(job_file).overridden(thinking=thinking, model=model)
     return job_sampling(job), job.model

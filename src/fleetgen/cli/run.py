@@ -24,6 +24,7 @@ from rich.table import Table
 import fleetgen.cli.app as cli
 from fleetgen.cli.runlog import PlainLog, progress_line
 from fleetgen.config import JobFile, load_job
+from fleetgen.deploy.wanted import refuse_simulated_acceptance
 from fleetgen.errors import ConfigError, FleetDown, FleetgenError
 from fleetgen.fleet.pool import Link, open_fleet
 from fleetgen.fleet.status import Readiness
@@ -70,15 +71,15 @@ def run_command(
     fleet: cli.FleetOrNone = None,
     endpoint: cli.Endpoints = None,
     job_file: Annotated[Path | None, Opt("--job", help="Job file (TOML); flags override it.")] = None,
-    concurrency: Annotated[
-        int | None, Opt("--concurrency", min=1, help="In-flight requests per server.")
-    ] = None,
-    max_tokens: Annotated[int | None, Opt("--max-tokens", min=1)] = None,
-    temperature: Annotated[float | None, Opt("--temperature", min=0.0)] = None,
+    # The flags over the job file's fields: each is checked by the field's own rule (`JobFile.overridden`),
+    # not by a second copy of it here.
+    concurrency: Annotated[int | None, Opt("--concurrency", help="In-flight requests per server.")] = None,
+    max_tokens: Annotated[int | None, Opt("--max-tokens")] = None,
+    temperature: Annotated[float | None, Opt("--temperature")] = None,
     top_p: Annotated[float | None, Opt("--top-p")] = None,
     top_k: Annotated[int | None, Opt("--top-k")] = None,
     seed: Annotated[int | None, Opt("--seed")] = None,
-    samples: Annotated[int | None, Opt("--samples", min=1, help="Samples per record.")] = None,
+    samples: Annotated[int | None, Opt("--samples", help="Samples per record.")] = None,
     thinking: bool | None = cli.flag(
         "thinking", "enable_thinking on/off (default: the job file's, else on).", None
     ),
@@ -89,7 +90,7 @@ def run_command(
         "add-input", "Run this input into a folder made from another (it holds both)."
     ),
     restart_dead: bool = cli.flag("restart-dead", "Restart dead instances (fleet file)."),
-    max_retries: Annotated[int | None, Opt("--max-retries", min=0)] = None,
+    max_retries: Annotated[int | None, Opt("--max-retries")] = None,
     dead_timeout: Annotated[
         float | None,
         Opt(
@@ -214,6 +215,7 @@ async def _servers(
         yield Servers(url_hooks(urls), wait_ready or 0.0, DEFAULT_DEAD_TIMEOUT_S, say)
         return
     loaded = cli.read_fleet(fleet or Path("fleet.toml"))
+    refuse_simulated_acceptance(loaded)  # its servers would not write the model's text
     fleet, engine = loaded.path, loaded.file.engine
     async with open_fleet(loaded) as links:
         at_start = await links.read_all()

@@ -35,6 +35,7 @@ from fleetgen.deploy.wanted import (
     build_wanted,
     measured_facts,
     planned_capacity,
+    refuse_simulated_acceptance,
 )
 from fleetgen.errors import ConfigError, FleetgenError, ModelCardError, PlanError
 from fleetgen.modelcard import ModelShape
@@ -180,9 +181,14 @@ async def up(
     force: bool = False,
     plan_check: bool = True,
     progress: Narrate = lambda _instance, _message: None,
+    allow_simulated_acceptance: bool = False,
 ) -> list[Outcome]:
     """Bring every (selected) instance up, verified; `force` restarts even matching processes (restart);
-    `plan_check` False launches even what the engine's own rules refuse (plan's flag rules)."""
+    `plan_check` False launches even what the engine's own rules refuse (plan's flag rules).
+    `allow_simulated_acceptance`: launch an engine that commits tokens the model did not choose (a forced
+    speculative acceptance length); only a throughput measurement passes it (`tune`), never the CLI's `up`."""
+    if not allow_simulated_acceptance:
+        refuse_simulated_acceptance(fleet)
     secret = api_key(fleet.file)
     plans: dict[str, InstancePlan] = {}
 

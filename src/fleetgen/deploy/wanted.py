@@ -16,7 +16,7 @@ from fleetgen.config import EngineConfig, FleetFile, HostEntry, Instance, load_f
 from fleetgen.deploy.hostside import HostSurvey
 from fleetgen.deploy.instance import WantedInstance
 from fleetgen.deploy.script import Command, InstancePaths, SecretEnv, render_script
-from fleetgen.engines import Engine, get_engine, launcher_of
+from fleetgen.engines import Engine, format_args, get_engine, launcher_of
 from fleetgen.errors import ConfigError
 from fleetgen.plan import HostFacts, InstancePlan, Launch, decide_launch, facts_from_file
 from fleetgen.plan.fleet import api_key_way
@@ -59,6 +59,26 @@ def api_key(fleet: FleetFile) -> str | None:
             fix=f"set {cfg.api_key_env} to e.g. the output of `openssl rand -hex 24`",
         )
     return value
+
+
+def refuse_simulated_acceptance(fleet: Fleet) -> None:
+    """Raise ConfigError when the fleet's engine carries a setting that commits tokens the model did not
+    choose (the engine says which: `Engine.simulated_acceptance` over `engine.args` and `engine.env`): its
+    completions would not be the model's. `up`, `restart` and `run` call it before anything else; only a
+    throughput measurement that knows it (`tune`) launches such servers."""
+    cfg = fleet.file.engine
+    found = fleet.engine.simulated_acceptance(format_args(cfg.args), cfg.env)
+    if not found:
+        return
+    tables = sorted({"[engine.env]" if s.partition("=")[0] in cfg.env else "[engine.args]" for s in found})
+    raise ConfigError(
+        f"{fleet.path}: {', '.join(found)}: {fleet.engine.name} would commit tokens the model did not choose "
+        "(a simulated speculative acceptance): every completion would be text the model did not write",
+        fix=f"remove {'these settings' if len(found) > 1 else 'it'} from {' and '.join(tables)} of "
+        f"{fleet.path}: it is for throughput measurement only (`fleetgen tune --simulate-accept-length L` "
+        "sets it on its own servers, never on a fleet that generates)",
+        context={"engine": fleet.engine.name},
+    )
 
 
 def measured_facts(host: HostEntry, measured: HostSurvey | None) -> HostFacts:

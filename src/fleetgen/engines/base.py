@@ -226,6 +226,13 @@ class Engine:
         is off)."""
         return None
 
+    def simulated_acceptance(self, argv: Sequence[str], env: Mapping[str, str]) -> tuple[str, ...]:
+        """The settings in a launch's `argv` (its flags) and `env` that make the engine commit tokens the
+        model did not choose (a forced speculative acceptance, for throughput measurement only), each as
+        written there (`NAME=value`, `--flag key=value`); none by default. `up` and `run` refuse a fleet
+        carrying any (`deploy.wanted.refuse_simulated_acceptance`)."""
+        return ()
+
     def rejection_signatures_for(self, rules: RuleSet) -> tuple[FatalSignature, ...]:
         """Its refusals of an argv at start (what plan's rules predict), in its words, each with the fix for
         the release `rules` was read from (the fix `plan` gives); none by default."""

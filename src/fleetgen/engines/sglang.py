@@ -252,6 +252,28 @@ class SGLangEngine(Engine):
             return samples["sglang:spec_accept_length"]
         return positive_figures(_server_info_places(info), (("avg_spec_accept_length", "a"),)).get("a")
 
+    def simulated_acceptance(self, argv: Sequence[str], env: Mapping[str, str]) -> tuple[str, ...]:
+        """`SGLANG_SIMULATE_ACC_LEN` above 0 overwrites each verify step's accept index (srt/speculative/
+        spec_utils.py: "turn off if < 0"; eagle_utils.py: `if SIMULATE_ACC_LEN > 0`): the committed tokens
+        are a fixed id or the draft's, not the model's. Its companions `_METHOD` and `_TOKEN_MODE` are named
+        with it (inert alone). A value SGLang cannot read as a number is refused too: remove it either way."""
+        length = env.get(SIMULATE_ACC_LEN)
+        if length is None or _is_off(length):
+            return ()
+        return tuple(f"{name}={env[name]}" for name in SIMULATE_ACC_ENV if name in env)
+
     def extra_argv(self, args: Mapping[str, ArgValue | list[ArgValue]]) -> list[str]:
         # /metrics is off by default; fleetgen's live view reads it
         return [] if "enable-metrics" in args else ["--enable-metrics"]
+
+
+SIMULATE_ACC_LEN = "SGLANG_SIMULATE_ACC_LEN"  # srt/environ.py: EnvFloat(-1)
+SIMULATE_ACC_ENV = (SIMULATE_ACC_LEN, "SGLANG_SIMULATE_ACC_METHOD", "SGLANG_SIMULATE_ACC_TOKEN_MODE")
+
+
+def _is_off(length: str) -> bool:
+    """SGLang simulates only at a length > 0 (its default is -1; nan is not > 0 either)."""
+    try:
+        return not float(length) > 0
+    except ValueError:
+        return False

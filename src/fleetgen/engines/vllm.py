@@ -6,6 +6,7 @@ CUDA graphs) and keeps hybrid (Mamba/GDN) state in the same paged pool; MTP come
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -125,9 +126,50 @@ class VLLMEngine(Engine):
         accepted = samples.get("vllm:spec_decode_num_accepted_tokens_total", 0.0)
         return 1.0 + accepted / drafts if drafts > 0 else None
 
+    def simulated_acceptance(self, argv: Sequence[str], env: Mapping[str, str]) -> tuple[str, ...]:
+        """`--speculative-config` with `rejection_sample_method = "synthetic"` accepts draft tokens at a set
+        rate (`synthetic_acceptance_length` / `_rates`; vllm/config/speculative.py), whatever the model
+        says. The config as vLLM merges it: the JSON, then `--speculative-config.KEY VALUE` over it."""
+        conf = speculative_config(argv)
+        if conf.get("rejection_sample_method") != "synthetic":
+            return ()
+        return tuple(f"--{SPEC_CONFIG} {key}={conf[key]}" for key in SYNTHETIC_KEYS if key in conf)
+
     def max_running_from_capacity(self, capacity: Mapping[str, float], cap: str | None) -> int | None:
         """Its "maximum concurrency" at max-model-len (`kv_cache_max_concurrency`), capped by max-num-seqs
         (`cap`); either alone where the other is unknown. A floor, not a ceiling: shorter requests let vLLM
         run more at once; fleetgen plans for full-length ones."""
         seqs = int(cap) if cap and cap.isdigit() else 0
         return min((int(n) for n in (capacity.get("max_running_requests", 0), seqs) if n >= 1), default=None)
+
+
+SPEC_CONFIG = "speculative-config"
+SYNTHETIC_KEYS = ("rejection_sample_method", "synthetic_acceptance_length", "synthetic_acceptance_rates")
+
+
+def speculative_config(argv: Sequence[str]) -> dict[str, Any]:
+    """`--speculative-config` as vLLM's parser merges `argv`: each `--speculative-config JSON` (or `=JSON`)
+    and `--speculative-config.KEY VALUE` (a VALUE that is JSON reads as JSON, else as text) updates the one
+    dict, in order; a flag's `_` reads as `-`, as vLLM's parser does. A JSON that is no object is vLLM's to
+    refuse at start: nothing here."""
+    conf: dict[str, Any] = {}
+    for i, part in enumerate(argv):
+        flag, eq, inline = part.partition("=")
+        name = flag.replace("_", "-")
+        if not name.startswith(f"--{SPEC_CONFIG}") or (not eq and i + 1 >= len(argv)):
+            continue
+        value = inline if eq else argv[i + 1]
+        key = name.removeprefix(f"--{SPEC_CONFIG}")
+        if not key:
+            whole = _json(value)
+            conf.update(whole if isinstance(whole, dict) else {})
+        elif key.startswith("."):
+            conf[key[1:].replace("-", "_")] = _json(value)
+    return conf
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
