@@ -5,15 +5,21 @@ from __future__ import annotations
 import shlex
 from itertools import zip_longest
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
 import fleetgen.cli.app as cli
+from fleetgen.config import EngineConfig, load_job
+from fleetgen.deploy.wanted import Fleet
+from fleetgen.errors import ConfigError
 from fleetgen.fleet.planning import plan_from_file
+from fleetgen.generate.jobshape import output_lengths_of, read_job_shape, tokenizer_dir_of
 from fleetgen.plan import FleetPlan, InstancePlan, Issue
-from fleetgen.plan.types import GIB
+from fleetgen.plan.job import JobShape
+from fleetgen.plan.types import GIB, JobPlan
 
 
 @cli.app.command("plan")
@@ -26,18 +32,59 @@ def plan(
         min=1,
         help="Solve for the flags giving N concurrent requests per instance.",
     ),
+    job_file: Annotated[
+        Path | None,
+        typer.Option("--job", help="Plan for this job file (max_tokens, samples) over --input."),
+    ] = None,
+    input_path: Annotated[
+        Path | None,
+        typer.Option("--input", help="The job's input (JSONL, Parquet, datasets folder): prompts measured."),
+    ] = None,
+    output_lengths: str | None = typer.Option(
+        None,
+        "--output-lengths",
+        help="Expected output lengths: an earlier run's folder, or mean=1800,min=300,max=6000 "
+        "(default: max_tokens, the ceiling).",
+    ),
     as_json: bool = cli.flag("json", 'Print {"instances": [...]} as JSON.'),
 ) -> None:
-    """Plan GPU memory and flags per instance. Exit code 2 when an instance does not fit or a rule fails."""
-    result = cli.run_on(
-        fleet, lambda loaded: plan_from_file(loaded.file, loaded.path, offline=offline, target=target)
-    )
+    """Plan GPU memory and flags per instance. Exit code 2 when an instance does not fit or a rule fails.
+
+    With --job and --input, plan for that job: how many of its requests each instance runs, what bounds them,
+    and the engine's throughput settings ranked (`fleetgen tune` measures them)."""
+
+    async def work(loaded: Fleet) -> FleetPlan:
+        job = None
+        if job_file is not None or input_path is not None:
+            job = read_job_shape_for(loaded.file.engine, loaded.path, job_file, input_path, output_lengths)
+        return await plan_from_file(loaded.file, loaded.path, offline=offline, target=target, job=job)
+
+    result = cli.run_on(fleet, work)
     if as_json:
         cli.print_json(result.to_json())
     else:
         _render(result)
     if not result.fits:
         cli.exit_with(2)
+
+
+def read_job_shape_for(
+    engine: EngineConfig,
+    fleet_path: Path,
+    job_file: Path | None,
+    input_path: Path | None,
+    lengths: str | None,
+) -> JobShape:
+    """The job's shape from `--job` and `--input` (both needed), counted with the model's tokenizer where
+    `engine.model_config` holds one."""
+    if job_file is None or input_path is None:
+        raise ConfigError("planning for a job needs both --job JOB_FILE and --input INPUT", fix="give both")
+    return read_job_shape(
+        load_job(job_file),
+        input_path,
+        tokenizer_dir=tokenizer_dir_of(engine, fleet_path),
+        output_lengths=output_lengths_of(lengths) if lengths else None,
+    )
 
 
 def _gib(n: int) -> str:
@@ -105,10 +152,24 @@ def _render_group(group: list[InstancePlan]) -> None:
         soft_wrap=True,
     )
     _issues(p.errors, p.warnings)
+    if p.job is not None:
+        cli.console.print(_job_table(p.job))
     for rank, fix in enumerate(p.fixes, 1):
         cli.console.print(f"  [green]fix {rank}[/] (cost {fix.cost}): {escape(fix.change)}", highlight=False)
     verdict = "[green]fits[/]" if p.fits else "[bold red]does not fit / refused[/]"
     cli.console.print(f"  verdict: {verdict}\n")
+
+
+def _job_table(job: JobPlan) -> Table:
+    """The settings for the job, the user's first: running requests planned, what bounds them, memory used."""
+    table = cli.table(
+        "setting|running|bound by|memory used|change", title="for this job", title_justify="left"
+    )
+    for s in job.settings:
+        note = f" [yellow](changes numerics: {escape(s.numerics)})[/]" if s.numerics else ""
+        used = f"{s.used_share:.0%}"
+        table.add_row(escape(s.name), str(s.running), escape(s.bound), used, escape(s.change or "—") + note)
+    return table
 
 
 def _render(result: FleetPlan) -> None:

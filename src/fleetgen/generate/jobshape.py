@@ -27,13 +27,20 @@ from pathlib import Path
 import orjson
 from tokenizers import Tokenizer
 
-from fleetgen.config import JobFile
+from fleetgen.config import EngineConfig, JobFile
 from fleetgen.errors import InputError, JobError
 from fleetgen.generate.diagnose import FAIL_FAST, all_bad
 from fleetgen.generate.source import read_records
 from fleetgen.generate.store import Store
 from fleetgen.generate.work import BadInput, Message, Record, RecordShape, text_of
-from fleetgen.plan.job import EmpiricalLengths, JobShape, LengthStats, OutputLengths, expected_output
+from fleetgen.plan.job import (
+    EmpiricalLengths,
+    JobShape,
+    LengthStats,
+    LogNormalLengths,
+    OutputLengths,
+    expected_output,
+)
 
 # The chat template's frame, in tokens: ChatML's `<|im_start|>role\n … <|im_end|>\n` and Llama 3's
 # `<|start_header_id|>role<|end_header_id|>\n\n … <|eot_id|>` are 5 a message; the reply's opening
@@ -234,3 +241,19 @@ def output_lengths_from_store(folder: Path) -> EmpiricalLengths:
             "mean=…,min=…,max=…",
         )
     return EmpiricalLengths(tuple(lengths), f"{len(lengths):,} completions in {folder}")
+
+
+def output_lengths_of(given: str) -> OutputLengths:
+    """`--output-lengths`: an earlier run's output folder (its completions' lengths), else a spec such as
+    `mean=1800,min=300,max=6000`."""
+    path = Path(given).expanduser()
+    return output_lengths_from_store(path) if path.is_dir() else LogNormalLengths.parse(given)
+
+
+def tokenizer_dir_of(engine: EngineConfig, fleet_path: Path) -> Path | None:
+    """Where the model's own tokenizer is readable here: `engine.model_config` (relative to the fleet file)
+    when it holds tokenizer.json; else none, and prompt tokens are estimated (the shape says so)."""
+    if engine.model_config_dir is None:
+        return None
+    folder = (fleet_path.parent / Path(engine.model_config_dir).expanduser()).resolve()
+    return folder if (folder / "tokenizer.json").is_file() else None

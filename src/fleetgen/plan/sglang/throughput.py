@@ -184,6 +184,7 @@ def _change_text(ask: Ask, pool: Mapping[str, Any], n: int, ctx: int) -> str:
     graph = _graph_flag(ask)
     if graph in pool:
         parts.append(f"--{graph} {pool[graph]}")
+    text = " ".join(parts)
     if any(k in ask.args for k in HICACHE_FLAGS):
-        parts.append("no hierarchical cache (it needs the radix cache)")
-    return " ".join(parts)
+        text += ", no hierarchical cache (it needs the radix cache)"
+    return text
