@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -25,7 +26,7 @@ from fleetgen.plan.types import GIB, MIB, Ask
 MODELS = Path(__file__).resolve().parents[1] / "data" / "models"
 QWEN = load_model_shape(MODELS / "qwen3.6-27b")
 SGLANG = planner_of("sglang")
-MTP = {
+MTP: dict[str, Any] = {
     "speculative-algorithm": "EAGLE",
     "speculative-num-steps": 3,
     "speculative-eagle-topk": 1,
@@ -54,15 +55,20 @@ def job(prompt: int = 250, output: int = 1800, max_tokens: int = 6000, shared: f
     )
 
 
-def ask(version: str = "0.5.15", total: int = H200_TOTAL, free: int = H200_FREE, **args: object) -> Ask:
+def ask(
+    version: str = "0.5.15",
+    total: int = H200_TOTAL,
+    free: int = H200_FREE,
+    args: dict[str, Any] | None = None,
+) -> Ask:
     rules, _ = select_rule_set(get_engine("sglang").rule_sets, version)
-    return Ask(dict(args), {}, 1, free, total, rules, QWEN)
+    return Ask(dict(args or {}), {}, 1, free, total, rules, QWEN)
 
 
 def test_the_h200_defaults_are_capped_by_the_mamba_pool_and_the_job_settings_lift_them() -> None:
     """The fleet file of the H200 runs: 44 running (engine: 44), bound by the Mamba pool ÷ 5; radix off sizes
     the pool for the job: 253 fit its KV per request (the engine admitted exactly the 256 it was given)."""
-    a = ask(**{"mem-fraction-static": 0.85, "context-length": 8192})
+    a = ask(args={"mem-fraction-static": 0.85, "context-length": 8192})
     planned = plan_job(SGLANG, a, SGLANG.size(a), job())
     mine = planned.as_written
     assert (mine.running, "Mamba pool" in mine.bound, "ρ 5" in mine.bound) == (44, True, True)
@@ -75,7 +81,7 @@ def test_the_h200_defaults_are_capped_by_the_mamba_pool_and_the_job_settings_lif
 def test_the_planned_kv_pool_at_256_running_is_within_5_percent_of_the_engines() -> None:
     """SGLang 0.5.15 on the H200 with radix off and 256 running reported 494,850 KV tokens (grid log)."""
     args = {"mem-fraction-static": 0.85, "context-length": 8192, "disable-radix-cache": True}
-    a = ask(**args, **{"max-running-requests": 256, "mamba-radix-cache-strategy": "no_buffer"})
+    a = ask(args={**args, "max-running-requests": 256, "mamba-radix-cache-strategy": "no_buffer"})
     m = SGLANG.size(a).memory
     assert m.max_running_requests == 256 and SGLangExtras.of(m).mamba_slots == 256
     assert abs(m.kv_tokens - 494_850) / 494_850 < 0.05
@@ -95,7 +101,7 @@ def test_no_offered_setting_plans_more_than_the_gpu_holds(
     """Every setting starts under the engine's own arithmetic, runs no more than it admits, and its running
     requests' state and KV fit what the budget leaves after the weights."""
     j = job(prompt, output, max_tokens=max(output, 64))
-    a = ask(version, total=gib * GIB, free=gib * GIB - GIB, **(MTP if spec else {}))
+    a = ask(version, total=gib * GIB, free=gib * GIB - GIB, args=MTP if spec else {})
     planned = plan_job(SGLANG, a, SGLANG.size(a), j)
     assert len(planned.settings) > 1 or gib < 96 or spec  # the radix-off settings fit a 96 GB GPU and up
     for s in planned.settings[1:]:
@@ -114,7 +120,7 @@ def test_no_offered_setting_plans_more_than_the_gpu_holds(
 def test_the_best_runs_at_least_the_users_own_and_never_changes_the_numbers(
     prompt: int, output: int, spec: bool
 ) -> None:
-    a = ask(**(MTP if spec else {}))
+    a = ask(args=MTP if spec else {})
     planned = plan_job(SGLANG, a, SGLANG.size(a), job(prompt, output, max_tokens=max(output, 64)))
     assert planned.best.running >= planned.as_written.running
     assert not planned.best.numerics
@@ -141,7 +147,7 @@ def test_the_replayed_ssm_decode_is_offered_from_the_release_that_has_it() -> No
 
 def test_speculative_decoding_is_offered_the_other_way() -> None:
     """A spec fleet is shown what no spec yields (MTP is memory-bound at the job's batch), and back."""
-    with_spec = ask(**MTP)
+    with_spec = ask(args=MTP)
     nospec = [
         s for s in plan_job(SGLANG, with_spec, SGLANG.size(with_spec), job()).settings if "nospec" in s.name
     ]
@@ -153,7 +159,7 @@ def test_speculative_decoding_is_offered_the_other_way() -> None:
 
 
 def test_the_hierarchical_cache_goes_with_the_radix_cache() -> None:
-    a = ask(**{"enable-hierarchical-cache": True, "hicache-ratio": 2})
+    a = ask(args={"enable-hierarchical-cache": True, "hicache-ratio": 2})
     for s in plan_job(SGLANG, a, SGLANG.size(a), job()).settings[1:]:
         assert "enable-hierarchical-cache" not in s.args and "hicache-ratio" not in s.args
         assert "no hierarchical cache" in s.change
