@@ -7,6 +7,8 @@ from __future__ import annotations
 import gzip
 import itertools
 import math
+import random
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +27,11 @@ from fleetgen.generate.jobshape import (
     REPLY_OPENING_TOKENS,
     output_lengths_from_store,
     read_job_shape,
+    scan,
     shared_prefix_tokens,
 )
 from fleetgen.generate.store import Batch, ResultRow, Store
+from fleetgen.generate.work import Record
 from fleetgen.plan.job import LogNormalLengths
 from tests.fixtures.vllm import default_tiny_model_dir
 from tests.unit.test_generate_job import new_job, write_jsonl
@@ -276,3 +280,14 @@ async def test_output_lengths_of_a_real_run(tmp_path: Path) -> None:
     async with serve(StandIn()) as server:
         await new_job(tmp_path, prompts, [server.url]).run()
     assert output_lengths_from_store(tmp_path / "out").values == (5, 5, 5)
+
+
+def test_the_sample_is_uniform_over_the_input() -> None:
+    """Reservoir sampling: every record as likely to be drawn, the first as the last (the mean position of
+    200 drawn of 2,000 is the input's middle, within 4 standard errors; seeded, so reproducible)."""
+    items = [Record(str(i), "in", i, 0, [[{"role": "user", "content": "x" * (i % 97)}]]) for i in range(2000)]
+    seen = scan(items, 200, random.Random(11))
+    positions = [record.line for record in seen.sampled]
+    assert len(set(positions)) == 200 and seen.num_read == 2000
+    assert abs(statistics.fmean(positions) - 999.5) < 4 * 577 / math.sqrt(200)
+    assert sorted(length for length, _, _ in seen.longest) == [96] * 8  # the longest texts kept

@@ -93,6 +93,15 @@ def test_the_issues_job_spec_reads_as_asked() -> None:
     assert statistics.median(draws) == pytest.approx(spec.stats.p50, rel=0.02)
 
 
+@pytest.mark.parametrize("mean", [310, 5800])
+def test_a_mean_near_either_end_is_reached_counting_from_that_tail(mean: int) -> None:
+    """A job whose outputs mostly sit at the range's short (or long) end: the location is found far out, and
+    draws there (probabilities near 0 or 1) still have the asked mean."""
+    spec = LogNormalLengths.parse(f"mean={mean},min=300,max=6000")
+    rng = random.Random(5)
+    assert statistics.fmean(spec.sample(rng) for _ in range(20_000)) == pytest.approx(mean, rel=0.01)
+
+
 @pytest.mark.parametrize(
     ("spec", "named"),
     [
