@@ -192,7 +192,10 @@ async def test_fleet_down_stops_instead_of_burning_the_dataset(tmp_path: Path) -
         with pytest.raises(FleetDown) as err:
             await new_job(tmp_path, prompts, [a.url]).run()
     assert "in a row" in err.value.message or "healthy" in err.value.message
-    assert rows(tmp_path / "out", "SELECT COUNT(*) FROM errors")[0][0] < 200
+    # An error row costs max_retries + 1 failed attempts, every one counted in the fleet-wide streak that
+    # stops the job; at most `concurrency` requests are in flight when it trips: that many rows and no more.
+    budget = FAST.max_consecutive_failures + options(tmp_path, prompts).concurrency
+    assert rows(tmp_path / "out", "SELECT COUNT(*) FROM errors")[0][0] <= budget // (FAST.max_retries + 1)
 
 
 async def test_changed_params_are_refused_unless_forced(tmp_path: Path) -> None:
@@ -264,8 +267,8 @@ async def test_bad_input_lines_become_rows_and_the_run_goes_on(tmp_path: Path) -
         (2, "malformed JSON"),
         (3, "missing field"),
         (4, "empty messages"),
-        (5, "duplicate id 'a' (first"),
-    ] or [line for _, line, _ in bad] == [2, 3, 4, 5]
+        (5, "duplicate id 'a'"),
+    ]
     assert all(src.endswith("p.jsonl") for src, _, _ in bad)
     assert sorted(r[0] for r in rows(tmp_path / "out")) == ["a", "d"]
     assert summary.bad_inputs == 4 and again.bad_inputs == 4  # rerun: no duplicate bad rows
