@@ -289,6 +289,35 @@ async def test_graceful_stop_then_resume_gives_each_key_once(tmp_path: Path) -> 
     assert second.results == 400 and second.completions_this_run == 400 - first.results
     keys = rows(tmp_path / "out")
     assert len(keys) == len(set(keys)) == 400
+    # A graceful stop records every answer it waited for: each record was sent once, in one run or the other.
+    assert len(a.bodies) == 400 and set(a.seen.values()) == {1}
+
+
+async def test_resume_sends_only_what_the_store_lacks(tmp_path: Path) -> None:
+    """The first record hangs; the rest are answered or refused (400: an error row) and committed past the
+    resume position, which cannot pass the hung line. The run is abandoned (a second Ctrl-C), the server
+    comes back healthy, and the resumed run sends the hung record and nothing else: results and error rows
+    are both done work (only --retry-errors re-sends the latter)."""
+    lines = [{"id": "r0", "prompt": "q0 [[sim:hang]]"}]
+    lines += [
+        {"id": f"r{i}", "prompt": f"q{i}" + (" [[sim:status=400]]" if i % 5 == 0 else "")}
+        for i in range(1, 30)
+    ]
+    prompts = write_jsonl(tmp_path / "p.jsonl", lines)
+    async with serve(StandIn()) as hanging:
+        job = new_job(tmp_path, prompts, [hanging.url])
+
+        def abandon_once_the_rest_is_stored(progress: Progress) -> None:
+            if progress.done == len(lines) - 1:
+                job.stop()
+                job.stop()
+
+        first = await job.run(abandon_once_the_rest_is_stored)
+    assert first.status == "stopped" and (first.results, first.errors) == (24, 5)
+    async with serve(StandIn(can_hang=False)) as healthy:
+        second = await new_job(tmp_path, prompts, [healthy.url]).run()
+    assert list(healthy.seen.elements()) == ["q0 [[sim:hang]]"]
+    assert second.status == "complete" and (second.results, second.errors) == (25, 5)
 
 
 async def test_retry_errors_reruns_only_error_rows(tmp_path: Path) -> None:
