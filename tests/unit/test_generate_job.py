@@ -186,6 +186,17 @@ async def test_hung_endpoint_in_flight_requests_move_elsewhere(tmp_path: Path) -
     assert {r[0] for r in rows(tmp_path / "out", "SELECT instance FROM results")} == {"s0"}
 
 
+@pytest.mark.parametrize("num_records", [2, 5, 7])
+async def test_each_request_goes_to_the_least_busy_server(tmp_path: Path, num_records: int) -> None:
+    """Fewer records than free slots: least-outstanding dispatch spreads them, no server gets two more than
+    another (a busiest-first pick would pile them on the first server until its cap)."""
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"q{i}"} for i in range(num_records)])
+    async with serve(StandIn()) as a, serve(StandIn()) as b, serve(StandIn()) as c:
+        await new_job(tmp_path, prompts, [a.url, b.url, c.url], concurrency=4).run()
+    per_server = [len(server.bodies) for server in (a, b, c)]
+    assert sum(per_server) == num_records and max(per_server) - min(per_server) <= 1, per_server
+
+
 async def test_fleet_down_stops_instead_of_burning_the_dataset(tmp_path: Path) -> None:
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"q{i}"} for i in range(200)])
     async with serve(StandIn(reject_all_with=500)) as a:
