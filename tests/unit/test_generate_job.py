@@ -18,6 +18,7 @@ from fleetgen.errors import FleetDown, ParamsMismatch, RequestRejected
 from fleetgen.generate.progress import Progress
 from fleetgen.generate.runner import FleetHooks, Job
 from fleetgen.generate.work import JobOptions, RetryPolicy, SamplingParams
+from tests.fixtures import until
 from tests.unit.test_generate_standin import StandIn, serve
 
 FAST = RetryPolicy(
@@ -379,7 +380,7 @@ async def test_stop_before_start_writes_nothing_half(tmp_path: Path) -> None:
     async with serve(StandIn()) as a:
         job = new_job(tmp_path, prompts, [a.url])
         task = asyncio.create_task(job.run())
-        await asyncio.sleep(0.3)
+        await until(lambda: bool(a.bodies), timeout_s=10)  # the request hangs on the server
         job.stop()
         job.stop()  # second Ctrl-C: abandon the hung request
         summary = await asyncio.wait_for(task, 10)
