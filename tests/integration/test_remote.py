@@ -209,7 +209,7 @@ async def test_tail_and_follow(host: Host, tmp_path: Path) -> None:
     assert await host.tail(str(log), 1) == "old 2\n"
     lines = host.follow(str(log), poll_s=0.1)
     first = asyncio.ensure_future(anext(lines))
-    written = []
+    written: list[str] = []
     async with asyncio.timeout(20):  # tail reports only what is appended once it runs: append until it does
         while not first.done():
             written.append(f"new {len(written) + 3}")
