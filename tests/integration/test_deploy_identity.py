@@ -152,15 +152,19 @@ async def test_port_held_before_up_names_the_holder(ssh_hosts: list[SshdHost], t
         await down(Fleet.load(fleet))
 
 
-async def test_a_child_holding_the_socket_counts_as_the_started_process(
-    ssh_hosts: list[SshdHost], tmp_path: Path
+@pytest.mark.parametrize("depth", [1, 2], ids=["child", "grandchild"])
+async def test_a_descendant_holding_the_socket_counts_as_the_started_process(
+    ssh_hosts: list[SshdHost], tmp_path: Path, depth: int
 ) -> None:
-    """An engine may serve HTTP from a child; the parent's /proc/PID/stat `comm` may hold `) ` and spaces."""
+    """An engine may serve HTTP from a child, or a child of a child (a launcher that starts a server that
+    forks its HTTP worker); the started process's /proc/PID/stat `comm` may hold `) ` and spaces."""
     weird = tmp_path / "x) S 1 (y"  # a comm that fools a naive split of /proc/PID/stat
     weird.symlink_to(sys.executable)
     child = "import socket, sys; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
     child += "print(s.getsockname()[1], flush=True); sys.stdin.read()"
-    parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])"
+    parent = child
+    for _ in range(depth):
+        parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {parent!r}])"
     proc = await asyncio.create_subprocess_exec(
         str(weird), "-c", parent, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True
     )
@@ -171,7 +175,10 @@ async def test_a_child_holding_the_socket_counts_as_the_started_process(
             owners = await port_owners(host, port)
         [listener] = owners.listeners
         [holder] = listener.holders
-        assert owners.parents[holder] == proc.pid and holder in owners.family_of(proc.pid)
+        ancestor = holder
+        for _ in range(depth):
+            ancestor = owners.parents[ancestor]
+        assert ancestor == proc.pid  # the holder is the started process's child (or grandchild)
         assert stranger_problem(owners, proc.pid, "127.0.0.1") == ""
         other = stranger_problem(owners, holder + 10**6, "127.0.0.1")  # a PID that is not its ancestor
         assert f"held by pid {holder} (" in other and "s.getsockname()" in other

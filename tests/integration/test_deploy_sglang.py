@@ -15,7 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import aiohttp
@@ -30,6 +30,7 @@ from fleetgen.fleet.status import Readiness, fleet_status
 from fleetgen.modelcard import load_model_shape
 from fleetgen.plan import facts_from_file, plan_fleet
 from fleetgen.remote import open_host
+from tests.fixtures import until
 from tests.fixtures.sshd import SshdHost
 from tests.integration.test_deploy_support import ArgValue, log_files, write_fleet
 
@@ -73,15 +74,6 @@ def sim_fleet(
         args={**SPEC, **(args or {})},
         env={"SIM_MARK": "a", **(env or {})},
     )
-
-
-async def _until(condition: Callable[[], bool], *, timeout_s: float) -> None:
-    """Wait (bounded) for something a server does on its own clock."""
-    async with asyncio.timeout(timeout_s):
-        while True:
-            if condition():
-                return
-            await asyncio.sleep(0.2)
 
 
 def _logged(log: Path, text: str) -> bool:
@@ -130,7 +122,7 @@ async def test_two_hosts_two_instances_come_up_in_parallel_verified(
         # verify request's period, up to a second after it: status is read after that, not in the race.
         for out, host in zip(sorted(outs, key=lambda o: o.instance), [0, 0, 1, 1], strict=True):
             log = ssh_hosts[host].workdir / tmp_path.name / out.instance / "logs" / "current.log"
-            await _until(functools.partial(_logged, log, "accept len:"), timeout_s=30)
+            await until(functools.partial(_logged, log, "accept len:"), timeout_s=30)
         done = await asyncio.to_thread(
             subprocess.run,
             [FLEETGEN, "status", "--json", "-f", str(fleet)],

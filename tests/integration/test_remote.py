@@ -65,21 +65,22 @@ async def test_run_timeout_is_an_error_not_a_hang(host: Host) -> None:
     assert (await host.run(["echo", "still usable"])).stdout == "still usable\n"
 
 
-async def test_a_cancel_that_lands_as_a_local_command_ends_is_never_lost() -> None:
+async def test_a_cancel_that_lands_as_a_local_command_ends_is_never_lost(tmp_path: Path) -> None:
     """A task cancelled (a job's end cancels its probes and restarts) just as its command has finished
     must still end: a lost cancel (Python 3.11's asyncio.wait_for returns the result instead) leaves a
     probe looping and `fleetgen run` never exits."""
-
-    def reads(task: asyncio.Task[object]) -> bool:
-        return "Process._read_stream" in repr(task.get_coro())  # asyncio's reader of a child's output
-
     async with LocalHost("here") as host:
-        for _ in range(20):
-            run = asyncio.create_task(host.run(["true"]))
+        for k in range(20):
+            ended = tmp_path / f"ended-{k}"  # the command's last act: it has run once this exists
+            before = asyncio.all_tasks()
+            run = asyncio.create_task(host.run(["sh", "-c", f"exec touch '{ended}'"]))
             seen: set[asyncio.Task[object]] = set()
-            while not any(reads(t) for t in seen) or not all(t.done() for t in seen):
-                await asyncio.sleep(0)  # until the command's output is read and every task it used is done
-                seen |= asyncio.all_tasks() - {run, asyncio.current_task()}
+            async with asyncio.timeout(30):  # a guard against a hang, not a measure of speed
+                # Until the command ran and every task the run started (asyncio's readers of the child's
+                # output, which end at its exit) has ended: the run is about to return.
+                while not (ended.exists() and seen and all(t.done() for t in seen)):
+                    await asyncio.sleep(0)
+                    seen |= asyncio.all_tasks() - before - {run}
             assert not run.done()
             run.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -208,10 +209,14 @@ async def test_tail_and_follow(host: Host, tmp_path: Path) -> None:
     assert await host.tail(str(log), 1) == "old 2\n"
     lines = host.follow(str(log), poll_s=0.1)
     first = asyncio.ensure_future(anext(lines))
-    await asyncio.sleep(0.5)  # let tail start; it then reports only what is appended
-    with log.open("a") as fh:
-        fh.write("new 3\n")
-    assert await asyncio.wait_for(first, 20) == "new 3"
+    written: list[str] = []
+    async with asyncio.timeout(20):  # tail reports only what is appended once it runs: append until it does
+        while not first.done():
+            written.append(f"new {len(written) + 3}")
+            with log.open("a") as fh:
+                fh.write(written[-1] + "\n")
+            await asyncio.wait({first}, timeout=0.2)
+    assert first.result() in written  # an appended line, never one of the old ones
     await lines.aclose()  # type: ignore[attr-defined]
     with pytest.raises(CommandError, match="cannot read"):
         await host.tail(str(tmp_path / "missing.log"))

@@ -17,14 +17,15 @@ from tests.fixtures.sshd import SshdHost, free_port
 
 
 async def test_spawned_process_survives_its_connection_and_is_found_again(
-    ssh_hosts: list[SshdHost], tmp_path: Path
+    sshd_factory: Callable[[str], SshdHost], tmp_path: Path
 ) -> None:
-    entry = ssh_hosts[2].entry()
+    server = sshd_factory("spawn")  # its own: dropping a session host's connections cuts other tests'
+    entry = server.entry()
     script, log, pidfile = tmp_path / "svc.sh", tmp_path / "svc-1.log", tmp_path / "svc.pid"
     async with SshHost(entry) as first:
         await first.put(str(script), b"#!/bin/sh\necho up $$\nexec sleep 600\n", 0o755)
         spawned = await first.spawn(str(script), str(log), str(pidfile), cwd=str(tmp_path))
-    ssh_hosts[2].drop_connections()  # and the sshd session process is gone too
+    server.drop_connections()  # and the sshd session process is gone too
 
     async with SshHost(entry) as second:
         pid = int((await second.read(str(pidfile))).decode())

@@ -16,7 +16,7 @@ import re
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,11 +64,18 @@ def read_meta(out: Path) -> dict[str, Any]:
 @pytest.fixture
 async def fleet(ssh_hosts: list[SshdHost], tmp_path: Path) -> AsyncIterator[Path]:
     """2 hosts × 2 instances of fleetgen.sim, up (verified) through `fleetgen up`; down afterwards."""
+    async with fleet_up(ssh_hosts[:2], tmp_path) as path:
+        yield path
+
+
+@contextlib.asynccontextmanager
+async def fleet_up(hosts: list[SshdHost], tmp_path: Path) -> AsyncIterator[Path]:
+    """Two instances of fleetgen.sim on each of `hosts`, up through `fleetgen up`; down afterwards."""
     model = tmp_path / "model"
     model.mkdir()
     path = write_fleet(
         tmp_path / "fleet.toml",
-        ssh_hosts[:2],
+        hosts,
         kind="sglang",
         python=sys.executable,
         model=str(model),
@@ -254,22 +261,27 @@ async def test_no_instance_ready_waits_then_fails_naming_each_problem(fleet: Pat
 
 
 async def test_a_host_whose_ssh_went_away_comes_back_into_the_job(
-    fleet: Path, ssh_hosts: list[SshdHost], tmp_path: Path
+    ssh_hosts: list[SshdHost], sshd_factory: Callable[[str], SshdHost], tmp_path: Path
 ) -> None:
     """h0's sshd goes away mid-job (its connections drop, reconnects are refused until the tunnels' own
     reconnect gives up); the job goes on with h1. Once sshd is back, the job's probes reconnect h0, its
-    tunnels re-open on the same local ports, and h0's instances get rows again."""
+    tunnels re-open on the same local ports, and h0's instances get rows again. h0 is this test's own
+    sshd: stopping a session host would cut every other test's connections to it."""
     prompts = write_prompts(tmp_path / "p.jsonl", 200)
     out = tmp_path / "out"
-    async with fleetgen(
-        "run", str(prompts), "-o", str(out), "-f", str(fleet), "--concurrency", "2", *RUN_FLAGS
-    ) as proc:
+    h0 = sshd_factory("h0")
+    async with (
+        fleet_up([h0, ssh_hosts[1]], tmp_path) as fleet,
+        fleetgen(
+            "run", str(prompts), "-o", str(out), "-f", str(fleet), "--concurrency", "2", *RUN_FLAGS
+        ) as proc,
+    ):
         await asyncio.wait_for(wait_for_rows(out, 20, proc), 120)
-        await asyncio.to_thread(ssh_hosts[0].stop)
+        await asyncio.to_thread(h0.stop)
         try:
             await asyncio.wait_for(wait_for_rows(out, 60, proc), 120)  # on h1 alone meanwhile
         finally:
-            await asyncio.to_thread(ssh_hosts[0].start)
+            await asyncio.to_thread(h0.start)
         back_at = time.time()
         stdout, stderr = await finish(proc)
     assert proc.returncode == 0, stderr.decode()

@@ -20,13 +20,15 @@ import sqlite3
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import pyarrow.parquet as pq
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from fleetgen.config import JobFile
 from fleetgen.generate.runner import FleetHooks, Job
@@ -97,6 +99,38 @@ def _num_rows(out: Path) -> int:
         return 0
 
 
+def _turns_stored(out: Path) -> int:
+    """The requests the stored rows answered: one per turn of each row (a multi-turn record is several)."""
+    try:
+        return int(query(out, "SELECT IFNULL(SUM(num_turns), 0) FROM results")[0][0])
+    except sqlite3.OperationalError:  # killed before the store had its tables
+        return 0
+
+
+def _answered(servers: list[VllmServer]) -> int:
+    """Chat requests the servers answered (vLLM's `request_success` for `stop` and `length`: not the ones
+    aborted by a killed client), read once neither has a request running or waiting: a killed driver's last
+    requests are answered or aborted before the count is taken."""
+    deadline = time.monotonic() + 120
+    while True:
+        answered, busy = 0.0, 0.0
+        for server in servers:
+            with urllib.request.urlopen(f"{server.base_url}/metrics", timeout=10) as response:
+                text = response.read().decode()
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    if sample.name == "vllm:request_success_total" and sample.labels.get(
+                        "finished_reason"
+                    ) in ("stop", "length"):
+                        answered += sample.value
+                    elif sample.name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+                        busy += sample.value
+        if not busy:
+            return int(answered)
+        assert time.monotonic() < deadline, f"the servers still run {busy} requests of a killed driver"
+        time.sleep(0.2)
+
+
 def _kill_at_a_random_moment(proc: subprocess.Popen[bytes], out: Path, rng: random.Random) -> bool:
     """SIGKILL the driver once it has stored a random 1–20 more rows, or after a random 1–4 s (start-up and
     resume included), whichever comes first. Tying the moment to progress, not only to the clock, keeps the
@@ -115,21 +149,34 @@ def _kill_at_a_random_moment(proc: subprocess.Popen[bytes], out: Path, rng: rand
     return False
 
 
+class KilledJob(NamedTuple):
+    """The killed-and-rerun job: its folder, the kills, the rows stored after each, and what the run that
+    completed it asked of the servers (requests answered) against what it added to the store (turns)."""
+
+    out: Path
+    kills: int
+    rows_after_kill: list[int]
+    answered_last_run: int
+    turns_added_last_run: int
+
+
 @pytest.fixture(scope="module")
 def killed_job(
     vllm_server: VllmServer,
     second_server: VllmServer,
     job_inputs: tuple[Path, Path],
     tmp_path_factory: pytest.TempPathFactory,
-) -> tuple[Path, int, list[int]]:
+) -> KilledJob:
     """Run the job with the driver SIGKILLed ≥ 10 times at random moments; rerun until it completes."""
     prompts, job = job_inputs
     out = tmp_path_factory.mktemp("killed") / "out"
-    argv = driver_argv(prompts, out, [vllm_server.base_url, second_server.base_url], job)
+    servers = [vllm_server, second_server]
+    argv = driver_argv(prompts, out, [s.base_url for s in servers], job)
     seed = int(time.time())
     rng = random.Random(seed)
     kills, rows_after_kill = 0, []
     for _ in range(100):
+        answered_before, turns_before = _answered(servers), _turns_stored(out)
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         if kills < MIN_KILLS and _kill_at_a_random_moment(proc, out, rng):
             kills += 1
@@ -138,16 +185,20 @@ def killed_job(
         _, stderr = proc.communicate(timeout=600)
         assert proc.returncode == 0, f"seed {seed}: driver failed:\n{stderr.decode()[-3000:]}"
         assert kills >= MIN_KILLS, f"seed {seed}: the job finished after only {kills} kills"
-        return out, kills, rows_after_kill
+        answered = _answered(servers) - answered_before
+        return KilledJob(out, kills, rows_after_kill, answered, _turns_stored(out) - turns_before)
     pytest.fail(f"seed {seed}: the job did not complete")
 
 
-def test_exactly_once_after_repeated_sigkill(killed_job: tuple[Path, int, list[int]]) -> None:
-    out, kills, rows_after_kill = killed_job
+def test_exactly_once_after_repeated_sigkill(killed_job: KilledJob) -> None:
+    out, kills, rows_after_kill = killed_job.out, killed_job.kills, killed_job.rows_after_kill
     assert kills >= MIN_KILLS
     assert rows_after_kill == sorted(rows_after_kill)  # committed rows survive every kill
     keys = query(out, "SELECT id, sample FROM results")
-    assert len(keys) == len(set(keys)) == NUM_RECORDS  # 0 duplicates, 0 lost
+    assert len(keys) == len(set(keys)) == NUM_RECORDS  # none lost (the schema keeps keys unique)
+    # Done work is not sent again: every request the completing run had answered became a turn of a row
+    # the store lacked (a re-sent record would be answered and upserted over itself, adding no turn).
+    assert killed_job.answered_last_run == killed_job.turns_added_last_run
     assert query(out, "SELECT COUNT(*) FROM errors") == [(0,)]
     torn = query(
         out,
@@ -160,8 +211,8 @@ def test_exactly_once_after_repeated_sigkill(killed_job: tuple[Path, int, list[i
     assert len({r[0] for r in query(out, "SELECT DISTINCT instance FROM results")}) == 2
 
 
-def test_malformed_lines_become_error_rows(killed_job: tuple[Path, int, list[int]]) -> None:
-    out = killed_job[0]
+def test_malformed_lines_become_error_rows(killed_job: KilledJob) -> None:
+    out = killed_job.out
     bad = query(out, "SELECT source, line, reason FROM inputs_bad ORDER BY line")
     assert [(line, reason.split(":")[0]) for _, line, reason in bad] == [
         (101, "malformed JSON"),
@@ -171,8 +222,8 @@ def test_malformed_lines_become_error_rows(killed_job: tuple[Path, int, list[int
     assert all(source.endswith("prompts.jsonl") for source, _, _ in bad)
 
 
-def test_multi_turn_regenerated_in_order(killed_job: tuple[Path, int, list[int]]) -> None:
-    out = killed_job[0]
+def test_multi_turn_regenerated_in_order(killed_job: KilledJob) -> None:
+    out = killed_job.out
     rows = query(out, "SELECT prompt, turns, num_turns, content FROM results WHERE id LIKE 'mt%'")
     assert len(rows) == NUM_MULTI_TURN
     for prompt, turns, num_turns, content in rows:
@@ -182,10 +233,8 @@ def test_multi_turn_regenerated_in_order(killed_job: tuple[Path, int, list[int]]
         assert all(a["completion_tokens"] for a in answers)
 
 
-def test_exports_read_back_with_pyarrow_and_datasets(
-    killed_job: tuple[Path, int, list[int]], tmp_path: Path
-) -> None:
-    out = killed_job[0]
+def test_exports_read_back_with_pyarrow_and_datasets(killed_job: KilledJob, tmp_path: Path) -> None:
+    out = killed_job.out
     parquet, jsonl, sharegpt = tmp_path / "r.parquet", tmp_path / "r.jsonl", tmp_path / "sg.jsonl"
     cli = [sys.executable, "-c", "from fleetgen.cli import main; main()", "export", str(out)]
     # sharegpt with the reasoning inline: vLLM's qwen3 parser finds no <think> in the tiny model's output (the

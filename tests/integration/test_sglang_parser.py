@@ -1,9 +1,9 @@
-"""SGLang 0.5.23's OWN code against fleetgen's plan (opt-in: marker `sglang`).
+"""SGLang 0.5.23's OWN code against fleetgen's plan (marker `sglang`).
 
 Needs a python with SGLang 0.5.23 installed (`pip install --no-deps` the wheel + the modules its server_args
 imports, see real-components.md); point FLEETGEN_SGLANG_PYTHON at it (e.g. /opt/sglang-venv/bin/python).
-Skipped, with the reason, when it is not there. No fake: SGLang's parser and config classes run for real;
-the server itself cannot run here (no GPU, no sgl_kernel).
+Skipped locally, with the reason, when it is not there; a failure under CI (tests/fixtures). No fake:
+SGLang's parser and config classes run for real; the server itself cannot run here (no GPU, no sgl_kernel).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from fleetgen.engines import get_engine
 from fleetgen.fleet.planning import plan_from_file
 from fleetgen.modelcard import load_model_shape
 from fleetgen.plan.sglang.memory import kv_bytes_per_token, state_bytes_per_request
+from tests.fixtures import skip_or_fail
 from tests.unit.test_plan import GPU96, MODELS, MOTIVATING, plan_one
 
 pytestmark = pytest.mark.sglang
@@ -41,12 +42,21 @@ def _sglang_version() -> str:
 
 
 VERSION = _sglang_version()
-# Skipped only when no python is named (scripts/test.sh and CI name one); a named python without SGLang
-# 0.5.23 is a failure, never a silent skip.
-needs_sglang = pytest.mark.skipif(
-    not PYTHON,
-    reason="set FLEETGEN_SGLANG_PYTHON to a python with SGLang 0.5.23 (scripts/install-sglang-parser.sh)",
-)
+
+
+@pytest.fixture
+def sglang_python() -> str:
+    """The python named by FLEETGEN_SGLANG_PYTHON; skipped locally when none is named, a failure under CI
+    (scripts/test.sh names one). A named python without SGLang 0.5.23 is a failure anywhere."""
+    if not PYTHON:
+        skip_or_fail(
+            "SGLang 0.5.23's parser",
+            "set FLEETGEN_SGLANG_PYTHON to a python with it (scripts/install-sglang-parser.sh)",
+        )
+    return PYTHON
+
+
+needs_sglang = pytest.mark.usefixtures("sglang_python")
 
 
 @pytest.fixture(autouse=True)
@@ -131,7 +141,7 @@ def _cross_check(cases: list[dict[str, object]]) -> list[dict[str, object]]:
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith("FLEETGEN_XCHECK ")]
     if not lines:
-        pytest.skip(f"SGLang's config classes did not import here: {done.stderr.strip().splitlines()[-1:]}")
+        skip_or_fail("SGLang's config classes", f"they did not import: {done.stderr.strip()[-2000:]}")
     result: list[dict[str, object]] = json.loads(lines[-1].removeprefix("FLEETGEN_XCHECK "))
     return result
 

@@ -129,9 +129,12 @@ async def test_queue_beyond_max_running_requests(sim_server: SimFactory) -> None
     flags = dict(max_running_requests=2, sim_decode_tps=100, sim_output_tokens=100, enable_metrics=True)
     async with sim_server(**flags) as (url, _):
         tasks = [asyncio.create_task(post_chat(url, user(str(i)))) for i in range(5)]
-        await asyncio.sleep(0.4)
-        loads = await get_json(url, "/v1/loads")
+        async with asyncio.timeout(10):  # until all 5 arrived (each then runs ~1 s): a hang guard only
+            while True:
+                load = (await get_json(url, "/v1/loads"))["loads"][0]
+                if load["num_running_reqs"] + load["num_waiting_reqs"] == 5:
+                    break
+                await asyncio.sleep(0.05)
         results = await asyncio.gather(*tasks)
-    load = loads["loads"][0]
     assert load["num_running_reqs"] == 2 and load["num_waiting_reqs"] == 3
     assert all(status == 200 for status, _ in results)

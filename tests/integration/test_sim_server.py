@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.fixtures import until
 from tests.fixtures.sim import SimFactory, free_port
 
 CHAT = "/v1/chat/completions"
@@ -186,7 +187,7 @@ async def test_spec_reported_after_a_run(sim_server: SimFactory) -> None:
         status, _ = await post_chat(srv.base_url, user("hi"))
         assert status == 200
         after = await get_json(srv.base_url, "/server_info")
-        await asyncio.sleep(1.2)  # one decode-log period
+        await until(lambda: "Decode batch, #running-req: " in srv.log_text(), timeout_s=10)
         log = srv.log_text()
     assert 1.0 < after["internal_states"][0]["avg_spec_accept_length"] <= 4.0
     decode = [line for line in log.splitlines() if "Decode batch, #running-req: " in line]

@@ -24,7 +24,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from fleetgen.generate.export import EMPTY, THINK, export
-from tests.fixtures.vllm import default_tiny_model_dir, is_ci
+from tests.fixtures import skip_or_fail
+from tests.fixtures.vllm import default_tiny_model_dir
 from tests.unit.test_generate_job import new_job, params, write_jsonl
 from tests.unit.test_generate_standin import StandIn, serve
 
@@ -91,9 +92,7 @@ CONVERSATION = st.lists(TURN, min_size=1, max_size=8)
 
 
 def _skip_or_fail(reason: str) -> None:
-    if is_ci():
-        pytest.fail(f"CI=true and SpecForge's own code is missing: {reason}", pytrace=False)
-    pytest.skip(reason)
+    skip_or_fail("SpecForge's own code", reason)
 
 
 @pytest.fixture(scope="module")

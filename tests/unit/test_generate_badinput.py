@@ -177,7 +177,8 @@ async def test_an_export_that_wrote_nothing_exits_non_zero_with_the_reasons(tmp_
 
 
 async def test_parquet_and_datasets_with_the_wrong_column_name_are_named(tmp_path: Path) -> None:
-    datasets = pytest.importorskip("datasets")
+    import datasets  # a dev dependency (pyproject): missing, the test fails; imported here, it is slow
+
     data = {"instruction": [f"q{i}" for i in range(FAIL_FAST + 5)]}
     pq.write_table(pa.table(data), tmp_path / "p.parquet")
     datasets.Dataset.from_dict(data).save_to_disk(str(tmp_path / "ds"))

@@ -89,7 +89,8 @@ async def test_another_split_of_a_content_hash_dataset_is_refused(tmp_path: Path
 
 
 async def test_datasets_folders_and_parquet_with_the_same_mtime_are_other_inputs(tmp_path: Path) -> None:
-    datasets = pytest.importorskip("datasets")
+    import datasets  # a dev dependency (pyproject): missing, the test fails; imported here, it is slow
+
     for i in (1, 2):
         data = {"id": [f"d{k}" for k in range(8)], "prompt": [f"v{i} {k}" for k in range(8)]}
         datasets.Dataset.from_dict(data).save_to_disk(str(tmp_path / f"ds{i}"))

@@ -18,6 +18,7 @@ from fleetgen.errors import FleetDown, ParamsMismatch, RequestRejected
 from fleetgen.generate.progress import Progress
 from fleetgen.generate.runner import FleetHooks, Job
 from fleetgen.generate.work import JobOptions, RetryPolicy, SamplingParams
+from tests.fixtures import until
 from tests.unit.test_generate_standin import StandIn, serve
 
 FAST = RetryPolicy(
@@ -186,13 +187,27 @@ async def test_hung_endpoint_in_flight_requests_move_elsewhere(tmp_path: Path) -
     assert {r[0] for r in rows(tmp_path / "out", "SELECT instance FROM results")} == {"s0"}
 
 
+@pytest.mark.parametrize("num_records", [2, 5, 7])
+async def test_each_request_goes_to_the_least_busy_server(tmp_path: Path, num_records: int) -> None:
+    """Fewer records than free slots: least-outstanding dispatch spreads them, no server gets two more than
+    another (a busiest-first pick would pile them on the first server until its cap)."""
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"q{i}"} for i in range(num_records)])
+    async with serve(StandIn()) as a, serve(StandIn()) as b, serve(StandIn()) as c:
+        await new_job(tmp_path, prompts, [a.url, b.url, c.url], concurrency=4).run()
+    per_server = [len(server.bodies) for server in (a, b, c)]
+    assert sum(per_server) == num_records and max(per_server) - min(per_server) <= 1, per_server
+
+
 async def test_fleet_down_stops_instead_of_burning_the_dataset(tmp_path: Path) -> None:
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"q{i}"} for i in range(200)])
     async with serve(StandIn(reject_all_with=500)) as a:
         with pytest.raises(FleetDown) as err:
             await new_job(tmp_path, prompts, [a.url]).run()
     assert "in a row" in err.value.message or "healthy" in err.value.message
-    assert rows(tmp_path / "out", "SELECT COUNT(*) FROM errors")[0][0] < 200
+    # An error row costs max_retries + 1 failed attempts, every one counted in the fleet-wide streak that
+    # stops the job; at most `concurrency` requests are in flight when it trips: that many rows and no more.
+    budget = FAST.max_consecutive_failures + options(tmp_path, prompts).concurrency
+    assert rows(tmp_path / "out", "SELECT COUNT(*) FROM errors")[0][0] <= budget // (FAST.max_retries + 1)
 
 
 async def test_changed_params_are_refused_unless_forced(tmp_path: Path) -> None:
@@ -264,8 +279,8 @@ async def test_bad_input_lines_become_rows_and_the_run_goes_on(tmp_path: Path) -
         (2, "malformed JSON"),
         (3, "missing field"),
         (4, "empty messages"),
-        (5, "duplicate id 'a' (first"),
-    ] or [line for _, line, _ in bad] == [2, 3, 4, 5]
+        (5, "duplicate id 'a'"),
+    ]
     assert all(src.endswith("p.jsonl") for src, _, _ in bad)
     assert sorted(r[0] for r in rows(tmp_path / "out")) == ["a", "d"]
     assert summary.bad_inputs == 4 and again.bad_inputs == 4  # rerun: no duplicate bad rows
@@ -286,6 +301,35 @@ async def test_graceful_stop_then_resume_gives_each_key_once(tmp_path: Path) -> 
     assert second.results == 400 and second.completions_this_run == 400 - first.results
     keys = rows(tmp_path / "out")
     assert len(keys) == len(set(keys)) == 400
+    # A graceful stop records every answer it waited for: each record was sent once, in one run or the other.
+    assert len(a.bodies) == 400 and set(a.seen.values()) == {1}
+
+
+async def test_resume_sends_only_what_the_store_lacks(tmp_path: Path) -> None:
+    """The first record hangs; the rest are answered or refused (400: an error row) and committed past the
+    resume position, which cannot pass the hung line. The run is abandoned (a second Ctrl-C), the server
+    comes back healthy, and the resumed run sends the hung record and nothing else: results and error rows
+    are both done work (only --retry-errors re-sends the latter)."""
+    lines = [{"id": "r0", "prompt": "q0 [[sim:hang]]"}]
+    lines += [
+        {"id": f"r{i}", "prompt": f"q{i}" + (" [[sim:status=400]]" if i % 5 == 0 else "")}
+        for i in range(1, 30)
+    ]
+    prompts = write_jsonl(tmp_path / "p.jsonl", lines)
+    async with serve(StandIn()) as hanging:
+        job = new_job(tmp_path, prompts, [hanging.url])
+
+        def abandon_once_the_rest_is_stored(progress: Progress) -> None:
+            if progress.done == len(lines) - 1:
+                job.stop()
+                job.stop()
+
+        first = await job.run(abandon_once_the_rest_is_stored)
+    assert first.status == "stopped" and (first.results, first.errors) == (24, 5)
+    async with serve(StandIn(can_hang=False)) as healthy:
+        second = await new_job(tmp_path, prompts, [healthy.url]).run()
+    assert list(healthy.seen.elements()) == ["q0 [[sim:hang]]"]
+    assert second.status == "complete" and (second.results, second.errors) == (25, 5)
 
 
 async def test_retry_errors_reruns_only_error_rows(tmp_path: Path) -> None:
@@ -336,7 +380,7 @@ async def test_stop_before_start_writes_nothing_half(tmp_path: Path) -> None:
     async with serve(StandIn()) as a:
         job = new_job(tmp_path, prompts, [a.url])
         task = asyncio.create_task(job.run())
-        await asyncio.sleep(0.3)
+        await until(lambda: bool(a.bodies), timeout_s=10)  # the request hangs on the server
         job.stop()
         job.stop()  # second Ctrl-C: abandon the hung request
         summary = await asyncio.wait_for(task, 10)

@@ -36,6 +36,7 @@ class StandIn:
     reject_all_with: int | None = None
     delay_s: float = 0.0
     metrics_text: str | None = None  # served at /metrics when set (Prometheus text)
+    can_hang: bool = True  # False: `[[sim:hang]]` is answered (a server restarted healthy)
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -68,7 +69,7 @@ class StandIn:
         marks = parse_marks(user)
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
-        if "hang" in marks:
+        if "hang" in marks and self.can_hang:
             await asyncio.sleep(3600)
         if "status" in marks and self.seen[user] <= int(marks.get("times", "1000000")):
             return web.json_response(

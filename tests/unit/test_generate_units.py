@@ -127,7 +127,8 @@ def test_parquet_and_datasets_folder_stream_with_resume(tmp_path: Path) -> None:
     pq.write_table(table, tmp_path / "in.parquet", row_group_size=1000)
     got = only_records(records(tmp_path / "in.parquet", Position(4998, 0)))
     assert [(r.record_id, r.line) for r in got] == [("p4998", 4999), ("p4999", 5000)]
-    datasets = pytest.importorskip("datasets")
+    import datasets  # a dev dependency (pyproject): missing, the test fails; imported here, it is slow
+
     datasets.Dataset.from_dict({"id": ["d0", "d1"], "prompt": ["x", "y"]}).save_to_disk(str(tmp_path / "ds"))
     assert [r.record_id for r in only_records(records(tmp_path / "ds"))] == ["d0", "d1"]
 

@@ -27,9 +27,16 @@ def test_qwen36_27b_is_a_multimodal_hybrid_with_mtp() -> None:
     assert len(shape.linear_layer_ids) == 48
     assert (shape.num_kv_heads, shape.head_dim, shape.v_head_dim) == (4, 256, 256)
     assert (shape.linear_num_key_heads, shape.linear_num_value_heads) == (16, 48)
-    assert shape.mtp_layers == 1 and shape.mtp_weight_bytes > 0
+    assert shape.weight_bytes == 55_562_285_056  # the index's total_size
+    assert shape.mtp_layers == 1
     assert any("estimated" in note for note in shape.notes)  # the index has no sizes: said, not hidden
-    assert shape.weight_bytes == 55_562_285_056
+    # The draft is one full-attention decoder layer plus the fc joining embedding and hidden state; counted
+    # here from the config's dimensions (gated q, GQA k/v, o, a SwiGLU MLP, fc 2h × h) in bf16, it is
+    # 849 MB. The estimate (an average layer of the checkpoint) must land near it.
+    h, heads, kv, hd, inter = 5120, 24, 4, 256, 17408
+    attention = h * (2 * heads * hd) + 2 * h * (kv * hd) + (heads * hd) * h
+    draft_bytes = 2 * (attention + 3 * h * inter + 2 * h * h)
+    assert 0.85 * draft_bytes <= shape.mtp_weight_bytes <= 1.15 * draft_bytes
     assert shape.context_length == 262_144 and shape.dtype == "bfloat16" and shape.ssm_dtype == "float32"
 
 

@@ -185,6 +185,31 @@ def test_default_mem_fraction_matches_sglangs_formula_for_a_vlm() -> None:
     assert mfs == pytest.approx(round((81_559 - reserved) / 81_559, 3) * vlm)
 
 
+# SGLang's GPU tiers (`handle_gpu_memory_settings`): GPU GiB → (chunked prefill, decode graph max bs at
+# tp < 4, at tp ≥ 4), written out from its table (T4; A100-40G/L40; H100; H20/H200; B200/MI300).
+SGLANG_GPU_TIERS = {
+    16: (2048, 8, 8),
+    48: (4096, 32, 160),
+    80: (8192, 256, 512),
+    141: (8192, 256, 512),
+    183: (16384, 512, 512),
+    192: (16384, 512, 512),
+}
+
+
+@pytest.mark.parametrize("tp", [1, 4])
+@pytest.mark.parametrize("gib", sorted(SGLANG_GPU_TIERS))
+def test_default_mem_fraction_follows_sglangs_gpu_tiers(gib: int, tp: int) -> None:
+    """With no --mem-fraction-static, SGLang reserves 512 MiB + 1.5 × chunked prefill + tp/8 GiB + 2 × decode
+    graph bs (at least 10 GiB on a GPU over 60 GiB); the plan's fraction is SGLang's on every tier."""
+    chunk, small_tp_bs, big_tp_bs = SGLANG_GPU_TIERS[gib]
+    reserved = 512 + chunk * 1.5 + tp / 8 * 1024 + (small_tp_bs if tp < 4 else big_tp_bs) * 2
+    if gib > 60:
+        reserved = max(reserved, 10 * 1024)
+    plan = plan_one({}, model="llama-3.1-8b", gpu_gib=gib, tp=tp)
+    assert plan.memory.mem_fraction_static == round((gib * 1024 - reserved) / (gib * 1024), 3)
+
+
 def test_ssm_bfloat16_halves_the_state() -> None:
     plan = plan_one({**MOTIVATING, **EXTRA, "mamba-ssm-dtype": "bfloat16"}, env=SPEC_V2)
     assert plan.memory.state_bytes_per_request == 78_446_592

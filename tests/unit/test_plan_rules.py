@@ -20,7 +20,7 @@ from fleetgen.modelcard import load_model_shape
 from fleetgen.plan import FleetPlan, HostFacts, engine_rejections, facts_from_file, plan_fleet
 from fleetgen.plan.fixes import MIN_TOKENS_PER_REQUEST
 from fleetgen.plan.sglang.memory import SGLangExtras
-from fleetgen.plan.types import GIB, GpuFacts
+from fleetgen.plan.types import GIB, GpuFacts, Issue
 from fleetgen.plan.vllm import VLLMExtras
 from tests.unit.test_plan import EXTRA, GPU96, GPU183, MODELS, MOTIVATING, QWEN, SPEC_V2, plan_one
 
@@ -131,9 +131,10 @@ def test_gpu_index_absent_on_the_host() -> None:
         "a", gpus=(GpuFacts(0, 80 * GIB, 80 * GIB, True), GpuFacts(1, 80 * GIB, 80 * GIB, True))
     )
     result = plan_fleet(fleet, QWEN, {"a": measured}, None)
-    assert result.instances[0].fits is not False or True
-    bad = result.instances[1]
-    assert bad.errors[0].rule == "gpu-absent" and "GPU 5" in bad.errors[0].message
+    good, bad = result.instances
+    assert good.gpus == (0,) and good.fits  # GPU 0 is there: its instance is planned as usual
+    assert [e.rule for e in bad.errors] == ["gpu-absent"] and "GPU 5" in bad.errors[0].message
+    assert not result.fits
 
 
 def test_hicache_host_memory_over_the_limit() -> None:
@@ -315,9 +316,26 @@ def test_example_fleet_file_plans_offline() -> None:
     assert len(instances) == 11 and all(i["fits"] and i["max_running_requests"] >= 8 for i in instances)
 
 
-def test_fleet_plan_fits_property() -> None:
-    assert FleetPlan(instances=()).fits
-    assert GPU183 > GPU96
+def _one_fitting_one_not() -> tuple[Any, Any]:
+    """Two real instance plans of one host: GPU 0 present (fits), GPU 5 absent (does not)."""
+    fleet = _fleet([{"name": "a", "gpus": [0, 5], "gpu_memory_gib": GPU96}])
+    measured = HostFacts("a", gpus=(GpuFacts(0, 80 * GIB, 80 * GIB, True),))
+    good, bad = plan_fleet(fleet, QWEN, {"a": measured}, None).instances
+    return good, bad
+
+
+@given(st.lists(st.booleans(), max_size=4), st.booleans())
+@settings(max_examples=30, deadline=None)
+def test_a_fleet_fits_only_when_every_instance_fits_and_no_fleet_rule_fails(
+    fitting: list[bool], clash: bool
+) -> None:
+    """One instance that does not fit, or one fleet-wide error (a port clash), and the fleet does not fit;
+    an empty fleet fits (nothing to refuse)."""
+    good, bad = _one_fitting_one_not()
+    errors = (Issue("port-clash", "a-0 and a-1 both listen on 30000"),) if clash else ()
+    plan = FleetPlan(instances=tuple(good if f else bad for f in fitting), errors=errors)
+    assert plan.fits == (all(fitting) and not clash)
+    assert plan.to_json()["fits"] == plan.fits
 
 
 # What the memory arithmetic estimates (it may be off): never a reason for `up` to refuse a launch.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from fleetgen import redact
@@ -23,10 +23,23 @@ def test_a_remembered_key_never_survives_redaction(key: str, around: list[str]) 
     remember(key)
     remember("")  # nothing to redact: ignored, not "redact everything"
     text = key.join(around) + key + key[:-1]
+    assume(REDACTED not in text)
     out = redact.redact(text)
     assert key not in out and out.count(REDACTED) >= text.count(key)
+    assert out.replace(REDACTED, key) == text  # the key's places only: every other character as it was
     redact._known.clear()
     assert redact.redact(text) == text
+
+
+@given(text=st.text(), keys=st.lists(KEY_CHARS, max_size=3))
+def test_a_line_without_a_secret_is_printed_as_it_is(text: str, keys: list[str]) -> None:
+    """Remembered keys (an empty one too: a fleet file's `api_key = ""`) change no line that holds none."""
+    assume(not any(key and key in text for key in keys))
+    redact._known.clear()
+    for key in keys:
+        remember(key)
+    assert redact.redact(text) == text
+    redact._known.clear()
 
 
 def test_the_longer_of_two_overlapping_secrets_goes_whole() -> None:
