@@ -207,7 +207,9 @@ def test_default_mem_fraction_follows_sglangs_gpu_tiers(gib: int, tp: int) -> No
     if gib > 60:
         reserved = max(reserved, 10 * 1024)
     plan = plan_one({}, model="llama-3.1-8b", gpu_gib=gib, tp=tp)
-    assert plan.memory.mem_fraction_static == round((gib * 1024 - reserved) / (gib * 1024), 3)
+    assert SGLangExtras.of(plan.memory).mem_fraction_static == round(
+        (gib * 1024 - reserved) / (gib * 1024), 3
+    )
 
 
 def test_ssm_bfloat16_halves_the_state() -> None:
