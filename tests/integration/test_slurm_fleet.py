@@ -225,7 +225,7 @@ async def test_what_the_cluster_refuses_is_answered_before_anything_is_queued(
     fleet = write_cluster_fleet(tmp_path, cluster=cluster)
     code, out, err = await cli("up", "-f", str(fleet))
     text = " ".join((out + err).split())  # rich wraps long lines
-    assert code != 0 and slurm_says in text and fix in text, text
+    assert code == 1 and slurm_says in text and fix in text, text  # Slurm refused: exit 1
     assert slurm_cluster.job_ids() == []
     assert our_processes(tmp_path / "work") == []
     assert not (fleet.parent / ".fleetgen" / "state.json").exists() or state(fleet) == {}

@@ -114,4 +114,4 @@ async def test_what_the_cluster_or_node_refuses_is_answered_with_the_fix(
         monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
     code, out, err = await cli("plan", "-f", str(fleet_file(tmp_path, "f", **cluster)))
     text = " ".join((out + err).split())  # rich wraps long lines
-    assert code != 0 and says in text and fix in text and "Traceback" not in text, text
+    assert code == 1 and says in text and fix in text and "Traceback" not in text, text

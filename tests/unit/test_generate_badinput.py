@@ -81,7 +81,7 @@ async def test_a_wrong_field_name_stops_after_the_first_records_and_names_the_jo
             and 'prompt_field = "question"' in err.value.fix
             and "job file" in err.value.fix
         )
-        assert err.value.exit_code != 0
+        assert err.value.exit_code == 2  # the input is wrong (README: exit 2), not the fleet
         # Fixed job file, same folder: it starts (nothing had been generated).
         fixed = await new_job(tmp_path, prompts, [a.url], shape=RecordShape(prompt_field="question")).run()
     assert fixed.status == "complete" and fixed.results == FAIL_FAST * 20 and fixed.bad_inputs == 0
@@ -159,8 +159,8 @@ async def test_the_cli_never_exits_0_when_nothing_useful_was_produced(tmp_path: 
         base = ["--endpoint", a.url, "--no-live"]
         wrong_field = await cli("run", str(gz_as_text), "-o", str(tmp_path / "o1"), *base)
         nothing = await cli("run", str(empty), "-o", str(tmp_path / "o2"), *base)
-    assert wrong_field[0] != 0 and 'prompt_field = "question"' in wrong_field[1]
-    assert nothing[0] != 0 and "no result" in nothing[1]
+    assert wrong_field[0] == 2 and 'prompt_field = "question"' in wrong_field[1]  # wrong input: 2
+    assert nothing[0] == 1 and "no result" in nothing[1]  # README: ends `failed`, exit 1, never 0
 
 
 async def test_an_export_that_wrote_nothing_exits_non_zero_with_the_reasons(tmp_path: Path) -> None:
@@ -172,7 +172,7 @@ async def test_an_export_that_wrote_nothing_exits_non_zero_with_the_reasons(tmp_
     code, text = await cli(
         "export", str(tmp_path / "out"), "--format", "sharegpt", "--to", str(tmp_path / "t.jsonl")
     )
-    assert code != 0 and "wrote 0 rows" in text and "dropped 3: empty assistant answer" in text
+    assert code == 1 and "wrote 0 rows" in text and "dropped 3: empty assistant answer" in text
     assert "3 truncated rows dropped" in text
 
 
