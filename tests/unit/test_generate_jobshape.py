@@ -12,6 +12,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+import datasets
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -33,6 +34,7 @@ from fleetgen.generate.jobshape import (
 from fleetgen.generate.store import Batch, ResultRow, Store
 from fleetgen.generate.work import Record
 from fleetgen.plan.job import LogNormalLengths
+from tests.fixtures import skip_or_fail
 from tests.fixtures.vllm import default_tiny_model_dir
 from tests.unit.test_generate_job import new_job, write_jsonl
 from tests.unit.test_generate_standin import StandIn, serve
@@ -163,7 +165,7 @@ def test_the_tiny_models_tokenizer_counts_its_chat_template_exactly(tmp_path: Pa
     prompt its ChatML template renders (user turns; `system` is several tokens in its small vocabulary)."""
     model = default_tiny_model_dir()
     if not (model / "tokenizer.json").is_file():
-        pytest.skip(f"no tiny model at {model} (built by the vLLM fixtures)")
+        skip_or_fail("the tiny model", f"no tokenizer.json at {model}: run scripts/build_tiny_model.py")
     tokenizer = Tokenizer.from_file(str(model / "tokenizer.json"))
     texts = ["Explain how a radix cache saves prefill.", "Why?", "Write a function that adds two numbers."]
     path = write_jsonl(tmp_path / "in.jsonl", [{"prompt": t} for t in texts])
@@ -175,7 +177,6 @@ def test_the_tiny_models_tokenizer_counts_its_chat_template_exactly(tmp_path: Pa
 
 
 def test_every_input_format_run_reads_measures_alike(tmp_path: Path) -> None:
-    datasets = pytest.importorskip("datasets")
     data = {"id": [f"r{i}" for i in range(30)], "question": [" ".join(WORDS[: i % 9 + 1]) for i in range(30)]}
     rows = [dict(zip(data, values, strict=True)) for values in zip(*data.values(), strict=True)]
     write_jsonl(tmp_path / "in.jsonl", rows)
