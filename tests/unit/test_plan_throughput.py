@@ -22,6 +22,7 @@ from fleetgen.plan.planners import planner_of
 from fleetgen.plan.sglang.memory import SGLangExtras
 from fleetgen.plan.throughput import plan_job
 from fleetgen.plan.types import GIB, MIB, Ask
+from fleetgen.plan.vllm import job_blocks
 
 MODELS = Path(__file__).resolve().parents[1] / "data" / "models"
 QWEN = load_model_shape(MODELS / "qwen3.6-27b")
@@ -213,3 +214,47 @@ def test_plan_for_the_job_over_the_example_fleet(tmp_path: Path) -> None:
         assert any(w["rule"] == "job-throughput" for w in inst["warnings"])
     missing = CliRunner().invoke(app, ["plan", "--offline", "-f", str(example), "--job", str(job_file)])
     assert missing.exit_code == 2 and "--input" in missing.output
+
+
+VLLM = planner_of("vllm")
+
+
+def vllm_ask(args: dict[str, Any], gib: int = 141) -> Ask:
+    rules, _ = select_rule_set(get_engine("vllm").rule_sets, "0.24.0")
+    return Ask(args, {}, 1, gib * GIB - GIB, gib * GIB, rules, QWEN)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    prompt=st.integers(10, 3000),
+    output=st.integers(50, 6000),
+    spec=st.booleans(),
+    gib=st.sampled_from([80, 141]),
+)
+def test_vllm_settings_hold_their_requests_blocks(prompt: int, output: int, spec: bool, gib: int) -> None:
+    """Each vLLM setting's max-num-seqs is what it plans to run, and that many of the job's requests' blocks
+    fit the paged pool sized with that many sampler rows; no-spec runs at least as many as spec."""
+    mtp = '{"method": "mtp", "num_speculative_tokens": 3}'
+    a = vllm_ask({"gpu-memory-utilization": 0.9, **({"speculative-config": mtp} if spec else {})}, gib)
+    j = job(prompt, output, max_tokens=max(output, 64))
+    planned = plan_job(VLLM, a, VLLM.size(a), j)
+    offered = planned.settings[1:]
+    assert offered, "a 27B model on an 80 GB GPU and up has a max-num-seqs for any job"
+    for s in offered:
+        trial = replace(a, args=s.args)
+        pool, per_request = job_blocks(trial, round(j.kv_tokens_per_request))
+        assert VLLM.size(trial).fits and s.running == s.args["max-num-seqs"]
+        assert s.running * per_request <= pool
+    plain = [s.running for s in offered if not s.is_spec and not s.numerics]
+    specs = [s.running for s in offered if s.is_spec and not s.numerics]
+    assert max(plain) >= max(specs)
+
+
+def test_vllm_names_what_bounds_the_users_own() -> None:
+    """vLLM's defaults on the H200 (1,024 max-num-seqs) are bound by the paged pool for a long-output job, and
+    an explicit small max-num-seqs by itself."""
+    a = vllm_ask({"gpu-memory-utilization": 0.9, "max-model-len": 8192})
+    mine = plan_job(VLLM, a, VLLM.size(a), job()).as_written
+    assert "paged pool" in mine.bound and mine.running < 1024
+    b = vllm_ask({"gpu-memory-utilization": 0.9, "max-num-seqs": 16})
+    assert plan_job(VLLM, b, VLLM.size(b), job()).as_written.bound == "max-num-seqs 16"

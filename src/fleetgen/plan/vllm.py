@@ -24,6 +24,7 @@ from typing import Any
 from fleetgen.engines import get_engine
 from fleetgen.engines.vllm import VLLMEngine, vllm_rules
 from fleetgen.modelcard import DTYPE_BYTES, ModelShape
+from fleetgen.plan import vllm_throughput
 from fleetgen.plan.types import GIB, Ask, Fix, Issue, Memory, MemoryExtras, Planner, Sizing
 
 ACTIVATION_BYTES_PER_TOKEN = 512 * 1024  # forward-pass peak per batched token (estimate, not profiled here)
@@ -163,7 +164,7 @@ def size_instance(ask: Ask) -> Sizing:
     num_spec = num_spec_tokens(args)
     weights = shape.weight_bytes // tp if num_spec else (shape.weight_bytes - shape.mtp_weight_bytes) // tp
     is_big = ask.total_bytes >= BIG_GPU_BYTES
-    seqs = int(args.get("max-num-seqs") or DEFAULT_MAX_NUM_SEQS[is_big])
+    seqs = max_num_seqs(ask)
     peak = profiled_peak_bytes(shape, args, seqs, is_big_gpu=is_big)
     kv_pool = max(requested - weights - peak, 0)
     ctx = int(args.get("max-model-len") or shape.context_length)
@@ -219,4 +220,22 @@ def concurrency(ask: Ask, sized: Sizing, n: int) -> dict[str, Any]:
     return {"max-num-seqs": n}
 
 
-PLANNER = Planner(get_engine(VLLMEngine.name), size_instance, variants, concurrency)
+def max_num_seqs(ask: Ask) -> int:
+    """`--max-num-seqs`, or vLLM's default for the GPU's size."""
+    return int(ask.args.get("max-num-seqs") or DEFAULT_MAX_NUM_SEQS[ask.total_bytes >= BIG_GPU_BYTES])
+
+
+def job_blocks(ask: Ask, tokens: int) -> tuple[int, int]:
+    """(the paged pool's blocks, the blocks one request holding `tokens` takes) for these flags."""
+    pool = VLLMExtras.of(size_instance(ask).memory).num_blocks
+    return pool, pool_layout(ask.shape, ask.args, ask.tp, tokens).blocks_per_request
+
+
+PLANNER = Planner(
+    get_engine(VLLMEngine.name),
+    size_instance,
+    variants,
+    concurrency,
+    settings=lambda ask, job: vllm_throughput.settings(size_instance, job_blocks, ask, job),
+    bound=lambda ask, _sized, job: vllm_throughput.job_bound(job_blocks, ask, job, max_num_seqs(ask)),
+)

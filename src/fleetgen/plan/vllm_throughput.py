@@ -1,0 +1,117 @@
+"""vLLM's settings for a job's throughput, in its own flags (pure).
+
+vLLM admits requests while its paged pool has blocks for them and `max-num-seqs` allows (1,024 by default on a
+GPU of 70 GiB and more): a request of this job holds ⌈its KV / block⌉ blocks in each attention group and
+1 + num_spec (2 + num_spec with prefix caching's `align` mode) in each Mamba group. Its sampler's dummy run
+is profiled over `max-num-seqs` rows of vocabulary logits (~4.6 GB at 1,024 rows of a 248k vocabulary), so a
+`max-num-seqs` sized for the job returns that memory to the pool. The settings: `max-num-seqs` sized for the
+job's KV per request (and ¾ of it), `max-model-len` sized to the job, prefix caching off when the prompts
+share little, speculative decoding the other way; FP8 KV and a bf16 Mamba cache marked as changing numbers.
+"""
+
+from __future__ import annotations
+
+import json
+from bisect import bisect_left
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from fleetgen.plan.job import JobShape
+from fleetgen.plan.throughput import used_share
+from fleetgen.plan.types import Ask, Setting, Sizing
+
+MAX_NUM_SEQS = 4096
+MTP = json.dumps({"method": "mtp", "num_speculative_tokens": 3})
+NUMERICS = {
+    "kv-cache-dtype": "the KV cache is stored in FP8 (attention reads rounded keys and values)",
+    "mamba-ssm-cache-dtype": "the GDN recurrent state is kept in bfloat16 instead of float32",
+}
+
+Size = Callable[[Ask], Sizing]
+Blocks = Callable[[Ask, int], tuple[int, int]]  # (blocks in the pool, blocks one request of n tokens holds)
+
+
+def job_bound(blocks: Blocks, ask: Ask, job: JobShape, seqs: int) -> tuple[int, str]:
+    """The job's running requests and what bounds them: max-num-seqs (`seqs`, given or vLLM's default), or
+    the pool's blocks over the blocks one of its requests holds."""
+    pool, per_request = blocks(ask, round(job.kv_tokens_per_request))
+    by_blocks = pool // max(per_request, 1)
+    if by_blocks < seqs:
+        return by_blocks, f"the paged pool's {pool:,} blocks ÷ {per_request} per request of this job"
+    return seqs, f"max-num-seqs {seqs}"
+
+
+def _most(size: Size, blocks: Blocks, ask: Ask, args: Mapping[str, Any], job: JobShape) -> int:
+    """The largest max-num-seqs whose requests' blocks the pool (sized with that many sampler rows) holds."""
+
+    def fits(n: int) -> bool:
+        trial = replace(ask, args={**args, "max-num-seqs": n})
+        if not size(trial).fits:
+            return False
+        pool, per_request = blocks(trial, round(job.kv_tokens_per_request))
+        return n * per_request <= pool
+
+    return bisect_left(range(1, MAX_NUM_SEQS + 1), True, key=lambda n: not fits(n))
+
+
+def settings(size: Size, blocks: Blocks, ask: Ask, job: JobShape) -> list[Setting]:
+    """vLLM's throughput settings for this job, best planned first (the ranking is `plan.throughput`'s)."""
+    ctx = min(-(-job.context_tokens // 256) * 256, ask.shape.context_length)
+    base = {**ask.args, "max-model-len": ctx}
+    what = [f"--max-model-len {ctx}"]
+    if base.get("enable-prefix-caching") and job.prefix_share < 0.5:
+        base.pop("enable-prefix-caching")
+        what.append("prefix caching off")
+    variants = [("", what, base)]
+    spec = "speculative-config" in base
+    if spec:
+        plain = {k: v for k, v in base.items() if k != "speculative-config"}
+        variants.append(("-nospec", ["no speculative decoding", *what], plain))
+    elif ask.shape.mtp_layers:
+        variants.append(
+            ("-mtp", ["MTP speculative decoding (3 tokens)", *what], {**base, "speculative-config": MTP})
+        )
+    out: list[Setting] = []
+    for suffix, words, args in variants:
+        n = _most(size, blocks, ask, args, job)
+        for k in dict.fromkeys((n, n * 3 // 4)):
+            if k:
+                change = ", ".join([*words, f"--max-num-seqs {k}"])
+                out.append(_offer(size, blocks, ask, job, f"max-num-seqs-{k}{suffix}", change, args, k))
+    for flag, value in (("kv-cache-dtype", "fp8"), ("mamba-ssm-cache-dtype", "bfloat16")):
+        args = {**base, flag: value}
+        n = _most(size, blocks, ask, args, job)
+        if n and flag not in ask.args:
+            change = ", ".join([*what, f"--max-num-seqs {n}", f"--{flag} {value}"])
+            name = f"max-num-seqs-{n}-{value}"
+            out.append(_offer(size, blocks, ask, job, name, change, args, n, numerics=NUMERICS[flag]))
+    return out
+
+
+def _offer(
+    size: Size,
+    blocks: Blocks,
+    ask: Ask,
+    job: JobShape,
+    name: str,
+    change: str,
+    args: Mapping[str, Any],
+    n: int,
+    numerics: str = "",
+) -> Setting:
+    trial = replace(ask, args={**args, "max-num-seqs": n})
+    sized = size(trial)
+    running, bound = job_bound(blocks, trial, job, n)
+    return Setting(
+        name,
+        change,
+        trial.args,
+        dict(trial.env),
+        running,
+        bound,
+        sized.memory.kv_tokens,
+        is_spec="speculative-config" in trial.args,
+        numerics=numerics,
+        used_share=used_share(sized.memory, running, job),
+    )
