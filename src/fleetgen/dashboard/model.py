@@ -178,3 +178,17 @@ def sick_reason(row: InstanceRow) -> str:
     if row.drift:
         return f"drift: {'; '.join(row.drift)}"
     return ""
+
+
+STARVED_SHARE = 0.8  # running under this share of what the engine admits, with nothing queued: starved
+
+
+def starved(row: InstanceRow) -> str:
+    """A batch the job does not keep full: fewer running than the engine admits and no request waiting (the
+    server decodes fewer tokens per step than it could; give it more in flight, or more servers less)."""
+    admitted, running, queued = row.max_running_requests, row.running, row.queued
+    if not admitted or running is None or queued is None or running == 0:
+        return ""  # idle (no job) or not known: nothing to say
+    if queued == 0 and running < STARVED_SHARE * admitted:
+        return f"starved: {running:.0f} running of {admitted} admitted, none queued"
+    return ""

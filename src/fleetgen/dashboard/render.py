@@ -22,6 +22,7 @@ from fleetgen.dashboard.model import (
     rate_series,
     recent_rate,
     sick_reason,
+    starved,
 )
 
 DASH = "–"
@@ -53,8 +54,8 @@ def fleet_table(rows: Sequence[InstanceRow]) -> str:
     )
     return _table(
         "fleet-table",
-        "instance|host|GPUs|health|running|queued|gen tok/s|accept len|KV use|capacity plan / actual|drift"
-        "|uptime",
+        "instance|host|GPUs|health|running / admitted|queued|gen tok/s|accept len|KV use"
+        "|capacity plan / actual|drift|uptime",
         "".join(_fleet_row(row) for row in rows),
         empty="no instances: run `fleetgen up` first",
         caption=caption,
@@ -64,14 +65,16 @@ def fleet_table(rows: Sequence[InstanceRow]) -> str:
 def _fleet_row(row: InstanceRow) -> str:
     reason = sick_reason(row)
     klass = "instance sick" if reason else "instance"
-    note = reason or row.problem  # a healthy row may still carry a remark (e.g. no metrics endpoint)
+    # a healthy row may still carry a remark (no metrics endpoint; a batch the job does not keep full)
+    note = reason or row.problem or starved(row)
     health = escape(row.readiness.value) + (f'<div class="why">{escape(note)}</div>' if note else "")
     kv = None if row.kv_usage is None else row.kv_usage * 100
     capacity = f"{fmt(row.planned_capacity)} / {fmt(row.max_running_requests)}"
     cells = (
         f'<td class="name">{escape(row.instance)}</td><td>{escape(row.host)}</td>'
         f"<td>{escape(','.join(map(str, row.gpus)) or DASH)}</td>"
-        f'<td class="health">{health}</td><td class="num">{fmt(row.running)}</td>'
+        f'<td class="health">{health}</td>'
+        f'<td class="num">{fmt(row.running)} / {fmt(row.max_running_requests)}</td>'
         f'<td class="num">{fmt(row.queued)}</td><td class="num">{fmt(row.gen_tokens_per_s, 0)}</td>'
         f'<td class="num">{fmt(row.spec_accept_length, 2)}</td><td class="num">{fmt(kv, 0, "%")}</td>'
         f'<td class="num">{escape(capacity)}</td><td>{escape("; ".join(row.drift)) or DASH}</td>'
