@@ -17,7 +17,7 @@ from fleetgen.config import JobFile
 from fleetgen.errors import FleetDown, ParamsMismatch, RequestRejected
 from fleetgen.generate.progress import Progress
 from fleetgen.generate.runner import FleetHooks, Job
-from fleetgen.generate.work import JobOptions, RetryPolicy, SamplingParams, queue_cap
+from fleetgen.generate.work import JobOptions, RetryPolicy, SamplingParams
 from tests.fixtures import until
 from tests.unit.test_generate_standin import StandIn, serve
 
@@ -196,20 +196,6 @@ async def test_each_request_goes_to_the_least_busy_server(tmp_path: Path, num_re
         await new_job(tmp_path, prompts, [a.url, b.url, c.url], concurrency=4).run()
     per_server = [len(server.bodies) for server in (a, b, c)]
     assert sum(per_server) == num_records and max(per_server) - min(per_server) <= 1, per_server
-
-
-@pytest.mark.parametrize("follow", [True, False])
-async def test_each_server_holds_what_its_engine_admits_and_a_queue(tmp_path: Path, follow: bool) -> None:
-    """No concurrency given: each server gets its engine's admitted running requests and a quarter more
-    waiting (8 at least); the job's concurrency otherwise (and for a server whose cap is unknown)."""
-    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"q{i}"} for i in range(120)])
-    hooks = FleetHooks(admitted={"s0": 4, "s1": 40})
-    async with serve(StandIn(delay_s=0.2)) as a, serve(StandIn(delay_s=0.2)) as b, serve(StandIn()) as c:
-        job = new_job(tmp_path, prompts, [a.url, b.url, c.url], hooks, concurrency=3, follow_admitted=follow)
-        await job.run()
-    expected = (queue_cap(4), queue_cap(40)) if follow else (3, 3)
-    assert (a.most_in_flight, b.most_in_flight) == expected == ((12, 50) if follow else (3, 3))
-    assert c.most_in_flight <= 3
 
 
 async def test_fleet_down_stops_instead_of_burning_the_dataset(tmp_path: Path) -> None:

@@ -162,7 +162,6 @@ def run_command(
                 params=SamplingParams.of(job),
                 shape=RecordShape.of(job),
                 concurrency=job.concurrency or servers.planned_cap or DEFAULT_CONCURRENCY,
-                follow_admitted=job.concurrency is None,
                 policy=RetryPolicy(
                     max_retries=job.max_retries,
                     max_consecutive_failures=job.max_consecutive_failures,

@@ -59,7 +59,6 @@ def fleet_hooks(fleet: Fleet, links: FleetLinks, at_start: Sequence[Link], resta
         not_ready={e.name: (e.readiness, e.problem) for e in at_start if e.readiness is not Readiness.READY},
         check=links.check,
         on_dead=functools.partial(revive, fleet) if restart_dead else None,
-        admitted={e.name: e.max_running_requests for e in at_start if e.max_running_requests},
     )
 
 

@@ -42,7 +42,7 @@ from fleetgen.generate.progress import (
 from fleetgen.generate.scrape import AcceptLengthScraper
 from fleetgen.generate.source import count_records
 from fleetgen.generate.store import BadRow, Batch, Counts, ErrorRow, ResultRow, Store
-from fleetgen.generate.work import JobOptions, queue_cap
+from fleetgen.generate.work import JobOptions
 from fleetgen.generate.writer import StoreWriter
 from fleetgen.http.client import EngineClient
 
@@ -67,7 +67,6 @@ class FleetHooks:
     not_ready: Mapping[str, tuple[Readiness, str]] = field(default_factory=dict)
     check: Callable[[str], Awaitable[Link]] | None = None
     on_dead: OnDead | None = None
-    admitted: Mapping[str, int] = field(default_factory=dict)  # name → running requests its engine admits
 
 
 @dataclass
@@ -104,9 +103,8 @@ class Job:
                 endpoints = []
                 for name, url in self.fleet.endpoints:  # one not READY waits for the Watch to admit it
                     readiness, why = self.fleet.not_ready.get(name, (Readiness.READY, ""))
-                    cap = self._cap(name)
-                    client = await self._client(url, cap)
-                    endpoints.append(Endpoint(name, client, cap, readiness, last_error=why))
+                    client = await self._client(url)
+                    endpoints.append(Endpoint(name, client, opts.concurrency, readiness, last_error=why))
                 admit = self._admit if self.fleet.check is not None else None
                 watch = Watch(endpoints, opts.policy, on_dead=self.fleet.on_dead, admit=admit)
                 stack.push_async_callback(watch.close)
@@ -114,20 +112,13 @@ class Job:
         finally:
             store.close()
 
-    def _cap(self, name: str) -> int:
-        """In flight for one server: the job's concurrency, or what its engine admits plus a queue."""
-        admitted = self.fleet.admitted.get(name)
-        if self.options.follow_admitted and admitted:
-            return queue_cap(admitted)
-        return self.options.concurrency
-
-    async def _client(self, url: str, cap: int) -> EngineClient:
-        """A client for one endpoint holding up to `cap` requests, closed with the job."""
+    async def _client(self, url: str) -> EngineClient:
+        """A client for one endpoint, closed with the job."""
         assert self._stack is not None
         opts = self.options
         client = EngineClient(
             url,
-            max_connections=cap,
+            max_connections=opts.concurrency,
             timeout_s=opts.request_timeout_s,
             api_key=self.fleet.api_key,
         )
@@ -138,9 +129,7 @@ class Job:
         assert self.fleet.check is not None
         link = await self.fleet.check(endpoint.name)
         if link.url and link.url.rstrip("/") != endpoint.client.base_url:
-            endpoint.client = await self._client(
-                link.url, endpoint.cap
-            )  # its host was unreachable when the job started
+            endpoint.client = await self._client(link.url)  # its host was unreachable when the job started
         if link.readiness is not Readiness.READY:
             endpoint.last_error = link.problem
         return link.readiness

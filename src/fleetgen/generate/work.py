@@ -190,11 +190,7 @@ class JobOptions:
     out_dir: Path
     params: SamplingParams
     shape: RecordShape = field(default_factory=RecordShape)
-    concurrency: int = (
-        64  # in flight per server, where the job says so or the server's admitted cap is unknown
-    )
-    # no --concurrency / job-file concurrency: each server gets what its engine admits and a queue beside it
-    follow_admitted: bool = False
+    concurrency: int = 64
     policy: RetryPolicy = field(default_factory=RetryPolicy)
     request_timeout_s: float = 3600.0
     mode: str = "normal"  # "normal", "retry_errors", "redo_truncated"
@@ -205,10 +201,3 @@ class JobOptions:
     progress_interval_s: float = 0.5
     series_interval_s: float = 5.0
     metrics_interval_s: float = 3.0
-
-
-def queue_cap(admitted: int) -> int:
-    """In flight for a server whose engine admits `admitted` running requests: those, and a quarter more (8 at
-    least) waiting in its queue, so a finished request's slot is refilled at once (SGLang's tuning guide: keep
-    requests waiting; a batch that empties between completions decodes fewer tokens per step)."""
-    return admitted + max(8, admitted // 4)
