@@ -42,7 +42,7 @@ from fleetgen.generate.progress import (
 from fleetgen.generate.scrape import AcceptLengthScraper
 from fleetgen.generate.source import count_records
 from fleetgen.generate.store import BadRow, Batch, Counts, ErrorRow, ResultRow, Store
-from fleetgen.generate.work import JobOptions
+from fleetgen.generate.work import JobOptions, Work
 from fleetgen.generate.writer import StoreWriter
 from fleetgen.http.client import EngineClient
 
@@ -154,12 +154,15 @@ class Job:
             interval_s=opts.metrics_interval_s,
             api_key=self.fleet.api_key,
         )
-        base = opts.params.base_body(model)
+        base, lengths = opts.params.base_body(model), opts.forced_lengths
+
+        def body(work: Work) -> dict[str, Any]:
+            out = rows.request_body(base, work.messages_for_next_turn(), opts.params.seed, work.sample)
+            return out if lengths is None else out | rows.forced_length(lengths, work.key)
+
         dispatcher = Dispatcher(
             watch,
-            lambda work: rows.request_body(
-                base, work.messages_for_next_turn(), opts.params.seed, work.sample
-            ),
+            body,
             lambda ep, work, t0, dt: writer.put(builder.result(ep, work, t0, dt)),
             lambda ep, work, exc: writer.put(builder.error(ep, work, exc)),
         )
