@@ -178,6 +178,9 @@ def tune_command(
     out: Annotated[
         Path | None, Opt("--out", help="The tuned fleet file (default: <fleet>.tuned.toml beside it).")
     ] = None,
+    narrow: Annotated[
+        int, Opt("--narrow", min=0, help="Rounds per GPU class narrowing in on the best's running requests.")
+    ] = 2,
     keep: Annotated[str, Opt("--keep", help="chosen: bring the tuned fleet up at the end; none.")] = "none",
     as_json: bool = cli.flag("json", "Print JSON instead of the table."),
 ) -> None:
@@ -203,6 +206,7 @@ def tune_command(
             _folder(loaded.path),
             allow_numerics=allow_numerics,
             keep_chosen=keep == "chosen",
+            narrowing_rounds=narrow,
         )
         return await tune(loaded, opts, _say)
 

@@ -36,8 +36,6 @@ from fleetgen.tune.measure import Load, Say, Trial, measure
 from fleetgen.tune.search import Budget, Family, family_key, narrow, next_round, resizer
 from fleetgen.tune.verdict import BASELINE, FinishTime, Measured, baseline_of, finish_time, winner
 
-MAX_NARROWING_ROUNDS = 2
-
 
 @dataclass(frozen=True)
 class TuneOptions:
@@ -50,6 +48,7 @@ class TuneOptions:
     folder: Path
     allow_numerics: bool = False
     keep_chosen: bool = False
+    narrowing_rounds: int = 2  # per class, after the plan's candidates (0: none)
 
 
 @dataclass
@@ -156,7 +155,7 @@ async def tune(fleet: Fleet, opts: TuneOptions, say: Say) -> TuneResult:
         for cls in groups:
             tried = [m.setting for m in result.measured if m.gpu_class == cls]
             best = winner([m for m in result.measured if m.gpu_class == cls])
-            if pending[cls] or best is None or narrowed[cls] >= MAX_NARROWING_ROUNDS:
+            if pending[cls] or best is None or narrowed[cls] >= opts.narrowing_rounds:
                 continue
             narrowed[cls] += 1
             family, resize = tools[cls]
