@@ -67,6 +67,8 @@ class FleetHooks:
     not_ready: Mapping[str, tuple[Readiness, str]] = field(default_factory=dict)
     check: Callable[[str], Awaitable[Link]] | None = None
     on_dead: OnDead | None = None
+    # requests in flight per endpoint (name → cap), from what its engine admits; others: the job's concurrency
+    caps: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -104,7 +106,8 @@ class Job:
                 for name, url in self.fleet.endpoints:  # one not READY waits for the Watch to admit it
                     readiness, why = self.fleet.not_ready.get(name, (Readiness.READY, ""))
                     client = await self._client(url)
-                    endpoints.append(Endpoint(name, client, opts.concurrency, readiness, last_error=why))
+                    cap = self.fleet.caps.get(name, opts.concurrency)
+                    endpoints.append(Endpoint(name, client, cap, readiness, last_error=why))
                 admit = self._admit if self.fleet.check is not None else None
                 watch = Watch(endpoints, opts.policy, on_dead=self.fleet.on_dead, admit=admit)
                 stack.push_async_callback(watch.close)

@@ -2,16 +2,15 @@
 own port), loaded with the job's own requests through `run`'s dispatcher, read at steady state, stopped.
 
 Steady state: the batch is filled first (the engine's running requests reach `FILLED` of what it admits,
-or the warm-up's cap passes), then a fixed window is read. The requests in flight are the admitted running
-requests × `CLIENTS_FACTOR` + `CLIENTS_EXTRA`: enough queued that a finished request is replaced at once
-(SGLang's guide: keep requests waiting), few enough that the queue is not the measurement.
+or the warm-up's cap passes), then a fixed window is read. The requests in flight are what `run` keeps on a
+server by default (`generate.dispatch.in_flight_for` its admitted running requests): enough queued that a
+finished request is replaced at once, few enough that the queue is not the measurement.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from fleetgen.deploy.wanted import Fleet
 from fleetgen.engines import Engine
 from fleetgen.errors import FleetgenError
 from fleetgen.fleet.pool import open_fleet
+from fleetgen.generate.dispatch import in_flight_for
 from fleetgen.generate.fleetlink import fleet_hooks
 from fleetgen.generate.progress import Counters
 from fleetgen.generate.runner import Job
@@ -40,8 +40,6 @@ from fleetgen.tune.fleetfile import candidate_data
 from fleetgen.tune.verdict import Measured
 
 FILLED = 0.95
-CLIENTS_FACTOR = 1.3
-CLIENTS_EXTRA = 4
 SCRAPE_INTERVAL_S = 1.0
 Say = Callable[[str], None]
 
@@ -70,15 +68,12 @@ class Trial:
     folder: Path
 
 
-def clients_for(admitted: int) -> int:
-    return math.ceil(admitted * CLIENTS_FACTOR) + CLIENTS_EXTRA
-
-
 def trial_fleet(base: dict[str, Any], engine: Engine, trial: Trial, load: Load) -> Fleet:
     """The candidate's own fleet file, written into its folder (for the record) and loaded from it; with a
-    forced accept length, the engine's setting for it on a speculative candidate."""
+    forced accept length, the engine's setting for it (every candidate: the fleet file's own settings may
+    speculate too, and the setting does nothing without speculation)."""
     args, env = dict(trial.setting.args), dict(trial.setting.env)
-    if load.simulate_accept_length is not None and trial.setting.is_spec:
+    if load.simulate_accept_length is not None:  # inert without speculation (the file's own may have it)
         forced = engine.with_simulated_acceptance(args, env, load.simulate_accept_length)
         if forced is not None:
             args, env = forced
@@ -126,7 +121,7 @@ async def _load_and_read(fleet: Fleet, engine: Engine, trial: Trial, load: Load,
         at_start = await links.read_all()
         [link] = at_start
         admitted = link.max_running_requests or trial.setting.running
-        clients = clients_for(admitted)
+        clients = in_flight_for(admitted)
         job = Job(_options(trial, load, clients), fleet_hooks(fleet, links, at_start, restart_dead=False))
         running = asyncio.create_task(job.run())
         try:
