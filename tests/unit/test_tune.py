@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import random
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from fleetgen.plan.job import JobShape, LengthStats, LogNormalLengths
 from fleetgen.plan.types import Setting
 from fleetgen.tune.classes import GpuClass, group_by_class
 from fleetgen.tune.fleetfile import candidate_data, file_data, split_args, tuned_text
-from fleetgen.tune.measure import Load
+from fleetgen.tune.measure import Load, Trial, trial_fleet
 from fleetgen.tune.search import Budget, family_key, narrow, next_round
 from fleetgen.tune.session import TuneOptions, candidates_for, refuse
 from fleetgen.tune.verdict import BASELINE, Measured, finish_time, ratio, winner
@@ -457,3 +458,27 @@ def test_the_candidates_are_the_plans_the_files_own_first_numerics_only_when_all
     assert strict[0].name == BASELINE and not any(s.numerics for s in strict)
     assert any(s.numerics for s in loose) and [s for s in loose if not s.numerics] == strict
     assert max(s.running for s in strict) > strict[0].running  # the plan offers more than the defaults
+
+
+def test_a_forced_accept_length_goes_on_tunes_own_server_only_which_up_refuses_unless_told(
+    tmp_path: Path,
+) -> None:
+    path = _two_class_fleet(tmp_path)
+    fleet = Fleet.load(path)
+    inst = fleet.file.instances()[0]
+    mtp = setting("mtp", 8, **{"speculative-algorithm": "EAGLE"})
+    load = replace(_options(tmp_path).load, simulate_accept_length=3.0)
+    trial = Trial(GpuClass(96, 1), mtp, inst, 0, tmp_path / "trial")
+    derived = trial_fleet(file_data(fleet.file, path), fleet.engine, trial, load)
+    assert derived.file.engine.env["SGLANG_SIMULATE_ACC_LEN"] == "3"
+    assert derived.path == tmp_path / "trial" / "fleet.toml" and Fleet.load(derived.path).file == derived.file
+    with pytest.raises(ConfigError, match="SGLANG_SIMULATE_ACC_LEN=3"):
+        refuse_simulated_acceptance(derived)  # what `up` does unless tune tells it
+    refuse_simulated_acceptance(fleet)  # the user's file: untouched
+    plain = trial_fleet(
+        file_data(fleet.file, path),
+        fleet.engine,
+        replace(trial, folder=tmp_path / "t2"),
+        replace(load, simulate_accept_length=None),
+    )
+    assert "SGLANG_SIMULATE_ACC_LEN" not in plain.file.engine.env
