@@ -13,8 +13,11 @@ from typing import Any
 import orjson
 import pytest
 
+from fleetgen.cli.run import default_caps
 from fleetgen.config import JobFile
 from fleetgen.errors import FleetDown, ParamsMismatch, RequestRejected
+from fleetgen.fleet.pool import Link
+from fleetgen.generate.dispatch import in_flight_for
 from fleetgen.generate.progress import Progress
 from fleetgen.generate.runner import FleetHooks, Job
 from fleetgen.generate.work import JobOptions, RetryPolicy, SamplingParams
@@ -399,3 +402,20 @@ async def test_sample_prompt_file_mixed_good_bad_and_multi_turn(tmp_path: Path) 
         (14, "duplicate id 'ex-000'"),
     ]
     assert rows(tmp_path / "out", "SELECT num_turns FROM results WHERE id = 'ex-chat-3'") == [(2,)]
+
+
+async def test_each_server_takes_the_requests_its_engine_admits_plus_a_queue(tmp_path: Path) -> None:
+    """`run`'s default concurrency per server follows what its engine admits (`FleetHooks.caps`, from the
+    engine's own view): a server admitting 2 never holds more than in_flight_for(2) while the other, without
+    a reading, takes the job's concurrency."""
+    caps = default_caps([Link("s0", "u", None, 2), Link("s1", "u", None, None)])
+    assert caps == {"s0": in_flight_for(2)} and in_flight_for(2) == 7 and in_flight_for(100) == 134
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": f"r{i}", "prompt": f"q{i}"} for i in range(80)])
+    seen: list[Progress] = []
+    async with serve(StandIn(delay_s=0.05)) as a, serve(StandIn(delay_s=0.05)) as b:
+        job = new_job(tmp_path, prompts, [a.url, b.url], FleetHooks(caps=caps), concurrency=12)
+        summary = await job.run(seen.append)
+    assert summary.results == 80
+    peak = {n: max(e.in_flight for p in seen for e in p.endpoints if e.name == n) for n in ("s0", "s1")}
+    assert {e.name: e.cap for e in seen[-1].endpoints} == {"s0": 7, "s1": 12}
+    assert peak["s0"] <= 7 < peak["s1"] <= 12

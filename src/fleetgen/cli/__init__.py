@@ -16,6 +16,7 @@ TOPICS: dict[str, tuple[str, ...]] = {
     "deploy": ("up", "down", "restart", "status", "logs"),
     "run": ("run", "export"),
     "bench": ("bench",),
+    "tune": ("tune",),
     "dashboard": ("dashboard", "report"),
 }
 COMMANDS = {command: topic for topic, commands in TOPICS.items() for command in commands}

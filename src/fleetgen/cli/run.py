@@ -28,6 +28,7 @@ from fleetgen.deploy.wanted import refuse_simulated_acceptance
 from fleetgen.errors import ConfigError, FleetDown, FleetgenError
 from fleetgen.fleet.pool import Link, open_fleet
 from fleetgen.fleet.status import Readiness
+from fleetgen.generate.dispatch import in_flight_for
 from fleetgen.generate.export import FORMATS, ExportSummary, export
 from fleetgen.generate.fleetlink import fleet_hooks, url_hooks
 from fleetgen.generate.progress import Progress, Summary
@@ -161,7 +162,7 @@ def run_command(
                 out_dir=out,
                 params=SamplingParams.of(job),
                 shape=RecordShape.of(job),
-                concurrency=job.concurrency or servers.planned_cap or DEFAULT_CONCURRENCY,
+                concurrency=job.concurrency or max(servers.caps.values(), default=DEFAULT_CONCURRENCY),
                 policy=RetryPolicy(
                     max_retries=job.max_retries,
                     max_consecutive_failures=job.max_consecutive_failures,
@@ -175,7 +176,10 @@ def run_command(
                 split=split,
                 wait_ready_s=servers.wait_s,
             )
-            return await _run_job(Job(options, servers.hooks), servers.meanwhile, live, log_every)
+            hooks = (
+                servers.hooks if job.concurrency else dataclasses.replace(servers.hooks, caps=servers.caps)
+            )
+            return await _run_job(Job(options, hooks), servers.meanwhile, live, log_every)
 
     summary = cli.run(go())
     _print_summary(summary, json_out)
@@ -201,7 +205,7 @@ class Servers:
     wait_s: float  # no server ready: wait this long for one
     dead_timeout_s: float  # every server gone mid-job: stop after this long (unless --dead-timeout)
     meanwhile: Callable[[float], str]  # what the job does while it waits, for the plain log
-    planned_cap: int | None = None
+    caps: dict[str, int] = dataclasses.field(default_factory=dict)  # the default in flight per server
 
 
 @contextlib.asynccontextmanager
@@ -230,10 +234,15 @@ async def _servers(
             wait,
             wait,
             _meanwhile(f"the instances of {fleet}", fleet, restart_dead),
-            planned_cap=min(
-                (e.max_running_requests for e in at_start if e.max_running_requests), default=None
-            ),
+            caps=default_caps(at_start),
         )
+
+
+def default_caps(endpoints: list[Link]) -> dict[str, int]:
+    """Each server's requests in flight when the job file sets no concurrency: what its engine admits (its
+    own view, tuned or not) with a queue beside it (`dispatch.in_flight_for`); a server whose view is not
+    read yet (not ready) takes the largest of the others'."""
+    return {e.name: in_flight_for(e.max_running_requests) for e in endpoints if e.max_running_requests}
 
 
 def _say_not_ready(endpoints: list[Link], fleet: Path, wait_s: float, restart_dead: bool) -> None:

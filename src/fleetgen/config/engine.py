@@ -23,6 +23,19 @@ def register_engine_kind(name: str) -> None:
         ENGINE_KINDS.append(name)
 
 
+EngineArgs = dict[str, ArgValue | list[ArgValue]]
+
+
+def check_arg_names(args: dict[str, Any], where: str) -> dict[str, Any]:
+    """Flag names as fleet files write them (no dashes), none of those fleetgen sets per instance."""
+    for key in args:
+        if key.startswith("-"):
+            raise ValueError(f"write flag names without dashes: {key.lstrip('-')!r}, not {key!r}")
+        if key in {"host", "port", "api-key"}:
+            raise ValueError(f"'{key}' is set by fleetgen per instance; remove it from {where}")
+    return args
+
+
 class EngineConfig(Strict):
     """`[engine]`: what to run on every instance."""
 
@@ -33,7 +46,7 @@ class EngineConfig(Strict):
     model_config_dir: str | None = Field(default=None, alias="model_config")
     served_model_name: str | None = None
     launcher: tuple[str, ...] | None = None  # None: the engine's own (`engines.launcher_of`)
-    args: dict[str, ArgValue | list[ArgValue]] = Field(default_factory=dict)
+    args: EngineArgs = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
     tp: Annotated[int, Field(ge=1, le=64)] = 1
     base_port: Annotated[int, Field(ge=1024, le=65000)] = 30000
@@ -54,12 +67,7 @@ class EngineConfig(Strict):
     @field_validator("args")
     @classmethod
     def _no_managed_flags(cls, args: dict[str, Any]) -> dict[str, Any]:
-        for key in args:
-            if key.startswith("-"):
-                raise ValueError(f"write flag names without dashes: {key.lstrip('-')!r}, not {key!r}")
-            if key in {"host", "port", "api-key"}:
-                raise ValueError(f"'{key}' is set by fleetgen per instance; remove it from engine.args")
-        return args
+        return check_arg_names(args, "engine.args")
 
     @model_validator(mode="after")
     def _public_bind_needs_key(self) -> EngineConfig:

@@ -86,6 +86,14 @@ class FleetFile(Strict):
             f"no host named {name!r}", fix=f"use one of: {', '.join(h.name for h in self.hosts)}"
         )
 
+    def engine_for(self, host: str) -> EngineConfig:
+        """The engine section one host's instances run: `[engine]` with the host's `engine_args` over
+        `[engine.args]` (the one place they merge: `plan` sizes and `up` launches what it returns)."""
+        extra = self.host(host).engine_args
+        if not extra:
+            return self.engine
+        return self.engine.model_copy(update={"args": {**self.engine.args, **extra}})
+
     def instances_on(
         self, host: HostEntry, gpu_indices: Sequence[int] | None = None, *, source: Path | None = None
     ) -> list[Instance]:

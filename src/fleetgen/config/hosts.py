@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, field_validator
 
 from fleetgen.config.common import Strict
+from fleetgen.config.engine import EngineArgs, check_arg_names
 
 
 def ssh_form(value: str) -> str:
@@ -40,6 +41,14 @@ class HostEntry(Machine):
     insecure_skip_host_key_check: bool = False
     gpus: list[int] | Literal["all"] = "all"
     gpu_free_gib: Annotated[float, Field(gt=0)] | None = None
+    # this host's engine flags over `[engine.args]` (its GPUs want other settings: `fleetgen tune` writes it
+    # when GPU classes choose differently); merged by `FleetFile.engine_for`, the one place
+    engine_args: EngineArgs = Field(default_factory=dict)
+
+    @field_validator("engine_args")
+    @classmethod
+    def _no_managed_flags(cls, args: dict[str, Any]) -> dict[str, Any]:
+        return check_arg_names(args, "this host's engine_args")
 
     @field_validator("gpus")
     @classmethod

@@ -67,7 +67,10 @@ def refuse_simulated_acceptance(fleet: Fleet) -> None:
     completions would not be the model's. `up`, `restart` and `run` call it before anything else; only a
     throughput measurement that knows it (`tune`) launches such servers."""
     cfg = fleet.file.engine
-    found = fleet.engine.simulated_acceptance(format_args(cfg.args), cfg.env)
+    each = (fleet.file.engine_for(h.name).args for h in fleet.file.hosts)  # a host's engine_args too
+    found = tuple(
+        dict.fromkeys(s for a in each for s in fleet.engine.simulated_acceptance(format_args(a), cfg.env))
+    )
     if not found:
         return
     tables = sorted({"[engine.env]" if s.partition("=")[0] in cfg.env else "[engine.args]" for s in found})
@@ -95,7 +98,9 @@ def build_command(
     """The argv and env one instance runs with, as `decide_launch` decided them (from the fleet file alone
     when `launch` is None: nothing measured on the host)."""
     cfg = fleet.engine
-    launch = launch or decide_launch(cfg, inst, facts_from_file(fleet.host(inst.host)))
+    launch = launch or decide_launch(
+        fleet.engine_for(inst.host), inst, facts_from_file(fleet.host(inst.host))
+    )
     secret = _secret(cfg, engine)
     if secret is not None and secret.config_key:
         refused, _ = api_key_way(fleet, engine)
@@ -135,7 +140,8 @@ def build_wanted(
     planned: Mapping[str, float] | None = None,
 ) -> WantedInstance:
     """One instance as the fleet file wants it on its host (`measured`: what this command read there)."""
-    launch = decide_launch(fleet.engine, inst, measured_facts(fleet.host(inst.host), measured))
+    facts = measured_facts(fleet.host(inst.host), measured)
+    launch = decide_launch(fleet.engine_for(inst.host), inst, facts)
     command = build_command(fleet, engine, inst, measured.workdir, launch)
     script = render_script(command)
     return WantedInstance(

@@ -220,6 +220,17 @@ class Engine:
         the argv); None where they do not say (SGLang: its info JSON says)."""
         return None
 
+    def decode_rate(self, window: Sequence[tuple[float, Mapping[str, float]]]) -> float | None:
+        """Its output tokens per second over a window of /metrics reads (monotonic seconds, samples), as its
+        counter of generated tokens rose from the first read to the last (vLLM counts every step's); None
+        without two reads apart or the counter."""
+        name = self.metrics.generation_tokens_total
+        if len(window) < 2 or name not in window[0][1] or name not in window[-1][1]:
+            return None
+        (t0, first), (t1, last) = window[0], window[-1]
+        rise = last[name] - first[name]
+        return rise / (t1 - t0) if t1 > t0 and rise >= 0 else None
+
     def accept_length(self, samples: Mapping[str, float], info: Any = None) -> float | None:
         """Mean tokens per speculative step (bonus included) from its /metrics `samples` (over a window when
         they are `http.metrics.counter_deltas`), else its `info` JSON; None when no step happened (or spec
@@ -232,6 +243,14 @@ class Engine:
         written there (`NAME=value`, `--flag key=value`); none by default. `up` and `run` refuse a fleet
         carrying any (`deploy.wanted.refuse_simulated_acceptance`)."""
         return ()
+
+    def with_simulated_acceptance(
+        self, args: Mapping[str, ArgValue | list[ArgValue]], env: Mapping[str, str], length: float
+    ) -> tuple[dict[str, ArgValue | list[ArgValue]], dict[str, str]] | None:
+        """`args` and `env` made to accept `length` tokens per speculative step whatever the model says (for
+        a throughput measurement on weights that draft nothing useful: `tune --simulate-accept-length`);
+        None where the engine has no such setting. What it sets, `simulated_acceptance` finds."""
+        return None
 
     def rejection_signatures_for(self, rules: RuleSet) -> tuple[FatalSignature, ...]:
         """Its refusals of an argv at start (what plan's rules predict), in its words, each with the fix for

@@ -245,6 +245,15 @@ class SGLangEngine(Engine):
         found = positive_figures(_server_info_places(info), keys).get("n")
         return int(found) if found else None
 
+    def decode_rate(self, window: Sequence[tuple[float, Mapping[str, float]]]) -> float | None:
+        """The `sglang:gen_throughput` gauge averaged over the window's reads after the first (the scheduler
+        sets it at each "Decode batch" line, over the steps since the last). Not the token counter: 0.5.15
+        adds a request's tokens to `generation_tokens_total` when it finishes, so a window's rise from it
+        lags the decode (biased low while the batch fills with long outputs)."""
+        name = self.metrics.gen_throughput
+        values = [samples[name] for _, samples in window[1:] if name in samples]
+        return sum(values) / len(values) if values else None
+
     def accept_length(self, samples: Mapping[str, float], info: Any = None) -> float | None:
         """The `sglang:spec_accept_length` gauge, else `avg_spec_accept_length` in the DP ranks' internal
         states (the gauge reads 0 until its first "Decode batch" log line, and without speculation)."""
@@ -261,6 +270,12 @@ class SGLangEngine(Engine):
         if length is None or _is_off(length):
             return ()
         return tuple(f"{name}={env[name]}" for name in SIMULATE_ACC_ENV if name in env)
+
+    def with_simulated_acceptance(
+        self, args: Mapping[str, ArgValue | list[ArgValue]], env: Mapping[str, str], length: float
+    ) -> tuple[dict[str, ArgValue | list[ArgValue]], dict[str, str]] | None:
+        """`SGLANG_SIMULATE_ACC_LEN` in the env (read by the scheduler at each verify step)."""
+        return dict(args), {**env, SIMULATE_ACC_LEN: f"{length:g}"}
 
     def extra_argv(self, args: Mapping[str, ArgValue | list[ArgValue]]) -> list[str]:
         # /metrics is off by default; fleetgen's live view reads it

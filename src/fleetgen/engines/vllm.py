@@ -13,6 +13,7 @@ from typing import Any
 
 from packaging.version import Version
 
+from fleetgen.config import ArgValue
 from fleetgen.engines.base import (
     Engine,
     FatalSignature,
@@ -20,6 +21,7 @@ from fleetgen.engines.base import (
     MetricNames,
     RuleSet,
     common_fatal_signatures,
+    format_args,
     positive_figures,
     refused_argument_signatures,
 )
@@ -134,6 +136,18 @@ class VLLMEngine(Engine):
         if conf.get("rejection_sample_method") != "synthetic":
             return ()
         return tuple(f"--{SPEC_CONFIG} {key}={conf[key]}" for key in SYNTHETIC_KEYS if key in conf)
+
+    def with_simulated_acceptance(
+        self, args: Mapping[str, ArgValue | list[ArgValue]], env: Mapping[str, str], length: float
+    ) -> tuple[dict[str, ArgValue | list[ArgValue]], dict[str, str]] | None:
+        """The speculative config (as vLLM merges it) with `rejection_sample_method = "synthetic"` and
+        `synthetic_acceptance_length`, as one JSON; args without speculative decoding stay as they are."""
+        conf = speculative_config(format_args(args))
+        if not conf:
+            return dict(args), dict(env)
+        conf |= {"rejection_sample_method": "synthetic", "synthetic_acceptance_length": length}
+        kept = {k: v for k, v in args.items() if not k.startswith(SPEC_CONFIG)}
+        return kept | {SPEC_CONFIG: json.dumps(conf)}, dict(env)
 
     def max_running_from_capacity(self, capacity: Mapping[str, float], cap: str | None) -> int | None:
         """Its "maximum concurrency" at max-model-len (`kv_cache_max_concurrency`), capped by max-num-seqs

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import math
 import random
 import time
 from collections import deque
@@ -31,6 +32,17 @@ from fleetgen.generate.health import Endpoint, Watch, states
 from fleetgen.generate.rejects import Streak
 from fleetgen.generate.work import Work
 from fleetgen.http.client import RequestFailed
+
+# In flight per server: the running requests its engine admits, and a queue beside them so that a finished
+# request is replaced at once (SGLang's guide: keep requests waiting), not so deep that requests wait long.
+QUEUE_FACTOR = 1.3
+QUEUE_EXTRA = 4
+
+
+def in_flight_for(admitted: int) -> int:
+    """The requests to keep in flight on a server whose engine admits `admitted` running ones."""
+    return math.ceil(admitted * QUEUE_FACTOR) + QUEUE_EXTRA
+
 
 OnSuccess = Callable[[str, Work, float, float], None]  # endpoint, work, started_at (epoch), latency_s
 OnError = Callable[[str, Work, RequestFailed], None]  # endpoint, work, the final failure

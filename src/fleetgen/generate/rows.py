@@ -5,6 +5,7 @@ The records themselves (`ResultRow`, …) and their columns are defined once, in
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from fleetgen.generate.quality import flags_of_all
 from fleetgen.generate.store import BadRow, ErrorRow, ResultRow, SeriesRow, Store
 from fleetgen.generate.work import BadInput, Message, Work
 from fleetgen.http.client import RequestFailed
+from fleetgen.plan.job import OutputLengths
 
 NUM_BAD_SAMPLES = 20
 
@@ -33,6 +35,13 @@ def request_body(
     if seed is not None:
         body["seed"] = seed + sample  # samples of one record differ, yet each is reproducible
     return body
+
+
+def forced_length(lengths: OutputLengths, key: int) -> dict[str, Any]:
+    """The fields that make one request write exactly a length drawn from `lengths` (seeded by its work
+    key: the same request writes the same length on every server tune measures): `max_tokens` and
+    `ignore_eos`, a sampling field SGLang and vLLM both read from the chat request's body."""
+    return {"max_tokens": lengths.sample(random.Random(key)), "ignore_eos": True}
 
 
 @dataclass(frozen=True)

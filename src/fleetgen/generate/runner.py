@@ -42,7 +42,7 @@ from fleetgen.generate.progress import (
 from fleetgen.generate.scrape import AcceptLengthScraper
 from fleetgen.generate.source import count_records
 from fleetgen.generate.store import BadRow, Batch, Counts, ErrorRow, ResultRow, Store
-from fleetgen.generate.work import JobOptions
+from fleetgen.generate.work import JobOptions, Work
 from fleetgen.generate.writer import StoreWriter
 from fleetgen.http.client import EngineClient
 
@@ -67,6 +67,8 @@ class FleetHooks:
     not_ready: Mapping[str, tuple[Readiness, str]] = field(default_factory=dict)
     check: Callable[[str], Awaitable[Link]] | None = None
     on_dead: OnDead | None = None
+    # requests in flight per endpoint (name → cap), from what its engine admits; others: the job's concurrency
+    caps: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -104,7 +106,8 @@ class Job:
                 for name, url in self.fleet.endpoints:  # one not READY waits for the Watch to admit it
                     readiness, why = self.fleet.not_ready.get(name, (Readiness.READY, ""))
                     client = await self._client(url)
-                    endpoints.append(Endpoint(name, client, opts.concurrency, readiness, last_error=why))
+                    cap = self.fleet.caps.get(name, opts.concurrency)
+                    endpoints.append(Endpoint(name, client, cap, readiness, last_error=why))
                 admit = self._admit if self.fleet.check is not None else None
                 watch = Watch(endpoints, opts.policy, on_dead=self.fleet.on_dead, admit=admit)
                 stack.push_async_callback(watch.close)
@@ -154,12 +157,15 @@ class Job:
             interval_s=opts.metrics_interval_s,
             api_key=self.fleet.api_key,
         )
-        base = opts.params.base_body(model)
+        base, lengths = opts.params.base_body(model), opts.forced_lengths
+
+        def body(work: Work) -> dict[str, Any]:
+            out = rows.request_body(base, work.messages_for_next_turn(), opts.params.seed, work.sample)
+            return out if lengths is None else out | rows.forced_length(lengths, work.key)
+
         dispatcher = Dispatcher(
             watch,
-            lambda work: rows.request_body(
-                base, work.messages_for_next_turn(), opts.params.seed, work.sample
-            ),
+            body,
             lambda ep, work, t0, dt: writer.put(builder.result(ep, work, t0, dt)),
             lambda ep, work, exc: writer.put(builder.error(ep, work, exc)),
         )

@@ -17,6 +17,7 @@ import orjson
 
 from fleetgen.config import JobFile
 from fleetgen.http.client import Completion
+from fleetgen.plan.job import OutputLengths
 
 Message = dict[str, Any]
 
@@ -198,6 +199,9 @@ class JobOptions:
     add_input: bool = False  # `--add-input`: run another input into a folder that holds one on purpose
     split: str | None = None
     wait_ready_s: float = 0.0  # no endpoint ready (at the start): wait this long for one, then FleetDown
+    # `tune` on dummy weights (or given lengths): each request writes a length drawn from these (max_tokens
+    # with ignore_eos), so the batch holds the job's mix of lengths; never for a run that keeps its text
+    forced_lengths: OutputLengths | None = None
     progress_interval_s: float = 0.5
     series_interval_s: float = 5.0
     metrics_interval_s: float = 3.0

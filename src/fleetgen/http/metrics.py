@@ -96,3 +96,26 @@ def load_from(engine: Engine, now: Scrape, before: Scrape | None = None, info: A
         spec_accept_length=engine.accept_length(now.samples, info),
         kv_usage=now.samples.get(names.kv_usage),
     )
+
+
+@dataclass(frozen=True)
+class Window:
+    """An engine over a window of /metrics reads: its own decode rate (`Engine.decode_rate`), the running
+    requests on average, and the accept length over the window (None without speculation)."""
+
+    seconds: float
+    decode_tps: float | None
+    running: float | None
+    accept_length: float | None
+
+
+def window_of(engine: Engine, scrapes: list[Scrape]) -> Window:
+    """What `scrapes` (in time order, at least one) say of the window they span."""
+    first, last = scrapes[0], scrapes[-1]
+    running = [s.samples[engine.metrics.running] for s in scrapes if engine.metrics.running in s.samples]
+    return Window(
+        seconds=last.at - first.at,
+        decode_tps=engine.decode_rate([(s.at, s.samples) for s in scrapes]),
+        running=sum(running) / len(running) if running else None,
+        accept_length=engine.accept_length(counter_deltas(first.samples, last.samples)),
+    )

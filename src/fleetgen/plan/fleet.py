@@ -10,8 +10,8 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
-from fleetgen.config import FleetFile, HostEntry, Instance
-from fleetgen.engines import Engine
+from fleetgen.config import EngineConfig, FleetFile, HostEntry, Instance
+from fleetgen.engines import Engine, RuleSet
 from fleetgen.modelcard import ModelShape
 from fleetgen.plan.fixes import ranked_fixes, solve_target
 from fleetgen.plan.instance import Launch, decide_launch, size
@@ -50,7 +50,7 @@ def plan_instance(
 ) -> InstancePlan:
     """Size and check one instance that runs `launch` (`decide_launch`'s) with its engine's `planner`; fixes
     when it does not fit; flags for `target`; for a `job`, its running requests and throughput settings."""
-    cfg = fleet.engine
+    cfg = fleet.engine_for(inst.host)
     rules = launch.rules
     base = InstancePlan(
         inst.name,
@@ -66,7 +66,7 @@ def plan_instance(
     gpu = _binding_gpu(inst, facts)
     if isinstance(gpu, Issue):
         return replace(base, errors=(gpu,))
-    ask = Ask(dict(cfg.args), dict(cfg.env), cfg.tp, gpu.free_bytes, gpu.total_bytes, rules, shape)
+    ask = _ask(cfg, gpu, rules, shape)
     sized = size(planner, ask)
     warnings = [*sized.warnings, *(Issue("model", note) for note in shape.notes)]
     if not gpu.measured:
@@ -91,6 +91,21 @@ def plan_instance(
         fixes=fixes,
         resolved=dict(sized.resolved),
     )
+
+
+def instance_ask(
+    fleet: FleetFile, inst: Instance, shape: ModelShape, facts: HostFacts, launch: Launch
+) -> Ask | Issue:
+    """What one instance asks of its engine's arithmetic: its host's flags on its binding GPU under the rule
+    set `launch` was decided with (or why its GPU is not known)."""
+    gpu = _binding_gpu(inst, facts)
+    if isinstance(gpu, Issue):
+        return gpu
+    return _ask(fleet.engine_for(inst.host), gpu, launch.rules, shape)
+
+
+def _ask(cfg: EngineConfig, gpu: GpuFacts, rules: RuleSet, shape: ModelShape) -> Ask:
+    return Ask(dict(cfg.args), dict(cfg.env), cfg.tp, gpu.free_bytes, gpu.total_bytes, rules, shape)
 
 
 def _binding_gpu(inst: Instance, facts: HostFacts) -> GpuFacts | Issue:
@@ -127,7 +142,9 @@ def plan_fleet(
     planner = planner_of(fleet.engine.kind)
     detected: dict[str, Sequence[int]] = {n: [g.index for g in f.gpus] for n, f in facts.items() if f.gpus}
     instances = fleet.instances(detected)
-    launches = [decide_launch(fleet.engine, i, _facts_of(facts, i.host), version) for i in instances]
+    launches = [
+        decide_launch(fleet.engine_for(i.host), i, _facts_of(facts, i.host), version) for i in instances
+    ]
     plans = [
         plan_instance(planner, fleet, i, shape, _facts_of(facts, i.host), launch, target, job)
         for i, launch in zip(instances, launches, strict=True)
@@ -196,10 +213,10 @@ def engine_rejections(
     """The engine's own refusals of each instance's flags (its rules for the rule set `decide_launch` picks,
     in its words, each named by instance), run by `up` before it launches anything: certain, unlike the
     memory arithmetic's estimates, and known without GPU figures."""
-    cfg = fleet.engine
-    planner = planner_of(cfg.kind)
+    planner = planner_of(fleet.engine.kind)
     refused: list[Issue] = []
     for inst in instances:
+        cfg = fleet.engine_for(inst.host)
         rules = decide_launch(cfg, inst, _facts_of(facts, inst.host)).rules
         ask = Ask(dict(cfg.args), dict(cfg.env), cfg.tp, 0, 0, rules, shape)
         found = planner.rejections(ask)

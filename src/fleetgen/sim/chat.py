@@ -35,6 +35,7 @@ class ChatRequest:
     seed: int | None
     separate_reasoning: bool
     enable_thinking: bool
+    ignore_eos: bool = False  # SGLang's sampling field: write on past the end, to max_tokens
 
 
 def _text_of(content: Any) -> str:
@@ -89,6 +90,7 @@ def parse_chat_request(body: Any, server_kwargs: dict[str, Any] | None, vocab_si
         seed=sampling["seed"],
         separate_reasoning=bool(body.get("separate_reasoning", True)),
         enable_thinking=_thinking(body, server_kwargs),
+        ignore_eos=bool(body.get("ignore_eos", False)),
     )
 
 

@@ -128,6 +128,8 @@ def _injected_error(state: SimState, directives: Directives, key: str) -> web.Re
 def _generations(state: SimState, req: chat.ChatRequest, directives: Directives) -> list[Generation]:
     args, knobs = state.args, state.knobs
     total = directives.tokens if directives.tokens is not None else knobs.output_tokens
+    if req.ignore_eos and req.max_tokens:  # no end of sequence: the answer runs to max_tokens
+        total = req.max_tokens
     separate = args["reasoning_parser"] is not None and req.separate_reasoning
     return [
         generate(
@@ -138,7 +140,7 @@ def _generations(state: SimState, req: chat.ChatRequest, directives: Directives)
                 thinking=req.enable_thinking,
                 separate=separate,
                 reasoning_fraction=knobs.reasoning_fraction,
-                force_length=directives.finish == "length",
+                force_length=directives.finish == "length" or (total == req.max_tokens and req.ignore_eos),
                 stream_interval=args["stream_interval"],
             )
         )

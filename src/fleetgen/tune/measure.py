@@ -1,0 +1,204 @@
+"""One candidate measured on one instance: launched through `up` as a fleet of its own (tune's folder, its
+own port), loaded with the job's own requests through `run`'s dispatcher, read at steady state, stopped.
+
+Steady state: the batch is filled first (the engine's running requests reach `FILLED` of what it admits,
+or the warm-up's cap passes), then a fixed window is read. The requests in flight are what `run` keeps on a
+server by default (`generate.dispatch.in_flight_for` its admitted running requests): enough queued that a
+finished request is replaced at once, few enough that the queue is not the measurement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from fleetgen.config import FleetFile, Instance, JobFile
+from fleetgen.deploy.fleetops import down, up
+from fleetgen.deploy.wanted import Fleet
+from fleetgen.engines import Engine
+from fleetgen.errors import FleetgenError
+from fleetgen.fleet.pool import open_fleet
+from fleetgen.generate.dispatch import in_flight_for
+from fleetgen.generate.fleetlink import fleet_hooks
+from fleetgen.generate.progress import Counters
+from fleetgen.generate.runner import Job
+from fleetgen.generate.work import JobOptions, RecordShape, RetryPolicy, SamplingParams
+from fleetgen.http.client import EngineClient
+from fleetgen.http.metrics import Scrape, Window, window_of
+from fleetgen.plan.job import OutputLengths
+from fleetgen.plan.types import Setting
+from fleetgen.tune.classes import GpuClass
+from fleetgen.tune.fleetfile import candidate_data
+from fleetgen.tune.verdict import Measured
+
+FILLED = 0.95
+SCRAPE_INTERVAL_S = 1.0
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Load:
+    """What every candidate is measured with: the job's input and sampling, the lengths each request writes
+    (None: the model's own), the window and the warm-up's cap, and a forced accept length (None: real)."""
+
+    input_path: Path
+    job: JobFile
+    lengths: OutputLengths | None
+    window_s: float
+    warmup_max_s: float
+    simulate_accept_length: float | None = None
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One candidate on one instance of its class, in tune's folder `folder` (its fleet file and store)."""
+
+    gpu_class: GpuClass
+    setting: Setting
+    instance: Instance
+    slot: int
+    folder: Path
+
+
+def trial_fleet(base: dict[str, Any], engine: Engine, trial: Trial, load: Load) -> Fleet:
+    """The candidate's own fleet file, written into its folder (for the record) and loaded from it; with a
+    forced accept length, the engine's setting for it (every candidate: the fleet file's own settings may
+    speculate too, and the setting does nothing without speculation)."""
+    args, env = dict(trial.setting.args), dict(trial.setting.env)
+    if load.simulate_accept_length is not None:  # inert without speculation (the file's own may have it)
+        forced = engine.with_simulated_acceptance(args, env, load.simulate_accept_length)
+        if forced is not None:
+            args, env = forced
+    data = candidate_data(base, trial.instance, trial.slot, args, env)
+    trial.folder.mkdir(parents=True, exist_ok=True)
+    path = trial.folder / "fleet.toml"
+    path.write_text(tomli_w.dumps(data), encoding="utf-8")
+    return Fleet(path, FleetFile.model_validate(data), engine)
+
+
+async def measure(base: dict[str, Any], engine: Engine, trial: Trial, load: Load, say: Say) -> Measured:
+    """Launch, load, read, stop: what one candidate did (its error, if it did not start or died)."""
+    fleet = trial_fleet(base, engine, trial, load)
+    name = f"{trial.gpu_class.name} {trial.setting.name}"
+    failed = Measured(trial.gpu_class, trial.setting, trial.instance.name, _now())
+    try:
+        say(f"{name}: starting on {trial.instance.name} (GPU {','.join(map(str, trial.instance.gpus))})")
+        forced = load.simulate_accept_length is not None
+        outs = await up(fleet, allow_simulated_acceptance=forced)
+        errors = [o.error for o in outs if o.error is not None]
+        if errors or not outs:
+            why = errors[0].message if errors else "up started nothing"
+            say(f"{name}: did not start: {why}")
+            return _failed(failed, why)
+        measured = await _load_and_read(fleet, engine, trial, load, say)
+        tps, running = measured.decode_tps_per_gpu, measured.running or 0
+        say(f"{name}: {tps:,.0f} decode tok/s per GPU at {running:.0f} running")
+        return measured
+    except FleetgenError as exc:
+        say(f"{name}: failed: {exc.message}")
+        return _failed(failed, exc.message)
+    finally:
+        with contextlib.suppress(FleetgenError):  # never leave a tune server running: down says what it did
+            for out in await down(fleet):
+                if out.error is not None:
+                    say(f"{name}: stopping {out.instance} failed: {out.error.message}")
+
+
+def _failed(m: Measured, why: str) -> Measured:
+    return Measured(m.gpu_class, m.setting, m.instance, m.at, error=why)
+
+
+async def _load_and_read(fleet: Fleet, engine: Engine, trial: Trial, load: Load, say: Say) -> Measured:
+    async with open_fleet(fleet) as links:
+        at_start = await links.read_all()
+        [link] = at_start
+        admitted = link.max_running_requests or trial.setting.running
+        clients = in_flight_for(admitted)
+        job = Job(_options(trial, load, clients), fleet_hooks(fleet, links, at_start, restart_dead=False))
+        running = asyncio.create_task(job.run())
+        try:
+            async with EngineClient(link.url, api_key=links.secret) as client:
+                window, rate, notes = await _steady_window(
+                    engine, client, admitted, load, running, job.counters
+                )
+        finally:
+            job.stop()
+            job.stop()  # the window is read: abandon what is in flight
+            with contextlib.suppress(FleetgenError):
+                await running
+    return Measured(
+        trial.gpu_class,
+        trial.setting,
+        trial.instance.name,
+        _now(),
+        admitted=link.max_running_requests,
+        running=window.running,
+        decode_tps=window.decode_tps,
+        completions_per_s=rate,
+        accept_length=window.accept_length,
+        window_s=window.seconds,
+        clients=clients,
+        notes=notes,
+    )
+
+
+def _options(trial: Trial, load: Load, clients: int) -> JobOptions:
+    """`run`'s options for the job's input and sampling, into the trial's own scratch store."""
+    return JobOptions(
+        input_path=load.input_path,
+        out_dir=trial.folder / "store",
+        params=SamplingParams.of(load.job),
+        shape=RecordShape.of(load.job),
+        concurrency=clients,
+        policy=RetryPolicy(max_retries=1, dead_timeout_s=30.0),
+        request_timeout_s=load.job.request_timeout_s,
+        wait_ready_s=30.0,
+        forced_lengths=load.lengths,
+    )
+
+
+async def _steady_window(
+    engine: Engine,
+    client: EngineClient,
+    admitted: int,
+    load: Load,
+    job: asyncio.Task[Any],
+    counters: Counters,
+) -> tuple[Window, float, tuple[str, ...]]:
+    """Wait for the batch to fill (or the cap), then read `load.window_s`: the engine's window, the
+    dispatcher's completions/s over it, and notes on what was not as it should be."""
+    notes: list[str] = []
+    started = time.monotonic()
+    running = 0.0
+    while time.monotonic() - started < load.warmup_max_s and not job.done():
+        running = (await client.metrics()).samples.get(engine.metrics.running, 0.0)
+        if running >= FILLED * admitted:
+            break
+        await asyncio.sleep(SCRAPE_INTERVAL_S)
+    else:
+        if not job.done():
+            notes.append(
+                f"the batch did not fill in {load.warmup_max_s:.0f} s: {running:.0f} of {admitted} running"
+            )
+    done_before = counters.results
+    scrapes: list[Scrape] = [await client.metrics()]
+    while scrapes[-1].at - scrapes[0].at < load.window_s and not job.done():
+        await asyncio.sleep(SCRAPE_INTERVAL_S)
+        scrapes.append(await client.metrics())
+    if job.done():
+        notes.append("the input ran out before the window ended: give a larger input (or --window)")
+    window = window_of(engine, scrapes)
+    rate = (counters.results - done_before) / window.seconds if window.seconds > 0 else 0.0
+    return window, rate, tuple(notes)
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
