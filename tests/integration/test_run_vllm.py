@@ -3,7 +3,7 @@
 - 500 records (incl. multi-turn conversations) plus malformed lines; the driver — a `fleetgen run`
   subprocess — is SIGKILLed at random moments at least 10 times and rerun each time → exactly 500 rows,
   no duplicates, none lost, bad lines as `inputs_bad` rows naming file and line;
-- the exports read back with pyarrow and `datasets`;
+- the exports read back with pyarrow and `datasets`, the SpecForge export with SpecForge's own data code;
 - one server SIGKILLed mid-run → the job completes on the other.
 
 max_tokens stays small (16) so the suite stays fast on 2 cores; nothing here asserts speed.
@@ -33,6 +33,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from fleetgen.config import JobFile
 from fleetgen.generate.runner import FleetHooks, Job
 from fleetgen.generate.work import JobOptions, SamplingParams
+from tests.fixtures.specforge_oracle import (
+    assert_specforge_keeps_every_turn,
+    read_with_specforge,
+    specforge_tools,
+)
 from tests.fixtures.vllm import TinyModel, VllmServer, running_vllm_server
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -271,6 +276,26 @@ def test_exports_read_back_with_pyarrow_and_datasets(killed_job: KilledJob, tmp_
         row = json.loads(line)
         roles = [m["role"] for m in row["conversations"]]
         assert row["status"] == "success" and roles[-1] == "assistant" and roles[0] == "user"
+
+
+@pytest.mark.specforge
+def test_the_specforge_export_of_real_vllm_rows_reads_in_specforges_own_code(
+    killed_job: KilledJob, tmp_path: Path
+) -> None:
+    """The real engine's text (the tiny model's own tokens, multi-turn answers sent back as history) exported
+    for SpecForge and read by SpecForge 0.2.0's preprocessing: every row, every assistant turn kept, with
+    tokens under the loss mask. Inline think: vLLM's parser leaves the tiny model's trace in the answer."""
+    specforge = specforge_tools()
+    path = tmp_path / "sg.jsonl"
+    cli = [sys.executable, "-c", "from fleetgen.cli import main; main()", "export", str(killed_job.out)]
+    done = subprocess.run(
+        [*cli, "--format", "sharegpt", "--to", str(path), "--inline-think"], capture_output=True, check=False
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    rows = [json.loads(line) for line in path.read_bytes().splitlines()]
+    assert len(rows) == NUM_RECORDS
+    assert sum(sum(m["role"] == "assistant" for m in r["conversations"]) == 3 for r in rows) == NUM_MULTI_TURN
+    assert_specforge_keeps_every_turn(rows, read_with_specforge(path, specforge))
 
 
 async def test_server_killed_mid_run_job_completes_on_the_other(

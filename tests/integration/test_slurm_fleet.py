@@ -319,3 +319,29 @@ async def test_nodes_reached_through_srun_steps_of_the_servers_own_jobs(
         code, out, err = await cli("down", "-f", str(fleet))
     assert code == 0, out + err
     assert slurm_cluster.job_ids() == [] and our_processes(tmp_path / "work") == []
+
+
+@pytest.mark.parametrize("state_file", ["missing", "stale"])
+async def test_down_ends_the_fleets_jobs_whatever_the_state_file_says(
+    slurm_cluster: SlurmCluster, tmp_path: Path, state_file: str
+) -> None:
+    """README: `down` ends every job of the fleet by name, whatever the state file says: here the file is
+    gone (a fresh checkout, a wiped folder) or names a job and pid that no longer exist (a stale copy)."""
+    fleet = write_cluster_fleet(tmp_path, cluster={"gpus": 1})
+    path = fleet.parent / ".fleetgen" / "state.json"
+    try:
+        code, out, err = await cli("up", "-f", str(fleet))
+        assert code == 0, out + err
+        assert slurm_cluster.job_ids() and our_processes(tmp_path / "work")  # something to end
+        if state_file == "missing":
+            path.unlink()
+        else:
+            text = json.loads(path.read_text())
+            for record in text["instances"].values():
+                record.update(pid=2**22 - 1, slurm_job="999999")  # no such process, no such job
+            path.write_text(json.dumps(text))
+        code, out, err = await cli("down", "-f", str(fleet))
+        assert code == 0, out + err
+        assert slurm_cluster.job_ids() == [] and our_processes(tmp_path / "work") == []
+    finally:
+        await cli("down", "-f", str(fleet))

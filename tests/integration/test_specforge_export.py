@@ -1,21 +1,20 @@
 """Every record a job accepts exports in a form SpecForge's OWN training code reads (marker `specforge`).
 
-A real job (the real store, through `Job`, against the stand-in server) runs inputs of every accepted shape:
-a plain prompt, a chat with a system message, multi-turn with the old model's assistant history, two
+A real job (the real store, through `Job`, against the simulated SGLang server `fleetgen.sim` with its
+qwen3 reasoning parser: SGLang's bodies, `reasoning_content` apart) runs inputs of every accepted shape: a
+plain prompt, a chat with a system message, multi-turn with the old model's assistant history, two
 consecutive user turns, a leading assistant turn, ShareGPT speaker names, list-of-parts content, truncated
-rows (answer begun, or all tokens spent reasoning) and a leaked think marker; hypothesis adds random
-conversations. The SpecForge export is then read by SpecForge 0.2.0's `specforge.data` preprocessing (what
-training maps over the file) with the tiny model's real tokenizer, in SpecForge's own venv
-(scripts/install-specforge.sh; FLEETGEN_SPECFORGE_PYTHON names its python). Skipped locally when it is not
-installed; a failure under CI=true.
+rows (answer begun, or all tokens spent reasoning); a server started without a reasoning parser leaks the
+think marker into the answer; hypothesis adds random conversations. The SpecForge export is then read by
+SpecForge 0.2.0's `specforge.data` preprocessing (what training maps over the file) with the tiny model's
+real tokenizer, in SpecForge's own venv (tests/fixtures/specforge_oracle.py). Skipped locally when it is not
+installed; a failure under CI=true. The real vLLM-CPU job's export is read the same way in test_run_vllm.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -24,17 +23,18 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from fleetgen.generate.export import EMPTY, THINK, export
-from tests.fixtures import skip_or_fail
-from tests.fixtures.vllm import default_tiny_model_dir
+from tests.fixtures.sim import SimFactory
+from tests.fixtures.specforge_oracle import (
+    assert_specforge_keeps_every_turn,
+    read_with_specforge,
+    specforge_tools,
+)
 from tests.unit.test_generate_job import new_job, params, write_jsonl
-from tests.unit.test_generate_standin import StandIn, serve
 
 pytestmark = pytest.mark.specforge
-PYTHON = os.environ.get("FLEETGEN_SPECFORGE_PYTHON", "")
-CHECK = Path(__file__).resolve().parent.parent / "fixtures" / "specforge_check.py"
-TEMPLATE = "qwen3-thinking"  # SpecForge's template for the tiny model's Qwen3-style ChatML
 OLD = "OLDMODEL"  # in every input assistant turn: it must never reach an exported assistant turn
-ALLOWED_WARNING = "The first message is from system"
+# SGLang with the qwen3 parser, 40 tokens an answer (30 reasoning); the job's max_tokens is 64.
+SIM_FLAGS: dict[str, object] = dict(reasoning_parser="qwen3", sim_output_tokens=40)
 
 
 def turn(role: str, text: str, *, sharegpt: bool = False) -> dict[str, str]:
@@ -80,9 +80,8 @@ NAMED_SHAPES: list[dict[str, Any]] = [
             turn("user", "and this"),
         ],
     },
-    {"id": "truncated", "prompt": "long one [[sim:finish=length]]"},
-    {"id": "truncated-in-reasoning", "prompt": "longer [[sim:finish=length:empty]]"},
-    {"id": "leaked", "prompt": "leaky [[sim:leak]]"},
+    {"id": "truncated", "prompt": "long one [[sim:finish=length]]"},  # the answer begun
+    {"id": "truncated-in-reasoning", "prompt": "longer [[sim:tokens=400]]"},  # 64 tokens, all reasoning
 ]
 
 ROLES = ["system", "user", "human", "assistant", "gpt"]
@@ -91,18 +90,9 @@ TURN = st.tuples(st.sampled_from(ROLES), TEXT)
 CONVERSATION = st.lists(TURN, min_size=1, max_size=8)
 
 
-def _skip_or_fail(reason: str) -> None:
-    skip_or_fail("SpecForge's own code", reason)
-
-
 @pytest.fixture(scope="module")
 def specforge() -> tuple[str, Path]:
-    if not PYTHON or not Path(PYTHON).exists():
-        _skip_or_fail("set FLEETGEN_SPECFORGE_PYTHON to scripts/install-specforge.sh's venv python")
-    tokenizer = default_tiny_model_dir()
-    if not (tokenizer / "tokenizer.json").is_file():
-        _skip_or_fail(f"no tiny model at {tokenizer}: run scripts/build_tiny_model.py (FLEETGEN_TINY_MODEL)")
-    return PYTHON, tokenizer
+    return specforge_tools()
 
 
 def as_record(index: int, turns: list[tuple[str, str]]) -> dict[str, Any]:
@@ -113,11 +103,14 @@ def as_record(index: int, turns: list[tuple[str, str]]) -> dict[str, Any]:
     return {"id": f"h{index}", "messages": [{"role": r, "content": t} for r, t in text]}
 
 
-async def export_and_read(tmp: Path, records: list[dict[str, Any]], specforge: tuple[str, Path]) -> None:
-    """Run the job, export SpecForge rows, read each with SpecForge's own code, check the invariants."""
+async def export_and_read(
+    tmp: Path, records: list[dict[str, Any]], specforge: tuple[str, Path], sim_server: SimFactory
+) -> None:
+    """Run the job on the sim, export SpecForge rows, read each with SpecForge's own code, check the
+    invariants."""
     prompts = write_jsonl(tmp / "in.jsonl", records)
-    async with serve(StandIn()) as server:
-        summary = await new_job(tmp, prompts, [server.url], params=params(thinking=True)).run()
+    async with sim_server(**SIM_FLAGS) as server:
+        summary = await new_job(tmp, prompts, [server.base_url], params=params(thinking=True)).run()
     assert summary.results > 0, summary
     path = tmp / "train.jsonl"
     exported = export(tmp / "out", "sharegpt", path)
@@ -135,36 +128,29 @@ async def export_and_read(tmp: Path, records: list[dict[str, Any]], specforge: t
             if message["role"] == "assistant":
                 assert OLD not in message["content"] and message["reasoning_content"].strip(), row
     verdicts = await asyncio.to_thread(read_with_specforge, path, specforge)
-    assert [v["id"] for v in verdicts] == [row["id"] for row in rows]
-    for verdict, row in zip(verdicts, rows, strict=True):
-        num_assistant = sum(m["role"] == "assistant" for m in row["conversations"])
-        assert [w for w in verdict["warnings"] if not w.startswith(ALLOWED_WARNING)] == [], (row, verdict)
-        assert verdict["assistant_turns_rendered"] == num_assistant and verdict["loss_tokens"] > 0, (
-            row,
-            verdict,
-        )
-
-
-def read_with_specforge(path: Path, specforge: tuple[str, Path]) -> list[dict[str, Any]]:
-    python, tokenizer = specforge
-    done = subprocess.run(
-        [python, str(CHECK), str(path), str(tokenizer), TEMPLATE],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return [json.loads(line) for line in done.stdout.splitlines()]
+    assert_specforge_keeps_every_turn(rows, verdicts)
 
 
 async def test_every_named_input_shape_exports_rows_specforge_reads(
-    tmp_path: Path, specforge: tuple[str, Path]
+    tmp_path: Path, specforge: tuple[str, Path], sim_server: SimFactory
 ) -> None:
-    await export_and_read(tmp_path, NAMED_SHAPES, specforge)
+    await export_and_read(tmp_path, NAMED_SHAPES, specforge, sim_server)
     exported = export(tmp_path / "out", "sharegpt", tmp_path / "again.jsonl")
-    assert exported.dropped == {EMPTY: 1, THINK: 1} and exported.truncated_written == 1
+    assert exported.dropped == {EMPTY: 1} and exported.truncated_written == 1
     assert any("1 truncated rows written" in note for note in exported.notes)
+
+
+async def test_a_leaked_think_marker_is_dropped_by_reason(tmp_path: Path, sim_server: SimFactory) -> None:
+    """SGLang without a reasoning parser answers with the raw text, `</think>` and all, as the content: the
+    SpecForge export drops that row (SpecForge's --strict-think-markers would refuse it) and says why."""
+    prompts = write_jsonl(
+        tmp_path / "in.jsonl", [{"id": "leaked", "prompt": "leaky"}, {"id": "b", "prompt": "q"}]
+    )
+    async with sim_server(sim_output_tokens=40) as server:
+        summary = await new_job(tmp_path, prompts, [server.base_url], params=params(thinking=True)).run()
+    assert summary.results == 2
+    exported = export(tmp_path / "out", "sharegpt", tmp_path / "train.jsonl")
+    assert exported.rows == 0 and exported.dropped == {THINK: 2}
 
 
 @settings(
@@ -175,11 +161,14 @@ async def test_every_named_input_shape_exports_rows_specforge_reads(
 )
 @given(conversations=st.lists(CONVERSATION, min_size=30, max_size=30))
 async def test_any_accepted_conversation_exports_in_a_form_specforge_reads(
-    tmp_path_factory: pytest.TempPathFactory, specforge: tuple[str, Path], conversations: list[Any]
+    tmp_path_factory: pytest.TempPathFactory,
+    specforge: tuple[str, Path],
+    sim_server: SimFactory,
+    conversations: list[Any],
 ) -> None:
     """Invariant: whatever conversations the job accepts (the rest are bad input), each exported row reads in
     SpecForge's own preprocessing with every assistant turn kept, and none is the input's old text."""
     records = [as_record(i, turns) for i, turns in enumerate(conversations)] + [
         {"id": "anchor", "prompt": "q"}
     ]
-    await export_and_read(tmp_path_factory.mktemp("h"), records, specforge)
+    await export_and_read(tmp_path_factory.mktemp("h"), records, specforge, sim_server)
