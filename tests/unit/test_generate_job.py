@@ -480,3 +480,13 @@ async def test_each_server_takes_the_requests_its_engine_admits_plus_a_queue(tmp
     peak = {n: max(e.in_flight for p in seen for e in p.endpoints if e.name == n) for n in ("s0", "s1")}
     assert {e.name: e.cap for e in seen[-1].endpoints} == {"s0": 7, "s1": 12}
     assert peak["s0"] <= 7 < peak["s1"] <= 12
+
+
+async def test_a_server_admitting_more_than_the_jobs_concurrency_holds_them_all(tmp_path: Path) -> None:
+    """A server whose engine admits 40 holds in_flight_for(40) requests at once, though the job's fallback
+    concurrency is 3: its HTTP pool is sized to its cap (a pool of the job's 3 held it at 3)."""
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": f"r{i}", "prompt": f"q{i}"} for i in range(150)])
+    async with serve(StandIn(delay_s=0.3)) as a:
+        job = new_job(tmp_path, prompts, [a.url], FleetHooks(caps={"s0": in_flight_for(40)}), concurrency=3)
+        await job.run()
+    assert a.most_in_flight == in_flight_for(40) == 56

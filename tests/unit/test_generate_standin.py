@@ -37,6 +37,8 @@ class StandIn:
     delay_s: float = 0.0
     metrics_text: str | None = None  # served at /metrics when set (Prometheus text)
     can_hang: bool = True  # False: `[[sim:hang]]` is answered (a server restarted healthy)
+    in_flight: int = 0
+    most_in_flight: int = 0  # the most chat requests it held at once
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -58,6 +60,14 @@ class StandIn:
         return web.json_response({"object": "list", "data": [{"id": "standin", "max_model_len": 4096}]})
 
     async def chat(self, request: web.Request) -> web.Response:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            return await self._chat(request)
+        finally:
+            self.in_flight -= 1
+
+    async def _chat(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.bodies.append(body)
         user = [m for m in body["messages"] if m["role"] == "user"][-1]["content"]

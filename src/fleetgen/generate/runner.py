@@ -105,8 +105,8 @@ class Job:
                 endpoints = []
                 for name, url in self.fleet.endpoints:  # one not READY waits for the Watch to admit it
                     readiness, why = self.fleet.not_ready.get(name, (Readiness.READY, ""))
-                    client = await self._client(url)
                     cap = self.fleet.caps.get(name, opts.concurrency)
+                    client = await self._client(url, cap)
                     endpoints.append(Endpoint(name, client, cap, readiness, last_error=why))
                 admit = self._admit if self.fleet.check is not None else None
                 watch = Watch(endpoints, opts.policy, on_dead=self.fleet.on_dead, admit=admit)
@@ -115,13 +115,13 @@ class Job:
         finally:
             store.close()
 
-    async def _client(self, url: str) -> EngineClient:
-        """A client for one endpoint, closed with the job."""
+    async def _client(self, url: str, cap: int) -> EngineClient:
+        """A client for one endpoint holding up to `cap` requests (its pool sized alike), closed with it."""
         assert self._stack is not None
         opts = self.options
         client = EngineClient(
             url,
-            max_connections=opts.concurrency,
+            max_connections=cap,
             timeout_s=opts.request_timeout_s,
             api_key=self.fleet.api_key,
         )
@@ -132,7 +132,9 @@ class Job:
         assert self.fleet.check is not None
         link = await self.fleet.check(endpoint.name)
         if link.url and link.url.rstrip("/") != endpoint.client.base_url:
-            endpoint.client = await self._client(link.url)  # its host was unreachable when the job started
+            endpoint.client = await self._client(
+                link.url, endpoint.cap
+            )  # its host was unreachable when the job started
         if link.readiness is not Readiness.READY:
             endpoint.last_error = link.problem
         return link.readiness
