@@ -4,6 +4,7 @@ and the layout problems of a cluster (GPUs `tp` does not divide, servers wider t
 from __future__ import annotations
 
 import re
+from itertools import pairwise
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
@@ -74,10 +75,10 @@ class ClusterConfig(Machine):
         """The QOS sbatch_args ask for (`--qos=Q`, `--qos Q`, `-q Q`, `-qQ`; sbatch takes the last), else
         None: the account's default."""
         found = None
-        for arg, after in zip(self.sbatch_args, [*self.sbatch_args[1:], None], strict=True):
+        for arg, after in pairwise([*self.sbatch_args, ""]):
             if arg.startswith("--qos="):
                 found = arg.removeprefix("--qos=")
-            elif arg in ("--qos", "-q") and after is not None:
+            elif arg in ("--qos", "-q") and after:
                 found = after
             elif arg.startswith("-q") and len(arg) > 2 and not arg.startswith("--"):
                 found = arg.removeprefix("-q")
