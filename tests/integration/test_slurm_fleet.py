@@ -173,11 +173,14 @@ async def test_a_slurm_fleet_serves_a_job_exactly_once_through_a_preemption(
     assert our_processes(tmp_path / "work") == []  # and no process left on the node
 
 
-# The sim, launched through `python -c`: first a helper that ignores SIGTERM, as vLLM's multiprocessing
-# helpers outlive a TERM; when Slurm ends the job the helper is reparented to init and leaves
-# proctrack/linuxproc's tree: only `down` itself can find it on the node.
+# The sim, launched through `python -c`: first two helpers that ignore SIGTERM, as vLLM's multiprocessing
+# helpers outlive a TERM, one in the engine's process group, one in a session (and group) of its own; when
+# Slurm ends the job they are reparented to init and leave proctrack/linuxproc's tree: only `down` itself
+# can find them on the node (the second by the SLURM_JOB_ID it carries, not by the engine's group).
+HELPER = "['sh', '-c', 'trap \"\" TERM; exec sleep 600']"
 WITH_HELPER = (
-    "import runpy, subprocess; subprocess.Popen(['sh', '-c', 'trap \"\" TERM; exec sleep 600']); "
+    f"import runpy, subprocess; subprocess.Popen({HELPER}); "
+    f"subprocess.Popen({HELPER}, start_new_session=True); "
     "runpy.run_module('fleetgen.sim', run_name='__main__', alter_sys=True)"
 )
 
@@ -199,11 +202,12 @@ async def test_what_the_engine_left_on_the_node_is_swept_when_its_job_ends(
         code, out, err = await cli("up", "-f", str(fleet))
         assert code == 0, out + err
         first = state(fleet)["slurm-0"]
-        [helper] = [p for p in our_processes(tmp_path / "work") if p != first["pid"]]
+        helpers = sorted(p for p in our_processes(tmp_path / "work") if p != first["pid"])
+        assert len(helpers) == 2
         code, out, err = await cli(verb, "-f", str(fleet))
         assert code == 0, out + err
-        assert is_gone(helper) and f"swept pid(s) {helper} left" in out, out
-        assert verb == "down" or len(our_processes(tmp_path / "work")) == 2  # restart: a new server + helper
+        assert all(map(is_gone, helpers)) and f"swept pid(s) {', '.join(map(str, helpers))} left" in out, out
+        assert verb == "down" or len(our_processes(tmp_path / "work")) == 3  # restart: new server + helpers
     finally:
         code, out, err = await cli("down", "-f", str(fleet))
     assert code == 0, out + err
