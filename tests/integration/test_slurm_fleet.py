@@ -27,6 +27,7 @@ from tests.fixtures.fleetcli import (
     fleetgen,
     is_gone,
     query,
+    text_appears,
     wait_for_rows,
     write_prompts,
 )
@@ -171,6 +172,38 @@ async def test_a_slurm_fleet_serves_a_job_exactly_once_through_a_preemption(
     assert code == 0, out + err
     assert slurm_cluster.job_ids() == []  # nothing of ours queued or running
     assert our_processes(tmp_path / "work") == []  # and no process left on the node
+
+
+async def test_the_runs_own_log_says_how_slurm_ended_a_servers_job(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """A server's job cancelled under a run (as an admin's scancel or a preemption ends it): where the run's
+    own log reports the server down it reads Slurm's words, not only the request's "Server disconnected";
+    the job goes on with the other server."""
+    fleet = write_cluster_fleet(tmp_path, cluster={"gpus": 2})
+    try:
+        code, out, err = await cli("up", "-f", str(fleet))
+        assert code == 0, out + err
+        job = str(state(fleet)["slurm-1"]["slurm_job"])
+        prompts, result, log = (
+            write_prompts(tmp_path / "p.jsonl", 150),
+            tmp_path / "out",
+            tmp_path / "run.log",
+        )
+        with log.open("wb") as err_file:
+            run = ["run", str(prompts), "-o", str(result), "-f", str(fleet), *RUN_FLAGS]
+            async with fleetgen(*run, stderr=err_file) as proc:
+                await asyncio.wait_for(wait_for_rows(result, 20, proc), 120)
+                slurm_cluster.run("scancel", job)
+                said = f"slurm-1 is down: Slurm job {job} ended: CANCELLED"
+                await asyncio.wait_for(text_appears(log, said, proc), 120)
+                stdout, _ = await finish(proc)
+        assert proc.returncode == 0, log.read_text()
+        assert_every_record_once(result, stdout, 150)
+    finally:
+        code, out, err = await cli("down", "-f", str(fleet))
+    assert code == 0, out + err
+    assert slurm_cluster.job_ids() == [] and our_processes(tmp_path / "work") == []
 
 
 # The sim, launched through `python -c`: first two helpers that ignore SIGTERM, as vLLM's multiprocessing
