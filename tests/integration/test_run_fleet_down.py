@@ -22,6 +22,7 @@ from tests.fixtures.fleetcli import (
     finish,
     fleetgen,
     query,
+    text_appears,
     wait_for_rows,
     write_prompts,
 )
@@ -50,16 +51,6 @@ def run_args(prompts: Path, out: Path, fleet_file: Path, *flags: str) -> list[st
         "64",
         *flags,
     ]
-
-
-async def text_appears(path: Path, needle: str, proc: asyncio.subprocess.Process) -> str:
-    """Poll the run's log file until `needle` is in it (or the run ends without it)."""
-    while True:
-        text = await asyncio.to_thread(lambda: path.read_text() if path.exists() else "")
-        if needle in text:
-            return text
-        assert proc.returncode is None, f"the run ended without saying {needle!r}:\n{text}"
-        await asyncio.sleep(0.2)
 
 
 async def test_fleet_down_mid_job_is_said_at_once_then_fleetdown_with_the_resume_command(

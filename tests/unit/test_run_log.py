@@ -77,7 +77,20 @@ def test_every_instance_down_is_said_once_with_each_reason_then_the_fleets_own_r
         "  b (down): Server disconnected",
         "  a (down): not running",
         "  b (down): not running",
+        "a is down: connection refused",  # its reason changed as b came back
         "b is ready again: it takes work",
+    ]
+
+
+def test_the_fleets_own_why_of_one_down_instance_follows_the_failed_requests() -> None:
+    """A Slurm job ended under the run: the request says "Server disconnected", the probe then reads
+    Slurm's own account (its job CANCELLED), said once."""
+    cancelled = {"a": ("down", "Slurm job 12 ended: CANCELLED"), "b": ("ready", "")}
+    lines = run_log([snap(UP), snap(A_DOWN), snap(A_DOWN), snap(cancelled), snap(cancelled), snap(UP)])
+    assert lines == [
+        "a is down: connection refused; the others go on",
+        "a is down: Slurm job 12 ended: CANCELLED",
+        "a is ready again: it takes work",
     ]
 
 

@@ -26,13 +26,19 @@ def _progress(instance: str, message: str) -> None:
 
 
 def _report(outcomes: Sequence[Outcome], verb: str) -> None:
-    """Print one block per instance; exit 1 when one failed."""
+    """Print one block per instance, one per error that failed several (a fleet-wide refusal names them all
+    once); exit 1 when one failed."""
     failed = 0
+    shown: set[int] = set()
     for out in sorted(outcomes, key=lambda o: o.instance):
         if out.error is not None:
             failed += 1
-            cli.err_console.print(f"[bold red]✗ {out.instance}[/] ({out.host}) failed:", highlight=False)
-            cli.render_error(out.error)
+            if id(out.error) not in shown:
+                shown.add(id(out.error))
+                same = sorted(o.instance for o in outcomes if o.error is out.error)
+                where = ", ".join(sorted({o.host for o in outcomes if o.error is out.error}))
+                cli.err_console.print(f"[bold red]✗ {', '.join(same)}[/] ({where}) failed:", highlight=False)
+                cli.render_error(out.error)
             continue
         action = out.action.value if out.action else verb
         facts = [

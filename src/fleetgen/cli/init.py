@@ -12,7 +12,7 @@ from fleetgen.engines import ENGINES
 from fleetgen.errors import ConfigError
 
 EXAMPLE_FLEET = """\
-# fleetgen fleet file: WHAT to run ([engine]) and WHERE ([[hosts]]).
+# fleetgen fleet file: WHAT to run ([engine]) and WHERE ([[hosts]], or a Slurm [cluster] at the end).
 # Next: `fleetgen hosts check` probes every host; `fleetgen plan` sizes memory; `fleetgen up` deploys.
 
 [engine]
@@ -46,6 +46,24 @@ workdir = "~/fleetgen"             # launch scripts, pid files and logs live her
 name = "here"
 ssh = "local"
 gpus = [0]
+
+# Or let a Slurm cluster place the servers: remove every [[hosts]] entry and uncomment this table
+# (one job per server; every key in README.md, "From SSH hosts to Slurm").
+# [cluster]
+# kind = "slurm"
+# partition = "gpu"                # checked before anything is queued: MaxTime, nodes, accounts, GPUs
+# gpus = 16                        # servers = gpus / engine.tp, one job each
+# time = "3-00:00:00"              # each server's job time limit, as sbatch --time takes it
+# account = "my-project"           # optional (default: your default account)
+# sbatch_args = ["--qos=normal"]   # any other sbatch option
+# workdir = "/shared/fleetgen"     # on a filesystem the submit host and the nodes share
+# submit = "local"                 # where sbatch runs: this machine, or "user@login-node:22"
+# node_access = "ssh"              # reach an allocated node by "ssh" (its NodeAddr), "local" or "srun"
+# node_ssh_user = "me"             # optional: the user for SSH to a node
+# node_ssh_port = 22
+# base_port = 30000                # server k listens on base_port + k on its node
+# pending_timeout_s = 3600         # how long `up` waits for an allocation
+# gpu_memory_gib = 80              # for `fleetgen plan --offline`
 """
 
 

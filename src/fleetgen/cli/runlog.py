@@ -1,8 +1,10 @@
 """`fleetgen run` off a terminal (a pipe, `nohup`, a tmux log) or with `--no-live`: a log, not a frame.
 
 One plain line of progress every `--log-every` seconds and at the end (with the job's averages); a line at
-once when an instance goes down or comes back; and when every instance is down, at once, each one's reason
-and what the job does meanwhile (waits, restarts, or stops with FleetDown when the wait runs out).
+once when an instance goes down or comes back, and when the fleet says why one is down in other words than
+the failed request did (a Slurm job's end: CANCELLED, PREEMPTED, TIMEOUT, NODE_FAIL); and when every
+instance is down, at once, each one's reason and what the job does meanwhile (waits, restarts, or stops
+with FleetDown when the wait runs out).
 """
 
 from __future__ import annotations
@@ -85,6 +87,10 @@ class PlainLog:
             if was_ready and not is_ready and not all_down:
                 why = e.last_error or "no reason known yet"
                 self._say(f"{e.name} is {e.readiness.value}: {why}; the others go on")
+                self._reasons[e.name] = e.last_error
+            elif e.readiness is Readiness.DOWN and not all_down and e.last_error != self._reasons.get(e.name):
+                self._say(f"{e.name} is down: {e.last_error}")  # the fleet's own why (a Slurm job's end)
+                self._reasons[e.name] = e.last_error
             elif is_ready and not was_ready:
                 self._say(f"{e.name} is ready again: it takes work")
         if all_down:

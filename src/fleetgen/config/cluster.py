@@ -4,6 +4,7 @@ and the layout problems of a cluster (GPUs `tp` does not divide, servers wider t
 from __future__ import annotations
 
 import re
+from itertools import pairwise
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
@@ -64,11 +65,45 @@ class ClusterConfig(Machine):
                 raise ValueError(f"{arg!r} is set by fleetgen: remove it from sbatch_args ({where})")
         return args
 
+    @property
+    def time_limit_s(self) -> int | None:
+        """`time` in seconds; None for no limit."""
+        return slurm_time_s(self.time)
+
+    @property
+    def qos(self) -> str | None:
+        """The QOS sbatch_args ask for (`--qos=Q`, `--qos Q`, `-q Q`, `-qQ`; sbatch takes the last), else
+        None: the account's default."""
+        found = None
+        for arg, after in pairwise([*self.sbatch_args, ""]):
+            if arg.startswith("--qos="):
+                found = arg.removeprefix("--qos=")
+            elif arg in ("--qos", "-q") and after:
+                found = after
+            elif arg.startswith("-q") and len(arg) > 2 and not arg.startswith("--"):
+                found = arg.removeprefix("-q")
+        return found
+
     def submit_host(self) -> dict[str, Any]:
         """The `[[hosts]]` entry the cluster stands for: the submit host, its GPUs the cluster's (slots
         0…gpus-1, one instance per `tp` of them; Slurm picks the real devices on the node)."""
         values = self.model_dump(include={"name", *Machine.model_fields}, exclude_none=True)
         return {**values, "ssh": self.submit, "gpus": list(range(self.gpus))}
+
+
+def slurm_time_s(value: str) -> int | None:
+    """A Slurm time limit (`SLURM_TIME`: as `sbatch --time` takes it and `scontrol` writes MaxTime) in
+    seconds; None for no limit ("UNLIMITED", and 0, which sbatch reads as no limit)."""
+    if value.upper() in ("UNLIMITED", "INFINITE", "NONE"):
+        return None
+    days, has_days, rest = value.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if has_days:  # D-H, D-H:M, D-H:M:S
+        hours, minutes, seconds = [*parts, 0, 0][:3]
+    else:  # M, M:S, H:M:S
+        hours, minutes, seconds = [0, *parts, 0][:3] if len(parts) < 3 else parts
+    total = int(days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds
+    return total or None
 
 
 def cluster_problems(cluster: ClusterConfig, tp: int) -> list[tuple[tuple[int | str, ...], str]]:

@@ -48,12 +48,15 @@ from fleetgen.deploy.verify import process_drift
 from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import DeployError, LaunchFailed
 from fleetgen.plan import Issue
+from fleetgen.remote.base import Host
+from fleetgen.remote.partition import partition_limits, partition_refusals
 from fleetgen.remote.slurm import (
-    HOPELESS,
     JobInfo,
     PartitionGpus,
     cancel,
+    hopeless_fix,
     job_options,
+    job_processes,
     jobs,
     node_address,
     partition_gpus,
@@ -80,6 +83,7 @@ tmp="$pidfile.$$.tmp"
 exec "$script"
 """
 _PIDFILE_WAIT_S = 60.0
+REASON_SETTLE_S = 5.0  # a pending reason that waiting does not clear is judged once it held this long
 
 
 def job_name(fleet_path: Path, instance: str) -> str:
@@ -97,13 +101,22 @@ def sbatch_argv(cluster: ClusterConfig, wanted: WantedInstance, name: str, tail:
 
 
 async def preflight(login: HostSession, cluster: ClusterConfig, wanted: WantedInstance) -> None:
-    """Before any job is queued: Slurm accepts one server's job (`sbatch --test-only`: partition, time
-    limit, GPUs per node, account), and the partition has the GPUs the fleet asks for."""
+    """Before any job is queued, whatever the cluster's `EnforcePartLimits`: the partition's limits that
+    fleetgen can read (state, MaxTime, nodes, GPUs per node, accounts, QOS) and the GPUs it has, checked
+    here; then Slurm accepts one server's job (`sbatch --test-only`: what fleetgen cannot read)."""
+    host = login.host
+    if (part := await partition_limits(host, cluster.partition)) is not None:
+        have = await partition_gpus(host, cluster.partition)
+        refused = partition_refusals(cluster, len(wanted.inst.gpus), part, have)
+        refused += [short] if (short := gpus_shortfall(cluster, have)) else []
+        if refused:
+            raise DeployError(
+                "; ".join(r.message for r in refused) + " (checked before anything was queued)",
+                fix="; ".join(r.fix for r in refused),
+            )
     test = sbatch_argv(cluster, wanted, "fleetgen-test-only", ["--wrap=true"])
     test.insert(1, "--test-only")
-    await slurm(login.host, test, "accept a server's job")
-    if short := gpus_shortfall(cluster, await partition_gpus(login.host, cluster.partition)):
-        raise DeployError(short.message, fix=short.fix)
+    await slurm(host, test, "accept a server's job")
 
 
 def gpus_shortfall(cluster: ClusterConfig, have: PartitionGpus) -> Issue | None:
@@ -118,14 +131,15 @@ def gpus_shortfall(cluster: ClusterConfig, have: PartitionGpus) -> Issue | None:
     )
 
 
-async def wait_running(
-    login: HostSession, job: str, instance: str, progress: Narrate, timeout_s: float
-) -> JobInfo:
-    """Poll the job until Slurm runs it (its node known); progress names the pending reason and time."""
+async def wait_running(host: Host, job: str, instance: str, progress: Narrate, timeout_s: float) -> JobInfo:
+    """Poll the job until Slurm runs it (its node known); progress names the pending reason and time. A
+    reason that waiting does not clear cancels the job once it held REASON_SETTLE_S: Slurm first writes a
+    generic one (PartitionConfig) and replaces it with the precise one (PartitionTimeLimit) a moment later."""
     started, delay = time.monotonic(), 0.2
     said: tuple[tuple[str, str], float] = (("", ""), 0.0)
+    hopeless_since: float | None = None
     while True:
-        info = (await jobs(login.host, [job]))[job]
+        info = (await jobs(host, [job]))[job]
         elapsed = time.monotonic() - started
         if info.state == "RUNNING" and info.node:
             progress(instance, f"Slurm job {job} runs on {info.node} after {elapsed:.0f} s in the queue")
@@ -135,12 +149,17 @@ async def wait_running(
                 f"{instance}: Slurm job {job} ended before it ran: {info.describe()}",
                 fix=f"`scontrol show job {job}` says more; `fleetgen up` submits it again",
             )
-        if info.reason in HOPELESS:
-            await cancel(login.host, [info.name])
+        fix = hopeless_fix(info.reason)
+        if fix is None:
+            hopeless_since = None
+        elif hopeless_since is None:
+            hopeless_since = elapsed
+        elif elapsed - hopeless_since >= REASON_SETTLE_S:
+            await cancel(host, [info.name])
             raise DeployError(
                 f"{instance}: Slurm keeps job {job} pending for a reason that waiting does not clear: "
                 f"{info.reason}; the job was cancelled",
-                fix=HOPELESS[info.reason],
+                fix=fix,
             )
         if elapsed > timeout_s:
             raise DeployError(
@@ -243,7 +262,7 @@ async def _follow(
 ) -> None:
     """Wait for the allocation, learn node and PID, then the SSH hosts' chain: ready, listener, verify."""
     timeout_s = _cluster(fleet).pending_timeout_s
-    info = await wait_running(login, rec.slurm_job, wanted.inst.name, run.progress, timeout_s)
+    info = await wait_running(login.host, rec.slurm_job, wanted.inst.name, run.progress, timeout_s)
     undo = partial(cancel, login.host, [job_name(fleet.path, wanted.inst.name)])
     async with node_session(fleet, login, info.node, info.job_id) as node:
         pid, start_time = await _engine_pid(node, wanted, rec.slurm_job)
@@ -304,12 +323,18 @@ async def down_jobs(
 
 async def _sweep(fleet: Fleet, login: HostSession, rec: InstanceRecord | None) -> list[int]:
     """What the recorded launch left alive on its node after its job is gone, stopped as SSH hosts stop a
-    server (its process group, TERM then KILL): the engine, or its helpers that Slurm's process tracking lost
-    when their parent died (reparented to init). Returns their PIDs."""
-    if rec is None or not rec.pid or not rec.node or _cluster(fleet).node_access == "srun":
+    server (each process group, TERM then KILL): the engine's group, and every process that carries the
+    job's SLURM_JOB_ID (helpers that Slurm's process tracking lost when their parent died and they were
+    reparented to init, in a group or session of their own, whatever the proctrack). Returns their PIDs.
+    Called once Slurm lists the job no more: nothing of it may run then."""
+    if rec is None or not rec.node or not rec.slurm_job or _cluster(fleet).node_access == "srun":
         return []  # through srun, nothing runs on the node outside a job: Slurm ended its steps with it
     async with node_session(fleet, login, rec.node, rec.slurm_job) as node:
-        return await node.host.stop(rec.pid, start_time=rec.start_time, timeout=10.0)
+        host = node.host
+        swept = await host.stop(rec.pid, start_time=rec.start_time, timeout=10.0) if rec.pid else []
+        left = await job_processes(host, rec.slurm_job)
+        more = await asyncio.gather(*(host.stop(p.pid, start_time=p.start_time, timeout=10.0) for p in left))
+        return sorted({*swept, *(pid for pids in more for pid in pids)})
 
 
 @dataclass

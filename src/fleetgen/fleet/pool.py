@@ -74,14 +74,21 @@ class FleetLinks:
 
     async def check(self, name: str) -> Link:
         """One instance as it is now: its host reconnected if it was unreachable (SSH connections that
-        dropped reconnect, and re-open their tunnels, on the read itself)."""
+        dropped reconnect, and re-open their tunnels, on the read itself). A Slurm instance is placed anew
+        (alone) when its job was replaced, and when its process is gone: its job's end then reads in
+        Slurm's words (CANCELLED, PREEMPTED, TIMEOUT, NODE_FAIL), not as "not running"."""
+        host, is_placed = self._hosts[name], self.fleet.file.cluster is not None
         one = self._views.get(name)
-        if one is not None and one.is_replaced(name):  # Slurm runs it in a new job: placed anew
+        if one is not None and one.is_replaced(name):  # Slurm runs it in a new job
             del self._views[name]
-            await self._reconnect(self._hosts[name], only=name)
         if name not in self._views:
-            await self._reconnect(self._hosts[name])
-        return await self._read(name)
+            await self._reconnect(host, only=name if is_placed else "")
+        link = await self._read(name)
+        if is_placed and link.readiness is Readiness.DOWN and name in self._views:
+            del self._views[name]
+            await self._reconnect(host, only=name)
+            link = await self._read(name)
+        return link
 
     def _adopt(self, view: FleetView) -> None:
         """One single-instance view per watched instance, so that a probe reads only its own instance."""

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from fleetgen.config import ClusterConfig
 from fleetgen.errors import DeployError
 from fleetgen.remote.base import Host, RunResult
+from fleetgen.remote.procfs import StatLine, parse_stats
+from fleetgen.remote.scripts import sh
 
 EXPORT = "--export=PATH,HOME,USER,LANG"  # never ALL: fleetgen's environment may hold the API key
 
@@ -32,6 +34,17 @@ HOPELESS = {
     "PartitionDown": "the partition is down: ask the admins, or set cluster.partition to another",
     "PartitionInactive": "the partition is inactive: ask the admins, or set cluster.partition to another",
 }
+# A reason Slurm writes as text, not a code: the job's account may not use the partition.
+_ACCOUNT_REFUSED = "can't_use_this_partition"
+
+
+def hopeless_fix(reason: str) -> str | None:
+    """The fix of a pending reason that waiting does not clear; None for one that may clear."""
+    if _ACCOUNT_REFUSED in reason:
+        return HOPELESS["AccountNotAllowed"]
+    return HOPELESS.get(reason)
+
+
 # Slurm's refusal texts (sbatch / allocation failure) → which field fixes them.
 _FIXES = (
     ("invalid partition", "set cluster.partition to one `sinfo -s` lists"),
@@ -190,6 +203,24 @@ async def cancel(host: Host, names: Sequence[str]) -> None:
     """`scancel --name` each: every job fleetgen gave that name, whatever fleetgen's state recorded."""
     for name in names:
         await slurm(host, ["scancel", "--name", name], f"cancel job {name}")
+
+
+# The stat line of each process whose environment names Slurm job $1: every process of a job inherits
+# SLURM_JOB_ID and keeps it when its parent dies and it is reparented to init (out of the job's process
+# group and, under proctrack/linuxproc, of Slurm's sight); slurmstepd itself does not carry it.
+_JOB_PROCESSES_SH = r"""
+for f in $(grep -lsxzF -e "SLURM_JOB_ID=$1" /proc/[0-9]*/environ); do
+  cat "${f%/environ}/stat" 2>/dev/null
+done
+exit 0
+"""
+
+
+async def job_processes(host: Host, job: str) -> list[StatLine]:
+    """The live processes on `host` (a node) that Slurm job `job` started, whatever became of their parent
+    and their process group (as far as this user may read their environment)."""
+    result = await host.run(sh(_JOB_PROCESSES_SH, job), check=False, timeout=60.0)
+    return [s for s in parse_stats(result.stdout) if not s.is_dead]
 
 
 @dataclass(frozen=True)
