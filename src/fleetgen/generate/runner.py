@@ -45,6 +45,7 @@ from fleetgen.generate.store import BadRow, Batch, Counts, ErrorRow, ResultRow, 
 from fleetgen.generate.work import JobOptions
 from fleetgen.generate.writer import StoreWriter
 from fleetgen.http.client import EngineClient
+from fleetgen.http.request import ChatRequests
 
 OnProgress = Callable[[Progress], None]
 
@@ -154,12 +155,10 @@ class Job:
             interval_s=opts.metrics_interval_s,
             api_key=self.fleet.api_key,
         )
-        base = opts.params.base_body(model)
+        requests = ChatRequests(model, opts.params.max_tokens, opts.params.sampling)
         dispatcher = Dispatcher(
             watch,
-            lambda work: rows.request_body(
-                base, work.messages_for_next_turn(), opts.params.seed, work.sample
-            ),
+            lambda work: requests.body(work.messages_for_next_turn(), work.sample),
             lambda ep, work, t0, dt: writer.put(builder.result(ep, work, t0, dt)),
             lambda ep, work, exc: writer.put(builder.error(ep, work, exc)),
         )
