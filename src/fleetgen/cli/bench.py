@@ -157,10 +157,10 @@ def bench(
         )
         rows: list[SpeedupRow] = []
         if compare:
-            off, on, rows = await compare_spec(cli.read_fleet(fleet), sweep_of)
+            off, on, rows = await compare_spec(cli.read_fleet(fleet), sweep_of)  # refused with --endpoint
             levels = [dataclasses.replace(r, target=f"{r.target} (spec off)") for r in off] + list(on)
         else:
-            levels = await sweep_of(endpoint or cli.read_fleet(fleet))
+            levels = await sweep_of(cli.read_servers(fleet, endpoint))
         if as_json:
             sent = {**dataclasses.asdict(load), "sampling": load.sampling_sent()}
             cli.print_json({"load": sent, "levels": levels, "speedups": rows})

@@ -277,6 +277,17 @@ class EngineClient:
         )
 
 
+@dataclass(frozen=True)
+class BareURLs:
+    """Servers given by URL alone (`--endpoint`), with no fleet file: no tunnels, no key, no plan."""
+
+    urls: tuple[str, ...]
+
+    def named(self) -> list[tuple[str, str]]:
+        """Each URL with its name (`named_urls`)."""
+        return named_urls(self.urls)
+
+
 def named_urls(urls: Sequence[str]) -> list[tuple[str, str]]:
     """Bare `--endpoint` URLs as (name, URL), for `run`, `bench` and the dashboard alike: each named by its
     address (`host:port`), a URL given again by that address and its place (`host:port#2`)."""
