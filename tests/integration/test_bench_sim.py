@@ -20,11 +20,13 @@ from typing import Any, cast
 
 import tomli_w
 
-from fleetgen.bench.stats import OWN_FIELDS, BenchLoad, BenchTarget
+from fleetgen.bench.stats import BenchLoad, BenchTarget
 from fleetgen.bench.sweep import sweep
-from fleetgen.cli.bench import job_sampling
 from fleetgen.config import JobFile
 from fleetgen.dashboard import chromium, svg
+from fleetgen.generate.work import SamplingParams
+from fleetgen.http.request import REQUEST_FIELDS as OWN_FIELDS
+from fleetgen.http.request import ChatRequests
 from tests.fixtures.chromium import need_chromium, png_pixels
 from tests.fixtures.sim import SimFactory
 
@@ -221,14 +223,15 @@ async def test_every_request_of_a_sweep_with_a_job_carries_its_sampling(sim_serv
                 rounds=1,
                 min_requests=1,
                 warmup_tokens=5,
-                sampling=job_sampling(job),
+                sampling=SamplingParams.of(job).sampling,  # as `bench --job` takes it
             )
             seen = len(_received(server.log_text()))
             levels = await sweep([BenchTarget("i0", (server.base_url,))], load)
             bodies = _received(server.log_text())[seen:]
             assert len(bodies) == 1 + 3 + sum(r.num_requests for r in levels)  # probe, warm-up, levels
             assert sorted(cast(int, b["max_tokens"]) for b in bodies) == [1] + [4] * 4 + [5] * 3
-            assert all(_sampling_of(b) == load.sampling for b in bodies)
+            run_body = ChatRequests("m", 1, load.sampling).body([])  # the job's first request in `run`
+            assert all(_sampling_of(b) == _sampling_of(run_body) for b in bodies)
             for key, value in job.extra_body.items():
                 assert all(b[key] == value for b in bodies if key not in OWN_FIELDS)
             assert all(b["ignore_eos"] is True and b["stream"] is True for b in bodies)

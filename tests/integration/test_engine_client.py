@@ -31,11 +31,17 @@ async def test_owned_or_borrowed_the_key_goes_with_every_request(sim_server: Sim
         seen = []
         async for client in _clients(url, "sekret"):
             reply = await client.chat(BODY)
-            events = [event async for event in client.stream_chat({**BODY, "stream": True})]
+            events = [
+                event
+                async for event in client.stream_chat(
+                    {**BODY, "stream": True, "stream_options": {"include_usage": True}}
+                )
+            ]
             scrape = await client.metrics()
             seen.append((await client.served_model(), reply.finish_reason, await client.is_healthy()))
             assert reply.completion_tokens == 8 and reply.content
-            assert any(e.get("choices") for e in events) and scrape.samples
+            assert any(e.has_text for e in events) and scrape.samples
+            assert [e.completion_tokens for e in events if e.completion_tokens is not None] == [8]
         assert seen == [("m", "stop", True)] * 2  # the sim ends its 8 tokens itself
         async for client in _clients(url, None):
             with pytest.raises(RequestFailed) as refused:

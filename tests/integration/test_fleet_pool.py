@@ -1,5 +1,6 @@
 """`fleet.pool.ready_endpoints`: the tunnels (and the SSH connections behind them) live exactly as long as the
-block that opened them, over a real sshd to a deployed `fleetgen.sim` (SGLang cannot start without a GPU)."""
+block that opened them, over a real sshd to a deployed `fleetgen.sim` (SGLang cannot start without a GPU).
+A fleet's view reads the model's shape on its first host, as `plan` and `up` do (the dashboard's plan)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from fleetgen.dashboard.fleetdata import planned_capacity
 from fleetgen.deploy.fleetops import down, up
 from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import FleetDown
 from fleetgen.fleet.pool import ready_endpoints
+from fleetgen.fleet.status import open_view
 from tests.fixtures.sshd import SshdHost
-from tests.integration.test_deploy_sglang import sim_fleet
+from tests.integration.test_deploy_sglang import QWEN36, sim_fleet
 
 
 async def _health(url: str) -> int:
@@ -50,3 +53,14 @@ async def test_tunnels_close_when_the_block_exits_and_not_before(
     with pytest.raises(FleetDown, match="no instance of the fleet is ready"):
         async with ready_endpoints(fleet):
             pass
+
+
+async def test_the_dashboards_plan_reads_the_model_on_the_fleets_host(
+    ssh_hosts: list[SshdHost], tmp_path: Path
+) -> None:
+    # engine.model is the folder on the hosts (sshd hosts are this machine); no model_config: only a read
+    # over the host's connection can find it.
+    fleet = Fleet.load(sim_fleet(tmp_path, ssh_hosts[:1], gpus=(0, 1), model=QWEN36))
+    async with open_view(fleet) as view:
+        planned, note = await planned_capacity(fleet, view.model_host)
+    assert note == "" and sorted(planned) == ["h0-0", "h0-1"]

@@ -12,13 +12,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from fleetgen.bench.stats import OWN_FIELDS, BenchLoad, chat_body
+from fleetgen.bench.stats import BenchLoad
 from fleetgen.cli import _TOPICS
 from fleetgen.cli.app import app
-from fleetgen.cli.bench import job_sampling, sampling_of
+from fleetgen.cli.bench import sampling_of
 from fleetgen.config import JobFile
-from fleetgen.generate.rows import request_body
 from fleetgen.generate.work import SamplingParams
+from fleetgen.http.request import REQUEST_FIELDS as OWN_FIELDS
+from fleetgen.http.request import ChatRequests
 
 TEXT = st.text(st.characters(codec="utf-8"), max_size=12)
 JSON = st.recursive(
@@ -67,9 +68,9 @@ def test_bench_with_a_job_sends_runs_sampling_and_its_own_lengths(
     job: JobFile, model: str, output_len: int
 ) -> None:
     params = SamplingParams.of(job)
-    messages = [{"role": "user", "content": "q"}]
-    run_body = request_body(params.base_body(model), messages, params.seed, 0)  # as the runner builds it
-    bench_body = chat_body(BenchLoad(sampling=job_sampling(job)), model, "q", output_len)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "q"}]
+    run_body = ChatRequests(model, params.max_tokens, params.sampling).body(messages, 0)  # as the runner
+    bench_body = BenchLoad(sampling=params.sampling).requests(model, output_len).body(messages)  # as bench
     assert _sampling(bench_body) == _sampling(run_body)
     # ...and that is the job file's every sampling setting (its extra_body wins, as in `run`):
     expected = {
@@ -86,18 +87,21 @@ def test_bench_with_a_job_sends_runs_sampling_and_its_own_lengths(
     assert bench_body["stream"] is True and bench_body["ignore_eos"] is True
     assert bench_body["stream_options"] == {"include_usage": True}
     assert bench_body["messages"] == messages
+    # The run's own fields are the run's too: `--max-tokens` is the length, whatever extra_body names.
+    assert (run_body["model"], run_body["max_tokens"], run_body["stream"]) == (model, job.max_tokens, False)
+    assert run_body["messages"] == messages
 
 
 @given(thinking=st.none() | st.booleans(), output_len=st.integers(1, 1 << 20))
 def test_bench_without_a_job_samples_greedily_as_before(thinking: bool | None, output_len: int) -> None:
     sampling, model = sampling_of(None, thinking)
-    body = chat_body(BenchLoad(sampling=sampling), "m", "q", output_len)
+    body = BenchLoad(sampling=sampling).requests("m", output_len).body([])
     assert model is None and body["temperature"] == 0.0
     assert not {"top_p", "top_k", "seed", "min_p", "separate_reasoning"} & set(body)
     assert body.get("chat_template_kwargs") == (None if thinking is not False else {"enable_thinking": False})
-    assert chat_body(BenchLoad(), "m", "q", output_len) == chat_body(
-        BenchLoad(sampling=sampling_of(None, None)[0]), "m", "q", output_len
-    )
+    assert BenchLoad().requests("m", output_len).body([]) == BenchLoad(
+        sampling=sampling_of(None, None)[0]
+    ).requests("m", output_len).body([])
 
 
 @pytest.mark.parametrize("flag", [None, True, False])
@@ -106,8 +110,9 @@ def test_thinking_flag_overrides_the_job_file_as_in_run(tmp_path: Path, flag: bo
     job.write_text('model = "m1"\nthinking = false\ntop_p = 0.5\n', encoding="utf-8")
     sampling, model = sampling_of(job, flag)
     thinking = False if flag is None else flag
-    assert model == "m1" and sampling["top_p"] == 0.5
-    assert sampling["chat_template_kwargs"] == {"enable_thinking": thinking}
+    fields = sampling.fields()
+    assert model == "m1" and fields["top_p"] == 0.5
+    assert fields["chat_template_kwargs"] == {"enable_thinking": thinking}
 
 
 BAD_JOBS = [

@@ -16,7 +16,6 @@ from fleetgen.bench.stats import (
     RequestSample,
     build_level,
     capped_levels,
-    chat_body,
     make_prompt,
     pooled_accept_length,
     read_event,
@@ -25,7 +24,9 @@ from fleetgen.bench.stats import (
     tokens_per_chunk,
 )
 from fleetgen.engines import Engine, get_engine
+from fleetgen.http.client import parse_event
 from fleetgen.http.metrics import Scrape, counter_deltas
+from fleetgen.http.request import Sampling
 
 FINITE = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False)
 
@@ -202,34 +203,32 @@ def test_speedups_pair_by_target_and_concurrency() -> None:
 def test_read_event_times_reasoning_and_content_chunks() -> None:
     s = RequestSample()
     start = 100.0
-    last = read_event(s, {"choices": [{"delta": {"role": "assistant"}}]}, 100.05, start, start)
-    last = read_event(s, {"choices": [{"delta": {"reasoning_content": "hm"}}]}, 100.25, start, last)
-    last = read_event(s, {"choices": [{"delta": {"reasoning": "so"}}]}, 100.30, start, last)
-    last = read_event(s, {"choices": [{"delta": {"content": "ok"}}]}, 100.50, start, last)
-    last = read_event(
-        s, {"choices": [], "usage": {"completion_tokens": 7, "prompt_tokens": 3}}, 100.6, start, last
-    )
+    events = [
+        ({"choices": [{"delta": {"role": "assistant"}}]}, 100.05),
+        ({"choices": [{"delta": {"reasoning_content": "hm"}}]}, 100.25),  # SGLang's name
+        ({"choices": [{"delta": {"reasoning": "so"}}]}, 100.30),  # vLLM 0.32's
+        ({"choices": [{"delta": {"content": "ok"}}]}, 100.50),
+        ({"choices": [], "usage": {"completion_tokens": 7, "prompt_tokens": 3}}, 100.6),
+    ]
+    last = start
+    for event, now in events:  # as the engine client yields them
+        last = read_event(s, parse_event(event), now, start, last)
     assert s.ttft_s == pytest.approx(0.25)
     assert list(s.itls) == pytest.approx([0.05, 0.20])
     assert (s.num_chunks, s.output_tokens, s.prompt_tokens) == (3, 7, 3)
     assert last == 100.50
 
 
-def test_chat_body_flags() -> None:
-    sampling = {
-        "chat_template_kwargs": {"enable_thinking": False},
-        "top_k": 5,
-        "max_tokens": 9,
-        "stream": False,
-    }
-    body = chat_body(BenchLoad(sampling=sampling), "m", "hi", 64)
+def test_bench_requests_keep_their_lengths_and_stream() -> None:
+    sampling = Sampling(thinking=False, top_k=5, extra_body={"max_tokens": 9, "stream": False})
+    body = BenchLoad(sampling=sampling).requests("m", 64).body([{"role": "user", "content": "hi"}])
     assert body["ignore_eos"] is True
     assert body["max_tokens"] == 64 and body["stream"] is True  # bench's own fields win over the sampling's
     assert body["stream_options"] == {"include_usage": True}
     assert body["chat_template_kwargs"] == {"enable_thinking": False}
-    assert body["top_k"] == 5
-    assert "ignore_eos" not in chat_body(BenchLoad(ignore_eos=False), "m", "hi", 1)
-    assert chat_body(BenchLoad(), "m", "hi", 1)["temperature"] == 0.0
+    assert body["top_k"] == 5 and body["messages"] == [{"role": "user", "content": "hi"}]
+    assert "ignore_eos" not in BenchLoad(ignore_eos=False).requests("m", 1).body([])
+    assert BenchLoad().requests("m", 1).body([])["temperature"] == 0.0
 
 
 def test_make_prompt_is_seeded_and_sized() -> None:

@@ -16,9 +16,12 @@ from typer.testing import CliRunner
 
 from fleetgen import redact
 from fleetgen.cli import _TOPICS
-from fleetgen.cli.app import app
+from fleetgen.cli.app import app, read_servers
 from fleetgen.config import fleet as fleet_config
 from fleetgen.config.common import load_toml
+from fleetgen.deploy.wanted import Fleet
+from fleetgen.errors import ConfigError
+from fleetgen.http.client import BareURLs
 
 KEY = "k3y-0f_the=fleet~" + "x" * 16
 FLEET = """\
@@ -71,3 +74,21 @@ def test_each_command_reads_its_fleet_file_once(
     assert said in " ".join(result.output.split()), result.output
     assert reads == [path], f"the fleet file was read {len(reads)} times"
     assert KEY not in redact.redact(f"a line with {KEY} in it")  # that one read remembered the key
+
+
+@pytest.mark.parametrize("fleet_flag", [None, "elsewhere.toml"])
+def test_fleet_file_or_urls_is_one_rule_for_run_bench_and_dashboard(
+    fleet_flag: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--endpoint` URLs win over any fleet file (none is read); without them, `-f`, else ./fleet.toml."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "fleet.toml").write_text(FLEET, encoding="utf-8")
+    flag = Path(fleet_flag) if fleet_flag else None
+    urls = ["http://127.0.0.1:9/", "http://127.0.0.1:9"]
+    assert read_servers(flag, urls) == BareURLs(tuple(urls))
+    if flag is None:
+        fleet = read_servers(None, None)
+        assert isinstance(fleet, Fleet) and fleet.path == Path("fleet.toml")
+    else:
+        with pytest.raises(ConfigError, match=r"elsewhere\.toml"):
+            read_servers(flag, [])

@@ -25,6 +25,7 @@ from fleetgen.generate.scrape import window_accept_length
 from fleetgen.generate.source import Position
 from fleetgen.generate.store import Store
 from fleetgen.generate.work import RecordShape, RetryPolicy
+from fleetgen.http.client import BareURLs
 from tests.unit.test_generate_job import new_job, options, params, write_jsonl
 from tests.unit.test_generate_standin import StandIn, serve
 
@@ -90,7 +91,7 @@ def test_fleet_meta_has_the_engine_section_but_never_env_values() -> None:
     )
     assert described["instances"] == ["g1-0", "g1-1"] and described["env_names"] == ["HF_TOKEN"]
     assert "hf_secret123" not in orjson.dumps(meta).decode()
-    bare = url_hooks(["http://127.0.0.1:1/"])
+    bare = url_hooks(BareURLs(("http://127.0.0.1:1/",)))
     assert bare.describe == {"fleet": {"endpoints": ["http://127.0.0.1:1/"]}}
     assert bare.endpoints == [
         ("127.0.0.1:1", "http://127.0.0.1:1")
@@ -121,7 +122,7 @@ async def test_job_stores_total_finish_time_description_and_accept_length(tmp_pa
     server = StandIn(delay_s=0.02, metrics_text=SGLANG_METRICS)
     async with serve(server) as a:
         opts = options(tmp_path, prompts, params=params(samples=2), metrics_interval_s=0.05)
-        summary = await Job(opts, url_hooks([a.url])).run(watch)
+        summary = await Job(opts, url_hooks(BareURLs((a.url,)))).run(watch)
     assert summary.status == "complete" and summary.results == 60
     assert during and "finished_at" not in during[0]  # while running, the job is not finished
     meta = read_meta(out)

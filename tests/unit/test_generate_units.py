@@ -10,6 +10,8 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from fleetgen.errors import JobError
 from fleetgen.generate import rows as rowmod
@@ -32,7 +34,7 @@ from fleetgen.generate.store import (
     Store,
 )
 from fleetgen.generate.work import BadInput, Record, RecordShape, Work, key_hash
-from fleetgen.http.client import Completion, RequestFailed, parse_completion
+from fleetgen.http.client import Completion, RequestFailed, parse_completion, parse_event
 
 SHAPE = RecordShape()
 
@@ -269,6 +271,36 @@ def test_completions_normalize_across_engines() -> None:
     assert aborted.value.is_retryable
     with pytest.raises(RequestFailed):
         parse_completion(b"<html>", "u")
+
+
+def test_stream_events_normalize_across_engines() -> None:
+    vllm = parse_event({"choices": [{"delta": {"reasoning": "r"}}]})
+    sglang = parse_event({"choices": [{"delta": {"reasoning_content": "r", "content": None}}]})
+    assert vllm == sglang and (vllm.reasoning_content, vllm.content, vllm.has_text) == ("r", "", True)
+    last = parse_event({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": None}})
+    assert (last.prompt_tokens, last.completion_tokens, last.has_text) == (3, 0, False)
+    role = parse_event({"choices": [{"delta": {"role": "assistant"}}], "usage": None})
+    assert not role.has_text and role.completion_tokens is None
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=9), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@given(
+    event=JSON | st.fixed_dictionaries({"choices": st.lists(JSON, max_size=2), "usage": JSON}),
+    delta=st.dictionaries(st.sampled_from(["content", "reasoning", "reasoning_content", "role"]), JSON),
+)
+def test_any_stream_event_reads_without_raising(event: Any, delta: dict[str, Any]) -> None:
+    """A server's odd event is an event without text, never a crash of the sweep."""
+    assert isinstance(parse_event(event).content + parse_event(event).reasoning_content, str)
+    texts = [v for k, v in delta.items() if k != "role"]
+    read = parse_event({"choices": [{"delta": delta}]})
+    if all(isinstance(v, str) or v is None for v in texts):
+        assert read.has_text == any(texts)
 
 
 def test_failure_kinds() -> None:

@@ -21,7 +21,7 @@ from fleetgen.deploy.fleetops import up
 from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import ConfigError, FleetgenError
 from fleetgen.fleet.pool import ready_endpoints
-from fleetgen.http.client import named_urls
+from fleetgen.http.client import BareURLs
 
 SPEC_ARG_PREFIX = "speculative"  # SGLang's speculative-*, vLLM's speculative-config
 
@@ -37,7 +37,7 @@ def targets_of(names_urls: Sequence[tuple[str, str]], scope: str) -> list[BenchT
 
 
 async def bench_fleet(
-    source: Fleet | Sequence[str],
+    source: Fleet | BareURLs,
     load: BenchLoad,
     *,
     scope: str = "both",
@@ -46,15 +46,14 @@ async def bench_fleet(
 ) -> list[LevelResult]:
     """Sweep the given URLs, or the fleet's ready instances (through their tunnels, capped by the plan)."""
     async with contextlib.AsyncExitStack() as stack:
-        if isinstance(source, Fleet):
+        if isinstance(source, BareURLs):
+            pairs, caps = source.named(), [cap]
+        else:
             endpoints = await stack.enter_async_context(ready_endpoints(source))
             pairs = [(e.name, e.url) for e in endpoints]
             caps = [cap, *(e.max_running_requests for e in endpoints)]
             if endpoints[0].api_key and not load.api_key:
                 load = dataclasses.replace(load, api_key=endpoints[0].api_key)
-        else:
-            pairs = named_urls(source)
-            caps = [cap]
         return await sweep(targets_of(pairs, scope), load, caps=caps, on_level=on_level)
 
 

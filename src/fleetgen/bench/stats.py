@@ -14,13 +14,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fleetgen.engines import engine_of_metrics
+from fleetgen.http.client import StreamEvent
 from fleetgen.http.metrics import counter_deltas
+from fleetgen.http.request import GREEDY, REQUEST_FIELDS, ChatRequests, Sampling
 
 DEFAULT_CONCURRENCIES = (1, 8, 32, 128, 512)
-GREEDY: Mapping[str, object] = {"temperature": 0.0}  # the sampling of a sweep without a job file
-# The body fields bench sets itself, whatever the sampling says: its lengths (ignore_eos: exactly max_tokens
-# tokens per request) and a stream with usage in its last chunk.
-OWN_FIELDS = ("model", "messages", "max_tokens", "stream", "stream_options", "ignore_eos")
 # Plain words; each is about one token for BPE tokenizers, and a seeded shuffle per request defeats prefix
 # caching (like `vllm bench serve`'s random dataset) so every level measures real prefill.
 _VOCAB = tuple(
@@ -46,9 +44,9 @@ class BenchLoad:
     min_requests: int = 8
     model: str | None = None
     ignore_eos: bool = True  # exactly output_len tokens per request, as `vllm bench serve` does
-    # The body fields that decide how tokens are sampled, in every request (probe and warm-up too): greedy
-    # unless `fleetgen bench --job` puts there the job's, as `fleetgen run` sends them; OWN_FIELDS go over.
-    sampling: Mapping[str, object] = field(default_factory=lambda: dict(GREEDY))
+    # How tokens are sampled, in every request (probe and warm-up too): greedy unless `fleetgen bench --job`
+    # puts there the job's, as `fleetgen run` sends it; bench's lengths and stream stay its own.
+    sampling: Sampling = GREEDY
     api_key: str | None = None
     timeout_s: float = 3600.0
     seed: int = 0
@@ -59,6 +57,16 @@ class BenchLoad:
 
     def num_requests(self, concurrency: int, num_instances: int) -> int:
         return max(self.rounds * concurrency, self.min_requests) * num_instances
+
+    def requests(self, model: str, max_tokens: int) -> ChatRequests:
+        """Bench's requests of `max_tokens` tokens: streamed with usage in the last event, sampled as
+        `sampling` says."""
+        return ChatRequests(model, max_tokens, self.sampling, stream=True, ignore_eos=self.ignore_eos)
+
+    def sampling_sent(self) -> dict[str, object]:
+        """The sampling fields every request carries (what `--json` records): the sampling's, less the
+        request fields bench sets itself."""
+        return {k: v for k, v in self.sampling.fields().items() if k not in REQUEST_FIELDS}
 
 
 @dataclass(frozen=True)
@@ -220,37 +228,16 @@ def make_prompt(num_words: int, rng: random.Random) -> str:
     return " ".join(rng.choices(_VOCAB, k=max(1, num_words)))
 
 
-def chat_body(load: BenchLoad, model: str, prompt: str, max_tokens: int) -> dict[str, object]:
-    """One streaming chat completion with usage in the last chunk, sampled as `load.sampling` says."""
-    body: dict[str, object] = dict(load.sampling)
-    body.update(
-        model=model,
-        messages=[{"role": "user", "content": prompt}],
-        max_tokens=max_tokens,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
-    if load.ignore_eos:
-        body["ignore_eos"] = True
-    return body
-
-
-def read_event(
-    sample: RequestSample, event: Mapping[str, object], now: float, start: float, last: float
-) -> float:
-    """Account one SSE event; return the time of the latest token-bearing chunk."""
-    choices = event.get("choices")
-    delta = (choices[0].get("delta") or {}) if isinstance(choices, list) and choices else {}
-    # SGLang names the thinking field reasoning_content, vLLM 0.32 names it reasoning: accept both.
-    if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"):
+def read_event(sample: RequestSample, event: StreamEvent, now: float, start: float, last: float) -> float:
+    """Account one streamed event; return the time of the latest token-bearing chunk."""
+    if event.has_text:
         if sample.num_chunks == 0:
             sample.ttft_s = now - start
         else:
             sample.itls.append(now - last)
         sample.num_chunks += 1
         last = now
-    usage = event.get("usage")
-    if isinstance(usage, dict):
-        sample.output_tokens = int(usage.get("completion_tokens") or 0)
-        sample.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+    if event.completion_tokens is not None:
+        sample.output_tokens = event.completion_tokens
+        sample.prompt_tokens = event.prompt_tokens or 0
     return last

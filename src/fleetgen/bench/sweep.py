@@ -27,7 +27,6 @@ from fleetgen.bench.stats import (
     RequestSample,
     build_level,
     capped_levels,
-    chat_body,
     make_prompt,
     pooled_accept_length,
     read_event,
@@ -35,6 +34,12 @@ from fleetgen.bench.stats import (
 from fleetgen.engines import ENGINES
 from fleetgen.errors import EndpointError
 from fleetgen.http.client import EngineClient
+from fleetgen.http.request import ChatRequests
+
+
+def _asking(requests: ChatRequests, prompt: str) -> dict[str, object]:
+    """The body that asks `prompt` as one user turn."""
+    return requests.body([{"role": "user", "content": prompt}])
 
 
 async def stream_one(client: EngineClient, body: Mapping[str, object]) -> RequestSample:
@@ -78,8 +83,8 @@ async def server_cap(client: EngineClient) -> int | None:
 async def words_per_token(client: EngineClient, load: BenchLoad, model: str) -> float:
     """Calibrate prompt words → prompt tokens with one probe (also warms the server up)."""
     num_words = max(16, load.input_len)
-    body = chat_body(load, model, make_prompt(num_words, random.Random(load.seed - 1)), 1)
-    sample = await stream_one(client, body)
+    prompt = make_prompt(num_words, random.Random(load.seed - 1))
+    sample = await stream_one(client, _asking(load.requests(model, 1), prompt))
     if not sample.is_ok:
         raise EndpointError(
             f"the probe request failed: {sample.error}",
@@ -102,10 +107,11 @@ async def run_level(
     rng = random.Random(load.seed * 1_000_003 + concurrency)
     queue = iter([make_prompt(num_words, rng) for _ in range(budget)])  # made before the clock starts
     samples: list[RequestSample] = []
+    requests = load.requests(model, load.output_len)
 
     async def worker(client: EngineClient) -> None:
         for prompt in queue:  # one shared iterator: each prompt is sent once
-            samples.append(await stream_one(client, chat_body(load, model, prompt, load.output_len)))
+            samples.append(await stream_one(client, _asking(requests, prompt)))
 
     before = await scrape(clients)
     start = time.perf_counter()
@@ -121,9 +127,10 @@ async def warm_up(
     """One unmeasured burst of `concurrency` short requests per URL, so that the first measured level
     meets a warm server (its first batched prefill compiles kernels). Failures: the first level reports."""
     rng = random.Random(load.seed * 1_000_003 - concurrency)
+    requests = load.requests(model, load.warmup_tokens)
     await asyncio.gather(
         *(
-            stream_one(client, chat_body(load, model, make_prompt(num_words, rng), load.warmup_tokens))
+            stream_one(client, _asking(requests, make_prompt(num_words, rng)))
             for client in clients
             for _ in range(concurrency)
         )

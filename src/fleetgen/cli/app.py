@@ -11,7 +11,7 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -23,6 +23,7 @@ from rich.table import Table
 
 from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import FleetgenError
+from fleetgen.http.client import BareURLs
 from fleetgen.redact import redacting, remember
 
 app = typer.Typer(
@@ -70,6 +71,15 @@ def read_fleet(path: Path) -> Fleet:
     if engine.is_public and engine.api_key_env:
         remember(os.environ.get(engine.api_key_env, ""))
     return fleet
+
+
+def read_servers(fleet: Path | None, urls: Sequence[str] | None) -> Fleet | BareURLs:
+    """The servers a command works on, one rule for `run`, `bench` and `dashboard`: the `--endpoint` URLs when
+    any are given (a fleet file beside them is not read), else the fleet file (`-f`, else ./fleet.toml), read
+    once (`read_fleet`). Call it inside `run`."""
+    if urls:
+        return BareURLs(tuple(urls))
+    return read_fleet(fleet or Path("fleet.toml"))
 
 
 FLEET_OPTION = typer.Option(Path("fleet.toml"), "--fleet", "-f", help="The fleet file (TOML).")

@@ -18,12 +18,12 @@ from rich.table import Table
 
 import fleetgen.cli.app as cli
 from fleetgen.bench.fleet import bench_fleet, compare_spec
-from fleetgen.bench.stats import DEFAULT_CONCURRENCIES, GREEDY, OWN_FIELDS, BenchLoad, LevelResult, SpeedupRow
-from fleetgen.config import JobFile, load_job
+from fleetgen.bench.stats import DEFAULT_CONCURRENCIES, BenchLoad, LevelResult, SpeedupRow
+from fleetgen.config import load_job
 from fleetgen.dashboard import chromium, svg
 from fleetgen.errors import ConfigError
-from fleetgen.generate.rows import request_body
 from fleetgen.generate.work import SamplingParams
+from fleetgen.http.request import GREEDY, Sampling
 
 Opt = typer.Option
 
@@ -157,12 +157,13 @@ def bench(
         )
         rows: list[SpeedupRow] = []
         if compare:
-            off, on, rows = await compare_spec(cli.read_fleet(fleet), sweep_of)
+            off, on, rows = await compare_spec(cli.read_fleet(fleet), sweep_of)  # refused with --endpoint
             levels = [dataclasses.replace(r, target=f"{r.target} (spec off)") for r in off] + list(on)
         else:
-            levels = await sweep_of(endpoint or cli.read_fleet(fleet))
+            levels = await sweep_of(cli.read_servers(fleet, endpoint))
         if as_json:
-            cli.print_json({"load": load, "levels": levels, "speedups": rows})
+            sent = {**dataclasses.asdict(load), "sampling": load.sampling_sent()}
+            cli.print_json({"load": sent, "levels": levels, "speedups": rows})
         else:
             cli.console.print(level_table(levels, f"fleetgen bench: {lengths}"))
             if rows:
@@ -174,21 +175,13 @@ def bench(
     cli.run(go())
 
 
-def job_sampling(job: JobFile) -> dict[str, object]:
-    """The sampling fields of `fleetgen run`'s requests for `job`: its own body, built by its own functions
-    (`SamplingParams.base_body`, `rows.request_body`, first sample), less the fields bench sets itself."""
-    params = SamplingParams.of(job)
-    body = request_body(params.base_body(params.model or ""), [], params.seed, 0)
-    return {key: value for key, value in body.items() if key not in OWN_FIELDS}
-
-
 def sampling_of(
     job_file: Path | None, thinking: bool | None, model: str | None = None
-) -> tuple[dict[str, object], str | None]:
-    """The sweep's sampling and the job's model: the job file's (`--thinking` and `--model` override it, as
-    flags override it in `run`), or greedy and `--model` without one."""
+) -> tuple[Sampling, str | None]:
+    """The sweep's sampling and the job's model: the job file's, exactly as `run` samples it
+    (`SamplingParams.sampling`; `--thinking` and `--model` override it, as flags override it in `run`), or
+    greedy and `--model` without one."""
     if job_file is None:
-        off = {} if thinking is not False else {"chat_template_kwargs": {"enable_thinking": False}}
-        return {**GREEDY, **off}, model
+        return dataclasses.replace(GREEDY, thinking=False if thinking is False else None), model
     job = load_job(job_file).overridden(thinking=thinking, model=model)
-    return job_sampling(job), job.model
+    return SamplingParams.of(job).sampling, job.model

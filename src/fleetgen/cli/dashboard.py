@@ -18,6 +18,7 @@ from fleetgen.dashboard.report import write_report
 from fleetgen.dashboard.server import Dashboard, FleetSource, no_fleet, serving
 from fleetgen.errors import ConfigError
 from fleetgen.fleet.status import open_view
+from fleetgen.http.client import BareURLs
 
 Opt = typer.Option
 
@@ -25,16 +26,16 @@ Opt = typer.Option
 @contextlib.asynccontextmanager
 async def _fleet_source(fleet: Path | None, endpoints: list[str]) -> AsyncIterator[tuple[FleetSource, str]]:
     """The fleet rows' source (and a standing note): endpoints, the fleet file, or none."""
-    if endpoints:
-        async with aiohttp.ClientSession() as http:
-            yield EndpointSource(endpoints, http), ""
-        return
-    if fleet is None:
+    if fleet is None and not endpoints:
         yield no_fleet, ""
         return
-    loaded = cli.read_fleet(fleet)
-    planned, note = await asyncio.to_thread(planned_capacity, loaded.file, fleet)
+    loaded = cli.read_servers(fleet, endpoints)
+    if isinstance(loaded, BareURLs):
+        async with aiohttp.ClientSession() as http:
+            yield EndpointSource(loaded, http), ""
+        return
     async with open_view(loaded) as view:
+        planned, note = await planned_capacity(loaded, view.model_host)
         yield FleetViewSource(view, planned), note
 
 

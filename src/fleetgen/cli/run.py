@@ -24,7 +24,7 @@ from rich.table import Table
 import fleetgen.cli.app as cli
 from fleetgen.cli.runlog import PlainLog, progress_line
 from fleetgen.config import JobFile, load_job
-from fleetgen.deploy.wanted import refuse_simulated_acceptance
+from fleetgen.deploy.wanted import Fleet, refuse_simulated_acceptance
 from fleetgen.errors import ConfigError, FleetDown, FleetgenError
 from fleetgen.fleet.pool import Link, open_fleet
 from fleetgen.fleet.status import Readiness
@@ -34,6 +34,7 @@ from fleetgen.generate.fleetlink import fleet_hooks, url_hooks
 from fleetgen.generate.progress import Progress, Summary
 from fleetgen.generate.runner import FleetHooks, Job
 from fleetgen.generate.work import JobOptions, RecordShape, RetryPolicy, SamplingParams
+from fleetgen.http.client import BareURLs
 
 DEFAULT_CONCURRENCY = 64
 DEFAULT_DEAD_TIMEOUT_S = 300.0  # --endpoint URLs: the mid-job wait for a server to come back
@@ -156,7 +157,7 @@ def run_command(
             thinking=thinking,
             max_retries=max_retries,
         )
-        async with _servers(fleet, endpoint, wait_ready, restart_dead) as servers:
+        async with _servers(cli.read_servers(fleet, endpoint), wait_ready, restart_dead) as servers:
             options = JobOptions(
                 input_path=input_path,
                 out_dir=out,
@@ -210,15 +211,14 @@ class Servers:
 
 @contextlib.asynccontextmanager
 async def _servers(
-    fleet: Path | None, urls: list[str] | None, wait_ready: float | None, restart_dead: bool
+    loaded: Fleet | BareURLs, wait_ready: float | None, restart_dead: bool
 ) -> AsyncIterator[Servers]:
     """Bare `--endpoint` URLs, or every instance `fleetgen up` deployed, reached through tunnels held for the
     job; those not ready yet (loading, dead, host unreachable) start drained and join once ready."""
-    if urls:
+    if isinstance(loaded, BareURLs):
         say = _meanwhile("the servers", None, False)
-        yield Servers(url_hooks(urls), wait_ready or 0.0, DEFAULT_DEAD_TIMEOUT_S, say)
+        yield Servers(url_hooks(loaded), wait_ready or 0.0, DEFAULT_DEAD_TIMEOUT_S, say)
         return
-    loaded = cli.read_fleet(fleet or Path("fleet.toml"))
     refuse_simulated_acceptance(loaded)  # its servers would not write the model's text
     fleet, engine = loaded.path, loaded.file.engine
     async with open_fleet(loaded) as links:

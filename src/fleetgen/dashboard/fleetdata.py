@@ -2,11 +2,12 @@
 
 - a fleet file (`-f`): `fleetgen.fleet.status.FleetView`, the same live truth `fleetgen status` shows
   (process, drift, health, load, through tunnels kept open while the page is served);
-- plain endpoints (`--endpoint URL`): each server's own health, /metrics and info endpoint, read directly.
-  The engine is recognised from its metric names (`sglang:` / `vllm:`), so no fleet file is needed.
+- plain endpoints (`--endpoint URL`): each server's own health, then its /metrics and info endpoint read by
+  the same reader as a fleet's (`fleet.enginestate`). The engine is recognised from its metric names
+  (`sglang:` / `vllm:`), so no fleet file is needed.
 
-Planned capacity comes from the plan of the fleet file when its model config is readable; a plan that
-cannot be made leaves the column empty and says why.
+Planned capacity comes from the plan of the fleet file, its model's shape read as `plan` and `up` read it; a
+plan that cannot be made leaves the column empty and says why.
 """
 
 from __future__ import annotations
@@ -14,20 +15,20 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import aiohttp
 
-from fleetgen.config import FleetFile
 from fleetgen.dashboard.model import InstanceRow
-from fleetgen.deploy.hostside import local_shape
-from fleetgen.engines import engine_of_metrics
+from fleetgen.deploy.hostside import model_shape
+from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import EndpointError, FleetgenError
+from fleetgen.fleet.enginestate import read_engine
 from fleetgen.fleet.status import FleetView, Readiness
-from fleetgen.http.client import EngineClient, named_urls
-from fleetgen.http.metrics import Scrape, load_from
+from fleetgen.http.client import BareURLs, EngineClient
+from fleetgen.http.metrics import Scrape
 from fleetgen.plan.fleet import facts_from_file, plan_fleet
+from fleetgen.remote.base import Host
 
 HEALTH_PATH = "/health"
 PROBE_TIMEOUT_S = 3.0  # a sick server must turn red within seconds, not after a 30 s client timeout
@@ -55,8 +56,8 @@ class _Endpoint:
 class EndpointSource:
     """Rows read straight from servers given as URLs: health, /metrics, info (SGLang /server_info)."""
 
-    def __init__(self, urls: Sequence[str], http: aiohttp.ClientSession) -> None:
-        self.endpoints = [_Endpoint(name, url) for name, url in named_urls(urls)]
+    def __init__(self, servers: BareURLs, http: aiohttp.ClientSession) -> None:
+        self.endpoints = [_Endpoint(name, url) for name, url in servers.named()]
         self.http = http
 
     async def __call__(self) -> Sequence[InstanceRow]:
@@ -72,33 +73,27 @@ class EndpointSource:
             return row
         row.readiness = Readiness.READY
         try:
-            scrape = await client.metrics()
+            state = await read_engine(client, None, endpoint.before)
         except EndpointError as exc:
             row.problem = f"no metrics: {exc.message} (SGLang serves them with --enable-metrics)"
             return row
-        engine = engine_of_metrics(scrape.samples)
-        try:
-            info = await client.info(engine.info_paths)
-        except EndpointError:  # no info JSON: the row keeps what /metrics says
-            info = None
-        load = load_from(engine, scrape, endpoint.before, info)
-        endpoint.before = scrape
+        endpoint.before, load = state.scrape, state.load
         row.running, row.queued = load.running, load.queued
         row.gen_tokens_per_s, row.spec_accept_length = load.gen_tokens_per_s, load.spec_accept_length
         row.kv_usage = load.kv_usage
-        row.max_running_requests = engine.max_running_from_info(info)
+        row.max_running_requests = state.max_running_requests
         return row
 
 
-def planned_capacity(fleet: FleetFile, fleet_path: Path) -> tuple[dict[str, int], str]:
-    """Max running requests per instance as `fleetgen plan` computes it, and "" — or ({}, why not).
-
-    Blocking (reads the model's config.json): call it in a thread.
-    """
+async def planned_capacity(fleet: Fleet, model_host: Host | None) -> tuple[dict[str, int], str]:
+    """Max running requests per instance as `fleetgen plan` computes it, and "" — or ({}, why not). The
+    model's shape is read as `plan` and `up` read it (`model_shape`: `engine.model_config` here, else
+    `engine.model` on `model_host`), never from a folder here that merely has the model's name."""
+    cfg = fleet.file.engine
     try:
-        shape = local_shape(fleet.engine.model_config_dir or fleet.engine.model, fleet_path)
-        facts = {host.name: facts_from_file(host) for host in fleet.hosts}
-        plan = plan_fleet(fleet, shape, facts, fleet.engine.version)
+        shape = await model_shape(cfg, fleet.path, model_host)
+        facts = {host.name: facts_from_file(host) for host in fleet.file.hosts}
+        plan = plan_fleet(fleet.file, shape, facts, cfg.version)
     except FleetgenError as exc:
         return {}, f"planned capacity unknown: {exc.message}" + (f" ({exc.fix})" if exc.fix else "")
     return {

@@ -173,12 +173,20 @@ async def find_running(
     hs: HostSession, wanted: WantedInstance, record: InstanceRecord | None
 ) -> ProcInfo | None:
     """The live process of this instance: the recorded PID + start time, else the host's pidfile's."""
+    return await running_process(hs, wanted.command, record)
+
+
+async def running_process(
+    hs: HostSession, command: Command, record: InstanceRecord | None
+) -> ProcInfo | None:
+    """The live process running `command`: the recorded PID + start time, else the host's pidfile's (`status`
+    needs the command alone, never a rendered script)."""
     recorded = (record.pid, record.start_time) if record and record.host == hs.entry.name else None
-    at_record, named = await probe_instance(hs.host, wanted.command.paths.pidfile, recorded)
+    at_record, named = await probe_instance(hs.host, command.paths.pidfile, recorded)
     if at_record is not None and at_record.is_alive:
         return at_record
     # Only a process running our launch script's command counts (the PID may have been reused).
-    if named is not None and named.is_alive and named.argv[:1] == (wanted.command.python,):
+    if named is not None and named.is_alive and named.argv[:1] == (command.python,):
         return named
     return None
 

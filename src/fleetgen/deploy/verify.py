@@ -21,6 +21,7 @@ from fleetgen.engines.base import Engine
 from fleetgen.errors import VerifyError
 from fleetgen.http.client import EngineClient
 from fleetgen.http.metrics import counter_deltas
+from fleetgen.http.request import ChatRequests, Sampling
 from fleetgen.redact import REDACTED
 from fleetgen.remote.base import ProcInfo
 
@@ -28,6 +29,7 @@ SPEC_FLAGS = ("speculative-algorithm", "speculative-config")
 # A repetitive prompt: n-gram / EAGLE drafts get accepted on it, so a speculative step is observable.
 PROBE_PROMPT = "Count: one two three four, one two three four, one two three four, one two three four,"
 PROBE_MAX_TOKENS = 24
+PROBE_SAMPLING = Sampling(thinking=False)  # greedy, thinking off: the few tokens go to the answer
 
 
 @dataclass(frozen=True)
@@ -190,15 +192,8 @@ async def verify_engine(
             context={"mismatches": "\n".join(problems), "url": client.base_url},
         )
     before = await client.metrics(engine.metrics_path)
-    reply = await client.chat(
-        {
-            "model": out.model,
-            "messages": [{"role": "user", "content": PROBE_PROMPT}],
-            "max_tokens": PROBE_MAX_TOKENS,
-            "temperature": 0,  # thinking off: the few tokens go to the answer
-            "chat_template_kwargs": {"enable_thinking": False},
-        }
-    )
+    probe = ChatRequests(out.model, PROBE_MAX_TOKENS, PROBE_SAMPLING)
+    reply = await client.chat(probe.body([{"role": "user", "content": PROBE_PROMPT}]))
     after = await client.metrics(engine.metrics_path)
     if flag_value(command.args, SPEC_FLAGS) is not None:
         info = await client.info(engine.info_paths)  # SGLang's averages, as they are after the request

@@ -131,6 +131,12 @@ def _secret(cfg: EngineConfig, engine: Engine) -> SecretEnv | None:
     return SecretEnv(cfg.api_key_env, config_key=engine.api_key_flag.removeprefix("--"))
 
 
+def wanted_command(fleet: FleetFile, engine: Engine, inst: Instance, measured: HostSurvey) -> Command:
+    """What `build_wanted` would run, without rendering its script: what `status` compares with /proc."""
+    launch = decide_launch(fleet.engine, inst, measured_facts(fleet.host(inst.host), measured))
+    return build_command(fleet, engine, inst, measured.workdir, launch)
+
+
 def build_wanted(
     fleet: FleetFile,
     engine: Engine,

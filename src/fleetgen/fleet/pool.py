@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from fleetgen.deploy.state import load_state
 from fleetgen.deploy.wanted import Fleet
-from fleetgen.errors import FleetDown, FleetgenError
+from fleetgen.errors import FleetDown
 from fleetgen.fleet.status import FleetView, Readiness, open_view
 
 
@@ -91,13 +91,10 @@ class FleetLinks:
         return link
 
     def _adopt(self, view: FleetView) -> None:
-        """One single-instance view per watched instance, so that a probe reads only its own instance."""
-        for watched in view.watched:
-            name = watched.wanted.inst.name
+        """The view that reads each instance (`FleetView.read`: that instance only)."""
+        for name in view.names:
             if name in self._hosts and name not in self._views:
-                one = FleetView(view.fleet, view.secret)
-                one.watched.append(watched)
-                self._views[name] = one
+                self._views[name] = view
 
     async def _read(self, name: str) -> Link:
         one = self._views.get(name)
@@ -106,8 +103,8 @@ class FleetLinks:
             if failed is None:
                 return Link(name, "", self.secret, None, Readiness.WAITING, "its host is unreachable")
             return Link(name, "", self.secret, None, failed.readiness, failed.problem)
-        [s] = await one.refresh(rate_window_s=0)
-        url = s.url or await _tunnel(one, s.port)
+        s = await one.read(name)
+        url = s.url or await one.url_of(name)
         return Link(name, url, self.secret, s.max_running_requests, s.readiness, s.problem)
 
     async def _reconnect(self, host: str, only: str = "") -> None:
@@ -121,19 +118,10 @@ class FleetLinks:
             view = await attempt.enter_async_context(open_view(self.fleet, only=[only or host]))
             self._adopt(view)
             self._failed.update({s.instance: s for s in view.failed})
-            if view.watched:
+            if view.names:
                 await self._stack.enter_async_context(attempt)  # kept open (with its tunnels) for the job
             else:
                 await attempt.aclose()
-
-
-async def _tunnel(view: FleetView, port: int) -> str:
-    """The URL of an instance that does not run yet. Opening the forward connects nothing (each connection
-    through it does), so it opens before anything listens on the port; "" while its host is unreachable."""
-    try:
-        return await view.watched[0].hs.url_for(port)
-    except FleetgenError:  # the status read beside it has already said why (e.g. the connection dropped)
-        return ""
 
 
 @contextlib.asynccontextmanager
@@ -143,6 +131,6 @@ async def open_fleet(fleet: Fleet) -> AsyncIterator[FleetLinks]:
     records = load_state(fleet.path)
     async with contextlib.AsyncExitStack() as stack:
         view = await stack.enter_async_context(open_view(fleet))
-        known = {w.wanted.inst.name for w in view.watched} | {s.instance for s in view.failed}
+        known = {*view.names} | {s.instance for s in view.failed}
         hosts = {name: rec.host for name, rec in records.items() if name in known}
         yield FleetLinks(view, stack, hosts)

@@ -3,7 +3,8 @@
 The state file only says which PID (and start time) to look at; everything reported is read now: /proc for
 the process and its argv/environ (drift), the health endpoint, /metrics and SGLang's /server_info.
 `FleetView` keeps the SSH connections (and so the tunnels) open for as long as it lives: `status --watch`
-and `fleetgen run` use one; `fleet_status` opens one for a single read.
+and `fleetgen run` use one (re-reading one instance: `FleetView.read`); `fleet_status` opens one for a single
+read. The engine's own numbers are read by `fleet.enginestate`, as for a bare URL.
 """
 
 from __future__ import annotations
@@ -17,15 +18,18 @@ from typing import Any
 
 from fleetgen.config import LOOPBACK, Instance
 from fleetgen.deploy.fleetops import open_hosts
-from fleetgen.deploy.instance import HostSession, WantedInstance, find_running
+from fleetgen.deploy.instance import HostSession, running_process
 from fleetgen.deploy.listener import port_owners, stranger_problem
+from fleetgen.deploy.script import Command
 from fleetgen.deploy.slurm import place
 from fleetgen.deploy.state import load_state
-from fleetgen.deploy.verify import flag_value, process_drift
-from fleetgen.deploy.wanted import Fleet, api_key, build_wanted
+from fleetgen.deploy.verify import process_drift
+from fleetgen.deploy.wanted import Fleet, api_key, wanted_command
 from fleetgen.errors import FleetgenError
+from fleetgen.fleet.enginestate import read_engine
 from fleetgen.http.client import EngineClient
-from fleetgen.http.metrics import Load, Scrape, load_from
+from fleetgen.http.metrics import Scrape
+from fleetgen.remote.base import Host
 
 
 class Readiness(enum.Enum):
@@ -73,7 +77,8 @@ class InstanceStatus:
 @dataclass
 class _Watched:
     hs: HostSession
-    wanted: WantedInstance
+    inst: Instance
+    command: Command  # what it runs as the fleet file wants it (compared with /proc: drift)
     before: Scrape | None = None
     placement: str = ""
     job: str = ""  # a Slurm placement: the job its session reaches the node of
@@ -87,16 +92,40 @@ class FleetView:
         self.secret = secret
         self.watched: list[_Watched] = []
         self.failed: list[InstanceStatus] = []
+        # Where `plan` and `up` read the model's shape (`hostside.model_shape`): the first host reached.
+        self.model_host: Host | None = None
 
     def watch(self, hs: HostSession, inst: Instance, *, placement: str = "", job: str = "") -> None:
         """Watch `inst` through `hs` (its host, or a Slurm job's node)."""
-        wanted = build_wanted(self.fleet.file, self.fleet.engine, inst, hs.survey, self.secret)
-        self.watched.append(_Watched(hs, wanted, placement=placement, job=job))
+        command = wanted_command(self.fleet.file, self.fleet.engine, inst, hs.survey)
+        self.watched.append(_Watched(hs, inst, command, placement=placement, job=job))
+
+    @property
+    def names(self) -> list[str]:
+        """The instances this view reads on their hosts (not those it could not reach)."""
+        return [w.inst.name for w in self.watched]
+
+    async def read(self, name: str, rate_window_s: float = 0.0) -> InstanceStatus:
+        """One instance's status, read now (a job re-reading the instance it waits for)."""
+        return await self._one(self._watched(name), rate_window_s)
+
+    async def url_of(self, name: str) -> str:
+        """The URL of an instance, running or not: opening the forward connects nothing (each connection
+        through it does), so it opens before anything listens on the port; "" while its host is unreachable
+        (the status read beside it says why)."""
+        w = self._watched(name)
+        try:
+            return await w.hs.url_for(w.inst.port)
+        except FleetgenError:
+            return ""
+
+    def _watched(self, name: str) -> _Watched:
+        return next(w for w in self.watched if w.inst.name == name)
 
     def is_replaced(self, name: str) -> bool:
         """A Slurm instance whose job was replaced since this view placed it (resubmitted by `up` or
         `--restart-dead`, perhaps on another node): this view's session may reach the wrong node."""
-        job = next((w.job for w in self.watched if w.wanted.inst.name == name), "")
+        job = next((w.job for w in self.watched if w.inst.name == name), "")
         record = load_state(self.fleet.path).get(name)
         return bool(job) and (record is None or record.slurm_job != job)
 
@@ -107,24 +136,24 @@ class FleetView:
         return sorted([*got, *self.failed], key=lambda s: s.instance)
 
     async def _one(self, w: _Watched, rate_window_s: float) -> InstanceStatus:
-        inst = w.wanted.inst
+        inst = w.inst
         st = InstanceStatus(inst.name, inst.host, inst.gpus, inst.port, placement=w.placement)
         try:
             await self._read(w, st, rate_window_s)
         except FleetgenError as exc:
             st.readiness, st.problem = Readiness.WAITING, exc.message
-        st.log_path = st.log_path or w.wanted.command.paths.current_log
+        st.log_path = st.log_path or w.command.paths.current_log
         return st
 
     async def _read(self, w: _Watched, st: InstanceStatus, rate_window_s: float) -> None:
         rec = load_state(self.fleet.path).get(st.instance)
-        running = await find_running(w.hs, w.wanted, rec)
+        running = await running_process(w.hs, w.command, rec)
         if running is None:
             st.readiness, st.problem = Readiness.DOWN, "not running"
             return
         st.pid, st.uptime_s = running.pid, w.hs.survey.uptime_of(running.start_time)
         st.log_path = rec.log_path if rec and rec.pid == running.pid else ""
-        st.drift = process_drift(w.wanted.command, running, self.secret)
+        st.drift = process_drift(w.command, running, self.secret)
         st.url = await w.hs.url_for(st.port)
         client = EngineClient(st.url, session=w.hs.http, api_key=self.secret, timeout_s=10.0)
         engine = self.fleet.engine
@@ -137,33 +166,17 @@ class FleetView:
         if stranger:  # the health check was answered, but maybe not by this instance's process
             st.problem = stranger
             return
-        info = await client.info(engine.info_paths)
-        load, capacity = await self._load(w, client, info, rate_window_s)
+        state = await read_engine(client, engine, w.before, args=w.command.args, rate_window_s=rate_window_s)
+        w.before, load = state.scrape, state.load
         st.running, st.queued, st.kv_usage = load.running, load.queued, load.kv_usage
         st.gen_tokens_per_s, st.spec_accept_length = load.gen_tokens_per_s, load.spec_accept_length
-        cap = flag_value(w.wanted.command.args, engine.max_running_flags)
-        st.max_running_requests = engine.max_running_from_info(info) or engine.max_running_from_capacity(
-            capacity, cap
-        )
-        if st.drift:
+        st.max_running_requests = state.max_running_requests
+        if state.problem:
+            st.problem = state.problem
+        elif st.drift:
             st.problem = "drift: the running process differs from the fleet file"
         else:
             st.readiness = Readiness.READY
-
-    async def _load(
-        self, w: _Watched, client: EngineClient, info: Any, rate_window_s: float
-    ) -> tuple[Load, dict[str, float]]:
-        """The engine's load now, and the capacity it reports (`Engine.capacity`)."""
-        engine = self.fleet.engine
-        scrape = await client.metrics(engine.metrics_path)
-        capacity = engine.capacity((), info, scrape.labels)
-        if not engine.metrics.gen_throughput and w.before is None and rate_window_s > 0:
-            await asyncio.sleep(rate_window_s)
-            w.before = scrape
-            scrape = await client.metrics(engine.metrics_path)
-        load = load_from(engine, scrape, w.before, info)
-        w.before = scrape
-        return load, capacity
 
 
 @contextlib.asynccontextmanager
@@ -174,6 +187,7 @@ async def open_view(fleet: Fleet, *, only: Sequence[str] | None = None) -> Async
         open_hosts(fleet, only, check_launch=False) as opened,
         contextlib.AsyncExitStack() as nodes,
     ):
+        view.model_host = next((hs.host for hs, _ in opened.sessions.values()), None)
         for hs, instances in opened.sessions.values():
             try:
                 picked = opened.selection.pick(hs.entry.name, instances)

@@ -21,7 +21,7 @@ from fleetgen.errors import DeployError
 from fleetgen.fleet.pool import FleetLinks, Link
 from fleetgen.fleet.status import Readiness
 from fleetgen.generate.runner import FleetHooks
-from fleetgen.http.client import named_urls
+from fleetgen.http.client import BareURLs
 
 
 def fleet_meta(fleet: FleetFile, path: Path, instances: Sequence[str]) -> dict[str, Any]:
@@ -43,9 +43,9 @@ def fleet_meta(fleet: FleetFile, path: Path, instances: Sequence[str]) -> dict[s
     }
 
 
-def url_hooks(urls: Sequence[str]) -> FleetHooks:
+def url_hooks(servers: BareURLs) -> FleetHooks:
     """A job on bare `--endpoint` URLs (each named by its address): all that is known is where they are."""
-    return FleetHooks(named_urls(urls), describe={"fleet": {"endpoints": list(urls)}})
+    return FleetHooks(servers.named(), describe={"fleet": {"endpoints": list(servers.urls)}})
 
 
 def fleet_hooks(fleet: Fleet, links: FleetLinks, at_start: Sequence[Link], restart_dead: bool) -> FleetHooks:

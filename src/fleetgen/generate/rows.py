@@ -17,24 +17,11 @@ from fleetgen.generate.health import Endpoint
 from fleetgen.generate.progress import BadInputSample, Counters, Summary
 from fleetgen.generate.quality import flags_of_all
 from fleetgen.generate.store import BadRow, ErrorRow, ResultRow, SeriesRow, Store
-from fleetgen.generate.work import BadInput, Message, Work
+from fleetgen.generate.work import BadInput, Work
 from fleetgen.http.client import RequestFailed
 from fleetgen.plan.job import OutputLengths
 
 NUM_BAD_SAMPLES = 20
-
-
-def request_body(
-    base: dict[str, Any], messages: list[Message], seed: int | None, sample: int
-) -> dict[str, Any]:
-    """One request's body: the job's shared fields (`SamplingParams.base_body`), `messages`, the sample's
-    seed. Every request of `fleetgen run` is built here; `fleetgen bench --job` takes its sampling from here.
-    """
-    body = dict(base)
-    body["messages"] = messages
-    if seed is not None:
-        body["seed"] = seed + sample  # samples of one record differ, yet each is reproducible
-    return body
 
 
 def forced_length(lengths: OutputLengths, key: int) -> dict[str, Any]:

@@ -45,6 +45,7 @@ from fleetgen.generate.store import BadRow, Batch, Counts, ErrorRow, ResultRow, 
 from fleetgen.generate.work import JobOptions, Work
 from fleetgen.generate.writer import StoreWriter
 from fleetgen.http.client import EngineClient
+from fleetgen.http.request import ChatRequests
 
 OnProgress = Callable[[Progress], None]
 
@@ -159,10 +160,11 @@ class Job:
             interval_s=opts.metrics_interval_s,
             api_key=self.fleet.api_key,
         )
-        base, lengths = opts.params.base_body(model), opts.forced_lengths
+        requests = ChatRequests(model, opts.params.max_tokens, opts.params.sampling)
+        lengths = opts.forced_lengths
 
         def body(work: Work) -> dict[str, Any]:
-            out = rows.request_body(base, work.messages_for_next_turn(), opts.params.seed, work.sample)
+            out = requests.body(work.messages_for_next_turn(), work.sample)
             return out if lengths is None else out | rows.forced_length(lengths, work.key)
 
         dispatcher = Dispatcher(

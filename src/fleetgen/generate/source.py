@@ -27,7 +27,8 @@ import pyarrow.parquet as pq
 import zstandard
 
 from fleetgen.errors import InputError, InputMismatch
-from fleetgen.generate.work import BadInput, Message, Record, RecordShape, text_of
+from fleetgen.generate.work import BadInput, Record, RecordShape, text_of
+from fleetgen.http.request import Message
 
 # Roles by the names chat formats give them (ShareGPT: human / gpt).
 ROLE_OF = {"human": "user", "user": "user", "system": "system"}

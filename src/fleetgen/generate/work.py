@@ -17,9 +17,8 @@ import orjson
 
 from fleetgen.config import JobFile
 from fleetgen.http.client import Completion
+from fleetgen.http.request import Message, Sampling
 from fleetgen.plan.job import OutputLengths
-
-Message = dict[str, Any]
 
 
 def key_hash(record_id: str, sample: int) -> int:
@@ -129,25 +128,19 @@ class SamplingParams:
         mine = asdict(self)
         return changes(other, mine, sorted((set(mine) | set(other)) - ignore))
 
-    def base_body(self, model: str) -> dict[str, Any]:
-        """The request body fields shared by every request of the job (messages and seed added per request).
-
-        `separate_reasoning` is SGLang's switch for returning the trace apart; vLLM accepts unknown fields
-        and ignores them (logged at debug level only), so one body fits both engines.
-        """
-        body: dict[str, Any] = {
-            "model": model,
-            "max_tokens": self.max_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "stream": False,
-            "separate_reasoning": True,
-            "chat_template_kwargs": {"enable_thinking": self.thinking},
-        }
-        if self.top_k is not None:
-            body["top_k"] = self.top_k
-        body.update(self.extra_body)
-        return body
+    @property
+    def sampling(self) -> Sampling:
+        """How every request of the job samples (`fleetgen.http.request` builds the bodies; `bench --job`
+        takes this too). Reasoning comes back apart, whatever the engine (`separate_reasoning`)."""
+        return Sampling(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            thinking=self.thinking,
+            separate_reasoning=True,
+            seed=self.seed,
+            extra_body=self.extra_body,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,8 +10,9 @@ per token.
 Errors are translated here, once: a chat request's into `RequestFailed`, classified for the dispatcher
 (retryable: connection errors, timeouts, 408/409/425/429/5xx, an `abort` finish; any other 4xx is the
 request's own fault), everything else into `EndpointError` carrying the URL. Engine differences in a reply
-are normalized here too: SGLang returns `reasoning_content`, vLLM 0.32 `reasoning`; a missing `content` is
-an empty answer; a missing usage is `None`.
+are normalized here too, in one reply (`Completion`) as in each streamed event (`StreamEvent`): SGLang returns
+`reasoning_content`, vLLM 0.32 `reasoning`; a missing `content` is an empty answer; a missing usage is `None`.
+The bodies sent are built by `fleetgen.http.request`.
 """
 
 from __future__ import annotations
@@ -71,6 +72,22 @@ class Completion:
     finish_reason: str
     prompt_tokens: int | None
     completion_tokens: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEvent:
+    """One event of a streamed chat completion, normalized as `Completion` is: the text it carries, and the
+    usage the last event brings (None in the others)."""
+
+    content: str
+    reasoning_content: str
+    prompt_tokens: int | None
+    completion_tokens: int | None
+
+    @property
+    def has_text(self) -> bool:
+        """Whether it carries tokens (answer or reasoning), not only a role or the usage."""
+        return bool(self.content or self.reasoning_content)
 
 
 class EngineClient:
@@ -224,8 +241,9 @@ class EngineClient:
             raise self._refused(status, raw)
         return parse_completion(raw, self._chat_url)
 
-    async def stream_chat(self, body: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """Send one streaming chat completion; yield its events (server-sent `data:` JSON) as they come."""
+    async def stream_chat(self, body: Mapping[str, Any]) -> AsyncIterator[StreamEvent]:
+        """Send one streaming chat completion; yield its events (server-sent `data:` JSON), normalized, as
+        they come."""
         try:
             async with self.session.post(
                 self._chat_url, data=orjson.dumps(body), **self._per_request
@@ -238,7 +256,7 @@ class EngineClient:
                     data = line[5:].strip()
                     if data == b"[DONE]":
                         return
-                    yield orjson.loads(data)
+                    yield parse_event(orjson.loads(data))
         except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
             raise self._failed(exc) from exc
 
@@ -257,6 +275,17 @@ class EngineClient:
         return RequestFailed(
             f"HTTP {status}: {_error_text(raw)}", url=self._chat_url, status=status, is_retryable=retryable
         )
+
+
+@dataclass(frozen=True)
+class BareURLs:
+    """Servers given by URL alone (`--endpoint`), with no fleet file: no tunnels, no key, no plan."""
+
+    urls: tuple[str, ...]
+
+    def named(self) -> list[tuple[str, str]]:
+        """Each URL with its name (`named_urls`)."""
+        return named_urls(self.urls)
 
 
 def named_urls(urls: Sequence[str]) -> list[tuple[str, str]]:
@@ -289,11 +318,41 @@ def parse_completion(raw: bytes, url: str) -> Completion:
     usage = data.get("usage") or {}
     return Completion(
         content=message.get("content") or "",
-        reasoning_content=message.get("reasoning_content") or message.get("reasoning") or "",
+        reasoning_content=_reasoning(message),
         finish_reason=finish,
         prompt_tokens=usage.get("prompt_tokens"),
         completion_tokens=usage.get("completion_tokens"),
     )
+
+
+def parse_event(data: object) -> StreamEvent:
+    """Normalize one streamed event (its first choice's `delta`, its `usage`) into `StreamEvent`."""
+    event = data if isinstance(data, dict) else {}
+    choices = event.get("choices")
+    first = choices[0] if isinstance(choices, list) and choices else None
+    delta = first.get("delta") if isinstance(first, dict) else None
+    delta = delta if isinstance(delta, dict) else {}
+    usage = event.get("usage")
+    prompt = completion = None
+    if isinstance(usage, dict):
+        prompt, completion = _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
+    content, reasoning = delta.get("content"), _reasoning(delta)
+    return StreamEvent(
+        content if isinstance(content, str) else "",
+        reasoning if isinstance(reasoning, str) else "",
+        prompt,
+        completion,
+    )
+
+
+def _count(value: object) -> int:
+    """A token count as a usage states it; 0 where it states none (or something that is not a number)."""
+    return int(value) if isinstance(value, int | float) else 0
+
+
+def _reasoning(message: Mapping[str, Any]) -> str:
+    """The reasoning of a message or delta: SGLang names it `reasoning_content`, vLLM 0.32 `reasoning`."""
+    return message.get("reasoning_content") or message.get("reasoning") or ""
 
 
 def _error_text(raw: bytes) -> str:
