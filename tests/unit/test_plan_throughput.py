@@ -131,9 +131,13 @@ def test_the_best_runs_at_least_the_users_own_and_never_changes_the_numbers(
 
 
 def test_a_prefix_cache_that_pays_keeps_the_engines_sizing() -> None:
+    """1,500 shared of 2,000 prompt tokens (a long system prompt) pays; a chat template's 8 shared tokens of a
+    14-token prompt (a share of 0.57) does not, against 1,800 decoded."""
     a = ask()
     planned = plan_job(SGLANG, a, SGLANG.size(a), job(prompt=2000, shared=1500.0))
     assert [s.name for s in planned.settings] == ["as-written"] and planned.warning is None
+    short = plan_job(SGLANG, a, SGLANG.size(a), job(prompt=14, shared=8.0))
+    assert len(short.settings) > 1 and short.warning is not None
 
 
 def test_the_replayed_ssm_decode_is_offered_from_the_release_that_has_it() -> None:

@@ -60,7 +60,7 @@ def settings(size: Size, blocks: Blocks, ask: Ask, job: JobShape) -> list[Settin
     ctx = min(-(-job.context_tokens // 256) * 256, ask.shape.context_length)
     base = {**ask.args, "max-model-len": ctx}
     what = [f"--max-model-len {ctx}"]
-    if base.get("enable-prefix-caching") and job.prefix_share < 0.5:
+    if base.get("enable-prefix-caching") and job.shared_prefix_tokens < 0.25 * job.kv_tokens_per_request:
         base.pop("enable-prefix-caching")
         what.append("prefix caching off")
     variants = [("", what, base)]
