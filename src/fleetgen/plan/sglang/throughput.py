@@ -157,11 +157,13 @@ def settings(size: Size, ask: Ask, job: JobShape) -> list[Setting]:
         for k in (n, n * 3 // 4):
             pool = _pool_args(ask, args, k)
             text = ", ".join(filter(None, [what, _change_text(ask, pool, k, ctx)]))
-            out.append(_offer(size, ask, job, f"no-radix-{k}{suffix}", text, pool))
+            # the replayed SSM decode first where the release has it: on the H200 it decoded 1.22x the plain
+            # no_buffer decode at 256 running (bench/results/grid-sglang-0.5.15-h200.md); tune measures both
             if rules.has_linear_replayssm and not _settings(ask, pool).is_spec:
                 replay = {**pool, "enable-linear-replayssm": True}
                 name = f"no-radix-{k}-replayssm{suffix}"
                 out.append(_offer(size, ask, job, name, text + " + --enable-linear-replayssm", replay))
+            out.append(_offer(size, ask, job, f"no-radix-{k}{suffix}", text, pool))
     out += _numerics(size, ask, job, base, ctx)
     return out
 
