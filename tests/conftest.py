@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
-from _pytest.nodeid import coerce_node_id
 
 pytest_plugins = [
     "tests.fixtures.sshd",
@@ -84,4 +83,6 @@ def _schedule_in_group(item: pytest.Item, group: str) -> None:
     pytest 9.2 keeps a structured id (`_id`) and xdist 3.8 still sets the old `_nodeid`, so every group
     would spread over all workers. (Should xdist append it too, `…@GROUP@GROUP` is still GROUP's.)"""
     if hasattr(item, "_id"):
+        from _pytest.nodeid import coerce_node_id  # pytest >= 9.2 only
+
         item._id = coerce_node_id(f"{item.nodeid}@{group}")
