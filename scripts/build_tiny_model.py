@@ -4,7 +4,9 @@
 
 Run it with the vLLM venv's Python (it needs torch, transformers and tokenizers). No hub exists here, so
 everything is made locally: a byte-level BPE tokenizer trained on tests/data/corpus, a Qwen3-style chat
-template with thinking, and a 2-layer Qwen3 with seeded random weights in bf16 (~1.4 MB).
+template with thinking, and a 2-layer Qwen3 with seeded random weights in bf16 (~1.4 MB), with the
+`model.safetensors.index.json` a hub checkout has (its real weight bytes): what `plan` and `up` read to plan
+the model (fleetgen.modelcard), so the demo's `up` shows planned next to actual capacity.
 
 Deterministic (same files, byte for byte, for the same library versions) and idempotent: a complete
 OUT_DIR (marker file present, same recipe) is left alone. The folder is built next to OUT_DIR and renamed
@@ -16,12 +18,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 import sys
 import time
 from pathlib import Path
 
 # Bump when anything below changes what is written: a folder with another recipe is rebuilt.
-RECIPE = "fleetgen-tiny-qwen3-v1"
+RECIPE = "fleetgen-tiny-qwen3-v2"  # v2: + model.safetensors.index.json
 MARKER = ".fleetgen-tiny-model"
 SEED = 1234
 VOCAB_SIZE = 2048
@@ -123,6 +126,20 @@ def build_model(out: Path, ids: dict[str, int]) -> None:
     model.save_pretrained(str(out), safe_serialization=True)
 
 
+def write_index(out: Path) -> None:
+    """`model.safetensors.index.json` for the one-file checkpoint, as a sharded `save_pretrained` writes it:
+    `metadata.total_size` (the tensors' bytes, read from the safetensors header) and `weight_map`. A one-file
+    save writes no index, and planning reads the weight bytes from it (fleetgen.modelcard)."""
+    weights = out / "model.safetensors"
+    with weights.open("rb") as fh:
+        (header_len,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(header_len))
+    tensors = {name: spec for name, spec in header.items() if name != "__metadata__"}
+    total = sum(end - start for start, end in (spec["data_offsets"] for spec in tensors.values()))
+    index = {"metadata": {"total_size": total}, "weight_map": dict.fromkeys(sorted(tensors), weights.name)}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
 def is_complete(out: Path) -> bool:
     """True when OUT_DIR holds a finished build of this recipe."""
     marker = out / MARKER
@@ -139,6 +156,7 @@ def build(out: Path) -> None:
         build_model(tmp, ids)
         if not (tmp / "model.safetensors").is_file():
             raise SystemExit(f"save_pretrained wrote no model.safetensors into {tmp}")
+        write_index(tmp)
         (tmp / MARKER).write_text(json.dumps({"recipe": RECIPE, "special_token_ids": ids}, indent=1) + "\n")
         if out.exists():
             shutil.rmtree(out)

@@ -26,7 +26,8 @@ python = "$VENV/bin/python"
 model = "$MODEL"
 served_model_name = "tiny"
 args = { "enforce-eager" = true, "dtype" = "bfloat16", "max-model-len" = 2048, "reasoning-parser" = "qwen3" }
-# VLLM_CPU_KVCACHE_SPACE: GiB of RAM for the KV cache (integer). Offline: there is no model hub here.
+# VLLM_CPU_KVCACHE_SPACE: GiB of RAM for the KV cache (integer), which fleetgen plan and up plan the KV cache from
+# (up prints it planned next to actual). Offline: there is no model hub here.
 env = { VLLM_CPU_KVCACHE_SPACE = "1", HF_HUB_OFFLINE = "1", TRANSFORMERS_OFFLINE = "1", VLLM_NO_USAGE_STATS = "1" }
 base_port = 18100
 ready_timeout_s = 600

@@ -12,6 +12,10 @@ type's count, or the largest when it is < 1.5× the smallest), padding the last 
 is one more full-attention layer. One block = page × group size; a request needs ⌈len/block⌉ blocks in each
 attention group and 1 + num_spec blocks in each Mamba group (2 + num_spec in `align` mode). vLLM logs
 "GPU KV cache size: N tokens" = max concurrency × max_model_len.
+
+vLLM's CPU build (vLLM 0.32.0+cpu's `platforms/cpu.py`, `v1/worker/cpu_worker.py`): the KV space is
+`VLLM_CPU_KVCACHE_SPACE` GiB of host RAM, exactly (no utilization, no profiling); blocks are 128 tokens unless
+`--block-size` says otherwise, and max-num-seqs defaults to 128 per worker. It logs "CPU KV cache size".
 """
 
 from __future__ import annotations
@@ -35,6 +39,11 @@ KERNEL_BLOCK_ALIGN = 16
 BIG_GPU_BYTES = 70 * GIB
 DEFAULT_MAX_NUM_SEQS = {True: 1024, False: 256}
 DEFAULT_BATCHED_TOKENS = {True: 8192, False: 2048}
+# vLLM's CPU build: the env var that sets its KV space (integer GiB; unset, empty or 0: vLLM sizes it from
+# the host's free RAM at start, which no plan can know), its default block size and max-num-seqs per worker
+CPU_KV_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+CPU_BLOCK_SIZE = 128
+CPU_MAX_NUM_SEQS = 128
 # The sampler's dummy run (`GPUModelRunner._dummy_sampler_run`) over R = max_num_seqs rows of V logits keeps,
 # at its peak, per logit: the bf16 logits (2 B), their fp32 copy (4), the sort's fp32 values (4) and int64
 # indices (8) of the PyTorch top-k/top-p path. With speculative decoding it then runs the rejection sampler on
@@ -78,18 +87,35 @@ class VLLMExtras(MemoryExtras):
     gpu_memory_utilization: float = 0.0
     block_size: int = 0
     num_blocks: int = 0
+    cpu_kv_space_gib: int = 0  # vLLM's CPU build: its KV space (VLLM_CPU_KVCACHE_SPACE); 0 on a GPU
+    # blocks / blocks per full-length request: what vLLM logs as "Maximum concurrency for N tokens per
+    # request" (max-num-seqs does not cap it)
+    max_concurrency: float = 0.0
 
     def budget_setting(self) -> str:
+        if self.cpu_kv_space_gib:
+            return f"{CPU_KV_SPACE_ENV}={self.cpu_kv_space_gib}"
         return f"gpu-memory-utilization {self.gpu_memory_utilization:.2f}"
 
     def capacity_rows(self) -> tuple[tuple[str, str], ...]:
+        budget = (
+            (CPU_KV_SPACE_ENV, f"{self.cpu_kv_space_gib} GiB of host RAM")
+            if self.cpu_kv_space_gib
+            else ("gpu-memory-utilization", f"{self.gpu_memory_utilization:.2f}")
+        )
         return (
-            ("gpu-memory-utilization", f"{self.gpu_memory_utilization:.2f}"),
+            budget,
             ("KV blocks (tokens each)", f"{self.num_blocks:,} ({self.block_size})"),
+            ("max concurrency", f"{self.max_concurrency:,.2f}x"),
         )
 
+    def planned(self) -> dict[str, float]:
+        """vLLM reports its concurrency at max-model-len under `max_running_requests` (`Engine.capacity`):
+        the planned figure beside it is the same one, not the max-num-seqs cap."""
+        return {"max_running_requests": self.max_concurrency}
+
     def without_pools(self) -> VLLMExtras:
-        return replace(self, num_blocks=0)
+        return replace(self, num_blocks=0, max_concurrency=0.0)
 
 
 @dataclass(frozen=True)
@@ -107,8 +133,11 @@ class Pool:
         return self.page_bytes * self.group_size
 
 
-def pool_layout(shape: ModelShape, args: Mapping[str, Any], tp: int, ctx: int) -> Pool:
-    """Block size, page size and groups of the hybrid allocator for this model and these flags."""
+def pool_layout(
+    shape: ModelShape, args: Mapping[str, Any], tp: int, ctx: int, default_block: int = KERNEL_BLOCK_ALIGN
+) -> Pool:
+    """Block size, page size and groups of the hybrid allocator for this model and these flags
+    (`default_block`: the platform's block size where `--block-size` is not given)."""
     num_spec = num_spec_tokens(args)
     kv_dtype = str(args.get("kv-cache-dtype") or "auto")
     kv_bytes = shape.dtype_bytes if kv_dtype == "auto" else DTYPE_BYTES.get(kv_dtype, 1)
@@ -122,7 +151,7 @@ def pool_layout(shape: ModelShape, args: Mapping[str, Any], tp: int, ctx: int) -
     mamba_page = shape.gdn_state_bytes(
         tp, shape.linear_num_key_heads, shape.conv_kernel - 1 + num_spec, conv_bytes, ssm
     )
-    block = max(int(args.get("block-size") or KERNEL_BLOCK_ALIGN), KERNEL_BLOCK_ALIGN)
+    block = max(int(args.get("block-size") or default_block), KERNEL_BLOCK_ALIGN)
     if mamba_page:
         block = max(block, KERNEL_BLOCK_ALIGN * _cdiv(mamba_page, KERNEL_BLOCK_ALIGN * attn_token))
     num_attn = len(shape.full_attention_layer_ids) + (shape.mtp_layers if num_spec else 0)
@@ -155,48 +184,93 @@ def profiled_peak_bytes(shape: ModelShape, args: Mapping[str, Any], rows: int, *
     return max(batched * ACTIVATION_BYTES_PER_TOKEN, sampler) + graphs
 
 
-def size_instance(ask: Ask) -> Sizing:
-    """vLLM's verdict on one instance: its per-GPU memory arithmetic and the start-up errors vLLM would raise,
-    with the caveat that vLLM profiles what is estimated here."""
-    shape, args, tp = ask.shape, ask.args, ask.tp
-    util = float(args.get("gpu-memory-utilization") or vllm_rules(ask.rules).default_gpu_memory_utilization)
+def cpu_kv_space_gib(env: Mapping[str, str]) -> int:
+    """The KV space `VLLM_CPU_KVCACHE_SPACE` gives vLLM's CPU build (GiB); 0 when unset, empty, 0 or not an
+    integer (vLLM's CUDA build ignores the variable: a fleet that sets it runs the CPU build)."""
+    raw = str(env.get(CPU_KV_SPACE_ENV, "")).strip()
+    return int(raw) if raw.isdigit() else 0
+
+
+@dataclass(frozen=True)
+class _Budget:
+    """Where one platform puts the KV pool: its size, the memory around it, and the platform's defaults."""
+
+    kv_pool: int
+    requested: int  # the engine's static budget (weights + the pool)
+    peak: int  # profiled activations + CUDA graphs, outside the pool (0 on CPU: not taken from the pool)
+    seqs: int  # max-num-seqs
+    block: int  # the default block size
+    extras: VLLMExtras
+
+
+def _gpu_budget(ask: Ask, weights: int) -> _Budget:
+    """On a GPU: utilization × total, less the weights and the profiled peak."""
+    util = float(
+        ask.args.get("gpu-memory-utilization") or vllm_rules(ask.rules).default_gpu_memory_utilization
+    )
     requested = int(ask.total_bytes * util)
-    num_spec = num_spec_tokens(args)
-    weights = shape.weight_bytes // tp if num_spec else (shape.weight_bytes - shape.mtp_weight_bytes) // tp
     is_big = ask.total_bytes >= BIG_GPU_BYTES
     seqs = max_num_seqs(ask)
-    peak = profiled_peak_bytes(shape, args, seqs, is_big_gpu=is_big)
-    kv_pool = max(requested - weights - peak, 0)
+    peak = profiled_peak_bytes(ask.shape, ask.args, seqs, is_big_gpu=is_big)
+    extras = VLLMExtras(gpu_memory_utilization=util)
+    return _Budget(max(requested - weights - peak, 0), requested, peak, seqs, KERNEL_BLOCK_ALIGN, extras)
+
+
+def _cpu_budget(ask: Ask, weights: int, space_gib: int) -> _Budget:
+    """On vLLM's CPU build: the KV space is exactly `VLLM_CPU_KVCACHE_SPACE` GiB of host RAM."""
+    seqs = max_num_seqs(ask)
+    kv_pool = space_gib * GIB
+    extras = VLLMExtras(cpu_kv_space_gib=space_gib)
+    return _Budget(kv_pool, weights + kv_pool, 0, seqs, CPU_BLOCK_SIZE, extras)
+
+
+def size_instance(ask: Ask) -> Sizing:
+    """vLLM's verdict on one instance: its per-GPU memory arithmetic (or its CPU build's KV space) and the
+    start-up errors vLLM would raise, with the caveat that vLLM profiles what is estimated here."""
+    shape, args, tp = ask.shape, ask.args, ask.tp
+    num_spec = num_spec_tokens(args)
+    weights = shape.weight_bytes // tp if num_spec else (shape.weight_bytes - shape.mtp_weight_bytes) // tp
+    space_gib = cpu_kv_space_gib(ask.env)
+    budget = _cpu_budget(ask, weights, space_gib) if space_gib else _gpu_budget(ask, weights)
     ctx = int(args.get("max-model-len") or shape.context_length)
-    pool = pool_layout(shape, args, tp, ctx)
-    num_blocks = kv_pool // pool.bytes_per_block if pool.bytes_per_block else 0
+    pool = pool_layout(shape, args, tp, ctx, budget.block)
+    num_blocks = budget.kv_pool // pool.bytes_per_block if pool.bytes_per_block else 0
     concurrency = num_blocks / pool.blocks_per_request if pool.blocks_per_request else 0.0
     cell = pool.page_bytes // pool.block_size * len(shape.full_attention_layer_ids)
     memory = Memory(
         free_bytes=ask.free_bytes,
-        budget_bytes=requested,
-        headroom_bytes=ask.total_bytes - requested,
-        headroom_needed_bytes=peak,
+        budget_bytes=budget.requested,
+        headroom_bytes=ask.total_bytes - budget.requested,
+        headroom_needed_bytes=budget.peak,
         weights_bytes=weights,
-        rest_bytes=kv_pool,
+        rest_bytes=budget.kv_pool,
         kv_pool_bytes=num_blocks * pool.bytes_per_block,
         kv_bytes_per_token=cell,
         kv_tokens=int(concurrency * ctx),
         state_bytes_per_request=pool.mamba_groups * pool.group_size * pool.page_bytes * (1 + num_spec),
-        max_running_requests=min(seqs, int(concurrency)),
+        max_running_requests=min(budget.seqs, int(concurrency)),
         context_length=ctx,
-        extras=VLLMExtras(gpu_memory_utilization=util, block_size=pool.block_size, num_blocks=num_blocks),
+        extras=replace(
+            budget.extras, block_size=pool.block_size, num_blocks=num_blocks, max_concurrency=concurrency
+        ),
     )
-    errors = _errors(memory, ask.total_bytes, pool.blocks_per_request * pool.bytes_per_block)
+    per_request = pool.blocks_per_request * pool.bytes_per_block
+    if space_gib:
+        note = f"planned as vLLM's CPU build ({CPU_KV_SPACE_ENV}={space_gib}): the GPU's memory is not used"
+        return Sizing(
+            memory, tuple(_errors(memory, ask.total_bytes, per_request, cpu=True)), (Issue("cpu", note),)
+        )
     estimate = "vLLM activation and CUDA-graph memory are estimates; vLLM profiles them at start"
     warnings = (Issue("estimate", f"{estimate} (log: 'Available KV cache memory')"),)
-    return Sizing(memory, tuple(errors), warnings, {"gpu_memory_utilization": util})
+    resolved = {"gpu_memory_utilization": budget.extras.gpu_memory_utilization}
+    return Sizing(memory, tuple(_errors(memory, ask.total_bytes, per_request)), warnings, resolved)
 
 
-def _errors(m: Memory, total_bytes: int, per_request: int) -> list[Issue]:
-    """vLLM's start-up refusals in its words: free memory short of the request, or no room for one."""
+def _errors(m: Memory, total_bytes: int, per_request: int, *, cpu: bool = False) -> list[Issue]:
+    """vLLM's start-up refusals in its words: free GPU memory short of the request (not on CPU), or no room
+    for one request."""
     requested = m.budget_bytes
-    if m.free_bytes < requested:
+    if not cpu and m.free_bytes < requested:
         text = FREE_LESS_THAN_UTIL.format(
             free=m.free_bytes / GIB,
             total=total_bytes / GIB,
@@ -206,12 +280,15 @@ def _errors(m: Memory, total_bytes: int, per_request: int) -> list[Issue]:
         return [Issue("gpu-memory-utilization", text, "lower gpu-memory-utilization or free the GPU")]
     if m.rest_bytes < per_request:
         text = ONE_REQUEST.format(ctx=m.context_length, need=per_request / GIB, avail=m.rest_bytes / GIB)
-        return [Issue("kv-cache", text, "raise gpu-memory-utilization, lower max-model-len or use tp = 2")]
+        more = f"raise {CPU_KV_SPACE_ENV}" if cpu else "raise gpu-memory-utilization"
+        return [Issue("kv-cache", text, f"{more}, lower max-model-len or use tp = 2")]
     return []
 
 
 def variants(ask: Ask) -> list[Fix]:
-    """vLLM's own way out: a higher utilization."""
+    """vLLM's own way out: a higher utilization (on its CPU build: twice the KV space)."""
+    if space_gib := cpu_kv_space_gib(ask.env):
+        return [Fix(1, f"{CPU_KV_SPACE_ENV}={2 * space_gib}", env={CPU_KV_SPACE_ENV: str(2 * space_gib)})]
     return [Fix(1, "--gpu-memory-utilization 0.95", {"gpu-memory-utilization": 0.95})]
 
 
@@ -221,7 +298,9 @@ def concurrency(ask: Ask, sized: Sizing, n: int) -> dict[str, Any]:
 
 
 def max_num_seqs(ask: Ask) -> int:
-    """`--max-num-seqs`, or vLLM's default for the GPU's size."""
+    """`--max-num-seqs`, or vLLM's default: per CPU worker on its CPU build, else by the GPU's size."""
+    if cpu_kv_space_gib(ask.env):
+        return int(ask.args.get("max-num-seqs") or CPU_MAX_NUM_SEQS * ask.tp)
     return int(ask.args.get("max-num-seqs") or DEFAULT_MAX_NUM_SEQS[ask.total_bytes >= BIG_GPU_BYTES])
 
 
