@@ -253,7 +253,7 @@ def _imports(path: Path) -> set[str]:
 
 
 def _is_engine_own(where: str) -> bool:
-    """The plan layer's registry and each engine's plan module or package (`plan/vllm.py`, `plan/sglang/`)."""
+    """The plan layer's registry and each engine's plan module or package (`plan/vllm/`, `plan/sglang/`)."""
     return where == "plan/planners.py" or any(
         where == f"plan/{name}.py" or where.startswith(f"plan/{name}/") for name in ENGINES
     )

@@ -20,7 +20,7 @@ from fleetgen.modelcard import load_model_shape
 from fleetgen.plan import InstancePlan, plan_fleet
 from fleetgen.plan.sglang.memory import SGLangExtras
 from fleetgen.plan.types import GpuFacts, HostFacts
-from fleetgen.plan.vllm import pool_layout
+from fleetgen.plan.vllm.memory import pool_layout
 
 DATA = Path(__file__).parents[1] / "data"
 REAL = DATA / "real-engines"

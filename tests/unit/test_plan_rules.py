@@ -21,7 +21,7 @@ from fleetgen.plan import FleetPlan, HostFacts, engine_rejections, facts_from_fi
 from fleetgen.plan.fixes import MIN_TOKENS_PER_REQUEST
 from fleetgen.plan.sglang.memory import SGLangExtras
 from fleetgen.plan.types import GIB, GpuFacts, Issue
-from fleetgen.plan.vllm import VLLMExtras
+from fleetgen.plan.vllm.memory import VLLMExtras
 from tests.unit.test_plan import EXTRA, GPU96, GPU183, MODELS, MOTIVATING, QWEN, SPEC_V2, plan_one
 
 

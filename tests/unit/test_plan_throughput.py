@@ -22,7 +22,7 @@ from fleetgen.plan.planners import planner_of
 from fleetgen.plan.sglang.memory import SGLangExtras
 from fleetgen.plan.throughput import plan_job
 from fleetgen.plan.types import GIB, MIB, Ask
-from fleetgen.plan.vllm import job_blocks
+from fleetgen.plan.vllm.planner import job_blocks
 
 MODELS = Path(__file__).resolve().parents[1] / "data" / "models"
 QWEN = load_model_shape(MODELS / "qwen3.6-27b")

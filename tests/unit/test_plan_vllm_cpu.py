@@ -18,7 +18,7 @@ from fleetgen.deploy.wanted import planned_capacity
 from fleetgen.modelcard import load_model_shape
 from fleetgen.plan import InstancePlan, facts_from_file, plan_fleet
 from fleetgen.plan.types import GIB
-from fleetgen.plan.vllm import VLLMExtras
+from fleetgen.plan.vllm.memory import VLLMExtras
 from tests.unit.test_plan import MODELS, QWEN
 
 TINY = load_model_shape(MODELS / "tiny-qwen3")

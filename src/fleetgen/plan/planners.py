@@ -1,6 +1,6 @@
 """The plan layer's engine registry: each engine's plan arithmetic (`Planner`), by the engine's name.
 
-An engine's planner lives next to its memory arithmetic (`plan/sglang/`, `plan/vllm.py`) and is listed
+An engine's planner lives next to its memory arithmetic (`plan/sglang/`, `plan/vllm/`) and is listed
 here once; every engine in `fleetgen.engines.ENGINES` has one (engines sit left of plan and cannot
 point here).
 """
@@ -8,9 +8,9 @@ point here).
 from __future__ import annotations
 
 from fleetgen.errors import ConfigError
-from fleetgen.plan import vllm
 from fleetgen.plan.sglang import planner as sglang
 from fleetgen.plan.types import Planner
+from fleetgen.plan.vllm import planner as vllm
 
 PLANNERS: dict[str, Planner] = {p.engine.name: p for p in (sglang.PLANNER, vllm.PLANNER)}
 

@@ -25,11 +25,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from fleetgen.engines import get_engine
-from fleetgen.engines.vllm import VLLMEngine, vllm_rules
+from fleetgen.engines.vllm import vllm_rules
 from fleetgen.modelcard import DTYPE_BYTES, ModelShape
-from fleetgen.plan import vllm_throughput
-from fleetgen.plan.types import GIB, Ask, Fix, Issue, Memory, MemoryExtras, Planner, Sizing
+from fleetgen.plan.types import GIB, Ask, Fix, Issue, Memory, MemoryExtras, Sizing
 
 ACTIVATION_BYTES_PER_TOKEN = 512 * 1024  # forward-pass peak per batched token (estimate, not profiled here)
 GRAPH_BYTES = 1 * GIB  # CUDA-graph estimate (vLLM 0.24 logged 0.96 GiB, 1.30 GiB with MTP-3 on a 27B model)
@@ -302,19 +300,3 @@ def max_num_seqs(ask: Ask) -> int:
     if cpu_kv_space_gib(ask.env):
         return int(ask.args.get("max-num-seqs") or CPU_MAX_NUM_SEQS * ask.tp)
     return int(ask.args.get("max-num-seqs") or DEFAULT_MAX_NUM_SEQS[ask.total_bytes >= BIG_GPU_BYTES])
-
-
-def job_blocks(ask: Ask, tokens: int) -> tuple[int, int]:
-    """(the paged pool's blocks, the blocks one request holding `tokens` takes) for these flags."""
-    pool = VLLMExtras.of(size_instance(ask).memory).num_blocks
-    return pool, pool_layout(ask.shape, ask.args, ask.tp, tokens).blocks_per_request
-
-
-PLANNER = Planner(
-    get_engine(VLLMEngine.name),
-    size_instance,
-    variants,
-    concurrency,
-    settings=lambda ask, job: vllm_throughput.settings(size_instance, job_blocks, ask, job),
-    bound=lambda ask, _sized, job: vllm_throughput.job_bound(job_blocks, ask, job, max_num_seqs(ask)),
-)
