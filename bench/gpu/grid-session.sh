@@ -16,3 +16,16 @@ grid_start() {  # grid_start SETTINGS [args…]: in the background, survives the
 grid_wait() {  # grid_wait SECONDS: until the grid says done (or the time), then its files into $OUT
   local s=$SECONDS; while [ $((SECONDS-s)) -lt $1 ]; do grep -q "\[grid\] done" /root/grid/stdout 2>/dev/null && break; sleep 5; done
   cat /root/grid/stdout; cp /root/grid/grid.json $OUT/ 2>/dev/null; tar -cJf $OUT/grid-logs.tar.xz -C /root/grid . 2>/dev/null; ls $OUT; }
+# `fleetgen tune` on the device (bench/gpu/sglang-0.5.15-h200-tune.toml): its own folder, in the background
+FG="import sys; sys.argv[0] = 'fleetgen'; from fleetgen.cli import main; main()"
+tune_start() {  # tune_start ARGS…: fleetgen tune with the H200 files, output in /root/tune-run
+  rm -rf /root/tune-run && mkdir -p /root/tune-run && cp -r src bench /root/tune-run/ && cd /root/tune-run &&
+    (PYTHONPATH=$SITE:/root/tune-run/src setsid nohup $PY -c "$FG" tune -f bench/gpu/sglang-0.5.15-h200-tune.toml \
+      --job bench/gpu/tune-job.toml bench/gpu/tune-prompts.jsonl --output-lengths mean=2040,min=300,max=6000 \
+      --out /root/tune-run/tuned.toml --json "$@" > /root/tune-run/tune.json 2> /root/tune-run/tune.log < /dev/null &)
+  cd - > /dev/null; echo tune started; }
+tune_wait() {  # tune_wait SECONDS: until tune ends (or the time), then its files into $OUT
+  local s=$SECONDS; while [ $((SECONDS-s)) -lt $1 ]; do pgrep -f "tune -f bench/gpu" > /dev/null || break; sleep 5; done
+  tail -30 /root/tune-run/tune.log; cp /root/tune-run/tune.json /root/tune-run/tune.log /root/tune-run/tuned.* $OUT/ 2>/dev/null
+  tar -cJf $OUT/tune-work.tar.xz -C /root/tune-run .fleetgen -C /root fleetgen-work --exclude='*.sock' --exclude='*api_key*' 2>/dev/null
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader; ls $OUT; }
