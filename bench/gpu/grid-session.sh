@@ -21,7 +21,7 @@ FG="import sys; sys.argv[0] = 'fleetgen'; from fleetgen.cli import main; main()"
 tune_start() {  # tune_start ARGS…: fleetgen tune with the H200 files, output in /root/tune-run
   rm -rf /root/tune-run && mkdir -p /root/tune-run && cp -r src bench /root/tune-run/ && cd /root/tune-run &&
     (PYTHONPATH=$SITE:/root/tune-run/src setsid nohup $PY -c "$FG" tune -f bench/gpu/sglang-0.5.15-h200-tune.toml \
-      --job bench/gpu/tune-job.toml bench/gpu/tune-prompts.jsonl --output-lengths mean=2040,min=300,max=6000 \
+      --job bench/gpu/tune-job.toml bench/gpu/tune-prompts.jsonl --output-lengths mean=1800,min=300,max=6000 \
       --out /root/tune-run/tuned.toml --json "$@" > /root/tune-run/tune.json 2> /root/tune-run/tune.log < /dev/null &)
   cd - > /dev/null; echo tune started; }
 tune_wait() {  # tune_wait SECONDS: until tune ends (or the time), then its files into $OUT
