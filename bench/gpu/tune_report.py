@@ -1,0 +1,70 @@
+"""`fleetgen tune --json`'s result as the table the issue asks for, and the real job's time at its rates.
+
+    python bench/gpu/tune_report.py TUNE_JSON --name tune-sglang-0.5.15-h200 [--completions 902087]
+        [--tokens 1800] [--gpu-minutes N]
+
+Writes bench/results/NAME.{json,md}: per candidate its flags, planned vs engine running requests, decode
+tok/s, completions/s, the ratio to the fleet file's own settings; and the time 902,087 completions of ~1,800 tokens
+would take on one GPU at the chosen and the as-written rates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+
+
+def days(completions: int, tokens: float, tok_s: float | None) -> str:
+    return "—" if not tok_s else f"{completions * tokens / tok_s / 86400:.1f} days"
+
+
+def table(result: dict[str, Any], completions: int, tokens: float) -> list[str]:
+    md = [
+        "| candidate | planned running | engine running | decode tok/s | completions/s | × as-written "
+        "| flags |",
+        "|---" * 7 + "|",
+    ]
+    for c in result["candidates"]:
+        mark = " **(chosen)**" if c["chosen"] else ""
+        ratio = f"{c['ratio_to_as_written']:.2f}" if c.get("ratio_to_as_written") else "—"
+        tok = f"{c['decode_tps']:,.0f}" if c.get("decode_tps") else "—"
+        done = f"{c['completions_per_s']:.2f}" if c.get("completions_per_s") else "—"
+        md.append(
+            f"| {c['candidate']}{mark} | {c['planned_running']} | {c['engine_running']} | {tok} | {done} | "
+            f"{ratio} | {c['change'] or '(the fleet file)'} {c.get('error') or ''} |"
+        )
+    chosen = next((c for c in result["candidates"] if c["chosen"]), None)
+    mine = next((c for c in result["candidates"] if c["candidate"] == "as-written"), None)
+    md += [
+        "",
+        f"{completions:,} completions × {tokens:,.0f} tokens on this one GPU: "
+        f"{days(completions, tokens, chosen and chosen['decode_tps'])} at the chosen settings, "
+        f"{days(completions, tokens, mine and mine['decode_tps'])} at the fleet file's own.",
+        f"Budget {result['budget_s']:.0f} s, used {result['used_s']:.0f} s; "
+        f"not measured: {result['unmeasured']}.",
+    ]
+    return md
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("tune_json", type=Path)
+    p.add_argument("--name", required=True)
+    p.add_argument("--completions", type=int, default=902_087)
+    p.add_argument("--tokens", type=float, default=1800.0)
+    a = p.parse_args()
+    result = json.loads(a.tune_json.read_text())
+    md = table(result, a.completions, a.tokens)
+    (RESULTS / f"{a.name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (RESULTS / f"{a.name}.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
