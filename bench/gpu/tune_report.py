@@ -4,8 +4,8 @@
         [--tokens 1800] [--gpu-minutes N]
 
 Writes bench/results/NAME.{json,md}: per candidate its flags, planned vs engine running requests, decode
-tok/s, completions/s, the ratio to the fleet file's own settings; and the time 902,087 completions of ~1,800 tokens
-would take on one GPU at the chosen and the as-written rates.
+tok/s, completions/s, the ratio to the fleet file's own settings; and the time 902,087 completions of ~1,800
+tokens would take on one GPU at the chosen and the as-written rates.
 """
 
 from __future__ import annotations
