@@ -21,7 +21,7 @@ from typing import Any, cast
 import tomli_w
 
 from fleetgen.bench.stats import BenchLoad, BenchTarget
-from fleetgen.bench.sweep import sweep
+from fleetgen.bench.sweep import PROBE_TOKENS, sweep
 from fleetgen.config import JobFile
 from fleetgen.dashboard import chromium, svg
 from fleetgen.generate.work import SamplingParams
@@ -75,7 +75,7 @@ async def test_a_warm_up_burst_at_the_top_level_precedes_the_measured_levels(sim
     probe, warm_up = 1, 6
     sent = probe + warm_up + sum(r.num_requests for r in levels)
     assert after["sglang:num_requests_total"] - before["sglang:num_requests_total"] == sent
-    tokens = 1 + warm_up * 5 + sum(r.output_tokens for r in levels)
+    tokens = PROBE_TOKENS + warm_up * 5 + sum(r.output_tokens for r in levels)
     assert after["sglang:generation_tokens_total"] - before["sglang:generation_tokens_total"] == tokens
     no_warm_up = dataclasses.replace(load, warmup_tokens=0)
     async with sim_server(max_running_requests=6, enable_metrics=True) as (url, _):
@@ -229,7 +229,8 @@ async def test_every_request_of_a_sweep_with_a_job_carries_its_sampling(sim_serv
             levels = await sweep([BenchTarget("i0", (server.base_url,))], load)
             bodies = _received(server.log_text())[seen:]
             assert len(bodies) == 1 + 3 + sum(r.num_requests for r in levels)  # probe, warm-up, levels
-            assert sorted(cast(int, b["max_tokens"]) for b in bodies) == [1] + [4] * 4 + [5] * 3
+            lengths = sorted(cast(int, b["max_tokens"]) for b in bodies)
+            assert lengths == sorted([PROBE_TOKENS] + [4] * 4 + [5] * 3)
             run_body = ChatRequests("m", 1, load.sampling).body([])  # the job's first request in `run`
             assert all(_sampling_of(b) == _sampling_of(run_body) for b in bodies)
             for key, value in job.extra_body.items():
@@ -267,7 +268,7 @@ async def test_cli_bench_with_a_job_samples_as_run_with_that_job(
         assert rc == 0, err
         greedy_bodies = _received(server.log_text())[1 + len(bench_bodies) :]
     assert bench_bodies and all(_sampling_of(b) == _sampling_of(run_body) for b in bench_bodies)
-    assert all(b["max_tokens"] in (1, 6, 16) for b in bench_bodies)  # probe, levels, warm-up: bench's own
+    assert all(b["max_tokens"] in (PROBE_TOKENS, 6, 16) for b in bench_bodies)  # probe, levels, warm-up
     assert json.loads(out)["load"]["sampling"] == _sampling_of(run_body)  # the JSON records what was sent
     # Without --job: greedy, as before, and recorded so.
     assert greedy_bodies and all(_sampling_of(b) == {"temperature": 0.0} for b in greedy_bodies)

@@ -80,11 +80,16 @@ async def server_cap(client: EngineClient) -> int | None:
     return next((n for e in ENGINES.values() if (n := e.max_running_from_info(info))), None)
 
 
+# The probe's answer: a few tokens, not one. With a reasoning parser and a thinking template the first token
+# can be the think marker, which the parser takes out of the stream: a one-token answer then streams no text.
+PROBE_TOKENS = 8
+
+
 async def words_per_token(client: EngineClient, load: BenchLoad, model: str) -> float:
     """Calibrate prompt words → prompt tokens with one probe (also warms the server up)."""
     num_words = max(16, load.input_len)
     prompt = make_prompt(num_words, random.Random(load.seed - 1))
-    sample = await stream_one(client, _asking(load.requests(model, 1), prompt))
+    sample = await stream_one(client, _asking(load.requests(model, PROBE_TOKENS), prompt))
     if not sample.is_ok:
         raise EndpointError(
             f"the probe request failed: {sample.error}",
