@@ -218,7 +218,7 @@ async def test_the_key_leaks_nowhere_through_a_whole_sglang_session(
         async with execs_traced(ssh_hosts[0], trace):
             code, stdout, err = await s.cli("up", "-f", str(fleet))
         assert [line for line in trace.read_bytes().splitlines() if key.encode() in line] == []
-        assert b"fleetgen.sim" in trace.read_bytes()  # it traced: the engine's exec is in it
+        assert b"fleetgen.sim" in trace.read_bytes() and b'"--config", "api_key.yaml"' in trace.read_bytes()
         assert_no_leak(key, s, *roots)  # first: a key on the engine's argv also fails `up` (argv drift)
         assert code == 0, stdout + err
         # The sampler saw the engine while it ran, its key named by file: it sampled, and it would have seen.
