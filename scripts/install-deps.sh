@@ -4,7 +4,7 @@
 #   scripts/install-deps.sh
 #
 # 1. System packages: openssh-server (the tests' real sshd hosts), iproute2 (`ip netns` test hosts), chromium and
-#    p7zip-full (see APT_PACKAGES),
+#    p7zip-full, strace (see APT_PACKAGES),
 #    only when missing — apt-get update is skipped when nothing is to install.
 # 2. The project venv .venv (python3 -m venv; $PYTHON picks the interpreter) with `pip install -e '.[dev]'`,
 #    skipped when .venv was already installed from this exact pyproject.toml.
@@ -18,7 +18,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python3}"
 # chromium: `report --png` and `bench --png` rasterise their SVG charts with it; the dashboard tests load the pages in it.
 # p7zip-full: tests/integration/test_input_archives.py makes a real 7z archive with it (README: archives refused).
-APT_PACKAGES=(openssh-server iproute2 chromium p7zip-full)
+# strace: tests/integration/test_secrets.py records every exec on a host during `up` (no key on any argv).
+APT_PACKAGES=(openssh-server iproute2 chromium p7zip-full strace)
 
 bash "$(dirname "${BASH_SOURCE[0]}")/apt-ensure.sh" install-deps "${APT_PACKAGES[@]}"
 
