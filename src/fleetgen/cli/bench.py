@@ -17,7 +17,7 @@ import typer
 from rich.table import Table
 
 import fleetgen.cli.app as cli
-from fleetgen.bench.fleet import bench_fleet, compare_spec
+from fleetgen.bench.fleet import SCOPES, bench_fleet, compare_spec
 from fleetgen.bench.stats import DEFAULT_CONCURRENCIES, BenchLoad, LevelResult, SpeedupRow
 from fleetgen.config import load_job
 from fleetgen.dashboard import chromium, svg
@@ -133,8 +133,9 @@ def bench(
     ] = None,
 ) -> None:
     """Measure output tok/s, req/s, TTFT, ITL and spec accept length over a concurrency sweep."""
-    if scope not in ("both", "instances", "fleet"):
-        raise typer.BadParameter("--scope is one of: instances, fleet, both")
+    picked = next((s for s in SCOPES if s == scope), None)
+    if picked is None:
+        raise typer.BadParameter(f"--scope is one of: {', '.join(SCOPES)}")
     if compare and endpoint:
         raise typer.BadParameter("--compare-spec deploys the fleet twice: use --fleet, not --endpoint")
 
@@ -153,7 +154,7 @@ def bench(
             sampling=sampling,
         )
         sweep_of = functools.partial(
-            bench_fleet, load=load, scope=scope, cap=max_concurrency, on_level=_progress
+            bench_fleet, load=load, scope=picked, cap=max_concurrency, on_level=_progress
         )
         rows: list[SpeedupRow] = []
         if compare:

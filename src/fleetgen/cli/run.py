@@ -31,14 +31,17 @@ from fleetgen.fleet.status import Readiness
 from fleetgen.generate.dispatch import in_flight_for
 from fleetgen.generate.export import FORMATS, ExportSummary, export
 from fleetgen.generate.fleetlink import fleet_hooks, url_hooks
-from fleetgen.generate.progress import Progress, Summary
+from fleetgen.generate.progress import Progress, RunEnd, Summary
 from fleetgen.generate.runner import FleetHooks, Job
-from fleetgen.generate.work import JobOptions, RecordShape, RetryPolicy, SamplingParams
+from fleetgen.generate.work import JobOptions, RecordShape, RetryPolicy, RunMode, SamplingParams
 from fleetgen.http.client import BareURLs
 
 DEFAULT_CONCURRENCY = 64
 DEFAULT_DEAD_TIMEOUT_S = 300.0  # --endpoint URLs: the mid-job wait for a server to come back
-EXIT_CODES = {"stopped": 130, "failed": 1}  # failed: nothing useful was produced, so never exit 0
+EXIT_CODES: dict[RunEnd, int] = {
+    "stopped": 130,
+    "failed": 1,
+}  # failed: nothing useful was produced, so never exit 0
 READINESS_STYLE = {Readiness.READY: "{}", Readiness.WAITING: "[yellow]{}[/]", Readiness.DOWN: "[red]{}[/]"}
 Opt = typer.Option
 
@@ -131,7 +134,7 @@ def run_command(
     ] = 30.0,
 ) -> None:
     """Generate completions for every (record, sample) exactly once, across all servers; resumable."""
-    mode = "retry_errors" if retry_errors else "redo_truncated" if redo_truncated else "normal"
+    mode: RunMode = "retry_errors" if retry_errors else "redo_truncated" if redo_truncated else "normal"
 
     async def go() -> Summary:
         _check_out_dir(out, "-o")

@@ -22,6 +22,8 @@ from fleetgen.engines.base import (
     refused_argument_signatures,
 )
 from fleetgen.engines.sglang_timeline import RULE_SETS
+from fleetgen.engines.sglang_timeline import MambaRatioRule as MambaRatioRule  # re-exported: the plan's
+from fleetgen.engines.sglang_timeline import MaxRunningCap as MaxRunningCap
 from fleetgen.engines.sglang_timeline import SGLangRules as SGLangRules  # re-exported: the plan's
 from fleetgen.engines.sglang_timeline import sglang_rules as sglang_rules
 

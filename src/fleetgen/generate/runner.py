@@ -37,6 +37,7 @@ from fleetgen.generate.progress import (
     EndpointProgress,
     Progress,
     RateMeter,
+    RunEnd,
     Summary,
 )
 from fleetgen.generate.scrape import AcceptLengthScraper
@@ -189,7 +190,7 @@ class Job:
         scraper: AcceptLengthScraper,
         intake: Intake,
         on_progress: OnProgress | None,
-    ) -> str:
+    ) -> RunEnd:
         """Run the dispatcher with the writer, counter, ticker and scraper beside it; always flush."""
         self._dispatcher = dispatcher
         if self._stops:
@@ -201,7 +202,7 @@ class Job:
             asyncio.create_task(self._tick(dispatcher, writer, scraper, on_progress)),
             asyncio.create_task(scraper.run()),
         ]
-        status = "complete"
+        status: RunEnd = "complete"
         try:
             await dispatcher.run(intake.work(writer))
             if self._stops:

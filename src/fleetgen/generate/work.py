@@ -11,7 +11,7 @@ import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
@@ -176,6 +176,10 @@ class RetryPolicy:
     health_timeout_s: float = 30.0  # a busy engine's /health may take a while; a hung one never answers
 
 
+# which items a run sends: every item not done (normal), or the stored errors / truncated results again
+RunMode = Literal["normal", "retry_errors", "redo_truncated"]
+
+
 @dataclass(frozen=True)
 class JobOptions:
     """A job's own settings, whatever serves it; the CLI builds them once from the job file and its flags."""
@@ -187,7 +191,7 @@ class JobOptions:
     concurrency: int = 64
     policy: RetryPolicy = field(default_factory=RetryPolicy)
     request_timeout_s: float = 3600.0
-    mode: str = "normal"  # "normal", "retry_errors", "redo_truncated"
+    mode: RunMode = "normal"
     force_params: bool = False
     add_input: bool = False  # `--add-input`: run another input into a folder that holds one on purpose
     split: str | None = None

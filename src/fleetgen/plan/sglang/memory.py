@@ -14,7 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from fleetgen.engines.sglang import MAMBA_TOO_SMALL, NOT_ENOUGH_MEMORY, WEIGHTS_LEAVE_NOTHING, SGLangRules
+from fleetgen.engines.sglang import (
+    MAMBA_TOO_SMALL,
+    NOT_ENOUGH_MEMORY,
+    WEIGHTS_LEAVE_NOTHING,
+    MaxRunningCap,
+    SGLangRules,
+)
 from fleetgen.modelcard import ModelShape
 from fleetgen.plan.sglang.settings import SGLangAsk, SGLangSettings
 from fleetgen.plan.types import GIB, MIB, Issue, Memory, MemoryExtras
@@ -188,7 +194,11 @@ def max_running(tokens: int, s: SGLangSettings, rules: SGLangRules, slots: int |
     """`resolve_max_num_reqs`: the estimate, the user's cap, token and Mamba-slot limits."""
     estimated = max(min(int(tokens / max(s.context_length, 1) * 512), 4096), 2048)
     if s.max_running_requests is not None:
-        caps = {"none": s.max_running_requests, "estimate": estimated, "half-tokens": tokens // 2}
+        caps: dict[MaxRunningCap, int] = {
+            "none": s.max_running_requests,
+            "estimate": estimated,
+            "half-tokens": tokens // 2,
+        }
         n = min(s.max_running_requests, caps[rules.mrr_cap])
     else:
         n = min(estimated, tokens // 2)
