@@ -1,4 +1,4 @@
-"""The dashboard's planned capacity reads the model's shape as `plan` and `up` do (`hostside.model_shape`):
+"""The dashboard's planned capacity reads the model's shape as `plan` and `up` do (`modelshape.model_shape`):
 `engine.model_config` here, else `engine.model` on the fleet's first host reached, never a folder here that
 merely has the model's name. The host is this machine (`LocalHost`: real subprocesses, nothing faked)."""
 

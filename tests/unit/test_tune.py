@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleetgen.config import FleetFile, JobFile
-from fleetgen.deploy.hostside import HostSurvey
+from fleetgen.deploy.hostsurvey import HostSurvey
 from fleetgen.deploy.state import InstanceRecord, update_state
 from fleetgen.deploy.wanted import Fleet, build_command, build_wanted, refuse_simulated_acceptance
 from fleetgen.engines import format_args, get_engine

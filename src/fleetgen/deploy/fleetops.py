@@ -16,7 +16,6 @@ from functools import partial
 import aiohttp
 
 from fleetgen.config import HostEntry, Instance, Selection
-from fleetgen.deploy.hostside import MODEL_CONFIG_FIX, model_shape
 from fleetgen.deploy.instance import (
     HostSession,
     Narrate,
@@ -27,6 +26,7 @@ from fleetgen.deploy.instance import (
     settle,
     stop_instance,
 )
+from fleetgen.deploy.modelshape import MODEL_CONFIG_FIX, model_shape
 from fleetgen.deploy.slurm import down_jobs, up_jobs
 from fleetgen.deploy.state import load_state, update_state
 from fleetgen.deploy.wanted import (

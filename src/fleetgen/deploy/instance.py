@@ -19,14 +19,9 @@ from datetime import UTC, datetime
 import aiohttp
 
 from fleetgen.config import LOOPBACK, EngineConfig, HostEntry, Instance
-from fleetgen.deploy.hostside import (
-    HostSurvey,
-    prepare_host,
-    probe_instance,
-    wait_gpus_released,
-    wait_port_free,
-)
+from fleetgen.deploy.hostsurvey import HostSurvey, prepare_host
 from fleetgen.deploy.listener import port_owners, stranger_problem
+from fleetgen.deploy.probes import probe_instance, wait_gpus_released, wait_port_free
 from fleetgen.deploy.script import Command
 from fleetgen.deploy.state import InstanceRecord
 from fleetgen.deploy.verify import Verified, process_drift, verify_engine

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleetgen.config import EngineConfig, FleetFile, HostEntry, Instance, load_fleet
-from fleetgen.deploy.hostside import HostSurvey
+from fleetgen.deploy.hostsurvey import HostSurvey
 from fleetgen.deploy.instance import WantedInstance
 from fleetgen.deploy.script import Command, InstancePaths, SecretEnv, render_script
 from fleetgen.engines import Engine, format_args, get_engine, launcher_of

@@ -92,7 +92,7 @@ class FleetView:
         self.secret = secret
         self.watched: list[_Watched] = []
         self.failed: list[InstanceStatus] = []
-        # Where `plan` and `up` read the model's shape (`hostside.model_shape`): the first host reached.
+        # Where `plan` and `up` read the model's shape (`modelshape.model_shape`): the first host reached.
         self.model_host: Host | None = None
 
     def watch(self, hs: HostSession, inst: Instance, *, placement: str = "", job: str = "") -> None:
