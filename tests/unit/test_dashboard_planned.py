@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 from fleetgen.dashboard.fleetdata import planned_capacity
-from fleetgen.deploy.wanted import Fleet
+from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.remote.local import LocalHost
 
 QWEN = Path(__file__).parents[1] / "data" / "models" / "qwen3.6-27b"

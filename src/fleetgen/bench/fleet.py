@@ -18,8 +18,8 @@ import tomli_w
 
 from fleetgen.bench.stats import BenchLoad, BenchTarget, LevelResult, SpeedupRow, speedups
 from fleetgen.bench.sweep import sweep
+from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import up
-from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import ConfigError, FleetgenError
 from fleetgen.fleet.pool import ready_endpoints
 from fleetgen.http.client import BareURLs

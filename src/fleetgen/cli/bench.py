@@ -94,7 +94,7 @@ def speedup_table(rows: Sequence[SpeedupRow]) -> Table:
 
 @cli.app.command()
 def bench(
-    fleet: Path = cli.FLEET_OPTION,
+    fleet_path: Path = cli.FLEET_OPTION,
     endpoint: cli.Endpoints = None,
     input_len: int = Opt(1024, "--input-len", min=1, help="Prompt tokens per request."),
     output_len: int = Opt(1024, "--output-len", min=1, help="Output tokens per request (ignore_eos)."),
@@ -158,10 +158,12 @@ def bench(
         )
         rows: list[SpeedupRow] = []
         if compare:
-            off, on, rows = await compare_spec(cli.read_fleet(fleet), sweep_of)  # refused with --endpoint
+            off, on, rows = await compare_spec(
+                cli.read_fleet(fleet_path), sweep_of
+            )  # refused with --endpoint
             levels = [dataclasses.replace(r, target=f"{r.target} (spec off)") for r in off] + list(on)
         else:
-            levels = await sweep_of(cli.read_servers(fleet, endpoint))
+            levels = await sweep_of(cli.read_servers(fleet_path, endpoint))
         if as_json:
             sent = {**dataclasses.asdict(load), "sampling": load.sampling_sent()}
             cli.print_json({"load": sent, "levels": levels, "speedups": rows})

@@ -16,6 +16,7 @@ from functools import partial
 import aiohttp
 
 from fleetgen.config import HostEntry, Instance, Selection
+from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.instance import (
     HostSession,
     Narrate,
@@ -30,7 +31,6 @@ from fleetgen.deploy.modelshape import MODEL_CONFIG_FIX, model_shape
 from fleetgen.deploy.slurm import down_jobs, up_jobs
 from fleetgen.deploy.state import load_state, update_state
 from fleetgen.deploy.wanted import (
-    Fleet,
     api_key,
     build_wanted,
     measured_facts,

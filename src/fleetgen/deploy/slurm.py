@@ -27,6 +27,7 @@ from functools import partial
 from pathlib import Path
 
 from fleetgen.config import ClusterConfig, HostEntry, Instance
+from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.instance import (
     Action,
     HostSession,
@@ -45,7 +46,6 @@ from fleetgen.deploy.instance import (
 )
 from fleetgen.deploy.state import InstanceRecord
 from fleetgen.deploy.verify import process_drift
-from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import DeployError, LaunchFailed
 from fleetgen.plan import Issue
 from fleetgen.remote.base import Host

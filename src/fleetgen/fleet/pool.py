@@ -13,8 +13,8 @@ import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.state import load_state
-from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import FleetDown
 from fleetgen.fleet.status import FleetView, Readiness, open_view
 

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fleetgen.config import LOOPBACK, Instance
+from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import open_hosts
 from fleetgen.deploy.instance import HostSession, running_process
 from fleetgen.deploy.listener import port_owners, stranger_problem
@@ -24,7 +25,7 @@ from fleetgen.deploy.script import Command
 from fleetgen.deploy.slurm import place
 from fleetgen.deploy.state import load_state
 from fleetgen.deploy.verify import process_drift
-from fleetgen.deploy.wanted import Fleet, api_key, wanted_command
+from fleetgen.deploy.wanted import api_key, wanted_command
 from fleetgen.errors import FleetgenError
 from fleetgen.fleet.enginestate import read_engine
 from fleetgen.http.client import EngineClient

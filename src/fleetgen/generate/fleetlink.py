@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from fleetgen.config import FleetFile
+from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import up
 from fleetgen.deploy.instance import Action, Outcome
-from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import DeployError
 from fleetgen.fleet.pool import FleetLinks, Link
 from fleetgen.fleet.status import Readiness
