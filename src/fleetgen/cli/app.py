@@ -2,6 +2,13 @@
 
 Command modules (`fleetgen.cli.<topic>`) register on `app` and call `run(coro)`: `asyncio.run` once per
 command, the error tree rendered once, here. Only the CLI prints or exits.
+
+`read_fleet` is the command's one read of its fleet file (a `Fleet`, passed down to deploy/fleet/generate,
+which never read it again), remembering the API key for the redactor; `run_on` runs the command's work on it
+inside `run`. `read_servers` is "fleet file or URLs" for `run`, `bench` and `dashboard` (`--endpoint` URLs
+win, else `-f`, else ./fleet.toml). Also here: the one table builder and `--json` printer (`table`,
+`print_json`), the options several commands share (the fleet file's, `--endpoint`, the job folder), and
+`on_stop` / `until_stopped` for Ctrl-C and SIGTERM.
 """
 
 from __future__ import annotations

@@ -3,6 +3,12 @@
 Per host: open the SSH connection, check the workdir / python / launcher / model folder in one round trip,
 then run each of its instances concurrently. A host that cannot be reached fails its own instances only.
 The state file is updated as soon as a process is spawned, so `down` can always find what `up` started.
+
+`open_hosts` is also how `status` connects. Before `up` starts anything it runs the fleet's
+cross-instance rules over all hosts (a rule broken only among instances `--only` left out stops none it
+picked) and the engine's own refusals of each picked instance's flags (`--no-plan-check` skips those; a
+model shape read nowhere is a warning naming what went unchecked and the fix). A `[cluster]` fleet's
+instances go through `deploy.slurm`.
 """
 
 from __future__ import annotations
