@@ -3,6 +3,10 @@
 `ensure_up` is idempotent: a process whose /proc argv and environ equal the rendered ones is left running
 (and re-verified). Anything else is stopped (TERM → wait → KILL), its port (and, where nvidia-smi exists,
 its GPUs) waited free, and a new process spawned from a freshly pushed, verified `launch.sh`, with a new log.
+
+`open_session` gives a surveyed host (a fleet host or a Slurm node); `push_launch` pushes the folder, key
+files and script wherever the instance is placed; `follow_launch` is everything after a launch (wait ready,
+prove it holds its port, verify), wherever it was placed.
 """
 
 from __future__ import annotations

@@ -1,6 +1,10 @@
 """Fleet file → one `WantedInstance` per instance: argv and env from the engine, the script, its sha256.
 
 Pure apart from reading the API key from fleetgen's own environment (named by `engine.api_key_env`).
+
+How the key reaches the engine: its env var, else a `--config` file (`_secret`). `refuse_simulated_acceptance`
+(`up`, `restart`, `run`) refuses an engine setting that commits tokens the model did not choose, as
+`Engine.simulated_acceptance` names it.
 """
 
 from __future__ import annotations

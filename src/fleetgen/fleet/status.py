@@ -5,6 +5,9 @@ the process and its argv/environ (drift), the health endpoint, /metrics and SGLa
 `FleetView` keeps the SSH connections (and so the tunnels) open for as long as it lives: `status --watch`
 and `fleetgen run` use one (re-reading one instance: `FleetView.read`); `fleet_status` opens one for a single
 read. The engine's own numbers are read by `fleet.enginestate`, as for a bare URL.
+
+`Readiness` (ready / waiting / down) is the one readiness the tree passes on, its why beside it as a
+problem text. The command is compared with /proc, never a rendered script.
 """
 
 from __future__ import annotations

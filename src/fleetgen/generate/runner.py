@@ -10,6 +10,10 @@ Life of a run:
 4. results and final errors queue for the writer, which commits them in batches; only then are they counted;
 5. stop: done, Ctrl-C (drain, or abandon on a second Ctrl-C) or FleetDown → flush the writer, close.
 A kill -9 at any point loses only uncommitted in-flight work, which the rerun does again.
+
+`Job(options, fleet)`: `JobOptions` (its own settings, built once by the CLI from the job file and flags)
+and `FleetHooks` (what it runs on: endpoints, key, engine kind, description, and what it may ask of a
+fleet).
 """
 
 from __future__ import annotations
