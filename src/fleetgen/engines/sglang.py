@@ -2,6 +2,10 @@
 
 Facts come from SGLang's own source of each release (`pip download --no-deps sglang==X`); the error texts
 below are copied from it so a plan can quote what the engine would say at start.
+
+Also here: its distributions, `/server_info` view checks, capacity figures, max running and accept length,
+and the parser-check body. The startup rejections' log signatures carry the release's fix, from the same
+source `plan.sglang.rules` uses.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 A `Work` item is one (record, sample). The record's `segments` are the message lists to send turn by turn:
 turn k is requested with `segments[0] + answer[0] + … + segments[k]`, so a multi-turn conversation is
 regenerated on the model's own history. A single-turn record has one segment.
+
+Sampling params are stored with the job; as a request samples they are `SamplingParams.sampling`.
+`JobOptions` holds the record shape, the retry policy and the rest of a run's own settings.
 """
 
 from __future__ import annotations
