@@ -5,6 +5,8 @@ round trip): OS, GPUs (nvidia-smi when present), host RAM, free disk in the work
 python runs and which engine version it imports, whether the model folder exists. Every shortfall is a
 `problems` line saying the cause and the fix; nothing here raises for one bad host: the report says what is
 wrong with each.
+
+What `up` would refuse is said in `up`'s words: a host it calls ready is one `up` launches on.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """Rows for the store and the final summary, built from finished work.
 
 The records themselves (`ResultRow`, …) and their columns are defined once, in `store`.
+
+`forced_length`: a request's drawn output length (`max_tokens` + `ignore_eos`), for `tune` on dummy weights.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ budget; 0.5.17 (`kv_cache_configurator.py`): the joint solve counts the pool's p
 An MTP head without a draft path keeps its own KV pool out of the headroom in 0.5.14–0.5.15, and it allocates
 its own embedding and LM head at load (`Qwen3_5ForCausalLMMTP.__init__`; shared with the target only later,
 by `set_embed_and_head`), so its load counts vocab × hidden twice more: "mem usage=5.53 GB" on Qwen3.6-27B.
+
+`SGLangExtras`: mem fraction, draft weights, Mamba pool, spec scratch, hicache host RAM.
 """
 
 from __future__ import annotations
