@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 
 from fleetgen.config import load_fleet
+from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import down, up
 from fleetgen.deploy.listener import port_owners, stranger_problem
-from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import LaunchFailed, PlanError, VerifyError
 from fleetgen.fleet.status import Readiness, fleet_status
 from fleetgen.remote import open_host

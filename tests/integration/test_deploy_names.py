@@ -15,8 +15,8 @@ import subprocess
 from pathlib import Path
 
 from fleetgen.config import load_fleet
+from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import down, up
-from fleetgen.deploy.wanted import Fleet
 from tests.fixtures.sshd import SshdHost
 from tests.integration.test_deploy_sglang import FLEETGEN, sim_fleet
 

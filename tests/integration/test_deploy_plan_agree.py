@@ -19,9 +19,9 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import down, up
 from fleetgen.deploy.state import load_state
-from fleetgen.deploy.wanted import Fleet
 from tests.fixtures import skip_or_fail
 from tests.fixtures.sshd import SshdHost
 from tests.integration.test_deploy_sglang import FLEETGEN, QWEN36, sim_fleet

@@ -22,9 +22,9 @@ import aiohttp
 import pytest
 
 from fleetgen.config import load_fleet
+from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import down, up
 from fleetgen.deploy.instance import Action, Outcome
-from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import LaunchFailed, VerifyError
 from fleetgen.fleet.status import Readiness, fleet_status
 from fleetgen.modelcard import load_model_shape

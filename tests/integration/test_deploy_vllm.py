@@ -9,9 +9,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import down, up
 from fleetgen.deploy.instance import Action
-from fleetgen.deploy.wanted import Fleet
 from fleetgen.fleet.pool import ready_endpoints
 from fleetgen.fleet.status import Readiness, fleet_status
 from tests.fixtures.sshd import SshdHost

@@ -21,8 +21,8 @@ import aiohttp
 import pytest
 
 from fleetgen.config import load_fleet
+from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import down, up
-from fleetgen.deploy.wanted import Fleet
 from tests.fixtures.sshd import SshdHost
 from tests.integration.test_deploy_support import write_fleet
 

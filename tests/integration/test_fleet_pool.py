@@ -10,8 +10,8 @@ import aiohttp
 import pytest
 
 from fleetgen.dashboard.fleetdata import planned_capacity
+from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import down, up
-from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import FleetDown
 from fleetgen.fleet.pool import ready_endpoints
 from fleetgen.fleet.status import open_view

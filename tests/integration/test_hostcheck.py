@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from fleetgen.config import EngineConfig, FleetFile, HostEntry
-from fleetgen.deploy.hostside import GpuInfo, parse_gpu_csv, prepare_host
+from fleetgen.deploy.hostsurvey import GpuInfo, parse_gpu_csv, prepare_host
 from fleetgen.errors import LaunchFailed
 from fleetgen.fleet.hostcheck import check_hosts
 from fleetgen.remote import open_host

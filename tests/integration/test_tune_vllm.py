@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fleetgen.config import JobFile
-from fleetgen.deploy.wanted import Fleet
+from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.plan import InstancePlan
 from fleetgen.plan.job import LogNormalLengths
 from fleetgen.plan.types import Setting

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from fleetgen.config import load_fleet
+from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import down, up
-from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import PlanError
 from tests.fixtures.fleetcli import cli
 from tests.fixtures.sshd import SshdHost

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from fleetgen.bench.fleet import targets_of, write_spec_off
 from fleetgen.bench.stats import BenchTarget
 from fleetgen.config import load_fleet
-from fleetgen.deploy.wanted import Fleet
+from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.errors import ConfigError
 from fleetgen.http.client import named_urls
 

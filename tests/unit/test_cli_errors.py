@@ -92,3 +92,10 @@ def test_export_of_no_row_is_an_error(tmp_path: Path) -> None:
     result = _cli().invoke(app, ["export", str(tmp_path)])
     assert result.exit_code == 1
     assert "error: no row was written (see the reasons above)" in result.output
+
+
+def test_bench_refuses_a_scope_it_does_not_sweep_naming_the_three() -> None:
+    result = _cli().invoke(app, ["bench", "--endpoint", "http://127.0.0.1:9", "--scope", "fleets"])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2
+    assert "--scope is one of: instances, fleet, both" in text

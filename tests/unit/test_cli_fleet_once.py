@@ -19,7 +19,7 @@ from fleetgen.cli import _TOPICS
 from fleetgen.cli.app import app, read_servers
 from fleetgen.config import fleet as fleet_config
 from fleetgen.config.common import load_toml
-from fleetgen.deploy.wanted import Fleet
+from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.errors import ConfigError
 from fleetgen.http.client import BareURLs
 

@@ -1,4 +1,4 @@
-"""The dashboard's planned capacity reads the model's shape as `plan` and `up` do (`hostside.model_shape`):
+"""The dashboard's planned capacity reads the model's shape as `plan` and `up` do (`modelshape.model_shape`):
 `engine.model_config` here, else `engine.model` on the fleet's first host reached, never a folder here that
 merely has the model's name. The host is this machine (`LocalHost`: real subprocesses, nothing faked)."""
 
@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 from fleetgen.dashboard.fleetdata import planned_capacity
-from fleetgen.deploy.wanted import Fleet
+from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.remote.local import LocalHost
 
 QWEN = Path(__file__).parents[1] / "data" / "models" / "qwen3.6-27b"

@@ -19,8 +19,9 @@ from typer.testing import CliRunner
 from fleetgen.cli import register
 from fleetgen.cli.app import app
 from fleetgen.config import FleetFile
+from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import up
-from fleetgen.deploy.wanted import Fleet, refuse_simulated_acceptance
+from fleetgen.deploy.wanted import refuse_simulated_acceptance
 from fleetgen.engines import ENGINES, get_engine
 from fleetgen.engines.base import Engine
 from fleetgen.errors import ConfigError

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from fleetgen.config import FleetFile
-from fleetgen.deploy.hostside import PREP_SH, VERSION_PY, survey_from_prep
+from fleetgen.deploy.hostsurvey import PREP_SH, VERSION_PY, survey_from_prep
 from fleetgen.deploy.verify import judge_spec, spec_evidence
 from fleetgen.deploy.wanted import measured_facts, planned_capacity
 from fleetgen.deploy.watch import GENERIC_SIGNATURES, first_fatal, root_cause

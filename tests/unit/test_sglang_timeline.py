@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import typing
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from fleetgen.deploy.watch import first_fatal
 from fleetgen.engines import get_engine, select_rule_set
 from fleetgen.engines.base import ParserVerdict, release
 from fleetgen.engines.sglang import extra_buffer_fix
-from fleetgen.engines.sglang_timeline import RELEASES, RULE_SETS, rules_for
+from fleetgen.engines.sglang_timeline import RELEASES, RULE_SETS, TIMELINE, SGLangRules, rules_for
 from fleetgen.fleet.planning import parser_refusal
 from fleetgen.modelcard import load_model_shape
 from fleetgen.plan import facts_from_file, plan_fleet
@@ -67,6 +68,18 @@ def test_every_release_read_has_a_row_and_a_rule_set_named_after_it() -> None:
     assert [row[0] for row in ROWS] == list(RELEASES)
     assert [r.name for r in RULE_SETS] == [f"sglang-{v}" for v in RELEASES]
     assert get_engine("sglang").rule_sets == RULE_SETS
+
+
+def test_every_timeline_value_of_a_switch_is_one_its_type_names() -> None:
+    """`rules_for` builds the rule sets from `TIMELINE` as `Any`: mypy cannot see a typo in a switch's value
+    there, so each `Literal`-typed field's values are checked here (and each feature is a field)."""
+    hints = typing.get_type_hints(SGLangRules)
+    switches = {name for name, hint in hints.items() if typing.get_origin(hint) is typing.Literal}
+    assert {"spec_no_buffer_radix", "mamba_ratio_rule", "mamba_pool_solve", "mrr_cap"} <= switches
+    for change in TIMELINE:
+        assert change.feature in hints, change
+        if change.feature in switches:
+            assert change.value in typing.get_args(hints[change.feature]), change
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[row[0] for row in ROWS])

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fleetgen.config import load_fleet
-from fleetgen.deploy.hostside import HostSurvey
+from fleetgen.deploy.hostsurvey import HostSurvey
 from fleetgen.deploy.slurm import JOB_SH, job_name, sbatch_argv
 from fleetgen.deploy.wanted import build_wanted
 from fleetgen.engines import get_engine

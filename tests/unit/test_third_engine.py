@@ -22,7 +22,7 @@ from rich.console import Console
 import fleetgen.config.engine
 from fleetgen.cli.plan import _memory_table
 from fleetgen.config import FleetFile
-from fleetgen.deploy.hostside import HostSurvey
+from fleetgen.deploy.hostsurvey import HostSurvey
 from fleetgen.deploy.wanted import build_wanted, planned_capacity
 from fleetgen.engines import ENGINES, get_engine
 from fleetgen.engines.base import Engine, FlagRename, MetricNames, RuleSet

@@ -16,9 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleetgen.config import FleetFile, JobFile
-from fleetgen.deploy.hostside import HostSurvey
+from fleetgen.deploy.fleet_ref import Fleet
+from fleetgen.deploy.hostsurvey import HostSurvey
 from fleetgen.deploy.state import InstanceRecord, update_state
-from fleetgen.deploy.wanted import Fleet, build_command, build_wanted, refuse_simulated_acceptance
+from fleetgen.deploy.wanted import build_command, build_wanted, refuse_simulated_acceptance
 from fleetgen.engines import format_args, get_engine
 from fleetgen.errors import ConfigError
 from fleetgen.generate.rows import forced_length

@@ -12,13 +12,14 @@ import contextlib
 import dataclasses
 import tomllib
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Literal
 
 import tomli_w
 
 from fleetgen.bench.stats import BenchLoad, BenchTarget, LevelResult, SpeedupRow, speedups
 from fleetgen.bench.sweep import sweep
+from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import up
-from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import ConfigError, FleetgenError
 from fleetgen.fleet.pool import ready_endpoints
 from fleetgen.http.client import BareURLs
@@ -26,7 +27,12 @@ from fleetgen.http.client import BareURLs
 SPEC_ARG_PREFIX = "speculative"  # SGLang's speculative-*, vLLM's speculative-config
 
 
-def targets_of(names_urls: Sequence[tuple[str, str]], scope: str) -> list[BenchTarget]:
+# what `bench` sweeps: each instance alone, the whole fleet as one target, or both
+Scope = Literal["instances", "fleet", "both"]
+SCOPES: tuple[Scope, ...] = ("instances", "fleet", "both")
+
+
+def targets_of(names_urls: Sequence[tuple[str, str]], scope: Scope) -> list[BenchTarget]:
     """One target per instance and/or one for the whole fleet (only when there are several instances)."""
     targets = (
         [BenchTarget(name, (url,)) for name, url in names_urls] if scope in ("both", "instances") else []
@@ -40,7 +46,7 @@ async def bench_fleet(
     source: Fleet | BareURLs,
     load: BenchLoad,
     *,
-    scope: str = "both",
+    scope: Scope = "both",
     cap: int | None = None,
     on_level: Callable[[LevelResult], None] | None = None,
 ) -> list[LevelResult]:

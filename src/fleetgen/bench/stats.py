@@ -2,6 +2,9 @@
 
 `fleetgen.bench.sweep` does the I/O (streaming requests, /metrics scrapes) and folds what it saw with
 these functions; keeping them apart makes them testable without a server.
+
+`BenchLoad` is what to send, sampled greedily or as `run` samples a job file (`--job`), its requests built
+by `http.request`; `BenchTarget` is one instance or the whole fleet. Percentiles by `statistics.quantiles`.
 """
 
 from __future__ import annotations

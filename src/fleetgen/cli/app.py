@@ -2,6 +2,13 @@
 
 Command modules (`fleetgen.cli.<topic>`) register on `app` and call `run(coro)`: `asyncio.run` once per
 command, the error tree rendered once, here. Only the CLI prints or exits.
+
+`read_fleet` is the command's one read of its fleet file (a `Fleet`, passed down to deploy/fleet/generate,
+which never read it again), remembering the API key for the redactor; `run_on` runs the command's work on it
+inside `run`. `read_servers` is "fleet file or URLs" for `run`, `bench` and `dashboard` (`--endpoint` URLs
+win, else `-f`, else ./fleet.toml). Also here: the one table builder and `--json` printer (`table`,
+`print_json`), the options several commands share (the fleet file's, `--endpoint`, the job folder), and
+`on_stop` / `until_stopped` for Ctrl-C and SIGTERM.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from fleetgen.deploy.wanted import Fleet
+from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.errors import FleetgenError
 from fleetgen.http.client import BareURLs
 from fleetgen.redact import redacting, remember
@@ -73,13 +80,13 @@ def read_fleet(path: Path) -> Fleet:
     return fleet
 
 
-def read_servers(fleet: Path | None, urls: Sequence[str] | None) -> Fleet | BareURLs:
+def read_servers(fleet_path: Path | None, urls: Sequence[str] | None) -> Fleet | BareURLs:
     """The servers a command works on, one rule for `run`, `bench` and `dashboard`: the `--endpoint` URLs when
     any are given (a fleet file beside them is not read), else the fleet file (`-f`, else ./fleet.toml), read
     once (`read_fleet`). Call it inside `run`."""
     if urls:
         return BareURLs(tuple(urls))
-    return read_fleet(fleet or Path("fleet.toml"))
+    return read_fleet(fleet_path or Path("fleet.toml"))
 
 
 FLEET_OPTION = typer.Option(Path("fleet.toml"), "--fleet", "-f", help="The fleet file (TOML).")
@@ -120,12 +127,12 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
         raise typer.Exit(130) from None
 
 
-def run_on(fleet: Path, work: Callable[[Fleet], Awaitable[T]]) -> T:
+def run_on(fleet_path: Path, work: Callable[[Fleet], Awaitable[T]]) -> T:
     """`run` a command's work on its fleet file, read once inside it (`read_fleet`): a bad file is rendered
     as every error is."""
 
     async def go() -> T:
-        return await work(read_fleet(fleet))
+        return await work(read_fleet(fleet_path))
 
     return run(go())
 

@@ -17,7 +17,7 @@ import typer
 from rich.table import Table
 
 import fleetgen.cli.app as cli
-from fleetgen.bench.fleet import bench_fleet, compare_spec
+from fleetgen.bench.fleet import SCOPES, bench_fleet, compare_spec
 from fleetgen.bench.stats import DEFAULT_CONCURRENCIES, BenchLoad, LevelResult, SpeedupRow
 from fleetgen.config import load_job
 from fleetgen.dashboard import chromium, svg
@@ -94,7 +94,7 @@ def speedup_table(rows: Sequence[SpeedupRow]) -> Table:
 
 @cli.app.command()
 def bench(
-    fleet: Path = cli.FLEET_OPTION,
+    fleet_path: Path = cli.FLEET_OPTION,
     endpoint: cli.Endpoints = None,
     input_len: int = Opt(1024, "--input-len", min=1, help="Prompt tokens per request."),
     output_len: int = Opt(1024, "--output-len", min=1, help="Output tokens per request (ignore_eos)."),
@@ -133,8 +133,9 @@ def bench(
     ] = None,
 ) -> None:
     """Measure output tok/s, req/s, TTFT, ITL and spec accept length over a concurrency sweep."""
-    if scope not in ("both", "instances", "fleet"):
-        raise typer.BadParameter("--scope is one of: instances, fleet, both")
+    picked = next((s for s in SCOPES if s == scope), None)
+    if picked is None:
+        raise typer.BadParameter(f"--scope is one of: {', '.join(SCOPES)}")
     if compare and endpoint:
         raise typer.BadParameter("--compare-spec deploys the fleet twice: use --fleet, not --endpoint")
 
@@ -153,14 +154,16 @@ def bench(
             sampling=sampling,
         )
         sweep_of = functools.partial(
-            bench_fleet, load=load, scope=scope, cap=max_concurrency, on_level=_progress
+            bench_fleet, load=load, scope=picked, cap=max_concurrency, on_level=_progress
         )
         rows: list[SpeedupRow] = []
         if compare:
-            off, on, rows = await compare_spec(cli.read_fleet(fleet), sweep_of)  # refused with --endpoint
+            off, on, rows = await compare_spec(
+                cli.read_fleet(fleet_path), sweep_of
+            )  # refused with --endpoint
             levels = [dataclasses.replace(r, target=f"{r.target} (spec off)") for r in off] + list(on)
         else:
-            levels = await sweep_of(cli.read_servers(fleet, endpoint))
+            levels = await sweep_of(cli.read_servers(fleet_path, endpoint))
         if as_json:
             sent = {**dataclasses.asdict(load), "sampling": load.sampling_sent()}
             cli.print_json({"load": sent, "levels": levels, "speedups": rows})

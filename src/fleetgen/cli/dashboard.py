@@ -24,12 +24,14 @@ Opt = typer.Option
 
 
 @contextlib.asynccontextmanager
-async def _fleet_source(fleet: Path | None, endpoints: list[str]) -> AsyncIterator[tuple[FleetSource, str]]:
+async def _fleet_source(
+    fleet_path: Path | None, endpoints: list[str]
+) -> AsyncIterator[tuple[FleetSource, str]]:
     """The fleet rows' source (and a standing note): endpoints, the fleet file, or none."""
-    if fleet is None and not endpoints:
+    if fleet_path is None and not endpoints:
         yield no_fleet, ""
         return
-    loaded = cli.read_servers(fleet, endpoints)
+    loaded = cli.read_servers(fleet_path, endpoints)
     if isinstance(loaded, BareURLs):
         async with aiohttp.ClientSession() as http:
             yield EndpointSource(loaded, http), ""
@@ -39,14 +41,14 @@ async def _fleet_source(fleet: Path | None, endpoints: list[str]) -> AsyncIterat
         yield FleetViewSource(view, planned), note
 
 
-async def _serve(fleet: Path | None, out: Path | None, endpoints: list[str], port: int) -> None:
-    if fleet is None and out is None and not endpoints:
+async def _serve(fleet_path: Path | None, out: Path | None, endpoints: list[str], port: int) -> None:
+    if fleet_path is None and out is None and not endpoints:
         raise ConfigError(
             "nothing to show: no fleet file, no job folder and no endpoint",
             fix="pass -f fleet.toml and/or -o OUT_DIR (or --endpoint URL)",
         )
-    async with _fleet_source(fleet, endpoints) as (source, note):
-        where = " · ".join(str(p) for p in (out, fleet if not endpoints else None) if p) or "fleet"
+    async with _fleet_source(fleet_path, endpoints) as (source, note):
+        where = " · ".join(str(p) for p in (out, fleet_path if not endpoints else None) if p) or "fleet"
         dashboard = Dashboard(out, source, where, notes=[note])
         async with serving(dashboard, port) as url:
             cli.err_console.print(f"dashboard: [bold]{url}[/] (Ctrl-C to stop)", highlight=False)
@@ -60,15 +62,15 @@ async def _serve(fleet: Path | None, out: Path | None, endpoints: list[str], por
 
 @cli.app.command("dashboard")
 def dashboard_command(
-    fleet: cli.FleetOrNone = None,
+    fleet_path: cli.FleetOrNone = None,
     out: Annotated[Path | None, Opt("--out", "-o", help="The job's output folder (`run -o`).")] = None,
     endpoint: cli.Endpoints = None,
     port: Annotated[int, Opt("--port", min=0, max=65535, help="Port on 127.0.0.1 (0: any free one).")] = 8765,
 ) -> None:
     """Serve a live page on 127.0.0.1: the fleet's health and load, the job's progress and charts."""
-    if fleet is None and Path("fleet.toml").exists() and not endpoint:
-        fleet = Path("fleet.toml")
-    cli.run(cli.until_stopped(_serve(fleet, out, endpoint or [], port)))
+    if fleet_path is None and Path("fleet.toml").exists() and not endpoint:
+        fleet_path = Path("fleet.toml")
+    cli.run(cli.until_stopped(_serve(fleet_path, out, endpoint or [], port)))
 
 
 @cli.app.command("report")

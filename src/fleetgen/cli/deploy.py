@@ -90,29 +90,34 @@ PLAN_CHECK_OPTION = cli.flag(
 
 @cli.app.command()
 def up(
-    fleet: Path = cli.FLEET_OPTION, only: list[str] | None = ONLY_OPTION, plan_check: bool = PLAN_CHECK_OPTION
+    fleet_path: Path = cli.FLEET_OPTION,
+    only: list[str] | None = ONLY_OPTION,
+    plan_check: bool = PLAN_CHECK_OPTION,
 ) -> None:
     """Start (or leave running) every instance, wait until ready, and verify it."""
     _report(
-        cli.run_on(fleet, lambda f: do_up(f, only=only, plan_check=plan_check, progress=_progress)), "ready"
+        cli.run_on(fleet_path, lambda f: do_up(f, only=only, plan_check=plan_check, progress=_progress)),
+        "ready",
     )
 
 
 @cli.app.command()
 def restart(
-    fleet: Path = cli.FLEET_OPTION, only: list[str] | None = ONLY_OPTION, plan_check: bool = PLAN_CHECK_OPTION
+    fleet_path: Path = cli.FLEET_OPTION,
+    only: list[str] | None = ONLY_OPTION,
+    plan_check: bool = PLAN_CHECK_OPTION,
 ) -> None:
     """Stop and start every (selected) instance, then verify it."""
     restarted = cli.run_on(
-        fleet, lambda f: do_up(f, only=only, force=True, plan_check=plan_check, progress=_progress)
+        fleet_path, lambda f: do_up(f, only=only, force=True, plan_check=plan_check, progress=_progress)
     )
     _report(restarted, "ready")
 
 
 @cli.app.command()
-def down(fleet: Path = cli.FLEET_OPTION, only: list[str] | None = ONLY_OPTION) -> None:
+def down(fleet_path: Path = cli.FLEET_OPTION, only: list[str] | None = ONLY_OPTION) -> None:
     """Stop every (selected) instance."""
-    _report(cli.run_on(fleet, lambda f: do_down(f, only=only)), "stopped")
+    _report(cli.run_on(fleet_path, lambda f: do_down(f, only=only)), "stopped")
 
 
 def _table(statuses: Sequence[InstanceStatus]) -> Table:
@@ -144,7 +149,7 @@ def _fmt(value: float | int | None, pattern: str = "{}") -> str:
 
 @cli.app.command()
 def status(
-    fleet: Path = cli.FLEET_OPTION,
+    fleet_path: Path = cli.FLEET_OPTION,
     only: list[str] | None = ONLY_OPTION,
     as_json: bool = cli.flag("json", "Print a JSON list, one object per instance."),
     watch: bool = cli.flag("watch", "Refresh every few seconds until Ctrl-C."),
@@ -152,7 +157,7 @@ def status(
 ) -> None:
     """Re-read every instance from its host: process, drift, health, load, accept length."""
     if not watch:
-        statuses = cli.run_on(fleet, lambda f: fleet_status(f, only=only))
+        statuses = cli.run_on(fleet_path, lambda f: fleet_status(f, only=only))
         if as_json:
             cli.print_json([s.to_json() for s in statuses])
         else:
@@ -160,11 +165,11 @@ def status(
         if any(s.readiness is not Readiness.READY for s in statuses):
             cli.exit_with(1)
         return
-    cli.run(cli.until_stopped(_watch(fleet, only, as_json, interval)))
+    cli.run(cli.until_stopped(_watch(fleet_path, only, as_json, interval)))
 
 
-async def _watch(fleet: Path, only: list[str] | None, as_json: bool, interval: float) -> None:
-    async with open_view(cli.read_fleet(fleet), only=only) as view:
+async def _watch(fleet_path: Path, only: list[str] | None, as_json: bool, interval: float) -> None:
+    async with open_view(cli.read_fleet(fleet_path), only=only) as view:
         while True:
             statuses = await view.refresh(rate_window_s=0)
             if as_json:
@@ -179,14 +184,14 @@ async def _watch(fleet: Path, only: list[str] | None, as_json: bool, interval: f
 def logs(
     name: str = typer.Argument(..., help="Instance name (`fleetgen status` lists them)."),
     # `-f` is --follow here (as in `tail -f`), so the fleet file is --fleet only.
-    fleet: Annotated[Path, typer.Option("--fleet", help="The fleet file (TOML).")] = Path("fleet.toml"),
+    fleet_path: Annotated[Path, typer.Option("--fleet", help="The fleet file (TOML).")] = Path("fleet.toml"),
     follow: bool = cli.flag("follow", "Keep printing new lines.", short="-f"),
     lines: int = typer.Option(100, "--lines", "-n", min=0, help="How many lines of the end to show."),
 ) -> None:
     """Show an instance's current log (the launch in progress or running)."""
 
     async def show() -> None:
-        async for line in read_log(cli.read_fleet(fleet), name, lines, follow=follow):
+        async for line in read_log(cli.read_fleet(fleet_path), name, lines, follow=follow):
             print(line, flush=True)
 
     cli.run(cli.until_stopped(show()) if follow else show())

@@ -17,11 +17,11 @@ cli.app.add_typer(hosts_app, name="hosts")
 
 @hosts_app.command("check")
 def check(
-    fleet: Path = cli.FLEET_OPTION,
+    fleet_path: Path = cli.FLEET_OPTION,
     as_json: bool = cli.flag("json", "Print a JSON list, one object per host."),
 ) -> None:
     """Probe every host in parallel. Exit code 1 if any host is unreachable or lacks something."""
-    reports = cli.run_on(fleet, lambda loaded: check_hosts(loaded.file))
+    reports = cli.run_on(fleet_path, lambda loaded: check_hosts(loaded.file))
     for report in reports:
         for message in report.warnings:
             cli.warn(message)

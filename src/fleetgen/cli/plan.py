@@ -13,7 +13,7 @@ from rich.table import Table
 
 import fleetgen.cli.app as cli
 from fleetgen.config import EngineConfig, load_job
-from fleetgen.deploy.wanted import Fleet
+from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.errors import ConfigError
 from fleetgen.fleet.planning import plan_from_file
 from fleetgen.generate.jobshape import output_lengths_of, read_job_shape, tokenizer_dir_of
@@ -24,7 +24,7 @@ from fleetgen.plan.types import GIB, JobPlan
 
 @cli.app.command("plan")
 def plan(
-    fleet: Path = cli.FLEET_OPTION,
+    fleet_path: Path = cli.FLEET_OPTION,
     offline: bool = cli.flag("offline", "Use only the fleet file and local model folders."),
     target: int | None = typer.Option(
         None,
@@ -59,7 +59,7 @@ def plan(
             job = read_job_shape_for(loaded.file.engine, loaded.path, job_file, input_path, output_lengths)
         return await plan_from_file(loaded.file, loaded.path, offline=offline, target=target, job=job)
 
-    result = cli.run_on(fleet, work)
+    result = cli.run_on(fleet_path, work)
     if as_json:
         cli.print_json(result.to_json())
     else:

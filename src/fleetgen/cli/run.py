@@ -24,21 +24,25 @@ from rich.table import Table
 import fleetgen.cli.app as cli
 from fleetgen.cli.runlog import PlainLog, progress_line
 from fleetgen.config import JobFile, load_job
-from fleetgen.deploy.wanted import Fleet, refuse_simulated_acceptance
+from fleetgen.deploy.fleet_ref import Fleet
+from fleetgen.deploy.wanted import refuse_simulated_acceptance
 from fleetgen.errors import ConfigError, FleetDown, FleetgenError
 from fleetgen.fleet.pool import Link, open_fleet
 from fleetgen.fleet.status import Readiness
 from fleetgen.generate.dispatch import in_flight_for
 from fleetgen.generate.export import FORMATS, ExportSummary, export
 from fleetgen.generate.fleetlink import fleet_hooks, url_hooks
-from fleetgen.generate.progress import Progress, Summary
+from fleetgen.generate.progress import Progress, RunEnd, Summary
 from fleetgen.generate.runner import FleetHooks, Job
-from fleetgen.generate.work import JobOptions, RecordShape, RetryPolicy, SamplingParams
+from fleetgen.generate.work import JobOptions, RecordShape, RetryPolicy, RunMode, SamplingParams
 from fleetgen.http.client import BareURLs
 
 DEFAULT_CONCURRENCY = 64
 DEFAULT_DEAD_TIMEOUT_S = 300.0  # --endpoint URLs: the mid-job wait for a server to come back
-EXIT_CODES = {"stopped": 130, "failed": 1}  # failed: nothing useful was produced, so never exit 0
+EXIT_CODES: dict[RunEnd, int] = {
+    "stopped": 130,
+    "failed": 1,
+}  # failed: nothing useful was produced, so never exit 0
 READINESS_STYLE = {Readiness.READY: "{}", Readiness.WAITING: "[yellow]{}[/]", Readiness.DOWN: "[red]{}[/]"}
 Opt = typer.Option
 
@@ -70,7 +74,7 @@ def render(progress: Progress) -> Table:
 def run_command(
     input_path: Annotated[Path, typer.Argument(help="Prompts: JSONL, Parquet, or a datasets folder.")],
     out: Annotated[Path, Opt("--out", "-o", help="Output folder; running again resumes.")],
-    fleet: cli.FleetOrNone = None,
+    fleet_path: cli.FleetOrNone = None,
     endpoint: cli.Endpoints = None,
     job_file: Annotated[Path | None, Opt("--job", help="Job file (TOML); flags override it.")] = None,
     # The flags over the job file's fields: each is checked by the field's own rule (`JobFile.overridden`),
@@ -131,7 +135,7 @@ def run_command(
     ] = 30.0,
 ) -> None:
     """Generate completions for every (record, sample) exactly once, across all servers; resumable."""
-    mode = "retry_errors" if retry_errors else "redo_truncated" if redo_truncated else "normal"
+    mode: RunMode = "retry_errors" if retry_errors else "redo_truncated" if redo_truncated else "normal"
 
     async def go() -> Summary:
         _check_out_dir(out, "-o")
@@ -157,7 +161,7 @@ def run_command(
             thinking=thinking,
             max_retries=max_retries,
         )
-        async with _servers(cli.read_servers(fleet, endpoint), wait_ready, restart_dead) as servers:
+        async with _servers(cli.read_servers(fleet_path, endpoint), wait_ready, restart_dead) as servers:
             options = JobOptions(
                 input_path=input_path,
                 out_dir=out,
@@ -220,20 +224,21 @@ async def _servers(
         yield Servers(url_hooks(loaded), wait_ready or 0.0, DEFAULT_DEAD_TIMEOUT_S, say)
         return
     refuse_simulated_acceptance(loaded)  # its servers would not write the model's text
-    fleet, engine = loaded.path, loaded.file.engine
+    fleet_path, engine = loaded.path, loaded.file.engine
     async with open_fleet(loaded) as links:
         at_start = await links.read_all()
         if not at_start:
             raise FleetDown(
-                f"no instance of {fleet} is deployed", fix=f"run `fleetgen up -f {fleet}`, then this again"
+                f"no instance of {fleet_path} is deployed",
+                fix=f"run `fleetgen up -f {fleet_path}`, then this again",
             )
         wait = engine.ready_timeout_s if wait_ready is None else wait_ready
-        _say_not_ready(at_start, fleet, wait, restart_dead)
+        _say_not_ready(at_start, fleet_path, wait, restart_dead)
         yield Servers(
             fleet_hooks(loaded, links, at_start, restart_dead),
             wait,
             wait,
-            _meanwhile(f"the instances of {fleet}", fleet, restart_dead),
+            _meanwhile(f"the instances of {fleet_path}", fleet_path, restart_dead),
             caps=default_caps(at_start),
         )
 
@@ -245,9 +250,9 @@ def default_caps(endpoints: list[Link]) -> dict[str, int]:
     return {e.name: in_flight_for(e.max_running_requests) for e in endpoints if e.max_running_requests}
 
 
-def _say_not_ready(endpoints: list[Link], fleet: Path, wait_s: float, restart_dead: bool) -> None:
+def _say_not_ready(endpoints: list[Link], fleet_path: Path, wait_s: float, restart_dead: bool) -> None:
     """One line per instance not ready at the start (they join once ready), and what waiting for one means."""
-    where = escape(str(fleet))
+    where = escape(str(fleet_path))
     for e in endpoints:
         if e.readiness is Readiness.READY:
             continue
@@ -265,9 +270,9 @@ def _say_not_ready(endpoints: list[Link], fleet: Path, wait_s: float, restart_de
         )
 
 
-def _meanwhile(what: str, fleet: Path | None, restart_dead: bool) -> Callable[[float], str]:
+def _meanwhile(what: str, fleet_path: Path | None, restart_dead: bool) -> Callable[[float], str]:
     """What the job does while no server is ready, given the seconds it still waits."""
-    bring = f"`fleetgen up -f {fleet}` brings them back" if fleet else "start them again"
+    bring = f"`fleetgen up -f {fleet_path}` brings them back" if fleet_path else "start them again"
     if restart_dead:
         bring = "restarting the dead ones (--restart-dead)"
     return lambda wait_s: (

@@ -15,7 +15,7 @@ from rich.table import Table
 import fleetgen.cli.app as cli
 from fleetgen.config import JobFile, load_job
 from fleetgen.dashboard import svg
-from fleetgen.deploy.wanted import Fleet
+from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.errors import ConfigError
 from fleetgen.generate.jobshape import output_lengths_from_store
 from fleetgen.plan.job import LogNormalLengths, OutputLengths
@@ -141,15 +141,15 @@ def _print(result: TuneResult, chart_path: Path | None) -> None:
         cli.console.print(f"left running (--keep chosen): {', '.join(result.kept)}", highlight=False)
 
 
-def _folder(fleet: Path) -> Path:
+def _folder(fleet_path: Path) -> Path:
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-    return fleet.resolve().parent / ".fleetgen" / "tune" / stamp
+    return fleet_path.resolve().parent / ".fleetgen" / "tune" / stamp
 
 
 @cli.app.command("tune")
 def tune_command(
     input_path: Annotated[Path, typer.Argument(help="The job's prompts (as `fleetgen run` reads them).")],
-    fleet: Path = cli.FLEET_OPTION,
+    fleet_path: Path = cli.FLEET_OPTION,
     job_file: Annotated[Path | None, Opt("--job", help="Job file (TOML): the job's sampling.")] = None,
     budget: Annotated[str, Opt("--budget", help="Time the whole tune may take: 20m, 1h, 900s.")] = "20m",
     output_lengths: Annotated[
@@ -210,7 +210,7 @@ def tune_command(
         )
         return await tune(loaded, opts, _say)
 
-    result = cli.run_on(fleet, go)
+    result = cli.run_on(fleet_path, go)
     chart_path = None
     if result.out is not None:
         chart_path = result.out.with_suffix(".svg")

@@ -3,6 +3,8 @@
 Models are frozen and strict (`extra="forbid"`): a typo is an error naming the file, the line and the field,
 never a silently ignored key. Derived values (instances, ports) are properties, not stored state.
 Pure: `load_fleet` / `load_job` read one file; nothing here touches a host.
+
+Imports elsewhere name `fleetgen.config` only, never its modules.
 """
 
 from __future__ import annotations

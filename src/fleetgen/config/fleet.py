@@ -1,5 +1,11 @@
 """The fleet file: `[engine]` + `[[hosts]]` or `[cluster]`, instance expansion (`<host>-<k>`), and what
-`--only` selects (`Selection`). Derived values (instances, ports) are computed, not stored state."""
+`--only` selects (`Selection`). Derived values (instances, ports) are computed, not stored state.
+
+Refused, each at its line: a repeated host name, a host named like another's instance, an empty GPU list,
+a GPU count `tp` does not divide. `Selection` maps instance → host from the expansion, never by prefix.
+`engine_for(host)` is the one place a host's `engine_args` merge over `[engine.args]` (`plan` and `up` both
+take it).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""`[[hosts]]`: one machine reached over SSH, what `[cluster]` says alike (`Machine`), the SSH target form."""
+"""`[[hosts]]`: one machine reached over SSH, what `[cluster]` says alike (`Machine`), the SSH target form.
+
+`Machine` is what `[cluster]` says alike of its submit host: identity, known_hosts, workdir, base_port,
+memory, a `HostName`. The SSH target form (`SshTarget`) is checked by `ssh_form`; `[cluster].submit` takes it
+too. A host's own `engine_args` go over `[engine.args]`.
+"""
 
 from __future__ import annotations
 

@@ -20,8 +20,8 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from fleetgen.dashboard.model import InstanceRow
-from fleetgen.deploy.hostside import model_shape
-from fleetgen.deploy.wanted import Fleet
+from fleetgen.deploy.fleet_ref import Fleet
+from fleetgen.deploy.modelshape import model_shape
 from fleetgen.errors import EndpointError, FleetgenError
 from fleetgen.fleet.enginestate import read_engine
 from fleetgen.fleet.status import FleetView, Readiness

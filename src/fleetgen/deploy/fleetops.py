@@ -3,6 +3,12 @@
 Per host: open the SSH connection, check the workdir / python / launcher / model folder in one round trip,
 then run each of its instances concurrently. A host that cannot be reached fails its own instances only.
 The state file is updated as soon as a process is spawned, so `down` can always find what `up` started.
+
+`open_hosts` is also how `status` connects. Before `up` starts anything it runs the fleet's
+cross-instance rules over all hosts (a rule broken only among instances `--only` left out stops none it
+picked) and the engine's own refusals of each picked instance's flags (`--no-plan-check` skips those; a
+model shape read nowhere is a warning naming what went unchecked and the fix). A `[cluster]` fleet's
+instances go through `deploy.slurm`.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from functools import partial
 import aiohttp
 
 from fleetgen.config import HostEntry, Instance, Selection
-from fleetgen.deploy.hostside import MODEL_CONFIG_FIX, model_shape
+from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.instance import (
     HostSession,
     Narrate,
@@ -27,10 +33,10 @@ from fleetgen.deploy.instance import (
     settle,
     stop_instance,
 )
+from fleetgen.deploy.modelshape import MODEL_CONFIG_FIX, model_shape
 from fleetgen.deploy.slurm import down_jobs, up_jobs
 from fleetgen.deploy.state import load_state, update_state
 from fleetgen.deploy.wanted import (
-    Fleet,
     api_key,
     build_wanted,
     measured_facts,

@@ -3,6 +3,10 @@
 `ensure_up` is idempotent: a process whose /proc argv and environ equal the rendered ones is left running
 (and re-verified). Anything else is stopped (TERM → wait → KILL), its port (and, where nvidia-smi exists,
 its GPUs) waited free, and a new process spawned from a freshly pushed, verified `launch.sh`, with a new log.
+
+`open_session` gives a surveyed host (a fleet host or a Slurm node); `push_launch` pushes the folder, key
+files and script wherever the instance is placed; `follow_launch` is everything after a launch (wait ready,
+prove it holds its port, verify), wherever it was placed.
 """
 
 from __future__ import annotations
@@ -19,14 +23,9 @@ from datetime import UTC, datetime
 import aiohttp
 
 from fleetgen.config import LOOPBACK, EngineConfig, HostEntry, Instance
-from fleetgen.deploy.hostside import (
-    HostSurvey,
-    prepare_host,
-    probe_instance,
-    wait_gpus_released,
-    wait_port_free,
-)
+from fleetgen.deploy.hostsurvey import HostSurvey, prepare_host
 from fleetgen.deploy.listener import port_owners, stranger_problem
+from fleetgen.deploy.probes import probe_instance, wait_gpus_released, wait_port_free
 from fleetgen.deploy.script import Command
 from fleetgen.deploy.state import InstanceRecord
 from fleetgen.deploy.verify import Verified, process_drift, verify_engine

@@ -6,10 +6,10 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 
+from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import host_instances
 from fleetgen.deploy.instance import open_session
 from fleetgen.deploy.script import InstancePaths
-from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import ConfigError
 
 

@@ -12,6 +12,13 @@ names only PATH, HOME, USER, LANG; the key travels in 0600 files as for SSH host
 job, the node is opened as a host (this machine, or SSH to its NodeAddr: `cluster.node_access`) and the
 verification chain of SSH hosts runs unchanged (`deploy.instance.follow_launch` / `keep_running`).
 The workdir is on the filesystem the submit host and the nodes share.
+
+Preflight, before anything is queued: the partition's limits (`remote.partition`), `cluster.gpus` over the
+partition's (`gpus_shortfall`, `plan`'s warning too), then `sbatch --test-only`. Waiting for the allocation:
+a pending reason that does not clear cancels the job once it held a few seconds (Slurm replaces its first,
+generic one). `down` ends the jobs by name; `down` and restart then sweep what an ended job left on its node
+(its process group, and every process carrying its `SLURM_JOB_ID`, through `Host.stop` as for SSH hosts,
+leader gone or not). `place` says where each instance is now, for `status`.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from functools import partial
 from pathlib import Path
 
 from fleetgen.config import ClusterConfig, HostEntry, Instance
+from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.instance import (
     Action,
     HostSession,
@@ -45,7 +53,6 @@ from fleetgen.deploy.instance import (
 )
 from fleetgen.deploy.state import InstanceRecord
 from fleetgen.deploy.verify import process_drift
-from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import DeployError, LaunchFailed
 from fleetgen.plan import Issue
 from fleetgen.remote.base import Host

@@ -1,6 +1,10 @@
 """Fleet file → one `WantedInstance` per instance: argv and env from the engine, the script, its sha256.
 
 Pure apart from reading the API key from fleetgen's own environment (named by `engine.api_key_env`).
+
+How the key reaches the engine: its env var, else a `--config` file (`_secret`). `refuse_simulated_acceptance`
+(`up`, `restart`, `run`) refuses an engine setting that commits tokens the model did not choose, as
+`Engine.simulated_acceptance` names it.
 """
 
 from __future__ import annotations
@@ -9,14 +13,15 @@ import hashlib
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from pathlib import Path
 
-from fleetgen.config import EngineConfig, FleetFile, HostEntry, Instance, load_fleet
-from fleetgen.deploy.hostside import HostSurvey
+from fleetgen.config import EngineConfig, FleetFile, HostEntry, Instance
+from fleetgen.deploy.fleet_ref import (
+    Fleet as Fleet,  # its home is fleet_ref; importable here for branches in flight
+)
+from fleetgen.deploy.hostsurvey import HostSurvey
 from fleetgen.deploy.instance import WantedInstance
 from fleetgen.deploy.script import Command, InstancePaths, SecretEnv, render_script
-from fleetgen.engines import Engine, format_args, get_engine, launcher_of
+from fleetgen.engines import Engine, format_args, launcher_of
 from fleetgen.errors import ConfigError
 from fleetgen.plan import HostFacts, InstancePlan, Launch, decide_launch, facts_from_file
 from fleetgen.plan.fleet import api_key_way
@@ -24,20 +29,6 @@ from fleetgen.plan.fleet import api_key_way
 # An API key as an HTTP header carries it (printable ASCII, no space), long enough to guess at no cost, and
 # without `<`/`>`: no key can then be formed across the `<redacted>` mark put where a key was.
 KEY_FORM = re.compile(r"[\x21-\x3b=\x3f-\x7e]{16,}")
-
-
-@dataclass(frozen=True)
-class Fleet:
-    """A loaded fleet file, its engine and where its state lives."""
-
-    path: Path
-    file: FleetFile
-    engine: Engine
-
-    @classmethod
-    def load(cls, path: Path) -> Fleet:
-        fleet = load_fleet(path)
-        return cls(path=path, file=fleet, engine=get_engine(fleet.engine.kind))
 
 
 def api_key(fleet: FleetFile) -> str | None:

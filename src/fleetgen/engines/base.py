@@ -4,6 +4,13 @@ An engine module (`sglang.py`, `vllm.py`) knows one inference server: how to tur
 env, which endpoints and metric names it serves, which log lines mean "ready" or "dead", and — per release
 era — which flags exist (`RuleSet`, which each engine extends with its own switches). Pure: no I/O, no env
 vars, no clock.
+
+What every engine shares: argv layout, env, the parser-check frame and verdict, common fatal signatures,
+`capacity` (its start-up log's figures, to which an engine adds what its info JSON or /metrics labels
+report), `decode_rate` over a window (its token counter; SGLang: its gauge) and `with_simulated_acceptance`
+(tune's forced accept length; what `simulated_acceptance` finds). The generic `RuleSet` holds a release's
+name, releases, flag renames and removed/deprecated flags; rule sets are picked by release, ordered by
+`packaging` as PEP 440 orders them.
 """
 
 from __future__ import annotations

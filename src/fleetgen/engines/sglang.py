@@ -2,6 +2,10 @@
 
 Facts come from SGLang's own source of each release (`pip download --no-deps sglang==X`); the error texts
 below are copied from it so a plan can quote what the engine would say at start.
+
+Also here: its distributions, `/server_info` view checks, capacity figures, max running and accept length,
+and the parser-check body. The startup rejections' log signatures carry the release's fix, from the same
+source `plan.sglang.rules` uses.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from fleetgen.engines.base import (
     refused_argument_signatures,
 )
 from fleetgen.engines.sglang_timeline import RULE_SETS
+from fleetgen.engines.sglang_timeline import MambaRatioRule as MambaRatioRule  # re-exported: the plan's
+from fleetgen.engines.sglang_timeline import MaxRunningCap as MaxRunningCap
 from fleetgen.engines.sglang_timeline import SGLangRules as SGLangRules  # re-exported: the plan's
 from fleetgen.engines.sglang_timeline import sglang_rules as sglang_rules
 

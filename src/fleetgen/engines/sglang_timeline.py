@@ -10,7 +10,7 @@ main-branch history (the reference, §0) does not map 1:1 to releases: the wheel
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from fleetgen.engines.base import FlagRename, RuleSet, release
 
@@ -23,6 +23,15 @@ RELEASES: tuple[str, ...] = tuple(
 
 QWEN3_5_ARCHS = frozenset({"Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration"})
 
+# The string switches of `SGLangRules`, one value per behaviour a release has (mypy refuses a comparison with
+# a value outside them; `TIMELINE`'s values are checked against them by test_sglang_timeline).
+# spec + no_buffer + radix cache: "unchecked" (accepted as is), "radix_off" (warning, radix cache silently
+# disabled), "raises" (ValueError), "gone" (the check no longer exists)
+SpecNoBufferRadix = Literal["unchecked", "radix_off", "raises", "gone"]
+MambaRatioRule = Literal["by-spec-quirk", "by-spec", "by-overlap"]  # Mamba slots per request
+MambaPoolSolve = Literal["ratio-scratch", "scratch-first-512", "scratch-first", "joint", "joint-padded"]
+MaxRunningCap = Literal["none", "estimate", "half-tokens"]  # what caps an explicit --max-running-requests
+
 
 @dataclass(frozen=True)
 class SGLangRules(RuleSet):
@@ -31,9 +40,7 @@ class SGLangRules(RuleSet):
 
     strategy_flag: str = ""  # the Mamba strategy's flag name in this release
     # --- startup checks --------------------------------------------------------------------------------
-    # spec + no_buffer + radix cache: "unchecked" (accepted as is), "radix_off" (warning, radix cache
-    # silently disabled), "raises" (ValueError), "gone" (the check no longer exists)
-    spec_no_buffer_radix: str = "gone"
+    spec_no_buffer_radix: SpecNoBufferRadix = "gone"  # spec + no_buffer + radix cache
     rejects_extra_buffer_without_radix: bool = False  # ValueError; other releases ignore extra_buffer
     explicit_no_buffer_needs_no_overlap: bool = False  # asserts instead of turning overlap off
     track_interval_text: bool = True  # False: a bare `assert` (AssertionError without a message)
@@ -52,11 +59,10 @@ class SGLangRules(RuleSet):
     # an MTP head without --speculative-draft-model-path also gets its KV in the cell (else: its own pool,
     # out of the headroom); 0.5.14–0.5.18 count only a draft with a path (`eagle_draft_num_layers`)
     pathless_draft_kv_in_budget: bool = True
-    mamba_ratio_rule: str = "by-overlap"  # "by-spec-quirk" | "by-spec" | "by-overlap" (slots/request)
-    # "ratio-scratch" | "scratch-first-512" | "scratch-first" | "joint" | "joint-padded"
-    mamba_pool_solve: str = "joint-padded"
+    mamba_ratio_rule: MambaRatioRule = "by-overlap"
+    mamba_pool_solve: MambaPoolSolve = "joint-padded"
     mamba_oom_errors: bool = False  # explicit errors when the Mamba pool gets no slot / serves nothing
-    mrr_cap: str = "half-tokens"  # an explicit --max-running-requests is capped by: none|estimate|half-tokens
+    mrr_cap: MaxRunningCap = "half-tokens"  # an explicit --max-running-requests is capped by it
     vlm_cache_reserve_mb: int = 0  # multimodal embedding cache reserved out of the KV budget
     auto_strategy_extra_buffer: bool = False  # `auto` resolves to extra_buffer when overlap is on
     # --- throughput ------------------------------------------------------------------------------------

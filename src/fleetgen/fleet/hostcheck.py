@@ -1,10 +1,12 @@
 """`fleetgen hosts check`: what each host of a fleet has, probed over SSH in parallel.
 
-Per host: reachable (else the connect error and its fix), then `up`'s own survey (`deploy.hostside`, one
+Per host: reachable (else the connect error and its fix), then `up`'s own survey (`deploy.hostsurvey`, one
 round trip): OS, GPUs (nvidia-smi when present), host RAM, free disk in the workdir, whether the engine's
 python runs and which engine version it imports, whether the model folder exists. Every shortfall is a
 `problems` line saying the cause and the fix; nothing here raises for one bad host: the report says what is
 wrong with each.
+
+What `up` would refuse is said in `up`'s words: a host it calls ready is one `up` launches on.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import asyncio
 from dataclasses import dataclass, replace
 
 from fleetgen.config import EngineConfig, FleetFile, HostEntry
-from fleetgen.deploy.hostside import (
+from fleetgen.deploy.hostsurvey import (
     INSTALL_FIX,
     GpuInfo,
     HostSurvey,

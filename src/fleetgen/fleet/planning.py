@@ -11,7 +11,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fleetgen.config import ClusterConfig, FleetFile, HostEntry
-from fleetgen.deploy.hostside import GPU_QUERY, is_path_like, model_shape, parse_gpu_csv
+from fleetgen.deploy.hostsurvey import GPU_QUERY, parse_gpu_csv
+from fleetgen.deploy.modelshape import is_path_like, model_shape
 from fleetgen.deploy.slurm import gpus_shortfall
 from fleetgen.engines import Engine, ParserVerdict, get_engine, launcher_of, select_rule_set
 from fleetgen.errors import ModelCardError, RemoteError
@@ -45,7 +46,7 @@ def facts_from_report(host: HostEntry, report: HostReport) -> HostFacts:
 
 
 async def load_shape(fleet: FleetFile, fleet_path: Path, *, offline: bool) -> ModelShape:
-    """The model shape as `up` reads it (`deploy.hostside.model_shape`), on the first host where it is one."""
+    """The model shape as `up` reads it (`modelshape.model_shape`), on the first host where it is one."""
     cfg = fleet.engine
     if cfg.model_config_dir or not is_path_like(cfg.model):
         return await model_shape(cfg, fleet_path, None)

@@ -4,6 +4,8 @@ Tunnels live as long as the SSH connections behind them, and those as long as th
 opened them: `ready_endpoints` (for `bench`) owns the ready instances' connections and closes them when its
 block exits; `open_fleet` (for `fleetgen run`) owns every deployed instance, ready or not, and re-reads one
 on demand so a job can take it in once ready.
+
+A `Link`'s tunnel is re-opened after a drop; its readiness and problem are read by `FleetView.read`.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.state import load_state
-from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import FleetDown
 from fleetgen.fleet.status import FleetView, Readiness, open_view
 

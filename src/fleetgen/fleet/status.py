@@ -5,6 +5,9 @@ the process and its argv/environ (drift), the health endpoint, /metrics and SGLa
 `FleetView` keeps the SSH connections (and so the tunnels) open for as long as it lives: `status --watch`
 and `fleetgen run` use one (re-reading one instance: `FleetView.read`); `fleet_status` opens one for a single
 read. The engine's own numbers are read by `fleet.enginestate`, as for a bare URL.
+
+`Readiness` (ready / waiting / down) is the one readiness the tree passes on, its why beside it as a
+problem text. The command is compared with /proc, never a rendered script.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fleetgen.config import LOOPBACK, Instance
+from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import open_hosts
 from fleetgen.deploy.instance import HostSession, running_process
 from fleetgen.deploy.listener import port_owners, stranger_problem
@@ -24,7 +28,7 @@ from fleetgen.deploy.script import Command
 from fleetgen.deploy.slurm import place
 from fleetgen.deploy.state import load_state
 from fleetgen.deploy.verify import process_drift
-from fleetgen.deploy.wanted import Fleet, api_key, wanted_command
+from fleetgen.deploy.wanted import api_key, wanted_command
 from fleetgen.errors import FleetgenError
 from fleetgen.fleet.enginestate import read_engine
 from fleetgen.http.client import EngineClient
@@ -92,7 +96,7 @@ class FleetView:
         self.secret = secret
         self.watched: list[_Watched] = []
         self.failed: list[InstanceStatus] = []
-        # Where `plan` and `up` read the model's shape (`hostside.model_shape`): the first host reached.
+        # Where `plan` and `up` read the model's shape (`modelshape.model_shape`): the first host reached.
         self.model_host: Host | None = None
 
     def watch(self, hs: HostSession, inst: Instance, *, placement: str = "", job: str = "") -> None:

@@ -12,6 +12,9 @@ Failure policy:
   `on_dead` (the `--restart-dead` hook) restarts a dead one in the background;
 - `max_consecutive_failures` failures in a row fleet-wide, or no ready endpoint for `dead_timeout_s`, ends
   the job with `FleetDown`: the servers are gone, so the dataset is not burned into error rows.
+
+`in_flight_for`: a server's default requests in flight, from the running requests its engine admits plus
+a queue (`run` without `concurrency`, and `tune`). The fleet-down clock is the `Watch`'s.
 """
 
 from __future__ import annotations

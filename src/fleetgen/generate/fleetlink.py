@@ -4,6 +4,8 @@ its hooks (the instances not ready at the start, re-reading one from its host, t
 The description goes to the store's meta (`fleet`, `engine_args`) so a report says what generated the data:
 the engine section of the fleet file — kind, version, model, args, tp — and the instance names. Never the
 values of `engine.env` (they may hold tokens); only their names. With `--endpoint` URLs, the URLs.
+
+The `--restart-dead` hook runs `up`, then `restart` if the instance hung.
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from fleetgen.config import FleetFile
+from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import up
 from fleetgen.deploy.instance import Action, Outcome
-from fleetgen.deploy.wanted import Fleet
 from fleetgen.errors import DeployError
 from fleetgen.fleet.pool import FleetLinks, Link
 from fleetgen.fleet.status import Readiness

@@ -7,7 +7,8 @@ not READY — first asking the fleet (`admit`, with a fleet file: the instance's
 it now, and where its tunnel is), then GET /health — at a growing interval, and marks it READY once it
 answers. With `--restart-dead` (`on_dead`), a DOWN endpoint is restarted through the deploy layer in the
 background, so the other endpoints keep taking work meanwhile. With none READY, the job waits a bounded time
-on one clock (`Watch.wait_left_s`): `--wait-ready` for a first one at the start, `dead_timeout_s` mid-job.
+on one clock (`Watch.wait_left_s`): `--wait-ready` for a first one at the start, `dead_timeout_s` mid-job
+(`--dead-timeout`). The hung guard (`--hung-after`) drains an endpoint with no answer and a failing /health.
 """
 
 from __future__ import annotations

@@ -21,11 +21,14 @@ from fleetgen.generate import diagnose, identity, jobmeta, rows
 from fleetgen.generate.progress import Counters, PositionTracker
 from fleetgen.generate.source import IsDone, Position, conflict, read_records
 from fleetgen.generate.store import Store
-from fleetgen.generate.work import BadInput, JobOptions, Record, Work, key_hash
+from fleetgen.generate.work import BadInput, JobOptions, Record, RunMode, Work, key_hash
 from fleetgen.generate.writer import StoreWriter
 
 # The re-run modes: the table and condition of the keys each one redoes.
-REDO = {"retry_errors": ("errors", "1"), "redo_truncated": ("results", "is_truncated = 1")}
+REDO: dict[RunMode, tuple[str, str]] = {
+    "retry_errors": ("errors", "1"),
+    "redo_truncated": ("results", "is_truncated = 1"),
+}
 
 
 @dataclass

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Literal
 
 from fleetgen.fleet.status import Readiness
 from fleetgen.generate.health import Endpoint
@@ -77,11 +78,16 @@ class BadInputSample:
     reason: str
 
 
+# how a run ended: "failed" is complete but with no result in the store (a job that reaches no server
+# raises FleetDown instead of returning)
+RunEnd = Literal["complete", "failed", "stopped"]
+
+
 @dataclass(frozen=True)
 class Summary:
     """The end of a run: what was done this run and what the store holds now."""
 
-    status: str  # "complete", "failed" (complete, but the store holds no result), "stopped" or "fleet_down"
+    status: RunEnd
     out_dir: str
     model: str
     completions_this_run: int

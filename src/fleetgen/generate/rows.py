@@ -1,6 +1,8 @@
 """Rows for the store and the final summary, built from finished work.
 
 The records themselves (`ResultRow`, …) and their columns are defined once, in `store`.
+
+`forced_length`: a request's drawn output length (`max_tokens` + `ignore_eos`), for `tune` on dummy weights.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 import orjson
 
 from fleetgen.generate.health import Endpoint
-from fleetgen.generate.progress import BadInputSample, Counters, Summary
+from fleetgen.generate.progress import BadInputSample, Counters, RunEnd, Summary
 from fleetgen.generate.quality import flags_of_all
 from fleetgen.generate.store import BadRow, ErrorRow, ResultRow, SeriesRow, Store
 from fleetgen.generate.work import BadInput, Work
@@ -116,7 +118,7 @@ def series_rows(endpoints: list[Endpoint], accept_lengths: Mapping[str, float | 
 
 def summary(
     store: Store,
-    status: str,
+    status: RunEnd,
     model: str,
     counters: Counters,
     elapsed_s: float,

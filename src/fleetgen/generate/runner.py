@@ -10,6 +10,10 @@ Life of a run:
 4. results and final errors queue for the writer, which commits them in batches; only then are they counted;
 5. stop: done, Ctrl-C (drain, or abandon on a second Ctrl-C) or FleetDown → flush the writer, close.
 A kill -9 at any point loses only uncommitted in-flight work, which the rerun does again.
+
+`Job(options, fleet)`: `JobOptions` (its own settings, built once by the CLI from the job file and flags)
+and `FleetHooks` (what it runs on: endpoints, key, engine kind, description, and what it may ask of a
+fleet).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from fleetgen.generate.progress import (
     EndpointProgress,
     Progress,
     RateMeter,
+    RunEnd,
     Summary,
 )
 from fleetgen.generate.scrape import AcceptLengthScraper
@@ -189,7 +194,7 @@ class Job:
         scraper: AcceptLengthScraper,
         intake: Intake,
         on_progress: OnProgress | None,
-    ) -> str:
+    ) -> RunEnd:
         """Run the dispatcher with the writer, counter, ticker and scraper beside it; always flush."""
         self._dispatcher = dispatcher
         if self._stops:
@@ -201,7 +206,7 @@ class Job:
             asyncio.create_task(self._tick(dispatcher, writer, scraper, on_progress)),
             asyncio.create_task(scraper.run()),
         ]
-        status = "complete"
+        status: RunEnd = "complete"
         try:
             await dispatcher.run(intake.work(writer))
             if self._stops:

@@ -3,6 +3,9 @@
 A `Work` item is one (record, sample). The record's `segments` are the message lists to send turn by turn:
 turn k is requested with `segments[0] + answer[0] + … + segments[k]`, so a multi-turn conversation is
 regenerated on the model's own history. A single-turn record has one segment.
+
+Sampling params are stored with the job; as a request samples they are `SamplingParams.sampling`.
+`JobOptions` holds the record shape, the retry policy and the rest of a run's own settings.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
@@ -176,6 +179,10 @@ class RetryPolicy:
     health_timeout_s: float = 30.0  # a busy engine's /health may take a while; a hung one never answers
 
 
+# which items a run sends: every item not done (normal), or the stored errors / truncated results again
+RunMode = Literal["normal", "retry_errors", "redo_truncated"]
+
+
 @dataclass(frozen=True)
 class JobOptions:
     """A job's own settings, whatever serves it; the CLI builds them once from the job file and its flags."""
@@ -187,7 +194,7 @@ class JobOptions:
     concurrency: int = 64
     policy: RetryPolicy = field(default_factory=RetryPolicy)
     request_timeout_s: float = 3600.0
-    mode: str = "normal"  # "normal", "retry_errors", "redo_truncated"
+    mode: RunMode = "normal"
     force_params: bool = False
     add_input: bool = False  # `--add-input`: run another input into a folder that holds one on purpose
     split: str | None = None

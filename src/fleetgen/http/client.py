@@ -13,6 +13,9 @@ request's own fault), everything else into `EndpointError` carrying the URL. Eng
 are normalized here too, in one reply (`Completion`) as in each streamed event (`StreamEvent`): SGLang returns
 `reasoning_content`, vLLM 0.32 `reasoning`; a missing `content` is an empty answer; a missing usage is `None`.
 The bodies sent are built by `fleetgen.http.request`.
+
+Bare `--endpoint` URLs (`BareURLs`) are named one way for `run`, `bench` and the dashboard (`named_urls`:
+`host:port`, a repeated one `host:port#2`).
 """
 
 from __future__ import annotations

@@ -5,6 +5,10 @@ The text is parsed with prometheus_client's reference parser (pure); samples are
 (`sglang:gen_throughput`); vLLM only counters, so its throughput is the rate of `vllm:generation_tokens_total`
 between two reads and its accept length (`Engine.accept_length`) is read over a window (`counter_deltas`):
 the figure of the last seconds, of a bench level or of one test request.
+
+A `Scrape` holds the samples and each sample name's labels. Load: running, queued, tok/s, KV use (an
+info-JSON accept length asked of the engine). `window_of` reads a window of scrapes: the engine's own decode
+rate, mean running, accept length.
 """
 
 from __future__ import annotations

@@ -2,6 +2,12 @@
 
 Fleet-wide rules: two instances on one GPU, one port used twice on a machine, the host RAM the engine's
 instances pin (SGLang's hierarchical cache) summed per machine against what it has minus the engine's reserve.
+
+`facts_from_file` gives a host's facts, what `plan` or `up` measured over the fleet file's values (one
+function for both); each instance is sized on its binding GPU. The cross-instance rules (plus one machine
+per ssh address:port) run in `plan` and in `up` before it starts anything. `engine_rejections`: each
+instance's flags the engine itself refuses (`Planner.rejections`, its rules for `decide_launch`'s rule set;
+never a memory estimate), on which `up` refuses too.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ for the job needs these figures, measured on the job's own records where they ca
 
 Output lengths are a distribution requests draw from (`OutputLengths`): an earlier run's completions, or a
 spec given on the command line (`LogNormalLengths.parse("mean=1800,min=300,max=6000")`).
+
+`JobShape.counted_with` says how the tokens were counted.
 """
 
 from __future__ import annotations

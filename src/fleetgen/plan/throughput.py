@@ -7,6 +7,8 @@ idle. For a job of distinct prompts the cache buys nothing; each engine offers i
 pools for the job (`Planner.settings`, in its flags for the release planned). This module holds what they
 share: the job's running requests on a sizing, the share of the budget they use, the user's own flags as the
 first setting, the ranking, and the loud warning when the user's flags leave most of the GPU to no request.
+
+The idle-GPU warning is the `job-throughput` issue.
 """
 
 from __future__ import annotations

@@ -1,4 +1,9 @@
-"""Values the plan takes and returns: host facts in, per-instance plans out. Byte counts are ints."""
+"""Values the plan takes and returns: host facts in, per-instance plans out. Byte counts are ints.
+
+`Memory` holds the figures every engine has; the engine's own `MemoryExtras` its figures, its plan-table
+rows and what `up` compares. `Fix` is a candidate change, then what it yields. `Planner` is an engine's
+planning (its `Engine`, with `HostRam`: the host RAM its instances pin, its reserve, its refusal).
+"""
 
 from __future__ import annotations
 

@@ -7,6 +7,8 @@ Commands are argv lists, never shell strings built by concatenation. Every remot
 A subclass supplies the transport (`_exec`, `_stream_lines`, `forward`; `_open`, `_shutdown` and a faster
 `read` / `_write_temp` / `_makedirs` where it has them); `Host` turns it into verified puts, detached
 spawns, /proc inspection and group stops, so every kind of host behaves the same, down to the error messages.
+
+The errors every host shares are built here (`timed_out`, `unreadable`, `command_error`, `cannot_write`, …).
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ Why not leave it to `sbatch --test-only`: it refuses a job over a partition limi
 PartitionNodeLimit, an account the partition does not allow). So every limit fleetgen can read is compared
 here with what each server's job asks for; what it cannot read (accounting's associations, QOS limits) is
 left to Slurm's own answer.
+
+The limits read: state, MaxTime, Min/MaxNodes, allowed/denied accounts and QOS, with the GPUs per node.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@ run as argv on the submit host (a `Host`: this machine or a login node over SSH)
 
 Slurm's answers are parsed here (`scontrol -o` lines, `sinfo` GRES) and its refusals become DeployErrors that
 quote Slurm's own message and name the fleet-file field to change.
+
+Also: a partition's GPUs (per node), one short `srun` probe on a node (plan's nvidia-smi), and the
+processes on a node that carry a job's `SLURM_JOB_ID` (`job_processes`).
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import random
 import re
+from typing import Literal
 
 _WORD_TEXT = (
     "the of and to in is that for it as with was on be by at this are from or an which one all have "
@@ -77,7 +78,7 @@ class Generation:
     content: str
     completion_tokens: int
     reasoning_tokens: int
-    finish_reason: str  # "stop" | "length"
+    finish_reason: Literal["stop", "length"]
     reasoning_pieces: tuple[str, ...]  # stream deltas (stream_interval tokens each)
     content_pieces: tuple[str, ...]
 
@@ -118,7 +119,7 @@ def generate(shape: Shape) -> Generation:
     num_reasoning = max(1, round(total * shape.reasoning_fraction)) if shape.thinking else 0
     num_reasoning = min(num_reasoning, total)
     limit = total if shape.max_tokens is None else min(total, max(1, shape.max_tokens))
-    finish = "length" if limit < total or shape.force_length else "stop"
+    finish: Literal["stop", "length"] = "length" if limit < total or shape.force_length else "stop"
     # Reasoning words, then </think> (one token), then the answer: the sequence max_tokens cuts.
     words = _tokens(shape.variant, total)
     reasoning_words = words[: max(0, num_reasoning - 1)]

@@ -5,6 +5,8 @@ tuned fleet file (the winners' flags, each commented with what was measured and 
 The user's file is never written: the tuned one goes beside it (`<fleet>.tuned.toml`) or where `--out`
 says; the derived ones into tune's own folder (`.fleetgen/tune/<time>/`), whose `.fleetgen/state.json` is
 theirs, so `fleetgen status` of the user's fleet never sees a tune server.
+
+In the tuned file, flags all winners share go in `[engine.args]`, the rest per host in `engine_args`.
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ from typing import Any
 import tomli_w
 
 from fleetgen.config import FleetFile, Instance, JobFile
+from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import down, up
-from fleetgen.deploy.wanted import Fleet
 from fleetgen.engines import Engine
 from fleetgen.errors import FleetgenError
 from fleetgen.fleet.pool import open_fleet

@@ -5,6 +5,8 @@ as the first (launch, warm-up, window, stop), so once one has run, a round that 
 is not started. After the plan's candidates, rounds narrow in on the best one's running requests: halfway
 to the nearest measured neighbour of its family (same flags but the running requests), or a quarter out
 where it has none on that side.
+
+A setting is resized by the engine's own flags (`Planner.concurrency`).
 """
 
 from __future__ import annotations

@@ -18,9 +18,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from fleetgen.config import Instance
+from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import up
 from fleetgen.deploy.state import load_state
-from fleetgen.deploy.wanted import Fleet, refuse_simulated_acceptance
+from fleetgen.deploy.wanted import refuse_simulated_acceptance
 from fleetgen.errors import ConfigError
 from fleetgen.fleet.planning import PlanInputs, gather_inputs
 from fleetgen.generate.jobshape import read_job_shape

@@ -8,13 +8,21 @@ budget; 0.5.17 (`kv_cache_configurator.py`): the joint solve counts the pool's p
 An MTP head without a draft path keeps its own KV pool out of the headroom in 0.5.14–0.5.15, and it allocates
 its own embedding and LM head at load (`Qwen3_5ForCausalLMMTP.__init__`; shared with the target only later,
 by `set_embed_and_head`), so its load counts vocab × hidden twice more: "mem usage=5.53 GB" on Qwen3.6-27B.
+
+`SGLangExtras`: mem fraction, draft weights, Mamba pool, spec scratch, hicache host RAM.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from fleetgen.engines.sglang import MAMBA_TOO_SMALL, NOT_ENOUGH_MEMORY, WEIGHTS_LEAVE_NOTHING, SGLangRules
+from fleetgen.engines.sglang import (
+    MAMBA_TOO_SMALL,
+    NOT_ENOUGH_MEMORY,
+    WEIGHTS_LEAVE_NOTHING,
+    MaxRunningCap,
+    SGLangRules,
+)
 from fleetgen.modelcard import ModelShape
 from fleetgen.plan.sglang.settings import SGLangAsk, SGLangSettings
 from fleetgen.plan.types import GIB, MIB, Issue, Memory, MemoryExtras
@@ -188,7 +196,11 @@ def max_running(tokens: int, s: SGLangSettings, rules: SGLangRules, slots: int |
     """`resolve_max_num_reqs`: the estimate, the user's cap, token and Mamba-slot limits."""
     estimated = max(min(int(tokens / max(s.context_length, 1) * 512), 4096), 2048)
     if s.max_running_requests is not None:
-        caps = {"none": s.max_running_requests, "estimate": estimated, "half-tokens": tokens // 2}
+        caps: dict[MaxRunningCap, int] = {
+            "none": s.max_running_requests,
+            "estimate": estimated,
+            "half-tokens": tokens // 2,
+        }
         n = min(s.max_running_requests, caps[rules.mrr_cap])
     else:
         n = min(estimated, tokens // 2)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetgen.engines import Translation, translate_args
-from fleetgen.engines.sglang import SGLangRules, sglang_rules
+from fleetgen.engines.sglang import MambaRatioRule, SGLangRules, sglang_rules
 from fleetgen.modelcard import DTYPE_BYTES, ModelShape
 from fleetgen.plan.types import Ask
 
@@ -44,7 +44,7 @@ class SGLangSettings:
     hicache_ratio: float
     hicache_size_gb: int
     cuda_graph_max_bs: int | None
-    ratio_rule: str = "by-overlap"
+    ratio_rule: MambaRatioRule = "by-overlap"
     has_draft_path: bool = False  # --speculative-draft-model-path given (an MTP head needs none)
     radix_dropped_for_spec: bool = False  # 0.5.9 turned radix cache off for spec + no_buffer
 

@@ -8,6 +8,10 @@ job: the largest M whose state and the job's KV per request fit the static budge
 Qwen3.6-27B, outputs ~1,800 tokens) that took 44 running to 256 and the decode rate from 1,460 to 3,008 tok/s;
 the replayed SSM decode (`--enable-linear-replayssm`, 0.5.15+, no_buffer only) to 3,660
 (bench/results/grid-sglang-0.5.15-h200.md).
+
+The settings offered: radix cache off with the Mamba pool sized for the job's KV per request (and ¾ of it),
+the context sized to the job, decode graphs covering the batch, the replayed SSM decode (0.5.15+), spec the
+other way, bf16 state / FP8 KV marked as changing the numbers.
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ attention group and 1 + num_spec blocks in each Mamba group (2 + num_spec in `al
 vLLM's CPU build (vLLM 0.32.0+cpu's `platforms/cpu.py`, `v1/worker/cpu_worker.py`): the KV space is
 `VLLM_CPU_KVCACHE_SPACE` GiB of host RAM, exactly (no utilization, no profiling); blocks are 128 tokens unless
 `--block-size` says otherwise, and max-num-seqs defaults to 128 per worker. It logs "CPU KV cache size".
+
+`VLLMExtras` carries its own figures: gpu-memory-utilization (or the CPU KV space), blocks, concurrency.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ is profiled over `max-num-seqs` rows of vocabulary logits (~4.6 GB at 1,024 rows
 `max-num-seqs` sized for the job returns that memory to the pool. The settings: `max-num-seqs` sized for the
 job's KV per request (and ¾ of it), `max-model-len` sized to the job, prefix caching off when the prompts
 share little, speculative decoding the other way; FP8 KV and a bf16 Mamba cache marked as changing numbers.
+
+What bounds the job's requests: `max-num-seqs` or the paged pool.
 """
 
 from __future__ import annotations

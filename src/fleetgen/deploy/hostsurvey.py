@@ -1,30 +1,22 @@
-"""Host-side checks for a deployment: workdir, interpreter, model folder, port, GPU memory. `hosts check`,
-`plan` and `up` read a host through this one survey, so `up` decides argv and checks the fleet from what
-`plan` measures. The model's shape, read here or on a host (`model_shape`).
+"""The host survey: workdir, interpreter, engine version, model folder, GPUs, memory and disk, in one round
+trip. `hosts check`, `plan` and `up` read a host through this one survey, so `up` decides argv and checks the
+fleet from what `plan` measures; `launch_problems` lists what stops the engine from starting there.
 
-Each check is one POSIX sh snippet run with its values as positional arguments (never pasted into the text),
-answering in `key=value` lines; the failures become errors naming the host, the cause and the fix.
+The check is one POSIX sh snippet (`PREP_SH`) run with its values as positional arguments (never pasted into
+the text), answering in `key=value` lines; the failures become errors naming the host, the cause and the fix.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
-import posixpath
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 from fleetgen.config import EngineConfig, HostEntry
-from fleetgen.deploy.listener import port_owners
+from fleetgen.deploy.modelshape import is_path_like
 from fleetgen.engines import get_engine, launcher_of
-from fleetgen.errors import DeployError, LaunchFailed, ModelCardError, RemoteError
-from fleetgen.modelcard import ModelShape, load_model_shape, parse_model_shape
+from fleetgen.errors import DeployError, LaunchFailed
 from fleetgen.plan.types import MIB, GpuFacts
-from fleetgen.remote.base import Host, ProcInfo
-from fleetgen.remote.procfs import proc_info_from_dump
+from fleetgen.remote.base import Host
 from fleetgen.remote.scripts import sh
 
 # Prints the version of the first of argv's distributions installed; exit 3 when none is.
@@ -76,21 +68,6 @@ echo "uptime=$(cut -d' ' -f1 /proc/uptime)"
 echo "clk_tck=$(getconf CLK_TCK)"
 """
 
-# One round trip for an instance's processes: which PID its pidfile names, and /proc of the recorded PID ($2)
-# and of the pidfile's PID (each as INSPECT_SH's four base64 lines).
-PROBE_SH = r"""
-pidfile=$1 recorded=$2
-named=$(cat -- "$pidfile" 2>/dev/null | tr -cd '0-9')
-echo "$named"
-for pid in "$recorded" "$named"; do
-  for f in stat cmdline environ stat; do [ -n "$pid" ] && base64 -w0 "/proc/$pid/$f" 2>/dev/null; echo; done
-done
-exit 0
-"""
-
-# Compute processes still on GPUs $1 (comma-separated indices).
-GPU_APPS_SH = 'nvidia-smi --query-compute-apps=pid --format=csv,noheader -i "$1" 2>/dev/null; exit 0'
-
 
 @dataclass(frozen=True)
 class GpuInfo:
@@ -136,59 +113,6 @@ class HostSurvey:
         """Seconds a process with this /proc start time (clock ticks since boot) has been running."""
         now = self.uptime_s + (time.monotonic() - self.measured_at)
         return max(0.0, now - start_time / self.clk_tck)
-
-
-def is_path_like(model: str) -> bool:
-    """A local folder (checked on the host) rather than a hub id like `Qwen/Qwen3-8B`."""
-    return model.startswith(("/", "~", "./", "../"))
-
-
-def local_shape(folder: str, fleet_path: Path) -> ModelShape:
-    """A model folder read here; a relative path is relative to the fleet file."""
-    path = Path(folder).expanduser()
-    return load_model_shape(path if path.is_absolute() else fleet_path.parent / path)
-
-
-async def host_shape(host: Host, folder: str) -> ModelShape:
-    """A model folder read on `host` over its connection: `config.json`, and the index when there."""
-    config = await _host_json(host, posixpath.join(folder, "config.json"))
-    index = None
-    with contextlib.suppress(ModelCardError):
-        index = await _host_json(host, posixpath.join(folder, "model.safetensors.index.json"))
-    return parse_model_shape(config, index)
-
-
-MODEL_CONFIG_FIX = 'set engine.model_config = "<local folder with config.json>" in {}'
-
-
-async def model_shape(cfg: EngineConfig, fleet_path: Path, host: Host | None) -> ModelShape:
-    """The model's shape, as `plan` and `up` both read it: `engine.model_config` here (relative to the fleet
-    file), else `engine.model` read on `host` (a fleet's first host; None: none reached), never a folder here
-    that merely has the same name. ModelCardError says why none could be read."""
-    if cfg.model_config_dir:
-        return local_shape(cfg.model_config_dir, fleet_path)
-    fix = MODEL_CONFIG_FIX.format(fleet_path)
-    if not is_path_like(cfg.model):
-        raise ModelCardError(
-            f"engine.model {cfg.model!r} is a hub id: no folder to read config.json in", fix=fix
-        )
-    if host is None:
-        raise ModelCardError(f"{cfg.model} is on the hosts, and none was reached to read it on", fix=fix)
-    return await host_shape(host, cfg.model)
-
-
-async def _host_json(host: Host, path: str) -> dict[str, Any]:
-    try:
-        data = json.loads(await host.read(path))
-    except (RemoteError, json.JSONDecodeError) as exc:
-        raise ModelCardError(
-            f"cannot read {path} on {host.name}: {exc}",
-            fix="set engine.model to the model folder on the host, or engine.model_config to "
-            "a local copy of its config.json",
-        ) from exc
-    if not isinstance(data, dict):
-        raise ModelCardError(f"{path} on {host.name} is not a JSON object", fix="check the model folder")
-    return data
 
 
 def launcher_module(launcher: tuple[str, ...]) -> str:
@@ -315,46 +239,3 @@ def parse_gpu_csv(text: str) -> list[GpuInfo]:
         except ValueError:
             continue  # "[N/A]" fields (e.g. MIG): skip the row rather than invent numbers
     return gpus
-
-
-async def probe_instance(
-    host: Host, pidfile: str, recorded: tuple[int, int] | None
-) -> tuple[ProcInfo | None, ProcInfo | None]:
-    """/proc of the recorded (pid, start time) and of the pidfile's PID, in one round trip."""
-    res = await host.run(sh(PROBE_SH, pidfile, str(recorded[0]) if recorded else ""))
-    lines = (res.stdout.splitlines() + [""] * 9)[:9]
-    rec = proc_info_from_dump(recorded[0], "\n".join(lines[1:5]), recorded[1]) if recorded else None
-    named = int(lines[0]) if lines[0].isdigit() else None
-    return rec, proc_info_from_dump(named, "\n".join(lines[5:9]), None) if named else None
-
-
-async def wait_port_free(host: Host, port: int, timeout_s: float = 30.0) -> None:
-    """Wait until nothing listens on `port` (a stopped engine may take a moment to release it)."""
-    deadline = time.monotonic() + timeout_s
-    while (await port_owners(host, port)).listeners:
-        if time.monotonic() > deadline:
-            raise LaunchFailed(
-                f"{host.name}: port {port} is still in use {timeout_s:.0f}s after the old server was stopped",
-                context={"host": host.name, "port": port},
-                fix=f"find the listener (`ss -ltnp | grep :{port}` on the host) and stop it",
-            )
-        await asyncio.sleep(0.2)
-
-
-async def wait_gpus_released(host: Host, gpus: tuple[int, ...], timeout_s: float = 60.0) -> None:
-    """Where nvidia-smi exists: wait until no compute process remains on `gpus`."""
-    ids = ",".join(str(g) for g in gpus)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        res = await host.run(sh(GPU_APPS_SH, ids))
-        pids = [p.strip() for p in res.stdout.splitlines() if p.strip().isdigit()]
-        if not pids:
-            return
-        if time.monotonic() > deadline:
-            raise LaunchFailed(
-                f"{host.name}: GPU(s) {ids} still hold processes {', '.join(pids)} "
-                f"{timeout_s:.0f}s after the old server stopped",
-                context={"host": host.name, "gpus": ids},
-                fix="stop those processes (nvidia-smi shows them) or pick other GPUs",
-            )
-        await asyncio.sleep(1.0)
