@@ -22,6 +22,7 @@ import aiohttp
 import pytest
 
 from fleetgen.config import load_fleet
+from fleetgen.deploy import wanted
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import down, up
 from fleetgen.deploy.instance import Action, Outcome
@@ -151,6 +152,27 @@ async def test_two_hosts_two_instances_come_up_in_parallel_verified(
         stopped = await down(Fleet.load(fleet))
     _ok(stopped)
     assert {o.action for o in stopped} == {Action.STOPPED}
+
+
+async def test_down_finds_and_stops_the_process_without_rendering_a_script(
+    ssh_hosts: list[SshdHost], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`down` needs an instance's command (pidfile, argv[0], key files, port), never its launch script: with
+    the renderer refusing, it still stops what `up` started."""
+    fleet = sim_fleet(tmp_path, ssh_hosts[:1])
+    try:
+        [started] = await up(Fleet.load(fleet))
+        _ok([started])
+    finally:
+
+        def refuse(command: object) -> str:
+            raise AssertionError("down rendered a launch script")
+
+        monkeypatch.setattr(wanted, "render_script", refuse)
+        stopped = await down(Fleet.load(fleet))
+    _ok(stopped)
+    assert [o.action for o in stopped] == [Action.STOPPED]
+    assert started.pid is not None and stopped[0].pid == started.pid and _is_gone(started.pid)
 
 
 async def test_oom_line_names_the_cause_and_stops_the_process(

@@ -25,6 +25,7 @@ from fleetgen.config import HostEntry, Instance, Selection
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.instance import (
     HostSession,
+    InstanceCommand,
     Narrate,
     Outcome,
     Rollout,
@@ -42,6 +43,7 @@ from fleetgen.deploy.wanted import (
     measured_facts,
     planned_capacity,
     refuse_simulated_acceptance,
+    wanted_command,
 )
 from fleetgen.errors import ConfigError, FleetgenError, ModelCardError, PlanError
 from fleetgen.modelcard import ModelShape
@@ -232,11 +234,13 @@ async def down(fleet: Fleet, *, only: Sequence[str] | None = None) -> list[Outco
     records = load_state(fleet.path)
 
     async def per_host(hs: HostSession, instances: list[Instance]) -> list[Outcome]:
-        wanted = [build_wanted(fleet.file, fleet.engine, i, hs.survey, None) for i in instances]
+        targets = [
+            InstanceCommand(i, wanted_command(fleet.file, fleet.engine, i, hs.survey)) for i in instances
+        ]
         if fleet.file.cluster is not None:
-            outs = await down_jobs(fleet, hs, wanted, records)
+            outs = await down_jobs(fleet, hs, targets, records)
         else:
-            outs = await settle(hs.entry.name, wanted, partial(stop_instance, hs, records))
+            outs = await settle(hs.entry.name, targets, partial(stop_instance, hs, records))
         update_state(fleet.path, drop=[o.instance for o in outs if o.error is None])
         return outs
 

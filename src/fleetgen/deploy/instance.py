@@ -19,6 +19,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Protocol, TypeVar
 
 import aiohttp
 
@@ -49,6 +50,23 @@ class Action(enum.StrEnum):
     REPLACED = "replaced"  # a different (or forced) process was stopped and a new one started
     STOPPED = "stopped"
     ABSENT = "absent"  # down: nothing was running
+
+
+@dataclass(frozen=True)
+class InstanceCommand:
+    """An instance and the command it runs, no script rendered: all `down` needs to find its process (pidfile,
+    argv[0]), remove its key files and wait its port free (`wanted.wanted_command` builds the command)."""
+
+    inst: Instance
+    command: Command
+
+
+class _OfInstance(Protocol):
+    @property
+    def inst(self) -> Instance: ...
+
+
+_Item = TypeVar("_Item", bound=_OfInstance)
 
 
 @dataclass(frozen=True)
@@ -203,12 +221,12 @@ class Rollout:
 
 
 async def settle(
-    host: str, wanted: Sequence[WantedInstance], work: Callable[[WantedInstance, Outcome], Awaitable[None]]
+    host: str, wanted: Sequence[_Item], work: Callable[[_Item, Outcome], Awaitable[None]]
 ) -> list[Outcome]:
-    """`work` on each instance in parallel, each on a new Outcome, timed: done when it returns, its error kept
-    when it raises one of ours."""
+    """`work` on each instance in parallel (a `WantedInstance` for `up`, an `InstanceCommand` for `down`),
+    each on a new Outcome, timed: done when it returns, its error kept when it raises one of ours."""
 
-    async def one(w: WantedInstance) -> Outcome:
+    async def one(w: _Item) -> Outcome:
         out = Outcome(instance=w.inst.name, host=host)
         started = time.monotonic()
         try:
@@ -371,15 +389,15 @@ async def prove_listener(hs: HostSession, wanted: WantedInstance, pid: int) -> N
 
 
 async def stop_instance(
-    hs: HostSession, records: Mapping[str, InstanceRecord], wanted: WantedInstance, out: Outcome
+    hs: HostSession, records: Mapping[str, InstanceRecord], target: InstanceCommand, out: Outcome
 ) -> None:
     """Stop one instance (TERM → wait → KILL of its process group) and wait until its port is free (through
     `settle`)."""
-    await remove_secret_files(hs.host, wanted.command)
-    running = await find_running(hs, wanted, records.get(wanted.inst.name))
+    await remove_secret_files(hs.host, target.command)
+    running = await running_process(hs, target.command, records.get(target.inst.name))
     if running is None:
         out.action = Action.ABSENT
         return
     await hs.host.stop(running.pid, start_time=running.start_time)
-    await wait_port_free(hs.host, wanted.inst.port)
+    await wait_port_free(hs.host, target.inst.port)
     out.action, out.pid = Action.STOPPED, running.pid

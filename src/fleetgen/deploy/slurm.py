@@ -38,6 +38,7 @@ from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.instance import (
     Action,
     HostSession,
+    InstanceCommand,
     Narrate,
     Outcome,
     Rollout,
@@ -311,21 +312,21 @@ async def cancel_jobs(login: HostSession, names: Sequence[str], timeout_s: float
 
 
 async def down_jobs(
-    fleet: Fleet, login: HostSession, all_wanted: Sequence[WantedInstance], records: dict[str, InstanceRecord]
+    fleet: Fleet, login: HostSession, targets: Sequence[InstanceCommand], records: dict[str, InstanceRecord]
 ) -> list[Outcome]:
     """`down`: scancel every job of ours (by name, whatever the state file says), wait until Slurm lists
     none, then sweep on the node what the job left there (`_sweep`)."""
-    names = [job_name(fleet.path, t.inst.name) for t in all_wanted]
+    names = [job_name(fleet.path, t.inst.name) for t in targets]
     before = set((await queued(login.host, names)).values())
     await cancel_jobs(login, names)
 
-    async def sweep(wanted: WantedInstance, out: Outcome) -> None:
-        await remove_secret_files(login.host, wanted.command)
-        out.swept = await _sweep(fleet, login, records.get(wanted.inst.name))
-        was_queued = job_name(fleet.path, wanted.inst.name) in before
+    async def sweep(target: InstanceCommand, out: Outcome) -> None:
+        await remove_secret_files(login.host, target.command)
+        out.swept = await _sweep(fleet, login, records.get(target.inst.name))
+        was_queued = job_name(fleet.path, target.inst.name) in before
         out.action = Action.STOPPED if was_queued or out.swept else Action.ABSENT
 
-    return await settle(login.entry.name, all_wanted, sweep)
+    return await settle(login.entry.name, targets, sweep)
 
 
 async def _sweep(fleet: Fleet, login: HostSession, rec: InstanceRecord | None) -> list[int]:

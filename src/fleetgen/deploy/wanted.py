@@ -123,8 +123,9 @@ def _secret(cfg: EngineConfig, engine: Engine) -> SecretEnv | None:
 
 
 def wanted_command(fleet: FleetFile, engine: Engine, inst: Instance, measured: HostSurvey) -> Command:
-    """What `build_wanted` would run, without rendering its script: what `status` compares with /proc."""
-    launch = decide_launch(fleet.engine, inst, measured_facts(fleet.host(inst.host), measured))
+    """What `build_wanted` would run, without rendering its script: what `status` compares with /proc and
+    what `down` finds and stops."""
+    launch = decide_launch(fleet.engine_for(inst.host), inst, measured_facts(fleet.host(inst.host), measured))
     return build_command(fleet, engine, inst, measured.workdir, launch)
 
 
