@@ -459,6 +459,16 @@ def test_the_candidates_are_the_plans_the_files_own_first_numerics_only_when_all
     assert strict[0].name == BASELINE and not any(s.numerics for s in strict)
     assert any(s.numerics for s in loose) and [s for s in loose if not s.numerics] == strict
     assert max(s.running for s in strict) > strict[0].running  # the plan offers more than the defaults
+    # the same settings as the plan's, but the best of each kind (speculative or not) straight after the
+    # user's own: a budget that ends early has measured speculation both ways
+    offered = [s for s in plan.job.settings if not s.numerics] if plan.job else []
+    assert sorted(s.name for s in strict) == sorted(s.name for s in offered)
+    kinds = {s.is_spec for s in offered[1:]}
+    assert len(kinds) == 2 and {s.is_spec for s in strict[1:3]} == kinds
+    for kind in kinds:
+        assert next(s for s in strict[1:] if s.is_spec == kind) == next(
+            s for s in offered[1:] if s.is_spec == kind
+        )
 
 
 def test_a_forced_accept_length_goes_on_tunes_own_server_only_which_up_refuses_unless_told(

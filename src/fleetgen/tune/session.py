@@ -76,7 +76,13 @@ def candidates_for(plan: InstancePlan, *, allow_numerics: bool) -> list[Setting]
     what the plan offers and what tune measures."""
     if plan.job is None:
         return []
-    return [s for s in plan.job.settings if allow_numerics or not s.numerics]
+    offered = [s for s in plan.job.settings if allow_numerics or not s.numerics]
+    # after the user's own, the plan's best with speculative decoding each way before the rest: a budget
+    # that ends early has still measured what speculation costs or buys at its best batch
+    head, rest = offered[:1], offered[1:]
+    best = {s.is_spec: i for i, s in reversed(list(enumerate(rest)))}
+    firsts = sorted(best.values())
+    return head + [rest[i] for i in firsts] + [s for i, s in enumerate(rest) if i not in firsts]
 
 
 def refuse(fleet: Fleet, opts: TuneOptions) -> None:
