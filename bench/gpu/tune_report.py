@@ -25,18 +25,20 @@ def days(completions: int, tokens: float, tok_s: float | None) -> str:
 
 def table(result: dict[str, Any], completions: int, tokens: float) -> list[str]:
     md = [
-        "| candidate | planned running | engine running | decode tok/s | completions/s | × as-written "
-        "| flags |",
-        "|---" * 7 + "|",
+        "| candidate | planned running | engine admitted | mean running | decode tok/s | completions/s "
+        "| × as-written | flags |",
+        "|---" * 8 + "|",
     ]
     for c in result["candidates"]:
         mark = " **(chosen)**" if c["chosen"] else ""
         ratio = f"{c['ratio_to_as_written']:.2f}" if c.get("ratio_to_as_written") else "—"
         tok = f"{c['decode_tps']:,.0f}" if c.get("decode_tps") else "—"
         done = f"{c['completions_per_s']:.2f}" if c.get("completions_per_s") else "—"
+        mean = f"{c['mean_running']:.1f}" if c.get("mean_running") is not None else "—"
+        said = "; ".join([*c.get("notes", []), *([c["error"]] if c.get("error") else [])])
         md.append(
-            f"| {c['candidate']}{mark} | {c['planned_running']} | {c['engine_running']} | {tok} | {done} | "
-            f"{ratio} | {c['change'] or '(the fleet file)'} {c.get('error') or ''} |"
+            f"| {c['candidate']}{mark} | {c['planned_running']} | {c['engine_running']} | {mean} | {tok} | "
+            f"{done} | {ratio} | {c['change'] or '(the fleet file)'}{' — ' + said if said else ''} |"
         )
     chosen = next((c for c in result["candidates"] if c["chosen"]), None)
     mine = next((c for c in result["candidates"] if c["candidate"] == "as-written"), None)
