@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import random
 import socket
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -116,6 +117,17 @@ def test_tune_finds_radix_off_with_a_large_batch_writes_a_fleet_plan_reads_and_s
         argv = inst["argv"]
         assert "--disable-radix-cache" in argv
         assert argv[argv.index("--max-running-requests") + 1] == str(chosen["args"]["max-running-requests"])
+    # the steady start: a batch's worth of each candidate's first requests carried what they had written
+    # (filler after the prompt: the sim counts it in prompt_tokens), the rest the prompt alone (~80 tokens)
+    tune_dir = tmp_path / ".fleetgen" / "tune"
+    for row in result["candidates"]:
+        if row["error"]:
+            continue  # a candidate that did not start has no store (the sim on a busy machine, rarely)
+        [store] = tune_dir.glob(f"*/round*/*-{row['candidate']}/store/results.sqlite")
+        with sqlite3.connect(store) as db:
+            long = db.execute("SELECT count(*) FROM results WHERE prompt_tokens > 200").fetchone()[0]
+            short = db.execute("SELECT count(*) FROM results WHERE prompt_tokens <= 200").fetchone()[0]
+        assert long >= 5 and short >= 1, store
     # nothing left running: every tune server on its own port, stopped
     assert not any(is_listening(p) for p in (port + 100, port + 101))
     states = list((tmp_path / ".fleetgen" / "tune").glob("*/round*/*/.fleetgen/state.json"))

@@ -5,7 +5,6 @@ engine_args (plan and up decide the same argv), the engines' decode rate and for
 from __future__ import annotations
 
 import math
-import random
 import tomllib
 from dataclasses import replace
 from pathlib import Path
@@ -22,10 +21,9 @@ from fleetgen.deploy.state import InstanceRecord, update_state
 from fleetgen.deploy.wanted import build_command, build_wanted, refuse_simulated_acceptance
 from fleetgen.engines import format_args, get_engine
 from fleetgen.errors import ConfigError
-from fleetgen.generate.rows import forced_length
 from fleetgen.modelcard import load_model_shape
 from fleetgen.plan import GpuFacts, HostFacts, facts_from_file, plan_fleet
-from fleetgen.plan.job import JobShape, LengthStats, LogNormalLengths
+from fleetgen.plan.job import JobShape, LengthStats
 from fleetgen.plan.types import Setting
 from fleetgen.tune.classes import GpuClass, group_by_class
 from fleetgen.tune.fleetfile import candidate_data, file_data, split_args, tuned_text
@@ -389,15 +387,6 @@ def test_forcing_an_accept_length_is_what_up_refuses(kind: str, args: dict[str, 
     assert engine.simulated_acceptance(format_args(args), {"A": "b"}) == ()
     assert engine.simulated_acceptance(format_args(new_args), env) != ()
     assert env["A"] == "b"
-
-
-def test_forced_lengths_are_the_distributions_and_the_same_for_a_request_everywhere() -> None:
-    spec = LogNormalLengths.parse("mean=300,min=50,max=1000")
-    keys = [random.Random(i).getrandbits(63) for i in range(2000)]
-    bodies = [forced_length(spec, k) for k in keys]
-    assert all(b["ignore_eos"] is True and 50 <= b["max_tokens"] <= 1000 for b in bodies)
-    assert [forced_length(spec, k) for k in keys] == bodies
-    assert abs(sum(b["max_tokens"] for b in bodies) / len(bodies) - 300) < 30
 
 
 # --- refusals, before anything starts ----------------------------------------------------------------------

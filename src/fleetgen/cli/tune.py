@@ -175,6 +175,14 @@ def tune_command(
     warmup: Annotated[
         float, Opt("--warmup", min=0.0, help="At most this long (s) for a candidate's batch to fill.")
     ] = 300.0,
+    steady_start: Annotated[
+        bool,
+        Opt(
+            "--steady-start/--empty-start",
+            help="With --output-lengths: the first batch starts as requests already under way (the job's "
+            "steady mix of contexts), or empty (every request at its start: a rate above the steady one).",
+        ),
+    ] = True,
     out: Annotated[
         Path | None, Opt("--out", help="The tuned fleet file (default: <fleet>.tuned.toml beside it).")
     ] = None,
@@ -197,6 +205,7 @@ def tune_command(
             window,
             warmup,
             simulate_accept_length,
+            steady_start,
         )
         target = out or loaded.path.with_name(loaded.path.stem + ".tuned.toml")
         opts = TuneOptions(

@@ -1,13 +1,10 @@
 """Rows for the store and the final summary, built from finished work.
 
 The records themselves (`ResultRow`, …) and their columns are defined once, in `store`.
-
-`forced_length`: a request's drawn output length (`max_tokens` + `ignore_eos`), for `tune` on dummy weights.
 """
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -21,16 +18,8 @@ from fleetgen.generate.quality import flags_of_all
 from fleetgen.generate.store import BadRow, ErrorRow, ResultRow, SeriesRow, Store
 from fleetgen.generate.work import BadInput, Work
 from fleetgen.http.client import RequestFailed
-from fleetgen.plan.job import OutputLengths
 
 NUM_BAD_SAMPLES = 20
-
-
-def forced_length(lengths: OutputLengths, key: int) -> dict[str, Any]:
-    """The fields that make one request write exactly a length drawn from `lengths` (seeded by its work
-    key: the same request writes the same length on every server tune measures): `max_tokens` and
-    `ignore_eos`, a sampling field SGLang and vLLM both read from the chat request's body."""
-    return {"max_tokens": lengths.sample(random.Random(key)), "ignore_eos": True}
 
 
 @dataclass(frozen=True)

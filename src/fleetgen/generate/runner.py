@@ -33,6 +33,7 @@ from fleetgen.fleet.pool import Link
 from fleetgen.fleet.status import Readiness
 from fleetgen.generate import jobmeta, rows
 from fleetgen.generate.dispatch import Dispatcher
+from fleetgen.generate.forced import ForcedLengths
 from fleetgen.generate.health import Endpoint, OnDead, Watch, served_models
 from fleetgen.generate.intake import Intake
 from fleetgen.generate.jobmeta import JobMeta
@@ -166,11 +167,11 @@ class Job:
             api_key=self.fleet.api_key,
         )
         requests = ChatRequests(model, opts.params.max_tokens, opts.params.sampling)
-        lengths = opts.forced_lengths
+        forced = None if opts.forced_lengths is None else ForcedLengths(opts.forced_lengths, opts.under_way)
 
         def body(work: Work) -> dict[str, Any]:
             out = requests.body(work.messages_for_next_turn(), work.sample)
-            return out if lengths is None else out | rows.forced_length(lengths, work.key)
+            return out if forced is None else forced.apply(out, work.key)
 
         dispatcher = Dispatcher(
             watch,

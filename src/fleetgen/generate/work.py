@@ -202,6 +202,7 @@ class JobOptions:
     # `tune` on dummy weights (or given lengths): each request writes a length drawn from these (max_tokens
     # with ignore_eos), so the batch holds the job's mix of lengths; never for a run that keeps its text
     forced_lengths: OutputLengths | None = None
+    under_way: int = 0  # with forced lengths: the first this many start as if under way (`generate.forced`)
     progress_interval_s: float = 0.5
     series_interval_s: float = 5.0
     metrics_interval_s: float = 3.0

@@ -1,8 +1,10 @@
 """One candidate measured on one instance: launched through `up` as a fleet of its own (tune's folder, its
 own port), loaded with the job's own requests through `run`'s dispatcher, read at steady state, stopped.
 
-Steady state: the batch is filled first (the engine's running requests reach `FILLED` of what it admits,
-or the warm-up's cap passes), then a fixed window is read. The requests in flight are what `run` keeps on a
+Steady state: with forced lengths the first batch starts as requests already under way (`generate.forced`:
+the job's steady mix of contexts, not an empty batch); the batch is ready when `tune.steady` says so (full,
+or held by the engine at a bound of its own; one that never settles within the warm-up is an error, not
+ranked), then a fixed window is read. The requests in flight are what `run` keeps on a
 server by default (`generate.dispatch.in_flight_for` its admitted running requests): enough queued that a
 finished request is replaced at once, few enough that the queue is not the measurement.
 """
@@ -37,9 +39,9 @@ from fleetgen.plan.job import OutputLengths
 from fleetgen.plan.types import Setting
 from fleetgen.tune.classes import GpuClass
 from fleetgen.tune.fleetfile import candidate_data
+from fleetgen.tune.steady import Fill, Sample, fill_verdict
 from fleetgen.tune.verdict import Measured
 
-FILLED = 0.95
 SCRAPE_INTERVAL_S = 1.0
 Say = Callable[[str], None]
 
@@ -55,6 +57,7 @@ class Load:
     window_s: float
     warmup_max_s: float
     simulate_accept_length: float | None = None
+    steady_start: bool = True  # with lengths: the first batch starts under way (`generate.forced`)
 
 
 @dataclass(frozen=True)
@@ -100,7 +103,8 @@ async def measure(base: dict[str, Any], engine: Engine, trial: Trial, load: Load
             return _failed(failed, why)
         measured = await _load_and_read(fleet, engine, trial, load, say)
         tps, running = measured.decode_tps_per_gpu, measured.running or 0
-        say(f"{name}: {tps:,.0f} decode tok/s per GPU at {running:.0f} running")
+        said = f"{name}: {tps:,.0f} decode tok/s per GPU at {running:.0f} running"
+        say(said if not measured.error else f"{said}, not ranked: {measured.error}")
         return measured
     except FleetgenError as exc:
         say(f"{name}: failed: {exc.message}")
@@ -122,11 +126,13 @@ async def _load_and_read(fleet: Fleet, engine: Engine, trial: Trial, load: Load,
         [link] = at_start
         admitted = link.max_running_requests or trial.setting.running
         clients = in_flight_for(admitted)
-        job = Job(_options(trial, load, clients), fleet_hooks(fleet, links, at_start, restart_dead=False))
+        job = Job(
+            _options(trial, load, clients, admitted), fleet_hooks(fleet, links, at_start, restart_dead=False)
+        )
         running = asyncio.create_task(job.run())
         try:
             async with EngineClient(link.url, api_key=links.secret) as client:
-                window, rate, notes = await _steady_window(
+                window, rate, notes, error = await _steady_window(
                     engine, client, admitted, load, running, job.counters
                 )
         finally:
@@ -147,11 +153,13 @@ async def _load_and_read(fleet: Fleet, engine: Engine, trial: Trial, load: Load,
         window_s=window.seconds,
         clients=clients,
         notes=notes,
+        error=error,
     )
 
 
-def _options(trial: Trial, load: Load, clients: int) -> JobOptions:
-    """`run`'s options for the job's input and sampling, into the trial's own scratch store."""
+def _options(trial: Trial, load: Load, clients: int, admitted: int) -> JobOptions:
+    """`run`'s options for the job's input and sampling, into the trial's own scratch store; with forced
+    lengths, a batch's worth of requests start under way (`generate.forced`)."""
     return JobOptions(
         input_path=load.input_path,
         out_dir=trial.folder / "store",
@@ -162,6 +170,7 @@ def _options(trial: Trial, load: Load, clients: int) -> JobOptions:
         request_timeout_s=load.job.request_timeout_s,
         wait_ready_s=30.0,
         forced_lengths=load.lengths,
+        under_way=admitted if load.steady_start else 0,
     )
 
 
@@ -172,22 +181,12 @@ async def _steady_window(
     load: Load,
     job: asyncio.Task[Any],
     counters: Counters,
-) -> tuple[Window, float, tuple[str, ...]]:
-    """Wait for the batch to fill (or the cap), then read `load.window_s`: the engine's window, the
-    dispatcher's completions/s over it, and notes on what was not as it should be."""
-    notes: list[str] = []
-    started = time.monotonic()
-    running = 0.0
-    while time.monotonic() - started < load.warmup_max_s and not job.done():
-        running = (await client.metrics()).samples.get(engine.metrics.running, 0.0)
-        if running >= FILLED * admitted:
-            break
-        await asyncio.sleep(SCRAPE_INTERVAL_S)
-    else:
-        if not job.done():
-            notes.append(
-                f"the batch did not fill in {load.warmup_max_s:.0f} s: {running:.0f} of {admitted} running"
-            )
+) -> tuple[Window, float, tuple[str, ...], str]:
+    """Wait until the batch is ready (`tune.steady`), then read `load.window_s`: the engine's window, the
+    dispatcher's completions/s over it, notes on what was not as it should be, and an error where the
+    batch never settled (the window is read all the same, for the record)."""
+    fill = await _warm_up(engine, client, admitted, load, job)
+    notes = [fill.note] if fill.note else []
     done_before = counters.results
     scrapes: list[Scrape] = [await client.metrics()]
     while scrapes[-1].at - scrapes[0].at < load.window_s and not job.done():
@@ -197,7 +196,23 @@ async def _steady_window(
         notes.append("the input ran out before the window ended: give a larger input (or --window)")
     window = window_of(engine, scrapes)
     rate = (counters.results - done_before) / window.seconds if window.seconds > 0 else 0.0
-    return window, rate, tuple(notes)
+    return window, rate, tuple(notes), fill.error
+
+
+async def _warm_up(
+    engine: Engine, client: EngineClient, admitted: int, load: Load, job: asyncio.Task[Any]
+) -> Fill:
+    """Sample the engine's running and queued requests until `fill_verdict` decides (or the job ends)."""
+    samples: list[Sample] = []
+    while not job.done():
+        got = (await client.metrics()).samples
+        running, queued = got.get(engine.metrics.running, 0.0), got.get(engine.metrics.queued, 0.0)
+        samples.append(Sample(time.monotonic(), running, queued))
+        fill = fill_verdict(samples, admitted, load.warmup_max_s)
+        if not fill.waiting:
+            return fill
+        await asyncio.sleep(SCRAPE_INTERVAL_S)
+    return Fill(ready=True)
 
 
 def _now() -> str:

@@ -1,0 +1,78 @@
+"""When a candidate's batch is ready to be measured (pure): the warm-up's verdict from the engine's own
+running and queued requests, sampled over time.
+
+Full: the running requests reach `FILLED` of what the engine admits. Held: fewer run, requests wait in the
+engine's queue, and the running count has not risen for `HELD_S`: the engine holds the batch at a bound of
+its own (its KV admission, say) and a window now measures what it really does, with a note. Anything else
+at the warm-up's cap is no steady rate: nothing running yet (a first-use compile can stall a scheduler for
+a minute and more), or a batch still filling. Those are errors, never ranked: a window over a batch that
+is filling reads a fraction of the engine's rate (seen on the H200: 682 tok/s where the filled batch ran
+3,390, `bench/results/raw/tune-sglang-0.5.15-h200/README.md`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+FILLED = 0.95  # of the admitted running requests
+HELD_S = 10.0  # running requests that have not risen for this long, with requests queued: the engine's bound
+HELD_JITTER = 0.02  # a rise this small (at least one request) is a finished request replaced, not filling
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The engine's running and queued requests at `at` (monotonic seconds)."""
+
+    at: float
+    running: float
+    queued: float
+
+
+@dataclass(frozen=True)
+class Fill:
+    """The warm-up's verdict: `ready` to measure (with a `note` where the engine held the batch below what it
+    admits), or `error` (no steady rate: the candidate is not ranked); neither: keep waiting."""
+
+    ready: bool = False
+    note: str = ""
+    error: str = ""
+
+    @property
+    def waiting(self) -> bool:
+        return not self.ready and not self.error
+
+
+def fill_verdict(samples: Sequence[Sample], admitted: int, cap_s: float) -> Fill:
+    """What the samples so far (oldest first, the first at the warm-up's start) say."""
+    if not samples:
+        return Fill()
+    now = samples[-1]
+    if now.running >= FILLED * admitted:
+        return Fill(ready=True)
+    if now.running > 0 and now.queued > 0 and _held(samples, now.at - HELD_S):
+        return Fill(
+            ready=True,
+            note=f"the engine held {now.running:.0f} running of the {admitted} it admits with "
+            f"{now.queued:.0f} queued: a bound of its own (KV admission)",
+        )
+    if now.at - samples[0].at < cap_s:
+        return Fill()
+    if now.running <= 0:
+        return Fill(
+            error=f"no request was running after the {cap_s:.0f} s warm-up (a first-use compile or a "
+            "stalled scheduler; the engine's log says which): no steady rate; give --warmup more"
+        )
+    return Fill(
+        error=f"the batch was still filling after the {cap_s:.0f} s warm-up ({now.running:.0f} of "
+        f"{admitted} running): no steady rate; give --warmup more"
+    )
+
+
+def _held(samples: Sequence[Sample], since: float) -> bool:
+    """The samples reach back to `since` and the running requests have not risen after it (but by a
+    finished request replaced)."""
+    if samples[0].at > since:
+        return False
+    recent = [s.running for s in samples if s.at >= since]
+    return bool(recent) and max(recent) <= recent[0] + max(1.0, HELD_JITTER * recent[0])

@@ -1,0 +1,86 @@
+"""When a candidate's batch is ready to measure (`tune.steady.fill_verdict`): invariants over traces of the
+engine's running and queued requests, and the H200 trace that measured a batch mid-fill."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fleetgen.tune.steady import FILLED, HELD_JITTER, HELD_S, Fill, Sample, fill_verdict
+
+
+def trace(points: list[tuple[float, float, float]]) -> list[Sample]:
+    return [Sample(t, r, q) for t, r, q in points]
+
+
+def first_verdict(samples: list[Sample], admitted: int, cap_s: float) -> tuple[int, Fill]:
+    """The verdict the warm-up loop acts on: the first that is not `waiting`, fed sample by sample."""
+    for i in range(1, len(samples) + 1):
+        fill = fill_verdict(samples[:i], admitted, cap_s)
+        if not fill.waiting:
+            return i - 1, fill
+    return len(samples) - 1, Fill()
+
+
+samples_st = st.lists(
+    st.tuples(st.floats(0.2, 3.0), st.integers(0, 300), st.integers(0, 100)), min_size=1, max_size=120
+).map(lambda steps: trace([(sum(s[0] for s in steps[: i + 1]), r, q) for i, (_, r, q) in enumerate(steps)]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(samples_st, st.integers(1, 300), st.floats(5.0, 120.0))
+def test_the_verdict_follows_the_engines_own_counts(samples: list[Sample], admitted: int, cap: float) -> None:
+    fill = fill_verdict(samples, admitted, cap)
+    now, start = samples[-1], samples[0]
+    assert not (fill.ready and fill.error)
+    if now.running >= FILLED * admitted:
+        assert fill == Fill(ready=True)  # full: measured, nothing to say
+    if fill.error:  # only once the cap has passed, and never over a full batch
+        assert now.at - start.at >= cap and now.running < FILLED * admitted
+        assert ("no request was running" in fill.error) == (now.running == 0)
+        assert "--warmup" in fill.error
+    if fill.note:  # held: requests wait, the count has not risen over the last HELD_S
+        assert fill.ready and now.queued > 0 and now.running > 0
+        assert start.at <= now.at - HELD_S
+        recent = [s.running for s in samples if s.at >= now.at - HELD_S]
+        assert max(recent) <= recent[0] + max(1.0, HELD_JITTER * recent[0])
+    if now.at - start.at < cap and not fill.ready:
+        assert fill.waiting
+    if now.at - start.at >= cap:
+        assert not fill.waiting  # the cap always decides
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(20, 300), st.floats(0.05, 0.9), st.floats(1.0, 20.0))
+def test_a_batch_filling_is_measured_only_once_it_holds(admitted: int, share: float, rate: float) -> None:
+    """Running rises by `rate` a second (more than a replaced request) to a top below FILLED, with requests
+    queued: ready (held, with a note) HELD_S after it stops rising (less a last step within the jitter);
+    past the cap, an error."""
+    top = max(1, int(share * FILLED * admitted))
+    samples = trace([(float(t), float(min(top, int(rate * t))), 50.0) for t in range(0, 61)])
+    at, fill = first_verdict(samples, admitted, 60.0)
+    topped = next(t for t in range(0, 61) if min(top, int(rate * t)) == top) if rate * 60 >= top else None
+    slack = 1 + max(1.0, HELD_JITTER * top) / rate  # a last rise within a replaced request's jitter
+    if topped is None or topped + HELD_S - slack > 60:
+        assert fill.error and "still filling" in fill.error and at == 60
+    elif topped + HELD_S <= 60:
+        assert fill.ready and fill.note and topped + HELD_S - slack <= at <= topped + HELD_S
+    else:  # held within the jitter just before the cap, or not
+        assert (fill.ready and fill.note) or (fill.error and at == 60)
+
+
+def test_the_h200_trace_is_held_not_measured_mid_fill() -> None:
+    """MTP at 75 admitted, SGLang 0.5.15 on the H200 (bench/results/raw/tune-sglang-0.5.15-h200): the
+    scheduler stalled 94 s on its first full prefill (0 running, 36 queued), then held 66 (its KV)."""
+    samples = trace([(float(t), 0.0 if t < 94 else 66.0, 36.0) for t in range(0, 200)])
+    at, fill = first_verdict(samples, 75, 300.0)
+    assert fill.ready and "66 running of the 75" in fill.note and at == 104  # 10 s held
+    at, fill = first_verdict(samples, 75, 60.0)  # the cap tune ran with that day
+    assert at == 60 and "no request was running" in fill.error
+
+
+def test_the_edges_full_at_the_share_and_one_running_is_still_filling() -> None:
+    full = trace([(0.0, 0.0, 9.0), (1.0, FILLED * 20, 1.0)])
+    assert fill_verdict(full, 20, 60.0) == Fill(ready=True)
+    one = trace([(0.0, 0.0, 0.0), (61.0, 1.0, 0.0)])  # one running at the cap, nothing queued: not held
+    assert "still filling" in fill_verdict(one, 20, 60.0).error
