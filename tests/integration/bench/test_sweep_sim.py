@@ -31,7 +31,7 @@ from tests.fixtures.chromium import need_chromium, png_pixels
 from tests.fixtures.sim import SimFactory
 
 FLEETGEN = Path(sys.executable).parent / "fleetgen"
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 async def test_sweep_counts_every_request_and_token(sim_server: SimFactory) -> None:
@@ -141,7 +141,9 @@ async def test_cli_json_and_png(sim_server: SimFactory, tmp_path: Path) -> None:
     address = url.split("://", 1)[1]  # bare URLs are named by their address; the same one again by its place
     assert got == [(t, c, 0) for t in (address, f"{address}#2", "fleet") for c in (1, 2)]
     assert all(r["output_tokens"] == r["num_requests"] * 8 for r in doc["levels"])
-    width, _, colors = png_pixels(png)  # the chart's data: tests/unit/test_charts.py; here: it is drawn
+    width, _, colors = png_pixels(
+        png
+    )  # the chart's data: tests/unit/dashboard/test_svg.py; here: it is drawn
     assert width == svg.WIDTH * chromium.SCALE and {svg.color_for(k) for k in range(3)} <= colors
 
 

@@ -22,7 +22,7 @@ from fleetgen.config import load_fleet
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import down
 from tests.fixtures.sshd import SshdHost
-from tests.integration.test_deploy_support import ArgValue, log_files, write_fleet
+from tests.integration.deploy.support import ArgValue, log_files, write_fleet
 
 FLEETGEN = str(Path(sys.executable).with_name("fleetgen"))
 ACCEPT_LENGTH = 2.5
