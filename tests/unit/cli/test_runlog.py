@@ -1,8 +1,8 @@
 """`run`'s plain log off a terminal (issue 10 items 10 and 12) and the job's last snapshot: its averages.
 
 The end-to-end case (a real subprocess logging to a file while `fleetgen down` stops the fleet) is
-tests/integration/test_run_fleet_down.py; here the log's rules over snapshot sequences, and the runner's last
-snapshot against the stand-in servers of test_generate_job.py."""
+tests/integration/generate/test_run_fleet_down.py; here the log's rules over snapshot sequences, and the
+runner's last snapshot against the stand-in servers of generate/test_runner.py."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 from fleetgen.cli.runlog import PlainLog
 from fleetgen.fleet.status import Readiness
 from fleetgen.generate.progress import EndpointProgress, Progress
-from tests.unit.test_generate_job import new_job, write_jsonl
-from tests.unit.test_generate_standin import StandIn, serve
+from tests.unit.generate.test_runner import new_job, write_jsonl
+from tests.unit.generate.test_standin import StandIn, serve
 
 
 def snap(

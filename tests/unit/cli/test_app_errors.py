@@ -48,7 +48,7 @@ def test_init_names_the_tables_to_edit(tmp_path: Path) -> None:
 
 
 def test_plan_shows_one_table_per_group_of_identical_instances() -> None:
-    example = Path(__file__).parents[2] / "examples" / "qwen36-27b-mtp.toml"
+    example = Path(__file__).parents[3] / "examples" / "qwen36-27b-mtp.toml"
     result = _cli().invoke(app, ["plan", "--offline", "-f", str(example)])
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
