@@ -14,7 +14,7 @@ import fleetgen.cli.init  # noqa: F401  (registers `init` on the app)
 from fleetgen.cli.app import app
 from fleetgen.config import ClusterConfig, load_fleet
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[3] / "README.md"
 ROW = re.compile(r"^\| `(\w+)` \| ([^|]+) \|")
 
 
