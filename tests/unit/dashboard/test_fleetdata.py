@@ -11,7 +11,7 @@ from fleetgen.dashboard.fleetdata import planned_capacity
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.remote.local import LocalHost
 
-QWEN = Path(__file__).parents[1] / "data" / "models" / "qwen3.6-27b"
+QWEN = Path(__file__).parents[2] / "data" / "models" / "qwen3.6-27b"
 
 
 def _fleet(tmp_path: Path, model: str, model_config: Path | None = None) -> Fleet:
