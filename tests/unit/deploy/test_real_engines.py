@@ -28,10 +28,10 @@ from fleetgen.modelcard import load_model_shape
 from fleetgen.plan import facts_from_file, plan_fleet
 from fleetgen.plan.types import MIB, GpuFacts
 
-REAL = Path(__file__).parents[1] / "data" / "real-engines"
+REAL = Path(__file__).parents[2] / "data" / "real-engines"
 VLLM = REAL / "vllm-0.24.0-h200"
 SGL_MTP = REAL / "sglang-0.5.15-h200" / "mtp"
-QWEN = load_model_shape(Path(__file__).parents[1] / "data" / "models" / "qwen3.6-27b")
+QWEN = load_model_shape(Path(__file__).parents[2] / "data" / "models" / "qwen3.6-27b")
 SGLANG, VLLM_ENGINE = get_engine("sglang"), get_engine("vllm")
 
 

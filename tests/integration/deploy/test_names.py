@@ -18,7 +18,7 @@ from fleetgen.config import load_fleet
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import down, up
 from tests.fixtures.sshd import SshdHost
-from tests.integration.test_deploy_sglang import FLEETGEN, sim_fleet
+from tests.integration.deploy.test_sglang import FLEETGEN, sim_fleet
 
 
 async def _fleetgen(*argv: str) -> subprocess.CompletedProcess[str]:

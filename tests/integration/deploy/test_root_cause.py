@@ -20,8 +20,8 @@ from fleetgen.http.client import EngineClient
 from fleetgen.remote.local import LocalHost
 from tests.fixtures.sim import free_port
 
-REAL = Path(__file__).parents[1] / "data" / "real-engines"
-REFUSAL = Path(__file__).parents[2] / "bench" / "results" / "raw" / "gpu-sglang-0.5.13-h200"
+REAL = Path(__file__).parents[2] / "data" / "real-engines"
+REFUSAL = Path(__file__).parents[3] / "bench" / "results" / "raw" / "gpu-sglang-0.5.13-h200"
 HANG_GUARD_S = 120.0  # only so a broken watcher fails the test instead of hanging it
 
 

@@ -29,7 +29,7 @@ import pytest
 from fleetgen.config import load_fleet
 from fleetgen.remote import open_host
 from tests.fixtures.netns import NetnsHost
-from tests.integration.test_deploy_support import ArgValue, write_fleet
+from tests.integration.deploy.support import ArgValue, write_fleet
 
 FLEETGEN = str(Path(sys.executable).with_name("fleetgen"))
 INSTANCES = {"ns0-0", "ns1-0"}

@@ -33,7 +33,7 @@ from tests.fixtures.fleetcli import (
 )
 from tests.fixtures.slurm import SlurmCluster
 from tests.fixtures.sshd import SshdHost
-from tests.integration.test_deploy_support import free_ports, toml_value
+from tests.integration.deploy.support import free_ports, toml_value
 
 NUM_SERVERS = 4
 SIM_ARGS = {

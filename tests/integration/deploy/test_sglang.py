@@ -33,7 +33,7 @@ from fleetgen.plan import facts_from_file, plan_fleet
 from fleetgen.remote import open_host
 from tests.fixtures import until
 from tests.fixtures.sshd import SshdHost
-from tests.integration.test_deploy_support import ArgValue, log_files, write_fleet
+from tests.integration.deploy.support import ArgValue, log_files, write_fleet
 
 SPEC: dict[str, ArgValue] = {
     "speculative-algorithm": "EAGLE",
@@ -47,7 +47,7 @@ SPEC: dict[str, ArgValue] = {
 }
 FLEETGEN = str(Path(sys.executable).with_name("fleetgen"))
 # A real model's config.json (no weights): the sim sizes its pools from it, the plan too.
-QWEN36 = Path(__file__).resolve().parents[1] / "data" / "models" / "qwen3.6-27b"
+QWEN36 = Path(__file__).resolve().parents[2] / "data" / "models" / "qwen3.6-27b"
 
 
 def sim_fleet(

@@ -32,8 +32,8 @@ from fleetgen.errors import LaunchFailed, PlanError, VerifyError
 from fleetgen.fleet.status import Readiness, fleet_status
 from fleetgen.remote import open_host
 from tests.fixtures.sshd import SshdHost
-from tests.integration.test_deploy_sglang import QWEN36, sim_fleet
-from tests.integration.test_deploy_support import free_ports, write_fleet
+from tests.integration.deploy.support import free_ports, write_fleet
+from tests.integration.deploy.test_sglang import QWEN36, sim_fleet
 
 
 def _is_running(pid: int) -> bool:

@@ -24,7 +24,7 @@ from fleetgen.deploy.fleetops import down, up
 from fleetgen.deploy.state import load_state
 from tests.fixtures import skip_or_fail
 from tests.fixtures.sshd import SshdHost
-from tests.integration.test_deploy_sglang import FLEETGEN, QWEN36, sim_fleet
+from tests.integration.deploy.test_sglang import FLEETGEN, QWEN36, sim_fleet
 
 SGLANG_PYTHON = os.environ.get("FLEETGEN_SGLANG_PYTHON", "~/.cache/fleetgen/sglang-venv/bin/python")
 

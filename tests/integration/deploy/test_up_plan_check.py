@@ -24,8 +24,8 @@ from fleetgen.deploy.fleetops import down, up
 from fleetgen.errors import PlanError
 from tests.fixtures.fleetcli import cli
 from tests.fixtures.sshd import SshdHost
-from tests.integration.test_deploy_sglang import QWEN36, sim_fleet
-from tests.integration.test_deploy_support import log_files
+from tests.integration.deploy.support import log_files
+from tests.integration.deploy.test_sglang import QWEN36, sim_fleet
 
 # Folder names a user may well have: spaces, quotes, a `$`, non-ASCII; each must reach the host as one path.
 UGLY = ["plain", "with space 'quote' $HOME ü"]

@@ -35,8 +35,8 @@ from fleetgen.plan import API_KEY_CONFIG
 from tests.fixtures import skip_or_fail
 from tests.fixtures.sshd import SshdHost
 from tests.fixtures.vllm import TinyModel
-from tests.integration.test_deploy_sglang import sim_fleet
-from tests.integration.test_deploy_vllm import _fleet as vllm_fleet
+from tests.integration.deploy.test_sglang import sim_fleet
+from tests.integration.deploy.test_vllm import _fleet as vllm_fleet
 
 FLEETGEN = str(Path(sys.executable).with_name("fleetgen"))
 CLI_TIMEOUT_S = 900.0

@@ -12,8 +12,8 @@ import pytest
 from tests.fixtures.fleetcli import cli, query, write_prompts
 from tests.fixtures.slurm import SlurmCluster
 from tests.fixtures.vllm import TinyModel
-from tests.integration.test_deploy_vllm import NGRAM
-from tests.integration.test_slurm_fleet import our_processes, state, statuses, write_cluster_fleet
+from tests.integration.deploy.test_slurm_fleet import our_processes, state, statuses, write_cluster_fleet
+from tests.integration.deploy.test_vllm import NGRAM
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -14,7 +14,7 @@ from fleetgen.errors import DeployError
 from fleetgen.remote.local import LocalHost
 from tests.fixtures.fleetcli import cli
 from tests.fixtures.slurm import SlurmCluster
-from tests.integration.test_slurm_fleet import NUM_SERVERS, our_processes, write_cluster_fleet
+from tests.integration.deploy.test_slurm_fleet import NUM_SERVERS, our_processes, write_cluster_fleet
 
 OVER_MAX_TIME = "02:00:00"  # the test partition's MaxTime is 01:00:00
 

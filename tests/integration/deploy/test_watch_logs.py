@@ -24,7 +24,7 @@ from fleetgen.config import load_fleet
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import down, up
 from tests.fixtures.sshd import SshdHost
-from tests.integration.test_deploy_support import write_fleet
+from tests.integration.deploy.support import write_fleet
 
 FLEETGEN = str(Path(sys.executable).with_name("fleetgen"))
 HANG_GUARD_S = 120.0  # only so a broken command fails the test instead of hanging it
