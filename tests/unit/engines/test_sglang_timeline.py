@@ -28,7 +28,7 @@ from fleetgen.modelcard import load_model_shape
 from fleetgen.plan import facts_from_file, plan_fleet
 from fleetgen.plan.sglang.memory import CUDA_CONTEXT_BYTES, SGLangExtras
 from tests.fixtures import skip_or_fail
-from tests.unit.test_plan import GPU96, GPU183, MODELS, MOTIVATING, QWEN, plan_one
+from tests.unit.plan.sglang.test_memory import GPU96, GPU183, MODELS, MOTIVATING, QWEN, plan_one
 
 GIB = 1 << 30
 P = 153_944_064  # Qwen3.6-27B state bytes per request, TP 1, fp32 SSM
@@ -224,7 +224,7 @@ def test_spec_no_buffer_radix_is_refused_in_sglangs_words_exactly_until_the_chec
         assert not accepted.errors and accepted.fits, accepted.errors
 
 
-H200_REFUSAL = Path(__file__).parents[2] / "bench" / "gpu" / "sglang-0.5.13-h200-refusal.toml"
+H200_REFUSAL = Path(__file__).parents[3] / "bench" / "gpu" / "sglang-0.5.13-h200-refusal.toml"
 
 
 @pytest.mark.parametrize("version", ["0.5.13", "0.5.15"])
@@ -246,7 +246,7 @@ def test_the_h200_refusal_fleet_file_is_refused_in_sglangs_words_on_0_5_13_only(
 
 
 # SGLang 0.5.13's own prepare_server_args on fleetgen's argv for that fleet file (bench/results/raw).
-PRECHECK = Path(__file__).parents[2] / "bench/results/raw/gpu-sglang-0.5.13-h200/precheck-cpu.txt"
+PRECHECK = Path(__file__).parents[3] / "bench/results/raw/gpu-sglang-0.5.13-h200/precheck-cpu.txt"
 
 
 @pytest.mark.parametrize("planned", ["0.5.13", "0.5.15"])
@@ -274,7 +274,7 @@ def test_the_hosts_parser_refusing_in_a_rules_words_gets_that_rules_fix(planned:
 
 # SGLang 0.5.13's own log line (the CPU rehearsal of the H200 refusal, bench/results/raw).
 REFUSAL_LOG = (
-    Path(__file__).parents[2] / "bench/results/raw/gpu-sglang-0.5.13-h200/rehearsal-cpu/engine-alone.log"
+    Path(__file__).parents[3] / "bench/results/raw/gpu-sglang-0.5.13-h200/rehearsal-cpu/engine-alone.log"
 )
 
 

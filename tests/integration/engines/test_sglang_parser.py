@@ -22,7 +22,7 @@ from fleetgen.fleet.planning import plan_from_file
 from fleetgen.modelcard import load_model_shape
 from fleetgen.plan.sglang.memory import kv_bytes_per_token, state_bytes_per_request
 from tests.fixtures import skip_or_fail
-from tests.unit.test_plan import GPU96, MODELS, MOTIVATING, plan_one
+from tests.unit.plan.sglang.test_memory import GPU96, MODELS, MOTIVATING, plan_one
 
 pytestmark = pytest.mark.sglang
 PYTHON = os.environ.get("FLEETGEN_SGLANG_PYTHON", "")
