@@ -16,7 +16,7 @@ from fleetgen.errors import FleetDown
 from fleetgen.fleet.pool import ready_endpoints
 from fleetgen.fleet.status import open_view
 from tests.fixtures.sshd import SshdHost
-from tests.integration.test_deploy_sglang import QWEN36, sim_fleet
+from tests.integration.deploy.test_sglang import QWEN36, sim_fleet
 
 
 async def _health(url: str) -> int:

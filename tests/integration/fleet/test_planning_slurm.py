@@ -14,10 +14,10 @@ import pytest
 
 from tests.fixtures.fleetcli import cli
 from tests.fixtures.slurm import SlurmCluster
-from tests.integration.test_deploy_support import toml_value
-from tests.integration.test_slurm_fleet import write_cluster_fleet
+from tests.integration.deploy.support import toml_value
+from tests.integration.deploy.test_slurm_fleet import write_cluster_fleet
 
-DATA = Path(__file__).parents[1] / "data"
+DATA = Path(__file__).parents[2] / "data"
 MODEL = DATA / "models" / "qwen3.6-27b"
 REAL_SMI = DATA / "real-engines" / "vllm-0.24.0-h200" / "nvidia-smi-start.txt"  # captured on an H200
 
