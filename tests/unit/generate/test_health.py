@@ -1,10 +1,10 @@
 """Servers that are not ready when a job starts: drained from the start, probed, restarted when dead (only
 then), taken in once ready; with none ready, a bounded wait and then FleetDown naming each one's problem.
 
-Servers are stand-ins (see test_generate_standin.py for why). The fleet's per-instance status read (SSH +
+Servers are stand-ins (see test_standin.py for why). The fleet's per-instance status read (SSH +
 /proc + /health, `fleet.pool.FleetLinks.check`) is replaced by a scripted `check` hook here, so that each
 answer (loading, dead, ready, host unreachable) comes on cue; the real one runs in
-tests/integration/test_run_fleet.py over real sshd and fleetgen.sim.
+tests/integration/generate/test_run_fleet.py over real sshd and fleetgen.sim.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from fleetgen.generate.progress import EndpointProgress, Progress
 from fleetgen.generate.runner import FleetHooks
 from fleetgen.generate.work import Record, RetryPolicy, Work
 from fleetgen.http.client import EngineClient
-from tests.unit.test_generate_job import new_job, rows, write_jsonl
-from tests.unit.test_generate_standin import StandIn, serve
+from tests.unit.generate.test_runner import new_job, rows, write_jsonl
+from tests.unit.generate.test_standin import StandIn, serve
 
 QUICK = RetryPolicy(
     max_retries=3,

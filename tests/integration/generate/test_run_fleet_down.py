@@ -26,7 +26,7 @@ from tests.fixtures.fleetcli import (
     wait_for_rows,
     write_prompts,
 )
-from tests.integration.test_run_fleet import (
+from tests.integration.generate.test_run_fleet import (
     INSTANCES,
     fleet,  # noqa: F401 (the fixture)
     instance_pids,

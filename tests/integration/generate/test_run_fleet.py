@@ -37,7 +37,7 @@ from tests.fixtures.fleetcli import (
 )
 from tests.fixtures.sim import free_port
 from tests.fixtures.sshd import SshdHost
-from tests.integration.test_deploy_support import ArgValue, write_fleet
+from tests.integration.deploy.support import ArgValue, write_fleet
 
 INSTANCES = {"h0-0", "h0-1", "h1-0", "h1-1"}
 SECRET_ENV_VALUE = "do-not-store-this-value"

@@ -29,7 +29,7 @@ from tests.fixtures.specforge_oracle import (
     read_with_specforge,
     specforge_tools,
 )
-from tests.unit.test_generate_job import new_job, params, write_jsonl
+from tests.unit.generate.test_runner import new_job, params, write_jsonl
 
 pytestmark = pytest.mark.specforge
 OLD = "OLDMODEL"  # in every input assistant turn: it must never reach an exported assistant turn
