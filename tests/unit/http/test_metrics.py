@@ -78,7 +78,7 @@ def test_bad_metrics_text_is_an_endpoint_error() -> None:
     assert "/metrics" in err.value.fix  # it names the fix, as every error does
 
 
-# The keys the deploy issue asks `status --json` to carry (tests/integration/test_deploy_vllm.py reuses them).
+# The keys the deploy issue asks `status --json` to carry (tests/integration/deploy/test_vllm.py reuses them).
 STATUS_JSON_KEYS = frozenset(
     {
         "instance",
