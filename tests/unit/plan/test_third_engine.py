@@ -31,7 +31,7 @@ from fleetgen.plan import InstancePlan, decide_launch, facts_from_file, plan_fle
 from fleetgen.plan.planners import PLANNERS, planner_of
 from fleetgen.plan.types import GIB, Ask, Fix, Issue, Memory, MemoryExtras, Planner, Sizing
 
-LLAMA = load_model_shape(Path(__file__).parents[1] / "data" / "models" / "llama-3.1-8b")
+LLAMA = load_model_shape(Path(__file__).parents[2] / "data" / "models" / "llama-3.1-8b")
 PAGE_TOKENS = 256
 DEFAULT_SEQS = 64
 

@@ -22,7 +22,7 @@ from fleetgen.plan.sglang.memory import SGLangExtras
 from fleetgen.plan.types import GpuFacts, HostFacts
 from fleetgen.plan.vllm.memory import pool_layout
 
-DATA = Path(__file__).parents[1] / "data"
+DATA = Path(__file__).parents[2] / "data"
 REAL = DATA / "real-engines"
 QWEN = load_model_shape(DATA / "models" / "qwen3.6-27b")
 H200_TOTAL = 143_771 << 20  # nvidia-smi memory.total [MiB] of the capture machine; 0 MiB used at start

@@ -25,7 +25,7 @@ from fleetgen.plan.sglang.memory import (
     state_bytes_per_request,
 )
 
-MODELS = Path(__file__).parents[1] / "data" / "models"
+MODELS = Path(__file__).parents[3] / "data" / "models"
 QWEN = load_model_shape(MODELS / "qwen3.6-27b")
 GIB = 1 << 30
 GPU96 = 97_887 / 1024

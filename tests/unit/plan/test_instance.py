@@ -18,7 +18,7 @@ from fleetgen.modelcard import ModelShape, load_model_shape
 from fleetgen.plan import FleetPlan, facts_from_file, plan_fleet
 from fleetgen.plan.sglang.memory import SGLangExtras
 
-MODELS = Path(__file__).parents[1] / "data" / "models"
+MODELS = Path(__file__).parents[2] / "data" / "models"
 SHAPES = {
     name: load_model_shape(MODELS / name) for name in ("qwen3-next-80b-a3b", "qwen3.6-27b", "llama-3.1-8b")
 }

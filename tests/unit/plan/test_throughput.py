@@ -24,7 +24,7 @@ from fleetgen.plan.throughput import plan_job
 from fleetgen.plan.types import GIB, MIB, Ask
 from fleetgen.plan.vllm.planner import job_blocks
 
-MODELS = Path(__file__).resolve().parents[1] / "data" / "models"
+MODELS = Path(__file__).resolve().parents[2] / "data" / "models"
 QWEN = load_model_shape(MODELS / "qwen3.6-27b")
 SGLANG = planner_of("sglang")
 MTP: dict[str, Any] = {
@@ -187,7 +187,7 @@ def test_plan_for_the_job_over_the_example_fleet(tmp_path: Path) -> None:
     """`plan --job --input` over the fleet this project exists for: every instance says what bounds the job's
     running requests, warns that the defaults leave the GPU idle, and offers settings that run more; the
     input's prompts are measured (an estimate here: the example's model folder has no tokenizer)."""
-    example = Path(__file__).parents[2] / "examples" / "qwen36-27b-mtp.toml"
+    example = Path(__file__).parents[3] / "examples" / "qwen36-27b-mtp.toml"
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(
         "".join(

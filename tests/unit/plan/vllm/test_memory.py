@@ -2,7 +2,7 @@
 (vllm/platforms/cpu.py, v1/worker/cpu_worker.py of 0.32.0+cpu), blocks of 128 tokens, max-num-seqs 128 per
 worker; GPU memory plays no part. The demo (scripts/demo.sh) runs this engine on the tiny model
 (tests/data/models/tiny-qwen3: its config.json and the index scripts/build_tiny_model.py writes), so its `up`
-prints planned next to actual; tests/integration/test_deploy_vllm.py checks the same plan against the real
+prints planned next to actual; tests/integration/deploy/test_vllm.py checks the same plan against the real
 engine."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from fleetgen.modelcard import load_model_shape
 from fleetgen.plan import InstancePlan, facts_from_file, plan_fleet
 from fleetgen.plan.types import GIB
 from fleetgen.plan.vllm.memory import VLLMExtras
-from tests.unit.test_plan import MODELS, QWEN
+from tests.unit.plan.sglang.test_memory import MODELS, QWEN
 
 TINY = load_model_shape(MODELS / "tiny-qwen3")
 CPU = {"VLLM_CPU_KVCACHE_SPACE": "1"}

@@ -22,7 +22,16 @@ from fleetgen.plan.fixes import MIN_TOKENS_PER_REQUEST
 from fleetgen.plan.sglang.memory import SGLangExtras
 from fleetgen.plan.types import GIB, GpuFacts, Issue
 from fleetgen.plan.vllm.memory import VLLMExtras
-from tests.unit.test_plan import EXTRA, GPU96, GPU183, MODELS, MOTIVATING, QWEN, SPEC_V2, plan_one
+from tests.unit.plan.sglang.test_memory import (
+    EXTRA,
+    GPU96,
+    GPU183,
+    MODELS,
+    MOTIVATING,
+    QWEN,
+    SPEC_V2,
+    plan_one,
+)
 
 
 def _load_commands() -> None:
@@ -309,7 +318,7 @@ def test_the_plan_table_names_each_engines_own_rows(
 
 
 def test_example_fleet_file_plans_offline() -> None:
-    example = Path(__file__).parents[2] / "examples" / "qwen36-27b-mtp.toml"
+    example = Path(__file__).parents[3] / "examples" / "qwen36-27b-mtp.toml"
     result = CliRunner().invoke(app, ["plan", "--offline", "--json", "-f", str(example)])
     assert result.exit_code == 0, result.output
     instances = json.loads(result.output)["instances"]
