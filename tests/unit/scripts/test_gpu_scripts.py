@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from packaging.tags import Tag
 from packaging.utils import parse_wheel_filename
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RAW = ROOT / "bench" / "results" / "raw" / "gpu-sglang-0.5.15-h200"
 VLLM_LOG = ROOT / "tests" / "data" / "real-engines" / "vllm-0.24.0-h200" / "engine-mtp.log"
 QWEN36 = ROOT / "tests" / "data" / "models" / "qwen3.6-27b" / "config.json"
