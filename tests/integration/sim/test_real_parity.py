@@ -22,7 +22,7 @@ from fleetgen.engines import get_engine
 from fleetgen.http.metrics import Scrape
 from tests.fixtures.sim import SimFactory
 
-DATA = Path(__file__).parents[1] / "data"
+DATA = Path(__file__).parents[2] / "data"
 REAL = DATA / "real-engines" / "sglang-0.5.15-h200" / "mtp"
 MODEL = DATA / "models" / "qwen3.6-27b"
 SGLANG = get_engine("sglang")

@@ -24,7 +24,7 @@ from fleetgen.sim.memory import Capacity, compute_capacity, mamba_ratio
 from fleetgen.sim.run import build_scheduler, configure, memory_inputs
 from fleetgen.sim.stepmodel import FixedPace, Roofline, forced_accept_length
 
-MODEL = Path(__file__).parents[1] / "data" / "models" / "qwen3.6-27b"
+MODEL = Path(__file__).parents[2] / "data" / "models" / "qwen3.6-27b"
 H200 = ["--context-length", "8192", "--mem-fraction-static", "0.85", "--sim-gpu-memory-gib", "140.4"]
 ROOFLINE = ["--sim-bandwidth-gbs", "4800"]
 NO_RADIX = ["--disable-radix-cache", "--mamba-radix-cache-strategy", "no_buffer"]

@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 
 from tests.fixtures.sim import SimFactory
-from tests.integration.test_sim_server import CHAT, get_json, post_chat, user
+from tests.integration.sim.test_server import CHAT, get_json, post_chat, user
 
 
 async def stream_chat(url: str, body: dict[str, Any]) -> list[Any]:

@@ -1,5 +1,5 @@
 """fleetgen.sim's SGLang 0.5.23 parser, rebuilt from the flag table dumped from SGLang's own parser (the table
-itself is checked against the installed SGLang 0.5.23 in tests/integration/test_sim_flags_real.py)."""
+itself is checked against the installed SGLang 0.5.23 in tests/integration/sim/test_flags_real.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """fleetgen.sim's parser against SGLang 0.5.23's OWN parser (marker `sglang`).
 
-tests/unit/test_sim_flags.py checks the sim's parser against the flag table dumped from SGLang once, by hand
+tests/unit/sim/test_flags.py checks the sim's parser against the flag table dumped from SGLang once, by hand
 (`fleetgen.sim.extract_flags`); this checks that table against SGLang itself: `ServerArgs.add_cli_args`
 imported from the real install (scripts/install-sglang-parser.sh; FLEETGEN_SGLANG_PYTHON), never stubbed.
 Every flag's shape (names, dest, nargs, choices, default, required) must match, and the same argvs (each
@@ -19,7 +19,7 @@ import pytest
 
 from fleetgen.sim.flags import SIM_KNOBS, build_parser, load_flag_data
 from tests.fixtures import skip_or_fail
-from tests.integration.test_sglang_parser import PYTHON, VERSION
+from tests.integration.engines.test_sglang_parser import PYTHON, VERSION
 
 pytestmark = pytest.mark.sglang
 
