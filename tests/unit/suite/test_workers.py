@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tests.fixtures import skip_or_fail
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 
 CONFTEST = """
 import os
