@@ -19,7 +19,7 @@ from pathlib import Path
 
 import fleetgen
 from tests.fixtures.sim import free_port
-from tests.integration.test_deploy_sglang import QWEN36
+from tests.integration.deploy.test_sglang import QWEN36
 
 SRC = str(Path(fleetgen.__file__).resolve().parents[1])  # the sims run this checkout's fleetgen
 

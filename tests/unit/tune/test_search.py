@@ -34,7 +34,7 @@ from fleetgen.tune.search import Budget, family_key, narrow, next_round
 from fleetgen.tune.session import TuneOptions, candidates_for, refuse
 from fleetgen.tune.verdict import BASELINE, Measured, finish_time, ratio, winner
 
-MODELS = Path(__file__).parents[1] / "data" / "models"
+MODELS = Path(__file__).parents[2] / "data" / "models"
 QWEN = load_model_shape(MODELS / "qwen3.6-27b")
 GIB = 1 << 30
 H200 = GpuClass(140, 1)
