@@ -1,4 +1,8 @@
-"""The launch script, its secret handling, drift and engine-view comparisons, log parsing: pure code."""
+"""`deploy.script`: the launch script, its secret handling and its sha: pure code (real `sh` runs it).
+
+Once test_deploy_script.py with drift, log and state checks, split by module: test_verify.py, test_watch.py,
+test_state.py.
+"""
 
 from __future__ import annotations
 
@@ -23,30 +27,10 @@ from fleetgen.deploy.script import (
     SecretEnv,
     render_script,
 )
-from fleetgen.deploy.state import InstanceRecord, load_state, update_state
-from fleetgen.deploy.verify import process_drift, view_mismatches
 from fleetgen.deploy.wanted import build_command
-from fleetgen.deploy.watch import GENERIC_SIGNATURES, LogWatch, first_fatal, proc_state
 from fleetgen.engines import get_engine
 from fleetgen.redact import REDACTED
-from fleetgen.remote.base import ProcInfo, ProcState
-
-SECRET = "sk-very-secret-123"
-
-
-def command(
-    tmp: str = "/w", secret: bool = False, args: tuple[str, ...] = ("--model-path", "/m x", "--port", "1")
-) -> Command:
-    extra = ("--config", "api_key.yaml") if secret else ()
-    return Command(
-        instance="h0-0",
-        python="/opt/venv/bin/python",
-        launcher=("-m", "sglang.launch_server"),
-        args=(*args, *extra),
-        env={"CUDA_VISIBLE_DEVICES": "0", "QUOTE": "it's $HOME"},
-        paths=InstancePaths.of(tmp, "h0-0"),
-        secret=SecretEnv("FLEET_KEY", config_key="api-key") if secret else None,
-    )
+from tests.unit.deploy._helpers import SECRET, command
 
 
 def test_script_quotes_every_value_and_execs_the_argv(tmp_path: Path) -> None:
@@ -186,126 +170,3 @@ def test_sha_is_stable_and_changes_with_a_flag() -> None:
 
     assert sha(command()) == sha(command())
     assert sha(command()) != sha(command(args=("--port", "2")))
-
-
-def _proc(argv: tuple[str, ...], env: dict[str, str]) -> ProcInfo:
-    return ProcInfo(pid=1, state=ProcState.RUNNING, start_time=5, argv=argv, environ=env)
-
-
-def test_drift_empty_when_equal_and_names_each_difference() -> None:
-    s = command(secret=True)
-    argv = s.argv
-    env = {"CUDA_VISIBLE_DEVICES": "0", "QUOTE": "it's $HOME", "FLEET_KEY": SECRET, "HOME": "/root"}
-    assert process_drift(s, _proc(argv, env), SECRET) == []
-    drift = process_drift(
-        s, _proc((*argv[:-3], "9", *argv[-2:]), {**env, "QUOTE": "x", "FLEET_KEY": "other"}), SECRET
-    )
-    text = "\n".join(drift)
-    assert "argv differs" in text and "+ 9" in text
-    assert "env QUOTE" in text and "'x'" in text
-    assert "env FLEET_KEY" in text and "<different key>" in text
-    assert SECRET not in text and "other" not in text
-    missing = process_drift(s, _proc(argv, {"QUOTE": "it's $HOME", "FLEET_KEY": SECRET}), SECRET)
-    assert missing == ["env CUDA_VISIBLE_DEVICES: rendered '0', missing in the running process"]
-
-
-def test_view_mismatch_spec_reported_as_none_and_alias() -> None:
-    args = [
-        "--speculative-algorithm",
-        "NEXTN",
-        "--speculative-num-steps",
-        "3",
-        "--mem-fraction-static",
-        "0.8",
-        "--mamba-scheduler-strategy",
-        "extra_buffer",
-    ]
-    good = {
-        "speculative_algorithm": "EAGLE",
-        "speculative_num_steps": 3,
-        "mem_fraction_static": 0.8,
-        "mamba_radix_cache_strategy": "extra_buffer",
-    }
-    sglang = get_engine("sglang")
-    assert view_mismatches(args, good, sglang) == []
-    bad = view_mismatches(args, {**good, "speculative_algorithm": None, "mem_fraction_static": 0.7}, sglang)
-    assert len(bad) == 2 and "speculative_algorithm = None" in bad[0] and "0.7" in bad[1]
-
-
-def test_capacity_from_each_engines_log_and_info() -> None:
-    lines = [
-        "[2026] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 12345, K size: 1 GB",
-        "max_total_num_tokens=54321, chunked_prefill_size=8192, max_running_requests=21, context_len=8192",
-        "INFO GPU KV cache size: 1,234 tokens",
-    ]
-    sglang, vllm = get_engine("sglang"), get_engine("vllm")
-    assert sglang.capacity(lines, None, {}) == {"kv_tokens": 54321.0, "max_running_requests": 21.0}
-    assert vllm.capacity(lines, None, {}) == {"kv_tokens": 1234.0}
-    info = {"max_total_num_tokens": 99, "internal_states": [{"effective_max_running_requests_per_dp": 7}]}
-    assert sglang.capacity(lines, info, {}) == {"kv_tokens": 99.0, "max_running_requests": 7.0}
-
-
-def test_log_watch_splits_partial_lines_and_fatal_is_engine_specific() -> None:
-    w = LogWatch("/l")
-    assert w.feed(b"one\ntw") == ["one"]
-    assert w.feed(b"o\nthree") == ["two"]
-    assert w.offset == 13 and w.tail_text().splitlines() == ["one", "two", "three"]
-    sglang = get_engine("sglang")
-    oom = "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. Current value: 0.9"
-    hit = first_fatal(["loading", oom], sglang.fatal_signatures)
-    assert hit is not None and "memory" in hit[0].cause
-    exec_fail = "/w/h0-0/launch.sh: line 5: /no/python: No such file or directory"
-    hit2 = first_fatal([exec_fail], GENERIC_SIGNATURES)
-    assert hit2 is not None and "engine.python" in hit2[0].fix
-
-
-def test_proc_state_reads_zombies_and_pid_reuse() -> None:
-    fields = ["S", *["0"] * 18, "777", "0"]
-    line = "42 (py thon) " + " ".join(fields)
-    assert proc_state(line, 777)
-    assert not proc_state(line, 778)
-    assert not proc_state(line.replace(" S ", " Z ", 1), 777)
-    assert not proc_state("", 777)
-
-
-def test_state_roundtrip_upsert_and_drop(tmp_path: Path) -> None:
-    fleet = tmp_path / "fleet.toml"
-    rec = InstanceRecord(
-        instance="h0-0",
-        host="h0",
-        gpus=(0,),
-        port=30000,
-        pid=5,
-        start_time=9,
-        log_path="/l",
-        script_path="/s",
-        script_sha256="ab",
-        launched_at="t",
-        argv=("a",),
-        env_names=("X",),
-    )
-    update_state(fleet, put=[rec])
-    assert load_state(fleet) == {"h0-0": rec}
-    update_state(fleet, put=[InstanceRecord(**{**rec.__dict__, "instance": "h0-1"})], drop=["h0-0"])
-    assert list(load_state(fleet)) == ["h0-1"]
-    assert (tmp_path / ".fleetgen" / "state.json").exists()
-
-
-@pytest.mark.parametrize(
-    "bad",
-    [
-        "{",
-        "[]",
-        '{"instances": {"h0-0": {"instance": "h0-0", "host": "h0"}}}',  # a record without its pid, port…
-        '{"instances": {"h0-0": "not a record"}}',
-        '{"instances": {"h0-0": {"instance": "h0-0", "host": "h0", "gpus": "0", "port": 1, "pid": 1, '
-        '"start_time": 1, "log_path": "", "script_path": "", "script_sha256": "", "launched_at": ""}}}',
-    ],
-)
-def test_corrupt_state_is_a_config_error(tmp_path: Path, bad: str) -> None:
-    from fleetgen.errors import ConfigError
-
-    (tmp_path / ".fleetgen").mkdir()
-    (tmp_path / ".fleetgen" / "state.json").write_text(bad)
-    with pytest.raises(ConfigError, match="state"):
-        load_state(tmp_path / "fleet.toml")
