@@ -17,7 +17,7 @@ from fleetgen.fleet.status import Readiness, fleet_status
 from tests.fixtures.sshd import SshdHost
 from tests.fixtures.vllm import TinyModel
 from tests.integration.deploy.support import log_files, read, resolved, write_fleet
-from tests.unit.http.test_metrics import STATUS_JSON_KEYS
+from tests.unit.fleet.test_status import STATUS_JSON_KEYS
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
