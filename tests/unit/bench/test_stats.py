@@ -1,4 +1,6 @@
-"""The statistics behind `fleetgen bench`: percentiles, levels, accept length, speedups, stream accounting."""
+"""The statistics behind `fleetgen bench`: percentiles, levels, accept length, speedups, stream accounting.
+
+Filed under `bench/stats.py`, with the `http` readers (`parse_event`, `Scrape`) as bench uses them."""
 
 from __future__ import annotations
 

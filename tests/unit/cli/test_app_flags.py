@@ -1,5 +1,7 @@
 """One convention for boolean options on every command (issue 10 item 14): `--NAME` / `--no-NAME`, both
-spellings in help, never `<bool>` (which reads as "takes a value"), and both spellings parse."""
+spellings in help, never `<bool>` (which reads as "takes a value"), and both spellings parse.
+
+Filed under `cli/app.py` (the app every topic registers its options on)."""
 
 from __future__ import annotations
 

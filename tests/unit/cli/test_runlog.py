@@ -2,7 +2,9 @@
 
 The end-to-end case (a real subprocess logging to a file while `fleetgen down` stops the fleet) is
 tests/integration/generate/test_run_fleet_down.py; here the log's rules over snapshot sequences, and the
-runner's last snapshot against the stand-in servers of generate/test_runner.py."""
+runner's last snapshot against the stand-in servers of generate/test_runner.py.
+
+Filed under `cli/runlog.py`; the last-snapshot test is `generate/progress.py`'s, as the log prints it."""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
 """Fleet file validation: errors name the file, the line and the field; instances expand from tp and ports.
 
 Also `fleetgen init`: the example it writes is a valid fleet file, and it never overwrites.
+
+Filed under `config/fleet.py` (the fleet file), with `config/hosts.py`'s entries, `config/common.py`'s
+`locate` and `cli/init.py`'s example as the fleet file reads them.
 """
 
 from __future__ import annotations

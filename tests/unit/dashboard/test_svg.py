@@ -3,6 +3,8 @@
 Invariants over ugly inputs: the SVG is well-formed XML whatever the names hold; every series, bin and bar
 of the input is drawn, with its own number of points, in the order of its values, inside the plot area; the
 texts say the input's names and values. The bench PNG's chart is checked the same way.
+
+Filed under `dashboard/svg.py`; bench's chart is built in `cli/bench.py`.
 """
 
 from __future__ import annotations

@@ -6,6 +6,9 @@ Invariants, each on the real engine's own words:
 - a server whose speculation stepped during the test request is never refused; one whose speculation
   accepts nothing is never silently "verified";
 - capacity the engine reports (log lines, /server_info, /metrics labels) is read for every engine.
+
+Filed under `deploy` (`watch.py` root causes, `verify.py` spec evidence, `hostsurvey.py`, `wanted.py`);
+the capacity figures are `engines`', as `up` reads them.
 """
 
 from __future__ import annotations

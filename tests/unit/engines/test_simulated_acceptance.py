@@ -2,7 +2,9 @@
 
 Each engine names its own (`Engine.simulated_acceptance`, over a launch's argv and env); `up`, `restart`
 and `run` refuse a fleet that carries one (`deploy.wanted.refuse_simulated_acceptance`), and only a caller
-that passes `allow_simulated_acceptance` (`tune`) launches it."""
+that passes `allow_simulated_acceptance` (`tune`) launches it.
+
+Filed under `engines` (each engine's `simulated_acceptance`); the refusal is `deploy/wanted.py`'s."""
 
 from __future__ import annotations
 

@@ -5,6 +5,8 @@ Servers are stand-ins (see test_standin.py for why). The fleet's per-instance st
 /proc + /health, `fleet.pool.FleetLinks.check`) is replaced by a scripted `check` hook here, so that each
 answer (loading, dead, ready, host unreachable) comes on cue; the real one runs in
 tests/integration/generate/test_run_fleet.py over real sshd and fleetgen.sim.
+
+Filed under `generate/health.py` (`Watch`), with `dispatch.py`'s drain as it meets late servers.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """A job where every record is bad is not "complete": it stops early naming the likely cause, and a run that
-produced nothing useful never ends "complete" (the CLI exits non-zero). Compressed JSONL is read directly."""
+produced nothing useful never ends "complete" (the CLI exits non-zero). Compressed JSONL is read directly.
+
+Filed under `generate/intake.py` (fail-fast on all-bad input), with `diagnose.py`'s causes, `source.py`'s
+compressed input, and the exit codes of `fleetgen run` and `export` when nothing useful came out."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """What a job leaves in its store for readers (dashboard, report): total, finished_at, fleet description,
 the accept-length time series; and `--restart-dead`'s hook being retried until the endpoint is back.
 
-Jobs run against stand-in servers (see test_standin.py for why a stand-in)."""
+Jobs run against stand-in servers (see test_standin.py for why a stand-in).
+
+Filed under `generate/jobmeta.py`, with `scrape.py`'s accept length and `fleetlink.py`'s hooks."""
 
 from __future__ import annotations
 

@@ -8,6 +8,8 @@ It speaks the fields both engines use: the reasoning comes as `reasoning_content
 (vLLM 0.32), chosen per server. Markers in the last user message inject behaviour, with the same spelling as
 fleetgen.sim: `[[sim:status=429:times=2]]` (fail with that status the first N times this prompt is seen),
 `[[sim:finish=length]]` (a truncated answer), `[[sim:hang]]` (never answer).
+
+Not a module of fleetgen: the stand-in server the generate, fleet and cli unit tests import.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """Weights that alone exceed the GPU: the plan names that cause (weights vs GPU, both numbers), offers only
 the ways out that help (more GPUs per instance, FP8 weights) and never prints the negative pools the engine
-arithmetic reaches on the way (issue 10 item 13: "max_mamba_cache_size=-317", "-22.74 GiB")."""
+arithmetic reaches on the way (issue 10 item 13: "max_mamba_cache_size=-317", "-22.74 GiB").
+
+Filed under `plan/instance.py` (an instance's size and the cause it names)."""
 
 from __future__ import annotations
 

@@ -4,6 +4,8 @@ own fleet file and compared with the numbers the engine itself logged at start.
 Invariant: for every captured run, planned KV tokens, max concurrency / running requests and Mamba slots are
 within 5 % of what the engine reported (the SGLang no-spec run, already right before, within 2 %). The
 engines' numbers are read from their own log lines here, never copied into the test.
+
+Filed under `plan` (`plan_fleet` through `plan/sglang/memory.py` and `plan/vllm/memory.py`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Flag rules (quoting SGLang's own errors), fleet-wide rules, ranked fixes, target concurrency, vLLM, CLI."""
+"""Flag rules (quoting SGLang's own errors), fleet-wide rules, ranked fixes, target concurrency, vLLM, CLI.
+
+Filed under `plan` as a whole: `plan/sglang/rules.py` (flag rules), `plan/fleet.py` (fleet-wide rules,
+`engine_rejections`), `plan/fixes.py` (fixes, target concurrency), `plan/vllm/memory.py`, `cli/plan.py`."""
 
 from __future__ import annotations
 

@@ -5,6 +5,9 @@
 solved for a target, tabled, launched and checked planned-vs-actual through the code paths SGLang and vLLM
 take (`plan_fleet`, `ranked_fixes`, `solve_target`, `cli.plan`'s table, `decide_launch`, `deploy.wanted`,
 `Engine.capacity`), with no module of fleetgen changed for it. A toy, not a fake: no real engine is imitated.
+
+Filed under `plan` (planned through `plan/planners.py` and `plan/types.py`); it also registers the
+engine with `engines` and launches it through `deploy/wanted.py`.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ turn took; nothing sleeps).
 
 The H200 settings below are the real captures' (tests/data, `../shared/data/real-engines/
 sglang-0.5.15-h200-capacity`): Qwen3.6-27B shape, context 8192, mem fraction 0.85, a 140.4 GiB GPU.
+
+Filed under `sim/engine.py` (the scheduler), with `sim/stepmodel.py`'s step times it drives.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""fleetgen.sim's startup rules (SGLang 0.5.23 texts) and pool arithmetic."""
+"""fleetgen.sim's startup rules (SGLang 0.5.23 texts) and pool arithmetic.
+
+Filed under `sim/resolve.py`, with `sim/memory.py`'s pools."""
 
 from __future__ import annotations
 

@@ -3,6 +3,9 @@
 GPU sizes: "96 GB" = 97,887 MiB (RTX PRO 6000), "183 GB" = 183,359 MiB (B200); free = total (nothing else
 running). Expected numbers are recomputed here from SGLang's formulas (reference §1.10), not copied from the
 plan's output.
+
+Filed under `plan/sglang/memory.py` (SGLang's arithmetic, planned through `plan.plan_fleet`); the
+API key's way is `plan/fleet.py`'s. Its constants and `plan_one` are shared by other plan tests.
 """
 
 from __future__ import annotations
