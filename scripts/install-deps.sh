@@ -17,8 +17,8 @@ trap 'die "failed at line $LINENO (exit $?): $BASH_COMMAND"' ERR
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python3}"
 # chromium: `report --png` and `bench --png` rasterise their SVG charts with it; the dashboard tests load the pages in it.
-# p7zip-full: tests/integration/test_input_archives.py makes a real 7z archive with it (README: archives refused).
-# strace: tests/integration/test_secrets.py records every exec on a host during `up` (no key on any argv).
+# p7zip-full: tests/integration/generate/test_input_archives.py makes a real 7z archive with it (README: archives refused).
+# strace: tests/integration/deploy/test_secrets.py records every exec on a host during `up` (no key on any argv).
 APT_PACKAGES=(openssh-server iproute2 chromium p7zip-full strace)
 
 bash "$(dirname "${BASH_SOURCE[0]}")/apt-ensure.sh" install-deps "${APT_PACKAGES[@]}"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SGLang 0.5.23's OWN argument parser and config classes, runnable without a GPU, for the tests that check
-# fleetgen's plan against SGLang itself (tests/integration/test_sglang_parser.py). Idempotent.
+# fleetgen's plan against SGLang itself (tests/integration/engines/test_sglang_parser.py). Idempotent.
 #
 #   scripts/install-sglang-parser.sh [VENV]     (default: $FLEETGEN_SGLANG_VENV or ~/.cache/fleetgen/sglang-venv)
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# SGLang's own source for every release fleetgen's timeline names (tests/unit/test_sglang_timeline.py re-reads
+# SGLang's own source for every release fleetgen's timeline names (tests/unit/engines/test_sglang_timeline.py re-reads
 # it: the timeline's first releases against the wheels, not against a hand-written table). Idempotent.
 #
 #   scripts/install-sglang-src.sh DIR      → DIR/<release>/sglang/srt/**.py

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SpecForge 0.2.0's OWN data code (what its training runs on an exported file), runnable on a CPU, for the test
-# that feeds every `fleetgen export --format sharegpt` row to it (tests/integration/test_specforge_export.py).
+# that feeds every `fleetgen export --format sharegpt` row to it (tests/integration/generate/test_export_specforge.py).
 # Idempotent.
 #
 #   scripts/install-specforge.sh [VENV]     (default: $FLEETGEN_SPECFORGE_VENV or ~/.cache/fleetgen/specforge-venv)

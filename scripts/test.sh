@@ -9,13 +9,13 @@ cd "$ROOT"
 # The fixtures (tests/fixtures/vllm.py) read the same two variables: one install, one model, shared.
 export FLEETGEN_VLLM_VENV="${FLEETGEN_VLLM_VENV:-$HOME/.cache/fleetgen/vllm-venv}"
 export FLEETGEN_TINY_MODEL="${FLEETGEN_TINY_MODEL:-$HOME/.cache/fleetgen/tiny-model}"
-# SGLang 0.5.23's own parser (no GPU needed): tests/integration/test_sglang_parser.py checks the plan against it.
+# SGLang 0.5.23's own parser (no GPU needed): tests/integration/engines/test_sglang_parser.py checks the plan against it.
 FLEETGEN_SGLANG_VENV="${FLEETGEN_SGLANG_VENV:-$HOME/.cache/fleetgen/sglang-venv}"
 export FLEETGEN_SGLANG_PYTHON="${FLEETGEN_SGLANG_PYTHON:-$FLEETGEN_SGLANG_VENV/bin/python}"
-# SpecForge 0.2.0's own data code: tests/integration/test_specforge_export.py reads every exported row with it.
+# SpecForge 0.2.0's own data code: tests/integration/generate/test_export_specforge.py reads every exported row with it.
 FLEETGEN_SPECFORGE_VENV="${FLEETGEN_SPECFORGE_VENV:-$HOME/.cache/fleetgen/specforge-venv}"
 export FLEETGEN_SPECFORGE_PYTHON="${FLEETGEN_SPECFORGE_PYTHON:-$FLEETGEN_SPECFORGE_VENV/bin/python}"
-# Every timeline release's SGLang source: tests/unit/test_sglang_timeline.py re-reads its facts from it.
+# Every timeline release's SGLang source: tests/unit/engines/test_sglang_timeline.py re-reads its facts from it.
 export FLEETGEN_SGLANG_SRC="${FLEETGEN_SGLANG_SRC:-$HOME/.cache/fleetgen/sglang-src}"
 export PIP_NO_INPUT=1 PYTHONUNBUFFERED=1
 

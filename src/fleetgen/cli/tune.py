@@ -175,14 +175,13 @@ def tune_command(
     warmup: Annotated[
         float, Opt("--warmup", min=0.0, help="At most this long (s) for a candidate's batch to fill.")
     ] = 300.0,
-    steady_start: Annotated[
-        bool,
-        Opt(
-            "--steady-start/--empty-start",
-            help="With --output-lengths: the first batch starts as requests already under way (the job's "
-            "steady mix of contexts), or empty (every request at its start: a rate above the steady one).",
-        ),
-    ] = True,
+    steady_start: bool = cli.flag(
+        "steady-start",
+        "With --output-lengths: the first batch starts as requests already under way (the job's steady mix "
+        "of contexts); --no-steady-start starts it empty (every request at its start: a rate above the "
+        "steady one).",
+        default=True,
+    ),
     out: Annotated[
         Path | None, Opt("--out", help="The tuned fleet file (default: <fleet>.tuned.toml beside it).")
     ] = None,

@@ -1,0 +1,147 @@
+"""`fleetgen tune` end to end against `fleetgen.sim` (real processes on this machine, launched by `up` on a
+`local` host; the sim's decode step takes a roofline's time over the bytes it reads, so its rate depends on
+the batch as a GPU's does, and its admission is capped by SGLang's own Mamba arithmetic).
+
+What must hold: for a hybrid model (Qwen3.6-27B's shape) on a job of distinct prompts with long outputs, the
+radix cache off and a large max running requests beat the engine's defaults; the budget stops rounds; the
+tuned file is new, `plan` reads it back with the winner's flags, the user's file is untouched; no tune
+server is left running; what tune must refuse is refused before anything starts.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import fleetgen
+from tests.fixtures.sim import free_port
+from tests.integration.deploy.test_sglang import QWEN36
+
+SRC = str(Path(fleetgen.__file__).resolve().parents[1])  # the sims run this checkout's fleetgen
+
+
+def fleetgen_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-c", "from fleetgen.cli import main; main()", *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def sim_fleet(tmp_path: Path, base_port: int) -> Path:
+    """Two simulated H200s on this machine running the engine's defaults (the fleet file as a user
+    writes it), metrics on, with a roofline's pace."""
+    text = f"""
+[engine]
+kind = "sglang"
+python = "{sys.executable}"
+model = "{QWEN36}"
+model_config = "{QWEN36}"
+launcher = ["-m", "fleetgen.sim"]
+ready_timeout_s = 120.0
+base_port = {base_port}
+
+[engine.args]
+sim-bandwidth-gbs = 4800
+sim-gpu-memory-gib = 140.4
+mem-fraction-static = 0.85
+
+[engine.env]
+PYTHONPATH = "{SRC}"
+
+[[hosts]]
+name = "h"
+ssh = "local"
+workdir = "{tmp_path / "work"}"
+gpus = [0, 1]
+gpu_memory_gib = 140.4
+"""
+    path = tmp_path / "fleet.toml"
+    path.write_text(text)
+    return path
+
+
+def job_input(tmp_path: Path) -> tuple[Path, Path]:
+    """20,000 distinct prompts of some 80 tokens (they share little prefix: the radix cache buys nothing)
+    and a job file."""
+    rng = random.Random(7)
+    words = ["alpha", "bravo", "delta", "echo", "kilo", "lima", "oscar", "sierra", "tango", "zulu"]
+    lines = (
+        json.dumps({"id": f"q{i}", "prompt": f"{i}: " + " ".join(rng.choices(words, k=60))}) + "\n"
+        for i in range(20000)
+    )
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(lines))
+    job = tmp_path / "job.toml"
+    job.write_text("max_tokens = 1000\ntemperature = 0.6\n")
+    return prompts, job
+
+
+def is_listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_tune_finds_radix_off_with_a_large_batch_writes_a_fleet_plan_reads_and_stops_its_servers(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    fleet = sim_fleet(tmp_path, port)
+    before = fleet.read_bytes()
+    prompts, job = job_input(tmp_path)
+    lengths = "mean=300,min=50,max=1000"
+    knobs = ["--window", "8", "--warmup", "30", "--budget", "100s", "--output-lengths", lengths, "--json"]
+    done = fleetgen_cli("tune", "-f", str(fleet), "--job", str(job), str(prompts), *knobs)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    rows = {r["candidate"]: r for r in result["candidates"]}
+    base = rows["as-written"]
+    [chosen] = [r for r in result["candidates"] if r["chosen"]]
+    # the engine's defaults: the Mamba pool's slots ÷ ρ 5 admit a few dozen; radix off: one slot each
+    assert chosen["args"]["disable-radix-cache"] is True
+    assert chosen["engine_running"] >= 4 * base["engine_running"]
+    assert chosen["planned_running"] == chosen["engine_running"]  # planned as the engine admits
+    assert chosen["decode_tps_per_gpu"] > base["decode_tps_per_gpu"] and chosen["ratio_to_as_written"] > 1
+    # the budget: a round takes about a third of it, so later rounds were not started
+    assert result["unmeasured"] and result["rounds"] < 4
+    assert len(result["candidates"]) == 2 * result["rounds"]
+    # the tuned file: new, beside the user's, untouched; plan reads it back with the winner's flags
+    tuned = Path(result["out"])
+    assert tuned == tmp_path / "fleet.tuned.toml" and fleet.read_bytes() == before
+    assert "# tune " in tuned.read_text() and (tmp_path / "fleet.tuned.svg").is_file()
+    planned = fleetgen_cli("plan", "--json", "--offline", "-f", str(tuned))
+    assert planned.returncode == 0, planned.stderr
+    for inst in json.loads(planned.stdout)["instances"]:
+        argv = inst["argv"]
+        assert "--disable-radix-cache" in argv
+        assert argv[argv.index("--max-running-requests") + 1] == str(chosen["args"]["max-running-requests"])
+    # the steady start: a batch's worth of each candidate's first requests carried what they had written
+    # (filler after the prompt: the sim counts it in prompt_tokens), the rest the prompt alone (~80 tokens)
+    tune_dir = tmp_path / ".fleetgen" / "tune"
+    for row in result["candidates"]:
+        if row["error"]:
+            continue  # a candidate that did not start has no store (the sim on a busy machine, rarely)
+        [store] = tune_dir.glob(f"*/round*/*-{row['candidate']}/store/results.sqlite")
+        with sqlite3.connect(store) as db:
+            long = db.execute("SELECT count(*) FROM results WHERE prompt_tokens > 200").fetchone()[0]
+            short = db.execute("SELECT count(*) FROM results WHERE prompt_tokens <= 200").fetchone()[0]
+        assert long >= 5 and short >= 1, store
+    # nothing left running: every tune server on its own port, stopped
+    assert not any(is_listening(p) for p in (port + 100, port + 101))
+    states = list((tmp_path / ".fleetgen" / "tune").glob("*/round*/*/.fleetgen/state.json"))
+    assert states and all(json.loads(s.read_text()).get("instances", {}) == {} for s in states)
+
+
+def test_tune_refuses_keeping_a_forced_acceptance_and_dummy_weights_without_lengths(tmp_path: Path) -> None:
+    fleet = sim_fleet(tmp_path, free_port())
+    prompts, job = job_input(tmp_path)
+    kept = fleetgen_cli(
+        "tune", "-f", str(fleet), str(prompts), "--keep", "chosen", "--simulate-accept-length", "3"
+    )
+    assert kept.returncode == 2 and "never leaves one running" in kept.stderr
+    fleet.write_text(fleet.read_text().replace("[engine.args]\n", '[engine.args]\nload-format = "dummy"\n'))
+    dummy = fleetgen_cli("tune", "-f", str(fleet), "--job", str(job), str(prompts))
+    assert dummy.returncode == 2 and "--output-lengths" in dummy.stderr
+    assert not (tmp_path / ".fleetgen").exists() and not (tmp_path / "fleet.tuned.toml").exists()

@@ -1,0 +1,38 @@
+"""The dashboard's planned capacity reads the model's shape as `plan` and `up` do (`modelshape.model_shape`):
+`engine.model_config` here, else `engine.model` on the fleet's first host reached, never a folder here that
+merely has the model's name. The host is this machine (`LocalHost`: real subprocesses, nothing faked)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from fleetgen.dashboard.fleetdata import planned_capacity
+from fleetgen.deploy.fleet_ref import Fleet
+from fleetgen.remote.local import LocalHost
+
+QWEN = Path(__file__).parents[2] / "data" / "models" / "qwen3.6-27b"
+
+
+def _fleet(tmp_path: Path, model: str, model_config: Path | None = None) -> Fleet:
+    lines = ["[engine]", 'kind = "sglang"', 'version = "0.5.15"', f'model = "{model}"']
+    lines += [f'model_config = "{model_config}"'] if model_config else []
+    lines += ["[[hosts]]", 'name = "n"', "gpus = [0, 1]", "gpu_memory_gib = 141"]
+    path = tmp_path / "fleet.toml"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return Fleet.load(path)
+
+
+async def test_a_same_named_folder_here_is_never_read(tmp_path: Path) -> None:
+    shutil.copytree(QWEN, tmp_path / "models" / "qwen")  # beside the fleet file, as engine.model names it
+    planned, note = await planned_capacity(_fleet(tmp_path, "./models/qwen"), None)
+    assert planned == {} and "none was reached" in note and "model_config" in note
+    planned, note = await planned_capacity(_fleet(tmp_path, "./models/qwen"), LocalHost("n"))
+    assert planned == {} and "cannot read ./models/qwen/config.json on n" in note  # on the host: not there
+
+
+async def test_the_model_is_read_on_the_host_or_from_model_config(tmp_path: Path) -> None:
+    on_host, note = await planned_capacity(_fleet(tmp_path, str(QWEN)), LocalHost("n"))
+    assert note == "" and sorted(on_host) == ["n-0", "n-1"] and all(n > 0 for n in on_host.values())
+    here, note = await planned_capacity(_fleet(tmp_path, "/not/here", QWEN), None)
+    assert (here, note) == (on_host, "")

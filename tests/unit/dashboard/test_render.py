@@ -1,0 +1,51 @@
+"""`dashboard.render`: the fleet table's sick and starved rows, the progress bar."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from fleetgen.dashboard import render
+from fleetgen.dashboard.model import InstanceRow
+from fleetgen.fleet.status import Readiness
+from tests.unit.dashboard._helpers import job_with
+
+
+def test_sick_rows_are_marked_with_their_reason() -> None:
+    rows = [
+        InstanceRow("h-0", "h", (0,), 30000, readiness=Readiness.READY, gen_tokens_per_s=900.0),
+        InstanceRow("h-1", "h", (1,), 30001, readiness=Readiness.DOWN, problem="not running"),
+    ]
+    html = render.fleet_table(rows)
+    sick = re.findall(r'<tr class="instance sick"[^>]*data-instance="([^"]+)"', html)
+    assert sick == ["h-1"] and "not running" in html and "1 SICK" in html
+
+
+@pytest.mark.parametrize(
+    ("running", "queued", "admitted", "is_starved"),
+    [(10, 0, 256, True), (204, 0, 256, True), (205, 0, 256, False), (10, 3, 256, False), (0, 0, 256, False)],
+)
+def test_a_batch_the_job_does_not_keep_full_shows_as_starved(
+    running: int, queued: int, admitted: int, is_starved: bool
+) -> None:
+    """Running under 80 % of what the engine admits with nothing waiting: a note on the row (the server is
+    healthy: not red), running shown beside admitted; an idle server (no job) is not starved."""
+    row = InstanceRow(
+        "h-0",
+        "h",
+        (0,),
+        30000,
+        readiness=Readiness.READY,
+        running=running,
+        queued=queued,
+        max_running_requests=admitted,
+    )
+    html = render.fleet_table([row])
+    assert ("starved" in html) is is_starved and 'class="instance sick"' not in html
+    assert f">{running} / {admitted}<" in html
+
+
+def test_unknown_total_draws_no_full_progress_bar() -> None:
+    html = render.progress_bar(job_with([], total=None))
+    assert 'class="ok"' not in html

@@ -1,0 +1,231 @@
+"""Servers that are not ready when a job starts: drained from the start, probed, restarted when dead (only
+then), taken in once ready; with none ready, a bounded wait and then FleetDown naming each one's problem.
+
+Servers are stand-ins (see test_standin.py for why). The fleet's per-instance status read (SSH +
+/proc + /health, `fleet.pool.FleetLinks.check`) is replaced by a scripted `check` hook here, so that each
+answer (loading, dead, ready, host unreachable) comes on cue; the real one runs in
+tests/integration/generate/test_run_fleet.py over real sshd and fleetgen.sim.
+
+Filed under `generate/health.py` (`Watch`), with `dispatch.py`'s drain as it meets late servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from fleetgen.cli.run import render
+from fleetgen.errors import FleetDown
+from fleetgen.fleet.pool import Link
+from fleetgen.fleet.status import Readiness
+from fleetgen.generate.dispatch import Dispatcher
+from fleetgen.generate.health import Endpoint, Watch, served_models
+from fleetgen.generate.progress import EndpointProgress, Progress
+from fleetgen.generate.runner import FleetHooks
+from fleetgen.generate.work import Record, RetryPolicy, Work
+from fleetgen.http.client import EngineClient
+from tests.unit.generate.test_runner import new_job, rows, write_jsonl
+from tests.unit.generate.test_standin import StandIn, serve
+
+QUICK = RetryPolicy(
+    max_retries=3,
+    backoff_base_s=0.01,
+    backoff_max_s=0.05,
+    probe_interval_s=0.02,
+    probe_interval_max_s=0.02,
+    dead_timeout_s=5.0,
+    max_consecutive_failures=20,
+)
+HANG_GUARD_S = 30.0  # only against a hung test; never asserted as a speed
+
+
+async def all_ready(watch: Watch) -> None:
+    """Return once every endpoint of `watch` is READY (woken by its `on_ready`)."""
+    changed = asyncio.Event()
+    watch.on_ready = changed.set
+    while not all(e.readiness is Readiness.READY for e in watch.endpoints):
+        changed.clear()
+        await asyncio.wait_for(changed.wait(), HANG_GUARD_S)
+
+
+async def test_watch_restarts_the_dead_not_the_loading_until_it_dies(tmp_path: Path) -> None:
+    """s0 is loading at the start: probed, never restarted while loading; it dies while loading, then it is
+    restarted. s1 is dead at the start: restarted at once. Both are taken in once the fleet says ready."""
+    admits: dict[str, int] = {"s0": 0, "s1": 0}
+    restarted: list[tuple[str, int]] = []  # (name, admits seen for it before the restart)
+
+    async def admit(endpoint: Endpoint) -> Readiness:
+        admits[endpoint.name] += 1
+        if any(name == endpoint.name for name, _ in restarted):
+            return Readiness.READY
+        if endpoint.name == "s0" and admits["s0"] < 3:
+            return Readiness.WAITING
+        return Readiness.DOWN
+
+    async def on_dead(name: str) -> None:
+        restarted.append((name, admits[name]))
+
+    async with serve(StandIn()) as a, EngineClient(a.url, max_connections=2, timeout_s=5) as client:
+        endpoints = [
+            Endpoint("s0", client, 2, Readiness.WAITING),
+            Endpoint("s1", client, 2, Readiness.DOWN),
+        ]
+        watch = Watch(endpoints, QUICK, on_dead=on_dead, admit=admit)
+        try:
+            await all_ready(watch)
+        finally:
+            await watch.close()
+    assert sorted(name for name, _ in restarted) == ["s0", "s1"]  # each once
+    assert dict(restarted)["s0"] == 3  # not while it was loading: only once the fleet said it died
+    assert dict(restarted)["s1"] == 0  # dead at the start: restarted before any probe
+    assert [e.num_restarts for e in endpoints] == [1, 1]
+
+
+async def test_no_server_ready_waits_then_fleet_down_names_each_problem() -> None:
+    reasons = {"s0": "not running", "s1": "process runs but the health endpoint does not answer 200"}
+
+    async def admit(endpoint: Endpoint) -> Readiness:
+        endpoint.last_error = reasons[endpoint.name]
+        return Readiness.DOWN if endpoint.name == "s0" else Readiness.WAITING
+
+    waits: list[float] = []
+    async with EngineClient("http://127.0.0.1:9", max_connections=1, timeout_s=1) as nowhere:
+        endpoints = [Endpoint(n, nowhere, 1, Readiness.WAITING, last_error="?") for n in reasons]
+        watch = Watch(endpoints, QUICK, admit=admit)
+        try:
+            with pytest.raises(FleetDown) as err:
+                await served_models(
+                    watch, wait_s=0.3, tick_s=0.05, on_wait=waits.append, is_stopped=lambda: False
+                )
+        finally:
+            await watch.close()
+    assert waits and all(0 < w <= 0.3 for w in waits)
+    assert err.value.message.startswith("no server became ready within 0.3 s")
+    servers = str(err.value.context["servers"])
+    assert "s0 (down): not running" in servers and "s1 (waiting): process runs but" in servers
+    assert "fleetgen status" in err.value.fix and "fleetgen up" in err.value.fix
+
+
+async def test_a_server_not_ready_at_the_start_joins_once_ready_through_its_new_url(tmp_path: Path) -> None:
+    """s1's host was unreachable at the start (no URL yet): it starts drained; once the fleet says it is
+    ready, at a URL of its own, the job follows it there and gives it work."""
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": f"r{i}", "prompt": f"q{i}"} for i in range(200)])
+    seen: list[Progress] = []
+    async with serve(StandIn(delay_s=0.02)) as a, serve(StandIn()) as late:
+
+        async def check(name: str) -> Link:
+            if sum(a.seen.values()) < 20:
+                return Link(name, "", None, None, Readiness.WAITING, "cannot reach h1 over SSH")
+            return Link(name, late.url, None, None)
+
+        job = new_job(
+            tmp_path,
+            prompts,
+            [a.url, ""],
+            policy=QUICK,
+            hooks=FleetHooks(not_ready={"s1": (Readiness.WAITING, "cannot reach h1 over SSH")}, check=check),
+        )
+        summary = await asyncio.wait_for(job.run(seen.append), HANG_GUARD_S)
+    assert summary.status == "complete" and summary.results == 200
+    got = rows(tmp_path / "out", "SELECT id, instance FROM results")
+    assert len(got) == 200 and {i for i, _ in got} == {f"r{i}" for i in range(200)}  # each once
+    assert sum(late.seen.values()) > 0 and summary.endpoints["s1"] > 0  # it joined
+    first = seen[0].endpoints[1]
+    assert (first.readiness, first.last_error) == (
+        Readiness.WAITING,
+        "cannot reach h1 over SSH",
+    )  # shown, with why
+
+
+async def test_none_ready_at_the_start_waits_for_the_first_then_runs(tmp_path: Path) -> None:
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": f"r{i}", "prompt": f"q{i}"} for i in range(30)])
+    calls: list[str] = []
+    seen: list[Progress] = []
+    async with serve(StandIn()) as a:
+
+        async def check(name: str) -> Link:
+            calls.append(name)
+            if len(calls) > 5:  # loading for the first few reads
+                return Link(name, a.url, None, None)
+            return Link(name, a.url, None, None, Readiness.WAITING, "loading")
+
+        job = new_job(
+            tmp_path,
+            prompts,
+            [a.url],
+            policy=QUICK,
+            wait_ready_s=HANG_GUARD_S,
+            hooks=FleetHooks(not_ready={"s0": (Readiness.WAITING, "loading")}, check=check),
+        )
+        summary = await asyncio.wait_for(job.run(seen.append), HANG_GUARD_S)
+    assert summary.status == "complete" and summary.results == 30
+    shown = [p for p in seen if p.waiting_s is not None]
+    assert shown and shown[0].endpoints[0].readiness is Readiness.WAITING and shown[0].endpoints[0].last_error
+    assert seen[-1].waiting_s is None
+
+
+async def test_stop_while_waiting_for_a_first_server_ends_stopped(tmp_path: Path) -> None:
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "r0", "prompt": "q"}])
+
+    async def check(name: str) -> Link:
+        return Link(name, "", None, None, Readiness.DOWN, "not running")
+
+    job = new_job(
+        tmp_path,
+        prompts,
+        [""],
+        policy=QUICK,
+        wait_ready_s=HANG_GUARD_S,
+        hooks=FleetHooks(not_ready={"s0": (Readiness.DOWN, "not running")}, check=check),
+    )
+    run = asyncio.create_task(job.run(lambda _p: job.stop()))  # Ctrl-C as soon as the wait shows
+    summary = await asyncio.wait_for(run, HANG_GUARD_S)
+    assert summary.status == "stopped" and summary.results == 0
+
+
+def test_the_live_view_shows_waiting_and_down_servers_with_why() -> None:
+    client = EngineClient("http://127.0.0.1:9", max_connections=1, timeout_s=1)
+    endpoints = [
+        Endpoint("h0-0", client, 8, Readiness.WAITING, last_error="loading [model] shards"),
+        Endpoint("h0-1", client, 8, Readiness.DOWN, last_error="not running"),
+    ]
+    console = Console(width=200, record=True)
+    waiting = Progress(elapsed_s=1.0, endpoints=[EndpointProgress.of(e) for e in endpoints], waiting_s=42.0)
+    console.print(render(waiting))
+    text = console.export_text()
+    assert "no server is ready: waiting up to 42 s more for one, then the job stops" in " ".join(text.split())
+    cells = {
+        row[0]: row
+        for row in ([c.strip() for c in line.split("│")[1:]] for line in text.splitlines())
+        if row and row[0].startswith("h0-")
+    }
+    assert cells["h0-0"][1] == "waiting" and cells["h0-0"][5] == "loading [model] shards"  # not markup
+    assert cells["h0-1"][1] == "down" and cells["h0-1"][5] == "not running"
+
+
+async def test_a_request_drained_before_its_first_step_goes_back_to_the_queue() -> None:
+    """The dispatcher launches requests in one loop turn; another request's connection failure in that turn
+    drains their endpoint before they ran a step. Each must leave the in-flight count and go back to the
+    queue: a task cancelled before it starts runs none of its body (the job waited forever on "in flight 2",
+    seen in the Slurm preemption test)."""
+    async with EngineClient("http://127.0.0.1:9", max_connections=2, timeout_s=1) as nowhere:
+        endpoints = [Endpoint("s0", nowhere, 4), Endpoint("s1", nowhere, 4)]
+        watch = Watch(endpoints, QUICK)
+        dispatcher = Dispatcher(watch, lambda work: {}, lambda *_: None, lambda *_: None)
+        try:
+            works = [
+                Work(Record(f"r{i}", "q", i, 0, [[{"role": "user", "content": "q"}]]), 0) for i in range(3)
+            ]
+            for work in works:
+                dispatcher._launch(endpoints[0], work)
+            dispatcher._mark_down(endpoints[0])  # the same loop turn: no task has run a step
+            await asyncio.gather(*endpoints[0].tasks, return_exceptions=True)
+            await asyncio.sleep(0)  # the tasks' done callbacks
+            assert dispatcher.num_in_flight == 0 and endpoints[0].in_flight == 0 and not endpoints[0].tasks
+            assert sorted(w.record.record_id for w in dispatcher._retries) == ["r0", "r1", "r2"]
+            assert endpoints[0].readiness is Readiness.DOWN and dispatcher.num_retrying == 3
+        finally:
+            await watch.close()
