@@ -26,7 +26,7 @@ from fleetgen.engines.sglang_timeline import RELEASES, RULE_SETS, TIMELINE, SGLa
 from fleetgen.fleet.planning import parser_refusal
 from fleetgen.modelcard import load_model_shape
 from fleetgen.plan import facts_from_file, plan_fleet
-from fleetgen.plan.sglang.memory import CUDA_CONTEXT_BYTES, SGLangExtras
+from fleetgen.plan.sglang.memory import CUDA_CONTEXT_BYTES, LOAD_OVERHEAD_BYTES, SGLangExtras
 from tests.fixtures import skip_or_fail
 from tests.unit.plan.sglang.test_memory import GPU96, GPU183, MODELS, MOTIVATING, QWEN, plan_one
 
@@ -148,7 +148,7 @@ def test_0_5_8_has_no_qwen3_5_model() -> None:
 
 
 def test_0_5_9_turns_radix_cache_off_with_a_warning_instead_of_refusing() -> None:
-    plan = plan_one(dict(MOTIVATING), version="0.5.9")
+    plan = plan_one(dict(MOTIVATING), version="0.5.9", gpu_gib=GPU183)  # 96 GB: 48 x 4 scratch leaves no KV
     assert plan.fits, plan.errors
     warning = next(w for w in plan.warnings if w.rule == "spec-no-buffer-radix")
     assert warning.message.startswith(
@@ -342,7 +342,7 @@ DRAFT_VOCAB_TABLES = 2 * 248_320 * 5_120 * 2
 def _joint(gpu_gib: float, padded: bool, vlm_mib: int, cell: int) -> tuple[int, int, int]:
     """`handle_max_mamba_cache` joint solve (0.5.13–0.5.16 unpadded, 0.5.17+ padded), written out again."""
     pad, d, rho = int(padded), 4, 5
-    weights = QWEN.weight_bytes + DRAFT_VOCAB_TABLES
+    weights = QWEN.weight_bytes + LOAD_OVERHEAD_BYTES + DRAFT_VOCAB_TABLES
     rest = (gpu_gib * GIB - CUDA_CONTEXT_BYTES) * 0.9 - weights - vlm_mib * (1 << 20)
     budget = rest * 0.9 / 1.9
     slots = int((budget - pad * P * (1 + d)) // (P * (1 + d / rho)))
@@ -360,7 +360,8 @@ def test_joint_solve_variants(version: str, padded: bool, vlm_mib: int, cell: in
     m = plan_one(dict(MOTIVATING), version=version, gpu_gib=GPU183).memory  # auto → extra_buffer, ρ 5
     slots = SGLangExtras.of(m).mamba_slots
     assert (slots, m.kv_tokens, m.max_running_requests) == _joint(GPU183, padded, vlm_mib, cell)
-    assert m.weights_bytes == QWEN.weight_bytes + DRAFT_VOCAB_TABLES and m.kv_bytes_per_token == cell
+    weights = QWEN.weight_bytes + LOAD_OVERHEAD_BYTES + DRAFT_VOCAB_TABLES
+    assert m.weights_bytes == weights and m.kv_bytes_per_token == cell
 
 
 def test_0_5_8_reserves_the_scratch_even_with_an_explicit_pool() -> None:

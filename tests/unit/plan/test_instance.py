@@ -100,7 +100,7 @@ def test_the_issue_case_qwen3_next_on_80_gib() -> None:
     of weights per GPU: no room for the pools), and no negative Mamba pool anywhere."""
     p = plan(SHAPES["qwen3-next-80b-a3b"], "sglang", "0.5.23", 1, 80.0).instances[0]
     assert [e.rule for e in p.errors] == ["weights-exceed-gpu"]
-    assert "148.3 GiB per GPU (tp = 1); the GPU has 80.0 GiB" in p.errors[0].message
+    assert "148.7 GiB per GPU (tp = 1); the GPU has 80.0 GiB" in p.errors[0].message
     assert p.fixes and p.fixes[0].tp == 4 and p.fixes[0].change.startswith("tp = 4")
     sg = SGLangExtras.of(p.memory)
     assert sg.mamba_slots == 0 and sg.mamba_pool_bytes == 0

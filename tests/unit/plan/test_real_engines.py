@@ -2,8 +2,10 @@
 own fleet file and compared with the numbers the engine itself logged at start.
 
 Invariant: for every captured run, planned KV tokens, max concurrency / running requests and Mamba slots are
-within 5 % of what the engine reported (the SGLang no-spec run, already right before, within 2 %). The
-engines' numbers are read from their own log lines here, never copied into the test.
+within 5 % of what the engine reported (the SGLang no-spec run, already right before, within 2 %); for every
+setting `fleetgen tune` measured on SGLang 0.5.15 (and the capacity runs before it), KV tokens within
+2.5 %, Mamba slots and max running exact, and the tune job's running requests within 5 % of the most the
+engine ran. The engines' numbers are read from their own log lines here, never copied into the test.
 
 Filed under `plan` (`plan_fleet` through `plan/sglang/memory.py` and `plan/vllm/memory.py`).
 """
@@ -13,18 +15,23 @@ from __future__ import annotations
 import re
 import tomllib
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from fleetgen.config import FleetFile
+from fleetgen.config import FleetFile, load_job
+from fleetgen.generate.jobshape import output_lengths_of, read_job_shape
 from fleetgen.modelcard import load_model_shape
 from fleetgen.plan import InstancePlan, plan_fleet
+from fleetgen.plan.job import JobShape
 from fleetgen.plan.sglang.memory import SGLangExtras
-from fleetgen.plan.types import GpuFacts, HostFacts
+from fleetgen.plan.types import GIB, GpuFacts, HostFacts
 from fleetgen.plan.vllm.memory import pool_layout
 
 DATA = Path(__file__).parents[2] / "data"
+BENCH = Path(__file__).parents[3] / "bench" / "gpu"
 REAL = DATA / "real-engines"
 QWEN = load_model_shape(DATA / "models" / "qwen3.6-27b")
 H200_TOTAL = 143_771 << 20  # nvidia-smi memory.total [MiB] of the capture machine; 0 MiB used at start
@@ -62,12 +69,15 @@ RUNS = (
 
 
 def _plan(fleet_path: Path) -> InstancePlan:
-    fleet = FleetFile.model_validate(tomllib.loads(fleet_path.read_text()))
+    return _plan_fleet(FleetFile.model_validate(tomllib.loads(fleet_path.read_text())))
+
+
+def _plan_fleet(fleet: FleetFile, job: JobShape | None = None) -> InstancePlan:
     facts = {
         h.name: HostFacts(h.name, gpus=(GpuFacts(0, H200_TOTAL, H200_TOTAL, measured=True),))
         for h in fleet.hosts
     }
-    return plan_fleet(fleet, QWEN, facts, None).instances[0]
+    return plan_fleet(fleet, QWEN, facts, None, job=job).instances[0]
 
 
 def _number(pattern: str, text: str) -> float:
@@ -126,3 +136,90 @@ def test_sglang_mtp_draft_weights_are_what_the_engine_loaded() -> None:
     loaded = _number(r"type=Qwen3_5ForCausalLMMTP, .*mem usage=([\d.]+) GB", log) * (1 << 30)
     planned = SGLangExtras.of(_plan(REAL / "sglang-0.5.15-h200/fleet-mtp.toml").memory).draft_weights_bytes
     assert planned == pytest.approx(loaded, rel=0.05)
+
+
+@dataclass(frozen=True)
+class Capture:
+    """One SGLang 0.5.15 start on the H200: its flags over its folder's fleet.toml, and its log extract."""
+
+    folder: Path
+    name: str
+    args: dict[str, Any]
+
+    @property
+    def log(self) -> str:
+        return (self.folder / f"{self.name}.txt").read_text()
+
+    @property
+    def is_tune(self) -> bool:
+        return self.folder.name.endswith("-tune")
+
+    def fleet(self) -> FleetFile:
+        raw = tomllib.loads((self.folder / "fleet.toml").read_text())
+        raw["engine"]["args"] = {**raw["engine"]["args"], **self.args}
+        return FleetFile.model_validate(raw)
+
+
+def _captures(folder: Path) -> list[Capture]:
+    runs = tomllib.loads((folder / "runs.toml").read_text())["runs"]
+    return [Capture(folder, name, dict(run["args"])) for name, run in runs.items()]
+
+
+CAPTURES = _captures(REAL / "sglang-0.5.15-h200-tune") + _captures(REAL / "sglang-0.5.15-h200-capacity")
+KV_TOLERANCE = 0.025
+
+
+@cache
+def tune_job() -> JobShape:
+    """The job tune measured the candidates on, read as `plan --job … --output-lengths …` reads it."""
+    return read_job_shape(
+        load_job(BENCH / "tune-job.toml"),
+        BENCH / "tune-prompts.jsonl",
+        tokenizer_dir=None,
+        output_lengths=output_lengths_of("mean=1800,min=300,max=6000"),
+    )
+
+
+@pytest.mark.parametrize("capture", CAPTURES, ids=[c.name for c in CAPTURES])
+def test_captured_flags_are_the_ones_the_engine_ran(capture: Capture) -> None:
+    """Each run's flags in runs.toml, as the engine's own server_args line shows them (True, 263, 'EAGLE')."""
+    server_args = next(line for line in capture.log.splitlines() if "server_args=ServerArgs(" in line)
+    for flag, value in capture.args.items():
+        assert f" {flag.replace('-', '_')}={value!r}," in server_args, (flag, value)
+
+
+@pytest.mark.parametrize("capture", CAPTURES, ids=[c.name for c in CAPTURES])
+def test_planned_pools_are_what_sglang_allocated_for_every_captured_setting(capture: Capture) -> None:
+    """KV tokens within 2.5 %, Mamba slots and SGLang's max running requests exact: with MTP on a small KV
+    pool (66,002 tokens at 80 running) a gigabyte misplaced is a quarter of the pool."""
+    planned = _plan_fleet(capture.fleet()).to_json()
+    real = engine_reported(capture.log)
+    assert planned["kv_tokens"] == pytest.approx(real["kv_tokens"], rel=KV_TOLERANCE)
+    assert planned["mamba_slots"] == real["mamba_slots"]
+    assert planned["max_running_requests"] == real["max_running_requests"]
+
+
+@pytest.mark.parametrize("capture", CAPTURES, ids=[c.name for c in CAPTURES])
+def test_planned_startup_memory_is_what_sglang_measured(capture: Capture) -> None:
+    """What SGLang measures before it sizes the pools: the free memory it starts from (`Load weight begin`)
+    and what loading the target took (`mem usage`), each within 0.5 % (logged to 0.01 GB)."""
+    memory = _plan_fleet(capture.fleet()).memory
+    free = _number(r"Load weight begin\. avail mem=([\d.]+) GB", capture.log.split("Load weight end")[0])
+    loaded = _number(r"type=Qwen3_5ForConditionalGeneration, .*mem usage=([\d.]+) GB", capture.log)
+    assert memory.free_bytes == pytest.approx(free * GIB, rel=0.005)
+    assert memory.weights_bytes - SGLangExtras.of(memory).draft_weights_bytes == pytest.approx(
+        loaded * GIB, rel=0.005
+    )
+
+
+TUNE = [c for c in CAPTURES if c.is_tune]
+
+
+@pytest.mark.parametrize("capture", TUNE, ids=[c.name for c in TUNE])
+def test_planned_job_running_is_what_the_engine_ran_for_every_tune_candidate(capture: Capture) -> None:
+    """The tune job's running requests the plan gives each candidate (66 of 75 for MTP: the KV pool binds),
+    within 5 % of the most the engine ran under that job."""
+    running = _plan_fleet(capture.fleet(), tune_job()).job
+    assert running is not None
+    peak = _number(r"Decode batch, #running-req: (\d+),", capture.log)
+    assert running.as_written.running == pytest.approx(peak, rel=0.05), running.as_written.bound

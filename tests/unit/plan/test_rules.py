@@ -325,7 +325,7 @@ def test_example_fleet_file_plans_offline() -> None:
     result = CliRunner().invoke(app, ["plan", "--offline", "--json", "-f", str(example)])
     assert result.exit_code == 0, result.output
     instances = json.loads(result.output)["instances"]
-    assert len(instances) == 11 and all(i["fits"] and i["max_running_requests"] >= 8 for i in instances)
+    assert len(instances) == 11 and all(i["fits"] and i["max_running_requests"] >= 7 for i in instances)
 
 
 def _one_fitting_one_not() -> tuple[Any, Any]:

@@ -68,15 +68,15 @@ def ask(
 
 def test_the_h200_defaults_are_capped_by_the_mamba_pool_and_the_job_settings_lift_them() -> None:
     """The fleet file of the H200 runs: 44 running (engine: 44), bound by the Mamba pool ÷ 5; radix off sizes
-    the pool for the job: 253 fit its KV per request (the engine admitted exactly the 256 it was given)."""
+    the pool for the job: 249 fit its KV per request (the engine admitted exactly the 256 it was given)."""
     a = ask(args={"mem-fraction-static": 0.85, "context-length": 8192})
     planned = plan_job(SGLANG, a, SGLANG.size(a), job())
     mine = planned.as_written
     assert (mine.running, "Mamba pool" in mine.bound, "ρ 5" in mine.bound) == (44, True, True)
-    assert planned.best.running == 253
+    assert planned.best.running == 249
     assert planned.best.args["disable-radix-cache"] is True
-    assert planned.best.args["max-running-requests"] == 253
-    assert planned.warning is not None and "--max-running-requests 253" in planned.warning.message
+    assert planned.best.args["max-running-requests"] == 249
+    assert planned.warning is not None and "--max-running-requests 249" in planned.warning.message
 
 
 def test_the_planned_kv_pool_at_256_running_is_within_5_percent_of_the_engines() -> None:

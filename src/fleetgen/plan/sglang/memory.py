@@ -29,7 +29,18 @@ from fleetgen.plan.types import GIB, MIB, Issue, Memory, MemoryExtras
 
 CONV_DTYPE_BYTES = 2  # SGLANG_MAMBA_CONV_DTYPE defaults to bfloat16
 HICACHE_RESERVE_BYTES = 10 * GIB  # SGLang's HICACHE_HOST_MEMORY_RESERVE_BYTES
-CUDA_CONTEXT_BYTES = 512 * MIB  # CUDA context + NCCL before SGLang measures free memory (estimate)
+# What an SGLang scheduler holds on its GPU before it measures `pre_model_load_memory`, the free memory its
+# whole budget is a fraction of (CUDA context, kernels loaded at import, torch.distributed): measured. On the
+# H200 (143,771 MiB, 0 used) every 0.5.15 start logged "Load weight begin. avail mem=139.09 GB": 1,343 MiB
+# (tests/data/real-engines/sglang-0.5.15-h200-tune/). With the 512 MiB assumed before and no load overhead
+# (below), the plan gave the pools ~1.1 GB SGLang never had: 14 % of MTP's KV pool at 75 running.
+CUDA_CONTEXT_BYTES = 1343 * MIB
+# What loading the target takes beyond its checkpoint's tensors, per GPU: buffers built on the GPU at init and
+# kept in PyTorch's cache (the RoPE cos/sin cache over max_position and its temporaries, …), which SGLang's
+# free-memory measure counts as used. Measured: Qwen3.6-27B logged "mem usage=51.31 GB" for 50.96 GiB of
+# tensors (index total_size less the mtp.* layer), in every 0.5.15 start on the H200; the MTP draft's load
+# matched its tensors (5.53 GB).
+LOAD_OVERHEAD_BYTES = 364 * MIB
 
 
 @dataclass(frozen=True)
@@ -251,11 +262,12 @@ def size_sglang(x: SGLangAsk) -> tuple[Memory, list[Issue]]:
 
 
 def _rest(x: SGLangAsk, budget: float) -> tuple[int, int, float]:
-    """(draft weights, weights counted in the budget, what the budget leaves for the pools)."""
+    """(draft weights, weights counted in the budget, what the budget leaves for the pools). The target's
+    weights are what its load takes (`LOAD_OVERHEAD_BYTES` over its tensors), as SGLang's "mem usage" says."""
     shape, rules, tp = x.shape, x.rules, x.tp
     draft_w = draft_weight_bytes(shape, tp) if x.settings.is_spec else 0
     in_budget = draft_w if rules.draft_weights_in_budget else 0
-    weights = (shape.weight_bytes - shape.mtp_weight_bytes) // tp + in_budget
+    weights = (shape.weight_bytes - shape.mtp_weight_bytes) // tp + LOAD_OVERHEAD_BYTES + in_budget
     rest = budget - weights
     if shape.is_multimodal:
         rest -= rules.vlm_cache_reserve_mb * MIB  # 0.5.18+ reserves the VLM embedding cache out of KV
