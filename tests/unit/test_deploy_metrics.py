@@ -6,9 +6,10 @@ import json
 
 import pytest
 
+from fleetgen.deploy.readiness import Readiness
 from fleetgen.engines import get_engine
 from fleetgen.errors import EndpointError
-from fleetgen.fleet.status import InstanceStatus, Readiness
+from fleetgen.fleet.status import InstanceStatus
 from fleetgen.http.metrics import (
     Scrape,
     counter_rate,

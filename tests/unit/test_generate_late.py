@@ -16,9 +16,9 @@ import pytest
 from rich.console import Console
 
 from fleetgen.cli.run import render
+from fleetgen.deploy.readiness import Judgement, Readiness
 from fleetgen.errors import FleetDown
 from fleetgen.fleet.pool import Link
-from fleetgen.fleet.status import Readiness
 from fleetgen.generate.dispatch import Dispatcher
 from fleetgen.generate.health import Endpoint, Watch, served_models
 from fleetgen.generate.progress import EndpointProgress, Progress
@@ -55,13 +55,13 @@ async def test_watch_restarts_the_dead_not_the_loading_until_it_dies(tmp_path: P
     admits: dict[str, int] = {"s0": 0, "s1": 0}
     restarted: list[tuple[str, int]] = []  # (name, admits seen for it before the restart)
 
-    async def admit(endpoint: Endpoint) -> Readiness:
+    async def admit(endpoint: Endpoint) -> Judgement:
         admits[endpoint.name] += 1
         if any(name == endpoint.name for name, _ in restarted):
-            return Readiness.READY
+            return Judgement(Readiness.READY)
         if endpoint.name == "s0" and admits["s0"] < 3:
-            return Readiness.WAITING
-        return Readiness.DOWN
+            return Judgement(Readiness.WAITING, "loading")
+        return Judgement(Readiness.DOWN, "not running")
 
     async def on_dead(name: str) -> None:
         restarted.append((name, admits[name]))
@@ -85,9 +85,11 @@ async def test_watch_restarts_the_dead_not_the_loading_until_it_dies(tmp_path: P
 async def test_no_server_ready_waits_then_fleet_down_names_each_problem() -> None:
     reasons = {"s0": "not running", "s1": "process runs but the health endpoint does not answer 200"}
 
-    async def admit(endpoint: Endpoint) -> Readiness:
+    async def admit(endpoint: Endpoint) -> Judgement:
         endpoint.last_error = reasons[endpoint.name]
-        return Readiness.DOWN if endpoint.name == "s0" else Readiness.WAITING
+        return Judgement(
+            Readiness.DOWN if endpoint.name == "s0" else Readiness.WAITING, reasons[endpoint.name]
+        )
 
     waits: list[float] = []
     async with EngineClient("http://127.0.0.1:9", max_connections=1, timeout_s=1) as nowhere:

@@ -8,7 +8,7 @@ import pytest
 
 from fleetgen.dashboard import page, render
 from fleetgen.dashboard.model import Example, InstanceRow, JobView, Sample, eta_seconds, rate_series
-from fleetgen.fleet.status import Readiness
+from fleetgen.deploy.readiness import Readiness
 
 REPORT_SECTIONS = (
     "summary",

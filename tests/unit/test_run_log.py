@@ -10,7 +10,7 @@ import dataclasses
 from pathlib import Path
 
 from fleetgen.cli.runlog import PlainLog
-from fleetgen.fleet.status import Readiness
+from fleetgen.deploy.readiness import Readiness
 from fleetgen.generate.progress import EndpointProgress, Progress
 from tests.unit.test_generate_job import new_job, write_jsonl
 from tests.unit.test_generate_standin import StandIn, serve
