@@ -10,6 +10,7 @@ tests/integration/test_run_fleet.py over real sshd and fleetgen.sim.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -229,3 +230,49 @@ async def test_a_request_drained_before_its_first_step_goes_back_to_the_queue() 
             assert endpoints[0].readiness is Readiness.DOWN and dispatcher.num_retrying == 3
         finally:
             await watch.close()
+
+
+async def test_a_drained_endpoint_stays_down_while_its_fleet_says_loading_then_joins() -> None:
+    """Drained (DOWN), then restarted by someone: the fleet says WAITING (loading) twice, then READY. The live
+    view says down until it is back, never "waiting" meanwhile (`decide`: down stays down until ready)."""
+    seen: list[Readiness] = []
+
+    async def admit(endpoint: Endpoint) -> Judgement:
+        seen.append(endpoint.readiness)
+        if len(seen) <= 2:
+            return Judgement(Readiness.WAITING, "loading")
+        return Judgement(Readiness.READY)
+
+    async with serve(StandIn()) as a, EngineClient(a.url, max_connections=1, timeout_s=5) as client:
+        watch = Watch([Endpoint("s0", client, 1, Readiness.DOWN, last_error="drained")], QUICK, admit=admit)
+        try:
+            await all_ready(watch)
+        finally:
+            await watch.close()
+    assert seen[:3] == [Readiness.DOWN] * 3
+
+
+async def test_the_hung_guard_drains_a_silent_endpoint_whose_health_fails_and_says_why() -> None:
+    """Both hold a request with no answer for longer than `hung_after_s`: the one whose /health answers is
+    slow (looked at again later), the one whose /health fails is hung, and `on_hung` says so."""
+    hung: list[tuple[str, str]] = []
+    found = asyncio.Event()
+
+    def on_hung(endpoint: Endpoint, why: str) -> None:
+        hung.append((endpoint.name, why))
+        found.set()
+
+    async with (
+        serve(StandIn()) as a,
+        EngineClient(a.url, max_connections=1, timeout_s=5) as alive,
+        EngineClient("http://127.0.0.1:9", max_connections=1, timeout_s=1) as nowhere,
+    ):
+        slow, silent = Endpoint("slow", alive, 1, in_flight=1), Endpoint("silent", nowhere, 1, in_flight=1)
+        watch = Watch([slow, silent], dataclasses.replace(QUICK, hung_after_s=0.2, health_timeout_s=1.0))
+        watch.on_hung = on_hung
+        try:
+            await asyncio.wait_for(found.wait(), HANG_GUARD_S)
+        finally:
+            await watch.close()
+    assert [name for name, _ in hung] == ["silent"] and slow.answered_at > 0.0
+    assert "1 requests in flight" in hung[0][1] and "looks hung" in hung[0][1]
