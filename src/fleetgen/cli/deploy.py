@@ -16,7 +16,8 @@ from fleetgen.deploy.fleetops import down as do_down
 from fleetgen.deploy.fleetops import up as do_up
 from fleetgen.deploy.instance import Outcome
 from fleetgen.deploy.logs import read_log
-from fleetgen.fleet.status import InstanceStatus, Readiness, fleet_status, open_view
+from fleetgen.deploy.readiness import Readiness
+from fleetgen.fleet.status import InstanceStatus, fleet_status, open_view
 
 ONLY_OPTION = typer.Option(None, "--only", help="Instance or host names (repeatable); default: all.")
 

@@ -25,10 +25,10 @@ import fleetgen.cli.app as cli
 from fleetgen.cli.runlog import PlainLog, progress_line
 from fleetgen.config import JobFile, load_job
 from fleetgen.deploy.fleet_ref import Fleet
+from fleetgen.deploy.readiness import Readiness
 from fleetgen.deploy.wanted import refuse_simulated_acceptance
 from fleetgen.errors import ConfigError, FleetDown, FleetgenError
 from fleetgen.fleet.pool import Link, open_fleet
-from fleetgen.fleet.status import Readiness
 from fleetgen.generate.dispatch import in_flight_for
 from fleetgen.generate.export import FORMATS, ExportSummary, export
 from fleetgen.generate.fleetlink import fleet_hooks, url_hooks

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from fleetgen.fleet.status import Readiness
+from fleetgen.deploy.readiness import Readiness
 from fleetgen.generate.progress import Progress
 
 

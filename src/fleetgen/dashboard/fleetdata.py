@@ -2,9 +2,10 @@
 
 - a fleet file (`-f`): `fleetgen.fleet.status.FleetView`, the same live truth `fleetgen status` shows
   (process, drift, health, load, through tunnels kept open while the page is served);
-- plain endpoints (`--endpoint URL`): each server's own health, then its /metrics and info endpoint read by
-  the same reader as a fleet's (`fleet.enginestate`). The engine is recognised from its metric names
-  (`sglang:` / `vllm:`), so no fleet file is needed.
+- plain endpoints (`--endpoint URL`): each server's own health, judged by `deploy.readiness.decide` as a bare
+  URL (by its health alone, as `run --endpoint` judges it), then its /metrics and info endpoint read by the
+  same reader as a fleet's (`fleet.enginestate`), a remark when they do not answer. The engine is recognised
+  from its metric names (`sglang:` / `vllm:`), so no fleet file is needed.
 
 Planned capacity comes from the plan of the fleet file, its model's shape read as `plan` and `up` read it; a
 plan that cannot be made leaves the column empty and says why.
@@ -22,9 +23,10 @@ import aiohttp
 from fleetgen.dashboard.model import InstanceRow
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.modelshape import model_shape
+from fleetgen.deploy.readiness import Readiness, Seen, decide
 from fleetgen.errors import EndpointError, FleetgenError
 from fleetgen.fleet.enginestate import read_engine
-from fleetgen.fleet.status import FleetView, Readiness
+from fleetgen.fleet.status import FleetView
 from fleetgen.http.client import BareURLs, EngineClient
 from fleetgen.http.metrics import Scrape
 from fleetgen.plan.fleet import facts_from_file, plan_fleet
@@ -68,15 +70,16 @@ class EndpointSource:
         where = urlsplit(endpoint.url)
         row = InstanceRow(endpoint.name, where.hostname or "", (), where.port or 0, url=endpoint.url)
         # Both engines serve /health; which engine it is shows only in the metric names, read after.
-        if not await client.is_healthy(HEALTH_PATH):
-            row.readiness, row.problem = Readiness.DOWN, f"GET {endpoint.url}{HEALTH_PATH} did not answer 200"
+        row.readiness, why = decide(Seen(is_healthy=await client.is_healthy(HEALTH_PATH)))
+        if row.readiness is not Readiness.READY:
+            row.problem = f"{why}: GET {endpoint.url}{HEALTH_PATH}"
             return row
-        row.readiness = Readiness.READY
-        try:
+        try:  # its engine's own numbers: a remark beside a bare URL's readiness, never a condition of it
             state = await read_engine(client, None, endpoint.before)
         except EndpointError as exc:
             row.problem = f"no metrics: {exc.message} (SGLang serves them with --enable-metrics)"
             return row
+        row.problem = state.problem
         endpoint.before, load = state.scrape, state.load
         row.running, row.queued = load.running, load.queued
         row.gen_tokens_per_s, row.spec_accept_length = load.gen_tokens_per_s, load.spec_accept_length

@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fleetgen.dashboard.svg import Series
-from fleetgen.fleet.status import InstanceStatus, Readiness
+from fleetgen.deploy.readiness import Readiness
+from fleetgen.fleet.status import InstanceStatus
 
 MAX_POINTS = 120  # a chart over days keeps this many buckets: enough to see dips, light to ship every 1.5 s
 

@@ -22,8 +22,8 @@ from aiohttp import web
 from fleetgen.dashboard import page
 from fleetgen.dashboard.jobdata import JobReader
 from fleetgen.dashboard.model import InstanceRow, JobView, Sample
+from fleetgen.deploy.readiness import Readiness
 from fleetgen.errors import ConfigError, FleetgenError
-from fleetgen.fleet.status import Readiness
 
 LOOPBACK = "127.0.0.1"  # never another address: from elsewhere, users tunnel (ssh -L) to it
 REFRESH_S = 1.0

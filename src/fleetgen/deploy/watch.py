@@ -3,7 +3,8 @@
 One SSH round trip per poll reads the process's /proc stat line *then* the log bytes appended since the last
 poll (stat first, so when the process is found dead the log already holds its last words). Every new line is
 matched against the engine's fatal signatures and a few generic ones; the health endpoint is polled through
-the tunnel. The first of: fatal line, process gone, healthy, timeout — ends the wait at once.
+the tunnel. What that means is `deploy.readiness.decide`'s: DOWN (fatal line, process gone) or READY ends the
+wait at once, as does the timeout; a DOWN start is explained here from its log (the root-cause exception).
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import posixpath
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from fleetgen.deploy.readiness import Readiness, Seen, decide
 from fleetgen.engines.base import Engine, FatalSignature, RuleSet
 from fleetgen.errors import LaunchFailed, ReadyTimeout, tail
 from fleetgen.http.client import EngineClient
@@ -169,14 +171,14 @@ async def wait_ready(
     while True:
         new = await poll_once(proc.host, watch, proc.pid, proc.start_time)
         fatal = first_fatal(new, own)
-        if fatal:
-            await asyncio.sleep(SETTLE_S)
-            await poll_once(proc.host, watch, proc.pid, proc.start_time)
+        seen = Seen(fatal=fatal[1] if fatal else "", is_alive=watch.is_alive)
+        if decide(seen).readiness is Readiness.DOWN:  # health cannot change that: not asked
+            if fatal:
+                await asyncio.sleep(SETTLE_S)
+            await poll_once(proc.host, watch, proc.pid, proc.start_time)  # its last words
             raise _failed(proc, watch, signatures, fatal)
-        if not watch.is_alive:
-            await poll_once(proc.host, watch, proc.pid, proc.start_time)
-            raise _failed(proc, watch, signatures)
-        if await client.is_healthy(engine.health_path):
+        seen = replace(seen, is_healthy=await client.is_healthy(engine.health_path))
+        if decide(seen).readiness is Readiness.READY:
             return watch
         elapsed = time.monotonic() - since
         if elapsed > timeout_s:

@@ -16,9 +16,10 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from fleetgen.deploy.fleet_ref import Fleet
+from fleetgen.deploy.readiness import Readiness, Seen, decide
 from fleetgen.deploy.state import load_state
 from fleetgen.errors import FleetDown
-from fleetgen.fleet.status import FleetView, Readiness, open_view
+from fleetgen.fleet.status import FleetView, open_view
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ class FleetLinks:
         if one is None:  # its host is unreachable, or (Slurm) its job is not running
             failed = self._failed.get(name)
             if failed is None:
-                return Link(name, "", self.secret, None, Readiness.WAITING, "its host is unreachable")
+                return Link(name, "", self.secret, None, *decide(Seen(unseen="its host is unreachable")))
             return Link(name, "", self.secret, None, failed.readiness, failed.problem)
         s = await one.read(name)
         url = s.url or await one.url_of(name)

@@ -6,17 +6,16 @@ the process and its argv/environ (drift), the health endpoint, /metrics and SGLa
 and `fleetgen run` use one (re-reading one instance: `FleetView.read`); `fleet_status` opens one for a single
 read. The engine's own numbers are read by `fleet.enginestate`, as for a bare URL.
 
-`Readiness` (ready / waiting / down) is the one readiness the tree passes on, its why beside it as a
-problem text. The command is compared with /proc, never a rendered script.
+This module observes; whether an instance is ready is `deploy.readiness.decide`'s to say, from what it saw
+(`Seen`), the why beside it as the problem text. The command is compared with /proc, never a rendered script.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from fleetgen.config import LOOPBACK, Instance
@@ -24,28 +23,17 @@ from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import open_hosts
 from fleetgen.deploy.instance import HostSession, running_process
 from fleetgen.deploy.listener import port_owners, stranger_problem
+from fleetgen.deploy.readiness import Readiness, Seen, decide
 from fleetgen.deploy.script import Command
 from fleetgen.deploy.slurm import place
 from fleetgen.deploy.state import load_state
 from fleetgen.deploy.verify import process_drift
 from fleetgen.deploy.wanted import api_key, wanted_command
-from fleetgen.errors import FleetgenError
+from fleetgen.errors import EndpointError, FleetgenError
 from fleetgen.fleet.enginestate import read_engine
 from fleetgen.http.client import EngineClient
 from fleetgen.http.metrics import Scrape
 from fleetgen.remote.base import Host
-
-
-class Readiness(enum.Enum):
-    """Whether an instance (an endpoint of a job) takes work; the why travels beside it as a problem text.
-
-    The one readiness of the tree: `status` reads it, `pool` passes it, a job's dispatcher and live view and
-    the dashboard show it. The values are the words `run`'s live view and the dashboard print.
-    """
-
-    READY = "ready"  # runs as the fleet file says and answers: takes work
-    WAITING = "waiting"  # not yet: loading, /health failing, host unreachable, drift, a stranger on its port
-    DOWN = "down"  # its process is gone (in a job: or it failed requests and was drained); a restart may help
 
 
 @dataclass
@@ -143,18 +131,19 @@ class FleetView:
         inst = w.inst
         st = InstanceStatus(inst.name, inst.host, inst.gpus, inst.port, placement=w.placement)
         try:
-            await self._read(w, st, rate_window_s)
-        except FleetgenError as exc:
-            st.readiness, st.problem = Readiness.WAITING, exc.message
+            seen = await self._read(w, st, rate_window_s)
+        except FleetgenError as exc:  # its host went away mid-read
+            seen = Seen(unseen=exc.message)
+        st.readiness, st.problem = decide(seen)
         st.log_path = st.log_path or w.command.paths.current_log
         return st
 
-    async def _read(self, w: _Watched, st: InstanceStatus, rate_window_s: float) -> None:
+    async def _read(self, w: _Watched, st: InstanceStatus, rate_window_s: float) -> Seen:
+        """Look at the instance, filling `st` with what it shows; stop once what is seen settles it."""
         rec = load_state(self.fleet.path).get(st.instance)
         running = await running_process(w.hs, w.command, rec)
         if running is None:
-            st.readiness, st.problem = Readiness.DOWN, "not running"
-            return
+            return Seen(is_alive=False)
         st.pid, st.uptime_s = running.pid, w.hs.survey.uptime_of(running.start_time)
         st.log_path = rec.log_path if rec and rec.pid == running.pid else ""
         st.drift = process_drift(w.command, running, self.secret)
@@ -162,25 +151,24 @@ class FleetView:
         client = EngineClient(st.url, session=w.hs.http, api_key=self.secret, timeout_s=10.0)
         engine = self.fleet.engine
         if not await client.is_healthy(engine.health_path):
-            st.problem = "process runs but the health endpoint does not answer 200 (loading, or hung)"
-            return
-        stranger = stranger_problem(
-            await port_owners(w.hs.host, st.port), running.pid, w.hs.public_bind or LOOPBACK
-        )
-        if stranger:  # the health check was answered, but maybe not by this instance's process
-            st.problem = stranger
-            return
-        state = await read_engine(client, engine, w.before, args=w.command.args, rate_window_s=rate_window_s)
+            return Seen(is_alive=True, is_healthy=False)
+        owners = await port_owners(w.hs.host, st.port)
+        # the health check was answered, but maybe not by this instance's process
+        stranger = stranger_problem(owners, running.pid, w.hs.public_bind or LOOPBACK)
+        seen = Seen(is_alive=True, is_healthy=True, stranger=stranger, drift=tuple(st.drift))
+        if stranger:
+            return seen
+        try:
+            state = await read_engine(
+                client, engine, w.before, args=w.command.args, rate_window_s=rate_window_s
+            )
+        except EndpointError as exc:
+            return replace(seen, engine_problem=exc.message)
         w.before, load = state.scrape, state.load
         st.running, st.queued, st.kv_usage = load.running, load.queued, load.kv_usage
         st.gen_tokens_per_s, st.spec_accept_length = load.gen_tokens_per_s, load.spec_accept_length
         st.max_running_requests = state.max_running_requests
-        if state.problem:
-            st.problem = state.problem
-        elif st.drift:
-            st.problem = "drift: the running process differs from the fleet file"
-        else:
-            st.readiness = Readiness.READY
+        return replace(seen, engine_problem=state.problem)
 
 
 @contextlib.asynccontextmanager
@@ -205,7 +193,8 @@ async def open_view(fleet: Fleet, *, only: Sequence[str] | None = None) -> Async
         static = {i.name: i for h in fleet.file.hosts for i in fleet.file.instances_on(h)}
         for name, entry, error in opened.failed:
             gpus, port = (static[name].gpus, static[name].port) if name in static else ((), 0)
-            view.failed.append(InstanceStatus(name, entry.name, gpus, port, problem=error.message))
+            readiness, why = decide(Seen(unseen=error.message))
+            view.failed.append(InstanceStatus(name, entry.name, gpus, port, readiness=readiness, problem=why))
         yield view
 
 
@@ -219,9 +208,10 @@ async def _place(
         if p.node is not None:
             view.watch(p.node, p.inst, placement=p.where, job=p.job)
             continue
-        readiness = Readiness.DOWN if p.has_ended else Readiness.WAITING
+        seen = Seen(is_alive=False, gone=p.where) if p.has_ended else Seen(unseen=p.where)
+        readiness, why = decide(seen)
         status = InstanceStatus(p.inst.name, login.entry.name, p.inst.gpus, p.inst.port, readiness=readiness)
-        status.problem = status.placement = p.where
+        status.problem, status.placement = why, p.where
         view.failed.append(status)
 
 

@@ -29,8 +29,8 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from fleetgen.deploy.readiness import Readiness
 from fleetgen.errors import FleetDown, FleetgenError
-from fleetgen.fleet.status import Readiness
 from fleetgen.generate.health import Endpoint, Watch, states
 from fleetgen.generate.rejects import Streak
 from fleetgen.generate.work import Work

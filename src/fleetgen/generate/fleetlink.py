@@ -19,9 +19,9 @@ from fleetgen.config import FleetFile
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import up
 from fleetgen.deploy.instance import Action, Outcome
+from fleetgen.deploy.readiness import Readiness
 from fleetgen.errors import DeployError
 from fleetgen.fleet.pool import FleetLinks, Link
-from fleetgen.fleet.status import Readiness
 from fleetgen.generate.runner import FleetHooks
 from fleetgen.http.client import BareURLs
 

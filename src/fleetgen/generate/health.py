@@ -2,13 +2,15 @@
 
 An endpoint's `readiness` (the fleet's one `Readiness`) is READY (takes work), WAITING (not ready since the
 job started: still loading, its host unreachable, drifted from the fleet file — it joins once healthy) or
-DOWN (its process is gone, or it failed requests and was drained). A `Watch` probes every endpoint that is
-not READY — first asking the fleet (`admit`, with a fleet file: the instance's readiness as its host reports
-it now, and where its tunnel is), then GET /health — at a growing interval, and marks it READY once it
-answers. With `--restart-dead` (`on_dead`), a DOWN endpoint is restarted through the deploy layer in the
-background, so the other endpoints keep taking work meanwhile. With none READY, the job waits a bounded time
-on one clock (`Watch.wait_left_s`): `--wait-ready` for a first one at the start, `dead_timeout_s` mid-job
-(`--dead-timeout`). The hung guard (`--hung-after`) drains an endpoint with no answer and a failing /health.
+DOWN (its process is gone, or it failed requests and was drained). This module observes — the fleet's
+judgement re-read, GET /health, silence with requests in flight — and `deploy.readiness.decide` judges. A
+`Watch` probes every endpoint that is not READY — first asking the fleet (`admit`, with a fleet file: the
+instance's readiness as its host reports it now, and where its tunnel is), then GET /health — at a growing
+interval, and marks it READY once `decide` says so. With `--restart-dead` (`on_dead`), a DOWN endpoint is
+restarted through the deploy layer in the background, so the other endpoints keep taking work meanwhile.
+With none READY, the job waits a bounded time on one clock (`Watch.wait_left_s`): `--wait-ready` for a first
+one at the start, `dead_timeout_s` mid-job (`--dead-timeout`). The hung guard (`--hung-after`) drains an
+endpoint with no answer and a failing /health.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetgen.deploy.readiness import Judgement, Readiness, Seen, decide
 from fleetgen.errors import EndpointError, FleetDown, FleetgenError
-from fleetgen.fleet.status import Readiness
 from fleetgen.generate.work import RetryPolicy
 from fleetgen.http.client import EngineClient
 
@@ -59,7 +61,7 @@ class Watch:
         policy: RetryPolicy,
         *,
         on_dead: OnDead | None = None,
-        admit: Callable[[Endpoint], Awaitable[Readiness]] | None = None,
+        admit: Callable[[Endpoint], Awaitable[Judgement]] | None = None,
     ) -> None:
         self.endpoints = endpoints
         self.policy = policy
@@ -77,8 +79,10 @@ class Watch:
         self._spawn(self._guard_hung())
 
     def lost(self, endpoint: Endpoint) -> None:
-        """The endpoint failed (connection, repeated errors): DOWN, probed, restarted with `on_dead`."""
-        endpoint.readiness = Readiness.DOWN
+        """The endpoint failed (connection, repeated errors, hung; why in its `last_error`): DOWN, probed,
+        restarted with `on_dead`."""
+        seen = Seen(lost=endpoint.last_error or "drained", was=endpoint.readiness)
+        endpoint.readiness = decide(seen).readiness
         self._watch(endpoint)
 
     def wait_left_s(self, limit_s: float) -> float | None:
@@ -114,15 +118,14 @@ class Watch:
             for e in self.endpoints:
                 if e.readiness is not Readiness.READY or not e.in_flight or now - e.answered_at < limit:
                     continue
-                if await e.client.is_healthy(timeout_s=min(self.policy.health_timeout_s, limit)):
+                is_healthy = await e.client.is_healthy(timeout_s=min(self.policy.health_timeout_s, limit))
+                silent_s, num = time.monotonic() - e.answered_at, e.in_flight
+                silent = f"no answer for {silent_s:.0f} s with {num} requests in flight"
+                readiness, why = decide(Seen(silent=silent, is_healthy=is_healthy, was=e.readiness))
+                if readiness is Readiness.READY:
                     e.answered_at = now  # slow (long generations), not hung: look again after `limit`
                 elif e.readiness is Readiness.READY and e.in_flight and self.on_hung is not None:
-                    silent = time.monotonic() - e.answered_at
-                    self.on_hung(
-                        e,
-                        f"no answer for {silent:.0f} s with {e.in_flight} requests in flight and "
-                        "/health failing: the engine looks hung (its log says why)",
-                    )
+                    self.on_hung(e, why)
 
     def _restart_soon(self, endpoint: Endpoint) -> None:
         if self._on_dead is not None and endpoint not in self._restarting:
@@ -161,26 +164,26 @@ class Watch:
 
     async def _bring_back(self, endpoint: Endpoint) -> None:
         """READY once the fleet (`admit`) and then its /health say so; a starting one that died is DOWN."""
-        fleet_says = Readiness.READY
+        fleet: Judgement | None = None
         if self._admit is not None:
             try:
-                fleet_says = await self._admit(endpoint)
+                fleet = await self._admit(endpoint)
             except FleetgenError as exc:  # e.g. the host is unreachable: not back yet, and why
-                endpoint.last_error, fleet_says = exc.message, Readiness.WAITING
-        if fleet_says is Readiness.DOWN and endpoint.readiness is Readiness.WAITING:
-            endpoint.readiness = Readiness.DOWN  # it was starting and died: a restart may bring it back
-            self._restart_soon(endpoint)
-        if (
-            fleet_says is not Readiness.READY
-            or endpoint.readiness is Readiness.READY
-            or not await endpoint.client.is_healthy(timeout_s=PROBE_TIMEOUT_S)
-        ):
+                endpoint.last_error, fleet = exc.message, decide(Seen(unseen=exc.message))
+        was = endpoint.readiness
+        if was is Readiness.READY:
             return
-        endpoint.readiness = Readiness.READY
-        endpoint.num_failures_in_row = 0
-        self._none_ready_since = None
-        if self.on_ready is not None:
-            self.on_ready()
+        is_healthy = None  # asked only where the fleet vouches for it: else it cannot change the judgement
+        if fleet is None or fleet.readiness is Readiness.READY:
+            is_healthy = await endpoint.client.is_healthy(timeout_s=PROBE_TIMEOUT_S)
+        endpoint.readiness = decide(Seen(fleet=fleet, is_healthy=is_healthy, was=was)).readiness
+        if endpoint.readiness is Readiness.DOWN and was is Readiness.WAITING:
+            self._restart_soon(endpoint)  # it was starting and died: a restart may bring it back
+        if endpoint.readiness is Readiness.READY:
+            endpoint.num_failures_in_row = 0
+            self._none_ready_since = None
+            if self.on_ready is not None:
+                self.on_ready()
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)

@@ -10,7 +10,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-from fleetgen.fleet.status import Readiness
+from fleetgen.deploy.readiness import Readiness
 from fleetgen.generate.health import Endpoint
 from fleetgen.generate.source import Position
 from fleetgen.generate.store import Counts

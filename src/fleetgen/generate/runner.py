@@ -28,9 +28,9 @@ from typing import Any
 
 import orjson
 
+from fleetgen.deploy.readiness import Judgement, Readiness
 from fleetgen.errors import JobError, ParamsMismatch
 from fleetgen.fleet.pool import Link
-from fleetgen.fleet.status import Readiness
 from fleetgen.generate import jobmeta, rows
 from fleetgen.generate.dispatch import Dispatcher
 from fleetgen.generate.forced import ForcedLengths
@@ -134,7 +134,7 @@ class Job:
         )
         return await self._stack.enter_async_context(client)
 
-    async def _admit(self, endpoint: Endpoint) -> Readiness:
+    async def _admit(self, endpoint: Endpoint) -> Judgement:
         """Re-read the endpoint's instance from its host: may it take work? Its reason goes to the view."""
         assert self.fleet.check is not None
         link = await self.fleet.check(endpoint.name)
@@ -144,7 +144,7 @@ class Job:
             )  # its host was unreachable when the job started
         if link.readiness is not Readiness.READY:
             endpoint.last_error = link.problem
-        return link.readiness
+        return Judgement(link.readiness, link.problem)
 
     async def _run(
         self, store: Store, intake: Intake, watch: Watch, on_progress: OnProgress | None

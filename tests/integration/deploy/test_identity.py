@@ -28,8 +28,9 @@ from fleetgen.config import load_fleet
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import down, up
 from fleetgen.deploy.listener import port_owners, stranger_problem
+from fleetgen.deploy.readiness import Readiness
 from fleetgen.errors import LaunchFailed, PlanError, VerifyError
-from fleetgen.fleet.status import Readiness, fleet_status
+from fleetgen.fleet.status import fleet_status
 from fleetgen.remote import open_host
 from tests.fixtures.sshd import SshdHost
 from tests.integration.deploy.support import free_ports, write_fleet

@@ -26,8 +26,9 @@ from fleetgen.deploy import wanted
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import down, up
 from fleetgen.deploy.instance import Action, Outcome
+from fleetgen.deploy.readiness import Readiness
 from fleetgen.errors import LaunchFailed, VerifyError
-from fleetgen.fleet.status import Readiness, fleet_status
+from fleetgen.fleet.status import fleet_status
 from fleetgen.modelcard import load_model_shape
 from fleetgen.plan import facts_from_file, plan_fleet
 from fleetgen.remote import open_host

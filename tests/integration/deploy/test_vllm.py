@@ -12,8 +12,9 @@ import pytest
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import down, up
 from fleetgen.deploy.instance import Action
+from fleetgen.deploy.readiness import Readiness
 from fleetgen.fleet.pool import ready_endpoints
-from fleetgen.fleet.status import Readiness, fleet_status
+from fleetgen.fleet.status import fleet_status
 from tests.fixtures.sshd import SshdHost
 from tests.fixtures.vllm import TinyModel
 from tests.integration.deploy.support import log_files, read, resolved, write_fleet

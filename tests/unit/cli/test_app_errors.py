@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 import fleetgen.cli.deploy as deploy_cli
 from fleetgen.cli import _TOPICS
 from fleetgen.cli.app import app
-from fleetgen.fleet.status import InstanceStatus, Readiness
+from fleetgen.deploy.readiness import Readiness
+from fleetgen.fleet.status import InstanceStatus
 from fleetgen.generate.store import Store
 
 

@@ -12,7 +12,7 @@ import dataclasses
 from pathlib import Path
 
 from fleetgen.cli.runlog import PlainLog
-from fleetgen.fleet.status import Readiness
+from fleetgen.deploy.readiness import Readiness
 from fleetgen.generate.progress import EndpointProgress, Progress
 from tests.unit.generate.test_runner import new_job, write_jsonl
 from tests.unit.generate.test_standin import StandIn, serve

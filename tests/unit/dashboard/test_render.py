@@ -8,7 +8,7 @@ import pytest
 
 from fleetgen.dashboard import render
 from fleetgen.dashboard.model import InstanceRow
-from fleetgen.fleet.status import Readiness
+from fleetgen.deploy.readiness import Readiness
 from tests.unit.dashboard._helpers import job_with
 
 

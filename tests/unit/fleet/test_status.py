@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from fleetgen.fleet.status import InstanceStatus, Readiness
+from fleetgen.deploy.readiness import Readiness
+from fleetgen.fleet.status import InstanceStatus
 
 # The keys the deploy issue asks `status --json` to carry (tests/integration/deploy/test_vllm.py reuses them).
 STATUS_JSON_KEYS = frozenset(

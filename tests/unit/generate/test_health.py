@@ -12,15 +12,16 @@ Filed under `generate/health.py` (`Watch`), with `dispatch.py`'s drain as it mee
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
 from fleetgen.cli.run import render
+from fleetgen.deploy.readiness import Judgement, Readiness
 from fleetgen.errors import FleetDown
 from fleetgen.fleet.pool import Link
-from fleetgen.fleet.status import Readiness
 from fleetgen.generate.dispatch import Dispatcher
 from fleetgen.generate.health import Endpoint, Watch, served_models
 from fleetgen.generate.progress import EndpointProgress, Progress
@@ -57,13 +58,13 @@ async def test_watch_restarts_the_dead_not_the_loading_until_it_dies(tmp_path: P
     admits: dict[str, int] = {"s0": 0, "s1": 0}
     restarted: list[tuple[str, int]] = []  # (name, admits seen for it before the restart)
 
-    async def admit(endpoint: Endpoint) -> Readiness:
+    async def admit(endpoint: Endpoint) -> Judgement:
         admits[endpoint.name] += 1
         if any(name == endpoint.name for name, _ in restarted):
-            return Readiness.READY
+            return Judgement(Readiness.READY)
         if endpoint.name == "s0" and admits["s0"] < 3:
-            return Readiness.WAITING
-        return Readiness.DOWN
+            return Judgement(Readiness.WAITING, "loading")
+        return Judgement(Readiness.DOWN, "not running")
 
     async def on_dead(name: str) -> None:
         restarted.append((name, admits[name]))
@@ -87,9 +88,11 @@ async def test_watch_restarts_the_dead_not_the_loading_until_it_dies(tmp_path: P
 async def test_no_server_ready_waits_then_fleet_down_names_each_problem() -> None:
     reasons = {"s0": "not running", "s1": "process runs but the health endpoint does not answer 200"}
 
-    async def admit(endpoint: Endpoint) -> Readiness:
+    async def admit(endpoint: Endpoint) -> Judgement:
         endpoint.last_error = reasons[endpoint.name]
-        return Readiness.DOWN if endpoint.name == "s0" else Readiness.WAITING
+        return Judgement(
+            Readiness.DOWN if endpoint.name == "s0" else Readiness.WAITING, reasons[endpoint.name]
+        )
 
     waits: list[float] = []
     async with EngineClient("http://127.0.0.1:9", max_connections=1, timeout_s=1) as nowhere:
@@ -229,3 +232,49 @@ async def test_a_request_drained_before_its_first_step_goes_back_to_the_queue() 
             assert endpoints[0].readiness is Readiness.DOWN and dispatcher.num_retrying == 3
         finally:
             await watch.close()
+
+
+async def test_a_drained_endpoint_stays_down_while_its_fleet_says_loading_then_joins() -> None:
+    """Drained (DOWN), then restarted by someone: the fleet says WAITING (loading) twice, then READY. The live
+    view says down until it is back, never "waiting" meanwhile (`decide`: down stays down until ready)."""
+    seen: list[Readiness] = []
+
+    async def admit(endpoint: Endpoint) -> Judgement:
+        seen.append(endpoint.readiness)
+        if len(seen) <= 2:
+            return Judgement(Readiness.WAITING, "loading")
+        return Judgement(Readiness.READY)
+
+    async with serve(StandIn()) as a, EngineClient(a.url, max_connections=1, timeout_s=5) as client:
+        watch = Watch([Endpoint("s0", client, 1, Readiness.DOWN, last_error="drained")], QUICK, admit=admit)
+        try:
+            await all_ready(watch)
+        finally:
+            await watch.close()
+    assert seen[:3] == [Readiness.DOWN] * 3
+
+
+async def test_the_hung_guard_drains_a_silent_endpoint_whose_health_fails_and_says_why() -> None:
+    """Both hold a request with no answer for longer than `hung_after_s`: the one whose /health answers is
+    slow (looked at again later), the one whose /health fails is hung, and `on_hung` says so."""
+    hung: list[tuple[str, str]] = []
+    found = asyncio.Event()
+
+    def on_hung(endpoint: Endpoint, why: str) -> None:
+        hung.append((endpoint.name, why))
+        found.set()
+
+    async with (
+        serve(StandIn()) as a,
+        EngineClient(a.url, max_connections=1, timeout_s=5) as alive,
+        EngineClient("http://127.0.0.1:9", max_connections=1, timeout_s=1) as nowhere,
+    ):
+        slow, silent = Endpoint("slow", alive, 1, in_flight=1), Endpoint("silent", nowhere, 1, in_flight=1)
+        watch = Watch([slow, silent], dataclasses.replace(QUICK, hung_after_s=0.2, health_timeout_s=1.0))
+        watch.on_hung = on_hung
+        try:
+            await asyncio.wait_for(found.wait(), HANG_GUARD_S)
+        finally:
+            await watch.close()
+    assert [name for name, _ in hung] == ["silent"] and slow.answered_at > 0.0
+    assert "1 requests in flight" in hung[0][1] and "looks hung" in hung[0][1]
