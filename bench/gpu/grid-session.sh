@@ -19,11 +19,20 @@ grid_wait() {  # grid_wait SECONDS: until the grid says done (or the time), then
 # `fleetgen tune` on the device (bench/gpu/sglang-0.5.15-h200-tune.toml): its own folder, in the background
 FG="import sys; sys.argv[0] = 'fleetgen'; from fleetgen.cli import main; main()"
 tune_start() {  # tune_start ARGS…: fleetgen tune with the H200 files, output in /root/tune-run
+  TUNE_FLEET=${TUNE_FLEET:-bench/gpu/sglang-0.5.15-h200-tune.toml} TUNE_SITE=${TUNE_SITE:-$SITE}
   rm -rf /root/tune-run && mkdir -p /root/tune-run && cp -r src bench /root/tune-run/ && cd /root/tune-run &&
-    (PYTHONPATH=$SITE:/root/tune-run/src setsid nohup $PY -c "$FG" tune -f bench/gpu/sglang-0.5.15-h200-tune.toml \
+    (PYTHONPATH=$TUNE_SITE:/root/tune-run/src setsid nohup $PY -c "$FG" tune -f $TUNE_FLEET \
       --job bench/gpu/tune-job.toml bench/gpu/tune-prompts.jsonl --output-lengths mean=1800,min=300,max=6000 \
       --out /root/tune-run/tuned.toml --json "$@" > /root/tune-run/tune.json 2> /root/tune-run/tune.log < /dev/null &)
   cd - > /dev/null; echo tune started; }
+# vLLM 0.24.0 (bench/gpu/vllm-0.24.0-h200-tune.toml): the bundle's pieces as .gpu/vNN, one a call (`vtake`), then
+# `vassemble` (installs into /root/vsite in the foreground), then
+# `TUNE_FLEET=bench/gpu/vllm-0.24.0-h200-tune.toml TUNE_SITE=/root/vsite tune_start …`
+vtake() { mkdir -p /root/vin && mv .gpu/v* /root/vin/ && ls /root/vin | tr '\n' ' ' && du -sh /root/vin; }
+vassemble() {
+  mkdir -p /root/vbundle && cat /root/vin/v* | tar -x -C /root/vbundle && rm -f /root/vin/v* &&
+    bash /root/vbundle/install.sh /root/vsite $PY > /root/vinstall.log 2>&1; tail -1 /root/vinstall.log
+  PYTHONPATH=/root/vsite $PY -c "import vllm; print('vllm', vllm.__version__)" 2>&1 | tail -1; }
 tune_wait() {  # tune_wait SECONDS: until tune ends (or the time), then its files into $OUT
   local s=$SECONDS; while [ $((SECONDS-s)) -lt $1 ]; do pgrep -f "tune -f bench/gpu" > /dev/null || break; sleep 5; done
   tail -30 /root/tune-run/tune.log; cp /root/tune-run/tune.json /root/tune-run/tune.log /root/tune-run/tuned.* $OUT/ 2>/dev/null
