@@ -23,6 +23,10 @@ def days(completions: int, tokens: float, tok_s: float | None) -> str:
     return "—" if not tok_s else f"{completions * tokens / tok_s / 86400:.1f} days"
 
 
+def _at(c: dict[str, Any]) -> str:
+    return f"{c['candidate']} {c['decode_tps']:,.0f} tok/s at {c['mean_running']:.0f} running"
+
+
 def table(result: dict[str, Any], completions: int, tokens: float) -> list[str]:
     md = [
         "| candidate | planned running | engine admitted | mean running | decode tok/s | completions/s "
@@ -40,6 +44,14 @@ def table(result: dict[str, Any], completions: int, tokens: float) -> list[str]:
             f"| {c['candidate']}{mark} | {c['planned_running']} | {c['engine_running']} | {mean} | {tok} | "
             f"{done} | {ratio} | {c['change'] or '(the fleet file)'}{' — ' + said if said else ''} |"
         )
+    ok = [c for c in result["candidates"] if c.get("decode_tps") and not c.get("error")]
+    spec = [c for c in ok if "speculative" in " ".join(c["args"]) or c.get("accept_length")]
+    plain = [c for c in ok if c not in spec]
+    if spec and plain:
+        best_s = max(spec, key=lambda c: c["decode_tps"])
+        best_p = max(plain, key=lambda c: c["decode_tps"])
+        ratio = best_s["decode_tps"] / best_p["decode_tps"]
+        md += ["", f"Speculation at the best batch of each: {_at(best_s)} vs {_at(best_p)}: {ratio:.2f}×."]
     chosen = next((c for c in result["candidates"] if c["chosen"]), None)
     mine = next((c for c in result["candidates"] if c["candidate"] == "as-written"), None)
     md += [
