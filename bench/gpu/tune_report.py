@@ -38,10 +38,11 @@ def table(result: dict[str, Any], completions: int, tokens: float) -> list[str]:
         ratio = f"{c['ratio_to_as_written']:.2f}" if c.get("ratio_to_as_written") else "—"
         tok = f"{c['decode_tps']:,.0f}" if c.get("decode_tps") else "—"
         done = f"{c['completions_per_s']:.2f}" if c.get("completions_per_s") else "—"
+        admitted = c.get("engine_admitted", c.get("engine_running"))  # the key's name before 2026-12-03
         mean = f"{c['mean_running']:.1f}" if c.get("mean_running") is not None else "—"
         said = "; ".join([*c.get("notes", []), *([c["error"]] if c.get("error") else [])])
         md.append(
-            f"| {c['candidate']}{mark} | {c['planned_running']} | {c['engine_running']} | {mean} | {tok} | "
+            f"| {c['candidate']}{mark} | {c['planned_running']} | {admitted} | {mean} | {tok} | "
             f"{done} | {ratio} | {c['change'] or '(the fleet file)'}{' — ' + said if said else ''} |"
         )
     ok = [c for c in result["candidates"] if c.get("decode_tps") and not c.get("error")]

@@ -61,7 +61,7 @@ def result_table(result: TuneResult) -> Table:
             f"{m.completions_per_s:.2f}",
             f"{m.accept_length:.2f}" if m.accept_length is not None else "—",
             f"{r:.2f}×" if r is not None else "—",
-            (m.error or "; ".join(m.notes))[:80],
+            m.error or "; ".join(m.notes),
         )
     return grid
 
@@ -89,7 +89,7 @@ def _measured_json(m: Measured, result: TuneResult) -> dict[str, Any]:
         "env_names": sorted(s.env),
         "planned_running": s.running,
         "planned_bound": s.bound,
-        "engine_running": m.admitted,
+        "engine_admitted": m.admitted,
         "mean_running": m.running,
         "decode_tps": m.decode_tps,
         "decode_tps_per_gpu": m.decode_tps_per_gpu if m.is_ok else None,

@@ -101,8 +101,8 @@ def test_tune_finds_radix_off_with_a_large_batch_writes_a_fleet_plan_reads_and_s
     [chosen] = [r for r in result["candidates"] if r["chosen"]]
     # the engine's defaults: the Mamba pool's slots ÷ ρ 5 admit a few dozen; radix off: one slot each
     assert chosen["args"]["disable-radix-cache"] is True
-    assert chosen["engine_running"] >= 4 * base["engine_running"]
-    assert chosen["planned_running"] == chosen["engine_running"]  # planned as the engine admits
+    assert chosen["engine_admitted"] >= 4 * base["engine_admitted"]
+    assert chosen["planned_running"] == chosen["engine_admitted"]  # planned as the engine admits
     assert chosen["decode_tps_per_gpu"] > base["decode_tps_per_gpu"] and chosen["ratio_to_as_written"] > 1
     # the budget: a round takes about a third of it, so later rounds were not started
     assert result["unmeasured"] and result["rounds"] < 4
