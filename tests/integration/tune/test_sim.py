@@ -145,3 +145,26 @@ def test_tune_refuses_keeping_a_forced_acceptance_and_dummy_weights_without_leng
     dummy = fleetgen_cli("tune", "-f", str(fleet), "--job", str(job), str(prompts))
     assert dummy.returncode == 2 and "--output-lengths" in dummy.stderr
     assert not (tmp_path / ".fleetgen").exists() and not (tmp_path / "fleet.tuned.toml").exists()
+
+
+def test_a_batch_not_settled_by_the_warmup_is_never_ranked(tmp_path: Path) -> None:
+    """`--warmup 0`: no candidate's batch is ready at its first look, so each is an error naming the fix,
+    none is chosen, no tuned file is written, and tune exits non-zero."""
+    fleet = sim_fleet(tmp_path, free_port())
+    prompts, job = job_input(tmp_path)
+    knobs = [
+        "--window",
+        "5",
+        "--warmup",
+        "0",
+        "--budget",
+        "1s",
+        "--output-lengths",
+        "mean=300,min=50,max=1000",
+    ]
+    done = fleetgen_cli("tune", "-f", str(fleet), "--job", str(job), str(prompts), *knobs, "--json")
+    assert done.returncode == 1, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["candidates"] and not result["chosen"] and result["out"] is None
+    assert all("--warmup" in r["error"] and not r["chosen"] for r in result["candidates"])
+    assert not (tmp_path / "fleet.tuned.toml").exists()
