@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import sysconfig
@@ -22,20 +21,16 @@ from pathlib import Path
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import down, up
 from fleetgen.deploy.state import load_state
-from tests.fixtures import skip_or_fail
+from tests.fixtures.sglang import real_sglang_python
 from tests.fixtures.sshd import SshdHost
 from tests.integration.deploy.test_sglang import FLEETGEN, QWEN36, sim_fleet
-
-SGLANG_PYTHON = os.environ.get("FLEETGEN_SGLANG_PYTHON", "~/.cache/fleetgen/sglang-venv/bin/python")
 
 
 def python_with_real_sglang(root: Path) -> str:
     """A venv whose python imports fleetgen (for `fleetgen.sim`) and, after it, the real SGLang install's
     site-packages: the version probe reads SGLang's own dist-info (this project's packages come first, so
     the sim runs on the versions it was tested with)."""
-    real = Path(SGLANG_PYTHON).expanduser()
-    if not real.is_file():
-        skip_or_fail("SGLang 0.5.23's install", f"no python at {real}: run scripts/install-sglang-parser.sh")
+    real = Path(real_sglang_python())
     code = """
 import importlib.metadata, sysconfig
 print(importlib.metadata.version("sglang"), sysconfig.get_paths()["purelib"])

@@ -22,50 +22,19 @@ from fleetgen.fleet.planning import plan_from_file
 from fleetgen.modelcard import load_model_shape
 from fleetgen.plan.sglang.memory import kv_bytes_per_token, state_bytes_per_request
 from tests.fixtures import skip_or_fail
+from tests.fixtures.sglang import named_python, real_sglang_python
 from tests.unit.plan.sglang.test_memory import GPU96, MODELS, MOTIVATING, plan_one
 
 pytestmark = pytest.mark.sglang
-PYTHON = os.environ.get("FLEETGEN_SGLANG_PYTHON", "")
-
-
-def _sglang_version() -> str:
-    if not PYTHON or not Path(PYTHON).exists():
-        return ""
-    done = subprocess.run(
-        [PYTHON, "-c", "import sglang; print(sglang.__version__)"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    return done.stdout.strip() if done.returncode == 0 else ""
-
-
-VERSION = _sglang_version()
+PYTHON = str(named_python() or "")  # checked by the fixture before any test here uses it
 
 
 @pytest.fixture
 def sglang_python() -> str:
-    """The python named by FLEETGEN_SGLANG_PYTHON; skipped locally when none is named, a failure under CI
-    (scripts/test.sh names one). A named python without SGLang 0.5.23 is a failure anywhere."""
-    if not PYTHON:
-        skip_or_fail(
-            "SGLang 0.5.23's parser",
-            "set FLEETGEN_SGLANG_PYTHON to a python with it (scripts/install-sglang-parser.sh)",
-        )
-    return PYTHON
+    return real_sglang_python()
 
 
 needs_sglang = pytest.mark.usefixtures("sglang_python")
-
-
-@pytest.fixture(autouse=True)
-def _the_named_python_has_sglang_0_5_23() -> None:
-    if PYTHON:
-        assert VERSION.startswith("0.5.23"), (
-            f"FLEETGEN_SGLANG_PYTHON={PYTHON} has SGLang {VERSION or 'not importable'}; "
-            "run scripts/install-sglang-parser.sh"
-        )
 
 
 def _parse(argv: list[str]) -> dict[str, object]:

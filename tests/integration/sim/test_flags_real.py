@@ -18,8 +18,7 @@ from typing import Any
 import pytest
 
 from fleetgen.sim.flags import SIM_KNOBS, build_parser, load_flag_data
-from tests.fixtures import skip_or_fail
-from tests.integration.engines.test_sglang_parser import PYTHON, VERSION
+from tests.fixtures.sglang import real_sglang_python
 
 pytestmark = pytest.mark.sglang
 
@@ -128,14 +127,10 @@ def without_sim_knobs(result: dict[str, Any]) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def both() -> tuple[dict[str, Any], dict[str, Any], list[list[str]]]:
     """(SGLang's answers, the sim's answers, the argvs asked)."""
-    if not PYTHON:
-        skip_or_fail(
-            "SGLang 0.5.23's parser", "set FLEETGEN_SGLANG_PYTHON (scripts/install-sglang-parser.sh)"
-        )
-    assert VERSION.startswith("0.5.23"), f"FLEETGEN_SGLANG_PYTHON={PYTHON} has SGLang {VERSION or 'none'}"
+    python = real_sglang_python()
     cases = argvs()
     done = subprocess.run(
-        [PYTHON, "-c", REAL],
+        [python, "-c", REAL],
         input=json.dumps(cases),
         capture_output=True,
         text=True,
