@@ -126,11 +126,8 @@ def up(
         job = read_job_shape_for(loaded.file.engine, loaded.path, job_file, input_path, output_lengths)
 
         def planned(plans: list[InstancePlan]) -> None:
-            if job is None:
-                return
-            if not plans:
-                cli.warn("not planned for this job: the model's shape could not be read (see above)")
-            print_job_plans(plans)
+            if job is not None:
+                print_job_plans(plans)
             jobs.update({p.instance: p.job for p in plans if p.job is not None})
 
         return await do_up(

@@ -86,7 +86,9 @@ def job_table(job: JobPlan, title: str = "for this job") -> Table:
 def print_job_plans(plans: Sequence[InstancePlan]) -> None:
     """`up --job` before it launches: per set of instances planned alike for the job, its `job-throughput`
     warning and the job's table cut to what `up` launches (as-written) and the plan's best setting. The
-    launch goes on: the flags are the user's."""
+    launch goes on: the flags are the user's. None planned: the model's shape was not read (up said why)."""
+    if not plans:
+        cli.warn("not planned for this job: the model's shape could not be read (see above)")
     groups: dict[str, tuple[JobPlan, list[str]]] = {}
     for p in plans:
         if p.job is not None:

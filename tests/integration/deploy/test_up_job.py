@@ -60,7 +60,8 @@ def test_up_for_a_job_warns_before_launching_and_says_planned_vs_admitted_per_in
         assert started.returncode == 0, started.stderr[-3000:]
         plain = fleetgen_cli("up", "-f", str(fleet))  # the same servers, left as they are
         assert plain.returncode == 0, plain.stderr[-3000:]
-        assert not any("for this job" in o.stdout or "[job-throughput]" in o.stdout for o in (started, plain))
+        job_words = ("for this job", "[job-throughput]")
+        assert not any(w in o.stdout + o.stderr for w in job_words for o in (started, plain))
 
         done = fleetgen_cli("up", "-f", str(fleet), *for_job)
         assert done.returncode == 0, done.stderr[-3000:]

@@ -97,3 +97,10 @@ def test_before_launching_each_job_plan_is_printed_once_with_its_warning_and_bes
     # a-0/a-1: the flags up launches and the best; b-0's own are its best; fp8 changes the numbers
     assert re.findall(r"^│ (\S+)", out, re.MULTILINE) == ["as-written", "no-radix-200", "as-written"]
     assert "c-0: not planned for this job" in err and "c-0" not in out
+
+
+def test_no_plan_at_all_is_said(capsys: pytest.CaptureFixture[str]) -> None:
+    """No model shape read: up planned nothing, and says the job went unplanned rather than nothing."""
+    print_job_plans([])
+    out, err = capsys.readouterr()
+    assert out == "" and "not planned for this job: the model's shape could not be read" in err
