@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -12,12 +12,24 @@ from rich.markup import escape
 from rich.table import Table
 
 import fleetgen.cli.app as cli
+from fleetgen.cli.jobplan import (
+    InputOption,
+    JobFileOption,
+    OutputLengthsOption,
+    admission_line,
+    admitted_of,
+    print_job_plans,
+    read_job_shape_for,
+)
+from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import down as do_down
 from fleetgen.deploy.fleetops import up as do_up
 from fleetgen.deploy.instance import Outcome
 from fleetgen.deploy.logs import read_log
 from fleetgen.deploy.readiness import Readiness
 from fleetgen.fleet.status import InstanceStatus, fleet_status, open_view
+from fleetgen.plan import InstancePlan
+from fleetgen.plan.types import JobPlan
 
 ONLY_OPTION = typer.Option(None, "--only", help="Instance or host names (repeatable); default: all.")
 
@@ -26,9 +38,10 @@ def _progress(instance: str, message: str) -> None:
     cli.err_console.print(f"[dim]{escape(instance)}:[/] {escape(message)}", highlight=False)
 
 
-def _report(outcomes: Sequence[Outcome], verb: str) -> None:
+def _report(outcomes: Sequence[Outcome], verb: str, jobs: Mapping[str, JobPlan] | None = None) -> None:
     """Print one block per instance, one per error that failed several (a fleet-wide refusal names them all
-    once); exit 1 when one failed."""
+    once), and for an instance planned for a job (`jobs`), its running requests planned next to what the
+    engine admits; exit 1 when one failed."""
     failed = 0
     shown: set[int] = set()
     for out in sorted(outcomes, key=lambda o: o.instance):
@@ -51,6 +64,10 @@ def _report(outcomes: Sequence[Outcome], verb: str) -> None:
         line = ", ".join([f"[green]✓ {out.instance}[/] ({out.host}) {action}", *filter(None, facts)])
         cli.console.print(line, highlight=False)
         _print_verified(out)
+        job = (jobs or {}).get(out.instance)
+        if job is not None and out.verified is not None:
+            admitted = admitted_of(out.verified.capacity)
+            cli.console.print("    " + escape(admission_line(job, admitted)), highlight=False)
     total = len(outcomes)
     style = "red" if failed else "green"
     cli.console.print(f"[{style}]{total - failed}/{total} {verb}[/]", highlight=False)
@@ -94,12 +111,30 @@ def up(
     fleet_path: Path = cli.FLEET_OPTION,
     only: list[str] | None = ONLY_OPTION,
     plan_check: bool = PLAN_CHECK_OPTION,
+    job_file: JobFileOption = None,
+    input_path: InputOption = None,
+    output_lengths: OutputLengthsOption = None,
 ) -> None:
-    """Start (or leave running) every instance, wait until ready, and verify it."""
-    _report(
-        cli.run_on(fleet_path, lambda f: do_up(f, only=only, plan_check=plan_check, progress=_progress)),
-        "ready",
-    )
+    """Start (or leave running) every instance, wait until ready, and verify it.
+
+    With --job and --input, up's plan is for that job (as `plan --job`): before launching it prints the
+    job-throughput warning and the best setting (it launches the flags as written all the same), and after
+    verifying each instance the job's running requests planned next to what the engine admits."""
+    jobs: dict[str, JobPlan] = {}
+
+    async def work(loaded: Fleet) -> list[Outcome]:
+        job = read_job_shape_for(loaded.file.engine, loaded.path, job_file, input_path, output_lengths)
+
+        def planned(plans: list[InstancePlan]) -> None:
+            if job is not None:
+                print_job_plans(plans)
+            jobs.update({p.instance: p.job for p in plans if p.job is not None})
+
+        return await do_up(
+            loaded, only=only, plan_check=plan_check, progress=_progress, job=job, planned=planned
+        )
+
+    _report(cli.run_on(fleet_path, work), "ready", jobs)
 
 
 @cli.app.command()

@@ -5,21 +5,24 @@ from __future__ import annotations
 import shlex
 from itertools import zip_longest
 from pathlib import Path
-from typing import Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
 import fleetgen.cli.app as cli
-from fleetgen.config import EngineConfig, load_job
+from fleetgen.cli.jobplan import (
+    InputOption,
+    JobFileOption,
+    OutputLengthsOption,
+    job_table,
+    print_issues,
+    read_job_shape_for,
+)
 from fleetgen.deploy.fleet_ref import Fleet
-from fleetgen.errors import ConfigError
 from fleetgen.fleet.planning import plan_from_file
-from fleetgen.generate.jobshape import output_lengths_of, read_job_shape, tokenizer_dir_of
-from fleetgen.plan import FleetPlan, InstancePlan, Issue
-from fleetgen.plan.job import JobShape
-from fleetgen.plan.types import GIB, JobPlan
+from fleetgen.plan import FleetPlan, InstancePlan
+from fleetgen.plan.types import GIB
 
 
 @cli.app.command("plan")
@@ -32,20 +35,9 @@ def plan(
         min=1,
         help="Solve for the flags giving N concurrent requests per instance.",
     ),
-    job_file: Annotated[
-        Path | None,
-        typer.Option("--job", help="Plan for this job file (max_tokens, samples) over --input."),
-    ] = None,
-    input_path: Annotated[
-        Path | None,
-        typer.Option("--input", help="The job's input (JSONL, Parquet, datasets folder): prompts measured."),
-    ] = None,
-    output_lengths: str | None = typer.Option(
-        None,
-        "--output-lengths",
-        help="Expected output lengths: an earlier run's folder, or mean=1800,min=300,max=6000 "
-        "(default: max_tokens, the ceiling).",
-    ),
+    job_file: JobFileOption = None,
+    input_path: InputOption = None,
+    output_lengths: OutputLengthsOption = None,
     as_json: bool = cli.flag("json", 'Print {"instances": [...]} as JSON.'),
 ) -> None:
     """Plan GPU memory and flags per instance. Exit code 2 when an instance does not fit or a rule fails.
@@ -54,9 +46,7 @@ def plan(
     and the engine's throughput settings ranked (`fleetgen tune` measures them)."""
 
     async def work(loaded: Fleet) -> FleetPlan:
-        job = None
-        if job_file is not None or input_path is not None:
-            job = read_job_shape_for(loaded.file.engine, loaded.path, job_file, input_path, output_lengths)
+        job = read_job_shape_for(loaded.file.engine, loaded.path, job_file, input_path, output_lengths)
         return await plan_from_file(loaded.file, loaded.path, offline=offline, target=target, job=job)
 
     result = cli.run_on(fleet_path, work)
@@ -66,25 +56,6 @@ def plan(
         _render(result)
     if not result.fits:
         cli.exit_with(2)
-
-
-def read_job_shape_for(
-    engine: EngineConfig,
-    fleet_path: Path,
-    job_file: Path | None,
-    input_path: Path | None,
-    lengths: str | None,
-) -> JobShape:
-    """The job's shape from `--job` and `--input` (both needed), counted with the model's tokenizer where
-    `engine.model_config` holds one."""
-    if job_file is None or input_path is None:
-        raise ConfigError("planning for a job needs both --job JOB_FILE and --input INPUT", fix="give both")
-    return read_job_shape(
-        load_job(job_file),
-        input_path,
-        tokenizer_dir=tokenizer_dir_of(engine, fleet_path),
-        output_lengths=output_lengths_of(lengths) if lengths else None,
-    )
 
 
 def _gib(n: int) -> str:
@@ -130,16 +101,6 @@ def _memory_table(p: InstancePlan, title: str) -> Table:
     return table
 
 
-def _issues(errors: tuple[Issue, ...], warnings: tuple[Issue, ...]) -> None:
-    for title, style, issues in (("error", "bold red", errors), ("warning", "yellow", warnings)):
-        for issue in issues:
-            cli.console.print(
-                f"  [{style}]{title}[/] {escape(f'[{issue.rule}]')} {escape(issue.message)}", highlight=False
-            )
-            if issue.fix:
-                cli.console.print(f"    [green]fix:[/] {escape(issue.fix)}", highlight=False)
-
-
 def _render_group(group: list[InstancePlan]) -> None:
     """One table for instances whose plans differ only in GPU and port (a node of identical GPUs)."""
     p = group[0]
@@ -151,25 +112,13 @@ def _render_group(group: list[InstancePlan]) -> None:
         highlight=False,
         soft_wrap=True,
     )
-    _issues(p.errors, p.warnings)
+    print_issues(p.errors, p.warnings)
     if p.job is not None:
-        cli.console.print(_job_table(p.job))
+        cli.console.print(job_table(p.job))
     for rank, fix in enumerate(p.fixes, 1):
         cli.console.print(f"  [green]fix {rank}[/] (cost {fix.cost}): {escape(fix.change)}", highlight=False)
     verdict = "[green]fits[/]" if p.fits else "[bold red]does not fit / refused[/]"
     cli.console.print(f"  verdict: {verdict}\n")
-
-
-def _job_table(job: JobPlan) -> Table:
-    """The settings for the job, the user's first: running requests planned, what bounds them, memory used."""
-    table = cli.table(
-        "setting|running|bound by|memory used|change", title="for this job", title_justify="left"
-    )
-    for s in job.settings:
-        note = f" [yellow](changes numerics: {escape(s.numerics)})[/]" if s.numerics else ""
-        used = f"{s.used_share:.0%}"
-        table.add_row(escape(s.name), str(s.running), escape(s.bound), used, escape(s.change or "—") + note)
-    return table
 
 
 def _render(result: FleetPlan) -> None:
@@ -178,7 +127,7 @@ def _render(result: FleetPlan) -> None:
         groups.setdefault(repr((p.host, p.rules, p.memory, p.errors, p.warnings, p.fixes)), []).append(p)
     for group in groups.values():
         _render_group(group)
-    _issues(result.errors, result.warnings)
+    print_issues(result.errors, result.warnings)
     total = sum(i.memory.max_running_requests for i in result.instances if i.fits)
     state = "[green]all instances fit[/]" if result.fits else "[bold red]the plan fails (exit 2)[/]"
     cli.console.print(f"{len(result.instances)} instance(s), {total} concurrent requests in total: {state}")

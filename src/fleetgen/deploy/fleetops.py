@@ -53,6 +53,7 @@ from fleetgen.plan import (
     engine_rejections,
     plan_fleet,
 )
+from fleetgen.plan.job import JobShape
 
 
 async def host_instances(fleet: Fleet, hs: HostSession) -> list[Instance]:
@@ -142,19 +143,24 @@ async def for_each_host(
 
 
 def plan_for_up(
-    fleet: Fleet, opened: Opened, shape: ModelShape | None, *, plan_check: bool = True
+    fleet: Fleet,
+    opened: Opened,
+    shape: ModelShape | None,
+    *,
+    plan_check: bool = True,
+    job: JobShape | None = None,
 ) -> dict[str, InstancePlan]:
     """Run the cross-instance rules `plan` runs over the whole fleet and (`plan_check`, with a model shape)
     the engine's own refusals of each picked instance's flags; raise PlanError naming each broken one that
     concerns an instance `--only` picked, before anything starts. Return each instance's plan (for planned vs
-    actual capacity)."""
+    actual capacity; for `job`, planned for it as `plan --job` plans: a plan's job never changes a launch)."""
     # Every host's facts as `plan` would have them: measured where connected, else the fleet file's.
     measured = {name: hs.survey for name, (hs, _) in opened.sessions.items()}
     facts = {h.name: measured_facts(h, measured.get(h.name)) for h in fleet.file.hosts}
     detected = {n: [i for inst in insts for i in inst.gpus] for n, (_, insts) in opened.sessions.items()}
     everyone, picked = fleet.file.instances(detected, source=fleet.path), opened.picked()
     if shape is not None:
-        plan = plan_fleet(fleet.file, shape, facts)
+        plan = plan_fleet(fleet.file, shape, facts, job=job)
         errors, plans = list(plan.errors), {p.instance: p for p in plan.instances}
     else:  # no model shape: sizing and the flag rules unknown, GPUs and ports still checked
         errors, plans = cross_instance_errors(fleet.file, everyone, [], facts), {}
@@ -190,11 +196,15 @@ async def up(
     plan_check: bool = True,
     progress: Narrate = lambda _instance, _message: None,
     allow_simulated_acceptance: bool = False,
+    job: JobShape | None = None,
+    planned: Callable[[list[InstancePlan]], None] = lambda _plans: None,
 ) -> list[Outcome]:
     """Bring every (selected) instance up, verified; `force` restarts even matching processes (restart);
     `plan_check` False launches even what the engine's own rules refuse (plan's flag rules).
     `allow_simulated_acceptance`: launch an engine that commits tokens the model did not choose (a forced
-    speculative acceptance length); only a throughput measurement passes it (`tune`), never the CLI's `up`."""
+    speculative acceptance length); only a throughput measurement passes it (`tune`), never the CLI's `up`.
+    `job`: plan each instance for this job too; `planned` gets the picked instances' plans (those it could
+    make) before anything starts, and may raise to refuse."""
     if not allow_simulated_acceptance:
         refuse_simulated_acceptance(fleet)
     secret = api_key(fleet.file)
@@ -212,7 +222,8 @@ async def up(
                 f"warning: {unchecked}planned capacity not checked: the model's shape could not be read: "
                 f"{exc.message}; fix: {MODEL_CONFIG_FIX.format(fleet.path)}",
             )
-        plans.update(plan_for_up(fleet, opened, shape, plan_check=plan_check))
+        plans.update(plan_for_up(fleet, opened, shape, plan_check=plan_check, job=job))
+        planned([plans[i.name] for i in opened.picked() if i.name in plans])
 
     records = load_state(fleet.path)
     run = Rollout(fleet.engine, records, progress, lambda rec: update_state(fleet.path, put=[rec]), force)
