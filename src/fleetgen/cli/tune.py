@@ -17,8 +17,7 @@ from fleetgen.config import JobFile, load_job
 from fleetgen.dashboard import svg
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.errors import ConfigError
-from fleetgen.generate.jobshape import output_lengths_from_store
-from fleetgen.plan.job import LogNormalLengths, OutputLengths
+from fleetgen.generate.jobshape import output_lengths_of
 from fleetgen.tune.measure import Load
 from fleetgen.tune.session import TuneOptions, TuneResult, tune
 from fleetgen.tune.verdict import Measured, ratio
@@ -33,15 +32,6 @@ def parse_budget(text: str) -> float:
     if match is None or float(match.group(1)) <= 0:
         raise ConfigError(f"--budget {text!r} is not a duration", fix="write it like 20m, 1h or 900s")
     return float(match.group(1)) * UNITS[match.group(2)]
-
-
-def parse_lengths(text: str | None) -> OutputLengths | None:
-    """`--output-lengths`: an earlier run's folder (its completions' lengths), else a distribution spec."""
-    if text is None:
-        return None
-    if Path(text).is_dir():
-        return output_lengths_from_store(Path(text))
-    return LogNormalLengths.parse(text)
 
 
 def result_table(result: TuneResult) -> Table:
@@ -200,7 +190,7 @@ def tune_command(
         load = Load(
             input_path,
             job,
-            parse_lengths(output_lengths),
+            output_lengths_of(output_lengths) if output_lengths else None,
             window,
             warmup,
             simulate_accept_length,

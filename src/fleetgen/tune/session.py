@@ -24,7 +24,7 @@ from fleetgen.deploy.state import load_state
 from fleetgen.deploy.wanted import refuse_simulated_acceptance
 from fleetgen.errors import ConfigError
 from fleetgen.fleet.planning import PlanInputs, gather_inputs
-from fleetgen.generate.jobshape import read_job_shape
+from fleetgen.generate.jobshape import read_job_shape, tokenizer_dir_of
 from fleetgen.generate.source import count_records
 from fleetgen.plan import InstancePlan, Issue, decide_launch, plan_fleet
 from fleetgen.plan.fleet import instance_ask
@@ -128,7 +128,7 @@ async def tune(fleet: Fleet, opts: TuneOptions, say: Say) -> TuneResult:
         read_job_shape,
         load.job,
         load.input_path,
-        tokenizer_dir=_tokenizer_dir(fleet),
+        tokenizer_dir=tokenizer_dir_of(fleet.file.engine, fleet.path),
         output_lengths=load.lengths,
     )
     plan = plan_fleet(fleet.file, inputs.shape, inputs.facts, inputs.version, job=job)
@@ -177,16 +177,6 @@ async def tune(fleet: Fleet, opts: TuneOptions, say: Say) -> TuneResult:
             if o.error is not None:
                 say(f"--keep chosen: {o.instance} did not start: {o.error.message}")
     return result
-
-
-def _tokenizer_dir(fleet: Fleet) -> Path | None:
-    """The model's folder here (engine.model_config, relative to the fleet file), whose tokenizer counts
-    the job's prompts; None: they are estimated (the job shape says so)."""
-    folder = fleet.file.engine.model_config_dir
-    if folder is None:
-        return None
-    path = Path(folder).expanduser()
-    return path if path.is_absolute() else fleet.path.resolve().parent / path
 
 
 def _search_tools(
