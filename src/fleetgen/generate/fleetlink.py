@@ -26,19 +26,19 @@ from fleetgen.generate.runner import FleetHooks
 from fleetgen.http.client import BareURLs
 
 
-def fleet_meta(fleet: FleetFile, path: Path, instances: Sequence[str]) -> dict[str, Any]:
+def fleet_meta(fleet_file: FleetFile, fleet_path: Path, instances: Sequence[str]) -> dict[str, Any]:
     """Meta entries for a run on a fleet file: `fleet` (engine section, no env values) and `engine_args`."""
-    engine = fleet.engine
+    engine = fleet_file.engine
     return {
         "fleet": {
-            "file": str(path.resolve()),
+            "file": str(fleet_path.resolve()),
             "kind": engine.kind,
             "version": engine.version,
             "model": engine.model,
             "served_model_name": engine.served_model_name,
             "tp": engine.tp,
             "env_names": sorted(engine.env),
-            "hosts": [host.name for host in fleet.hosts],
+            "hosts": [host.name for host in fleet_file.hosts],
             "instances": sorted(instances),
         },
         "engine_args": dict(engine.args),

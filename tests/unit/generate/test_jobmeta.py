@@ -69,7 +69,7 @@ def test_accept_length_sglang_gauge_and_vllm_counters_over_the_window() -> None:
 
 
 def test_fleet_meta_has_the_engine_section_but_never_env_values() -> None:
-    fleet = FleetFile.model_validate(
+    fleet_file = FleetFile.model_validate(
         {
             "engine": {
                 "kind": "vllm",
@@ -82,7 +82,7 @@ def test_fleet_meta_has_the_engine_section_but_never_env_values() -> None:
             "hosts": [{"name": "g1", "ssh": "local", "gpus": [0, 1, 2, 3]}],
         }
     )
-    meta = fleet_meta(fleet, Path("fleet.toml"), ["g1-1", "g1-0"])
+    meta = fleet_meta(fleet_file, Path("fleet.toml"), ["g1-1", "g1-0"])
     assert meta["engine_args"] == {"max-num-seqs": 64, "enforce-eager": True}
     described = meta["fleet"]
     assert (described["kind"], described["version"], described["model"], described["tp"]) == (
@@ -92,6 +92,7 @@ def test_fleet_meta_has_the_engine_section_but_never_env_values() -> None:
         2,
     )
     assert described["instances"] == ["g1-0", "g1-1"] and described["env_names"] == ["HF_TOKEN"]
+    assert described["file"] == str(Path("fleet.toml").resolve())  # where it ran from, absolute
     assert "hf_secret123" not in orjson.dumps(meta).decode()
     bare = url_hooks(BareURLs(("http://127.0.0.1:1/",)))
     assert bare.describe == {"fleet": {"endpoints": ["http://127.0.0.1:1/"]}}

@@ -144,9 +144,9 @@ def _fleet(args: dict[str, Any], gpu_gib: float = 24, version: str = "1.2") -> F
     )
 
 
-def _plan(fleet: FleetFile, target: int | None = None) -> InstancePlan:
-    facts = {h.name: facts_from_file(h) for h in fleet.hosts}
-    return plan_fleet(fleet, LLAMA, facts, target=target).instances[0]
+def _plan(fleet_file: FleetFile, target: int | None = None) -> InstancePlan:
+    facts = {h.name: facts_from_file(h) for h in fleet_file.hosts}
+    return plan_fleet(fleet_file, LLAMA, facts, target=target).instances[0]
 
 
 def test_a_third_engine_is_planned_by_the_shared_paths_with_its_own_figures(toy: Engine) -> None:
