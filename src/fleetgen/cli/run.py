@@ -31,9 +31,9 @@ from fleetgen.errors import ConfigError, FleetDown, FleetgenError
 from fleetgen.fleet.pool import Link, open_fleet
 from fleetgen.generate.dispatch import in_flight_for
 from fleetgen.generate.export import FORMATS, ExportSummary, export
-from fleetgen.generate.fleetlink import fleet_hooks, url_hooks
+from fleetgen.generate.fleetlink import fleet_servers, url_servers
 from fleetgen.generate.progress import Progress, RunEnd, Summary
-from fleetgen.generate.runner import FleetHooks, Job
+from fleetgen.generate.runner import Job, JobServers
 from fleetgen.generate.work import JobOptions, RecordShape, RetryPolicy, RunMode, SamplingParams
 from fleetgen.http.client import BareURLs
 
@@ -181,10 +181,8 @@ def run_command(
                 split=split,
                 wait_ready_s=servers.wait_s,
             )
-            hooks = (
-                servers.hooks if job.concurrency else dataclasses.replace(servers.hooks, caps=servers.caps)
-            )
-            return await _run_job(Job(options, hooks), servers.meanwhile, live, log_every)
+            on = servers.of_job if job.concurrency else dataclasses.replace(servers.of_job, caps=servers.caps)
+            return await _run_job(Job(options, on), servers.meanwhile, live, log_every)
 
     summary = cli.run(go())
     _print_summary(summary, json_out)
@@ -204,9 +202,9 @@ def _check_out_dir(out: Path, flag: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Servers:
-    """What a job runs on (`hooks`: its endpoints and what comes with them) and how long it waits for them."""
+    """What a job runs on (`of_job`: its endpoints and what comes with them), how long it waits for them."""
 
-    hooks: FleetHooks
+    of_job: JobServers
     wait_s: float  # no server ready: wait this long for one
     dead_timeout_s: float  # every server gone mid-job: stop after this long (unless --dead-timeout)
     meanwhile: Callable[[float], str]  # what the job does while it waits, for the plain log
@@ -221,7 +219,7 @@ async def _servers(
     job; those not ready yet (loading, dead, host unreachable) start drained and join once ready."""
     if isinstance(loaded, BareURLs):
         say = _meanwhile("the servers", None, False)
-        yield Servers(url_hooks(loaded), wait_ready or 0.0, DEFAULT_DEAD_TIMEOUT_S, say)
+        yield Servers(url_servers(loaded), wait_ready or 0.0, DEFAULT_DEAD_TIMEOUT_S, say)
         return
     refuse_simulated_acceptance(loaded)  # its servers would not write the model's text
     fleet_path, engine = loaded.path, loaded.file.engine
@@ -235,7 +233,7 @@ async def _servers(
         wait = engine.ready_timeout_s if wait_ready is None else wait_ready
         _say_not_ready(at_start, fleet_path, wait, restart_dead)
         yield Servers(
-            fleet_hooks(loaded, links, at_start, restart_dead),
+            fleet_servers(loaded, links, at_start, restart_dead),
             wait,
             wait,
             _meanwhile(f"the instances of {fleet_path}", fleet_path, restart_dead),

@@ -2,7 +2,7 @@
 then), taken in once ready; with none ready, a bounded wait and then FleetDown naming each one's problem.
 
 Servers are stand-ins (see test_standin.py for why). The fleet's per-instance status read (SSH +
-/proc + /health, `fleet.pool.FleetLinks.check`) is replaced by a scripted `check` hook here, so that each
+/proc + /health, `fleet.pool.FleetLinks.read_one`) is replaced by a scripted `read_one` here, so that each
 answer (loading, dead, ready, host unreachable) comes on cue; the real one runs in
 tests/integration/generate/test_run_fleet.py over real sshd and fleetgen.sim.
 
@@ -25,7 +25,7 @@ from fleetgen.fleet.pool import Link
 from fleetgen.generate.dispatch import Dispatcher
 from fleetgen.generate.health import Endpoint, Watch, served_models
 from fleetgen.generate.progress import EndpointProgress, Progress
-from fleetgen.generate.runner import FleetHooks
+from fleetgen.generate.runner import JobServers
 from fleetgen.generate.work import Record, RetryPolicy, Work
 from fleetgen.http.client import EngineClient
 from tests.unit.generate.test_runner import new_job, rows, write_jsonl
@@ -119,7 +119,7 @@ async def test_a_server_not_ready_at_the_start_joins_once_ready_through_its_new_
     seen: list[Progress] = []
     async with serve(StandIn(delay_s=0.02)) as a, serve(StandIn()) as late:
 
-        async def check(name: str) -> Link:
+        async def read_one(name: str) -> Link:
             if sum(a.seen.values()) < 20:
                 return Link(name, "", None, None, Readiness.WAITING, "cannot reach h1 over SSH")
             return Link(name, late.url, None, None)
@@ -129,7 +129,9 @@ async def test_a_server_not_ready_at_the_start_joins_once_ready_through_its_new_
             prompts,
             [a.url, ""],
             policy=QUICK,
-            hooks=FleetHooks(not_ready={"s1": (Readiness.WAITING, "cannot reach h1 over SSH")}, check=check),
+            servers=JobServers(
+                not_ready={"s1": (Readiness.WAITING, "cannot reach h1 over SSH")}, read_one=read_one
+            ),
         )
         summary = await asyncio.wait_for(job.run(seen.append), HANG_GUARD_S)
     assert summary.status == "complete" and summary.results == 200
@@ -149,7 +151,7 @@ async def test_none_ready_at_the_start_waits_for_the_first_then_runs(tmp_path: P
     seen: list[Progress] = []
     async with serve(StandIn()) as a:
 
-        async def check(name: str) -> Link:
+        async def read_one(name: str) -> Link:
             calls.append(name)
             if len(calls) > 5:  # loading for the first few reads
                 return Link(name, a.url, None, None)
@@ -161,7 +163,7 @@ async def test_none_ready_at_the_start_waits_for_the_first_then_runs(tmp_path: P
             [a.url],
             policy=QUICK,
             wait_ready_s=HANG_GUARD_S,
-            hooks=FleetHooks(not_ready={"s0": (Readiness.WAITING, "loading")}, check=check),
+            servers=JobServers(not_ready={"s0": (Readiness.WAITING, "loading")}, read_one=read_one),
         )
         summary = await asyncio.wait_for(job.run(seen.append), HANG_GUARD_S)
     assert summary.status == "complete" and summary.results == 30
@@ -173,7 +175,7 @@ async def test_none_ready_at_the_start_waits_for_the_first_then_runs(tmp_path: P
 async def test_stop_while_waiting_for_a_first_server_ends_stopped(tmp_path: Path) -> None:
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "r0", "prompt": "q"}])
 
-    async def check(name: str) -> Link:
+    async def read_one(name: str) -> Link:
         return Link(name, "", None, None, Readiness.DOWN, "not running")
 
     job = new_job(
@@ -182,7 +184,7 @@ async def test_stop_while_waiting_for_a_first_server_ends_stopped(tmp_path: Path
         [""],
         policy=QUICK,
         wait_ready_s=HANG_GUARD_S,
-        hooks=FleetHooks(not_ready={"s0": (Readiness.DOWN, "not running")}, check=check),
+        servers=JobServers(not_ready={"s0": (Readiness.DOWN, "not running")}, read_one=read_one),
     )
     run = asyncio.create_task(job.run(lambda _p: job.stop()))  # Ctrl-C as soon as the wait shows
     summary = await asyncio.wait_for(run, HANG_GUARD_S)
