@@ -175,7 +175,7 @@ def bench(
             chromium.svg_to_png(throughput_chart(levels, lengths), png)
             cli.err_console.print(f"wrote {png}", highlight=False, markup=False)
 
-    cli.run(go())
+    cli.execute(go())
 
 
 def sampling_of(

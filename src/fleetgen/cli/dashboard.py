@@ -70,7 +70,7 @@ def dashboard_command(
     """Serve a live page on 127.0.0.1: the fleet's health and load, the job's progress and charts."""
     if fleet_path is None and Path("fleet.toml").exists() and not endpoint:
         fleet_path = Path("fleet.toml")
-    cli.run(cli.until_stopped(_serve(fleet_path, out, endpoint or [], port)))
+    cli.execute(cli.until_stopped(_serve(fleet_path, out, endpoint or [], port)))
 
 
 @cli.app.command("report")
@@ -80,7 +80,7 @@ def report_command(
     png: bool = cli.flag("png", "Also write one PNG per chart (needs Chromium)."),
 ) -> None:
     """Write one self-contained HTML report of a finished or running job (and PNGs with --png)."""
-    files = cli.run(write_report(out_dir, to, png=png))
+    files = cli.execute(write_report(out_dir, to, png=png))
     job = files.job
     total = f"/{job.total:,}" if job.total is not None else ""
     cli.console.print(

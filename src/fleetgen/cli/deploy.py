@@ -97,7 +97,7 @@ def up(
 ) -> None:
     """Start (or leave running) every instance, wait until ready, and verify it."""
     _report(
-        cli.run_on(fleet_path, lambda f: do_up(f, only=only, plan_check=plan_check, progress=_progress)),
+        cli.execute_on(fleet_path, lambda f: do_up(f, only=only, plan_check=plan_check, progress=_progress)),
         "ready",
     )
 
@@ -109,7 +109,7 @@ def restart(
     plan_check: bool = PLAN_CHECK_OPTION,
 ) -> None:
     """Stop and start every (selected) instance, then verify it."""
-    restarted = cli.run_on(
+    restarted = cli.execute_on(
         fleet_path, lambda f: do_up(f, only=only, force=True, plan_check=plan_check, progress=_progress)
     )
     _report(restarted, "ready")
@@ -118,7 +118,7 @@ def restart(
 @cli.app.command()
 def down(fleet_path: Path = cli.FLEET_OPTION, only: list[str] | None = ONLY_OPTION) -> None:
     """Stop every (selected) instance."""
-    _report(cli.run_on(fleet_path, lambda f: do_down(f, only=only)), "stopped")
+    _report(cli.execute_on(fleet_path, lambda f: do_down(f, only=only)), "stopped")
 
 
 def _table(statuses: Sequence[InstanceStatus]) -> Table:
@@ -158,7 +158,7 @@ def status(
 ) -> None:
     """Re-read every instance from its host: process, drift, health, load, accept length."""
     if not watch:
-        statuses = cli.run_on(fleet_path, lambda f: fleet_status(f, only=only))
+        statuses = cli.execute_on(fleet_path, lambda f: fleet_status(f, only=only))
         if as_json:
             cli.print_json([s.to_json() for s in statuses])
         else:
@@ -166,7 +166,7 @@ def status(
         if any(s.readiness is not Readiness.READY for s in statuses):
             cli.exit_with(1)
         return
-    cli.run(cli.until_stopped(_watch(fleet_path, only, as_json, interval)))
+    cli.execute(cli.until_stopped(_watch(fleet_path, only, as_json, interval)))
 
 
 async def _watch(fleet_path: Path, only: list[str] | None, as_json: bool, interval: float) -> None:
@@ -195,4 +195,4 @@ def logs(
         async for line in read_log(cli.read_fleet(fleet_path), name, lines, follow=follow):
             print(line, flush=True)
 
-    cli.run(cli.until_stopped(show()) if follow else show())
+    cli.execute(cli.until_stopped(show()) if follow else show())

@@ -59,7 +59,7 @@ def plan(
             job = read_job_shape_for(loaded.file.engine, loaded.path, job_file, input_path, output_lengths)
         return await plan_from_file(loaded.file, loaded.path, offline=offline, target=target, job=job)
 
-    result = cli.run_on(fleet_path, work)
+    result = cli.execute_on(fleet_path, work)
     if as_json:
         cli.print_json(result.to_json())
     else:

@@ -184,7 +184,7 @@ def run_command(
             on = servers.of_job if job.concurrency else dataclasses.replace(servers.of_job, caps=servers.caps)
             return await _run_job(Job(options, on), servers.meanwhile, live, log_every)
 
-    summary = cli.run(go())
+    summary = cli.execute(go())
     _print_summary(summary, json_out)
     if summary.status in EXIT_CODES:
         raise typer.Exit(EXIT_CODES[summary.status])
@@ -348,7 +348,7 @@ def export_command(
         _check_out_dir(out_dir, "OUT_DIR")
         return await asyncio.to_thread(export, out_dir, fmt, target, filters or [], inline_think)
 
-    summary = cli.run(go())
+    summary = cli.execute(go())
     if json_out:
         cli.print_json(summary)
     else:

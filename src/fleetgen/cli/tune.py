@@ -218,7 +218,7 @@ def tune_command(
         )
         return await tune(loaded, opts, _say)
 
-    result = cli.run_on(fleet_path, go)
+    result = cli.execute_on(fleet_path, go)
     chart_path = None
     if result.out is not None:
         chart_path = result.out.with_suffix(".svg")
