@@ -34,7 +34,7 @@ from fleetgen.fleet.pool import Link
 from fleetgen.generate import jobmeta, rows
 from fleetgen.generate.dispatch import Dispatcher
 from fleetgen.generate.forced import ForcedLengths
-from fleetgen.generate.health import Endpoint, OnDead, Watch, served_models
+from fleetgen.generate.health import Endpoint, HealthMonitor, OnDead, served_models
 from fleetgen.generate.intake import Intake
 from fleetgen.generate.jobmeta import JobMeta
 from fleetgen.generate.progress import (
@@ -110,15 +110,18 @@ class Job:
             async with contextlib.AsyncExitStack() as stack:
                 self._stack = stack
                 endpoints = []
-                for name, url in self.servers.endpoints:  # one not READY waits for the Watch to admit it
+                for (
+                    name,
+                    url,
+                ) in self.servers.endpoints:  # one not READY waits for the HealthMonitor to admit it
                     readiness, why = self.servers.not_ready.get(name, (Readiness.READY, ""))
                     cap = self.servers.caps.get(name, opts.concurrency)
                     client = await self._client(url, cap)
                     endpoints.append(Endpoint(name, client, cap, readiness, last_error=why))
                 admit = self._admit if self.servers.read_one is not None else None
-                watch = Watch(endpoints, opts.policy, on_dead=self.servers.on_dead, admit=admit)
-                stack.push_async_callback(watch.close)
-                return await self._run(store, intake, watch, on_progress)
+                monitor = HealthMonitor(endpoints, opts.policy, on_dead=self.servers.on_dead, admit=admit)
+                stack.push_async_callback(monitor.close)
+                return await self._run(store, intake, monitor, on_progress)
         finally:
             store.close()
 
@@ -147,11 +150,11 @@ class Job:
         return Judgement(link.readiness, link.problem)
 
     async def _run(
-        self, store: Store, intake: Intake, watch: Watch, on_progress: OnProgress | None
+        self, store: Store, intake: Intake, monitor: HealthMonitor, on_progress: OnProgress | None
     ) -> Summary:
         opts = self.options
         self._started = time.monotonic()
-        model = await self._resolve_model(watch, on_progress)
+        model = await self._resolve_model(monitor, on_progress)
         if model is None:  # stopped (Ctrl-C) while waiting for a first ready server
             return rows.summary(store, "stopped", "", self.counters, time.monotonic() - self._started, {})
         builder = rows.RowBuilder(model, self._check_params(store, model))
@@ -161,7 +164,7 @@ class Job:
         meta = self._meta = JobMeta(intake.resume, opts.params.samples, intake.tracker, bad_lines)
         writer = StoreWriter(store, lambda batch: self._committed(batch, meta), meta=meta.current)
         scraper = AcceptLengthScraper(  # URLs as now: a late host may have one by now
-            [(e.name, e.client.base_url) for e in watch.endpoints],
+            [(e.name, e.client.base_url) for e in monitor.endpoints],
             self.servers.engine_kind,
             interval_s=opts.metrics_interval_s,
             api_key=self.servers.api_key,
@@ -174,7 +177,7 @@ class Job:
             return out if forced is None else forced.apply(out, work.key)
 
         dispatcher = Dispatcher(
-            watch,
+            monitor,
             body,
             lambda ep, work, t0, dt: writer.put(builder.result(ep, work, t0, dt)),
             lambda ep, work, exc: writer.put(builder.error(ep, work, exc)),
@@ -185,7 +188,7 @@ class Job:
         if status == "complete" and (opts.mode == "normal" or was_finished):
             jobmeta.finish(store)  # a re-run pass finishes only a job that had finished before
         elapsed = time.monotonic() - self._started
-        per_endpoint = {e.name: e.completions for e in watch.endpoints}
+        per_endpoint = {e.name: e.completions for e in monitor.endpoints}
         return rows.summary(store, status, model, self.counters, elapsed, per_endpoint)
 
     async def _execute(
@@ -239,17 +242,17 @@ class Job:
         drain.cancel()
         abandon.cancel()
 
-    async def _resolve_model(self, watch: Watch, on_progress: OnProgress | None) -> str | None:
+    async def _resolve_model(self, monitor: HealthMonitor, on_progress: OnProgress | None) -> str | None:
         """The served model, from the first ready endpoints (None: stopped while waiting for one)."""
 
         def on_wait(remaining_s: float) -> None:  # no counts yet: each server's state and why
             if on_progress is not None:
-                states = [EndpointProgress.of(e) for e in watch.endpoints]
+                states = [EndpointProgress.of(e) for e in monitor.endpoints]
                 elapsed = time.monotonic() - self._started
                 on_progress(Progress(elapsed_s=elapsed, endpoints=states, waiting_s=remaining_s))
 
         infos = await served_models(
-            watch,
+            monitor,
             wait_s=self.options.wait_ready_s,
             tick_s=self.options.progress_interval_s,
             on_wait=on_wait,

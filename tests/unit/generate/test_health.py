@@ -6,7 +6,7 @@ Servers are stand-ins (see test_standin.py for why). The fleet's per-instance st
 answer (loading, dead, ready, host unreachable) comes on cue; the real one runs in
 tests/integration/generate/test_run_fleet.py over real sshd and fleetgen.sim.
 
-Filed under `generate/health.py` (`Watch`), with `dispatch.py`'s drain as it meets late servers.
+Filed under `generate/health.py` (`HealthMonitor`), with `dispatch.py`'s drain as it meets late servers.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from fleetgen.deploy.readiness import Judgement, Readiness
 from fleetgen.errors import FleetDown
 from fleetgen.fleet.pool import Link
 from fleetgen.generate.dispatch import Dispatcher
-from fleetgen.generate.health import Endpoint, Watch, served_models
+from fleetgen.generate.health import Endpoint, HealthMonitor, served_models
 from fleetgen.generate.progress import EndpointProgress, Progress
 from fleetgen.generate.runner import JobServers
 from fleetgen.generate.work import Record, RetryPolicy, Work
@@ -43,11 +43,11 @@ QUICK = RetryPolicy(
 HANG_GUARD_S = 30.0  # only against a hung test; never asserted as a speed
 
 
-async def all_ready(watch: Watch) -> None:
-    """Return once every endpoint of `watch` is READY (woken by its `on_ready`)."""
+async def all_ready(monitor: HealthMonitor) -> None:
+    """Return once every endpoint of `monitor` is READY (woken by its `on_ready`)."""
     changed = asyncio.Event()
-    watch.on_ready = changed.set
-    while not all(e.readiness is Readiness.READY for e in watch.endpoints):
+    monitor.on_ready = changed.set
+    while not all(e.readiness is Readiness.READY for e in monitor.endpoints):
         changed.clear()
         await asyncio.wait_for(changed.wait(), HANG_GUARD_S)
 
@@ -74,11 +74,11 @@ async def test_watch_restarts_the_dead_not_the_loading_until_it_dies(tmp_path: P
             Endpoint("s0", client, 2, Readiness.WAITING),
             Endpoint("s1", client, 2, Readiness.DOWN),
         ]
-        watch = Watch(endpoints, QUICK, on_dead=on_dead, admit=admit)
+        monitor = HealthMonitor(endpoints, QUICK, on_dead=on_dead, admit=admit)
         try:
-            await all_ready(watch)
+            await all_ready(monitor)
         finally:
-            await watch.close()
+            await monitor.close()
     assert sorted(name for name, _ in restarted) == ["s0", "s1"]  # each once
     assert dict(restarted)["s0"] == 3  # not while it was loading: only once the fleet said it died
     assert dict(restarted)["s1"] == 0  # dead at the start: restarted before any probe
@@ -97,14 +97,14 @@ async def test_no_server_ready_waits_then_fleet_down_names_each_problem() -> Non
     waits: list[float] = []
     async with EngineClient("http://127.0.0.1:9", max_connections=1, timeout_s=1) as nowhere:
         endpoints = [Endpoint(n, nowhere, 1, Readiness.WAITING, last_error="?") for n in reasons]
-        watch = Watch(endpoints, QUICK, admit=admit)
+        monitor = HealthMonitor(endpoints, QUICK, admit=admit)
         try:
             with pytest.raises(FleetDown) as err:
                 await served_models(
-                    watch, wait_s=0.3, tick_s=0.05, on_wait=waits.append, is_stopped=lambda: False
+                    monitor, wait_s=0.3, tick_s=0.05, on_wait=waits.append, is_stopped=lambda: False
                 )
         finally:
-            await watch.close()
+            await monitor.close()
     assert waits and all(0 < w <= 0.3 for w in waits)
     assert err.value.message.startswith("no server became ready within 0.3 s")
     servers = str(err.value.context["servers"])
@@ -218,8 +218,8 @@ async def test_a_request_drained_before_its_first_step_goes_back_to_the_queue() 
     seen in the Slurm preemption test)."""
     async with EngineClient("http://127.0.0.1:9", max_connections=2, timeout_s=1) as nowhere:
         endpoints = [Endpoint("s0", nowhere, 4), Endpoint("s1", nowhere, 4)]
-        watch = Watch(endpoints, QUICK)
-        dispatcher = Dispatcher(watch, lambda work: {}, lambda *_: None, lambda *_: None)
+        monitor = HealthMonitor(endpoints, QUICK)
+        dispatcher = Dispatcher(monitor, lambda work: {}, lambda *_: None, lambda *_: None)
         try:
             works = [
                 Work(Record(f"r{i}", "q", i, 0, [[{"role": "user", "content": "q"}]]), 0) for i in range(3)
@@ -233,7 +233,7 @@ async def test_a_request_drained_before_its_first_step_goes_back_to_the_queue() 
             assert sorted(w.record.record_id for w in dispatcher._retries) == ["r0", "r1", "r2"]
             assert endpoints[0].readiness is Readiness.DOWN and dispatcher.num_retrying == 3
         finally:
-            await watch.close()
+            await monitor.close()
 
 
 async def test_a_drained_endpoint_stays_down_while_its_fleet_says_loading_then_joins() -> None:
@@ -248,11 +248,13 @@ async def test_a_drained_endpoint_stays_down_while_its_fleet_says_loading_then_j
         return Judgement(Readiness.READY)
 
     async with serve(StandIn()) as a, EngineClient(a.url, max_connections=1, timeout_s=5) as client:
-        watch = Watch([Endpoint("s0", client, 1, Readiness.DOWN, last_error="drained")], QUICK, admit=admit)
+        monitor = HealthMonitor(
+            [Endpoint("s0", client, 1, Readiness.DOWN, last_error="drained")], QUICK, admit=admit
+        )
         try:
-            await all_ready(watch)
+            await all_ready(monitor)
         finally:
-            await watch.close()
+            await monitor.close()
     assert seen[:3] == [Readiness.DOWN] * 3
 
 
@@ -272,11 +274,13 @@ async def test_the_hung_guard_drains_a_silent_endpoint_whose_health_fails_and_sa
         EngineClient("http://127.0.0.1:9", max_connections=1, timeout_s=1) as nowhere,
     ):
         slow, silent = Endpoint("slow", alive, 1, in_flight=1), Endpoint("silent", nowhere, 1, in_flight=1)
-        watch = Watch([slow, silent], dataclasses.replace(QUICK, hung_after_s=0.2, health_timeout_s=1.0))
-        watch.on_hung = on_hung
+        monitor = HealthMonitor(
+            [slow, silent], dataclasses.replace(QUICK, hung_after_s=0.2, health_timeout_s=1.0)
+        )
+        monitor.on_hung = on_hung
         try:
             await asyncio.wait_for(found.wait(), HANG_GUARD_S)
         finally:
-            await watch.close()
+            await monitor.close()
     assert [name for name, _ in hung] == ["silent"] and slow.answered_at > 0.0
     assert "1 requests in flight" in hung[0][1] and "looks hung" in hung[0][1]

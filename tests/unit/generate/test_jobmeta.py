@@ -118,14 +118,14 @@ async def test_job_stores_total_finish_time_description_and_accept_length(tmp_pa
     out = tmp_path / "out"
     during: list[dict[str, Any]] = []
 
-    def watch(progress: Progress) -> None:
+    def on_progress(progress: Progress) -> None:
         if 0 < progress.done < 60 and not during:
             during.append(read_meta(out))
 
     server = StandIn(delay_s=0.02, metrics_text=SGLANG_METRICS)
     async with serve(server) as a:
         opts = options(tmp_path, prompts, params=params(samples=2), metrics_interval_s=0.05)
-        summary = await Job(opts, url_servers(BareURLs((a.url,)))).run(watch)
+        summary = await Job(opts, url_servers(BareURLs((a.url,)))).run(on_progress)
     assert summary.status == "complete" and summary.results == 60
     assert during and "finished_at" not in during[0]  # while running, the job is not finished
     meta = read_meta(out)
