@@ -13,7 +13,7 @@ import aiohttp
 import typer
 
 import fleetgen.cli.app as cli
-from fleetgen.dashboard.fleetdata import EndpointSource, FleetViewSource, planned_capacity
+from fleetgen.dashboard.fleetdata import EndpointSource, FleetViewSource, planned_max_running_requests
 from fleetgen.dashboard.report import write_report
 from fleetgen.dashboard.server import Dashboard, FleetSource, no_fleet, serving
 from fleetgen.errors import ConfigError
@@ -37,7 +37,7 @@ async def _fleet_source(
             yield EndpointSource(loaded, http), ""
         return
     async with open_view(loaded) as view:
-        planned, note = await planned_capacity(loaded, view.model_host)
+        planned, note = await planned_max_running_requests(loaded, view.model_host)
         yield FleetViewSource(view, planned), note
 
 

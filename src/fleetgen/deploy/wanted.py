@@ -154,7 +154,7 @@ def build_wanted(
     )
 
 
-def planned_capacity(plan: InstancePlan | None) -> dict[str, float]:
+def planned_figures(plan: InstancePlan | None) -> dict[str, float]:
     """The plan's KV tokens, concurrency and the engine's own planned figures (`MemoryExtras.planned`:
     SGLang's Mamba slots) for one instance; empty without a plan (no model shape here) or when it cannot
     size it: `fleetgen plan` shows why; deploying goes on."""

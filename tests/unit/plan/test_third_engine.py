@@ -26,7 +26,7 @@ import fleetgen.config.engine
 from fleetgen.cli.plan import _memory_table
 from fleetgen.config import FleetFile
 from fleetgen.deploy.hostsurvey import HostSurvey
-from fleetgen.deploy.wanted import build_wanted, planned_capacity
+from fleetgen.deploy.wanted import build_wanted, planned_figures
 from fleetgen.engines import ENGINES, get_engine
 from fleetgen.engines.base import Engine, FlagRename, MetricNames, RuleSet
 from fleetgen.modelcard import ModelShape, load_model_shape
@@ -200,7 +200,7 @@ def test_a_third_engine_launches_through_decide_launch_and_deploy(toy: Engine) -
     assert launch.argv[1:] == ("-m", "toyllm.serve", "/m", "--max-context", "8192", "--tp", "1", *bind)
     plan = _plan(_fleet({"max-context": 8192}))
     survey = HostSurvey(workdir="/w", has_nvidia_smi=True, uptime_s=1.0, clk_tck=100, engine_version="1.2")
-    wanted = build_wanted(fleet, get_engine("toyllm"), inst, survey, None, planned_capacity(plan))
+    wanted = build_wanted(fleet, get_engine("toyllm"), inst, survey, None, planned_figures(plan))
     assert wanted.launch.argv == launch.argv and "toyllm.serve" in wanted.script
     pages = ToyExtras.of(plan.memory).pages
     assert wanted.planned == {
