@@ -32,7 +32,7 @@ def plan(
         min=1,
         help="Solve for the flags giving N concurrent requests per instance.",
     ),
-    job_file: Annotated[
+    job_path: Annotated[
         Path | None,
         typer.Option("--job", help="Plan for this job file (max_tokens, samples) over --input."),
     ] = None,
@@ -54,10 +54,12 @@ def plan(
     and the engine's throughput settings ranked (`fleetgen tune` measures them)."""
 
     async def work(loaded: Fleet) -> FleetPlan:
-        job = None
-        if job_file is not None or input_path is not None:
-            job = read_job_shape_for(loaded.file.engine, loaded.path, job_file, input_path, output_lengths)
-        return await plan_from_file(loaded.file, loaded.path, offline=offline, target=target, job=job)
+        job_shape = None
+        if job_path is not None or input_path is not None:
+            job_shape = read_job_shape_for(
+                loaded.file.engine, loaded.path, job_path, input_path, output_lengths
+            )
+        return await plan_from_file(loaded.file, loaded.path, offline=offline, target=target, job=job_shape)
 
     result = cli.execute_on(fleet_path, work)
     if as_json:
@@ -71,16 +73,16 @@ def plan(
 def read_job_shape_for(
     engine: EngineConfig,
     fleet_path: Path,
-    job_file: Path | None,
+    job_path: Path | None,
     input_path: Path | None,
     lengths: str | None,
 ) -> JobShape:
     """The job's shape from `--job` and `--input` (both needed), counted with the model's tokenizer where
     `engine.model_config` holds one."""
-    if job_file is None or input_path is None:
+    if job_path is None or input_path is None:
         raise ConfigError("planning for a job needs both --job JOB_FILE and --input INPUT", fix="give both")
     return read_job_shape(
-        load_job(job_file),
+        load_job(job_path),
         input_path,
         tokenizer_dir=tokenizer_dir_of(engine, fleet_path),
         output_lengths=output_lengths_of(lengths) if lengths else None,

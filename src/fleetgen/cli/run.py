@@ -76,7 +76,7 @@ def run_command(
     out: Annotated[Path, Opt("--out", "-o", help="Output folder; running again resumes.")],
     fleet_path: cli.FleetOrNone = None,
     endpoint: cli.Endpoints = None,
-    job_file: Annotated[Path | None, Opt("--job", help="Job file (TOML); flags override it.")] = None,
+    job_path: Annotated[Path | None, Opt("--job", help="Job file (TOML); flags override it.")] = None,
     # The flags over the job file's fields: each is checked by the field's own rule (`JobFile.overridden`),
     # not by a second copy of it here.
     concurrency: Annotated[int | None, Opt("--concurrency", help="In-flight requests per server.")] = None,
@@ -150,7 +150,7 @@ def run_command(
                 "--restart-dead needs the fleet file, not --endpoint URLs",
                 fix="drop --endpoint and pass -f fleet.toml: fleetgen restarts what it deployed",
             )
-        job = (load_job(job_file) if job_file else JobFile()).overridden(
+        job_file = (load_job(job_path) if job_path else JobFile()).overridden(
             concurrency=concurrency,
             max_tokens=max_tokens,
             temperature=temperature,
@@ -165,23 +165,27 @@ def run_command(
             options = JobOptions(
                 input_path=input_path,
                 out_dir=out,
-                params=SamplingParams.of(job),
-                shape=RecordShape.of(job),
-                concurrency=job.concurrency or max(servers.caps.values(), default=DEFAULT_CONCURRENCY),
+                params=SamplingParams.of(job_file),
+                shape=RecordShape.of(job_file),
+                concurrency=job_file.concurrency or max(servers.caps.values(), default=DEFAULT_CONCURRENCY),
                 policy=RetryPolicy(
-                    max_retries=job.max_retries,
-                    max_consecutive_failures=job.max_consecutive_failures,
+                    max_retries=job_file.max_retries,
+                    max_consecutive_failures=job_file.max_consecutive_failures,
                     dead_timeout_s=servers.dead_timeout_s if dead_timeout is None else dead_timeout,
                     hung_after_s=hung_after,
                 ),
-                request_timeout_s=job.request_timeout_s,
+                request_timeout_s=job_file.request_timeout_s,
                 mode=mode,
                 force_params=force_params,
                 add_input=add_input,
                 split=split,
                 wait_ready_s=servers.wait_s,
             )
-            on = servers.of_job if job.concurrency else dataclasses.replace(servers.of_job, caps=servers.caps)
+            on = (
+                servers.of_job
+                if job_file.concurrency
+                else dataclasses.replace(servers.of_job, caps=servers.caps)
+            )
             return await _run_job(Job(options, on), servers.meanwhile, live, log_every)
 
     summary = cli.execute(go())

@@ -73,7 +73,7 @@ class _Tracked:
     command: Command  # what it runs as the fleet file wants it (compared with /proc: drift)
     before: Scrape | None = None
     placement: str = ""
-    job: str = ""  # a Slurm placement: the job its session reaches the node of
+    slurm_job: str = ""  # a Slurm placement: the job its session reaches the node of
 
 
 class FleetView:
@@ -87,10 +87,10 @@ class FleetView:
         # Where `plan` and `up` read the model's shape (`modelshape.model_shape`): the first host reached.
         self.model_host: Host | None = None
 
-    def track(self, hs: HostSession, inst: Instance, *, placement: str = "", job: str = "") -> None:
+    def track(self, hs: HostSession, inst: Instance, *, placement: str = "", slurm_job: str = "") -> None:
         """Track `inst` (read it at each refresh) through `hs` (its host, or a Slurm job's node)."""
         command = wanted_command(self.fleet.file, self.fleet.engine, inst, hs.survey)
-        self.tracked.append(_Tracked(hs, inst, command, placement=placement, job=job))
+        self.tracked.append(_Tracked(hs, inst, command, placement=placement, slurm_job=slurm_job))
 
     @property
     def names(self) -> list[str]:
@@ -117,7 +117,7 @@ class FleetView:
     def is_replaced(self, name: str) -> bool:
         """A Slurm instance whose job was replaced since this view placed it (resubmitted by `up` or
         `--restart-dead`, perhaps on another node): this view's session may reach the wrong node."""
-        job = next((w.job for w in self.tracked if w.inst.name == name), "")
+        job = next((w.slurm_job for w in self.tracked if w.inst.name == name), "")
         record = load_state(self.fleet.path).get(name)
         return bool(job) and (record is None or record.slurm_job != job)
 
@@ -206,7 +206,7 @@ async def _place(
     fleet = view.fleet
     for p in await place(fleet, login, instances, load_state(fleet.path), stack):
         if p.node is not None:
-            view.track(p.node, p.inst, placement=p.where, job=p.job)
+            view.track(p.node, p.inst, placement=p.where, slurm_job=p.job)
             continue
         seen = Seen(is_alive=False, gone=p.where) if p.has_ended else Seen(unseen=p.where)
         readiness, why = decide(seen)
