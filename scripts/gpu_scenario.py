@@ -177,7 +177,7 @@ class Scenario:
     def variants(self) -> dict[str, Path]:
         """spec: the fleet file as written; nospec: without its speculative args (bench's own rewrite)."""
         from fleetgen.bench.fleet import write_spec_off
-        from fleetgen.deploy.wanted import Fleet
+        from fleetgen.deploy.fleet_ref import Fleet
         from fleetgen.errors import FleetgenError
 
         off = self.fleet_path.with_name(self.fleet_path.stem + "-nospec.toml")

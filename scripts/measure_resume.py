@@ -27,7 +27,7 @@ from aiohttp import web
 
 from fleetgen.config import JobFile
 from fleetgen.generate.identity import ResumeCheck, identify
-from fleetgen.generate.runner import FleetHooks, Job
+from fleetgen.generate.runner import Job, JobServers
 from fleetgen.generate.source import content_hash, content_id
 from fleetgen.generate.store import Store
 from fleetgen.generate.work import JobOptions, RecordShape, SamplingParams, key_hash
@@ -129,7 +129,7 @@ async def first_request_s(prompts: Path, out: Path) -> float:
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
         options = JobOptions(input_path=prompts, out_dir=out, params=PARAMS, concurrency=1)
-        job = Job(options, FleetHooks([("s0", f"http://127.0.0.1:{port}")]))
+        job = Job(options, JobServers([("s0", f"http://127.0.0.1:{port}")]))
         started = time.monotonic()
         await job.run()
         return float(await first) - started

@@ -45,7 +45,7 @@ fault_refusal() {  # fault_refusal FLEET [SITE]: SGLang's own refusal of spec + 
   { fgt 150 plan -f $F; echo "rc=$?"; } > $o/plan.txt 2>&1
   # 2. up refuses before starting anything (plan's per-instance rules, when the model's config.json is
   #    readable here); then up --no-plan-check launches, the engine refuses in __post_init__ and
-  #    deploy.watch's fatal signature names it (cause, log lines, fix)
+  #    deploy.readywait's fatal signature names it (cause, log lines, fix)
   { date -u +%T.%N; fgt 120 up -f $F; echo "rc=$?"; date -u +%T.%N; } > $o/up-checked.txt 2>&1
   { date -u +%T.%N; fgt 240 up -f $F --no-plan-check; echo "rc=$?"; date -u +%T.%N; } > $o/up.txt 2>&1
   fgt 30 logs --fleet $F -n 80 h200-0 > $o/logs.txt 2>&1

@@ -1,14 +1,14 @@
 """The typer app and the one place errors become exit codes.
 
-Command modules (`fleetgen.cli.<topic>`) register on `app` and call `run(coro)`: `asyncio.run` once per
+Command modules (`fleetgen.cli.<topic>`) register on `app` and call `execute(coro)`: `asyncio.run` once per
 command, the error tree rendered once, here. Only the CLI prints or exits.
 
 `read_fleet` is the command's one read of its fleet file (a `Fleet`, passed down to deploy/fleet/generate,
-which never read it again), remembering the API key for the redactor; `run_on` runs the command's work on it
-inside `run`. `read_servers` is "fleet file or URLs" for `run`, `bench` and `dashboard` (`--endpoint` URLs
-win, else `-f`, else ./fleet.toml). Also here: the one table builder and `--json` printer (`table`,
-`print_json`), the options several commands share (the fleet file's, `--endpoint`, the job folder), and
-`on_stop` / `until_stopped` for Ctrl-C and SIGTERM.
+which never read it again), remembering the API key for the redactor; `execute_on` runs the command's work
+on it inside `execute`. `read_servers` is "fleet file or URLs" for `run`, `bench` and `dashboard`
+(`--endpoint` URLs win, else `-f`, else ./fleet.toml). Also here: the one table builder and `--json` printer
+(`table`, `print_json`), the options several commands share (the fleet file's, `--endpoint`, the job folder),
+and `on_stop` / `until_stopped` for Ctrl-C and SIGTERM.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ T = TypeVar("T")
 def read_fleet(path: Path) -> Fleet:
     """The command's fleet file, read once (a bad one raises ConfigError naming file, line and field); from
     here on, the fleet's API key (when its variable is set) is redacted from everything the command prints
-    (a host's log or an error may hold it). Call it inside `run`, which renders that error."""
+    (a host's log or an error may hold it). Call it inside `execute`, which renders that error."""
     fleet = Fleet.load(path)
     engine = fleet.file.engine
     if engine.is_public and engine.api_key_env:
@@ -83,7 +83,7 @@ def read_fleet(path: Path) -> Fleet:
 def read_servers(fleet_path: Path | None, urls: Sequence[str] | None) -> Fleet | BareURLs:
     """The servers a command works on, one rule for `run`, `bench` and `dashboard`: the `--endpoint` URLs when
     any are given (a fleet file beside them is not read), else the fleet file (`-f`, else ./fleet.toml), read
-    once (`read_fleet`). Call it inside `run`."""
+    once (`read_fleet`). Call it inside `execute`."""
     if urls:
         return BareURLs(tuple(urls))
     return read_fleet(fleet_path or Path("fleet.toml"))
@@ -107,7 +107,7 @@ def flag(name: str, help: str, default: bool | None = False, *, short: str = "")
     return typer.Option(default, *decls, help=help, metavar="")
 
 
-def run(coro: Coroutine[Any, Any, T]) -> T:
+def execute(coro: Coroutine[Any, Any, T]) -> T:
     """Run one command's coroutine; render a FleetgenError (message, context, fix) and exit with its code."""
     try:
         return asyncio.run(coro)
@@ -127,14 +127,14 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
         raise typer.Exit(130) from None
 
 
-def run_on(fleet_path: Path, work: Callable[[Fleet], Awaitable[T]]) -> T:
-    """`run` a command's work on its fleet file, read once inside it (`read_fleet`): a bad file is rendered
-    as every error is."""
+def execute_on(fleet_path: Path, work: Callable[[Fleet], Awaitable[T]]) -> T:
+    """`execute` a command's work on its fleet file, read once inside it (`read_fleet`): a bad file is
+    rendered as every error is."""
 
     async def go() -> T:
         return await work(read_fleet(fleet_path))
 
-    return run(go())
+    return execute(go())
 
 
 def render_error(exc: FleetgenError) -> None:

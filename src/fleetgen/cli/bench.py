@@ -116,7 +116,7 @@ def bench(
     thinking: bool | None = cli.flag(
         "thinking", "Chat template thinking on/off (default: the job file's, else on).", None
     ),
-    job_file: Annotated[
+    job_path: Annotated[
         Path | None,
         Opt(
             "--job",
@@ -144,7 +144,7 @@ def bench(
     async def go() -> None:
         if png is not None:
             chromium.require_chromium()  # before the sweep, not after minutes of it
-        sampling, job_model = sampling_of(job_file, thinking, model)
+        sampling, job_model = sampling_of(job_path, thinking, model)
         load = BenchLoad(
             input_len,
             output_len,
@@ -175,16 +175,16 @@ def bench(
             chromium.svg_to_png(throughput_chart(levels, lengths), png)
             cli.err_console.print(f"wrote {png}", highlight=False, markup=False)
 
-    cli.run(go())
+    cli.execute(go())
 
 
 def sampling_of(
-    job_file: Path | None, thinking: bool | None, model: str | None = None
+    job_path: Path | None, thinking: bool | None, model: str | None = None
 ) -> tuple[Sampling, str | None]:
     """The sweep's sampling and the job's model: the job file's, exactly as `run` samples it
     (`SamplingParams.sampling`; `--thinking` and `--model` override it, as flags override it in `run`), or
     greedy and `--model` without one."""
-    if job_file is None:
+    if job_path is None:
         return dataclasses.replace(GREEDY, thinking=False if thinking is False else None), model
-    job = load_job(job_file).overridden(thinking=thinking, model=model)
-    return SamplingParams.of(job).sampling, job.model
+    job_file = load_job(job_path).overridden(thinking=thinking, model=model)
+    return SamplingParams.of(job_file).sampling, job_file.model

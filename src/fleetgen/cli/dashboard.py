@@ -13,7 +13,7 @@ import aiohttp
 import typer
 
 import fleetgen.cli.app as cli
-from fleetgen.dashboard.fleetdata import EndpointSource, FleetViewSource, planned_capacity
+from fleetgen.dashboard.fleetdata import EndpointSource, FleetViewSource, planned_max_running_requests
 from fleetgen.dashboard.report import write_report
 from fleetgen.dashboard.server import Dashboard, FleetSource, no_fleet, serving
 from fleetgen.errors import ConfigError
@@ -37,7 +37,7 @@ async def _fleet_source(
             yield EndpointSource(loaded, http), ""
         return
     async with open_view(loaded) as view:
-        planned, note = await planned_capacity(loaded, view.model_host)
+        planned, note = await planned_max_running_requests(loaded, view.model_host)
         yield FleetViewSource(view, planned), note
 
 
@@ -70,7 +70,7 @@ def dashboard_command(
     """Serve a live page on 127.0.0.1: the fleet's health and load, the job's progress and charts."""
     if fleet_path is None and Path("fleet.toml").exists() and not endpoint:
         fleet_path = Path("fleet.toml")
-    cli.run(cli.until_stopped(_serve(fleet_path, out, endpoint or [], port)))
+    cli.execute(cli.until_stopped(_serve(fleet_path, out, endpoint or [], port)))
 
 
 @cli.app.command("report")
@@ -80,7 +80,7 @@ def report_command(
     png: bool = cli.flag("png", "Also write one PNG per chart (needs Chromium)."),
 ) -> None:
     """Write one self-contained HTML report of a finished or running job (and PNGs with --png)."""
-    files = cli.run(write_report(out_dir, to, png=png))
+    files = cli.execute(write_report(out_dir, to, png=png))
     job = files.job
     total = f"/{job.total:,}" if job.total is not None else ""
     cli.console.print(

@@ -111,7 +111,7 @@ def up(
     fleet_path: Path = cli.FLEET_OPTION,
     only: list[str] | None = ONLY_OPTION,
     plan_check: bool = PLAN_CHECK_OPTION,
-    job_file: JobFileOption = None,
+    job_path: JobFileOption = None,
     input_path: InputOption = None,
     output_lengths: OutputLengthsOption = None,
 ) -> None:
@@ -123,18 +123,18 @@ def up(
     jobs: dict[str, JobPlan] = {}
 
     async def work(loaded: Fleet) -> list[Outcome]:
-        job = read_job_shape_for(loaded.file.engine, loaded.path, job_file, input_path, output_lengths)
+        job_shape = read_job_shape_for(loaded.file.engine, loaded.path, job_path, input_path, output_lengths)
 
         def planned(plans: list[InstancePlan]) -> None:
-            if job is not None:
+            if job_shape is not None:
                 print_job_plans(plans)
             jobs.update({p.instance: p.job for p in plans if p.job is not None})
 
         return await do_up(
-            loaded, only=only, plan_check=plan_check, progress=_progress, job=job, planned=planned
+            loaded, only=only, plan_check=plan_check, progress=_progress, job=job_shape, planned=planned
         )
 
-    _report(cli.run_on(fleet_path, work), "ready", jobs)
+    _report(cli.execute_on(fleet_path, work), "ready", jobs)
 
 
 @cli.app.command()
@@ -144,7 +144,7 @@ def restart(
     plan_check: bool = PLAN_CHECK_OPTION,
 ) -> None:
     """Stop and start every (selected) instance, then verify it."""
-    restarted = cli.run_on(
+    restarted = cli.execute_on(
         fleet_path, lambda f: do_up(f, only=only, force=True, plan_check=plan_check, progress=_progress)
     )
     _report(restarted, "ready")
@@ -153,7 +153,7 @@ def restart(
 @cli.app.command()
 def down(fleet_path: Path = cli.FLEET_OPTION, only: list[str] | None = ONLY_OPTION) -> None:
     """Stop every (selected) instance."""
-    _report(cli.run_on(fleet_path, lambda f: do_down(f, only=only)), "stopped")
+    _report(cli.execute_on(fleet_path, lambda f: do_down(f, only=only)), "stopped")
 
 
 def _table(statuses: Sequence[InstanceStatus]) -> Table:
@@ -193,7 +193,7 @@ def status(
 ) -> None:
     """Re-read every instance from its host: process, drift, health, load, accept length."""
     if not watch:
-        statuses = cli.run_on(fleet_path, lambda f: fleet_status(f, only=only))
+        statuses = cli.execute_on(fleet_path, lambda f: fleet_status(f, only=only))
         if as_json:
             cli.print_json([s.to_json() for s in statuses])
         else:
@@ -201,7 +201,7 @@ def status(
         if any(s.readiness is not Readiness.READY for s in statuses):
             cli.exit_with(1)
         return
-    cli.run(cli.until_stopped(_watch(fleet_path, only, as_json, interval)))
+    cli.execute(cli.until_stopped(_watch(fleet_path, only, as_json, interval)))
 
 
 async def _watch(fleet_path: Path, only: list[str] | None, as_json: bool, interval: float) -> None:
@@ -230,4 +230,4 @@ def logs(
         async for line in read_log(cli.read_fleet(fleet_path), name, lines, follow=follow):
             print(line, flush=True)
 
-    cli.run(cli.until_stopped(show()) if follow else show())
+    cli.execute(cli.until_stopped(show()) if follow else show())

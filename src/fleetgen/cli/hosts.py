@@ -21,7 +21,7 @@ def check(
     as_json: bool = cli.flag("json", "Print a JSON list, one object per host."),
 ) -> None:
     """Probe every host in parallel. Exit code 1 if any host is unreachable or lacks something."""
-    reports = cli.run_on(fleet_path, lambda loaded: check_hosts(loaded.file))
+    reports = cli.execute_on(fleet_path, lambda loaded: check_hosts(loaded.file))
     for report in reports:
         for message in report.warnings:
             cli.warn(message)

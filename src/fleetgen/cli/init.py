@@ -72,7 +72,7 @@ def init(
     path: Annotated[Path, typer.Argument(help="Where to write the example.")] = Path("fleet.toml"),
 ) -> None:
     """Write a commented example fleet file to PATH (refuses to overwrite)."""
-    cli.run(_write_example(path))
+    cli.execute(_write_example(path))
     cli.console.print(
         f"wrote {path}: edit [[hosts]] and [engine], then run `fleetgen hosts check -f {path}`", markup=False
     )

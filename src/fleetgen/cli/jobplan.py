@@ -44,18 +44,18 @@ ADMITTED = "max_running_requests"
 def read_job_shape_for(
     engine: EngineConfig,
     fleet_path: Path,
-    job_file: Path | None,
+    job_path: Path | None,
     input_path: Path | None,
     lengths: str | None,
 ) -> JobShape | None:
     """The job's shape from `--job` and `--input` (both needed; neither: no job), counted with the model's
     tokenizer where `engine.model_config` holds one."""
-    if job_file is None and input_path is None:
+    if job_path is None and input_path is None:
         return None
-    if job_file is None or input_path is None:
+    if job_path is None or input_path is None:
         raise ConfigError("planning for a job needs both --job JOB_FILE and --input INPUT", fix="give both")
     return read_job_shape(
-        load_job(job_file),
+        load_job(job_path),
         input_path,
         tokenizer_dir=tokenizer_dir_of(engine, fleet_path),
         output_lengths=output_lengths_of(lengths) if lengths else None,

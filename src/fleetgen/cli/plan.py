@@ -35,7 +35,7 @@ def plan(
         min=1,
         help="Solve for the flags giving N concurrent requests per instance.",
     ),
-    job_file: JobFileOption = None,
+    job_path: JobFileOption = None,
     input_path: InputOption = None,
     output_lengths: OutputLengthsOption = None,
     as_json: bool = cli.flag("json", 'Print {"instances": [...]} as JSON.'),
@@ -46,10 +46,10 @@ def plan(
     and the engine's throughput settings ranked (`fleetgen tune` measures them)."""
 
     async def work(loaded: Fleet) -> FleetPlan:
-        job = read_job_shape_for(loaded.file.engine, loaded.path, job_file, input_path, output_lengths)
-        return await plan_from_file(loaded.file, loaded.path, offline=offline, target=target, job=job)
+        job_shape = read_job_shape_for(loaded.file.engine, loaded.path, job_path, input_path, output_lengths)
+        return await plan_from_file(loaded.file, loaded.path, offline=offline, target=target, job=job_shape)
 
-    result = cli.run_on(fleet_path, work)
+    result = cli.execute_on(fleet_path, work)
     if as_json:
         cli.print_json(result.to_json())
     else:

@@ -31,9 +31,9 @@ from fleetgen.errors import ConfigError, FleetDown, FleetgenError
 from fleetgen.fleet.pool import Link, open_fleet
 from fleetgen.generate.dispatch import in_flight_for
 from fleetgen.generate.export import FORMATS, ExportSummary, export
-from fleetgen.generate.fleetlink import fleet_hooks, url_hooks
+from fleetgen.generate.fleetlink import fleet_servers, url_servers
 from fleetgen.generate.progress import Progress, RunEnd, Summary
-from fleetgen.generate.runner import FleetHooks, Job
+from fleetgen.generate.runner import Job, JobServers
 from fleetgen.generate.work import JobOptions, RecordShape, RetryPolicy, RunMode, SamplingParams
 from fleetgen.http.client import BareURLs
 
@@ -76,7 +76,7 @@ def run_command(
     out: Annotated[Path, Opt("--out", "-o", help="Output folder; running again resumes.")],
     fleet_path: cli.FleetOrNone = None,
     endpoint: cli.Endpoints = None,
-    job_file: Annotated[Path | None, Opt("--job", help="Job file (TOML); flags override it.")] = None,
+    job_path: Annotated[Path | None, Opt("--job", help="Job file (TOML); flags override it.")] = None,
     # The flags over the job file's fields: each is checked by the field's own rule (`JobFile.overridden`),
     # not by a second copy of it here.
     concurrency: Annotated[int | None, Opt("--concurrency", help="In-flight requests per server.")] = None,
@@ -150,7 +150,7 @@ def run_command(
                 "--restart-dead needs the fleet file, not --endpoint URLs",
                 fix="drop --endpoint and pass -f fleet.toml: fleetgen restarts what it deployed",
             )
-        job = (load_job(job_file) if job_file else JobFile()).overridden(
+        job_file = (load_job(job_path) if job_path else JobFile()).overridden(
             concurrency=concurrency,
             max_tokens=max_tokens,
             temperature=temperature,
@@ -165,28 +165,30 @@ def run_command(
             options = JobOptions(
                 input_path=input_path,
                 out_dir=out,
-                params=SamplingParams.of(job),
-                shape=RecordShape.of(job),
-                concurrency=job.concurrency or max(servers.caps.values(), default=DEFAULT_CONCURRENCY),
+                params=SamplingParams.of(job_file),
+                shape=RecordShape.of(job_file),
+                concurrency=job_file.concurrency or max(servers.caps.values(), default=DEFAULT_CONCURRENCY),
                 policy=RetryPolicy(
-                    max_retries=job.max_retries,
-                    max_consecutive_failures=job.max_consecutive_failures,
+                    max_retries=job_file.max_retries,
+                    max_consecutive_failures=job_file.max_consecutive_failures,
                     dead_timeout_s=servers.dead_timeout_s if dead_timeout is None else dead_timeout,
                     hung_after_s=hung_after,
                 ),
-                request_timeout_s=job.request_timeout_s,
+                request_timeout_s=job_file.request_timeout_s,
                 mode=mode,
                 force_params=force_params,
                 add_input=add_input,
                 split=split,
                 wait_ready_s=servers.wait_s,
             )
-            hooks = (
-                servers.hooks if job.concurrency else dataclasses.replace(servers.hooks, caps=servers.caps)
+            on = (
+                servers.of_job
+                if job_file.concurrency
+                else dataclasses.replace(servers.of_job, caps=servers.caps)
             )
-            return await _run_job(Job(options, hooks), servers.meanwhile, live, log_every)
+            return await _run_job(Job(options, on), servers.meanwhile, live, log_every)
 
-    summary = cli.run(go())
+    summary = cli.execute(go())
     _print_summary(summary, json_out)
     if summary.status in EXIT_CODES:
         raise typer.Exit(EXIT_CODES[summary.status])
@@ -204,9 +206,9 @@ def _check_out_dir(out: Path, flag: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Servers:
-    """What a job runs on (`hooks`: its endpoints and what comes with them) and how long it waits for them."""
+    """What a job runs on (`of_job`: its endpoints and what comes with them), how long it waits for them."""
 
-    hooks: FleetHooks
+    of_job: JobServers
     wait_s: float  # no server ready: wait this long for one
     dead_timeout_s: float  # every server gone mid-job: stop after this long (unless --dead-timeout)
     meanwhile: Callable[[float], str]  # what the job does while it waits, for the plain log
@@ -221,7 +223,7 @@ async def _servers(
     job; those not ready yet (loading, dead, host unreachable) start drained and join once ready."""
     if isinstance(loaded, BareURLs):
         say = _meanwhile("the servers", None, False)
-        yield Servers(url_hooks(loaded), wait_ready or 0.0, DEFAULT_DEAD_TIMEOUT_S, say)
+        yield Servers(url_servers(loaded), wait_ready or 0.0, DEFAULT_DEAD_TIMEOUT_S, say)
         return
     refuse_simulated_acceptance(loaded)  # its servers would not write the model's text
     fleet_path, engine = loaded.path, loaded.file.engine
@@ -235,7 +237,7 @@ async def _servers(
         wait = engine.ready_timeout_s if wait_ready is None else wait_ready
         _say_not_ready(at_start, fleet_path, wait, restart_dead)
         yield Servers(
-            fleet_hooks(loaded, links, at_start, restart_dead),
+            fleet_servers(loaded, links, at_start, restart_dead),
             wait,
             wait,
             _meanwhile(f"the instances of {fleet_path}", fleet_path, restart_dead),
@@ -350,7 +352,7 @@ def export_command(
         _check_out_dir(out_dir, "OUT_DIR")
         return await asyncio.to_thread(export, out_dir, fmt, target, filters or [], inline_think)
 
-    summary = cli.run(go())
+    summary = cli.execute(go())
     if json_out:
         cli.print_json(summary)
     else:

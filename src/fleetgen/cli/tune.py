@@ -140,7 +140,7 @@ def _folder(fleet_path: Path) -> Path:
 def tune_command(
     input_path: Annotated[Path, typer.Argument(help="The job's prompts (as `fleetgen run` reads them).")],
     fleet_path: Path = cli.FLEET_OPTION,
-    job_file: Annotated[Path | None, Opt("--job", help="Job file (TOML): the job's sampling.")] = None,
+    job_path: Annotated[Path | None, Opt("--job", help="Job file (TOML): the job's sampling.")] = None,
     budget: Annotated[str, Opt("--budget", help="Time the whole tune may take: 20m, 1h, 900s.")] = "20m",
     output_lengths: Annotated[
         str | None,
@@ -186,10 +186,10 @@ def tune_command(
         raise typer.BadParameter("--keep is chosen or none")
 
     async def go(loaded: Fleet) -> TuneResult:
-        job = load_job(job_file) if job_file else JobFile()
+        job_file = load_job(job_path) if job_path else JobFile()
         load = Load(
             input_path,
-            job,
+            job_file,
             output_lengths_of(output_lengths) if output_lengths else None,
             window,
             warmup,
@@ -208,7 +208,7 @@ def tune_command(
         )
         return await tune(loaded, opts, _say)
 
-    result = cli.run_on(fleet_path, go)
+    result = cli.execute_on(fleet_path, go)
     chart_path = None
     if result.out is not None:
         chart_path = result.out.with_suffix(".svg")

@@ -209,8 +209,8 @@ class Selection:
 
     picks: Mapping[str, frozenset[str] | None]
 
-    def hosts(self, fleet: FleetFile) -> list[HostEntry]:
-        return [h for h in fleet.hosts if h.name in self.picks]
+    def hosts(self, fleet_file: FleetFile) -> list[HostEntry]:
+        return [h for h in fleet_file.hosts if h.name in self.picks]
 
     def pick(self, host: str, instances: Sequence[Instance]) -> list[Instance]:
         """The picked ones among a host's expanded instances; a picked name the host lacks is an error."""
@@ -233,31 +233,31 @@ class Selection:
         return [i.name for i in instances] if wanted is None else sorted(wanted)
 
 
-def layout_problems(fleet: FleetFile) -> list[tuple[tuple[int | str, ...], str]]:
+def layout_problems(fleet_file: FleetFile) -> list[tuple[tuple[int | str, ...], str]]:
     """(field location, why + fix) for GPU lists `tp` does not divide and names two things could share."""
-    tp = fleet.engine.tp
-    if fleet.cluster is not None:
-        return cluster_problems(fleet.cluster, tp)
-    names = [h.name for h in fleet.hosts]
+    tp = fleet_file.engine.tp
+    if fleet_file.cluster is not None:
+        return cluster_problems(fleet_file.cluster, tp)
+    names = [h.name for h in fleet_file.hosts]
     problems: list[tuple[tuple[int | str, ...], str]] = [
         (("hosts", j, "name"), f"host names repeat: {name}; every [[hosts]] needs its own name")
         for j, name in enumerate(names)
         if names.index(name) != j
     ]
-    for i, host in enumerate(fleet.hosts):
+    for i, host in enumerate(fleet_file.hosts):
         if host.gpus != "all":
             why, fix = _gpu_count_problem(host.gpus, tp, f"gpus = {host.gpus}")
             if why:
                 problems.append((("hosts", i, "gpus"), f"{why}; {fix}"))
-    for j, other in enumerate(fleet.hosts):
-        for host in fleet.hosts:
-            clash = _name_clash(fleet, host, other.name)
+    for j, other in enumerate(fleet_file.hosts):
+        for host in fleet_file.hosts:
+            clash = _name_clash(fleet_file, host, other.name)
             if clash:
                 problems.append((("hosts", j, "name"), clash))
     return problems
 
 
-def _name_clash(fleet: FleetFile, host: HostEntry, name: str) -> str:
+def _name_clash(fleet_file: FleetFile, host: HostEntry, name: str) -> str:
     """Why host name `name` is ambiguous with an instance of `host` (empty when it is not)."""
     match = _index_in(host, name)
     if match is None:
@@ -269,7 +269,7 @@ def _name_clash(fleet: FleetFile, host: HostEntry, name: str) -> str:
             f"instances are named <host>-<k>): --only, logs and down could not tell them apart; {rename}, "
             f"or list host {host.name!r}'s GPUs"
         )
-    if name in {i.name for i in fleet.instances_on(host)}:
+    if name in {i.name for i in fleet_file.instances_on(host)}:
         return (
             f"host {name!r} has the name of instance {match.group(1)} of host {host.name!r} (instances are "
             f"named <host>-<k>): --only, logs and down could not tell them apart; {rename}"

@@ -45,7 +45,10 @@ class FleetViewSource:
 
     async def __call__(self) -> Sequence[InstanceRow]:
         statuses = await self.view.refresh(rate_window_s=0.0)
-        return [InstanceRow(**vars(s), planned_capacity=self.planned.get(s.instance)) for s in statuses]
+        return [
+            InstanceRow(**vars(s), planned_max_running_requests=self.planned.get(s.instance))
+            for s in statuses
+        ]
 
 
 @dataclass
@@ -88,7 +91,7 @@ class EndpointSource:
         return row
 
 
-async def planned_capacity(fleet: Fleet, model_host: Host | None) -> tuple[dict[str, int], str]:
+async def planned_max_running_requests(fleet: Fleet, model_host: Host | None) -> tuple[dict[str, int], str]:
     """Max running requests per instance as `fleetgen plan` computes it, and "" — or ({}, why not). The
     model's shape is read as `plan` and `up` read it (`model_shape`: `engine.model_config` here, else
     `engine.model` on `model_host`), never from a folder here that merely has the model's name."""

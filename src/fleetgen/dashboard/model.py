@@ -22,7 +22,7 @@ MAX_POINTS = 120  # a chart over days keeps this many buckets: enough to see dip
 class InstanceRow(InstanceStatus):
     """One row of the fleet table: the instance's status (None = not known) and the plan's capacity."""
 
-    planned_capacity: int | None = None
+    planned_max_running_requests: int | None = None
 
 
 @dataclass(frozen=True)

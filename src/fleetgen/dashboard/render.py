@@ -69,7 +69,7 @@ def _fleet_row(row: InstanceRow) -> str:
     note = reason or row.problem or starved(row)
     health = escape(row.readiness.value) + (f'<div class="why">{escape(note)}</div>' if note else "")
     kv = None if row.kv_usage is None else row.kv_usage * 100
-    capacity = f"{fmt(row.planned_capacity)} / {fmt(row.max_running_requests)}"
+    capacity = f"{fmt(row.planned_max_running_requests)} / {fmt(row.max_running_requests)}"
     cells = (
         f'<td class="name">{escape(row.instance)}</td><td>{escape(row.host)}</td>'
         f"<td>{escape(','.join(map(str, row.gpus)) or DASH)}</td>"
@@ -185,9 +185,11 @@ def _rate_charts(job: JobView, attr: str, key: str, label: str) -> dict[str, str
 def _capacity_bars(row: InstanceRow) -> list[svg.Bar]:
     """Planned (grey) and actual max running requests of an instance; actual red when short of the plan."""
     actual = row.max_running_requests
-    is_short = row.planned_capacity is not None and (actual or 0) < row.planned_capacity
+    is_short = (
+        row.planned_max_running_requests is not None and (actual or 0) < row.planned_max_running_requests
+    )
     return [
-        svg.Bar(f"{row.instance} planned", row.planned_capacity, svg.GREY),
+        svg.Bar(f"{row.instance} planned", row.planned_max_running_requests, svg.GREY),
         svg.Bar(f"{row.instance} actual", actual, svg.SICK_COLOR if is_short else svg.PALETTE[0]),
     ]
 
@@ -201,7 +203,7 @@ def charts(job: JobView, rows: Sequence[InstanceRow], live: Sequence[Sample] = (
     capacity = [
         bar
         for r in rows
-        if r.planned_capacity is not None or r.max_running_requests is not None
+        if r.planned_max_running_requests is not None or r.max_running_requests is not None
         for bar in _capacity_bars(r)
     ]
     lengths = (("reasoning", job.reasoning_tokens), ("answer", job.answer_tokens))

@@ -2,8 +2,9 @@
 and passed down to deploy, fleet, generate, bench and tune, which never read the file again.
 
 One name per layer: `config.FleetFile` is the file's content (pydantic), `Fleet` is that content with its path
-(where the fleet's state lives: `.fleetgen/` beside it) and its engine looked up once; a `Path` to the file is
-named `fleet_path`; the `fleetgen.fleet` package is the live view of a running fleet.
+(where the fleet's state lives: `.fleetgen/` beside it) and its engine looked up once; a parameter holding a
+`FleetFile` is named `fleet_file`, a `Path` to the file `fleet_path`; the `fleetgen.fleet` package is the live
+view of a running fleet.
 """
 
 from __future__ import annotations

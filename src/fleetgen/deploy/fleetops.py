@@ -41,7 +41,7 @@ from fleetgen.deploy.wanted import (
     api_key,
     build_wanted,
     measured_facts,
-    planned_capacity,
+    planned_figures,
     refuse_simulated_acceptance,
     wanted_command,
 )
@@ -230,7 +230,7 @@ async def up(
 
     async def per_host(hs: HostSession, instances: list[Instance]) -> list[Outcome]:
         wanted = [
-            build_wanted(fleet.file, fleet.engine, i, hs.survey, secret, planned_capacity(plans.get(i.name)))
+            build_wanted(fleet.file, fleet.engine, i, hs.survey, secret, planned_figures(plans.get(i.name)))
             for i in instances
         ]
         if fleet.file.cluster is not None:  # placed by Slurm: one job per server (deploy.slurm)

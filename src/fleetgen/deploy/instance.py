@@ -27,10 +27,10 @@ from fleetgen.config import LOOPBACK, EngineConfig, HostEntry, Instance
 from fleetgen.deploy.hostsurvey import HostSurvey, prepare_host
 from fleetgen.deploy.listener import port_owners, stranger_problem
 from fleetgen.deploy.probes import probe_instance, wait_gpus_released, wait_port_free
+from fleetgen.deploy.readywait import StartedProcess, wait_ready
 from fleetgen.deploy.script import Command
 from fleetgen.deploy.state import InstanceRecord
 from fleetgen.deploy.verify import Verified, process_drift, verify_engine
-from fleetgen.deploy.watch import StartedProcess, wait_ready
 from fleetgen.engines.base import Engine
 from fleetgen.errors import ConfigError, FleetgenError, LaunchFailed, VerifyError
 from fleetgen.http.client import EngineClient
@@ -285,7 +285,7 @@ async def follow_launch(
     out.url, name = client.base_url, wanted.inst.name
     try:
         try:
-            watch = await wait_ready(
+            launch_log = await wait_ready(
                 StartedProcess(name, hs.host, rec.pid, rec.start_time, rec.log_path),
                 run.engine,
                 client,
@@ -302,7 +302,7 @@ async def follow_launch(
         exc.context["stopped"] = f"pid {rec.pid} (its log stays at {rec.log_path})"
         raise
     run.progress(name, "healthy; verifying the process and the engine's own view")
-    out.verified = await _verify(hs, wanted, run.engine, client, rec.pid, rec.start_time, watch.lines)
+    out.verified = await _verify(hs, wanted, run.engine, client, rec.pid, rec.start_time, launch_log.lines)
 
 
 async def keep_running(

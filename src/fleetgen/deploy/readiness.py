@@ -1,7 +1,7 @@
 """Whether an instance takes work: THE place the tree decides it (`decide`), from what a reader observed.
 
 Four readers look at an instance, each its own way, and all hand what they saw (`Seen`) to `decide`:
-- `up` waiting for a launch (`deploy/watch.py`): each poll, /proc and the log's new lines, then health;
+- `up` waiting for a launch (`deploy/readywait.py`): each poll, /proc and the log's new lines, then health;
 - a fleet's instance (`fleet/status.py` `FleetView`, for status, run, bench, the dashboard): /proc, health,
   the port's owner, the engine's own state (`fleet/enginestate.py`), drift; Slurm, for a job not running;
 - a bare URL (`dashboard/fleetdata.py`): health (its engine's state is a remark, never a condition);

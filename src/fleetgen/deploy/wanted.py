@@ -15,9 +15,7 @@ import re
 from collections.abc import Mapping
 
 from fleetgen.config import EngineConfig, FleetFile, HostEntry, Instance
-from fleetgen.deploy.fleet_ref import (
-    Fleet as Fleet,  # its home is fleet_ref; importable here for branches in flight
-)
+from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.hostsurvey import HostSurvey
 from fleetgen.deploy.instance import WantedInstance
 from fleetgen.deploy.script import Command, InstancePaths, SecretEnv, render_script
@@ -31,9 +29,9 @@ from fleetgen.plan.fleet import api_key_way
 KEY_FORM = re.compile(r"[\x21-\x3b=\x3f-\x7e]{16,}")
 
 
-def api_key(fleet: FleetFile) -> str | None:
+def api_key(fleet_file: FleetFile) -> str | None:
     """The API key for a public bind, from the environment variable the fleet file names; None on loopback."""
-    cfg = fleet.engine
+    cfg = fleet_file.engine
     if not cfg.is_public or not cfg.api_key_env:
         return None
     value = os.environ.get(cfg.api_key_env, "")
@@ -84,21 +82,21 @@ def measured_facts(host: HostEntry, measured: HostSurvey | None) -> HostFacts:
 
 
 def build_command(
-    fleet: FleetFile, engine: Engine, inst: Instance, workdir: str, launch: Launch | None = None
+    fleet_file: FleetFile, engine: Engine, inst: Instance, workdir: str, launch: Launch | None = None
 ) -> Command:
     """The argv and env one instance runs with, as `decide_launch` decided them (from the fleet file alone
     when `launch` is None: nothing measured on the host)."""
-    cfg = fleet.engine
+    cfg = fleet_file.engine
     launch = launch or decide_launch(
-        fleet.engine_for(inst.host), inst, facts_from_file(fleet.host(inst.host))
+        fleet_file.engine_for(inst.host), inst, facts_from_file(fleet_file.host(inst.host))
     )
     secret = _secret(cfg, engine)
     if secret is not None and secret.config_key:
-        refused, _ = api_key_way(fleet, engine)
+        refused, _ = api_key_way(fleet_file, engine)
         if refused:
             raise ConfigError(refused[0].message, fix=refused[0].fix)
     env = dict(launch.env)
-    if fleet.cluster is not None:  # Slurm assigns the job's GPUs (and sets CUDA_VISIBLE_DEVICES) itself
+    if fleet_file.cluster is not None:  # Slurm assigns the job's GPUs (and sets CUDA_VISIBLE_DEVICES) itself
         env.pop("CUDA_VISIBLE_DEVICES", None)
     return Command(
         instance=inst.name,
@@ -122,15 +120,17 @@ def _secret(cfg: EngineConfig, engine: Engine) -> SecretEnv | None:
     return SecretEnv(cfg.api_key_env, config_key=engine.api_key_flag.removeprefix("--"))
 
 
-def wanted_command(fleet: FleetFile, engine: Engine, inst: Instance, measured: HostSurvey) -> Command:
+def wanted_command(fleet_file: FleetFile, engine: Engine, inst: Instance, measured: HostSurvey) -> Command:
     """What `build_wanted` would run, without rendering its script: what `status` compares with /proc and
     what `down` finds and stops."""
-    launch = decide_launch(fleet.engine_for(inst.host), inst, measured_facts(fleet.host(inst.host), measured))
-    return build_command(fleet, engine, inst, measured.workdir, launch)
+    launch = decide_launch(
+        fleet_file.engine_for(inst.host), inst, measured_facts(fleet_file.host(inst.host), measured)
+    )
+    return build_command(fleet_file, engine, inst, measured.workdir, launch)
 
 
 def build_wanted(
-    fleet: FleetFile,
+    fleet_file: FleetFile,
     engine: Engine,
     inst: Instance,
     measured: HostSurvey,
@@ -138,9 +138,9 @@ def build_wanted(
     planned: Mapping[str, float] | None = None,
 ) -> WantedInstance:
     """One instance as the fleet file wants it on its host (`measured`: what this command read there)."""
-    facts = measured_facts(fleet.host(inst.host), measured)
-    launch = decide_launch(fleet.engine_for(inst.host), inst, facts)
-    command = build_command(fleet, engine, inst, measured.workdir, launch)
+    facts = measured_facts(fleet_file.host(inst.host), measured)
+    launch = decide_launch(fleet_file.engine_for(inst.host), inst, facts)
+    command = build_command(fleet_file, engine, inst, measured.workdir, launch)
     script = render_script(command)
     return WantedInstance(
         inst=inst,
@@ -150,11 +150,11 @@ def build_wanted(
         sha256=hashlib.sha256(script.encode()).hexdigest(),
         secret_value=secret_value,
         planned=dict(planned or {}),
-        timeout_s=fleet.engine.ready_timeout_s,
+        timeout_s=fleet_file.engine.ready_timeout_s,
     )
 
 
-def planned_capacity(plan: InstancePlan | None) -> dict[str, float]:
+def planned_figures(plan: InstancePlan | None) -> dict[str, float]:
     """The plan's KV tokens, concurrency and the engine's own planned figures (`MemoryExtras.planned`:
     SGLang's Mamba slots) for one instance; empty without a plan (no model shape here) or when it cannot
     size it: `fleetgen plan` shows why; deploying goes on."""

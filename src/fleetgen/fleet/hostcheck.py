@@ -56,9 +56,9 @@ class HostReport:
         return self.reachable and not self.problems
 
 
-async def check_hosts(fleet: FleetFile) -> list[HostReport]:
-    """Probe every host of `fleet` at once; one report per host, in the fleet file's order."""
-    return list(await asyncio.gather(*(check_host(fleet.engine, entry) for entry in fleet.hosts)))
+async def check_hosts(fleet_file: FleetFile) -> list[HostReport]:
+    """Probe every host of `fleet_file` at once; one report per host, in the fleet file's order."""
+    return list(await asyncio.gather(*(check_host(fleet_file.engine, entry) for entry in fleet_file.hosts)))
 
 
 async def check_host(engine: EngineConfig, entry: HostEntry) -> HostReport:

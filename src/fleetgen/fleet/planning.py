@@ -45,9 +45,9 @@ def facts_from_report(host: HostEntry, report: HostReport) -> HostFacts:
     return facts_from_file(host, gpus, int(mem * GIB) if mem is not None else None, report.engine_version)
 
 
-async def load_shape(fleet: FleetFile, fleet_path: Path, *, offline: bool) -> ModelShape:
+async def load_shape(fleet_file: FleetFile, fleet_path: Path, *, offline: bool) -> ModelShape:
     """The model shape as `up` reads it (`modelshape.model_shape`), on the first host where it is one."""
-    cfg = fleet.engine
+    cfg = fleet_file.engine
     if cfg.model_config_dir or not is_path_like(cfg.model):
         return await model_shape(cfg, fleet_path, None)
     if offline:
@@ -56,21 +56,23 @@ async def load_shape(fleet: FleetFile, fleet_path: Path, *, offline: bool) -> Mo
             fix="set engine.model_config to a local folder holding config.json and "
             "model.safetensors.index.json, or plan without --offline",
         )
-    async with open_host(fleet.hosts[0]) as conn:
+    async with open_host(fleet_file.hosts[0]) as conn:
         return await model_shape(cfg, fleet_path, conn)
 
 
-async def gather_inputs(fleet: FleetFile, fleet_path: Path, *, offline: bool) -> PlanInputs:
+async def gather_inputs(fleet_file: FleetFile, fleet_path: Path, *, offline: bool) -> PlanInputs:
     """Model shape, host facts and engine version: from the file only when `offline`, else probed."""
-    shape = await load_shape(fleet, fleet_path, offline=offline)
+    shape = await load_shape(fleet_file, fleet_path, offline=offline)
     if offline:
-        return PlanInputs(shape, {h.name: facts_from_file(h) for h in fleet.hosts}, fleet.engine.version)
-    reports = await check_hosts(fleet)
-    facts = {h.name: facts_from_report(h, r) for h, r in zip(fleet.hosts, reports, strict=True)}
+        return PlanInputs(
+            shape, {h.name: facts_from_file(h) for h in fleet_file.hosts}, fleet_file.engine.version
+        )
+    reports = await check_hosts(fleet_file)
+    facts = {h.name: facts_from_report(h, r) for h, r in zip(fleet_file.hosts, reports, strict=True)}
     notes: list[Issue] = []
-    if fleet.cluster is not None:  # the submit host has no GPU of the fleet's: ask the cluster
-        entry = fleet.hosts[0]
-        gpus, notes = await cluster_gpus(entry, fleet.cluster, fleet.engine.tp)
+    if fleet_file.cluster is not None:  # the submit host has no GPU of the fleet's: ask the cluster
+        entry = fleet_file.hosts[0]
+        gpus, notes = await cluster_gpus(entry, fleet_file.cluster, fleet_file.engine.tp)
         facts[entry.name] = replace(facts[entry.name], gpus=gpus)
     notes += [
         Issue("host-unreachable", f"{r.host}: {r.error}; planning it from the fleet file", r.fix or "")
@@ -78,9 +80,11 @@ async def gather_inputs(fleet: FleetFile, fleet_path: Path, *, offline: bool) ->
         if not r.reachable
     ]
     versions = sorted({r.engine_version for r in reports if r.engine_version})
-    listed, wanted = ", ".join(versions), fleet.engine.version
+    listed, wanted = ", ".join(versions), fleet_file.engine.version
     if len(versions) > 1:
-        text = f"hosts run different {fleet.engine.kind} versions: {listed}; planning with {versions[-1]}"
+        text = (
+            f"hosts run different {fleet_file.engine.kind} versions: {listed}; planning with {versions[-1]}"
+        )
         notes.append(Issue("engine-version", text, "install one version everywhere"))
     if versions and wanted and wanted not in versions:
         text = f"engine.version = {wanted} but the hosts run {listed}; planning with what runs"
@@ -115,12 +119,14 @@ async def cluster_gpus(
     return tuple(replace(best, index=i) for i in range(cluster.gpus)), notes
 
 
-async def check_with_host_parser(fleet: FleetFile, plan: FleetPlan) -> FleetPlan:
+async def check_with_host_parser(fleet_file: FleetFile, plan: FleetPlan) -> FleetPlan:
     """Run the engine's own parser on each host (first instance's exact argv; others differ only in port)."""
     firsts: dict[str, InstancePlan] = {}
     for inst in plan.instances:
         firsts.setdefault(inst.host, inst)
-    verdicts = await asyncio.gather(*(_parse_on(fleet, fleet.host(h), p) for h, p in firsts.items()))
+    verdicts = await asyncio.gather(
+        *(_parse_on(fleet_file, fleet_file.host(h), p) for h, p in firsts.items())
+    )
     by_host = dict(zip(firsts, verdicts, strict=True))
     instances = []
     for inst in plan.instances:
@@ -129,13 +135,15 @@ async def check_with_host_parser(fleet: FleetFile, plan: FleetPlan) -> FleetPlan
     return replace(plan, instances=tuple(instances))
 
 
-async def _parse_on(fleet: FleetFile, host: HostEntry, inst: InstancePlan) -> tuple[tuple[Issue, ...], ...]:
-    engine = get_engine(fleet.engine.kind)
-    args = list(inst.argv[1 + len(launcher_of(fleet.engine)) :])
+async def _parse_on(
+    fleet_file: FleetFile, host: HostEntry, inst: InstancePlan
+) -> tuple[tuple[Issue, ...], ...]:
+    engine = get_engine(fleet_file.engine.kind)
+    args = list(inst.argv[1 + len(launcher_of(fleet_file.engine)) :])
     try:
         async with open_host(host) as conn:
             result = await conn.run(
-                [fleet.engine.python, "-c", engine.parser_check_script()],
+                [fleet_file.engine.python, "-c", engine.parser_check_script()],
                 check=False,
                 stdin=json.dumps(args).encode(),
                 timeout=PARSER_TIMEOUT_S,
@@ -169,12 +177,12 @@ def parser_refusal(engine: Engine, host: str, verdict: ParserVerdict, inst: Inst
 
 
 async def plan_from_file(
-    fleet: FleetFile, fleet_path: Path, *, offline: bool, target: int | None, job: JobShape | None = None
+    fleet_file: FleetFile, fleet_path: Path, *, offline: bool, target: int | None, job: JobShape | None = None
 ) -> FleetPlan:
     """The whole `fleetgen plan`: inputs, pure plan, and (online) the hosts' own parser verdicts."""
-    inputs = await gather_inputs(fleet, fleet_path, offline=offline)
+    inputs = await gather_inputs(fleet_file, fleet_path, offline=offline)
     detected = {n: [g.index for g in f.gpus] for n, f in inputs.facts.items() if f.gpus is not None}
-    fleet.instances(detected, source=fleet_path)  # detected GPUs tp does not divide: refused, file:line
-    plan = plan_fleet(fleet, inputs.shape, inputs.facts, inputs.version, target=target, job=job)
+    fleet_file.instances(detected, source=fleet_path)  # detected GPUs tp does not divide: refused, file:line
+    plan = plan_fleet(fleet_file, inputs.shape, inputs.facts, inputs.version, target=target, job=job)
     plan = replace(plan, warnings=plan.warnings + inputs.notes)
-    return plan if offline else await check_with_host_parser(fleet, plan)
+    return plan if offline else await check_with_host_parser(fleet_file, plan)

@@ -75,7 +75,7 @@ class FleetLinks:
         """Every deployed instance as it is now (an unreachable host is not retried here)."""
         return list(await asyncio.gather(*(self._read(name) for name in self.names)))
 
-    async def check(self, name: str) -> Link:
+    async def read_one(self, name: str) -> Link:
         """One instance as it is now: its host reconnected if it was unreachable (SSH connections that
         dropped reconnect, and re-open their tunnels, on the read itself). A Slurm instance is placed anew
         (alone) when its job was replaced, and when its process is gone: its job's end then reads in

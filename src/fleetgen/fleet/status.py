@@ -67,13 +67,13 @@ class InstanceStatus:
 
 
 @dataclass
-class _Watched:
+class _Tracked:
     hs: HostSession
     inst: Instance
     command: Command  # what it runs as the fleet file wants it (compared with /proc: drift)
     before: Scrape | None = None
     placement: str = ""
-    job: str = ""  # a Slurm placement: the job its session reaches the node of
+    slurm_job: str = ""  # a Slurm placement: the job its session reaches the node of
 
 
 class FleetView:
@@ -82,52 +82,52 @@ class FleetView:
     def __init__(self, fleet: Fleet, secret: str | None) -> None:
         self.fleet = fleet
         self.secret = secret
-        self.watched: list[_Watched] = []
+        self.tracked: list[_Tracked] = []
         self.failed: list[InstanceStatus] = []
         # Where `plan` and `up` read the model's shape (`modelshape.model_shape`): the first host reached.
         self.model_host: Host | None = None
 
-    def watch(self, hs: HostSession, inst: Instance, *, placement: str = "", job: str = "") -> None:
-        """Watch `inst` through `hs` (its host, or a Slurm job's node)."""
+    def track(self, hs: HostSession, inst: Instance, *, placement: str = "", slurm_job: str = "") -> None:
+        """Track `inst` (read it at each refresh) through `hs` (its host, or a Slurm job's node)."""
         command = wanted_command(self.fleet.file, self.fleet.engine, inst, hs.survey)
-        self.watched.append(_Watched(hs, inst, command, placement=placement, job=job))
+        self.tracked.append(_Tracked(hs, inst, command, placement=placement, slurm_job=slurm_job))
 
     @property
     def names(self) -> list[str]:
         """The instances this view reads on their hosts (not those it could not reach)."""
-        return [w.inst.name for w in self.watched]
+        return [w.inst.name for w in self.tracked]
 
     async def read(self, name: str, rate_window_s: float = 0.0) -> InstanceStatus:
         """One instance's status, read now (a job re-reading the instance it waits for)."""
-        return await self._one(self._watched(name), rate_window_s)
+        return await self._one(self._tracked(name), rate_window_s)
 
     async def url_of(self, name: str) -> str:
         """The URL of an instance, running or not: opening the forward connects nothing (each connection
         through it does), so it opens before anything listens on the port; "" while its host is unreachable
         (the status read beside it says why)."""
-        w = self._watched(name)
+        w = self._tracked(name)
         try:
             return await w.hs.url_for(w.inst.port)
         except FleetgenError:
             return ""
 
-    def _watched(self, name: str) -> _Watched:
-        return next(w for w in self.watched if w.inst.name == name)
+    def _tracked(self, name: str) -> _Tracked:
+        return next(w for w in self.tracked if w.inst.name == name)
 
     def is_replaced(self, name: str) -> bool:
         """A Slurm instance whose job was replaced since this view placed it (resubmitted by `up` or
         `--restart-dead`, perhaps on another node): this view's session may reach the wrong node."""
-        job = next((w.job for w in self.watched if w.inst.name == name), "")
+        job = next((w.slurm_job for w in self.tracked if w.inst.name == name), "")
         record = load_state(self.fleet.path).get(name)
         return bool(job) and (record is None or record.slurm_job != job)
 
     async def refresh(self, rate_window_s: float = 1.0) -> list[InstanceStatus]:
         """Every instance's status, read now; throughput needs two scrapes (the previous refresh, or a
         second one `rate_window_s` later the first time) for engines that only export counters."""
-        got = await asyncio.gather(*(self._one(w, rate_window_s) for w in self.watched))
+        got = await asyncio.gather(*(self._one(w, rate_window_s) for w in self.tracked))
         return sorted([*got, *self.failed], key=lambda s: s.instance)
 
-    async def _one(self, w: _Watched, rate_window_s: float) -> InstanceStatus:
+    async def _one(self, w: _Tracked, rate_window_s: float) -> InstanceStatus:
         inst = w.inst
         st = InstanceStatus(inst.name, inst.host, inst.gpus, inst.port, placement=w.placement)
         try:
@@ -138,7 +138,7 @@ class FleetView:
         st.log_path = st.log_path or w.command.paths.current_log
         return st
 
-    async def _read(self, w: _Watched, st: InstanceStatus, rate_window_s: float) -> Seen:
+    async def _read(self, w: _Tracked, st: InstanceStatus, rate_window_s: float) -> Seen:
         """Look at the instance, filling `st` with what it shows; stop once what is seen settles it."""
         rec = load_state(self.fleet.path).get(st.instance)
         running = await running_process(w.hs, w.command, rec)
@@ -187,7 +187,7 @@ async def open_view(fleet: Fleet, *, only: Sequence[str] | None = None) -> Async
                     await _place(view, hs, picked, nodes)
                     continue
                 for inst in picked:
-                    view.watch(hs, inst)
+                    view.track(hs, inst)
             except FleetgenError as exc:
                 opened.fail(hs.entry, exc, instances)
         static = {i.name: i for h in fleet.file.hosts for i in fleet.file.instances_on(h)}
@@ -201,12 +201,12 @@ async def open_view(fleet: Fleet, *, only: Sequence[str] | None = None) -> Async
 async def _place(
     view: FleetView, login: HostSession, instances: list[Instance], stack: contextlib.AsyncExitStack
 ) -> None:
-    """A cluster's instances: those whose job runs are watched on its node; the others say where their job
+    """A cluster's instances: those whose job runs are tracked on its node; the others say where their job
     is (pending and why, or ended with Slurm's state and reason: down, `fleetgen up` resubmits it)."""
     fleet = view.fleet
     for p in await place(fleet, login, instances, load_state(fleet.path), stack):
         if p.node is not None:
-            view.watch(p.node, p.inst, placement=p.where, job=p.job)
+            view.track(p.node, p.inst, placement=p.where, slurm_job=p.job)
             continue
         seen = Seen(is_alive=False, gone=p.where) if p.has_ended else Seen(unseen=p.where)
         readiness, why = decide(seen)

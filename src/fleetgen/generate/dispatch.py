@@ -7,14 +7,14 @@ Failure policy:
   the same refusal keeps coming with no success between: then the request is wrong, not a record, and the job
   stops with RequestRejected (rejects.py) before the dataset is burned into error rows;
 - an endpoint whose connection fails (or that fails `drain_after` times in a row) is drained: no new work,
-  its in-flight requests are cancelled and re-queued elsewhere (not counted as attempts); the `Watch`
+  its in-flight requests are cancelled and re-queued elsewhere (not counted as attempts); the `HealthMonitor`
   (health.py) probes it and it is used again once healthy, like endpoints not ready when the job started;
   `on_dead` (the `--restart-dead` hook) restarts a dead one in the background;
 - `max_consecutive_failures` failures in a row fleet-wide, or no ready endpoint for `dead_timeout_s`, ends
   the job with `FleetDown`: the servers are gone, so the dataset is not burned into error rows.
 
 `in_flight_for`: a server's default requests in flight, from the running requests its engine admits plus
-a queue (`run` without `concurrency`, and `tune`). The fleet-down clock is the `Watch`'s.
+a queue (`run` without `concurrency`, and `tune`). The fleet-down clock is the `HealthMonitor`'s.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 
 from fleetgen.deploy.readiness import Readiness
 from fleetgen.errors import FleetDown, FleetgenError
-from fleetgen.generate.health import Endpoint, Watch, states
+from fleetgen.generate.health import Endpoint, HealthMonitor, states
 from fleetgen.generate.rejects import Streak
 from fleetgen.generate.work import Work
 from fleetgen.http.client import RequestFailed
@@ -55,11 +55,13 @@ BodyFor = Callable[[Work], dict[str, Any]]
 class Dispatcher:
     """Runs `Work` items from an iterator across `endpoints`; results and final errors go to callbacks."""
 
-    def __init__(self, watch: Watch, body_for: BodyFor, on_success: OnSuccess, on_error: OnError) -> None:
-        # The Watch was started before the model was known (the first ready endpoint names it).
-        self._watch = watch
-        self.endpoints = watch.endpoints
-        self.policy = policy = watch.policy
+    def __init__(
+        self, monitor: HealthMonitor, body_for: BodyFor, on_success: OnSuccess, on_error: OnError
+    ) -> None:
+        # The HealthMonitor was started before the model was known (the first ready endpoint names it).
+        self._monitor = monitor
+        self.endpoints = monitor.endpoints
+        self.policy = policy = monitor.policy
         self._body_for = body_for
         self._on_success = on_success
         self._on_error = on_error
@@ -67,8 +69,8 @@ class Dispatcher:
         self.num_in_flight = 0
         self._changed = asyncio.Event()
         self._drained: set[asyncio.Task[None]] = set()
-        watch.on_ready = self._changed.set
-        watch.on_hung = self._hung
+        monitor.on_ready = self._changed.set
+        monitor.on_hung = self._hung
         self._timers: set[asyncio.TimerHandle] = set()
         self._stopping = False
         self._fatal: FleetgenError | None = None
@@ -84,7 +86,7 @@ class Dispatcher:
     @property
     def wait_left_s(self) -> float | None:
         """With no endpoint ready: the seconds left before the job stops with FleetDown; None while one is."""
-        return self._watch.wait_left_s(self.policy.dead_timeout_s)
+        return self._monitor.wait_left_s(self.policy.dead_timeout_s)
 
     def stop(self) -> None:
         """Stop taking new work (Ctrl-C); in-flight requests go on until `drain` or `abandon`."""
@@ -129,7 +131,7 @@ class Dispatcher:
         for each in cancelled:
             each.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await self._watch.close()
+        await self._monitor.close()
 
     def _pick(self) -> Endpoint | None:
         best: Endpoint | None = None
@@ -243,7 +245,7 @@ class Dispatcher:
             if task is not current:
                 self._drained.add(task)
                 task.cancel()
-        self._watch.lost(endpoint)
+        self._monitor.lost(endpoint)
 
     def _fleet_down(self, why: str) -> FleetDown:
         return FleetDown(

@@ -1,5 +1,6 @@
-"""What a job takes from the fleet it runs on (`FleetHooks`): its endpoints, a description for the store, and
-its hooks (the instances not ready at the start, re-reading one from its host, the `--restart-dead` restart).
+"""What a job takes from the fleet it runs on (`JobServers`): its endpoints, a description for the store,
+and what it may ask of them (the instances not ready at the start, re-reading one from its host, the
+`--restart-dead` restart).
 
 The description goes to the store's meta (`fleet`, `engine_args`) so a report says what generated the data:
 the engine section of the fleet file — kind, version, model, args, tp — and the instance names. Never the
@@ -22,44 +23,46 @@ from fleetgen.deploy.instance import Action, Outcome
 from fleetgen.deploy.readiness import Readiness
 from fleetgen.errors import DeployError
 from fleetgen.fleet.pool import FleetLinks, Link
-from fleetgen.generate.runner import FleetHooks
+from fleetgen.generate.runner import JobServers
 from fleetgen.http.client import BareURLs
 
 
-def fleet_meta(fleet: FleetFile, path: Path, instances: Sequence[str]) -> dict[str, Any]:
+def fleet_meta(fleet_file: FleetFile, fleet_path: Path, instances: Sequence[str]) -> dict[str, Any]:
     """Meta entries for a run on a fleet file: `fleet` (engine section, no env values) and `engine_args`."""
-    engine = fleet.engine
+    engine = fleet_file.engine
     return {
         "fleet": {
-            "file": str(path.resolve()),
+            "file": str(fleet_path.resolve()),
             "kind": engine.kind,
             "version": engine.version,
             "model": engine.model,
             "served_model_name": engine.served_model_name,
             "tp": engine.tp,
             "env_names": sorted(engine.env),
-            "hosts": [host.name for host in fleet.hosts],
+            "hosts": [host.name for host in fleet_file.hosts],
             "instances": sorted(instances),
         },
         "engine_args": dict(engine.args),
     }
 
 
-def url_hooks(servers: BareURLs) -> FleetHooks:
+def url_servers(servers: BareURLs) -> JobServers:
     """A job on bare `--endpoint` URLs (each named by its address): all that is known is where they are."""
-    return FleetHooks(servers.named(), describe={"fleet": {"endpoints": list(servers.urls)}})
+    return JobServers(servers.named(), describe={"fleet": {"endpoints": list(servers.urls)}})
 
 
-def fleet_hooks(fleet: Fleet, links: FleetLinks, at_start: Sequence[Link], restart_dead: bool) -> FleetHooks:
+def fleet_servers(
+    fleet: Fleet, links: FleetLinks, at_start: Sequence[Link], restart_dead: bool
+) -> JobServers:
     """A job on the instances of `fleet` (`at_start`: as read then; those not ready start drained),
-    `links.check` to re-read one, and with `restart_dead` a dead one brought back by `revive`."""
-    return FleetHooks(
+    `links.read_one` to re-read one, and with `restart_dead` a dead one brought back by `revive`."""
+    return JobServers(
         [(e.name, e.url) for e in at_start],
         describe=fleet_meta(fleet.file, fleet.path, links.names),
         api_key=links.secret,
         engine_kind=fleet.file.engine.kind,
         not_ready={e.name: (e.readiness, e.problem) for e in at_start if e.readiness is not Readiness.READY},
-        check=links.check,
+        read_one=links.read_one,
         on_dead=functools.partial(revive, fleet) if restart_dead else None,
     )
 

@@ -4,13 +4,13 @@ An endpoint's `readiness` (the fleet's one `Readiness`) is READY (takes work), W
 job started: still loading, its host unreachable, drifted from the fleet file — it joins once healthy) or
 DOWN (its process is gone, or it failed requests and was drained). This module observes — the fleet's
 judgement re-read, GET /health, silence with requests in flight — and `deploy.readiness.decide` judges. A
-`Watch` probes every endpoint that is not READY — first asking the fleet (`admit`, with a fleet file: the
-instance's readiness as its host reports it now, and where its tunnel is), then GET /health — at a growing
-interval, and marks it READY once `decide` says so. With `--restart-dead` (`on_dead`), a DOWN endpoint is
-restarted through the deploy layer in the background, so the other endpoints keep taking work meanwhile.
-With none READY, the job waits a bounded time on one clock (`Watch.wait_left_s`): `--wait-ready` for a first
-one at the start, `dead_timeout_s` mid-job (`--dead-timeout`). The hung guard (`--hung-after`) drains an
-endpoint with no answer and a failing /health.
+`HealthMonitor` probes every endpoint that is not READY — first asking the fleet (`admit`, with a fleet file:
+the instance's readiness as its host reports it now, and where its tunnel is), then GET /health — at a
+growing interval, and marks it READY once `decide` says so. With `--restart-dead` (`on_dead`), a DOWN endpoint
+is restarted through the deploy layer in the background, so the other endpoints keep taking work meanwhile.
+With none READY, the job waits a bounded time on one clock (`HealthMonitor.wait_left_s`): `--wait-ready` for
+a first one at the start, `dead_timeout_s` mid-job (`--dead-timeout`). The hung guard (`--hung-after`) drains
+an endpoint with no answer and a failing /health.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class Endpoint:
     answered_at: float = 0.0  # monotonic: its last answer (or when its first request in flight left)
 
 
-class Watch:
+class HealthMonitor:
     """Probes (and with `on_dead` restarts) the endpoints that are not READY; `on_ready` fires when one
     becomes READY. `admit` refreshes an endpoint from the fleet: READY (use it once /health says 200), WAITING
     (keep probing), DOWN (its process is gone: `on_dead` may start it). Its tasks start with it (those not
@@ -75,7 +75,7 @@ class Watch:
         self._none_ready_since: float | None = None  # monotonic: since when no endpoint is READY
         for endpoint in self.endpoints:
             if endpoint.readiness is not Readiness.READY:
-                self._watch(endpoint)
+                self._look_after(endpoint)
         self._spawn(self._guard_hung())
 
     def lost(self, endpoint: Endpoint) -> None:
@@ -83,7 +83,7 @@ class Watch:
         restarted with `on_dead`."""
         seen = Seen(lost=endpoint.last_error or "drained", was=endpoint.readiness)
         endpoint.readiness = decide(seen).readiness
-        self._watch(endpoint)
+        self._look_after(endpoint)
 
     def wait_left_s(self, limit_s: float) -> float | None:
         """With no endpoint READY: the seconds left of `limit_s`, counted from when none was (the start's
@@ -100,7 +100,7 @@ class Watch:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def _watch(self, endpoint: Endpoint) -> None:
+    def _look_after(self, endpoint: Endpoint) -> None:
         if endpoint not in self._probing:
             self._probing.add(endpoint)
             self._spawn(self._probe(endpoint))
@@ -192,7 +192,7 @@ class Watch:
 
 
 async def served_models(
-    watch: Watch,
+    monitor: HealthMonitor,
     *,
     wait_s: float,
     tick_s: float,
@@ -207,23 +207,23 @@ async def served_models(
     """
     models: dict[str, str] = {}
     ready = asyncio.Event()
-    watch.on_ready = ready.set  # until the dispatcher takes it over
+    monitor.on_ready = ready.set  # until the dispatcher takes it over
     while True:
-        for endpoint in watch.endpoints:
+        for endpoint in monitor.endpoints:
             if endpoint.readiness is Readiness.READY:
                 try:
                     models[endpoint.name] = await endpoint.client.served_model()
                 except EndpointError as exc:
                     endpoint.last_error = exc.message
-                    watch.lost(endpoint)
+                    monitor.lost(endpoint)
         if models or is_stopped():
             return models
-        remaining = watch.wait_left_s(wait_s)
+        remaining = monitor.wait_left_s(wait_s)
         if remaining == 0.0:
             what = f"no server became ready within {wait_s:g} s" if wait_s > 0 else "no server is ready"
             raise FleetDown(
                 f"{what}: nothing to generate with",
-                context={"servers": states(watch.endpoints, "not ready")},
+                context={"servers": states(monitor.endpoints, "not ready")},
                 fix="see why with `fleetgen status -f FLEET` (and `fleetgen logs INSTANCE --fleet FLEET`), "
                 "bring them up with `fleetgen up -f FLEET` (or rerun with --restart-dead, or a longer "
                 "--wait-ready), then rerun the same command: it resumes. With --endpoint URLs: start those "

@@ -173,7 +173,7 @@ def scan(items: Iterable[object], size: int, rng: random.Random) -> Scan:
 
 
 def read_job_shape(
-    job: JobFile,
+    job_file: JobFile,
     input_path: Path,
     *,
     tokenizer_dir: Path | None,
@@ -182,11 +182,11 @@ def read_job_shape(
     seed: int = 0,
     split: str | None = None,
 ) -> JobShape:
-    """The shape of `job` over `input_path` (read as `run` reads it, `split` of a datasets folder included):
-    `sample` records drawn uniformly (seeded) and the longest ones, counted with `tokenizer_dir`'s tokenizer
-    where it has one; output lengths from `output_lengths`, else `max_tokens` as the ceiling."""
-    output, output_from = expected_output(output_lengths, job.max_tokens)  # refused before the long read
-    shape = RecordShape.of(job)
+    """The shape of `job_file` over `input_path` (read as `run` reads it, `split` of a datasets folder
+    included): `sample` records drawn uniformly (seeded) and the longest ones, counted with `tokenizer_dir`'s
+    tokenizer where it has one; output lengths from `output_lengths`, else `max_tokens` as the ceiling."""
+    output, output_from = expected_output(output_lengths, job_file.max_tokens)  # refused before the long read
+    shape = RecordShape.of(job_file)
     seen = scan(read_records(input_path, shape, split=split), sample, random.Random(seed))
     if not seen.sampled:
         if seen.first_bad:
@@ -203,9 +203,9 @@ def read_job_shape(
         output_tokens=output,
         output_from=output_from,
         is_output_ceiling=output_lengths is None,
-        max_tokens=job.max_tokens,
-        samples=job.samples,
-        thinking=job.thinking,
+        max_tokens=job_file.max_tokens,
+        samples=job_file.samples,
+        thinking=job_file.thinking,
         shared_prefix_tokens=shared_prefix_tokens(packed, counter.unit),
         counted_with=counter.counted_with,
         is_estimate=counter.is_estimate,

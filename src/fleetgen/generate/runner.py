@@ -11,8 +11,8 @@ Life of a run:
 5. stop: done, Ctrl-C (drain, or abandon on a second Ctrl-C) or FleetDown → flush the writer, close.
 A kill -9 at any point loses only uncommitted in-flight work, which the rerun does again.
 
-`Job(options, fleet)`: `JobOptions` (its own settings, built once by the CLI from the job file and flags)
-and `FleetHooks` (what it runs on: endpoints, key, engine kind, description, and what it may ask of a
+`Job(options, servers)`: `JobOptions` (its own settings, built once by the CLI from the job file and flags)
+and `JobServers` (what it runs on: endpoints, key, engine kind, description, and what it may ask of a
 fleet).
 """
 
@@ -34,7 +34,7 @@ from fleetgen.fleet.pool import Link
 from fleetgen.generate import jobmeta, rows
 from fleetgen.generate.dispatch import Dispatcher
 from fleetgen.generate.forced import ForcedLengths
-from fleetgen.generate.health import Endpoint, OnDead, Watch, served_models
+from fleetgen.generate.health import Endpoint, HealthMonitor, OnDead, served_models
 from fleetgen.generate.intake import Intake
 from fleetgen.generate.jobmeta import JobMeta
 from fleetgen.generate.progress import (
@@ -57,14 +57,14 @@ OnProgress = Callable[[Progress], None]
 
 
 @dataclass(frozen=True)
-class FleetHooks:
+class JobServers:
     """What a job runs on and may ask of it, built once by `generate.fleetlink` (a fleet file, or bare URLs).
 
     `endpoints`: (name, base URL); `describe`: the store's meta of what generates the data; `engine_kind`:
     whose /metrics names to read (None: try every engine's). `not_ready`: the instances not ready at the
-    start (name → readiness, why); they start drained and join once `check` (re-reading one instance from its
-    host) says they are ready. DOWN ones have no process: `on_dead` (`--restart-dead`) restarts them through
-    the deploy layer. Bare URLs have no hooks.
+    start (name → readiness, why); they start drained and join once `read_one` (re-reading one instance from
+    its host) says they are ready. DOWN ones have no process: `on_dead` (`--restart-dead`) restarts them
+    through the deploy layer. Bare URLs have endpoints and a description only.
     """
 
     endpoints: list[tuple[str, str]] = field(default_factory=list)
@@ -72,7 +72,7 @@ class FleetHooks:
     api_key: str | None = None
     engine_kind: str | None = None
     not_ready: Mapping[str, tuple[Readiness, str]] = field(default_factory=dict)
-    check: Callable[[str], Awaitable[Link]] | None = None
+    read_one: Callable[[str], Awaitable[Link]] | None = None
     on_dead: OnDead | None = None
     # requests in flight per endpoint (name → cap), from what its engine admits; others: the job's concurrency
     caps: Mapping[str, int] = field(default_factory=dict)
@@ -83,7 +83,7 @@ class Job:
     """One run of a job on a fleet. `await Job(options, fleet).run(on_progress)`; `stop()` is Ctrl-C."""
 
     options: JobOptions
-    fleet: FleetHooks
+    servers: JobServers
     counters: Counters = field(default_factory=Counters)
     _stops: int = 0
     _abandon: asyncio.Event = field(default_factory=asyncio.Event)
@@ -110,15 +110,18 @@ class Job:
             async with contextlib.AsyncExitStack() as stack:
                 self._stack = stack
                 endpoints = []
-                for name, url in self.fleet.endpoints:  # one not READY waits for the Watch to admit it
-                    readiness, why = self.fleet.not_ready.get(name, (Readiness.READY, ""))
-                    cap = self.fleet.caps.get(name, opts.concurrency)
+                for (
+                    name,
+                    url,
+                ) in self.servers.endpoints:  # one not READY waits for the HealthMonitor to admit it
+                    readiness, why = self.servers.not_ready.get(name, (Readiness.READY, ""))
+                    cap = self.servers.caps.get(name, opts.concurrency)
                     client = await self._client(url, cap)
                     endpoints.append(Endpoint(name, client, cap, readiness, last_error=why))
-                admit = self._admit if self.fleet.check is not None else None
-                watch = Watch(endpoints, opts.policy, on_dead=self.fleet.on_dead, admit=admit)
-                stack.push_async_callback(watch.close)
-                return await self._run(store, intake, watch, on_progress)
+                admit = self._admit if self.servers.read_one is not None else None
+                monitor = HealthMonitor(endpoints, opts.policy, on_dead=self.servers.on_dead, admit=admit)
+                stack.push_async_callback(monitor.close)
+                return await self._run(store, intake, monitor, on_progress)
         finally:
             store.close()
 
@@ -130,14 +133,14 @@ class Job:
             url,
             max_connections=cap,
             timeout_s=opts.request_timeout_s,
-            api_key=self.fleet.api_key,
+            api_key=self.servers.api_key,
         )
         return await self._stack.enter_async_context(client)
 
     async def _admit(self, endpoint: Endpoint) -> Judgement:
         """Re-read the endpoint's instance from its host: may it take work? Its reason goes to the view."""
-        assert self.fleet.check is not None
-        link = await self.fleet.check(endpoint.name)
+        assert self.servers.read_one is not None
+        link = await self.servers.read_one(endpoint.name)
         if link.url and link.url.rstrip("/") != endpoint.client.base_url:
             endpoint.client = await self._client(
                 link.url, endpoint.cap
@@ -147,24 +150,24 @@ class Job:
         return Judgement(link.readiness, link.problem)
 
     async def _run(
-        self, store: Store, intake: Intake, watch: Watch, on_progress: OnProgress | None
+        self, store: Store, intake: Intake, monitor: HealthMonitor, on_progress: OnProgress | None
     ) -> Summary:
         opts = self.options
         self._started = time.monotonic()
-        model = await self._resolve_model(watch, on_progress)
+        model = await self._resolve_model(monitor, on_progress)
         if model is None:  # stopped (Ctrl-C) while waiting for a first ready server
             return rows.summary(store, "stopped", "", self.counters, time.monotonic() - self._started, {})
         builder = rows.RowBuilder(model, self._check_params(store, model))
         intake.plan(store, self.counters)
-        was_finished = jobmeta.begin(store, self.fleet.describe)
+        was_finished = jobmeta.begin(store, self.servers.describe)
         bad_lines = store.bad_lines(str(opts.input_path)) if intake.tracker is not None else set()
         meta = self._meta = JobMeta(intake.resume, opts.params.samples, intake.tracker, bad_lines)
         writer = StoreWriter(store, lambda batch: self._committed(batch, meta), meta=meta.current)
         scraper = AcceptLengthScraper(  # URLs as now: a late host may have one by now
-            [(e.name, e.client.base_url) for e in watch.endpoints],
-            self.fleet.engine_kind,
+            [(e.name, e.client.base_url) for e in monitor.endpoints],
+            self.servers.engine_kind,
             interval_s=opts.metrics_interval_s,
-            api_key=self.fleet.api_key,
+            api_key=self.servers.api_key,
         )
         requests = ChatRequests(model, opts.params.max_tokens, opts.params.sampling)
         forced = None if opts.forced_lengths is None else ForcedLengths(opts.forced_lengths, opts.under_way)
@@ -174,7 +177,7 @@ class Job:
             return out if forced is None else forced.apply(out, work.key)
 
         dispatcher = Dispatcher(
-            watch,
+            monitor,
             body,
             lambda ep, work, t0, dt: writer.put(builder.result(ep, work, t0, dt)),
             lambda ep, work, exc: writer.put(builder.error(ep, work, exc)),
@@ -185,7 +188,7 @@ class Job:
         if status == "complete" and (opts.mode == "normal" or was_finished):
             jobmeta.finish(store)  # a re-run pass finishes only a job that had finished before
         elapsed = time.monotonic() - self._started
-        per_endpoint = {e.name: e.completions for e in watch.endpoints}
+        per_endpoint = {e.name: e.completions for e in monitor.endpoints}
         return rows.summary(store, status, model, self.counters, elapsed, per_endpoint)
 
     async def _execute(
@@ -239,17 +242,17 @@ class Job:
         drain.cancel()
         abandon.cancel()
 
-    async def _resolve_model(self, watch: Watch, on_progress: OnProgress | None) -> str | None:
+    async def _resolve_model(self, monitor: HealthMonitor, on_progress: OnProgress | None) -> str | None:
         """The served model, from the first ready endpoints (None: stopped while waiting for one)."""
 
         def on_wait(remaining_s: float) -> None:  # no counts yet: each server's state and why
             if on_progress is not None:
-                states = [EndpointProgress.of(e) for e in watch.endpoints]
+                states = [EndpointProgress.of(e) for e in monitor.endpoints]
                 elapsed = time.monotonic() - self._started
                 on_progress(Progress(elapsed_s=elapsed, endpoints=states, waiting_s=remaining_s))
 
         infos = await served_models(
-            watch,
+            monitor,
             wait_s=self.options.wait_ready_s,
             tick_s=self.options.progress_interval_s,
             on_wait=on_wait,

@@ -115,9 +115,9 @@ class SamplingParams:
     extra_body: dict[str, Any]
 
     @classmethod
-    def of(cls, job: JobFile) -> SamplingParams:
+    def of(cls, job_file: JobFile) -> SamplingParams:
         """A job file's sampling settings (with the command line's flags over it: `JobFile.overridden`)."""
-        return cls(**job.model_dump(include={f.name for f in fields(cls)}))
+        return cls(**job_file.model_dump(include={f.name for f in fields(cls)}))
 
     def to_json(self) -> str:
         return orjson.dumps(asdict(self), option=orjson.OPT_SORT_KEYS).decode()
@@ -155,9 +155,9 @@ class RecordShape:
     system_prompt: str | None = None
 
     @classmethod
-    def of(cls, job: JobFile) -> RecordShape:
+    def of(cls, job_file: JobFile) -> RecordShape:
         """How a job file says its records read (`run` and `read_job_shape` alike)."""
-        return cls(job.id_field, job.prompt_field, job.system_prompt)
+        return cls(job_file.id_field, job_file.prompt_field, job_file.system_prompt)
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ def facts_from_file(
 
 def plan_instance(
     planner: Planner,
-    fleet: FleetFile,
+    fleet_file: FleetFile,
     inst: Instance,
     shape: ModelShape,
     facts: HostFacts,
@@ -56,7 +56,7 @@ def plan_instance(
 ) -> InstancePlan:
     """Size and check one instance that runs `launch` (`decide_launch`'s) with its engine's `planner`; fixes
     when it does not fit; flags for `target`; for a `job`, its running requests and throughput settings."""
-    cfg = fleet.engine_for(inst.host)
+    cfg = fleet_file.engine_for(inst.host)
     rules = launch.rules
     base = InstancePlan(
         inst.name,
@@ -100,14 +100,14 @@ def plan_instance(
 
 
 def instance_ask(
-    fleet: FleetFile, inst: Instance, shape: ModelShape, facts: HostFacts, launch: Launch
+    fleet_file: FleetFile, inst: Instance, shape: ModelShape, facts: HostFacts, launch: Launch
 ) -> Ask | Issue:
     """What one instance asks of its engine's arithmetic: its host's flags on its binding GPU under the rule
     set `launch` was decided with (or why its GPU is not known)."""
     gpu = _binding_gpu(inst, facts)
     if isinstance(gpu, Issue):
         return gpu
-    return _ask(fleet.engine_for(inst.host), gpu, launch.rules, shape)
+    return _ask(fleet_file.engine_for(inst.host), gpu, launch.rules, shape)
 
 
 def _ask(cfg: EngineConfig, gpu: GpuFacts, rules: RuleSet, shape: ModelShape) -> Ask:
@@ -135,7 +135,7 @@ def _facts_of(facts: Mapping[str, HostFacts], host: str) -> HostFacts:
 
 
 def plan_fleet(
-    fleet: FleetFile,
+    fleet_file: FleetFile,
     shape: ModelShape,
     facts: Mapping[str, HostFacts],
     version: str | None = None,
@@ -143,32 +143,33 @@ def plan_fleet(
     target: int | None = None,
     job: JobShape | None = None,
 ) -> FleetPlan:
-    """Plan every instance of `fleet`; `facts` maps host name → what is known of it (file or measured, with
-    the engine version it runs); `version` stands in where a host's is unknown (default engine.version)."""
-    planner = planner_of(fleet.engine.kind)
+    """Plan every instance of `fleet_file`; `facts` maps host name → what is known of it (file or measured,
+    with the engine version it runs); `version` stands in where a host's is unknown (default
+    engine.version)."""
+    planner = planner_of(fleet_file.engine.kind)
     detected: dict[str, Sequence[int]] = {n: [g.index for g in f.gpus] for n, f in facts.items() if f.gpus}
-    instances = fleet.instances(detected)
+    instances = fleet_file.instances(detected)
     launches = [
-        decide_launch(fleet.engine_for(i.host), i, _facts_of(facts, i.host), version) for i in instances
+        decide_launch(fleet_file.engine_for(i.host), i, _facts_of(facts, i.host), version) for i in instances
     ]
     plans = [
-        plan_instance(planner, fleet, i, shape, _facts_of(facts, i.host), launch, target, job)
+        plan_instance(planner, fleet_file, i, shape, _facts_of(facts, i.host), launch, target, job)
         for i, launch in zip(instances, launches, strict=True)
     ]
     notes = {x.rule_warning for x in launches if x.rule_warning}
-    key_errors, key_warnings = api_key_way(fleet, planner.engine)
+    key_errors, key_warnings = api_key_way(fleet_file, planner.engine)
     warnings = [Issue("rule-set", note) for note in sorted(notes)] + key_warnings
-    errors = key_errors + _cross_instance(planner, fleet, instances, plans, facts)
+    errors = key_errors + _cross_instance(planner, fleet_file, instances, plans, facts)
     return FleetPlan(
         tuple(plans), tuple(errors), tuple(warnings), {"target_concurrency": target} if target else {}
     )
 
 
-def api_key_way(fleet: FleetFile, engine: Engine) -> tuple[list[Issue], list[Issue]]:
+def api_key_way(fleet_file: FleetFile, engine: Engine) -> tuple[list[Issue], list[Issue]]:
     """(errors, warnings) about how a public bind's key reaches the engine: never on its argv, which `ps`
     shows every user of the host. An env var (vLLM), else a 0600 config file (SGLang's `--config`, which
     then cannot also be the user's); an engine with neither is warned about."""
-    cfg = fleet.engine
+    cfg = fleet_file.engine
     if not cfg.is_public or engine.api_key_env_var:
         return [], []
     flag = engine.api_key_config_flag
@@ -187,19 +188,19 @@ def api_key_way(fleet: FleetFile, engine: Engine) -> tuple[list[Issue], list[Iss
 
 
 def cross_instance_errors(
-    fleet: FleetFile,
+    fleet_file: FleetFile,
     instances: Sequence[Instance],
     plans: Sequence[InstancePlan],
     facts: Mapping[str, HostFacts],
 ) -> list[Issue]:
     """The rules that span instances, run by `plan` AND by `up` before it launches anything: two instances
     on one GPU or one port of a machine, pinned host RAM summed per machine."""
-    return _cross_instance(planner_of(fleet.engine.kind), fleet, instances, plans, facts)
+    return _cross_instance(planner_of(fleet_file.engine.kind), fleet_file, instances, plans, facts)
 
 
 def _cross_instance(
     planner: Planner,
-    fleet: FleetFile,
+    fleet_file: FleetFile,
     instances: Sequence[Instance],
     plans: Sequence[InstancePlan],
     facts: Mapping[str, HostFacts],
@@ -207,22 +208,22 @@ def _cross_instance(
     one_gpu = "give each [[hosts]] entry of one machine its own gpus list"
     one_port = "give the [[hosts]] entries of one machine distinct base_port"
     return (
-        _clashes(fleet, instances, "gpu-shared", lambda i: i.gpus, "use GPU {}", one_gpu)
-        + _clashes(fleet, instances, "port-clash", lambda i: (i.port,), "listen on port {}", one_port)
-        + _host_memory(planner, fleet, plans, facts)
+        _clashes(fleet_file, instances, "gpu-shared", lambda i: i.gpus, "use GPU {}", one_gpu)
+        + _clashes(fleet_file, instances, "port-clash", lambda i: (i.port,), "listen on port {}", one_port)
+        + _host_memory(planner, fleet_file, plans, facts)
     )
 
 
 def engine_rejections(
-    fleet: FleetFile, instances: Sequence[Instance], shape: ModelShape, facts: Mapping[str, HostFacts]
+    fleet_file: FleetFile, instances: Sequence[Instance], shape: ModelShape, facts: Mapping[str, HostFacts]
 ) -> list[Issue]:
     """The engine's own refusals of each instance's flags (its rules for the rule set `decide_launch` picks,
     in its words, each named by instance), run by `up` before it launches anything: certain, unlike the
     memory arithmetic's estimates, and known without GPU figures."""
-    planner = planner_of(fleet.engine.kind)
+    planner = planner_of(fleet_file.engine.kind)
     refused: list[Issue] = []
     for inst in instances:
-        cfg = fleet.engine_for(inst.host)
+        cfg = fleet_file.engine_for(inst.host)
         rules = decide_launch(cfg, inst, _facts_of(facts, inst.host)).rules
         ask = Ask(dict(cfg.args), dict(cfg.env), cfg.tp, 0, 0, rules, shape)
         found = planner.rejections(ask)
@@ -230,14 +231,14 @@ def engine_rejections(
     return refused
 
 
-def _machines(fleet: FleetFile) -> dict[str, str]:
+def _machines(fleet_file: FleetFile) -> dict[str, str]:
     """Host name → machine: one per SSH address and port (a gateway forwarding its ports to several machines,
     as GPU rentals do, is several machines; two [[hosts]] entries with one `ssh` share GPUs and ports)."""
-    return {h.name: "local" if h.is_local else f"{h.address}:{h.port}" for h in fleet.hosts}
+    return {h.name: "local" if h.is_local else f"{h.address}:{h.port}" for h in fleet_file.hosts}
 
 
 def _clashes(
-    fleet: FleetFile,
+    fleet_file: FleetFile,
     instances: Sequence[Instance],
     rule: str,
     claims: Callable[[Instance], Iterable[int]],
@@ -247,7 +248,7 @@ def _clashes(
     """Two instances claiming one thing (`what`, formatted with it) of one machine: a GPU, a port."""
     owner: dict[tuple[str, int], str] = {}
     errors = []
-    machines = _machines(fleet)
+    machines = _machines(fleet_file)
     for inst in instances:
         for claim in claims(inst):
             key = (machines[inst.host], claim)
@@ -260,14 +261,14 @@ def _clashes(
 
 
 def _host_memory(
-    planner: Planner, fleet: FleetFile, plans: Sequence[InstancePlan], facts: Mapping[str, HostFacts]
+    planner: Planner, fleet_file: FleetFile, plans: Sequence[InstancePlan], facts: Mapping[str, HostFacts]
 ) -> list[Issue]:
     """Host RAM the engine's instances pin (its `Planner.host_ram`), per machine, against its available RAM
     minus the engine's reserve."""
     ram = planner.host_ram
     if ram is None:
         return []
-    machines = _machines(fleet)
+    machines = _machines(fleet_file)
     pinned: dict[str, int] = defaultdict(int)
     available: dict[str, int | None] = {}
     for plan in plans:

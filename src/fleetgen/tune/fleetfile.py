@@ -25,10 +25,10 @@ from fleetgen.tune.verdict import Measured, ratio
 PORT_OFFSET = 100  # a tune server listens this far above the instance's own port (below it near the top)
 
 
-def file_data(fleet: FleetFile, source: Path) -> dict[str, Any]:
+def file_data(fleet_file: FleetFile, source: Path) -> dict[str, Any]:
     """The fleet file as TOML data (what the user set, no defaults), its model_config made absolute: the
     files tune writes live elsewhere."""
-    data = fleet.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    data = fleet_file.model_dump(mode="json", by_alias=True, exclude_unset=True)
     engine = data["engine"]
     folder = engine.get("model_config")
     if folder and not Path(folder).expanduser().is_absolute():

@@ -29,7 +29,7 @@ from fleetgen.engines import Engine
 from fleetgen.errors import FleetgenError
 from fleetgen.fleet.pool import open_fleet
 from fleetgen.generate.dispatch import in_flight_for
-from fleetgen.generate.fleetlink import fleet_hooks
+from fleetgen.generate.fleetlink import fleet_servers
 from fleetgen.generate.progress import Counters
 from fleetgen.generate.runner import Job
 from fleetgen.generate.work import JobOptions, RecordShape, RetryPolicy, SamplingParams
@@ -127,7 +127,8 @@ async def _load_and_read(fleet: Fleet, engine: Engine, trial: Trial, load: Load,
         admitted = link.max_running_requests or trial.setting.running
         clients = in_flight_for(admitted)
         job = Job(
-            _options(trial, load, clients, admitted), fleet_hooks(fleet, links, at_start, restart_dead=False)
+            _options(trial, load, clients, admitted),
+            fleet_servers(fleet, links, at_start, restart_dead=False),
         )
         running = asyncio.create_task(job.run())
         try:

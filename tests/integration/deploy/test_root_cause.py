@@ -1,7 +1,8 @@
 """A failed start names its root cause: the real engines' captured logs replayed by a real process.
 
 The engines cannot start here (no GPU), so a real detached process writes what the real engine wrote
-before it died (tests/data/real-engines/) and exits; fleetgen's watcher reads that log as an engine's.
+before it died (tests/data/real-engines/) and exits; fleetgen's ready wait (deploy.readywait) reads that log
+as an engine's.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from fleetgen.deploy.watch import StartedProcess, wait_ready
+from fleetgen.deploy.readywait import StartedProcess, wait_ready
 from fleetgen.engines import RuleSet, get_engine
 from fleetgen.engines.sglang_timeline import rules_for
 from fleetgen.errors import LaunchFailed
@@ -22,7 +23,7 @@ from tests.fixtures.sim import free_port
 
 REAL = Path(__file__).parents[2] / "data" / "real-engines"
 REFUSAL = Path(__file__).parents[3] / "bench" / "results" / "raw" / "gpu-sglang-0.5.13-h200"
-HANG_GUARD_S = 120.0  # only so a broken watcher fails the test instead of hanging it
+HANG_GUARD_S = 120.0  # only so a broken wait fails the test instead of hanging it
 
 
 def _harmless_sglang_line() -> str:
@@ -69,8 +70,9 @@ async def test_sglang_missing_module_below_a_harmless_warning_is_the_cause(tmp_p
 async def test_sglang_spec_radix_refusal_gets_the_fix_of_the_release_that_launched(
     tmp_path: Path, version: str, needs_env: bool
 ) -> None:
-    """SGLang 0.5.13's real refusal (CPU rehearsal log) read by the watcher of a launch decided by `version`'s
-    rules: SGLANG_ENABLE_SPEC_V2=1 is part of the fix only where that release has it off (0.5.10)."""
+    """SGLang 0.5.13's real refusal (CPU rehearsal log) read by the ready wait of a launch decided by
+    `version`'s rules: SGLANG_ENABLE_SPEC_V2=1 is part of the fix only where that release has it off
+    (0.5.10)."""
     log = (REFUSAL / "rehearsal-cpu" / "engine-alone.log").read_text()
     error = await _replay(tmp_path, "sglang", log, rules_for(version))
     assert "extra_buffer Mamba strategy" in error.message

@@ -9,7 +9,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from fleetgen.dashboard.fleetdata import planned_capacity
+from fleetgen.dashboard.fleetdata import planned_max_running_requests
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import down, up
 from fleetgen.errors import FleetDown
@@ -62,5 +62,5 @@ async def test_the_dashboards_plan_reads_the_model_on_the_fleets_host(
     # over the host's connection can find it.
     fleet = Fleet.load(sim_fleet(tmp_path, ssh_hosts[:1], gpus=(0, 1), model=QWEN36))
     async with open_view(fleet) as view:
-        planned, note = await planned_capacity(fleet, view.model_host)
+        planned, note = await planned_max_running_requests(fleet, view.model_host)
     assert note == "" and sorted(planned) == ["h0-0", "h0-1"]

@@ -31,7 +31,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetgen.config import JobFile
-from fleetgen.generate.runner import FleetHooks, Job
+from fleetgen.generate.runner import Job, JobServers
 from fleetgen.generate.work import JobOptions, SamplingParams
 from tests.fixtures.specforge_oracle import (
     assert_specforge_keeps_every_turn,
@@ -309,7 +309,7 @@ async def test_server_killed_mid_run_job_completes_on_the_other(
     out = tmp_path / "out"
     fleet = [("one", vllm_server.base_url), ("two", second_server.base_url)]
     options = JobOptions(input_path=prompts, out_dir=out, params=params, concurrency=4)
-    task = asyncio.create_task(Job(options, FleetHooks(fleet)).run())
+    task = asyncio.create_task(Job(options, JobServers(fleet)).run())
     while not (out / "results.sqlite").exists() or query(out, "SELECT COUNT(*) FROM results")[0][0] < 20:
         assert not task.done(), task
         await asyncio.sleep(0.2)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import aiohttp
 
-from fleetgen.dashboard.fleetdata import EndpointSource, planned_capacity
+from fleetgen.dashboard.fleetdata import EndpointSource, planned_max_running_requests
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.readiness import Readiness
 from fleetgen.http.client import BareURLs
@@ -31,16 +31,16 @@ def _fleet(tmp_path: Path, model: str, model_config: Path | None = None) -> Flee
 
 async def test_a_same_named_folder_here_is_never_read(tmp_path: Path) -> None:
     shutil.copytree(QWEN, tmp_path / "models" / "qwen")  # beside the fleet file, as engine.model names it
-    planned, note = await planned_capacity(_fleet(tmp_path, "./models/qwen"), None)
+    planned, note = await planned_max_running_requests(_fleet(tmp_path, "./models/qwen"), None)
     assert planned == {} and "none was reached" in note and "model_config" in note
-    planned, note = await planned_capacity(_fleet(tmp_path, "./models/qwen"), LocalHost("n"))
+    planned, note = await planned_max_running_requests(_fleet(tmp_path, "./models/qwen"), LocalHost("n"))
     assert planned == {} and "cannot read ./models/qwen/config.json on n" in note  # on the host: not there
 
 
 async def test_the_model_is_read_on_the_host_or_from_model_config(tmp_path: Path) -> None:
-    on_host, note = await planned_capacity(_fleet(tmp_path, str(QWEN)), LocalHost("n"))
+    on_host, note = await planned_max_running_requests(_fleet(tmp_path, str(QWEN)), LocalHost("n"))
     assert note == "" and sorted(on_host) == ["n-0", "n-1"] and all(n > 0 for n in on_host.values())
-    here, note = await planned_capacity(_fleet(tmp_path, "/not/here", QWEN), None)
+    here, note = await planned_max_running_requests(_fleet(tmp_path, "/not/here", QWEN), None)
     assert (here, note) == (on_host, "")
 
 

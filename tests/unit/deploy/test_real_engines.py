@@ -7,7 +7,7 @@ Invariants, each on the real engine's own words:
   accepts nothing is never silently "verified";
 - capacity the engine reports (log lines, /server_info, /metrics labels) is read for every engine.
 
-Filed under `deploy` (`watch.py` root causes, `verify.py` spec evidence, `hostsurvey.py`, `wanted.py`);
+Filed under `deploy` (`readywait.py` root causes, `verify.py` spec evidence, `hostsurvey.py`, `wanted.py`);
 the capacity figures are `engines`', as `up` reads them.
 """
 
@@ -22,9 +22,9 @@ import pytest
 
 from fleetgen.config import FleetFile
 from fleetgen.deploy.hostsurvey import PREP_SH, VERSION_PY, survey_from_prep
+from fleetgen.deploy.readywait import GENERIC_SIGNATURES, first_fatal, root_cause
 from fleetgen.deploy.verify import judge_spec, spec_evidence
-from fleetgen.deploy.wanted import measured_facts, planned_capacity
-from fleetgen.deploy.watch import GENERIC_SIGNATURES, first_fatal, root_cause
+from fleetgen.deploy.wanted import measured_facts, planned_figures
 from fleetgen.engines import get_engine
 from fleetgen.http.metrics import Scrape
 from fleetgen.modelcard import load_model_shape
@@ -205,7 +205,7 @@ def test_up_plans_with_the_gpu_it_measured_when_the_fleet_file_states_none(fleet
     assert facts_from_file(host).gpus is None  # nothing known from the file, nothing invented
     measured = survey_from_prep("workdir=/w\nnvidia_smi=yes\ngpu_mib=0,143771,0\n")
     plan = plan_fleet(fleet, QWEN, {host.name: measured_facts(host, measured)}).instances[0]
-    planned = planned_capacity(plan)
+    planned = planned_figures(plan)
     assert planned["kv_tokens"] > 0 and planned["max_running_requests"] > 0
 
 

@@ -1,7 +1,7 @@
 """`deploy.script`: the launch script, its secret handling and its sha: pure code (real `sh` runs it).
 
-Once test_deploy_script.py with drift, log and state checks, split by module: test_verify.py, test_watch.py,
-test_state.py.
+Once test_deploy_script.py with drift, log and state checks, split by module: test_verify.py,
+test_readywait.py, test_state.py.
 """
 
 from __future__ import annotations

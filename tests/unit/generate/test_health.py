@@ -2,11 +2,11 @@
 then), taken in once ready; with none ready, a bounded wait and then FleetDown naming each one's problem.
 
 Servers are stand-ins (see test_standin.py for why). The fleet's per-instance status read (SSH +
-/proc + /health, `fleet.pool.FleetLinks.check`) is replaced by a scripted `check` hook here, so that each
+/proc + /health, `fleet.pool.FleetLinks.read_one`) is replaced by a scripted `read_one` here, so that each
 answer (loading, dead, ready, host unreachable) comes on cue; the real one runs in
 tests/integration/generate/test_run_fleet.py over real sshd and fleetgen.sim.
 
-Filed under `generate/health.py` (`Watch`), with `dispatch.py`'s drain as it meets late servers.
+Filed under `generate/health.py` (`HealthMonitor`), with `dispatch.py`'s drain as it meets late servers.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from fleetgen.deploy.readiness import Judgement, Readiness
 from fleetgen.errors import FleetDown
 from fleetgen.fleet.pool import Link
 from fleetgen.generate.dispatch import Dispatcher
-from fleetgen.generate.health import Endpoint, Watch, served_models
+from fleetgen.generate.health import Endpoint, HealthMonitor, served_models
 from fleetgen.generate.progress import EndpointProgress, Progress
-from fleetgen.generate.runner import FleetHooks
+from fleetgen.generate.runner import JobServers
 from fleetgen.generate.work import Record, RetryPolicy, Work
 from fleetgen.http.client import EngineClient
 from tests.unit.generate.test_runner import new_job, rows, write_jsonl
@@ -43,11 +43,11 @@ QUICK = RetryPolicy(
 HANG_GUARD_S = 30.0  # only against a hung test; never asserted as a speed
 
 
-async def all_ready(watch: Watch) -> None:
-    """Return once every endpoint of `watch` is READY (woken by its `on_ready`)."""
+async def all_ready(monitor: HealthMonitor) -> None:
+    """Return once every endpoint of `monitor` is READY (woken by its `on_ready`)."""
     changed = asyncio.Event()
-    watch.on_ready = changed.set
-    while not all(e.readiness is Readiness.READY for e in watch.endpoints):
+    monitor.on_ready = changed.set
+    while not all(e.readiness is Readiness.READY for e in monitor.endpoints):
         changed.clear()
         await asyncio.wait_for(changed.wait(), HANG_GUARD_S)
 
@@ -74,11 +74,11 @@ async def test_watch_restarts_the_dead_not_the_loading_until_it_dies(tmp_path: P
             Endpoint("s0", client, 2, Readiness.WAITING),
             Endpoint("s1", client, 2, Readiness.DOWN),
         ]
-        watch = Watch(endpoints, QUICK, on_dead=on_dead, admit=admit)
+        monitor = HealthMonitor(endpoints, QUICK, on_dead=on_dead, admit=admit)
         try:
-            await all_ready(watch)
+            await all_ready(monitor)
         finally:
-            await watch.close()
+            await monitor.close()
     assert sorted(name for name, _ in restarted) == ["s0", "s1"]  # each once
     assert dict(restarted)["s0"] == 3  # not while it was loading: only once the fleet said it died
     assert dict(restarted)["s1"] == 0  # dead at the start: restarted before any probe
@@ -97,14 +97,14 @@ async def test_no_server_ready_waits_then_fleet_down_names_each_problem() -> Non
     waits: list[float] = []
     async with EngineClient("http://127.0.0.1:9", max_connections=1, timeout_s=1) as nowhere:
         endpoints = [Endpoint(n, nowhere, 1, Readiness.WAITING, last_error="?") for n in reasons]
-        watch = Watch(endpoints, QUICK, admit=admit)
+        monitor = HealthMonitor(endpoints, QUICK, admit=admit)
         try:
             with pytest.raises(FleetDown) as err:
                 await served_models(
-                    watch, wait_s=0.3, tick_s=0.05, on_wait=waits.append, is_stopped=lambda: False
+                    monitor, wait_s=0.3, tick_s=0.05, on_wait=waits.append, is_stopped=lambda: False
                 )
         finally:
-            await watch.close()
+            await monitor.close()
     assert waits and all(0 < w <= 0.3 for w in waits)
     assert err.value.message.startswith("no server became ready within 0.3 s")
     servers = str(err.value.context["servers"])
@@ -119,7 +119,7 @@ async def test_a_server_not_ready_at_the_start_joins_once_ready_through_its_new_
     seen: list[Progress] = []
     async with serve(StandIn(delay_s=0.02)) as a, serve(StandIn()) as late:
 
-        async def check(name: str) -> Link:
+        async def read_one(name: str) -> Link:
             if sum(a.seen.values()) < 20:
                 return Link(name, "", None, None, Readiness.WAITING, "cannot reach h1 over SSH")
             return Link(name, late.url, None, None)
@@ -129,7 +129,9 @@ async def test_a_server_not_ready_at_the_start_joins_once_ready_through_its_new_
             prompts,
             [a.url, ""],
             policy=QUICK,
-            hooks=FleetHooks(not_ready={"s1": (Readiness.WAITING, "cannot reach h1 over SSH")}, check=check),
+            servers=JobServers(
+                not_ready={"s1": (Readiness.WAITING, "cannot reach h1 over SSH")}, read_one=read_one
+            ),
         )
         summary = await asyncio.wait_for(job.run(seen.append), HANG_GUARD_S)
     assert summary.status == "complete" and summary.results == 200
@@ -149,7 +151,7 @@ async def test_none_ready_at_the_start_waits_for_the_first_then_runs(tmp_path: P
     seen: list[Progress] = []
     async with serve(StandIn()) as a:
 
-        async def check(name: str) -> Link:
+        async def read_one(name: str) -> Link:
             calls.append(name)
             if len(calls) > 5:  # loading for the first few reads
                 return Link(name, a.url, None, None)
@@ -161,7 +163,7 @@ async def test_none_ready_at_the_start_waits_for_the_first_then_runs(tmp_path: P
             [a.url],
             policy=QUICK,
             wait_ready_s=HANG_GUARD_S,
-            hooks=FleetHooks(not_ready={"s0": (Readiness.WAITING, "loading")}, check=check),
+            servers=JobServers(not_ready={"s0": (Readiness.WAITING, "loading")}, read_one=read_one),
         )
         summary = await asyncio.wait_for(job.run(seen.append), HANG_GUARD_S)
     assert summary.status == "complete" and summary.results == 30
@@ -173,7 +175,7 @@ async def test_none_ready_at_the_start_waits_for_the_first_then_runs(tmp_path: P
 async def test_stop_while_waiting_for_a_first_server_ends_stopped(tmp_path: Path) -> None:
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "r0", "prompt": "q"}])
 
-    async def check(name: str) -> Link:
+    async def read_one(name: str) -> Link:
         return Link(name, "", None, None, Readiness.DOWN, "not running")
 
     job = new_job(
@@ -182,7 +184,7 @@ async def test_stop_while_waiting_for_a_first_server_ends_stopped(tmp_path: Path
         [""],
         policy=QUICK,
         wait_ready_s=HANG_GUARD_S,
-        hooks=FleetHooks(not_ready={"s0": (Readiness.DOWN, "not running")}, check=check),
+        servers=JobServers(not_ready={"s0": (Readiness.DOWN, "not running")}, read_one=read_one),
     )
     run = asyncio.create_task(job.run(lambda _p: job.stop()))  # Ctrl-C as soon as the wait shows
     summary = await asyncio.wait_for(run, HANG_GUARD_S)
@@ -216,8 +218,8 @@ async def test_a_request_drained_before_its_first_step_goes_back_to_the_queue() 
     seen in the Slurm preemption test)."""
     async with EngineClient("http://127.0.0.1:9", max_connections=2, timeout_s=1) as nowhere:
         endpoints = [Endpoint("s0", nowhere, 4), Endpoint("s1", nowhere, 4)]
-        watch = Watch(endpoints, QUICK)
-        dispatcher = Dispatcher(watch, lambda work: {}, lambda *_: None, lambda *_: None)
+        monitor = HealthMonitor(endpoints, QUICK)
+        dispatcher = Dispatcher(monitor, lambda work: {}, lambda *_: None, lambda *_: None)
         try:
             works = [
                 Work(Record(f"r{i}", "q", i, 0, [[{"role": "user", "content": "q"}]]), 0) for i in range(3)
@@ -231,7 +233,7 @@ async def test_a_request_drained_before_its_first_step_goes_back_to_the_queue() 
             assert sorted(w.record.record_id for w in dispatcher._retries) == ["r0", "r1", "r2"]
             assert endpoints[0].readiness is Readiness.DOWN and dispatcher.num_retrying == 3
         finally:
-            await watch.close()
+            await monitor.close()
 
 
 async def test_a_drained_endpoint_stays_down_while_its_fleet_says_loading_then_joins() -> None:
@@ -246,11 +248,13 @@ async def test_a_drained_endpoint_stays_down_while_its_fleet_says_loading_then_j
         return Judgement(Readiness.READY)
 
     async with serve(StandIn()) as a, EngineClient(a.url, max_connections=1, timeout_s=5) as client:
-        watch = Watch([Endpoint("s0", client, 1, Readiness.DOWN, last_error="drained")], QUICK, admit=admit)
+        monitor = HealthMonitor(
+            [Endpoint("s0", client, 1, Readiness.DOWN, last_error="drained")], QUICK, admit=admit
+        )
         try:
-            await all_ready(watch)
+            await all_ready(monitor)
         finally:
-            await watch.close()
+            await monitor.close()
     assert seen[:3] == [Readiness.DOWN] * 3
 
 
@@ -270,11 +274,13 @@ async def test_the_hung_guard_drains_a_silent_endpoint_whose_health_fails_and_sa
         EngineClient("http://127.0.0.1:9", max_connections=1, timeout_s=1) as nowhere,
     ):
         slow, silent = Endpoint("slow", alive, 1, in_flight=1), Endpoint("silent", nowhere, 1, in_flight=1)
-        watch = Watch([slow, silent], dataclasses.replace(QUICK, hung_after_s=0.2, health_timeout_s=1.0))
-        watch.on_hung = on_hung
+        monitor = HealthMonitor(
+            [slow, silent], dataclasses.replace(QUICK, hung_after_s=0.2, health_timeout_s=1.0)
+        )
+        monitor.on_hung = on_hung
         try:
             await asyncio.wait_for(found.wait(), HANG_GUARD_S)
         finally:
-            await watch.close()
+            await monitor.close()
     assert [name for name, _ in hung] == ["silent"] and slow.answered_at > 0.0
     assert "1 requests in flight" in hung[0][1] and "looks hung" in hung[0][1]

@@ -3,7 +3,7 @@ the accept-length time series; and `--restart-dead`'s hook being retried until t
 
 Jobs run against stand-in servers (see test_standin.py for why a stand-in).
 
-Filed under `generate/jobmeta.py`, with `scrape.py`'s accept length and `fleetlink.py`'s hooks."""
+Filed under `generate/jobmeta.py`, with `scrape.py`'s accept length and `fleetlink.py`'s `JobServers`."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ from fleetgen.config import FleetFile
 from fleetgen.engines import get_engine
 from fleetgen.errors import DeployError
 from fleetgen.generate import jobmeta
-from fleetgen.generate.fleetlink import fleet_meta, url_hooks
+from fleetgen.generate.fleetlink import fleet_meta, url_servers
 from fleetgen.generate.identity import ResumeCheck, identify
 from fleetgen.generate.jobmeta import JobMeta
 from fleetgen.generate.progress import PositionTracker, Progress
-from fleetgen.generate.runner import FleetHooks, Job
+from fleetgen.generate.runner import Job, JobServers
 from fleetgen.generate.scrape import window_accept_length
 from fleetgen.generate.source import Position
 from fleetgen.generate.store import Store
@@ -69,7 +69,7 @@ def test_accept_length_sglang_gauge_and_vllm_counters_over_the_window() -> None:
 
 
 def test_fleet_meta_has_the_engine_section_but_never_env_values() -> None:
-    fleet = FleetFile.model_validate(
+    fleet_file = FleetFile.model_validate(
         {
             "engine": {
                 "kind": "vllm",
@@ -82,7 +82,7 @@ def test_fleet_meta_has_the_engine_section_but_never_env_values() -> None:
             "hosts": [{"name": "g1", "ssh": "local", "gpus": [0, 1, 2, 3]}],
         }
     )
-    meta = fleet_meta(fleet, Path("fleet.toml"), ["g1-1", "g1-0"])
+    meta = fleet_meta(fleet_file, Path("fleet.toml"), ["g1-1", "g1-0"])
     assert meta["engine_args"] == {"max-num-seqs": 64, "enforce-eager": True}
     described = meta["fleet"]
     assert (described["kind"], described["version"], described["model"], described["tp"]) == (
@@ -92,8 +92,9 @@ def test_fleet_meta_has_the_engine_section_but_never_env_values() -> None:
         2,
     )
     assert described["instances"] == ["g1-0", "g1-1"] and described["env_names"] == ["HF_TOKEN"]
+    assert described["file"] == str(Path("fleet.toml").resolve())  # where it ran from, absolute
     assert "hf_secret123" not in orjson.dumps(meta).decode()
-    bare = url_hooks(BareURLs(("http://127.0.0.1:1/",)))
+    bare = url_servers(BareURLs(("http://127.0.0.1:1/",)))
     assert bare.describe == {"fleet": {"endpoints": ["http://127.0.0.1:1/"]}}
     assert bare.endpoints == [
         ("127.0.0.1:1", "http://127.0.0.1:1")
@@ -117,14 +118,14 @@ async def test_job_stores_total_finish_time_description_and_accept_length(tmp_pa
     out = tmp_path / "out"
     during: list[dict[str, Any]] = []
 
-    def watch(progress: Progress) -> None:
+    def on_progress(progress: Progress) -> None:
         if 0 < progress.done < 60 and not during:
             during.append(read_meta(out))
 
     server = StandIn(delay_s=0.02, metrics_text=SGLANG_METRICS)
     async with serve(server) as a:
         opts = options(tmp_path, prompts, params=params(samples=2), metrics_interval_s=0.05)
-        summary = await Job(opts, url_hooks(BareURLs((a.url,)))).run(watch)
+        summary = await Job(opts, url_servers(BareURLs((a.url,)))).run(on_progress)
     assert summary.status == "complete" and summary.results == 60
     assert during and "finished_at" not in during[0]  # while running, the job is not finished
     meta = read_meta(out)
@@ -204,7 +205,7 @@ async def test_restart_hook_is_retried_until_the_dead_endpoint_is_back(tmp_path:
     try:
         async with serve(StandIn(delay_s=0.05)) as alive:
             urls = [alive.url, f"http://127.0.0.1:{port}"]
-            job = new_job(tmp_path, prompts, urls, policy=policy, hooks=FleetHooks(on_dead=on_dead))
+            job = new_job(tmp_path, prompts, urls, policy=policy, servers=JobServers(on_dead=on_dead))
             summary = await job.run()
     finally:
         for ctx in started:

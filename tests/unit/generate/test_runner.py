@@ -27,7 +27,7 @@ from fleetgen.errors import FleetDown, ParamsMismatch, RequestRejected
 from fleetgen.fleet.pool import Link
 from fleetgen.generate.dispatch import in_flight_for
 from fleetgen.generate.progress import Progress
-from fleetgen.generate.runner import FleetHooks, Job
+from fleetgen.generate.runner import Job, JobServers
 from fleetgen.generate.work import JobOptions, RetryPolicy, SamplingParams
 from tests.fixtures import until
 from tests.fixtures.sim import SimFactory, SimServer
@@ -68,12 +68,13 @@ def write_jsonl(path: Path, lines: list[Any]) -> Path:
 
 
 def new_job(
-    tmp_path: Path, input_path: Path, urls: list[str], hooks: FleetHooks | None = None, **over: Any
+    tmp_path: Path, input_path: Path, urls: list[str], servers: JobServers | None = None, **over: Any
 ) -> Job:
-    """A job on the servers at `urls` (named s0, s1, …) with `hooks`; `over`: its `JobOptions`."""
+    """A job on the servers at `urls` (named s0, s1, …) with `servers`; `over`: its `JobOptions`."""
     endpoints = [(f"s{i}", u) for i, u in enumerate(urls)]
     return Job(
-        options(tmp_path, input_path, **over), dataclasses.replace(hooks or FleetHooks(), endpoints=endpoints)
+        options(tmp_path, input_path, **over),
+        dataclasses.replace(servers or JobServers(), endpoints=endpoints),
     )
 
 
@@ -466,7 +467,7 @@ async def test_sample_prompt_file_mixed_good_bad_and_multi_turn(
 
 
 async def test_each_server_takes_the_requests_its_engine_admits_plus_a_queue(tmp_path: Path) -> None:
-    """`run`'s default concurrency per server follows what its engine admits (`FleetHooks.caps`, from the
+    """`run`'s default concurrency per server follows what its engine admits (`JobServers.caps`, from the
     engine's own view): a server admitting 2 never holds more than in_flight_for(2) while the other, without
     a reading, takes the job's concurrency."""
     caps = default_caps([Link("s0", "u", None, 2), Link("s1", "u", None, None)])
@@ -474,7 +475,7 @@ async def test_each_server_takes_the_requests_its_engine_admits_plus_a_queue(tmp
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": f"r{i}", "prompt": f"q{i}"} for i in range(80)])
     seen: list[Progress] = []
     async with serve(StandIn(delay_s=0.05)) as a, serve(StandIn(delay_s=0.05)) as b:
-        job = new_job(tmp_path, prompts, [a.url, b.url], FleetHooks(caps=caps), concurrency=12)
+        job = new_job(tmp_path, prompts, [a.url, b.url], JobServers(caps=caps), concurrency=12)
         summary = await job.run(seen.append)
     assert summary.results == 80
     peak = {n: max(e.in_flight for p in seen for e in p.endpoints if e.name == n) for n in ("s0", "s1")}
@@ -487,6 +488,6 @@ async def test_a_server_admitting_more_than_the_jobs_concurrency_holds_them_all(
     concurrency is 3: its HTTP pool is sized to its cap (a pool of the job's 3 held it at 3)."""
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": f"r{i}", "prompt": f"q{i}"} for i in range(150)])
     async with serve(StandIn(delay_s=0.3)) as a:
-        job = new_job(tmp_path, prompts, [a.url], FleetHooks(caps={"s0": in_flight_for(40)}), concurrency=3)
+        job = new_job(tmp_path, prompts, [a.url], JobServers(caps={"s0": in_flight_for(40)}), concurrency=3)
         await job.run()
     assert a.most_in_flight == in_flight_for(40) == 56

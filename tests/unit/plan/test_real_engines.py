@@ -72,12 +72,12 @@ def _plan(fleet_path: Path) -> InstancePlan:
     return _plan_fleet(FleetFile.model_validate(tomllib.loads(fleet_path.read_text())))
 
 
-def _plan_fleet(fleet: FleetFile, job: JobShape | None = None) -> InstancePlan:
+def _plan_fleet(fleet_file: FleetFile, job: JobShape | None = None) -> InstancePlan:
     facts = {
         h.name: HostFacts(h.name, gpus=(GpuFacts(0, H200_TOTAL, H200_TOTAL, measured=True),))
-        for h in fleet.hosts
+        for h in fleet_file.hosts
     }
-    return plan_fleet(fleet, QWEN, facts, None, job=job).instances[0]
+    return plan_fleet(fleet_file, QWEN, facts, None, job=job).instances[0]
 
 
 def _number(pattern: str, text: str) -> float:

@@ -122,8 +122,8 @@ def _fleet(
     )
 
 
-def _facts(fleet: FleetFile) -> dict[str, HostFacts]:
-    return {h.name: facts_from_file(h) for h in fleet.hosts}
+def _facts(fleet_file: FleetFile) -> dict[str, HostFacts]:
+    return {h.name: facts_from_file(h) for h in fleet_file.hosts}
 
 
 def test_two_instances_on_one_gpu_and_port_clash() -> None:

@@ -26,7 +26,7 @@ import fleetgen.config.engine
 from fleetgen.cli.plan import _memory_table
 from fleetgen.config import FleetFile
 from fleetgen.deploy.hostsurvey import HostSurvey
-from fleetgen.deploy.wanted import build_wanted, planned_capacity
+from fleetgen.deploy.wanted import build_wanted, planned_figures
 from fleetgen.engines import ENGINES, get_engine
 from fleetgen.engines.base import Engine, FlagRename, MetricNames, RuleSet
 from fleetgen.modelcard import ModelShape, load_model_shape
@@ -144,9 +144,9 @@ def _fleet(args: dict[str, Any], gpu_gib: float = 24, version: str = "1.2") -> F
     )
 
 
-def _plan(fleet: FleetFile, target: int | None = None) -> InstancePlan:
-    facts = {h.name: facts_from_file(h) for h in fleet.hosts}
-    return plan_fleet(fleet, LLAMA, facts, target=target).instances[0]
+def _plan(fleet_file: FleetFile, target: int | None = None) -> InstancePlan:
+    facts = {h.name: facts_from_file(h) for h in fleet_file.hosts}
+    return plan_fleet(fleet_file, LLAMA, facts, target=target).instances[0]
 
 
 def test_a_third_engine_is_planned_by_the_shared_paths_with_its_own_figures(toy: Engine) -> None:
@@ -200,7 +200,7 @@ def test_a_third_engine_launches_through_decide_launch_and_deploy(toy: Engine) -
     assert launch.argv[1:] == ("-m", "toyllm.serve", "/m", "--max-context", "8192", "--tp", "1", *bind)
     plan = _plan(_fleet({"max-context": 8192}))
     survey = HostSurvey(workdir="/w", has_nvidia_smi=True, uptime_s=1.0, clk_tck=100, engine_version="1.2")
-    wanted = build_wanted(fleet, get_engine("toyllm"), inst, survey, None, planned_capacity(plan))
+    wanted = build_wanted(fleet, get_engine("toyllm"), inst, survey, None, planned_figures(plan))
     assert wanted.launch.argv == launch.argv and "toyllm.serve" in wanted.script
     pages = ToyExtras.of(plan.memory).pages
     assert wanted.planned == {

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fleetgen.config import FleetFile
-from fleetgen.deploy.wanted import planned_capacity
+from fleetgen.deploy.wanted import planned_figures
 from fleetgen.modelcard import load_model_shape
 from fleetgen.plan import InstancePlan, facts_from_file, plan_fleet
 from fleetgen.plan.types import GIB
@@ -52,7 +52,7 @@ def test_the_demo_instance_is_planned_as_vllm_cpu_sizes_it() -> None:
     assert (vllm.block_size, vllm.num_blocks, vllm.cpu_kv_space_gib) == (128, GIB // (128 * per_token), 1)
     assert m.kv_tokens == 8192 * 128 == 1_048_576 and vllm.max_concurrency == 8192 / 16 == 512
     assert m.max_running_requests == 128 and plan.fits
-    assert planned_capacity(plan) == {"kv_tokens": 1_048_576, "max_running_requests": 512}
+    assert planned_figures(plan) == {"kv_tokens": 1_048_576, "max_running_requests": 512}
     assert [w.rule for w in plan.warnings if w.rule == "cpu"] == ["cpu"]
 
 

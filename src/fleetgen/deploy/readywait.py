@@ -76,8 +76,8 @@ exit 0
 
 
 @dataclass
-class LogWatch:
-    """What the watcher has seen of one launch: log lines, byte offset, process liveness."""
+class LaunchLog:
+    """What the wait has seen of one launch: log lines, byte offset, process liveness."""
 
     log_path: str
     lines: list[str] = field(default_factory=list)
@@ -129,17 +129,17 @@ def proc_state(stat_line: str, start_time: int) -> bool:
     return stat is not None and not stat.is_dead and stat.start_time == start_time
 
 
-async def poll_once(host: Host, watch: LogWatch, pid: int, start_time: int) -> list[str]:
+async def poll_once(host: Host, launch_log: LaunchLog, pid: int, start_time: int) -> list[str]:
     """One round trip: liveness, then the new log bytes. Returns the new complete lines.
 
     The first poll also points `current.log` at this launch's log (saving a round trip of its own).
     """
-    link = [] if watch.is_linked else list(posixpath.split(watch.log_path))
-    result = await host.run(sh(POLL_SH, str(pid), watch.log_path, str(watch.offset), *link))
-    watch.is_linked = True
+    link = [] if launch_log.is_linked else list(posixpath.split(launch_log.log_path))
+    result = await host.run(sh(POLL_SH, str(pid), launch_log.log_path, str(launch_log.offset), *link))
+    launch_log.is_linked = True
     stat_line, _, rest = result.stdout.partition("\n")
-    watch.is_alive = proc_state(stat_line, start_time)
-    return watch.feed(rest.encode())
+    launch_log.is_alive = proc_state(stat_line, start_time)
+    return launch_log.feed(rest.encode())
 
 
 @dataclass(frozen=True)
@@ -161,60 +161,60 @@ async def wait_ready(
     rules: RuleSet,
     timeout_s: float,
     progress: Callable[[str], None] | None = None,
-) -> LogWatch:
+) -> LaunchLog:
     """Return once the engine answers its health endpoint; raise LaunchFailed or ReadyTimeout otherwise.
     `rules`: the rule set that decided the launch; a fatal line's fix is that release's."""
-    watch = LogWatch(proc.log_path)
+    launch_log = LaunchLog(proc.log_path)
     own = engine.fatal_signatures_for(rules)
     signatures = (*own, *GENERIC_SIGNATURES)
     since = last_report = time.monotonic()
     while True:
-        new = await poll_once(proc.host, watch, proc.pid, proc.start_time)
+        new = await poll_once(proc.host, launch_log, proc.pid, proc.start_time)
         fatal = first_fatal(new, own)
-        seen = Seen(fatal=fatal[1] if fatal else "", is_alive=watch.is_alive)
+        seen = Seen(fatal=fatal[1] if fatal else "", is_alive=launch_log.is_alive)
         if decide(seen).readiness is Readiness.DOWN:  # health cannot change that: not asked
             if fatal:
                 await asyncio.sleep(SETTLE_S)
-            await poll_once(proc.host, watch, proc.pid, proc.start_time)  # its last words
-            raise _failed(proc, watch, signatures, fatal)
+            await poll_once(proc.host, launch_log, proc.pid, proc.start_time)  # its last words
+            raise _failed(proc, launch_log, signatures, fatal)
         seen = replace(seen, is_healthy=await client.is_healthy(engine.health_path))
         if decide(seen).readiness is Readiness.READY:
-            return watch
+            return launch_log
         elapsed = time.monotonic() - since
         if elapsed > timeout_s:
             raise ReadyTimeout(
                 f"{proc.instance}: not healthy after {timeout_s:.0f}s (the process still runs)",
                 fix="big models take minutes to load: raise engine.ready_timeout_s; if the log stopped "
                 f"moving, read it with `fleetgen logs {proc.instance}`",
-                context=_context(proc, watch),
+                context=_context(proc, launch_log),
             )
         if progress and time.monotonic() - last_report >= 5.0:
             last_report = time.monotonic()
-            last = watch.lines[-1][:120] if watch.lines else "(log empty so far)"
+            last = launch_log.lines[-1][:120] if launch_log.lines else "(log empty so far)"
             progress(f"waiting for health, {elapsed:.0f}s / {timeout_s:.0f}s; log: {last}")
         await asyncio.sleep(0.25)
 
 
-def _context(proc: StartedProcess, watch: LogWatch, **extra: object) -> dict[str, object]:
+def _context(proc: StartedProcess, launch_log: LaunchLog, **extra: object) -> dict[str, object]:
     return {
         "instance": proc.instance,
         "host": proc.host.name,
         "pid": proc.pid,
         "log": proc.log_path,
         **extra,
-        "log tail": watch.tail_text(),
+        "log tail": launch_log.tail_text(),
     }
 
 
 def _failed(
     proc: StartedProcess,
-    watch: LogWatch,
+    launch_log: LaunchLog,
     signatures: Sequence[FatalSignature],
     fatal: tuple[FatalSignature, str] | None = None,
 ) -> LaunchFailed:
     """Why a start failed: `fatal`, the fatal line that ended the wait, or (None) the process exited. The
     root-cause exception is named when the process exited or the engine's words put the cause elsewhere."""
-    lines = [*watch.lines, watch.partial]
+    lines = [*launch_log.lines, launch_log.partial]
     headline = f"{proc.instance}: " + (fatal[0].cause if fatal else "the process exited while starting")
     if fatal is None or POINTS_ELSEWHERE.search(fatal[1]):
         root = root_cause(lines)
@@ -225,7 +225,7 @@ def _failed(
             return LaunchFailed(
                 f"{headline}: {cause}{root}",
                 fix=known[0].fix if known else "read the traceback that ends with it in the log",
-                context=_context(proc, watch, matched=matched, **{"root cause": root[:300]}),
+                context=_context(proc, launch_log, matched=matched, **{"root cause": root[:300]}),
             )
     if fatal is None and (found := first_fatal(lines, signatures)):
         headline, fatal = f"{headline}: {found[0].cause}", found
@@ -234,8 +234,8 @@ def _failed(
             f"{headline} (killed, or it stopped without logging a known error)",
             fix=f"read the log ({proc.log_path}); if it was killed (OOM killer, a person), "
             "check `dmesg` on the host, then run `fleetgen up` again",
-            context=_context(proc, watch),
+            context=_context(proc, launch_log),
         )
     return LaunchFailed(
-        headline, fix=fatal[0].fix, context=_context(proc, watch, matched=fatal[1].strip()[:300])
+        headline, fix=fatal[0].fix, context=_context(proc, launch_log, matched=fatal[1].strip()[:300])
     )

@@ -1,13 +1,13 @@
-"""`deploy.watch`: log lines split across reads, fatal signatures per engine, process states: pure code."""
+"""`deploy.readywait`: log lines split across reads, fatal signatures per engine, process states (pure)."""
 
 from __future__ import annotations
 
-from fleetgen.deploy.watch import GENERIC_SIGNATURES, LogWatch, first_fatal, proc_state
+from fleetgen.deploy.readywait import GENERIC_SIGNATURES, LaunchLog, first_fatal, proc_state
 from fleetgen.engines import get_engine
 
 
-def test_log_watch_splits_partial_lines_and_fatal_is_engine_specific() -> None:
-    w = LogWatch("/l")
+def test_launch_log_splits_partial_lines_and_fatal_is_engine_specific() -> None:
+    w = LaunchLog("/l")
     assert w.feed(b"one\ntw") == ["one"]
     assert w.feed(b"o\nthree") == ["two"]
     assert w.offset == 13 and w.tail_text().splitlines() == ["one", "two", "three"]
