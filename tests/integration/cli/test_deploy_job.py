@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 
 from fleetgen.engines import get_engine
-from tests.fixtures.sim import free_port
+from tests.fixtures.ports import free_port
 from tests.integration.tune.test_sim import fleetgen_cli, job_input, sim_fleet
 
 LENGTHS = "mean=3000,min=500,max=8000"

@@ -24,7 +24,7 @@ import aiohttp
 import pytest
 
 from tests.fixtures.chromium import dump_dom, need_chromium, screenshot
-from tests.fixtures.sim import free_port
+from tests.fixtures.ports import free_port
 
 NUM_INSTANCES = 3
 HANG_GUARD_S = 120.0  # only against a hung test; never asserted as a speed

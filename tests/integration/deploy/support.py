@@ -7,6 +7,7 @@ import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from tests.fixtures.ports import free_ports
 from tests.fixtures.sshd import SshdHost
 
 ArgValue = str | int | float | bool
@@ -20,24 +21,6 @@ def toml_value(value: ArgValue | Sequence[str]) -> str:
     if isinstance(value, str):
         return json.dumps(value)
     return "[" + ", ".join(json.dumps(v) for v in value) + "]"
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` consecutive-looking free ports: each host gets base_port with room for its instances."""
-    ports: list[int] = []
-    socks = []
-    try:
-        while len(ports) < count:
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            socks.append(sock)
-            port = int(sock.getsockname()[1])
-            if port + 4 < 65000:
-                ports.append(port)
-    finally:
-        for sock in socks:
-            sock.close()
-    return ports
 
 
 def write_fleet(

@@ -32,8 +32,9 @@ from fleetgen.deploy.readiness import Readiness
 from fleetgen.errors import LaunchFailed, PlanError, VerifyError
 from fleetgen.fleet.status import fleet_status
 from fleetgen.remote import open_host
+from tests.fixtures.ports import free_ports
 from tests.fixtures.sshd import SshdHost
-from tests.integration.deploy.support import free_ports, write_fleet
+from tests.integration.deploy.support import write_fleet
 from tests.integration.deploy.test_sglang import QWEN36, sim_fleet
 
 

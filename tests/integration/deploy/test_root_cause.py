@@ -19,7 +19,7 @@ from fleetgen.engines.sglang_timeline import rules_for
 from fleetgen.errors import LaunchFailed
 from fleetgen.http.client import EngineClient
 from fleetgen.remote.local import LocalHost
-from tests.fixtures.sim import free_port
+from tests.fixtures.ports import free_port
 
 REAL = Path(__file__).parents[2] / "data" / "real-engines"
 REFUSAL = Path(__file__).parents[3] / "bench" / "results" / "raw" / "gpu-sglang-0.5.13-h200"

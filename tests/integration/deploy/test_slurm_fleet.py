@@ -31,9 +31,10 @@ from tests.fixtures.fleetcli import (
     wait_for_rows,
     write_prompts,
 )
+from tests.fixtures.ports import free_ports
 from tests.fixtures.slurm import SlurmCluster
 from tests.fixtures.sshd import SshdHost
-from tests.integration.deploy.support import free_ports, toml_value
+from tests.integration.deploy.support import toml_value
 
 NUM_SERVERS = 4
 SIM_ARGS = {

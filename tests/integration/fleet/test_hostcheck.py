@@ -22,7 +22,8 @@ from fleetgen.deploy.hostsurvey import GpuInfo, parse_gpu_csv, prepare_host
 from fleetgen.errors import LaunchFailed
 from fleetgen.fleet.hostcheck import check_hosts
 from fleetgen.remote import open_host
-from tests.fixtures.sshd import SshdHost, free_port, write_fleet_toml
+from tests.fixtures.ports import free_port
+from tests.fixtures.sshd import SshdHost, write_fleet_toml
 
 REPORT_KEYS = {
     "host",

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures import skip_or_fail
-from tests.fixtures.sim import free_port
+from tests.fixtures.ports import free_port
 
 LINES = b"".join(b'{"prompt": "q%d"}\n' % i for i in range(50))
 FIX = "extract it"

@@ -35,7 +35,7 @@ from tests.fixtures.fleetcli import (
     wait_for_rows,
     write_prompts,
 )
-from tests.fixtures.sim import free_port
+from tests.fixtures.ports import free_port
 from tests.fixtures.sshd import SshdHost
 from tests.integration.deploy.support import ArgValue, write_fleet
 

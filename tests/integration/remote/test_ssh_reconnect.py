@@ -13,7 +13,8 @@ import pytest
 
 from fleetgen.errors import ConnectionLost
 from fleetgen.remote import ProcState, SshHost
-from tests.fixtures.sshd import SshdHost, free_port
+from tests.fixtures.ports import free_port
+from tests.fixtures.sshd import SshdHost
 
 
 async def test_spawned_process_survives_its_connection_and_is_found_again(

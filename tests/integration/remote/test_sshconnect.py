@@ -13,7 +13,8 @@ import pytest
 
 from fleetgen.errors import ConnectError, HostKeyError
 from fleetgen.remote import SshHost
-from tests.fixtures.sshd import SshdHost, SshKeys, free_port
+from tests.fixtures.ports import free_port
+from tests.fixtures.sshd import SshdHost, SshKeys
 
 
 async def test_unknown_host_key_is_refused_with_the_line_that_trusts_it(

@@ -14,7 +14,8 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fixtures import until
-from tests.fixtures.sim import SimFactory, free_port
+from tests.fixtures.ports import free_port
+from tests.fixtures.sim import SimFactory
 
 CHAT = "/v1/chat/completions"
 

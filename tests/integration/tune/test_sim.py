@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import fleetgen
-from tests.fixtures.sim import free_port
+from tests.fixtures.ports import free_port
 from tests.integration.deploy.test_sglang import QWEN36
 
 SRC = str(Path(fleetgen.__file__).resolve().parents[1])  # the sims run this checkout's fleetgen
@@ -87,7 +87,7 @@ def is_listening(port: int) -> bool:
 def test_tune_finds_radix_off_with_a_large_batch_writes_a_fleet_plan_reads_and_stops_its_servers(
     tmp_path: Path,
 ) -> None:
-    port = free_port()
+    port = free_port(span=102)  # the fleet's two instances, tune's at + 100
     fleet = sim_fleet(tmp_path, port)
     before = fleet.read_bytes()
     prompts, job = job_input(tmp_path)
@@ -135,7 +135,7 @@ def test_tune_finds_radix_off_with_a_large_batch_writes_a_fleet_plan_reads_and_s
 
 
 def test_tune_refuses_keeping_a_forced_acceptance_and_dummy_weights_without_lengths(tmp_path: Path) -> None:
-    fleet = sim_fleet(tmp_path, free_port())
+    fleet = sim_fleet(tmp_path, free_port(span=102))
     prompts, job = job_input(tmp_path)
     kept = fleetgen_cli(
         "tune", "-f", str(fleet), str(prompts), "--keep", "chosen", "--simulate-accept-length", "3"
@@ -150,7 +150,7 @@ def test_tune_refuses_keeping_a_forced_acceptance_and_dummy_weights_without_leng
 def test_a_batch_not_settled_by_the_warmup_is_never_ranked(tmp_path: Path) -> None:
     """`--warmup 0`: no candidate's batch is ready at its first look, so each is an error naming the fix,
     none is chosen, no tuned file is written, and tune exits non-zero."""
-    fleet = sim_fleet(tmp_path, free_port())
+    fleet = sim_fleet(tmp_path, free_port(span=102))
     prompts, job = job_input(tmp_path)
     knobs = [
         "--window",

@@ -21,7 +21,7 @@ from fleetgen.plan.types import Setting
 from fleetgen.tune import session
 from fleetgen.tune.measure import Load
 from fleetgen.tune.session import TuneOptions, tune
-from tests.fixtures.sim import free_port
+from tests.fixtures.ports import free_port
 from tests.fixtures.vllm import TinyModel, vllm_serve_env
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -57,7 +57,7 @@ async def test_tune_measures_max_num_seqs_candidates_on_vllm_cpu(
         for k, v in vllm_serve_env(tmp_path / "cache", {}, tmpdir="/tmp").items()
         if k.startswith(("VLLM", "HF", "TRANSFORMERS", "PYTHON", "TMP"))
     }
-    port = free_port()
+    port = free_port(span=101)  # tune's server at + 100
     text = f"""
 [engine]
 kind = "vllm"
