@@ -52,7 +52,7 @@ class Load:
     (None: the model's own), the window and the warm-up's cap, and a forced accept length (None: real)."""
 
     input_path: Path
-    job: JobFile
+    job_file: JobFile
     lengths: OutputLengths | None
     window_s: float
     warmup_max_s: float
@@ -164,11 +164,11 @@ def _options(trial: Trial, load: Load, clients: int, admitted: int) -> JobOption
     return JobOptions(
         input_path=load.input_path,
         out_dir=trial.folder / "store",
-        params=SamplingParams.of(load.job),
-        shape=RecordShape.of(load.job),
+        params=SamplingParams.of(load.job_file),
+        shape=RecordShape.of(load.job_file),
         concurrency=clients,
         policy=RetryPolicy(max_retries=1, dead_timeout_s=30.0),
-        request_timeout_s=load.job.request_timeout_s,
+        request_timeout_s=load.job_file.request_timeout_s,
         wait_ready_s=30.0,
         forced_lengths=load.lengths,
         under_way=admitted if load.steady_start else 0,

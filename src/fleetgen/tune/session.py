@@ -56,7 +56,7 @@ class TuneOptions:
 class TuneResult:
     """Everything measured, the winners, and what they mean for the job."""
 
-    job: JobShape
+    job_shape: JobShape
     classes: dict[GpuClass, list[str]]
     measured: list[Measured] = field(default_factory=list)
     chosen: dict[GpuClass, Measured] = field(default_factory=dict)
@@ -124,16 +124,16 @@ async def tune(fleet: Fleet, opts: TuneOptions, say: Say) -> TuneResult:
     refuse(fleet, opts)
     load = opts.load
     inputs = await gather_inputs(fleet.file, fleet.path, offline=False)
-    job = await asyncio.to_thread(
+    job_shape = await asyncio.to_thread(
         read_job_shape,
-        load.job,
+        load.job_file,
         load.input_path,
         tokenizer_dir=tokenizer_dir_of(fleet.file.engine, fleet.path),
         output_lengths=load.lengths,
     )
-    plan = plan_fleet(fleet.file, inputs.shape, inputs.facts, inputs.version, job=job)
+    plan = plan_fleet(fleet.file, inputs.shape, inputs.facts, inputs.version, job=job_shape)
     groups = group_by_class(plan.instances, inputs.facts)
-    result = TuneResult(job, {c: [p.instance for p in ps] for c, ps in groups.items()})
+    result = TuneResult(job_shape, {c: [p.instance for p in ps] for c, ps in groups.items()})
     detected = {n: [g.index for g in f.gpus] for n, f in inputs.facts.items() if f.gpus is not None}
     instances = {i.name: i for i in fleet.file.instances(detected)}
     pending: dict[GpuClass, list[Setting]] = {}
@@ -145,7 +145,9 @@ async def tune(fleet: Fleet, opts: TuneOptions, say: Say) -> TuneResult:
                 f"{plans[0].instance} ({cls.name}): nothing to measure: {why}",
                 fix=f"`fleetgen plan -f {fleet.path}` shows why; fix the fleet file, then tune again",
             )
-    tools = {cls: _search_tools(fleet, plans[0], inputs, instances, job) for cls, plans in groups.items()}
+    tools = {
+        cls: _search_tools(fleet, plans[0], inputs, instances, job_shape) for cls, plans in groups.items()
+    }
     base = file_data(fleet.file, fleet.path)
     budget, narrowed = Budget(opts.budget_s), dict.fromkeys(groups, 0)
     while any(pending.values()):
@@ -234,7 +236,7 @@ def _conclude(fleet: Fleet, opts: TuneOptions, result: TuneResult) -> None:
     )
     opts.out.write_text(text, encoding="utf-8")
     result.out = opts.out
-    num = count_records(opts.load.input_path, None) * opts.load.job.samples
+    num = count_records(opts.load.input_path, None) * opts.load.job_file.samples
     counts = {c: len(n) for c, n in result.classes.items()}
     tokens = _tokens_per_completion(result)
     result.finish = finish_time(
@@ -251,11 +253,11 @@ def _host_of(fleet: Fleet, instance: str) -> str:
 def _tokens_per_completion(result: TuneResult) -> float:
     """The job's expected output per completion; where that is only max_tokens (real weights, no lengths
     given), what the winners decoded per completion they finished over their windows."""
-    if not result.job.is_output_ceiling:
-        return result.job.output_tokens.mean
+    if not result.job_shape.is_output_ceiling:
+        return result.job_shape.output_tokens.mean
     pairs = [(m.decode_tps or 0.0, m.completions_per_s) for m in result.chosen.values()]
     done = sum(c for _, c in pairs)
-    return sum(t for t, _ in pairs) / done if done > 0 else result.job.output_tokens.mean
+    return sum(t for t, _ in pairs) / done if done > 0 else result.job_shape.output_tokens.mean
 
 
 def _header(fleet: Fleet, opts: TuneOptions, result: TuneResult) -> list[str]:
@@ -266,7 +268,7 @@ def _header(fleet: Fleet, opts: TuneOptions, result: TuneResult) -> list[str]:
         f"Written by `fleetgen tune` on {when} from {fleet.path}: {len(result.measured)} candidate(s) "
         f"measured in {result.rounds} round(s), each over a {load.window_s:.0f} s window after its batch "
         "filled,",
-        f"with the requests of {load.input_path} (output lengths: {result.job.output_from}).",
+        f"with the requests of {load.input_path} (output lengths: {result.job_shape.output_from}).",
     ]
     if load.simulate_accept_length is not None:
         lines.append(
