@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import math
 import shlex
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -278,8 +279,8 @@ def _meanwhile(what: str, fleet_path: Path | None, restart_dead: bool) -> Callab
     if restart_dead:
         bring = "restarting the dead ones (--restart-dead)"
     return lambda wait_s: (
-        f"waiting up to {wait_s:.0f} s for one of {what} to come back ({bring}); then the job stops with "
-        "FleetDown and prints the command that resumes it"
+        f"waiting up to {math.ceil(wait_s)} s for one of {what} to come back ({bring}); then the job stops "
+        "with FleetDown and prints the command that resumes it"
     )
 
 
