@@ -22,7 +22,7 @@ from fleetgen.fleet.planning import plan_from_file
 from fleetgen.modelcard import load_model_shape
 from fleetgen.plan.sglang.memory import kv_bytes_per_token, state_bytes_per_request
 from tests.fixtures import skip_or_fail
-from tests.fixtures.sglang import named_python, real_sglang_python
+from tests.fixtures.sglang import marked_json, named_python, real_sglang_python, run_script
 from tests.unit.plan.sglang.test_memory import GPU96, MODELS, MOTIVATING, plan_one
 
 pytestmark = pytest.mark.sglang
@@ -39,14 +39,7 @@ needs_sglang = pytest.mark.usefixtures("sglang_python")
 
 def _parse(argv: list[str]) -> dict[str, object]:
     script = get_engine("sglang").parser_check_script()
-    done = subprocess.run(
-        [PYTHON, "-c", script],
-        input=json.dumps(argv),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = run_script(PYTHON, script, argv)
     verdict = get_engine("sglang").parse_verdict(done.stdout)
     return {"ok": verdict.is_ok, "error": verdict.error, "resolved": dict(verdict.resolved)}
 
@@ -100,18 +93,10 @@ print("FLEETGEN_XCHECK " + json.dumps(out))
 
 
 def _cross_check(cases: list[dict[str, object]]) -> list[dict[str, object]]:
-    done = subprocess.run(
-        [PYTHON, "-c", CROSS_CHECK],
-        input=json.dumps(cases),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("FLEETGEN_XCHECK ")]
-    if not lines:
+    done = run_script(PYTHON, CROSS_CHECK, cases)
+    result: list[dict[str, object]] | None = marked_json(done.stdout, "FLEETGEN_XCHECK")
+    if result is None:
         skip_or_fail("SGLang's config classes", f"they did not import: {done.stderr.strip()[-2000:]}")
-    result: list[dict[str, object]] = json.loads(lines[-1].removeprefix("FLEETGEN_XCHECK "))
     return result
 
 

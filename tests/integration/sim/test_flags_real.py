@@ -10,15 +10,13 @@ namespace or fail with the same last line. Skipped locally without the install; 
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
 from typing import Any
 
 import pytest
 
 from fleetgen.sim.flags import SIM_KNOBS, build_parser, load_flag_data
-from tests.fixtures.sglang import real_sglang_python
+from tests.fixtures.sglang import marked_json, real_sglang_python, run_script
 
 pytestmark = pytest.mark.sglang
 
@@ -129,17 +127,10 @@ def both() -> tuple[dict[str, Any], dict[str, Any], list[list[str]]]:
     """(SGLang's answers, the sim's answers, the argvs asked)."""
     python = real_sglang_python()
     cases = argvs()
-    done = subprocess.run(
-        [python, "-c", REAL],
-        input=json.dumps(cases),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("FLEETGEN_PROBE ")]
-    assert done.returncode == 0 and lines, done.stderr[-3000:]
-    real = without_sim_knobs(json.loads(lines[-1].removeprefix("FLEETGEN_PROBE ")))
+    done = run_script(python, REAL, cases)
+    probed = marked_json(done.stdout, "FLEETGEN_PROBE")
+    assert done.returncode == 0 and probed is not None, done.stderr[-3000:]
+    real = without_sim_knobs(probed)
     scope: dict[str, Any] = {}
     exec(PROBE, scope)  # the same probe, over the sim's parser
     return real, without_sim_knobs(scope["probe"](build_parser(), cases)), cases
