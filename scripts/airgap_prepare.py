@@ -11,7 +11,8 @@ Writes OUT/:
   model/         the model's real config.json + a tokenizer padded to its vocabulary (every id decodes) + a
                  Qwen-style chat template with thinking (+ SGLang's processor configs): serve it with
                  `--load-format dummy` (random weights, the real shape, real memory use)
-  model-shape/   config.json + model.safetensors.index.json (weight bytes for `fleetgen plan`), when given
+  model-shape/   config.json + model.safetensors.index.json (weight bytes for `fleetgen plan`), when given,
+                 + model/'s tokenizer.json (prompts counted as the engine counts them)
   install.sh     on the host: `bash install.sh SITE` installs the wheels into SITE and puts extra/ back
   chunks/cNN/    with --chunk-mib: the whole bundle as one tar cut into pieces (size-limited transfers);
                  `cat chunks/c*/part* | tar -x` reassembles it
@@ -610,6 +611,9 @@ def model_folder(config_path: Path, out: Path, engine: str) -> None:
         (out / "model-shape").mkdir(exist_ok=True)
         shutil.copy(config_path, out / "model-shape" / "config.json")
         shutil.copy(index, out / "model-shape" / index.name)
+        # the served tokenizer beside them: `plan --job` and `tune` count prompts (and the steady start's
+        # filler) with the tokens the engine will count, not an estimate
+        shutil.copy(out / "model" / "tokenizer.json", out / "model-shape" / "tokenizer.json")
 
 
 INSTALL_SH = r"""#!/usr/bin/env bash

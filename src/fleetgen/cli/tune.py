@@ -102,7 +102,19 @@ def result_json(result: TuneResult) -> dict[str, Any]:
         for name, f in (("chosen", result.finish), ("as_written", result.finish_baseline))
         if f is not None
     }
+    shape, filler = result.job_shape, result.filler
     return {
+        "job": {
+            "prompts_counted_with": shape.counted_with,
+            "context_tokens": shape.context_tokens,
+            "steady_start_filler": None
+            if filler is None
+            else {
+                "unit": filler.unit,
+                "unit_tokens": filler.unit_tokens,
+                "counted_with": filler.counted_with,
+            },
+        },
         "classes": {c.name: names for c, names in result.classes.items()},
         "candidates": [_measured_json(m, result) for m in result.measured],
         "chosen": {c.name: m.setting.name for c, m in result.chosen.items()},

@@ -30,6 +30,7 @@ from tokenizers import Tokenizer
 from fleetgen.config import EngineConfig, JobFile
 from fleetgen.errors import InputError, JobError
 from fleetgen.generate.diagnose import FAIL_FAST, all_bad
+from fleetgen.generate.forced import Filler, filler_for
 from fleetgen.generate.source import read_records
 from fleetgen.generate.store import Store
 from fleetgen.generate.work import BadInput, Record, RecordShape, text_of
@@ -78,6 +79,11 @@ class Counter:
             packed.append(b"".join(parts))
         return packed
 
+    def tokens(self, text: str) -> int:
+        """The tokens of `text` as the model's tokenizer counts them (only where one was read)."""
+        assert not self.is_estimate, "an estimate counts bytes, not tokens"
+        return len(self.encode([text])[0]) // BYTES_PER_TOKEN
+
 
 def tokens_of(packed: bytes) -> int:
     """The prompt tokens of a packed prompt, the reply's opening included."""
@@ -105,6 +111,15 @@ def counter_for(tokenizer_dir: Path | None) -> Counter:
 
     chat = f"{frame} (its chat template not rendered)"
     return Counter(encode, BYTES_PER_TOKEN, f"the model's tokenizer ({path}), {chat}", is_estimate=False)
+
+
+def filler_of(tokenizer_dir: Path | None) -> Filler:
+    """The steady start's filler (`generate.forced`), counted with the model's tokenizer where it is
+    readable, else assumed (and said so)."""
+    counter = counter_for(tokenizer_dir)
+    if counter.is_estimate:
+        return Filler(counted_with=f"assumed one token: {counter.counted_with}")
+    return filler_for(counter.tokens, f"counted with {tokenizer_dir}/tokenizer.json")
 
 
 def _estimate(counted_with: str) -> Counter:

@@ -170,7 +170,11 @@ class Job:
             api_key=self.servers.api_key,
         )
         requests = ChatRequests(model, opts.params.max_tokens, opts.params.sampling)
-        forced = None if opts.forced_lengths is None else ForcedLengths(opts.forced_lengths, opts.under_way)
+        forced = (
+            None
+            if opts.forced_lengths is None
+            else ForcedLengths(opts.forced_lengths, opts.under_way, opts.filler)
+        )
 
         def body(work: Work) -> dict[str, Any]:
             out = requests.body(work.messages_for_next_turn(), work.sample)

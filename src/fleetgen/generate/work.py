@@ -19,6 +19,7 @@ from typing import Any, Literal
 import orjson
 
 from fleetgen.config import JobFile
+from fleetgen.generate.forced import Filler
 from fleetgen.http.client import Completion
 from fleetgen.http.request import Message, Sampling
 from fleetgen.plan.job import OutputLengths
@@ -203,6 +204,7 @@ class JobOptions:
     # with ignore_eos), so the batch holds the job's mix of lengths; never for a run that keeps its text
     forced_lengths: OutputLengths | None = None
     under_way: int = 0  # with forced lengths: the first this many start as if under way (`generate.forced`)
+    filler: Filler = field(default_factory=Filler)  # what stands for their written part, counted as it is
     progress_interval_s: float = 0.5
     series_interval_s: float = 5.0
     metrics_interval_s: float = 3.0

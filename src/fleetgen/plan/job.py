@@ -23,6 +23,11 @@ from fleetgen.errors import ConfigError
 
 _NORMAL = NormalDist()
 _Z99 = _NORMAL.inv_cdf(0.99)
+# Prompt tokens estimated from text (4 bytes a token) can be twice that many: CJK text, code, a small
+# vocabulary (the H200 bundle's tokenizer counts the tune prompts at 2.3 bytes a token). The context a job
+# needs is a hard bound (the engine refuses a request past it) that costs little room when generous, so an
+# estimated prompt is counted twice there; running requests are sized on the mean, as estimated.
+ESTIMATE_CONTEXT_FACTOR = 2
 SPEC_EXAMPLE = "mean=1800,min=300,max=6000 (optional: sigma=0.6)"
 
 
@@ -250,8 +255,11 @@ class JobShape:
     @property
     def context_tokens(self) -> int:
         """The context the job needs (not the model's maximum): the longest prompt, plus `max_tokens` for
-        each request a conversation makes (its answer, then that answer in the next turn's history)."""
+        each request a conversation makes (its answer, then that answer in the next turn's history). An
+        estimated prompt counts `ESTIMATE_CONTEXT_FACTOR` times: a request past the context is refused."""
         longest = max(self.longest_prompt_tokens, self.prompt_tokens.max)
+        if self.is_estimate:
+            longest *= ESTIMATE_CONTEXT_FACTOR
         return longest + self.max_turns * self.max_tokens
 
     @property

@@ -148,6 +148,23 @@ def _generations(state: SimState, req: chat.ChatRequest, directives: Directives)
     ]
 
 
+def context_refusal(prompt: int, max_tokens: int | None, context_len: int) -> str | None:
+    """SGLang's refusal of a request past the context (`TokenizerManager._validate_one_request`, 0.5.15:
+    the input alone, then input + max_new_tokens; no auto-truncation), in its words; None when it fits."""
+    if prompt >= context_len:
+        return (
+            f"The input ({prompt} tokens) is longer than the model's context length ({context_len} tokens)."
+        )
+    if max_tokens is not None and prompt + max_tokens > context_len:
+        return (
+            f"Requested token count exceeds the model's maximum context length of {context_len} tokens. "
+            f"You requested a total of {prompt + max_tokens} tokens: {prompt} tokens from the input messages "
+            f"and {max_tokens} tokens for the completion. Please reduce the number of tokens in the input "
+            "messages or the completion to fit within the limit."
+        )
+    return None
+
+
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     """`POST /v1/chat/completions`, non-stream and SSE."""
     state = request.app[STATE]
@@ -167,9 +184,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     injected = _injected_error(state, directives, hashlib.sha256(user_text.encode()).hexdigest())
     if injected is not None:
         return injected
+    prompt = estimate_prompt_tokens(req.all_texts)
+    refused = context_refusal(prompt, req.max_tokens, state.args["context_length"])
+    if refused is not None:
+        return _error(refused, "BadRequestError", 400)
     state.scheduler.arrive()
     gens = _generations(state, req, directives)
-    prompt = estimate_prompt_tokens(req.all_texts)
     if directives.delay > 0:
         await asyncio.sleep(directives.delay)
     req_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from fleetgen.errors import FleetgenError
 from fleetgen.fleet.pool import open_fleet
 from fleetgen.generate.dispatch import in_flight_for
 from fleetgen.generate.fleetlink import fleet_servers
+from fleetgen.generate.forced import Filler
 from fleetgen.generate.progress import Counters
 from fleetgen.generate.runner import Job
 from fleetgen.generate.work import JobOptions, RecordShape, RetryPolicy, SamplingParams
@@ -58,6 +59,9 @@ class Load:
     warmup_max_s: float
     simulate_accept_length: float | None = None
     steady_start: bool = True  # with lengths: the first batch starts under way (`generate.forced`)
+    filler: Filler = field(
+        default_factory=Filler
+    )  # the written part of those, counted by the model's tokenizer
 
 
 @dataclass(frozen=True)
@@ -139,8 +143,7 @@ async def _load_and_read(fleet: Fleet, engine: Engine, trial: Trial, load: Load,
         finally:
             job.stop()
             job.stop()  # the window is read: abandon what is in flight
-            with contextlib.suppress(FleetgenError):
-                await running
+            stopped = await _job_error(running)
     return Measured(
         trial.gpu_class,
         trial.setting,
@@ -154,8 +157,19 @@ async def _load_and_read(fleet: Fleet, engine: Engine, trial: Trial, load: Load,
         window_s=window.seconds,
         clients=clients,
         notes=notes,
-        error=error,
+        error=stopped or error,
     )
+
+
+async def _job_error(job: asyncio.Task[Any]) -> str:
+    """Why the load's job stopped on its own, in the server's words where it quotes them (every request
+    refused, the server gone): the candidate's error. Empty where it ran until tune stopped it."""
+    try:
+        await job
+    except FleetgenError as exc:
+        said = "; ".join(f"{k}: {v}" for k, v in exc.context.items() if k in ("server says", "last error"))
+        return f"the load stopped: {exc.message}" + (f" ({said})" if said else "")
+    return ""
 
 
 def _options(trial: Trial, load: Load, clients: int, admitted: int) -> JobOptions:
@@ -172,6 +186,7 @@ def _options(trial: Trial, load: Load, clients: int, admitted: int) -> JobOption
         wait_ready_s=30.0,
         forced_lengths=load.lengths,
         under_way=admitted if load.steady_start else 0,
+        filler=load.filler,
     )
 
 
@@ -203,7 +218,8 @@ async def _steady_window(
 async def _warm_up(
     engine: Engine, client: EngineClient, admitted: int, load: Load, job: asyncio.Task[Any]
 ) -> Fill:
-    """Sample the engine's running and queued requests until `fill_verdict` decides (or the job ends)."""
+    """Sample the engine's running and queued requests until `fill_verdict` decides; a job that ends first
+    (its input done, or stopped: `_job_error` says why) left no batch to measure."""
     samples: list[Sample] = []
     while not job.done():
         got = (await client.metrics()).samples
@@ -213,7 +229,7 @@ async def _warm_up(
         if not fill.waiting:
             return fill
         await asyncio.sleep(SCRAPE_INTERVAL_S)
-    return Fill(ready=True)
+    return Fill(error="the load ended before the batch filled: no steady rate")
 
 
 def _now() -> str:

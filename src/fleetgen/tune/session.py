@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -24,7 +24,8 @@ from fleetgen.deploy.state import load_state
 from fleetgen.deploy.wanted import refuse_simulated_acceptance
 from fleetgen.errors import ConfigError
 from fleetgen.fleet.planning import PlanInputs, gather_inputs
-from fleetgen.generate.jobshape import read_job_shape, tokenizer_dir_of
+from fleetgen.generate.forced import Filler
+from fleetgen.generate.jobshape import filler_of, read_job_shape, tokenizer_dir_of
 from fleetgen.generate.source import count_records
 from fleetgen.plan import InstancePlan, Issue, decide_launch, plan_fleet
 from fleetgen.plan.fleet import instance_ask
@@ -58,6 +59,7 @@ class TuneResult:
 
     job_shape: JobShape
     classes: dict[GpuClass, list[str]]
+    filler: Filler | None = None  # the steady start's (None: the batch started empty)
     measured: list[Measured] = field(default_factory=list)
     chosen: dict[GpuClass, Measured] = field(default_factory=dict)
     baselines: dict[GpuClass, Measured | None] = field(default_factory=dict)
@@ -124,16 +126,24 @@ async def tune(fleet: Fleet, opts: TuneOptions, say: Say) -> TuneResult:
     refuse(fleet, opts)
     load = opts.load
     inputs = await gather_inputs(fleet.file, fleet.path, offline=False)
+    tokenizer_dir = tokenizer_dir_of(fleet.file.engine, fleet.path)
     job_shape = await asyncio.to_thread(
         read_job_shape,
         load.job_file,
         load.input_path,
-        tokenizer_dir=tokenizer_dir_of(fleet.file.engine, fleet.path),
+        tokenizer_dir=tokenizer_dir,
         output_lengths=load.lengths,
     )
+    say(f"the job's prompts: {job_shape.counted_with}; context {job_shape.context_tokens:,} tokens")
+    if load.lengths is not None and load.steady_start:
+        load = replace(load, filler=await asyncio.to_thread(filler_of, tokenizer_dir))
+        f = load.filler
+        say(f"steady start: the written part as {f.unit!r} × n, {f.unit_tokens} token(s) each")
+        say(f"  ({f.counted_with})")
     plan = plan_fleet(fleet.file, inputs.shape, inputs.facts, inputs.version, job=job_shape)
     groups = group_by_class(plan.instances, inputs.facts)
     result = TuneResult(job_shape, {c: [p.instance for p in ps] for c, ps in groups.items()})
+    result.filler = load.filler if load.lengths is not None and load.steady_start else None
     detected = {n: [g.index for g in f.gpus] for n, f in inputs.facts.items() if f.gpus is not None}
     instances = {i.name: i for i in fleet.file.instances(detected)}
     pending: dict[GpuClass, list[Setting]] = {}

@@ -168,3 +168,22 @@ def test_a_batch_not_settled_by_the_warmup_is_never_ranked(tmp_path: Path) -> No
     assert result["candidates"] and not result["chosen"] and result["out"] is None
     assert all("--warmup" in r["error"] and not r["chosen"] for r in result["candidates"])
     assert not (tmp_path / "fleet.tuned.toml").exists()
+
+
+def test_a_candidate_whose_every_request_is_refused_says_so_in_the_servers_words(tmp_path: Path) -> None:
+    """The user's context-length (100) is below every request of the job: the sim refuses each as SGLang
+    does, the load stops (every request refused), and that candidate's error quotes the server: never a
+    rate of 0 read over nothing (seen on the H200: vLLM refused a candidate's requests and tune said only
+    that the input ran out)."""
+    fleet = sim_fleet(tmp_path, free_port(span=102))
+    fleet.write_text(fleet.read_text().replace("[engine.args]\n", "[engine.args]\ncontext-length = 100\n"))
+    prompts, job = job_input(tmp_path)
+    knobs = ["--window", "5", "--budget", "1s", "--output-lengths", "mean=300,min=50,max=1000"]
+    done = fleetgen_cli("tune", "-f", str(fleet), "--job", str(job), str(prompts), *knobs, "--json")
+    result = json.loads(done.stdout)
+    rows = {r["candidate"]: r for r in result["candidates"]}
+    written = rows["as-written"]
+    assert "every request is refused by the servers with HTTP 400" in written["error"], done.stderr[-3000:]
+    assert "maximum context length of 100 tokens" in written["error"]
+    assert not written["chosen"] and written["decode_tps_per_gpu"] is None
+    assert result["job"]["steady_start_filler"]["unit"] == " the"

@@ -3,16 +3,23 @@ the first batch sent as requests already under way."""
 
 from __future__ import annotations
 
+import functools
 import random
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-from fleetgen.generate.forced import FILLER, ForcedLengths, forced_length, under_way
+from fleetgen.errors import ConfigError
+from fleetgen.generate.forced import Filler, ForcedLengths, filler_for, forced_length, under_way
 from fleetgen.plan.job import EmpiricalLengths, LogNormalLengths, OutputLengths
 
 KEYS = [random.Random(i).getrandbits(63) for i in range(2000)]
+FILLER = Filler().unit
 
 
 def body(text: Any = "hello") -> dict[str, Any]:
@@ -100,3 +107,89 @@ def test_filler_goes_after_the_text_or_in_a_message_of_its_own() -> None:
     other = ForcedLengths(spec, 1).apply(body(parts), key)
     assert other["messages"][1]["content"] == parts
     assert other["messages"][2] == {"role": "user", "content": FILLER * done}
+
+
+# --- the filler, counted with the model's tokenizer ------------------------------------------------------
+
+CORPUS = Path(__file__).parents[2] / "data" / "corpus"
+
+
+@functools.cache
+def corpus_bpe(vocab_size: int) -> Tokenizer:
+    """A byte-level BPE trained on the repo's corpus, as the H200 bundle's and the tiny model's tokenizers
+    are (`scripts/airgap_prepare.py`, `scripts/build_tiny_model.py`): a real tokenizer in which " x" is two
+    tokens, the case that doubled every written part on the H200."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tokenizer.train(sorted(str(p) for p in CORPUS.glob("*.txt")), trainer)
+    return tokenizer
+
+
+def count_with(tokenizer: Tokenizer) -> Callable[[str], int]:
+    return lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+CORPUS_LINES = [line for p in sorted(CORPUS.glob("*.txt")) for line in p.read_text().splitlines() if line]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.sampled_from([300, 2048]), st.sampled_from(CORPUS_LINES), st.integers(0, 3000))
+def test_the_filler_adds_exactly_the_tokens_it_says_after_any_prompt(
+    vocab_size: int, prompt: str, written: int
+) -> None:
+    """Whatever the tokenizer (a large vocabulary or one with few merges) and the prompt before it: the
+    filler for `written` tokens adds exactly the tokens it claims to the prompt, and at most `written`
+    (the request then asks `whole - tokens`: its context is the job's, never more)."""
+    count = count_with(corpus_bpe(vocab_size))
+    filler = filler_for(count, "corpus BPE")
+    text, tokens = filler.text_for(written)
+    assert not filler.is_assumed
+    assert count(prompt + text) - count(prompt) == tokens
+    assert written - filler.unit_tokens < tokens <= written
+
+
+def test_the_filler_is_not_the_unit_the_tokenizer_splits() -> None:
+    """The H200's case: " x" is two tokens in the bundle's tokenizer; a one-token unit is chosen."""
+    count = count_with(corpus_bpe(2048))
+    assert count(" x" * 10) == 20
+    filler = filler_for(count, "corpus BPE")
+    assert filler.unit_tokens == 1 and count(filler.unit * 100) == 100
+
+
+def test_a_unit_whose_count_depends_on_its_neighbours_is_never_chosen() -> None:
+    """Units that merge when repeated, or with the text before them, are skipped for one that counts the
+    same every time; with none left, the steady start is refused (it could not say what the batch holds)."""
+
+    def merging(text: str) -> int:
+        """A character a token, but " the the" is one token: a repeated unit merges pairwise."""
+        return len(text) - 7 * text.count(" the the")
+
+    filler = filler_for(merging, "merging")
+    assert (filler.unit, filler.unit_tokens) == (".", 1)  # " the" merges; the others count a character each
+
+    def boundary(text: str) -> int:
+        """ " the" is one token, but merges with a sentence's end before it (". the" is one token)."""
+        return len(text.replace(". the", "#").replace(" the", "T"))
+
+    assert boundary(" the" * 64) == 64 and filler_for(boundary, "boundary").unit == "."
+    with pytest.raises(ConfigError) as caught:
+        filler_for(lambda text: len(text) // 3, "no exact unit")
+    assert "--no-steady-start" in caught.value.fix
+
+
+def test_steady_bodies_carry_the_fillers_text_and_ask_the_rest() -> None:
+    """A filler of two tokens a unit: the written part is whole units, and max_tokens + what the filler
+    holds is the request's whole length."""
+    spec = LogNormalLengths.parse("mean=1800,min=300,max=6000")
+    two = Filler(" x", 2, "two tokens a unit", is_assumed=False)
+    forced = ForcedLengths(spec, 50, two)
+    for key in KEYS[:50]:
+        sent = forced.apply(body(), key)
+        extra = sent["messages"][-1]["content"][len("hello") :]
+        units = extra.count(" x")
+        whole, written = under_way(spec, key)
+        assert extra == " x" * units and units == written // 2
+        assert sent["max_tokens"] + 2 * units == whole

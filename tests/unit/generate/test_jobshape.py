@@ -26,6 +26,7 @@ from fleetgen.errors import InputError, JobError
 from fleetgen.generate.jobshape import (
     PER_MESSAGE_TOKENS,
     REPLY_OPENING_TOKENS,
+    filler_of,
     output_lengths_from_store,
     read_job_shape,
     scan,
@@ -292,3 +293,12 @@ def test_the_sample_is_uniform_over_the_input() -> None:
     assert len(set(positions)) == 200 and seen.num_read == 2000
     assert abs(statistics.fmean(positions) - 999.5) < 4 * 577 / math.sqrt(200)
     assert sorted(length for length, _, _ in seen.longest) == [96] * 8  # the longest texts kept
+
+
+def test_the_steady_starts_filler_is_counted_by_the_models_tokenizer_or_said_assumed(tmp_path: Path) -> None:
+    assumed = filler_of(None)
+    assert assumed.is_assumed and "no model folder" in assumed.counted_with
+    folder = word_tokenizer(tmp_path / "m")  # whitespace words: " the" is [UNK], one token each
+    measured = filler_of(folder)
+    assert not measured.is_assumed and str(folder / "tokenizer.json") in measured.counted_with
+    assert measured.unit_tokens == 1

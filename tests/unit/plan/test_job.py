@@ -185,3 +185,6 @@ def test_derived_figures() -> None:
     # a longer record outside the sample decides the context; a conversation makes room for its answers
     assert shape([100], [10], longest_prompt_tokens=900).context_tokens == 900 + 4096
     assert shape([100], [10], max_turns=3).context_tokens == 100 + 3 * 4096
+    # an estimated prompt may hold twice the tokens: the context (a hard bound) counts it twice
+    estimated = shape([100], [10], longest_prompt_tokens=900, is_estimate=True)
+    assert estimated.context_tokens == 2 * 900 + 4096 and estimated.kv_tokens_per_request == 100 + 10
