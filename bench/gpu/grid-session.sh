@@ -20,11 +20,15 @@ grid_wait() {  # grid_wait SECONDS: until the grid says done (or the time), then
 FG="import sys; sys.argv[0] = 'fleetgen'; from fleetgen.cli import main; main()"
 tune_start() {  # tune_start ARGS…: fleetgen tune with the H200 files, output in /root/tune-run
   TUNE_FLEET=${TUNE_FLEET:-bench/gpu/sglang-0.5.15-h200-tune.toml} TUNE_SITE=${TUNE_SITE:-$SITE}
-  rm -rf /root/tune-run && mkdir -p /root/tune-run && cp -r src bench /root/tune-run/ && cd /root/tune-run &&
+  rm -rf /root/tune-run /root/fleetgen-work && mkdir -p /root/tune-run && cp -r src bench /root/tune-run/ &&
+    cd /root/tune-run &&
     (PYTHONPATH=$TUNE_SITE:/root/tune-run/src setsid nohup $PY -c "$FG" tune -f $TUNE_FLEET \
       --job bench/gpu/tune-job.toml bench/gpu/tune-prompts.jsonl --output-lengths mean=1800,min=300,max=6000 \
-      --out /root/tune-run/tuned.toml --json "$@" > /root/tune-run/tune.json 2> /root/tune-run/tune.log < /dev/null &)
+      --out /root/tune-run/tuned.toml --json "$@" > /root/tune-run/tune.json 2> /root/tune-run/tune.log < /dev/null &
+     echo $! > /root/tune-run/pid)
   cd - > /dev/null; echo tune started; }
+tune_running() { kill -0 "$(cat /root/tune-run/pid 2> /dev/null)" 2> /dev/null; }  # by its pid: a pattern
+# matched the caller's own command line once (the run's command named it) and waited out the whole call
 # vLLM 0.24.0 (bench/gpu/vllm-0.24.0-h200-tune.toml): the bundle's pieces as .gpu/vNN, one a call (`vtake`), then
 # `vassemble` (installs into /root/vsite in the foreground), then
 # `TUNE_FLEET=bench/gpu/vllm-0.24.0-h200-tune.toml TUNE_SITE=/root/vsite tune_start …`
@@ -34,7 +38,7 @@ vassemble() {
     bash /root/vbundle/install.sh /root/vsite $PY > /root/vinstall.log 2>&1; tail -1 /root/vinstall.log
   PYTHONPATH=/root/vsite $PY -c "import vllm; print('vllm', vllm.__version__)" 2>&1 | tail -1; }
 tune_wait() {  # tune_wait SECONDS: until tune ends (or the time), then its files into $OUT
-  local s=$SECONDS; while [ $((SECONDS-s)) -lt $1 ]; do pgrep -f "tune -f bench/gpu" > /dev/null || break; sleep 5; done
+  local s=$SECONDS; while [ $((SECONDS-s)) -lt $1 ]; do tune_running || break; sleep 5; done
   tail -30 /root/tune-run/tune.log; cp /root/tune-run/tune.json /root/tune-run/tune.log /root/tune-run/tuned.* $OUT/ 2>/dev/null
   tar -cJf $OUT/tune-work.tar.xz -C /root/tune-run .fleetgen -C /root fleetgen-work --exclude='*.sock' --exclude='*api_key*' 2>/dev/null
   nvidia-smi --query-gpu=memory.used --format=csv,noheader; ls $OUT; }
