@@ -150,11 +150,15 @@ class VLLMEngine(Engine):
         return kept | {SPEC_CONFIG: json.dumps(conf)}, dict(env)
 
     def max_running_from_capacity(self, capacity: Mapping[str, float], cap: str | None) -> int | None:
-        """Its "maximum concurrency" at max-model-len (`kv_cache_max_concurrency`), capped by max-num-seqs
-        (`cap`); either alone where the other is unknown. A floor, not a ceiling: shorter requests let vLLM
-        run more at once; fleetgen plans for full-length ones."""
-        seqs = int(cap) if cap and cap.isdigit() else 0
-        return min((int(n) for n in (capacity.get("max_running_requests", 0), seqs) if n >= 1), default=None)
+        """The running requests it admits: max-num-seqs where the fleet file sets it (`cap`: the user's, or
+        tune's, sized to the job; vLLM runs up to it as its KV allows), else its "maximum concurrency" at
+        max-model-len (`kv_cache_max_concurrency`). That one is a floor, not a ceiling: shorter requests
+        run more at once (H200, this job: 105 said, 141 ran, the plan's 244 fit), so `run` and `tune` driven
+        by it leave its batch short; a job's max-num-seqs is what `plan --job` and `tune` set."""
+        if cap and cap.isdigit() and int(cap) >= 1:
+            return int(cap)
+        floor = int(capacity.get("max_running_requests", 0))
+        return floor if floor >= 1 else None
 
 
 SPEC_CONFIG = "speculative-config"

@@ -5,8 +5,8 @@ Steady state: with forced lengths the first batch starts as requests already und
 the job's steady mix of contexts, not an empty batch); the batch is ready when `tune.steady` says so (full,
 or held by the engine at a bound of its own; one that never settles within the warm-up is an error, not
 ranked), then a fixed window is read. The requests in flight are what `run` keeps on a
-server by default (`generate.dispatch.in_flight_for` its admitted running requests): enough queued that a
-finished request is replaced at once, few enough that the queue is not the measurement.
+server by default (`generate.dispatch.in_flight_for` its admitted running requests, `offered_running`):
+enough queued that a finished request is replaced at once, few enough that the queue is not the measurement.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ async def _load_and_read(fleet: Fleet, engine: Engine, trial: Trial, load: Load,
     async with open_fleet(fleet) as links:
         at_start = await links.read_all()
         [link] = at_start
-        admitted = link.max_running_requests or trial.setting.running
+        admitted = offered_running(link.max_running_requests, trial.setting.running)
         clients = in_flight_for(admitted)
         job = Job(
             _options(trial, load, clients, admitted),
@@ -170,6 +170,14 @@ async def _job_error(job: asyncio.Task[Any]) -> str:
         said = "; ".join(f"{k}: {v}" for k, v in exc.context.items() if k in ("server says", "last error"))
         return f"the load stopped: {exc.message}" + (f" ({said})" if said else "")
     return ""
+
+
+def offered_running(engine_says: int | None, planned: int) -> int:
+    """The running requests the load offers a candidate (and starts under way): what its engine says it
+    admits, or the plan's running requests for the job where that is more. vLLM says its concurrency for
+    requests of max-model-len, a floor: the job's shorter ones run more at once (H200: 105 said, the job's
+    plan 244), and a load sized on the floor measured the client's cap (141 in flight, 141 running)."""
+    return max(engine_says or 0, planned)
 
 
 def _options(trial: Trial, load: Load, clients: int, admitted: int) -> JobOptions:
@@ -229,7 +237,7 @@ async def _warm_up(
         if not fill.waiting:
             return fill
         await asyncio.sleep(SCRAPE_INTERVAL_S)
-    return Fill(error="the load ended before the batch filled: no steady rate")
+    return Fill(error="the input ran out before the batch filled: no steady rate; give a larger input")
 
 
 def _now() -> str:

@@ -2,8 +2,8 @@
 running and queued requests, sampled over time.
 
 Full: the running requests reach `FILLED` of what the engine admits. Held: fewer run, requests wait in the
-engine's queue, and the running count has not risen for `HELD_S`: the engine holds the batch at a bound of
-its own (its KV admission, say) and a window now measures what it really does, with a note. Anything else
+engine's queue, and the running count's peak has not risen for `HELD_S`: the engine holds the batch at a bound
+of its own (its KV admission, say) and a window now measures what it really does, with a note. Anything else
 at the warm-up's cap is no steady rate: nothing running yet (a first-use compile can stall a scheduler for
 a minute and more), or a batch still filling. Those are errors, never ranked: a window over a batch that
 is filling reads a fraction of the engine's rate (seen on the H200: 682 tok/s where the filled batch ran
@@ -70,9 +70,11 @@ def fill_verdict(samples: Sequence[Sample], admitted: int, cap_s: float) -> Fill
 
 
 def _held(samples: Sequence[Sample], since: float) -> bool:
-    """The samples reach back to `since` and the running requests have not risen after it (but by a
-    finished request replaced)."""
+    """The samples reach back to `since` and the running requests' peak since then is not above their peak
+    up to it (but by a finished request replaced): a batch at the engine's bound churns below its peak as
+    requests end and queued ones take their place (vLLM-CPU's short requests: never two samples alike)."""
     if samples[0].at > since:
         return False
-    recent = [s.running for s in samples if s.at >= since]
-    return bool(recent) and max(recent) <= recent[0] + max(1.0, HELD_JITTER * recent[0])
+    before = max(s.running for s in samples if s.at <= since)
+    recent = max(s.running for s in samples if s.at >= since)
+    return recent <= before + max(1.0, HELD_JITTER * before)

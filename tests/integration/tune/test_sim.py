@@ -184,6 +184,20 @@ def test_a_candidate_whose_every_request_is_refused_says_so_in_the_servers_words
     rows = {r["candidate"]: r for r in result["candidates"]}
     written = rows["as-written"]
     assert "every request is refused by the servers with HTTP 400" in written["error"], done.stderr[-3000:]
-    assert "maximum context length of 100 tokens" in written["error"]
+    assert "context length" in written["error"] and "100 tokens" in written["error"]  # SGLang's words
     assert not written["chosen"] and written["decode_tps_per_gpu"] is None
     assert result["job"]["steady_start_filler"]["unit"] == " the"
+
+
+def test_an_input_smaller_than_a_batch_is_no_rate(tmp_path: Path) -> None:
+    """Three records for engines that run dozens: each candidate's load ends before its batch fills; that
+    is an error naming the fix, never a rate read over what was left, and tune exits non-zero."""
+    fleet = sim_fleet(tmp_path, free_port(span=102))
+    prompts, job = job_input(tmp_path)
+    prompts.write_text("".join(prompts.read_text().splitlines(keepends=True)[:3]))
+    knobs = ["--window", "5", "--budget", "1s", "--output-lengths", "mean=300,min=50,max=1000"]
+    done = fleetgen_cli("tune", "-f", str(fleet), "--job", str(job), str(prompts), *knobs, "--json")
+    assert done.returncode == 1, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["candidates"] and not result["chosen"]
+    assert all("give a larger input" in r["error"] for r in result["candidates"])

@@ -85,9 +85,9 @@ gpu_memory_gib = 16
 """
     path = tmp_path / "fleet.toml"
     path.write_text(text)
-    prompts = tmp_path / "p.jsonl"
+    prompts = tmp_path / "p.jsonl"  # ~140 requests a second at its batch: enough for warm-up, hold and window
     prompts.write_text(
-        "".join(json.dumps({"id": f"r{i}", "prompt": f"count to {i}"}) + "\n" for i in range(3000))
+        "".join(json.dumps({"id": f"r{i}", "prompt": f"count to {i}"}) + "\n" for i in range(30000))
     )
     lengths = LogNormalLengths.parse("mean=24,min=8,max=48")
     # the warm-up ends once the batch is full or held (seconds here); its cap only bounds a CPU starved by CI

@@ -171,6 +171,7 @@ def test_vllm_capacity_from_its_cache_config_info_and_its_log() -> None:
     assert capacity == {"kv_tokens": 452_340, "max_running_requests": pytest.approx(55.2174, rel=1e-4)}
     assert VLLM_ENGINE.max_running_from_capacity(capacity, None) == 55  # a floor: full-length requests
     assert VLLM_ENGINE.max_running_from_capacity(capacity, "32") == 32  # capped by max-num-seqs
+    assert VLLM_ENGINE.max_running_from_capacity(capacity, "245") == 245  # set for the job: what it admits
     assert VLLM_ENGINE.max_running_from_capacity({}, "32") == 32  # max-num-seqs alone
     assert VLLM_ENGINE.max_running_from_capacity({}, None) is None
     assert SGLANG.max_running_from_capacity(capacity, "32") is None  # its info JSON says

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from fleetgen.engines import format_args, get_engine
+from fleetgen.tune.measure import offered_running
 
 # --- engines: decode rate over a window, forced acceptance -------------------------------------------------
 
@@ -48,3 +49,11 @@ def test_forcing_an_accept_length_is_what_up_refuses(kind: str, args: dict[str, 
     assert engine.simulated_acceptance(format_args(args), {"A": "b"}) == ()
     assert engine.simulated_acceptance(format_args(new_args), env) != ()
     assert env["A"] == "b"
+
+
+def test_the_load_offers_what_the_engine_admits_or_the_jobs_plan_where_that_is_more() -> None:
+    """SGLang says its hard cap (263: all of it is offered); vLLM says its concurrency at max-model-len, a
+    floor (105 on the H200, where the job's plan runs 244: offered 244, not the floor); unknown: the plan."""
+    assert offered_running(263, 255) == 263
+    assert offered_running(105, 244) == 244
+    assert offered_running(None, 244) == 244
