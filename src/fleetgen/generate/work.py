@@ -69,6 +69,7 @@ class Work:
     key: int = 0
     attempts: int = 0
     done: list[Completion] = field(default_factory=list)
+    number: int = -1  # its place in the dispatcher's send order (generate/rejects.py); kept by its retries
 
     def __post_init__(self) -> None:
         if not self.key:

@@ -255,6 +255,30 @@ async def test_fleet_down_stops_instead_of_burning_the_dataset(
     assert rows(tmp_path / "out", "SELECT COUNT(*) FROM errors")[0][0] <= budget // (FAST.max_retries + 1)
 
 
+async def test_refusals_back_before_any_answer_are_the_records_own(tmp_path: Path) -> None:
+    """The H200 case (vLLM with --max-model-len 6144, the longest records past it): every 6th record is
+    refused at once while the others generate for minutes. More refusals than `max_identical_rejections`
+    come back before the first answer, but the records sent between them are in flight: the job goes on and
+    each refused record is one error row.
+
+    A stand-in: the answers must wait until every refusal is back (a gate the test opens); the sim's
+    `[[sim:delay=S]]` would make that a race between timings."""
+    bad = set(range(0, 120, 6))
+    assert len(bad) > FAST.max_identical_rejections
+    marked = {i: f"q{i}" + (" [[sim:status=400]]" if i in bad else "") for i in range(120)}
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": f"r{i}", "prompt": p} for i, p in marked.items()])
+    gate = asyncio.Event()
+    async with serve(StandIn(gate=gate)) as a:
+        job = asyncio.create_task(new_job(tmp_path, prompts, [a.url], concurrency=len(marked)).run())
+        await until(lambda: job.done() or all(a.seen[marked[i]] for i in bad), timeout_s=60)
+        assert a.in_flight == len(marked) - len(bad)  # every answer still to come
+        gate.set()
+        summary = await job
+    assert summary.status == "complete" and (summary.results, summary.errors) == (100, 20)
+    errors = rows(tmp_path / "out", "SELECT id, status FROM errors")
+    assert sorted(errors) == sorted((f"r{i}", 400) for i in bad)  # each once
+
+
 async def test_changed_params_are_refused_unless_forced(tmp_path: Path, sim_server: SimFactory) -> None:
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "q"}])
     async with sims(sim_server) as (a,):
