@@ -136,9 +136,9 @@ class Streak:
 
     @staticmethod
     def _around(number: int, belongs: Callable[[int], bool], most: int | None = None) -> range:
-        """The consecutive numbers ≥ 0 around `number` (which belongs) that belong, up to `most` of them."""
+        """The consecutive numbers around `number` (which belongs) that belong, up to `most` of them."""
         low = high = number
-        while (most is None or high - low + 1 < most) and low > 0 and belongs(low - 1):
+        while (most is None or high - low + 1 < most) and belongs(low - 1):
             low -= 1
         while (most is None or high - low + 1 < most) and belongs(high + 1):
             high += 1

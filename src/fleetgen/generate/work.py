@@ -167,7 +167,7 @@ class RetryPolicy:
 
     max_retries: int = 5
     max_consecutive_failures: int = 50
-    # The same 4xx this often in a row, no success between: the job's fault.
+    # This many requests sent in a row (send order, not arrival), all refused with one 4xx: the job's fault.
     max_identical_rejections: int = 16
     backoff_base_s: float = 0.5
     backoff_max_s: float = 30.0

@@ -106,6 +106,20 @@ def test_refusals_that_arrive_first_wait_for_the_requests_sent_between_them() ->
     assert ids(streak.release()) == ["r8"]
 
 
+def test_at_the_end_two_refusals_alike_are_the_jobs_one_is_a_records() -> None:
+    """The end rule's test (the dispatcher adds: and nothing succeeded): a small job all refused alike."""
+    streak = Streak(threshold=16)
+    for _ in range(3):
+        streak.sent()
+    streak.refused(0, ("a", work(0), refusal("n must be positive")))
+    assert not streak.is_one_repeated  # one refused record: its error row
+    streak.refused(1, ("a", work(1), refusal("n must be positive")))
+    assert streak.is_one_repeated
+    assert "2 requests sent in a row" in str(streak.error(lambda _: BODY).context["refused"])
+    assert ids(streak.refused(2, ("a", work(2), refusal("too long: 9 tokens")))) == ["r0", "r1"]
+    assert not streak.is_one_repeated  # another kind after them: theirs were the records' own
+
+
 # A send's outcome: refused with one of two signatures, or judged otherwise (a success, retries run out).
 Outcome = str | None
 REFUSALS = {"x": "n must be positive", "y": "too long: 7 tokens"}

@@ -77,8 +77,6 @@ class StandIn:
         if isinstance(user, list):  # content parts: their text
             user = " ".join(part.get("text", "") for part in user)
         self.seen[user] += 1
-        if self.reject_all_with is not None:
-            return web.json_response({"error": {"message": "rejected"}}, status=self.reject_all_with)
         marks = parse_marks(user)
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
@@ -88,6 +86,8 @@ class StandIn:
             return web.json_response(
                 {"error": {"message": f"injected {marks['status']}"}}, status=int(marks["status"])
             )
+        if self.reject_all_with is not None:  # after the marks: `status=429:times=1` then refused
+            return web.json_response({"error": {"message": "rejected"}}, status=self.reject_all_with)
         if self.gate is not None:
             await self.gate.wait()
         turn = sum(1 for m in body["messages"] if m["role"] == "assistant")
