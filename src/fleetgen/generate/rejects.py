@@ -20,7 +20,7 @@ judged otherwise (a success, another refusal, retries run out), it is the record
 become an error row. A window only ever loses candidates, so a released refusal never joins a run: each
 refusal ends once, as an error row or held back by the RequestRejected that stops the job (the rerun after the
 fix sends it again). Memory is bounded: a held refusal lies within `threshold` of a request in flight or of
-the next send, so about `threshold` of them per request in flight at most.
+the next send: at most 2 × `threshold` of them per request in flight.
 
 At the end of the work the refusals still held are the records' own, unless nothing succeeded at all and they
 are one refusal repeated (a small job whose every request is wrong): then RequestRejected as well.
