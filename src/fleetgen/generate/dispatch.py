@@ -4,8 +4,8 @@ blocking (each request is its own task; a slow one holds only its own slot).
 Failure policy:
 - a retryable failure (connection, timeout, 408/409/425/429/5xx) is retried with exponential backoff and
   jitter, up to `max_retries`, on whichever endpoint is least loaded then; other 4xx → an error row, unless
-  the same refusal keeps coming with no success between: then the request is wrong, not a record, and the job
-  stops with RequestRejected (rejects.py) before the dataset is burned into error rows;
+  requests sent in a row are all refused alike (by send order, not arrival: rejects.py): then the request is
+  wrong, not a record, and the job stops with RequestRejected before the dataset is burned into error rows;
 - an endpoint whose connection fails (or that fails `drain_after` times in a row) is drained: no new work,
   its in-flight requests are cancelled and re-queued elsewhere (not counted as attempts); the `HealthMonitor`
   (health.py) probes it and it is used again once healthy, like endpoints not ready when the job started;
@@ -32,7 +32,7 @@ from typing import Any
 from fleetgen.deploy.readiness import Readiness
 from fleetgen.errors import FleetDown, FleetgenError
 from fleetgen.generate.health import Endpoint, HealthMonitor, states
-from fleetgen.generate.rejects import Streak
+from fleetgen.generate.rejects import Refusal, Streak
 from fleetgen.generate.work import Work
 from fleetgen.http.client import RequestFailed
 
@@ -152,6 +152,8 @@ class Dispatcher:
             await asyncio.wait_for(self._changed.wait(), left)
 
     def _launch(self, endpoint: Endpoint, work: Work) -> None:
+        if work.number < 0:  # its first send; a retry is the same request, not judged by a server yet
+            work.number = self._refused.sent()
         if not endpoint.in_flight:
             endpoint.answered_at = time.monotonic()  # silence is counted from here
         endpoint.in_flight += 1
@@ -173,8 +175,7 @@ class Dispatcher:
             endpoint.num_failures_in_row = 0
             self.failures_in_row = 0
             self._num_succeeded += 1
-            for held in self._refused.release():  # a success: the refusals held were the records' own
-                self._on_error(*held)
+            self._write_errors(self._refused.ended(work.number))
             endpoint.completions += 1
             endpoint.output_tokens += sum(c.completion_tokens or 0 for c in work.done)
             self._on_success(endpoint.name, work, started, time.monotonic() - t0)
@@ -194,10 +195,9 @@ class Dispatcher:
         self.last_error = f"{endpoint.name}: {exc.message}"
         endpoint.last_error = exc.message
         if not exc.is_retryable:  # the server is alive and refuses this request: held, see rejects.py
-            for held in self._refused.add(endpoint.name, work, exc):
-                self._on_error(*held)
+            self._write_errors(self._refused.refused(work.number, (endpoint.name, work, exc)))
             if self._refused.is_the_jobs:
-                self._fatal = self._refused.error(self._body_for(work))
+                self._fatal = self._refused.error(self._body_for)
             return
         if exc.status != 429:  # 429 is backpressure: the server is alive and asks us to slow down
             self.failures_in_row += 1
@@ -207,6 +207,7 @@ class Dispatcher:
         work.attempts += 1
         if work.attempts > self.policy.max_retries:
             self._on_error(endpoint.name, work, exc)
+            self._write_errors(self._refused.ended(work.number))
         else:
             self._retry_later(work)
         if self.failures_in_row >= self.policy.max_consecutive_failures:
@@ -215,10 +216,14 @@ class Dispatcher:
     def _end_refusals(self) -> None:
         """The work is done: refusals still held are error rows, unless nothing at all succeeded this run
         and they are one refusal repeated (a small job whose every request is wrong: RequestRejected)."""
-        if self._num_succeeded == 0 and len(self._refused.held) >= 2:
-            raise self._refused.error(self._body_for(self._refused.held[-1][1]))
-        for held in self._refused.release():
-            self._on_error(*held)
+        if self._num_succeeded == 0 and self._refused.is_one_repeated:
+            raise self._refused.error(self._body_for)
+        self._write_errors(self._refused.release())
+
+    def _write_errors(self, refusals: list[Refusal]) -> None:
+        """Refusals shown to be the records' own (rejects.py): each becomes its error row."""
+        for refusal in refusals:
+            self._on_error(*refusal)
 
     def _retry_later(self, work: Work) -> None:
         def ready() -> None:

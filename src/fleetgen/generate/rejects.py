@@ -3,15 +3,33 @@
 A 4xx other than backpressure (408/409/425/429) says the request is wrong. When one record's request is wrong
 (its prompt is too long), the record gets an error row and the job goes on. When every request is wrong the
 same way (a sampling parameter the server refuses, `max_tokens` beyond the model's context), the job itself is
-wrong: the same refusal `threshold` times in a row, with no success between, stops it with RequestRejected,
-quoting the server and naming the parameter it most likely means. The refused requests of such a streak are
-held back, never written as error rows: the rerun after the fix does them again.
+wrong: it stops with RequestRejected, quoting the server and naming the parameter it most likely means.
+
+"Every request" is judged in send order, not in the order answers arrive: a refusal comes back in
+milliseconds while a generation takes minutes, so a healthy job whose longest records are past the server's
+context meets many refusals in its first few hundred sends before any request completes. The dispatcher
+numbers each request when it first sends it (`sent`); a retry (a 5xx, a timeout, a drained endpoint) keeps
+the number, for no server has judged that request yet. A request is judged when it is refused (`refused`),
+succeeds or runs out of retries (`ended`). The job is wrong when `threshold` consecutive numbers are all
+refused with one signature (`is_the_jobs`); a request between them that the server took, or that is still in
+flight, breaks the run until it too is refused alike.
+
+A refusal is held, not written, while it may still belong to such a run: while some `threshold` consecutive
+numbers around it are each refused alike, in flight, or not sent yet. Once every such window holds a request
+judged otherwise (a success, another refusal, retries run out), it is the record's own and is released, to
+become an error row. A window only ever loses candidates, so a released refusal never joins a run: each
+refusal ends once, as an error row or held back by the RequestRejected that stops the job (the rerun after the
+fix sends it again). Memory is bounded: a held refusal lies within `threshold` of a request in flight or of
+the next send: at most 2 × `threshold` of them per request in flight.
+
+At the end of the work the refusals still held are the records' own, unless nothing succeeded at all and they
+are one refusal repeated (a small job whose every request is wrong): then RequestRejected as well.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +49,8 @@ SOURCES = {
     "enable_thinking": "`thinking` in the job file / --thinking, --no-thinking",
     "messages": "the input records (`prompt_field`, `system_prompt` in the job file)",
 }
+
+Refusal = tuple[str, Work, RequestFailed]  # endpoint, work, what the server said: an error row once released
 
 
 def signature(exc: RequestFailed) -> str:
@@ -52,41 +72,92 @@ def suspects(message: str, body: Mapping[str, Any]) -> list[str]:
 
 @dataclass
 class Streak:
-    """Consecutive refusals with one signature since the last success; `held` are not written yet."""
+    """Refusals by send number; `held` (number → signature, refusal) are those a run may still hold."""
 
     threshold: int
-    key: str = ""
-    held: list[tuple[str, Work, RequestFailed]] = field(default_factory=list)
+    num_sent: int = 0
+    in_flight: set[int] = field(default_factory=set)  # sent, not judged yet (waiting retries included)
+    held: dict[int, tuple[str, Refusal]] = field(default_factory=dict)
+    run: range = range(0)  # `threshold` or more consecutive numbers refused alike: the job is wrong
 
-    def add(self, endpoint: str, work: Work, exc: RequestFailed) -> list[tuple[str, Work, RequestFailed]]:
-        """Hold this refusal; return the held ones it shows to be per-record (another kind came)."""
-        key = signature(exc)
-        released = self.release() if key != self.key else []
-        self.key = key
-        self.held.append((endpoint, work, exc))
-        return released
+    def sent(self) -> int:
+        """Number a request's first send (its retries keep the number)."""
+        number = self.num_sent
+        self.num_sent += 1
+        self.in_flight.add(number)
+        return number
+
+    def refused(self, number: int, refusal: Refusal) -> list[Refusal]:
+        """Request `number` was refused: hold it; return the held refusals now shown to be the records'."""
+        self.in_flight.discard(number)
+        key = signature(refusal[2])
+        self.held[number] = (key, refusal)
+        if not self.run:
+            run = self._around(number, lambda n: n in self.held and self.held[n][0] == key)
+            self.run = run if len(run) >= self.threshold else range(0)
+        return self._settle(number)
+
+    def ended(self, number: int) -> list[Refusal]:
+        """Request `number` was judged and not refused (it succeeded, or ran out of retries): return the held
+        refusals it shows to be the records' own."""
+        self.in_flight.discard(number)
+        return self._settle(number)
 
     @property
     def is_the_jobs(self) -> bool:
-        return len(self.held) >= self.threshold
+        return bool(self.run)
 
-    def release(self) -> list[tuple[str, Work, RequestFailed]]:
-        """A success (or the end): the held refusals were the records' own; they become error rows."""
-        held, self.held, self.key = self.held, [], ""
-        return held
+    @property
+    def is_one_repeated(self) -> bool:
+        """Two or more refusals held, all alike: with no success at all, the job's, however few."""
+        return len(self.held) >= 2 and len({key for key, _ in self.held.values()}) == 1
 
-    def error(self, body: Mapping[str, Any]) -> RequestRejected:
-        _, _, exc = self.held[-1]
-        by = ", ".join(sorted({endpoint for endpoint, _, _ in self.held}))
-        where = suspects(exc.message, body)
+    def release(self) -> list[Refusal]:
+        """The end of the work: the held refusals were the records' own; they become error rows."""
+        held, self.held = self.held, {}
+        return [refusal for _, (_, refusal) in sorted(held.items())]
+
+    def _settle(self, number: int) -> list[Refusal]:
+        """Release the held refusals that no run can hold since `number` was judged. Only those within
+        `threshold` of it can change: a farther one keeps the `threshold` numbers between them."""
+        near = range(number - self.threshold + 1, number + self.threshold)
+        shown = [n for n in near if n in self.held and len(self._room(n)) < self.threshold]
+        return [self.held.pop(n)[1] for n in shown]
+
+    def _room(self, number: int) -> range:
+        """The consecutive numbers around held `number` that are, or may yet be, refused like it (up to
+        `threshold` of them: enough to decide)."""
+        key = self.held[number][0]
+
+        def may(n: int) -> bool:
+            return n >= self.num_sent or n in self.in_flight or (n in self.held and self.held[n][0] == key)
+
+        return self._around(number, may, self.threshold)
+
+    @staticmethod
+    def _around(number: int, belongs: Callable[[int], bool], most: int | None = None) -> range:
+        """The consecutive numbers around `number` (which belongs) that belong, up to `most` of them."""
+        low = high = number
+        while (most is None or high - low + 1 < most) and belongs(low - 1):
+            low -= 1
+        while (most is None or high - low + 1 < most) and belongs(high + 1):
+            high += 1
+        return range(low, high + 1)
+
+    def error(self, body_for: Callable[[Work], Mapping[str, Any]]) -> RequestRejected:
+        """The run (or, at the end, the refusals held) as the job's error, naming what it most likely is."""
+        refusals = [self.held[n][1] for n in (self.run or sorted(self.held))]
+        _, work, exc = refusals[-1]
+        by = ", ".join(sorted({endpoint for endpoint, _, _ in refusals}))
+        where = suspects(exc.message, body_for(work))
         likely = f"; likely: {', '.join(where)}" if where else ""
         return RequestRejected(
             f"every request is refused by the servers with HTTP {exc.status}: the request is wrong, not the "
             f"fleet{likely}",
             context={
                 "server says": exc.message,
-                "refused": f"{len(self.held)} requests in a row, by {by}, none succeeded; none was written "
-                "as an error row",
+                "refused": f"{len(refusals)} requests sent in a row, by {by}, all alike; none of them was "
+                "written as an error row",
             },
             fix="change what the server names (in the job file given with --job, or the flag that sets it), "
             "then rerun the same command: nothing was written, so the folder takes the changed parameters",

@@ -70,6 +70,7 @@ class Work:
     key: int = 0
     attempts: int = 0
     done: list[Completion] = field(default_factory=list)
+    number: int = -1  # its place in the dispatcher's send order (generate/rejects.py); kept by its retries
 
     def __post_init__(self) -> None:
         if not self.key:
@@ -167,7 +168,7 @@ class RetryPolicy:
 
     max_retries: int = 5
     max_consecutive_failures: int = 50
-    # The same 4xx this often in a row, no success between: the job's fault.
+    # This many requests sent in a row (send order, not arrival), all refused with one 4xx: the job's fault.
     max_identical_rejections: int = 16
     backoff_base_s: float = 0.5
     backoff_max_s: float = 30.0

@@ -255,6 +255,70 @@ async def test_fleet_down_stops_instead_of_burning_the_dataset(
     assert rows(tmp_path / "out", "SELECT COUNT(*) FROM errors")[0][0] <= budget // (FAST.max_retries + 1)
 
 
+async def test_refusals_back_before_any_answer_are_the_records_own(tmp_path: Path) -> None:
+    """The H200 case (vLLM with --max-model-len 6144, the longest records past it): every 6th record is
+    refused at once while the others generate for minutes. More refusals than `max_identical_rejections`
+    come back before the first answer, but the records sent between them are in flight: the job goes on and
+    each refused record is one error row (the last two, which a run could still have followed, at the end).
+
+    A stand-in: the answers must wait until every refusal is back (a gate the test opens); the sim's
+    `[[sim:delay=S]]` would make that a race between timings."""
+    bad = {i for i in range(120) if i % 6 == 5 or i == 118}
+    assert len(bad) > FAST.max_identical_rejections
+    marked = {i: f"q{i}" + (" [[sim:status=400]]" if i in bad else "") for i in range(120)}
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": f"r{i}", "prompt": p} for i, p in marked.items()])
+    gate = asyncio.Event()
+    async with serve(StandIn(gate=gate)) as a:
+        job = asyncio.create_task(new_job(tmp_path, prompts, [a.url], concurrency=len(marked)).run())
+        await until(lambda: job.done() or all(a.seen[marked[i]] for i in bad), timeout_s=60)
+        assert a.in_flight == len(marked) - len(bad)  # every answer still to come
+        gate.set()
+        summary = await job
+    assert summary.status == "complete" and (summary.results, summary.errors) == (99, 21)
+    errors = rows(tmp_path / "out", "SELECT id, status FROM errors")
+    assert sorted(errors) == sorted((f"r{i}", 400) for i in bad)  # each once
+
+
+async def test_a_refusal_is_an_error_row_once_the_requests_beside_it_are_judged(tmp_path: Path) -> None:
+    """r0 is refused; r1 meets backpressure until its retries run out (an error row, but not a refusal): no
+    run of refusals can hold r0 now, so its error row is written while the other records still generate,
+    not at the end of the job.
+
+    A stand-in: the answers wait for a gate the test opens."""
+    lines = [{"id": "r0", "prompt": "q0 [[sim:status=400]]"}, {"id": "r1", "prompt": "q1 [[sim:status=429]]"}]
+    lines += [{"id": f"r{i}", "prompt": f"q{i}"} for i in range(2, 20)]
+    prompts = write_jsonl(tmp_path / "p.jsonl", lines)
+    gate = asyncio.Event()
+    async with serve(StandIn(gate=gate)) as a:
+        job = asyncio.create_task(new_job(tmp_path, prompts, [a.url], concurrency=len(lines)).run())
+        await asyncio.sleep(0)  # the job opens its store
+        errors = "SELECT id FROM errors ORDER BY id"
+        await until(lambda: job.done() or rows(tmp_path / "out", errors) == [("r0",), ("r1",)], timeout_s=30)
+        assert not job.done() and a.in_flight == len(lines) - 2
+        gate.set()
+        summary = await job
+    assert summary.status == "complete" and (summary.results, summary.errors) == (18, 2)
+
+
+async def test_a_retried_request_keeps_its_place_in_the_refusal_run(tmp_path: Path) -> None:
+    """Every request is wrong, and each first meets backpressure (429) and is retried: a retry is the same
+    request, which no server had judged, so it keeps its place in send order and the job still stops on the
+    first `max_identical_rejections` records, long before the input's end (as a new place, the retries would
+    interleave with first sends still waiting for theirs, and no run would form until the end of the input).
+
+    A stand-in: a 429 for a record's first send, then a 400 for every request; the sim checks the sampling
+    parameters before its markers."""
+    lines = [{"id": f"r{i}", "prompt": f"q{i} [[sim:status=429:times=1]]"} for i in range(400)]
+    prompts = write_jsonl(tmp_path / "p.jsonl", lines)
+    policy = dataclasses.replace(FAST, backoff_base_s=0.0)  # retried at once: the fewest sends in between
+    async with serve(StandIn(reject_all_with=400)) as a:
+        with pytest.raises(RequestRejected) as err:
+            await new_job(tmp_path, prompts, [a.url], policy=policy).run()
+    assert "requests sent in a row" in str(err.value.context["refused"])
+    assert len(a.seen) < len(lines) // 4, len(a.seen)  # records sent at all: a count, not a clock
+    assert rows(tmp_path / "out", "SELECT COUNT(*) FROM errors") == [(0,)]
+
+
 async def test_changed_params_are_refused_unless_forced(tmp_path: Path, sim_server: SimFactory) -> None:
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "q"}])
     async with sims(sim_server) as (a,):

@@ -39,6 +39,7 @@ class StandIn:
     delay_s: float = 0.0
     metrics_text: str | None = None  # served at /metrics when set (Prometheus text)
     can_hang: bool = True  # False: `[[sim:hang]]` is answered (a server restarted healthy)
+    gate: asyncio.Event | None = None  # answers (not refusals) wait for it: generations the test lets end
     in_flight: int = 0
     most_in_flight: int = 0  # the most chat requests it held at once
 
@@ -76,8 +77,6 @@ class StandIn:
         if isinstance(user, list):  # content parts: their text
             user = " ".join(part.get("text", "") for part in user)
         self.seen[user] += 1
-        if self.reject_all_with is not None:
-            return web.json_response({"error": {"message": "rejected"}}, status=self.reject_all_with)
         marks = parse_marks(user)
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
@@ -87,6 +86,10 @@ class StandIn:
             return web.json_response(
                 {"error": {"message": f"injected {marks['status']}"}}, status=int(marks["status"])
             )
+        if self.reject_all_with is not None:  # after the marks: `status=429:times=1` then refused
+            return web.json_response({"error": {"message": "rejected"}}, status=self.reject_all_with)
+        if self.gate is not None:
+            await self.gate.wait()
         turn = sum(1 for m in body["messages"] if m["role"] == "assistant")
         finish = marks.get("finish", "stop")
         content = "" if "empty" in marks else f"answer {turn} to: {user}"  # empty: all tokens spent reasoning
