@@ -267,9 +267,9 @@ def output_lengths_of(given: str) -> OutputLengths:
 
 
 def tokenizer_dir_of(engine: EngineConfig, fleet_path: Path) -> Path | None:
-    """Where the model's own tokenizer is readable here: `engine.model_config` (relative to the fleet file)
-    when it holds tokenizer.json; else none, and prompt tokens are estimated (the shape says so)."""
+    """Where the model's own tokenizer is looked for here: `engine.model_config` (relative to the fleet file);
+    none without one. Where it holds no tokenizer.json, prompt tokens are estimated and the shape says so,
+    naming the folder (`counter_for`)."""
     if engine.model_config_dir is None:
         return None
-    folder = (fleet_path.parent / Path(engine.model_config_dir).expanduser()).resolve()
-    return folder if (folder / "tokenizer.json").is_file() else None
+    return (fleet_path.parent / Path(engine.model_config_dir).expanduser()).resolve()
