@@ -120,21 +120,7 @@ def up(
     With --job and --input, up's plan is for that job (as `plan --job`): before launching it prints the
     job-throughput warning and the best setting (it launches the flags as written all the same), and after
     verifying each instance the job's running requests planned next to what the engine admits."""
-    jobs: dict[str, JobPlan] = {}
-
-    async def work(loaded: Fleet) -> list[Outcome]:
-        job_shape = read_job_shape_for(loaded.file.engine, loaded.path, job_path, input_path, output_lengths)
-
-        def planned(plans: list[InstancePlan]) -> None:
-            if job_shape is not None:
-                print_job_plans(plans)
-            jobs.update({p.instance: p.job for p in plans if p.job is not None})
-
-        return await do_up(
-            loaded, only=only, plan_check=plan_check, progress=_progress, job=job_shape, planned=planned
-        )
-
-    _report(cli.execute_on(fleet_path, work), "ready", jobs)
+    _deploy(fleet_path, only, plan_check, (job_path, input_path, output_lengths), force=False)
 
 
 @cli.app.command()
@@ -142,12 +128,44 @@ def restart(
     fleet_path: Path = cli.FLEET_OPTION,
     only: list[str] | None = ONLY_OPTION,
     plan_check: bool = PLAN_CHECK_OPTION,
+    job_path: JobFileOption = None,
+    input_path: InputOption = None,
+    output_lengths: OutputLengthsOption = None,
 ) -> None:
-    """Stop and start every (selected) instance, then verify it."""
-    restarted = cli.execute_on(
-        fleet_path, lambda f: do_up(f, only=only, force=True, plan_check=plan_check, progress=_progress)
-    )
-    _report(restarted, "ready")
+    """Stop and start every (selected) instance, then verify it (with --job and --input: as `up --job`)."""
+    _deploy(fleet_path, only, plan_check, (job_path, input_path, output_lengths), force=True)
+
+
+def _deploy(
+    fleet_path: Path,
+    only: list[str] | None,
+    plan_check: bool,
+    job: tuple[Path | None, Path | None, str | None],
+    *,
+    force: bool,
+) -> None:
+    """`up` (force: `restart`): the plan for the job where one is given, launch, verify, report."""
+    jobs: dict[str, JobPlan] = {}
+
+    async def work(loaded: Fleet) -> list[Outcome]:
+        job_shape = read_job_shape_for(loaded.file.engine, loaded.path, *job)
+
+        def planned(plans: list[InstancePlan]) -> None:
+            if job_shape is not None:
+                print_job_plans(plans)
+            jobs.update({p.instance: p.job for p in plans if p.job is not None})
+
+        return await do_up(
+            loaded,
+            only=only,
+            force=force,
+            plan_check=plan_check,
+            progress=_progress,
+            job=job_shape,
+            planned=planned,
+        )
+
+    _report(cli.execute_on(fleet_path, work), "ready", jobs)
 
 
 @cli.app.command()

@@ -7,7 +7,8 @@ arithmetic). What must hold, with a job of distinct prompts and long outputs:
   flags as written all the same;
 - after verifying each instance, a line per instance gives the job's running requests planned (what
   `plan --job --json` plans for the same inputs) next to what the engine admits (its own /server_info);
-- without --job, up prints what it printed before --job existed: up --job's output less its job lines.
+- without --job, up prints what it printed before --job existed: up --job's output less its job lines;
+- `restart --job` plans and reports alike.
 """
 
 from __future__ import annotations
@@ -88,6 +89,15 @@ def test_up_for_a_job_warns_before_launching_and_says_planned_vs_admitted_per_in
             assert int(shown_admitted.replace(",", "")) == _admitted_by_engine(url)
         # without --job: what up --job prints less its job lines
         assert _without_job_lines(out) == _without_job_lines(plain.stdout)
+        # restart --job: the same plan for the job, the instance started again
+        first = sorted(plans)[0]
+        again = fleetgen_cli("restart", "-f", str(fleet), "--only", first, *for_job)
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert "[job-throughput]" in again.stdout and set(_blocks(again.stdout)) == {first}
+        [(shown_again, _)] = JOB_LINE.findall(_blocks(again.stdout)[first][1])
+        pids = [re.findall(r"pid (\d+)", b[first][1])[0] for b in (blocks, _blocks(again.stdout))]
+        assert pids[0] != pids[1]  # started again, not left as it was
+        assert int(shown_again.replace(",", "")) == plans[first]["job"]["settings"][0]["running"]
     finally:
         fleetgen_cli("down", "-f", str(fleet))
 
