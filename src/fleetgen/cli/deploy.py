@@ -148,7 +148,7 @@ def _deploy(
     jobs: dict[str, JobPlan] = {}
 
     async def work(loaded: Fleet) -> list[Outcome]:
-        job_shape = read_job_shape_for(loaded.file.engine, loaded.path, *job)
+        job_shape = await read_job_shape_for(loaded, *job, offline=False)
 
         def planned(plans: list[InstancePlan]) -> None:
             if job_shape is not None:

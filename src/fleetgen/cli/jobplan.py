@@ -4,6 +4,7 @@ the job's settings table; for `up`, what the engine admits next to what the job 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
@@ -13,10 +14,12 @@ from rich.markup import escape
 from rich.table import Table
 
 import fleetgen.cli.app as cli
-from fleetgen.config import EngineConfig, load_job
+from fleetgen.config import load_job
+from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.verify import CapacityRow
 from fleetgen.errors import ConfigError
-from fleetgen.generate.jobshape import output_lengths_of, read_job_shape, tokenizer_dir_of
+from fleetgen.fleet.planning import tokenizer_dir_for
+from fleetgen.generate.jobshape import output_lengths_of, read_job_shape
 from fleetgen.plan import InstancePlan, Issue
 from fleetgen.plan.job import JobShape
 from fleetgen.plan.types import JobPlan
@@ -41,23 +44,26 @@ OutputLengthsOption = Annotated[
 ADMITTED = "max_running_requests"
 
 
-def read_job_shape_for(
-    engine: EngineConfig,
-    fleet_path: Path,
+async def read_job_shape_for(
+    fleet: Fleet,
     job_path: Path | None,
     input_path: Path | None,
     lengths: str | None,
+    *,
+    offline: bool,
 ) -> JobShape | None:
     """The job's shape from `--job` and `--input` (both needed; neither: no job), counted with the model's
-    tokenizer where `engine.model_config` holds one."""
+    tokenizer where one is readable (`fleet.planning.tokenizer_dir_for`)."""
     if job_path is None and input_path is None:
         return None
     if job_path is None or input_path is None:
         raise ConfigError("planning for a job needs both --job JOB_FILE and --input INPUT", fix="give both")
-    return read_job_shape(
+    tokenizer_dir = await tokenizer_dir_for(fleet.file, fleet.path, offline=offline)
+    return await asyncio.to_thread(
+        read_job_shape,
         load_job(job_path),
         input_path,
-        tokenizer_dir=tokenizer_dir_of(engine, fleet_path),
+        tokenizer_dir=tokenizer_dir,
         output_lengths=output_lengths_of(lengths) if lengths else None,
     )
 

@@ -46,7 +46,7 @@ def plan(
     and the engine's throughput settings ranked (`fleetgen tune` measures them)."""
 
     async def work(loaded: Fleet) -> FleetPlan:
-        job_shape = read_job_shape_for(loaded.file.engine, loaded.path, job_path, input_path, output_lengths)
+        job_shape = await read_job_shape_for(loaded, job_path, input_path, output_lengths, offline=offline)
         return await plan_from_file(loaded.file, loaded.path, offline=offline, target=target, job=job_shape)
 
     result = cli.execute_on(fleet_path, work)

@@ -6,10 +6,13 @@ verdict in.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import posixpath
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from fleetgen.atomic import write_atomic
 from fleetgen.config import ClusterConfig, FleetFile, HostEntry
 from fleetgen.deploy.hostsurvey import GPU_QUERY, parse_gpu_csv
 from fleetgen.deploy.modelshape import is_path_like, model_shape
@@ -58,6 +61,38 @@ async def load_shape(fleet_file: FleetFile, fleet_path: Path, *, offline: bool) 
         )
     async with open_host(fleet_file.hosts[0]) as conn:
         return await model_shape(cfg, fleet_path, conn)
+
+
+async def tokenizer_dir_for(fleet_file: FleetFile, fleet_path: Path, *, offline: bool) -> Path | None:
+    """Where the job's prompts are counted with the model's own tokenizer.json: `engine.model_config` here
+    (relative to the fleet file), else the model folder on the first host, read as its config.json is and
+    kept beside the fleet's state (`_kept`). None offline, for a hub id, or where the host has none: the
+    prompts are then estimated, and the job's shape says so."""
+    cfg = fleet_file.engine
+    if cfg.model_config_dir is not None:
+        return _local_folder(cfg.model_config_dir, fleet_path)
+    if offline or not is_path_like(cfg.model):
+        return None
+    try:
+        async with open_host(fleet_file.hosts[0]) as conn:
+            text = (await conn.read(posixpath.join(cfg.model, "tokenizer.json"))).decode("utf-8")
+    except (RemoteError, UnicodeDecodeError):
+        return None
+    return _kept(fleet_path, text)
+
+
+def _local_folder(folder: str, fleet_path: Path) -> Path:
+    return (fleet_path.parent / Path(folder).expanduser()).resolve()
+
+
+def _kept(fleet_path: Path, tokenizer_json: str) -> Path:
+    """A tokenizer read on a host, in `.fleetgen/tokenizers/<digest>/` beside the fleet file: named by its
+    content, so a changed tokenizer is a new folder and a kept one is never stale."""
+    digest = hashlib.sha256(tokenizer_json.encode()).hexdigest()[:16]
+    folder = fleet_path.resolve().parent / ".fleetgen" / "tokenizers" / digest
+    if not (folder / "tokenizer.json").is_file():
+        write_atomic(folder / "tokenizer.json", tokenizer_json)
+    return folder
 
 
 async def gather_inputs(fleet_file: FleetFile, fleet_path: Path, *, offline: bool) -> PlanInputs:

@@ -27,7 +27,7 @@ from pathlib import Path
 import orjson
 from tokenizers import Tokenizer
 
-from fleetgen.config import EngineConfig, JobFile
+from fleetgen.config import JobFile
 from fleetgen.errors import InputError, JobError
 from fleetgen.generate.diagnose import FAIL_FAST, all_bad
 from fleetgen.generate.forced import Filler, filler_for
@@ -264,12 +264,3 @@ def output_lengths_of(given: str) -> OutputLengths:
     `mean=1800,min=300,max=6000`."""
     path = Path(given).expanduser()
     return output_lengths_from_store(path) if path.is_dir() else LogNormalLengths.parse(given)
-
-
-def tokenizer_dir_of(engine: EngineConfig, fleet_path: Path) -> Path | None:
-    """Where the model's own tokenizer is looked for here: `engine.model_config` (relative to the fleet file);
-    none without one. Where it holds no tokenizer.json, prompt tokens are estimated and the shape says so,
-    naming the folder (`counter_for`)."""
-    if engine.model_config_dir is None:
-        return None
-    return (fleet_path.parent / Path(engine.model_config_dir).expanduser()).resolve()

@@ -23,9 +23,9 @@ from fleetgen.deploy.fleetops import up
 from fleetgen.deploy.state import load_state
 from fleetgen.deploy.wanted import refuse_simulated_acceptance
 from fleetgen.errors import ConfigError
-from fleetgen.fleet.planning import PlanInputs, gather_inputs
+from fleetgen.fleet.planning import PlanInputs, gather_inputs, tokenizer_dir_for
 from fleetgen.generate.forced import Filler
-from fleetgen.generate.jobshape import filler_of, read_job_shape, tokenizer_dir_of
+from fleetgen.generate.jobshape import filler_of, read_job_shape
 from fleetgen.generate.source import count_records
 from fleetgen.plan import InstancePlan, Issue, decide_launch, plan_fleet
 from fleetgen.plan.fleet import instance_ask
@@ -126,7 +126,7 @@ async def tune(fleet: Fleet, opts: TuneOptions, say: Say) -> TuneResult:
     refuse(fleet, opts)
     load = opts.load
     inputs = await gather_inputs(fleet.file, fleet.path, offline=False)
-    tokenizer_dir = tokenizer_dir_of(fleet.file.engine, fleet.path)
+    tokenizer_dir = await tokenizer_dir_for(fleet.file, fleet.path, offline=False)
     job_shape = await asyncio.to_thread(
         read_job_shape,
         load.job_file,

@@ -12,13 +12,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fleetgen.cli.jobplan import admission_line, admitted_of, print_job_plans, read_job_shape_for
-from fleetgen.config import EngineConfig
 from fleetgen.deploy.verify import CapacityRow
 from fleetgen.errors import ConfigError
 from fleetgen.plan import InstancePlan, Issue
 from fleetgen.plan.types import JobPlan, Memory, Setting
-
-ENGINE = EngineConfig(kind="sglang", model="/models/m")
+from tests.fixtures.localfleet import local_fleet
 
 
 def setting(name: str, running: int, numerics: str = "") -> Setting:
@@ -38,13 +36,13 @@ def instance(name: str, job: JobPlan | None) -> InstancePlan:
     return InstancePlan(name, "h", (0,), 30000, "sglang", "sglang-0.5.23", Memory(), ("x",), {}, job=job)
 
 
-def test_no_job_options_is_no_job_and_one_without_the_other_is_refused(tmp_path: Path) -> None:
-    fleet = tmp_path / "fleet.toml"
-    assert read_job_shape_for(ENGINE, fleet, None, None, None) is None
-    assert read_job_shape_for(ENGINE, fleet, None, None, "mean=10,min=1,max=20") is None
+async def test_no_job_options_is_no_job_and_one_without_the_other_is_refused(tmp_path: Path) -> None:
+    fleet = local_fleet(tmp_path, model="/models/m")
+    assert await read_job_shape_for(fleet, None, None, None, offline=True) is None
+    assert await read_job_shape_for(fleet, None, None, "mean=10,min=1,max=20", offline=True) is None
     for job_file, input_path in ((tmp_path / "job.toml", None), (None, tmp_path / "in.jsonl")):
         with pytest.raises(ConfigError) as refused:
-            read_job_shape_for(ENGINE, fleet, job_file, input_path, None)
+            await read_job_shape_for(fleet, job_file, input_path, None, offline=True)
         assert "--job" in refused.value.message and "--input" in refused.value.message
 
 

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from fleetgen.config import EngineConfig, JobFile
+from fleetgen.config import JobFile
 from fleetgen.errors import InputError, JobError
 from fleetgen.generate.jobshape import (
     PER_MESSAGE_TOKENS,
@@ -31,7 +31,6 @@ from fleetgen.generate.jobshape import (
     read_job_shape,
     scan,
     shared_prefix_tokens,
-    tokenizer_dir_of,
 )
 from fleetgen.generate.store import Batch, ResultRow, Store
 from fleetgen.generate.work import Record
@@ -303,18 +302,3 @@ def test_the_steady_starts_filler_is_counted_by_the_models_tokenizer_or_said_ass
     measured = filler_of(folder)
     assert not measured.is_assumed and str(folder / "tokenizer.json") in measured.counted_with
     assert measured.unit_tokens == 1
-
-
-def test_the_tokenizer_is_looked_for_in_model_config_beside_the_fleet_file(tmp_path: Path) -> None:
-    """`engine.model_config` relative to the fleet file; a folder without tokenizer.json is named in the
-    estimate's reason (not "no model folder"); no model_config: nothing to read."""
-    fleet = tmp_path / "fleets" / "fleet.toml"
-    engine = EngineConfig.model_validate({"kind": "sglang", "model": "/m", "model_config": "../card"})
-    assert tokenizer_dir_of(engine, fleet) == (tmp_path / "card").resolve()
-    assert tokenizer_dir_of(EngineConfig.model_validate({"kind": "sglang", "model": "/m"}), fleet) is None
-    path = write_jsonl(tmp_path / "in.jsonl", [{"prompt": "why the fleet"}])
-    (tmp_path / "card").mkdir()
-    shape = read_job_shape(
-        JobFile(), path, tokenizer_dir=tokenizer_dir_of(engine, fleet), output_lengths=None
-    )
-    assert shape.is_estimate and f"no tokenizer.json in {(tmp_path / 'card').resolve()}" in shape.counted_with

@@ -1,0 +1,62 @@
+"""Where the job's prompts are counted (`fleet.planning.tokenizer_dir_for`): the model_config folder here,
+else the model folder on the first host (a real `local` host: the `Host.read` SSH hosts serve over SFTP)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from fleetgen.config import FleetFile, JobFile
+from fleetgen.deploy.fleet_ref import Fleet
+from fleetgen.fleet.planning import tokenizer_dir_for
+from fleetgen.generate.jobshape import read_job_shape
+from tests.fixtures.localfleet import local_fleet
+
+
+def word_tokenizer_json(words: list[str]) -> str:
+    """A real tokenizer.json (the `tokenizers` library's WordLevel): one token a word."""
+    tokenizer = Tokenizer(
+        models.WordLevel({w: i for i, w in enumerate(["[UNK]", *words])}, unk_token="[UNK]")
+    )
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return tokenizer.to_str()
+
+
+async def test_model_config_is_read_here_relative_to_the_fleet_file(tmp_path: Path) -> None:
+    fleet = local_fleet(tmp_path, model="/nowhere", model_config="../card")
+    assert await tokenizer_dir_for(fleet.file, fleet.path, offline=True) == (tmp_path / "card").resolve()
+
+
+async def test_a_hub_id_or_offline_has_no_tokenizer_to_read(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "tokenizer.json").write_text(word_tokenizer_json(["why"]))
+    assert await tokenizer_dir_for(*_of(local_fleet(tmp_path, model="Qwen/Qwen3-8B")), offline=False) is None
+    assert await tokenizer_dir_for(*_of(local_fleet(tmp_path, model=str(model))), offline=True) is None
+
+
+async def test_the_hosts_model_folder_is_read_and_kept_by_its_content(tmp_path: Path) -> None:
+    """The tokenizer on the host counts the prompts exactly (not the 4-bytes estimate); it is kept beside the
+    fleet's state under its digest: read again, the same folder; changed on the host, a new one."""
+    model = tmp_path / "model"
+    model.mkdir()
+    fleet = local_fleet(tmp_path, model=str(model))
+    assert await tokenizer_dir_for(fleet.file, fleet.path, offline=False) is None  # the host has none
+    (model / "tokenizer.json").write_text(word_tokenizer_json(["why", "the", "fleet"]))
+    kept = await tokenizer_dir_for(fleet.file, fleet.path, offline=False)
+    assert kept is not None and kept.parent == fleet.path.parent / ".fleetgen" / "tokenizers"
+    assert (kept / "tokenizer.json").read_text() == (model / "tokenizer.json").read_text()
+    assert await tokenizer_dir_for(fleet.file, fleet.path, offline=False) == kept
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text(json.dumps({"prompt": "why the fleet"}) + "\n")
+    shape = read_job_shape(JobFile(), prompts, tokenizer_dir=kept, output_lengths=None)
+    assert not shape.is_estimate and str(kept) in shape.counted_with
+    (model / "tokenizer.json").write_text(word_tokenizer_json(["why"]))
+    changed = await tokenizer_dir_for(fleet.file, fleet.path, offline=False)
+    assert changed is not None and changed != kept
+
+
+def _of(fleet: Fleet) -> tuple[FleetFile, Path]:
+    return fleet.file, fleet.path
