@@ -59,9 +59,8 @@ class Load:
     warmup_max_s: float
     simulate_accept_length: float | None = None
     steady_start: bool = True  # with lengths: the first batch starts under way (`generate.forced`)
-    filler: Filler = field(
-        default_factory=Filler
-    )  # the written part of those, counted by the model's tokenizer
+    # what stands for the part those requests wrote, counted with the model's tokenizer (`generate.forced`)
+    filler: Filler = field(default_factory=Filler)
 
 
 @dataclass(frozen=True)

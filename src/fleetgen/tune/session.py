@@ -138,8 +138,7 @@ async def tune(fleet: Fleet, opts: TuneOptions, say: Say) -> TuneResult:
     if load.lengths is not None and load.steady_start:
         load = replace(load, filler=await asyncio.to_thread(filler_of, tokenizer_dir))
         f = load.filler
-        say(f"steady start: the written part as {f.unit!r} × n, {f.unit_tokens} token(s) each")
-        say(f"  ({f.counted_with})")
+        say(f"steady start: written parts as {f.unit!r} × n, {f.unit_tokens} token(s) each, {f.counted_with}")
     plan = plan_fleet(fleet.file, inputs.shape, inputs.facts, inputs.version, job=job_shape)
     groups = group_by_class(plan.instances, inputs.facts)
     result = TuneResult(job_shape, {c: [p.instance for p in ps] for c, ps in groups.items()})
