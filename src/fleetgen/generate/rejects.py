@@ -160,5 +160,6 @@ class Streak:
                 "written as an error row",
             },
             fix="change what the server names (in the job file given with --job, or the flag that sets it), "
-            "then rerun the same command: nothing was written, so the folder takes the changed parameters",
+            "then rerun the same command: the refused requests were not written, so they are sent again (a "
+            "folder with no rows takes the changed parameters; one with rows made before asks which to keep)",
         )
