@@ -1,7 +1,10 @@
 """`fleetgen tune --json`'s result as the table the issue asks for, and the real job's time at its rates.
 
-    python bench/gpu/tune_report.py TUNE_JSON --name tune-sglang-0.5.15-h200 [--completions 902087]
-        [--tokens 1800] [--gpu-minutes N]
+    python bench/gpu/tune_report.py TUNE_JSON [LABEL=TUNE_JSON ...] --name tune-sglang-0.5.15-h200
+        [--completions 902087] [--tokens 1800]
+
+Further runs of the same sitting (e.g. the MTP fleet file's, `mtp=path/tune.json`) join the table, their
+candidates named `LABEL:candidate` and their ratio taken to the first run's as-written.
 
 Writes bench/results/NAME.{json,md}: per candidate its flags, planned vs engine running requests, decode
 tok/s, completions/s, the ratio to the fleet file's own settings; and the time 902,087 completions of ~1,800
@@ -66,14 +69,45 @@ def table(result: dict[str, Any], completions: int, tokens: float) -> list[str]:
     return md
 
 
+def joined(first: dict[str, Any], more: list[str]) -> dict[str, Any]:
+    """The first run with each `LABEL=TUNE_JSON` run's candidates appended (ratio to the first as-written)."""
+    mine = next((c for c in first["candidates"] if c["candidate"] == "as-written"), None)
+    base = mine["decode_tps"] if mine and mine.get("decode_tps") else None
+    out = {**first, "candidates": list(first["candidates"]), "runs": {"": first.get("out", "")}}
+    for item in more:
+        label, _, path = item.partition("=")
+        run = json.loads(Path(path).read_text())
+        out["runs"][label] = path
+        out["budget_s"] += run["budget_s"]
+        out["used_s"] += run["used_s"]
+        out["unmeasured"] = {**out["unmeasured"], **{f"{label}:{k}": v for k, v in run["unmeasured"].items()}}
+        for c in run["candidates"]:
+            tps = c.get("decode_tps")
+            ratio = tps / base if tps and base else None
+            change = c["change"] or ", ".join(
+                f"--{k} {v}" for k, v in c["args"].items() if mine and mine["args"].get(k) != v
+            )
+            out["candidates"].append(
+                {
+                    **c,
+                    "candidate": f"{label}:{c['candidate']}",
+                    "chosen": False,
+                    "ratio_to_as_written": ratio,
+                    "change": change,
+                }
+            )
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("tune_json", type=Path)
+    p.add_argument("more", nargs="*", help="LABEL=TUNE_JSON: a further run of the same sitting")
     p.add_argument("--name", required=True)
     p.add_argument("--completions", type=int, default=902_087)
     p.add_argument("--tokens", type=float, default=1800.0)
     a = p.parse_args()
-    result = json.loads(a.tune_json.read_text())
+    result = joined(json.loads(a.tune_json.read_text()), a.more)
     md = table(result, a.completions, a.tokens)
     (RESULTS / f"{a.name}.json").write_text(json.dumps(result, indent=1) + "\n")
     (RESULTS / f"{a.name}.md").write_text("\n".join(md) + "\n")
