@@ -23,11 +23,11 @@ IDLE_SHARE = 0.5
 
 
 def used_share(m: Memory, running: int, job: JobShape) -> float:
-    """The share of what the budget leaves after the weights that `running` of the job's requests fill: their
-    recurrent state (and its copies) and the KV each holds at its end."""
+    """The share of what the budget leaves after the weights that `running` of the job's requests fill in a
+    steady batch: their recurrent state (and its copies) and the KV each holds part-way through."""
     if m.rest_bytes <= 0:
         return 0.0
-    per_request = m.state_bytes_per_request + job.kv_tokens_per_request * m.kv_bytes_per_token
+    per_request = m.state_bytes_per_request + job.live_kv_tokens * m.kv_bytes_per_token
     return min(running * per_request / m.rest_bytes, 1.0)
 
 

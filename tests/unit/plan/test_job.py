@@ -13,10 +13,12 @@ from hypothesis import strategies as st
 
 from fleetgen.errors import ConfigError
 from fleetgen.plan.job import (
+    SPREAD_POINTS,
     EmpiricalLengths,
     JobShape,
     LengthStats,
     LogNormalLengths,
+    _between,
     default_sigma,
     expected_output,
 )
@@ -144,7 +146,7 @@ def test_empirical_draws_are_observed_lengths_reproducibly(values: list[int], se
 
 def test_expected_output_is_the_ceiling_without_lengths_and_refuses_lengths_past_max_tokens() -> None:
     stats, note = expected_output(None, 4096)
-    assert stats == LengthStats(0, 4096.0, 4096, 4096, 4096, 4096) and "ceiling" in note
+    assert stats == LengthStats(0, 4096.0, 4096, 4096, 4096, 4096, (4096,)) and "ceiling" in note
     spec = LogNormalLengths.parse("mean=1800,min=300,max=6000")
     assert expected_output(spec, 6000) == (spec.stats, spec.source)
     with pytest.raises(ConfigError) as caught:
@@ -188,3 +190,60 @@ def test_derived_figures() -> None:
     # an estimated prompt may hold twice the tokens: the context (a hard bound) counts it twice
     estimated = shape([100], [10], longest_prompt_tokens=900, is_estimate=True)
     assert estimated.context_tokens == 2 * 900 + 4096 and estimated.kv_tokens_per_request == 100 + 10
+
+
+@given(lengths)
+def test_length_stats_spread_is_equally_likely_members_in_order(values: list[int]) -> None:
+    """The spread: every value where there are few, else 64 of them at evenly spaced ranks; a ceiling's is
+    itself; a lognormal's 64 of its quantiles in range."""
+    spread = LengthStats.of(values).spread
+    assert list(spread) == sorted(spread) and set(spread) <= set(values)
+    assert len(spread) == min(len(values), SPREAD_POINTS)
+    if len(values) <= SPREAD_POINTS:
+        assert list(spread) == sorted(values)
+    assert LengthStats.fixed(values[0]).points == (float(values[0]),)
+
+
+@given(specs())
+def test_lognormal_spread_is_its_quantiles_in_range(spec: LogNormalLengths) -> None:
+    spread = spec.stats.spread
+    assert len(spread) == SPREAD_POINTS and list(spread) == sorted(spread)
+    assert spec.min <= spread[0] and spread[-1] <= spec.max
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.integers(0, 500),
+    st.lists(st.integers(1, 400), min_size=1, max_size=SPREAD_POINTS),
+    st.integers(1, 300),
+)
+def test_live_kv_is_the_time_average_of_a_batch_that_runs_the_jobs_requests_back_to_back(
+    prompt: int, outputs: list[int], page: int
+) -> None:
+    """A steady batch is slots each running the job's requests one after another, a token a step: the
+    pages (⌈tokens / page⌉) and tokens a slot holds, averaged over every step of its requests (a request of
+    L tokens is there for L of them), are what `live_pages` and `live_kv_tokens` say a running request
+    holds. Counted here step by step: a request that has written w tokens holds prompt + w + 1 pages' worth
+    while it writes the next (`live_kv_tokens` takes the middle of that step)."""
+    job = shape([prompt], outputs)
+    steps = sum(outputs)
+    pages = sum(-(-(prompt + w + 1) // page) for n in outputs for w in range(n))
+    tokens = sum(prompt + w + 0.5 for n in outputs for w in range(n))
+    assert job.live_pages(page) == pytest.approx(pages / steps, rel=1e-9)
+    assert job.live_kv_tokens == pytest.approx(tokens / steps, rel=1e-9)
+    # part-way through: more than half the shortest request, less than the longest one whole
+    assert prompt + min(outputs) / 2 <= job.live_kv_tokens <= prompt + max(outputs)
+
+
+@settings(max_examples=60, deadline=None)
+@given(specs())
+def test_a_lognormal_steady_batch_holds_what_its_second_moment_says(spec: LogNormalLengths) -> None:
+    """The live KV over a lognormal's spread is E[L²] / 2 E[L] of the truncated distribution (its exact
+    moments), within 4 % up to sigma 2 for outputs of 100 tokens and more (the spread is whole tokens): the
+    long tail that weighs most is in the spread."""
+    assume(spec.sigma <= 2.0 and spec.min >= 100)
+    a, b = (math.log(spec.min) - spec.mu) / spec.sigma, (math.log(spec.max) - spec.mu) / spec.sigma
+    s = spec.sigma
+    second = math.exp(2 * spec.mu + 2 * s * s) * _between(a - 2 * s, b - 2 * s) / _between(a, b)
+    job = shape([1], [1], output_tokens=spec.stats)
+    assert job.live_kv_tokens - 1 == pytest.approx(second / (2 * spec.mean), rel=0.04)

@@ -223,3 +223,27 @@ def test_planned_job_running_is_what_the_engine_ran_for_every_tune_candidate(cap
     assert running is not None
     peak = _number(r"Decode batch, #running-req: (\d+),", capture.log)
     assert running.as_written.running == pytest.approx(peak, rel=0.05), running.as_written.bound
+
+
+VLLM_TUNE = _captures(REAL / "vllm-0.24.0-h200-tune")
+FULL_POOL = 99.0  # vLLM's "GPU KV cache usage" at or above this: the pool, not max-num-seqs, bounds the batch
+STEADY_TOLERANCE = 0.07
+
+
+@pytest.mark.parametrize("capture", VLLM_TUNE, ids=[c.name for c in VLLM_TUNE])
+def test_planned_job_running_is_what_vllm_ran_for_every_tune_candidate(capture: Capture) -> None:
+    """vLLM allocates a request's blocks as it grows: with its pool full it runs the requests a steady batch
+    of the job holds, part-way through (298 where each request's blocks at its end give 244); the plan
+    within 7 % of their mean over the engine's full-pool lines (the window opened with the requests past
+    the plan's count fresh, lighter than steady), and a max-num-seqs that binds exactly."""
+    running = _plan_fleet(capture.fleet(), tune_job()).job
+    assert running is not None
+    lines = re.findall(r"Running: (\d+) reqs, .* GPU KV cache usage: ([\d.]+)%", capture.log)
+    full = [int(n) for n, used in lines if float(used) >= FULL_POOL]
+    if "max-num-seqs" in capture.args:
+        assert not full and running.as_written.running == max(int(n) for n, _ in lines)
+    else:
+        assert full, "the capture never filled its pool"
+        steady = sum(full) / len(full)
+        planned = running.as_written.running
+        assert planned == pytest.approx(steady, rel=STEADY_TOLERANCE), running.as_written.bound

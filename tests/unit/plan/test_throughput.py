@@ -246,7 +246,7 @@ def test_vllm_settings_hold_their_requests_blocks(prompt: int, output: int, spec
     assert offered, "a 27B model on an 80 GB GPU and up has a max-num-seqs for any job"
     for s in offered:
         trial = replace(a, args=s.args)
-        pool, per_request = job_blocks(trial, round(j.kv_tokens_per_request))
+        pool, per_request = job_blocks(trial, j)
         assert VLLM.size(trial).fits and s.running == s.args["max-num-seqs"]
         assert s.running * per_request <= pool
     plain = [s.running for s in offered if not s.is_spec and not s.numerics]

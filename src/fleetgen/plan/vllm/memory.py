@@ -120,12 +120,16 @@ class VLLMExtras(MemoryExtras):
 
 @dataclass(frozen=True)
 class Pool:
-    """vLLM's paged pool layout: block size, page, layers per group, Mamba groups, blocks per request."""
+    """vLLM's paged pool layout: block size, page, layers per group, Mamba groups, and the blocks a request
+    holds: `paged_groups` blocks for each `block_size` tokens of its KV, `fixed_blocks` whatever its length
+    (its Mamba states), `blocks_per_request` at the context planned."""
 
     block_size: int
     page_bytes: int
     group_size: int
     mamba_groups: int
+    paged_groups: int
+    fixed_blocks: int
     blocks_per_request: int
 
     @property
@@ -161,17 +165,20 @@ def pool_layout(
         group = max(counts)
     attn_groups = _cdiv(num_attn, group)
     mamba_groups = _cdiv(len(shape.linear_layer_ids), group) if mamba_page else 0
-    per_request = attn_groups * _cdiv(ctx, block) + mamba_groups * _mamba_blocks(args, ctx, block, num_spec)
-    return Pool(block, block * attn_token, group, mamba_groups, per_request)
+    paged, fixed = _mamba_blocks(args, num_spec) if mamba_page else (0, 0)
+    paged_groups, fixed_blocks = attn_groups + mamba_groups * paged, mamba_groups * fixed
+    per_request = paged_groups * _cdiv(ctx, block) + fixed_blocks
+    return Pool(block, block * attn_token, group, mamba_groups, paged_groups, fixed_blocks, per_request)
 
 
-def _mamba_blocks(args: Mapping[str, Any], ctx: int, block: int, num_spec: int) -> int:
-    """Blocks one request holds in one Mamba group (`MambaSpec.max_memory_usage_bytes`) by cache mode:
-    `none` without prefix caching (vLLM's default for hybrid models), `align` when it is enabled."""
+def _mamba_blocks(args: Mapping[str, Any], num_spec: int) -> tuple[int, int]:
+    """Blocks one request holds in one Mamba group (`MambaSpec.max_memory_usage_bytes`) by cache mode, as
+    (for each block of its tokens, whatever its length): `none` without prefix caching (vLLM's default for
+    hybrid models), `align` when it is enabled, `all` a state at every block."""
     mode = str(args.get("mamba-cache-mode") or ("align" if args.get("enable-prefix-caching") else "none"))
     if mode == "all":
-        return _cdiv(ctx, block) + num_spec
-    return (2 if mode == "align" else 1) + num_spec
+        return 1, num_spec
+    return 0, (2 if mode == "align" else 1) + num_spec
 
 
 def profiled_peak_bytes(shape: ModelShape, args: Mapping[str, Any], rows: int, *, is_big_gpu: bool) -> int:

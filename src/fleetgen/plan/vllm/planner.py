@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from fleetgen.engines import get_engine
 from fleetgen.engines.vllm import VLLMEngine
+from fleetgen.plan.job import JobShape
 from fleetgen.plan.types import Ask, Planner
 from fleetgen.plan.vllm import throughput
 from fleetgen.plan.vllm.memory import (
@@ -17,10 +18,13 @@ from fleetgen.plan.vllm.memory import (
 )
 
 
-def job_blocks(ask: Ask, tokens: int) -> tuple[int, int]:
-    """(the paged pool's blocks, the blocks one request holding `tokens` takes) for these flags."""
-    pool = VLLMExtras.of(size_instance(ask).memory).num_blocks
-    return pool, pool_layout(ask.shape, ask.args, ask.tp, tokens).blocks_per_request
+def job_blocks(ask: Ask, job: JobShape) -> tuple[int, float]:
+    """(the paged pool's blocks, the blocks a request of this job's steady batch holds on average) for these
+    flags: vLLM allocates a request's blocks as it grows, so a full batch holds requests part-way through."""
+    sized = size_instance(ask)
+    extras = VLLMExtras.of(sized.memory)
+    pool = pool_layout(ask.shape, ask.args, ask.tp, sized.memory.context_length, extras.block_size)
+    return extras.num_blocks, pool.paged_groups * job.live_pages(pool.block_size) + pool.fixed_blocks
 
 
 PLANNER = Planner(

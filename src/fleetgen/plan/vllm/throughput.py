@@ -1,8 +1,10 @@
 """vLLM's settings for a job's throughput, in its own flags (pure).
 
 vLLM admits requests while its paged pool has blocks for them and `max-num-seqs` allows (1,024 by default on a
-GPU of 70 GiB and more): a request of this job holds ⌈its KV / block⌉ blocks in each attention group and
-1 + num_spec (2 + num_spec with prefix caching's `align` mode) in each Mamba group. Its sampler's dummy run
+GPU of 70 GiB and more): a request holds ⌈its KV / block⌉ blocks in each attention group, taken as it grows,
+and 1 + num_spec (2 + num_spec with prefix caching's `align` mode) in each Mamba group. With the pool full
+vLLM preempts the newest, so a full batch runs the job's requests part-way through (`JobShape.live_pages`):
+on the H200, 298 ran where the blocks at each request's end give 244. Its sampler's dummy run
 is profiled over `max-num-seqs` rows of vocabulary logits (~4.6 GB at 1,024 rows of a 248k vocabulary), so a
 `max-num-seqs` sized for the job returns that memory to the pool. The settings: `max-num-seqs` sized for the
 job's KV per request (and ¾ of it), `max-model-len` sized to the job, prefix caching off when the prompts
@@ -31,16 +33,21 @@ NUMERICS = {
 }
 
 Size = Callable[[Ask], Sizing]
-Blocks = Callable[[Ask, int], tuple[int, int]]  # (blocks in the pool, blocks one request of n tokens holds)
+# (blocks in the pool, blocks a request of the job's steady batch holds on average)
+Blocks = Callable[[Ask, JobShape], tuple[int, float]]
 
 
 def job_bound(blocks: Blocks, ask: Ask, job: JobShape, seqs: int) -> tuple[int, str]:
     """The job's running requests and what bounds them: max-num-seqs (`seqs`, given or vLLM's default), or
-    the pool's blocks over the blocks one of its requests holds."""
-    pool, per_request = blocks(ask, round(job.kv_tokens_per_request))
-    by_blocks = pool // max(per_request, 1)
+    the pool's blocks over the blocks a request of its steady batch holds (vLLM allocates as requests grow
+    and preempts the newest when the pool runs out, so a full pool runs requests part-way through)."""
+    pool, per_request = blocks(ask, job)
+    by_blocks = int(pool // max(per_request, 1.0))
     if by_blocks < seqs:
-        return by_blocks, f"the paged pool's {pool:,} blocks ÷ {per_request} per request of this job"
+        return (
+            by_blocks,
+            f"the paged pool's {pool:,} blocks ÷ {per_request:.1f} a running request of this job",
+        )
     return seqs, f"max-num-seqs {seqs}"
 
 
@@ -51,7 +58,7 @@ def _most(size: Size, blocks: Blocks, ask: Ask, args: Mapping[str, Any], job: Jo
         trial = replace(ask, args={**args, "max-num-seqs": n})
         if not size(trial).fits:
             return False
-        pool, per_request = blocks(trial, round(job.kv_tokens_per_request))
+        pool, per_request = blocks(trial, job)
         return n * per_request <= pool
 
     return bisect_left(range(1, MAX_NUM_SEQS + 1), True, key=lambda n: not fits(n))
