@@ -185,7 +185,7 @@ def run_command(
             on = (
                 servers.of_job
                 if job_file.concurrency
-                else dataclasses.replace(servers.of_job, caps=servers.caps)
+                else dataclasses.replace(servers.of_job, caps=servers.caps, fill=servers.fill)
             )
             return await _run_job(Job(options, on), servers.meanwhile, live, log_every)
 
@@ -214,6 +214,7 @@ class Servers:
     dead_timeout_s: float  # every server gone mid-job: stop after this long (unless --dead-timeout)
     meanwhile: Callable[[float], str]  # what the job does while it waits, for the plain log
     caps: dict[str, int] = dataclasses.field(default_factory=dict)  # the default in flight per server
+    fill: frozenset[str] = frozenset()  # servers whose engine runs past its figure: their caps are filled
 
 
 @contextlib.asynccontextmanager
@@ -243,13 +244,15 @@ async def _servers(
             wait,
             _meanwhile(f"the instances of {fleet_path}", fleet_path, restart_dead),
             caps=default_caps(at_start),
+            fill=frozenset(e.name for e in at_start if e.running_is_floor),
         )
 
 
 def default_caps(endpoints: list[Link]) -> dict[str, int]:
     """Each server's requests in flight when the job file sets no concurrency: what its engine admits (its
     own view, tuned or not) with a queue beside it (`dispatch.in_flight_for`); a server whose view is not
-    read yet (not ready) takes the largest of the others'."""
+    read yet (not ready) takes the largest of the others'. Where the view is a floor (vLLM without
+    max-num-seqs) the job starts there and fills the batch from the engine's own counts (`Servers.fill`)."""
     return {e.name: in_flight_for(e.max_running_requests) for e in endpoints if e.max_running_requests}
 
 

@@ -227,6 +227,11 @@ class Engine:
         the argv); None where they do not say (SGLang: its info JSON says)."""
         return None
 
+    def running_is_floor(self, cap: str | None) -> bool:
+        """Whether the concurrency from its capacity figures under `cap` is a floor it runs past (vLLM's at
+        max-model-len, without max-num-seqs), not a cap: `run` then fills its batch (`dispatch.refilled`)."""
+        return False
+
     def decode_rate(self, window: Sequence[tuple[float, Mapping[str, float]]]) -> float | None:
         """Its output tokens per second over a window of /metrics reads (monotonic seconds, samples), as its
         counter of generated tokens rose from the first read to the last (vLLM counts every step's); None

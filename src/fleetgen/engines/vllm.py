@@ -155,10 +155,15 @@ class VLLMEngine(Engine):
         max-model-len (`kv_cache_max_concurrency`). That one is a floor, not a ceiling: shorter requests
         run more at once (H200, this job: 105 said, 141 ran, the plan's 244 fit), so `run` and `tune` driven
         by it leave its batch short; a job's max-num-seqs is what `plan --job` and `tune` set."""
-        if cap and cap.isdigit() and int(cap) >= 1:
-            return int(cap)
+        if not self.running_is_floor(cap):
+            return int(cap or 0)
         floor = int(capacity.get("max_running_requests", 0))
         return floor if floor >= 1 else None
+
+    def running_is_floor(self, cap: str | None) -> bool:
+        """Without max-num-seqs (1,024 by default on a large GPU) vLLM runs as many as its blocks hold as they
+        grow: its concurrency at max-model-len is a floor (H200, the tune job: 105 said, 298 ran)."""
+        return not (cap and cap.isdigit() and int(cap) >= 1)
 
 
 SPEC_CONFIG = "speculative-config"

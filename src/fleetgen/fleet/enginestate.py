@@ -30,6 +30,7 @@ class EngineState:
     max_running_requests: int | None
     scrape: Scrape
     problem: str = ""  # the info JSON did not answer: what it said instead
+    running_is_floor: bool = False  # max_running_requests is a floor the engine runs past (`Engine`'s)
 
 
 async def read_engine(
@@ -56,5 +57,7 @@ async def read_engine(
         before, scrape = scrape, await client.metrics(engine.metrics_path)
     capacity = engine.capacity((), info, scrape.labels)
     cap = flag_value(args, engine.max_running_flags)
-    max_running = engine.max_running_from_info(info) or engine.max_running_from_capacity(capacity, cap)
-    return EngineState(load_from(engine, scrape, before, info), max_running, scrape, problem)
+    said = engine.max_running_from_info(info)
+    max_running = said or engine.max_running_from_capacity(capacity, cap)
+    is_floor = max_running is not None and said is None and engine.running_is_floor(cap)
+    return EngineState(load_from(engine, scrape, before, info), max_running, scrape, problem, is_floor)

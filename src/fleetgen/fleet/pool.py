@@ -13,13 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.readiness import Readiness, Seen, decide
 from fleetgen.deploy.state import load_state
 from fleetgen.errors import FleetDown
-from fleetgen.fleet.status import FleetView, open_view
+from fleetgen.fleet.status import FleetView, InstanceStatus, open_view
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,14 @@ class Link:
     max_running_requests: int | None
     readiness: Readiness = Readiness.READY
     problem: str = ""
+    running_is_floor: bool = False  # max_running_requests is a floor its engine runs past: `run` fills it
+
+
+def link_of(s: InstanceStatus, api_key: str | None) -> Link:
+    """The link to an instance as its status reads now."""
+    return Link(
+        s.instance, s.url, api_key, s.max_running_requests, s.readiness, s.problem, s.running_is_floor
+    )
 
 
 @contextlib.asynccontextmanager
@@ -41,7 +49,7 @@ async def ready_endpoints(fleet: Fleet, *, only: Sequence[str] | None = None) ->
     async with open_view(fleet, only=only) as view:
         statuses = await view.refresh(rate_window_s=0)
         ready = [s for s in statuses if s.readiness is Readiness.READY]  # healthy, no drift
-        endpoints = [Link(s.instance, s.url, view.secret, s.max_running_requests) for s in ready]
+        endpoints = [link_of(s, view.secret) for s in ready]
         if not endpoints:
             detail = "\n".join(f"{s.instance} ({s.readiness.value}): {s.problem}" for s in statuses)
             raise FleetDown(
@@ -108,7 +116,7 @@ class FleetLinks:
             return Link(name, "", self.secret, None, failed.readiness, failed.problem)
         s = await one.read(name)
         url = s.url or await one.url_of(name)
-        return Link(name, url, self.secret, s.max_running_requests, s.readiness, s.problem)
+        return replace(link_of(s, self.secret), url=url)
 
     async def _reconnect(self, host: str, only: str = "") -> None:
         """Open `host` again (or just its instance `only`) for the instances without a view."""

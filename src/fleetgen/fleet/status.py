@@ -55,6 +55,7 @@ class InstanceStatus:
     spec_accept_length: float | None = None
     kv_usage: float | None = None
     max_running_requests: int | None = None
+    running_is_floor: bool = False  # max_running_requests is a floor its engine runs past (vLLM's)
     log_path: str = ""
     problem: str = ""
     placement: str = ""  # a Slurm placement: its job and node ("Slurm job 12 on node1")
@@ -167,7 +168,7 @@ class FleetView:
         w.before, load = state.scrape, state.load
         st.running, st.queued, st.kv_usage = load.running, load.queued, load.kv_usage
         st.gen_tokens_per_s, st.spec_accept_length = load.gen_tokens_per_s, load.spec_accept_length
-        st.max_running_requests = state.max_running_requests
+        st.max_running_requests, st.running_is_floor = state.max_running_requests, state.running_is_floor
         return replace(seen, engine_problem=state.problem)
 
 

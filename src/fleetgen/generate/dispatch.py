@@ -14,7 +14,9 @@ Failure policy:
   the job with `FleetDown`: the servers are gone, so the dataset is not burned into error rows.
 
 `in_flight_for`: a server's default requests in flight, from the running requests its engine admits plus
-a queue (`run` without `concurrency`, and `tune`). The fleet-down clock is the `HealthMonitor`'s.
+a queue (`run` without `concurrency`, and `tune`); where that figure is a floor, `fill` raises the cap from
+the engine's own running and waiting counts until it queues some. The fleet-down clock is the
+`HealthMonitor`'s.
 """
 
 from __future__ import annotations
@@ -42,9 +44,25 @@ QUEUE_FACTOR = 1.3
 QUEUE_EXTRA = 4
 
 
+# A server whose engine's figure is a floor (vLLM's concurrency at max-model-len) starts at it and is filled:
+# its cap rises by this share while the engine runs all it is sent, up to `in_flight_for(FILL_CEILING)`.
+FILL_STEP = 0.25
+FILL_CEILING = 4096
+
+
 def in_flight_for(admitted: int) -> int:
     """The requests to keep in flight on a server whose engine admits `admitted` running ones."""
     return math.ceil(admitted * QUEUE_FACTOR) + QUEUE_EXTRA
+
+
+def refilled(cap: int, in_flight: int, running: int, waiting: int) -> int:
+    """A filled server's next cap: while the job holds it at its cap and the engine queues fewer of them than
+    `in_flight_for` keeps beside the batch it runs (it could run more), a quarter more, up to the ceiling;
+    else as it is. Never lowered: an engine that stops admitting queues the rest, which costs nothing."""
+    ceiling = in_flight_for(FILL_CEILING)
+    if in_flight < cap or waiting >= in_flight_for(running) - running or cap >= ceiling:
+        return cap
+    return min(ceiling, max(cap + QUEUE_EXTRA, math.ceil(cap * (1 + FILL_STEP))))
 
 
 OnSuccess = Callable[[str, Work, float, float], None]  # endpoint, work, started_at (epoch), latency_s
@@ -87,6 +105,13 @@ class Dispatcher:
     def wait_left_s(self) -> float | None:
         """With no endpoint ready: the seconds left before the job stops with FleetDown; None while one is."""
         return self._monitor.wait_left_s(self.policy.dead_timeout_s)
+
+    def fill(self, endpoint: Endpoint, running: int, waiting: int) -> None:
+        """Raise a filled endpoint's cap (`refilled`) from its engine's running and waiting requests now."""
+        cap = refilled(endpoint.cap, endpoint.in_flight, running, waiting)
+        if cap > endpoint.cap:
+            endpoint.cap = cap
+            self._changed.set()
 
     def stop(self) -> None:
         """Stop taking new work (Ctrl-C); in-flight requests go on until `drain` or `abandon`."""

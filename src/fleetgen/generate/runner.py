@@ -45,7 +45,7 @@ from fleetgen.generate.progress import (
     RunEnd,
     Summary,
 )
-from fleetgen.generate.scrape import AcceptLengthScraper
+from fleetgen.generate.scrape import MetricsScraper
 from fleetgen.generate.source import count_records
 from fleetgen.generate.store import BadRow, Batch, Counts, ErrorRow, ResultRow, Store
 from fleetgen.generate.work import JobOptions, Work
@@ -76,6 +76,8 @@ class JobServers:
     on_dead: OnDead | None = None
     # requests in flight per endpoint (name → cap), from what its engine admits; others: the job's concurrency
     caps: Mapping[str, int] = field(default_factory=dict)
+    # endpoints whose engine runs past its figure (vLLM without max-num-seqs): their caps are filled
+    fill: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -116,7 +118,7 @@ class Job:
                 ) in self.servers.endpoints:  # one not READY waits for the HealthMonitor to admit it
                     readiness, why = self.servers.not_ready.get(name, (Readiness.READY, ""))
                     cap = self.servers.caps.get(name, opts.concurrency)
-                    client = await self._client(url, cap)
+                    client = await self._client(url, self._pool_of(name, cap))
                     endpoints.append(Endpoint(name, client, cap, readiness, last_error=why))
                 admit = self._admit if self.servers.read_one is not None else None
                 monitor = HealthMonitor(endpoints, opts.policy, on_dead=self.servers.on_dead, admit=admit)
@@ -124,6 +126,10 @@ class Job:
                 return await self._run(store, intake, monitor, on_progress)
         finally:
             store.close()
+
+    def _pool_of(self, name: str, cap: int) -> int:
+        """The connections an endpoint's client holds: its cap, or no limit where the cap is filled."""
+        return 0 if name in self.servers.fill else cap
 
     async def _client(self, url: str, cap: int) -> EngineClient:
         """A client for one endpoint holding up to `cap` requests (its pool sized alike), closed with it."""
@@ -143,7 +149,7 @@ class Job:
         link = await self.servers.read_one(endpoint.name)
         if link.url and link.url.rstrip("/") != endpoint.client.base_url:
             endpoint.client = await self._client(
-                link.url, endpoint.cap
+                link.url, self._pool_of(endpoint.name, endpoint.cap)
             )  # its host was unreachable when the job started
         if link.readiness is not Readiness.READY:
             endpoint.last_error = link.problem
@@ -163,7 +169,7 @@ class Job:
         bad_lines = store.bad_lines(str(opts.input_path)) if intake.tracker is not None else set()
         meta = self._meta = JobMeta(intake.resume, opts.params.samples, intake.tracker, bad_lines)
         writer = StoreWriter(store, lambda batch: self._committed(batch, meta), meta=meta.current)
-        scraper = AcceptLengthScraper(  # URLs as now: a late host may have one by now
+        scraper = MetricsScraper(  # URLs as now: a late host may have one by now
             [(e.name, e.client.base_url) for e in monitor.endpoints],
             self.servers.engine_kind,
             interval_s=opts.metrics_interval_s,
@@ -186,6 +192,10 @@ class Job:
             lambda ep, work, t0, dt: writer.put(builder.result(ep, work, t0, dt)),
             lambda ep, work, exc: writer.put(builder.error(ep, work, exc)),
         )
+        filled = {e.name: e for e in monitor.endpoints if e.name in self.servers.fill}
+        scraper.on_load = lambda name, running, waiting: (
+            dispatcher.fill(filled[name], running, waiting) if name in filled else None
+        )
         status = await self._execute(dispatcher, writer, scraper, intake, on_progress)
         if status == "complete" and store.counts().results == 0:
             status = "failed"  # nothing useful: every item an error or bad input, or no input at all
@@ -199,7 +209,7 @@ class Job:
         self,
         dispatcher: Dispatcher,
         writer: StoreWriter,
-        scraper: AcceptLengthScraper,
+        scraper: MetricsScraper,
         intake: Intake,
         on_progress: OnProgress | None,
     ) -> RunEnd:
@@ -318,7 +328,7 @@ class Job:
         self,
         dispatcher: Dispatcher,
         writer: StoreWriter,
-        scraper: AcceptLengthScraper,
+        scraper: MetricsScraper,
         on_progress: OnProgress | None,
     ) -> None:
         done_meter, token_meter = RateMeter(), RateMeter()

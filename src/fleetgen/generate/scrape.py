@@ -1,4 +1,5 @@
-"""Speculative-decoding accept length per endpoint, scraped from `/metrics` while a job runs.
+"""What each endpoint's `/metrics` says while a job runs: its speculative-decoding accept length, and its
+running and waiting requests (`on_load`: the dispatcher fills a server whose engine runs past its figure).
 
 The job's time series (`timeseries.accept_length`) is what the dashboard and report chart: how many tokens
 each speculative step yields on each server, while generating *this* data. A background task reads every
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from fleetgen.engines import Engine, engine_of_metrics, get_engine
 from fleetgen.errors import EndpointError
@@ -38,8 +39,9 @@ def window_accept_length(
     return (engine or engine_of_metrics(now)).accept_length(counter_deltas(before or {}, now))
 
 
-class AcceptLengthScraper:
-    """`run()` is the background task; `latest[name]` the last accept length seen (None: unknown)."""
+class MetricsScraper:
+    """`run()` is the background task; `latest[name]` the last accept length seen (None: unknown); `on_load`
+    (name, running, waiting) after each scrape that has both counts."""
 
     def __init__(
         self,
@@ -59,6 +61,7 @@ class AcceptLengthScraper:
         self._interval_s = interval_s
         self._before: dict[str, dict[str, float]] = {}
         self.latest: dict[str, float | None] = {name: None for name in self._clients}
+        self.on_load: Callable[[str, int, int], None] | None = None
 
     async def run(self) -> None:
         """Scrape every endpoint every `interval_s` until cancelled."""
@@ -75,5 +78,9 @@ class AcceptLengthScraper:
         except EndpointError:  # down, restarting, no metrics, unparseable: a gap in the series
             self.latest[name] = None
             return
-        self.latest[name] = window_accept_length(self._engine, samples, self._before.get(name))
+        engine = self._engine or engine_of_metrics(samples)
+        self.latest[name] = window_accept_length(engine, samples, self._before.get(name))
         self._before[name] = samples
+        running, waiting = samples.get(engine.metrics.running), samples.get(engine.metrics.queued)
+        if self.on_load is not None and running is not None and waiting is not None:
+            self.on_load(name, int(running), int(waiting))

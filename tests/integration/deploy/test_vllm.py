@@ -71,6 +71,8 @@ async def test_vllm_lifecycle(
         assert all(planned == actual and (actual or 0) > 0 for planned, actual in capacity.values()), capacity
 
         async with ready_endpoints(Fleet.load(fleet)) as [ep]:
+            # no max-num-seqs: its concurrency at max-model-len is a floor it runs past (`run` fills it)
+            assert ep.max_running_requests and ep.running_is_floor
             async with (
                 aiohttp.ClientSession() as http,
                 http.post(

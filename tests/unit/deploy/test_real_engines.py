@@ -175,6 +175,9 @@ def test_vllm_capacity_from_its_cache_config_info_and_its_log() -> None:
     assert VLLM_ENGINE.max_running_from_capacity({}, "32") == 32  # max-num-seqs alone
     assert VLLM_ENGINE.max_running_from_capacity({}, None) is None
     assert SGLANG.max_running_from_capacity(capacity, "32") is None  # its info JSON says
+    # without max-num-seqs the figure is a floor vLLM runs past (`run` fills it); SGLang's is its cap
+    assert VLLM_ENGINE.running_is_floor(None) and VLLM_ENGINE.running_is_floor("0")
+    assert not VLLM_ENGINE.running_is_floor("245") and not SGLANG.running_is_floor(None)
     log = _lines(VLLM / "engine-mtp.log")
     assert VLLM_ENGINE.capacity(log, None, {}) == {"kv_tokens": 452_340, "max_running_requests": 55.22}
     # what `up` shows as actual: the log's figures, then /metrics' over them

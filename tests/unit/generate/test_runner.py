@@ -555,3 +555,23 @@ async def test_a_server_admitting_more_than_the_jobs_concurrency_holds_them_all(
         job = new_job(tmp_path, prompts, [a.url], JobServers(caps={"s0": in_flight_for(40)}), concurrency=3)
         await job.run()
     assert a.most_in_flight == in_flight_for(40) == 56
+
+
+async def test_a_server_whose_engine_runs_past_its_figure_is_filled_to_its_batch(
+    tmp_path: Path, sim_server: SimFactory
+) -> None:
+    """A server whose figure is a floor (vLLM without max-num-seqs; here the simulated server, told so by
+    `JobServers.fill`) starts at that figure's in-flight and is raised from its engine's own running and
+    waiting counts until the engine queues some: the simulated engine ran its whole batch of 12 though the
+    job started at in_flight_for(2), and the cap stopped once the engine kept a queue beside it."""
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": f"r{i}", "prompt": f"q{i}"} for i in range(160)])
+    seen: list[Progress] = []
+    flags = dict(sim_bandwidth_gbs=4800, sim_time_scale=4, enable_metrics=True, sim_output_tokens=64)
+    async with sims(sim_server, **flags, disable_radix_cache=True, max_running_requests=12) as (a,):
+        servers = JobServers(caps={"s0": in_flight_for(2)}, fill=frozenset({"s0"}))
+        job = new_job(tmp_path, prompts, [a.base_url], servers, concurrency=3, metrics_interval_s=0.05)
+        summary = await job.run(seen.append)
+    assert summary.results == 160
+    peak = max(e.in_flight for p in seen for e in p.endpoints)
+    cap = seen[-1].endpoints[0].cap
+    assert in_flight_for(2) < in_flight_for(12) <= peak <= cap < in_flight_for(4096)
