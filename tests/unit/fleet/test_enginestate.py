@@ -23,7 +23,7 @@ vllm:generation_tokens_total{engine="0",model_name="m"} %d
 
 async def test_a_bare_url_reads_as_a_fleets_instance() -> None:
     """Recognised from its metric names, it gives the numbers the fleet's engine gives: load, max running
-    (vLLM: its capacity at max-model-len, capped by the argv's max-num-seqs), throughput over two reads."""
+    (vLLM: its capacity at max-model-len, a floor, or the argv's max-num-seqs), throughput over two reads."""
     async with serve(StandIn(metrics_text=VLLM % 100)) as server, EngineClient(server.url) as client:
         bare = await read_engine(client, None, None)
         known = await read_engine(client, get_engine("vllm"), None, args=("--max-num-seqs", "64"))
@@ -32,6 +32,8 @@ async def test_a_bare_url_reads_as_a_fleets_instance() -> None:
         no_info = await read_engine(client, get_engine("sglang"), None)  # SGLang's /server_info: not there
     assert (bare.load.running, bare.load.queued) == (known.load.running, known.load.queued) == (5, 2)
     assert (bare.max_running_requests, known.max_running_requests) == (110, 64)
+    # without max-num-seqs vLLM's figure is a floor it runs past (`run` fills it); with it, its cap
+    assert bare.running_is_floor and not known.running_is_floor and not no_info.running_is_floor
     assert bare.problem == "" and later.load.gen_tokens_per_s is not None and later.load.gen_tokens_per_s > 0
     # An info JSON that does not answer is reported, for the caller to judge (a fleet's instance: waiting).
     assert "info endpoint did not answer" in no_info.problem and no_info.max_running_requests is None
