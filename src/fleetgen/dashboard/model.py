@@ -182,14 +182,20 @@ def sick_reason(row: InstanceRow) -> str:
 
 
 STARVED_SHARE = 0.8  # running under this share of what the engine admits, with nothing queued: starved
+FULL_KV = 0.9  # an engine whose figure is a floor (vLLM's) runs more until its KV pool is this full
 
 
 def starved(row: InstanceRow) -> str:
     """A batch the job does not keep full: fewer running than the engine admits and no request waiting (the
-    server decodes fewer tokens per step than it could; give it more in flight, or more servers less)."""
+    server decodes fewer tokens per step than it could; give it more in flight, or more servers less). Where
+    the engine's figure is a floor it runs past (vLLM without max-num-seqs), its KV pool says instead."""
     admitted, running, queued = row.max_running_requests, row.running, row.queued
-    if not admitted or running is None or queued is None or running == 0:
-        return ""  # idle (no job) or not known: nothing to say
-    if queued == 0 and running < STARVED_SHARE * admitted:
+    if not admitted or running is None or queued is None or running == 0 or queued:
+        return ""  # idle (no job), not known, or requests waiting: nothing to say
+    if row.running_is_floor:
+        if row.kv_usage is not None and row.kv_usage < FULL_KV:
+            return f"starved: {running:.0f} running, none queued, its KV pool {row.kv_usage:.0%} used"
+        return ""
+    if running < STARVED_SHARE * admitted:
         return f"starved: {running:.0f} running of {admitted} admitted, none queued"
     return ""

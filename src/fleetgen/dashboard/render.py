@@ -74,7 +74,8 @@ def _fleet_row(row: InstanceRow) -> str:
         f'<td class="name">{escape(row.instance)}</td><td>{escape(row.host)}</td>'
         f"<td>{escape(','.join(map(str, row.gpus)) or DASH)}</td>"
         f'<td class="health">{health}</td>'
-        f'<td class="num">{fmt(row.running)} / {fmt(row.max_running_requests)}</td>'
+        f'<td class="num">{fmt(row.running)} / {"≥" if row.running_is_floor else ""}'
+        f"{fmt(row.max_running_requests)}</td>"
         f'<td class="num">{fmt(row.queued)}</td><td class="num">{fmt(row.gen_tokens_per_s, 0)}</td>'
         f'<td class="num">{fmt(row.spec_accept_length, 2)}</td><td class="num">{fmt(kv, 0, "%")}</td>'
         f'<td class="num">{escape(capacity)}</td><td>{escape("; ".join(row.drift)) or DASH}</td>'

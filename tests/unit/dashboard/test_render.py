@@ -46,6 +46,31 @@ def test_a_batch_the_job_does_not_keep_full_shows_as_starved(
     assert f">{running} / {admitted}<" in html
 
 
+@pytest.mark.parametrize(
+    ("running", "queued", "kv", "is_starved"),
+    [(140, 0, 0.47, True), (298, 0, 0.999, False), (140, 5, 0.47, False), (140, 0, None, False)],
+)
+def test_a_floor_is_starved_while_its_kv_pool_has_room_and_nothing_waits(
+    running: int, queued: int, kv: float | None, is_starved: bool
+) -> None:
+    """vLLM without max-num-seqs runs past its figure (105 on the H200, 298 ran): its row shows the figure as
+    a floor, and the batch is starved while its KV pool has room and nothing waits, not by the figure."""
+    row = InstanceRow(
+        "h-0",
+        "h",
+        (0,),
+        30000,
+        readiness=Readiness.READY,
+        running=running,
+        queued=queued,
+        kv_usage=kv,
+        max_running_requests=105,
+        running_is_floor=True,
+    )
+    html = render.fleet_table([row])
+    assert ("starved" in html) is is_starved and f">{running} / ≥105<" in html
+
+
 def test_unknown_total_draws_no_full_progress_bar() -> None:
     html = render.progress_bar(job_with([], total=None))
     assert 'class="ok"' not in html
