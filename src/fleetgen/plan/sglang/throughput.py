@@ -72,8 +72,9 @@ def _settings(ask: Ask, args: Mapping[str, Any]) -> SGLangSettings:
 def bound_of(ask: Ask, sized: Sizing, job: JobShape) -> tuple[int, str]:
     """The job's running requests on this sizing and what bounds them, in SGLang's terms. Its KV bound counts
     each request at its end (`kv_tokens_per_request`), not part-way through as vLLM's does: SGLang admits a
-    request only with room for the rest of the running requests' outputs (H200, the KV-bound MTP candidate:
-    66 planned, within 5 % of the most the engine ran)."""
+    request only while room is left for a share of the running requests' remaining outputs (its
+    `new_token_ratio`, decaying from 0.7) and retracts when the pool runs out; at its end matched the engine
+    where the KV pool bound (H200, the MTP candidate: 66 planned, within 5 % of the most it ran)."""
     m, s = sized.memory, _settings(ask, ask.args)
     extras = SGLangExtras.of(m)
     by_kv = int(m.kv_tokens // max(job.kv_tokens_per_request, 1.0))
