@@ -21,7 +21,7 @@ from fleetgen.bench.sweep import sweep
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import up
 from fleetgen.errors import ConfigError, FleetgenError
-from fleetgen.fleet.pool import ready_endpoints
+from fleetgen.fleet.pool import Link, ready_endpoints
 from fleetgen.http.client import BareURLs
 
 SPEC_ARG_PREFIX = "speculative"  # SGLang's speculative-*, vLLM's speculative-config
@@ -42,6 +42,12 @@ def targets_of(names_urls: Sequence[tuple[str, str]], scope: Scope) -> list[Benc
     return targets
 
 
+def running_caps(endpoints: Sequence[Link]) -> list[int | None]:
+    """What caps a sweep's concurrency on each endpoint: its engine's max running requests, unless that is a
+    floor it runs past (vLLM without max-num-seqs: 105 said on the H200, 298 ran), which caps nothing."""
+    return [None if e.running_is_floor else e.max_running_requests for e in endpoints]
+
+
 async def bench_fleet(
     source: Fleet | BareURLs,
     load: BenchLoad,
@@ -57,7 +63,7 @@ async def bench_fleet(
         else:
             endpoints = await stack.enter_async_context(ready_endpoints(source))
             pairs = [(e.name, e.url) for e in endpoints]
-            caps = [cap, *(e.max_running_requests for e in endpoints)]
+            caps = [cap, *running_caps(endpoints)]
             if endpoints[0].api_key and not load.api_key:
                 load = dataclasses.replace(load, api_key=endpoints[0].api_key)
         return await sweep(targets_of(pairs, scope), load, caps=caps, on_level=on_level)

@@ -9,11 +9,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fleetgen.bench.fleet import targets_of, write_spec_off
+from fleetgen.bench.fleet import running_caps, targets_of, write_spec_off
 from fleetgen.bench.stats import BenchTarget
 from fleetgen.config import load_fleet
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.errors import ConfigError
+from fleetgen.fleet.pool import Link
 from fleetgen.http.client import named_urls
 
 PAIRS = [("h0-0", "http://127.0.0.1:1"), ("h0-1", "http://127.0.0.1:2")]
@@ -122,3 +123,11 @@ def test_bare_urls_are_named_by_their_address_once_each(urls: list[str]) -> None
     assert len({name for name, _ in named}) == len(urls)
     for name, url in named:
         assert name.split("#")[0] == url.split("://", 1)[1]
+
+
+@given(st.lists(st.tuples(st.one_of(st.none(), st.integers(1, 4096)), st.booleans()), max_size=8))
+def test_a_floor_caps_no_sweep(figures: list[tuple[int | None, bool]]) -> None:
+    """A sweep's levels stop at an engine's max running requests, but not at a floor it runs past (vLLM
+    without max-num-seqs says its concurrency at max-model-len): that one caps nothing."""
+    links = [Link(f"s{i}", "u", None, n, running_is_floor=floor) for i, (n, floor) in enumerate(figures)]
+    assert running_caps(links) == [None if floor else n for n, floor in figures]
