@@ -14,6 +14,7 @@ input, as `run` reads it (a few seconds per million short records).
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
@@ -101,7 +102,7 @@ def counter_for(tokenizer_dir: Path | None) -> Counter:
     if not path.is_file():
         return _estimate(f"{estimate} (no tokenizer.json in {tokenizer_dir})")
     try:
-        tokenizer = Tokenizer.from_file(str(path))
+        tokenizer = _tokenizer(str(path), path.stat().st_mtime_ns)
     except Exception as exc:  # the library raises plain Exception (e.g. a newer format than it reads)
         return _estimate(f"{estimate} ({path} does not load: {exc})")
 
@@ -111,6 +112,13 @@ def counter_for(tokenizer_dir: Path | None) -> Counter:
 
     chat = f"{frame} (its chat template not rendered)"
     return Counter(encode, BYTES_PER_TOKEN, f"the model's tokenizer ({path}), {chat}", is_estimate=False)
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer(path: str, _modified_ns: int) -> Tokenizer:
+    """A tokenizer file loaded once per version (tune counts the job's prompts, then its filler, with it:
+    a 248k-entry vocabulary takes seconds to load)."""
+    return Tokenizer.from_file(path)
 
 
 def filler_of(tokenizer_dir: Path | None) -> Filler:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import math
+import os
 import random
 import statistics
 from pathlib import Path
@@ -26,6 +27,7 @@ from fleetgen.errors import InputError, JobError
 from fleetgen.generate.jobshape import (
     PER_MESSAGE_TOKENS,
     REPLY_OPENING_TOKENS,
+    counter_for,
     filler_of,
     output_lengths_from_store,
     read_job_shape,
@@ -302,3 +304,16 @@ def test_the_steady_starts_filler_is_counted_by_the_models_tokenizer_or_said_ass
     measured = filler_of(folder)
     assert not measured.is_assumed and str(folder / "tokenizer.json") in measured.counted_with
     assert measured.unit_tokens == 1
+
+
+def test_a_tokenizer_file_is_read_once_per_version(tmp_path: Path) -> None:
+    """tune counts the prompts, then the filler, with one tokenizer: loaded once; a tokenizer.json replaced
+    in between (another model's) is read again, and counts as the new one does."""
+    folder = word_tokenizer(tmp_path / "m")
+    before = counter_for(folder)
+    assert counter_for(folder).tokens("hello world") == before.tokens("hello world") == 2
+    path = folder / "tokenizer.json"
+    one = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))  # whole text one unknown token
+    one.save(str(path))
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 1_000_000))
+    assert counter_for(folder).tokens("hello world") == 1
