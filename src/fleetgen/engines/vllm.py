@@ -153,8 +153,8 @@ class VLLMEngine(Engine):
         """The running requests it admits: max-num-seqs where the fleet file sets it (`cap`: the user's, or
         tune's, sized to the job; vLLM runs up to it as its KV allows), else its "maximum concurrency" at
         max-model-len (`kv_cache_max_concurrency`). That one is a floor, not a ceiling: shorter requests
-        run more at once (H200, this job: 105 said, 141 ran, the plan's 244 fit), so `run` and `tune` driven
-        by it leave its batch short; a job's max-num-seqs is what `plan --job` and `tune` set."""
+        run more at once (H200, the tune job: 105 said, 298 ran): `running_is_floor` says so, and `run`
+        fills such a server from its own counts (`dispatch.refilled`)."""
         if not self.running_is_floor(cap):
             return int(cap or 0)
         floor = int(capacity.get("max_running_requests", 0))

@@ -94,6 +94,7 @@ class Job:
     _meta: JobMeta | None = None
     _started: float = 0.0  # monotonic
     _stack: contextlib.AsyncExitStack | None = None
+    _filled: set[str] = field(default_factory=set)  # endpoints whose caps are filled (`JobServers.fill`)
 
     def stop(self) -> None:
         """First call: take no new work, let in-flight requests finish. Second: abandon them now."""
@@ -107,6 +108,7 @@ class Job:
         """Run the job to the end (or until stopped); raise FleetDown / JobError when it cannot go on."""
         opts = self.options
         store = Store.open(opts.out_dir)
+        self._filled = set(self.servers.fill)
         try:
             intake = Intake.open(store, opts)
             async with contextlib.AsyncExitStack() as stack:
@@ -118,7 +120,7 @@ class Job:
                 ) in self.servers.endpoints:  # one not READY waits for the HealthMonitor to admit it
                     readiness, why = self.servers.not_ready.get(name, (Readiness.READY, ""))
                     cap = self.servers.caps.get(name, opts.concurrency)
-                    client = await self._client(url, self._pool_of(name, cap))
+                    client = await self._client(url)
                     endpoints.append(Endpoint(name, client, cap, readiness, last_error=why))
                 admit = self._admit if self.servers.read_one is not None else None
                 monitor = HealthMonitor(endpoints, opts.policy, on_dead=self.servers.on_dead, admit=admit)
@@ -127,17 +129,14 @@ class Job:
         finally:
             store.close()
 
-    def _pool_of(self, name: str, cap: int) -> int:
-        """The connections an endpoint's client holds: its cap, or no limit where the cap is filled."""
-        return 0 if name in self.servers.fill else cap
-
-    async def _client(self, url: str, cap: int) -> EngineClient:
-        """A client for one endpoint holding up to `cap` requests (its pool sized alike), closed with it."""
+    async def _client(self, url: str) -> EngineClient:
+        """A client for one endpoint, closed with the job. Its pool has no limit of its own: the endpoint's
+        cap (which `Dispatcher.fill` may raise) is what bounds its requests in flight."""
         assert self._stack is not None
         opts = self.options
         client = EngineClient(
             url,
-            max_connections=cap,
+            max_connections=0,
             timeout_s=opts.request_timeout_s,
             api_key=self.servers.api_key,
         )
@@ -148,9 +147,9 @@ class Job:
         assert self.servers.read_one is not None
         link = await self.servers.read_one(endpoint.name)
         if link.url and link.url.rstrip("/") != endpoint.client.base_url:
-            endpoint.client = await self._client(
-                link.url, self._pool_of(endpoint.name, endpoint.cap)
-            )  # its host was unreachable when the job started
+            endpoint.client = await self._client(link.url)  # its host was unreachable at the start
+        if link.running_is_floor:  # a late one whose engine runs past its figure: filled as the others
+            self._filled.add(endpoint.name)
         if link.readiness is not Readiness.READY:
             endpoint.last_error = link.problem
         return Judgement(link.readiness, link.problem)
@@ -192,9 +191,9 @@ class Job:
             lambda ep, work, t0, dt: writer.put(builder.result(ep, work, t0, dt)),
             lambda ep, work, exc: writer.put(builder.error(ep, work, exc)),
         )
-        filled = {e.name: e for e in monitor.endpoints if e.name in self.servers.fill}
+        by_name = {e.name: e for e in monitor.endpoints}
         scraper.on_load = lambda name, running, waiting: (
-            dispatcher.fill(filled[name], running, waiting) if name in filled else None
+            dispatcher.fill(by_name[name], running, waiting) if name in self._filled else None
         )
         status = await self._execute(dispatcher, writer, scraper, intake, on_progress)
         if status == "complete" and store.counts().results == 0:
