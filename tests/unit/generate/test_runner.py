@@ -3,7 +3,7 @@ input, multi-turn, graceful stop.
 
 Against the simulated SGLang (`fleetgen.sim`, a real server process speaking SGLang's bodies, errors and
 `[[sim:…]]` markers; what it received read back from its `--log-requests` log). A stand-in server
-(test_standin.py) only where the sim cannot do what the test needs, said at each use: vLLM's
+(tests/fixtures/standin.py) only where the sim cannot do what the test needs, said at each use: vLLM's
 `reasoning` field, a server that refuses every request with one status, a hang that ends after a restart.
 """
 
@@ -31,7 +31,7 @@ from fleetgen.generate.runner import Job, JobServers
 from fleetgen.generate.work import JobOptions, RetryPolicy, SamplingParams
 from tests.fixtures import until
 from tests.fixtures.sim import SimFactory, SimServer
-from tests.unit.generate.test_standin import StandIn, serve
+from tests.fixtures.standin import StandIn, serve
 
 FAST = RetryPolicy(
     max_retries=3,
