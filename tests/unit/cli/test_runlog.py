@@ -14,8 +14,8 @@ from pathlib import Path
 from fleetgen.cli.runlog import PlainLog
 from fleetgen.deploy.readiness import Readiness
 from fleetgen.generate.progress import EndpointProgress, Progress
+from tests.fixtures.jobs import new_job, write_jsonl
 from tests.fixtures.standin import StandIn, serve
-from tests.unit.generate.test_runner import new_job, write_jsonl
 
 
 def snap(

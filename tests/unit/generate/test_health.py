@@ -28,8 +28,8 @@ from fleetgen.generate.progress import EndpointProgress, Progress
 from fleetgen.generate.runner import JobServers
 from fleetgen.generate.work import Record, RetryPolicy, Work
 from fleetgen.http.client import EngineClient
+from tests.fixtures.jobs import new_job, rows, write_jsonl
 from tests.fixtures.standin import StandIn, serve
-from tests.unit.generate.test_runner import new_job, rows, write_jsonl
 
 QUICK = RetryPolicy(
     max_retries=3,

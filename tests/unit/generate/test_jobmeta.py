@@ -28,8 +28,8 @@ from fleetgen.generate.source import Position
 from fleetgen.generate.store import Store
 from fleetgen.generate.work import RecordShape, RetryPolicy
 from fleetgen.http.client import BareURLs
+from tests.fixtures.jobs import new_job, options, params, write_jsonl
 from tests.fixtures.standin import StandIn, serve
-from tests.unit.generate.test_runner import new_job, options, params, write_jsonl
 
 SGLANG = get_engine("sglang")
 VLLM = get_engine("vllm")
