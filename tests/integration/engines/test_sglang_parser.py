@@ -22,8 +22,8 @@ from fleetgen.fleet.planning import plan_from_file
 from fleetgen.modelcard import load_model_shape
 from fleetgen.plan.sglang.memory import kv_bytes_per_token, state_bytes_per_request
 from tests.fixtures import skip_or_fail
+from tests.fixtures.planmodels import GPU96, MODELS, MOTIVATING, plan_one
 from tests.fixtures.sglang import marked_json, named_python, real_sglang_python, run_script
-from tests.unit.plan.sglang.test_memory import GPU96, MODELS, MOTIVATING, plan_one
 
 pytestmark = pytest.mark.sglang
 PYTHON = str(named_python() or "")  # checked by the fixture before any test here uses it

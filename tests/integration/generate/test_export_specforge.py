@@ -23,13 +23,13 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from fleetgen.generate.export import EMPTY, THINK, export
+from tests.fixtures.jobs import new_job, params, write_jsonl
 from tests.fixtures.sim import SimFactory
 from tests.fixtures.specforge_oracle import (
     assert_specforge_keeps_every_turn,
     read_with_specforge,
     specforge_tools,
 )
-from tests.unit.generate.test_runner import new_job, params, write_jsonl
 
 pytestmark = pytest.mark.specforge
 OLD = "OLDMODEL"  # in every input assistant turn: it must never reach an exported assistant turn

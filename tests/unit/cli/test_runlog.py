@@ -2,7 +2,7 @@
 
 The end-to-end case (a real subprocess logging to a file while `fleetgen down` stops the fleet) is
 tests/integration/generate/test_run_fleet_down.py; here the log's rules over snapshot sequences, and the
-runner's last snapshot against the stand-in servers of generate/test_runner.py.
+runner's last snapshot against the stand-in servers (tests/fixtures/standin.py).
 
 Filed under `cli/runlog.py`; the last-snapshot test is `generate/progress.py`'s, as the log prints it."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 from fleetgen.cli.runlog import PlainLog
 from fleetgen.deploy.readiness import Readiness
 from fleetgen.generate.progress import EndpointProgress, Progress
-from tests.unit.generate.test_runner import new_job, write_jsonl
-from tests.unit.generate.test_standin import StandIn, serve
+from tests.fixtures.jobs import new_job, write_jsonl
+from tests.fixtures.standin import StandIn, serve
 
 
 def snap(

@@ -15,7 +15,7 @@ from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.readiness import Readiness
 from fleetgen.http.client import BareURLs
 from fleetgen.remote.local import LocalHost
-from tests.unit.generate.test_standin import StandIn, serve
+from tests.fixtures.standin import StandIn, serve
 
 QWEN = Path(__file__).parents[2] / "data" / "models" / "qwen3.6-27b"
 

@@ -28,7 +28,7 @@ from fleetgen.modelcard import load_model_shape
 from fleetgen.plan import facts_from_file, plan_fleet
 from fleetgen.plan.sglang.memory import CUDA_CONTEXT_BYTES, LOAD_OVERHEAD_BYTES, SGLangExtras
 from tests.fixtures import skip_or_fail
-from tests.unit.plan.sglang.test_memory import GPU96, GPU183, MODELS, MOTIVATING, QWEN, plan_one
+from tests.fixtures.planmodels import GPU96, GPU183, MODELS, MOTIVATING, QWEN, plan_one
 
 GIB = 1 << 30
 P = 153_944_064  # Qwen3.6-27B state bytes per request, TP 1, fp32 SSM

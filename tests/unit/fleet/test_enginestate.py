@@ -7,7 +7,7 @@ from __future__ import annotations
 from fleetgen.engines import get_engine
 from fleetgen.fleet.enginestate import read_engine
 from fleetgen.http.client import EngineClient
-from tests.unit.generate.test_standin import StandIn, serve
+from tests.fixtures.standin import StandIn, serve
 
 VLLM = """\
 # TYPE vllm:num_requests_running gauge

@@ -1,7 +1,7 @@
 """Servers that are not ready when a job starts: drained from the start, probed, restarted when dead (only
 then), taken in once ready; with none ready, a bounded wait and then FleetDown naming each one's problem.
 
-Servers are stand-ins (see test_standin.py for why). The fleet's per-instance status read (SSH +
+Servers are stand-ins (see tests/fixtures/standin.py for why). The fleet's per-instance status read (SSH +
 /proc + /health, `fleet.pool.FleetLinks.read_one`) is replaced by a scripted `read_one` here, so that each
 answer (loading, dead, ready, host unreachable) comes on cue; the real one runs in
 tests/integration/generate/test_run_fleet.py over real sshd and fleetgen.sim.
@@ -28,8 +28,8 @@ from fleetgen.generate.progress import EndpointProgress, Progress
 from fleetgen.generate.runner import JobServers
 from fleetgen.generate.work import Record, RetryPolicy, Work
 from fleetgen.http.client import EngineClient
-from tests.unit.generate.test_runner import new_job, rows, write_jsonl
-from tests.unit.generate.test_standin import StandIn, serve
+from tests.fixtures.jobs import new_job, rows, write_jsonl
+from tests.fixtures.standin import StandIn, serve
 
 QUICK = RetryPolicy(
     max_retries=3,

@@ -24,8 +24,8 @@ from fleetgen.errors import InputMismatch, ParamsMismatch
 from fleetgen.generate import identity
 from fleetgen.generate.source import ARCHIVES
 from fleetgen.generate.work import RecordShape
-from tests.unit.generate.test_runner import new_job, options, params, rows, write_jsonl
-from tests.unit.generate.test_standin import StandIn, serve
+from tests.fixtures.jobs import new_job, options, params, rows, write_jsonl
+from tests.fixtures.standin import StandIn, serve
 
 SHAPE = RecordShape()
 

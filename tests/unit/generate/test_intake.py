@@ -28,8 +28,8 @@ from hypothesis import strategies as st
 from fleetgen.errors import InputError
 from fleetgen.generate.diagnose import FAIL_FAST
 from fleetgen.generate.work import RecordShape
-from tests.unit.generate.test_runner import FAST, new_job, write_jsonl
-from tests.unit.generate.test_standin import StandIn, serve
+from tests.fixtures.jobs import FAST, new_job, write_jsonl
+from tests.fixtures.standin import StandIn, serve
 
 COMPRESS = {
     "gz": gzip.compress,

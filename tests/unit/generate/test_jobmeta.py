@@ -1,7 +1,7 @@
 """What a job leaves in its store for readers (dashboard, report): total, finished_at, fleet description,
 the accept-length time series; and `--restart-dead`'s hook being retried until the endpoint is back.
 
-Jobs run against stand-in servers (see test_standin.py for why a stand-in).
+Jobs run against stand-in servers (see tests/fixtures/standin.py for why a stand-in).
 
 Filed under `generate/jobmeta.py`, with `scrape.py`'s accept length and `fleetlink.py`'s `JobServers`."""
 
@@ -28,8 +28,8 @@ from fleetgen.generate.source import Position
 from fleetgen.generate.store import Store
 from fleetgen.generate.work import RecordShape, RetryPolicy
 from fleetgen.http.client import BareURLs
-from tests.unit.generate.test_runner import new_job, options, params, write_jsonl
-from tests.unit.generate.test_standin import StandIn, serve
+from tests.fixtures.jobs import new_job, options, params, write_jsonl
+from tests.fixtures.standin import StandIn, serve
 
 SGLANG = get_engine("sglang")
 VLLM = get_engine("vllm")

@@ -38,9 +38,9 @@ from fleetgen.generate.store import Batch, ResultRow, Store
 from fleetgen.generate.work import Record
 from fleetgen.plan.job import LogNormalLengths
 from tests.fixtures import skip_or_fail
+from tests.fixtures.jobs import new_job, write_jsonl
+from tests.fixtures.standin import StandIn, serve
 from tests.fixtures.vllm import default_tiny_model_dir
-from tests.unit.generate.test_runner import new_job, write_jsonl
-from tests.unit.generate.test_standin import StandIn, serve
 
 VOCABULARY = "the a fleet model token prompt answer cache batch gpu system you are helpful why how"
 WORDS = tuple(VOCABULARY.split())

@@ -3,7 +3,7 @@ input, multi-turn, graceful stop.
 
 Against the simulated SGLang (`fleetgen.sim`, a real server process speaking SGLang's bodies, errors and
 `[[sim:…]]` markers; what it received read back from its `--log-requests` log). A stand-in server
-(test_standin.py) only where the sim cannot do what the test needs, said at each use: vLLM's
+(tests/fixtures/standin.py) only where the sim cannot do what the test needs, said at each use: vLLM's
 `reasoning` field, a server that refuses every request with one status, a hang that ends after a restart.
 """
 
@@ -16,32 +16,20 @@ import os
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
 
 from fleetgen.cli.run import default_caps
-from fleetgen.config import JobFile
 from fleetgen.errors import FleetDown, ParamsMismatch, RequestRejected
 from fleetgen.fleet.pool import Link
 from fleetgen.generate.dispatch import in_flight_for
 from fleetgen.generate.progress import Progress
-from fleetgen.generate.runner import Job, JobServers
-from fleetgen.generate.work import JobOptions, RetryPolicy, SamplingParams
+from fleetgen.generate.runner import JobServers
 from tests.fixtures import until
+from tests.fixtures.jobs import FAST, new_job, options, params, rows, write_jsonl
 from tests.fixtures.sim import SimFactory, SimServer
-from tests.unit.generate.test_standin import StandIn, serve
-
-FAST = RetryPolicy(
-    max_retries=3,
-    backoff_base_s=0.01,
-    backoff_max_s=0.05,
-    probe_interval_s=0.05,
-    dead_timeout_s=2.0,
-    max_consecutive_failures=20,
-)
-
+from tests.fixtures.standin import StandIn, serve
 
 # SGLang with a reasoning parser, answering at once with 32 tokens (24 of them reasoning), logging each body.
 SIM_FLAGS: dict[str, object] = dict(reasoning_parser="qwen3", log_requests=True, sim_output_tokens=32)
@@ -53,48 +41,6 @@ async def sims(factory: SimFactory, count: int = 1, **over: object) -> AsyncIter
     async with contextlib.AsyncExitStack() as stack:
         started = [await stack.enter_async_context(factory(**{**SIM_FLAGS, **over})) for _ in range(count)]
         yield started
-
-
-def params(**over: Any) -> SamplingParams:
-    """Greedy, 64 tokens, as a job file (+ `over`) gives them."""
-    return SamplingParams.of(JobFile(**{"max_tokens": 64, "temperature": 0.0, "top_p": 1.0, **over}))
-
-
-def write_jsonl(path: Path, lines: list[Any]) -> Path:
-    path.write_bytes(
-        b"".join((line if isinstance(line, bytes) else orjson.dumps(line)) + b"\n" for line in lines)
-    )
-    return path
-
-
-def new_job(
-    tmp_path: Path, input_path: Path, urls: list[str], servers: JobServers | None = None, **over: Any
-) -> Job:
-    """A job on the servers at `urls` (named s0, s1, …) with `servers`; `over`: its `JobOptions`."""
-    endpoints = [(f"s{i}", u) for i, u in enumerate(urls)]
-    return Job(
-        options(tmp_path, input_path, **over),
-        dataclasses.replace(servers or JobServers(), endpoints=endpoints),
-    )
-
-
-def options(tmp_path: Path, input_path: Path, **over: Any) -> JobOptions:
-    base: dict[str, Any] = dict(
-        input_path=input_path,
-        out_dir=tmp_path / "out",
-        params=params(),
-        concurrency=4,
-        policy=FAST,
-        progress_interval_s=0.05,
-        series_interval_s=0.1,
-    )
-    base.update(over)
-    return JobOptions(**base)
-
-
-def rows(out: Path, sql: str = "SELECT id, sample FROM results") -> list[tuple[Any, ...]]:
-    with sqlite3.connect(out / "results.sqlite") as conn:
-        return list(conn.execute(sql))
 
 
 async def test_every_record_once_across_two_servers_reasoning_normalized(

@@ -25,7 +25,7 @@ from fleetgen.plan.fixes import MIN_TOKENS_PER_REQUEST
 from fleetgen.plan.sglang.memory import SGLangExtras
 from fleetgen.plan.types import GIB, GpuFacts, Issue
 from fleetgen.plan.vllm.memory import VLLMExtras
-from tests.unit.plan.sglang.test_memory import (
+from tests.fixtures.planmodels import (
     EXTRA,
     GPU96,
     GPU183,

@@ -5,12 +5,12 @@ running). Expected numbers are recomputed here from SGLang's formulas (reference
 plan's output.
 
 Filed under `plan/sglang/memory.py` (SGLang's arithmetic, planned through `plan.plan_fleet`); the
-API key's way is `plan/fleet.py`'s. Its constants and `plan_one` are shared by other plan tests.
+API key's way is `plan/fleet.py`'s. The models, GPU sizes, flag sets and `plan_one` it shares with other
+plan tests are in tests/fixtures/planmodels.py.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,8 +18,7 @@ import pytest
 from fleetgen.config import FleetFile
 from fleetgen.engines import get_engine
 from fleetgen.engines.sglang import SGLangEngine
-from fleetgen.modelcard import load_model_shape
-from fleetgen.plan import InstancePlan, facts_from_file, plan_fleet
+from fleetgen.plan import facts_from_file, plan_fleet
 from fleetgen.plan.fleet import api_key_way
 from fleetgen.plan.sglang.memory import (
     CUDA_CONTEXT_BYTES,
@@ -28,48 +27,9 @@ from fleetgen.plan.sglang.memory import (
     kv_bytes_per_token,
     state_bytes_per_request,
 )
+from tests.fixtures.planmodels import EXTRA, GPU96, GPU183, MOTIVATING, QWEN, SPEC_V2, plan_one
 
-MODELS = Path(__file__).parents[3] / "data" / "models"
-QWEN = load_model_shape(MODELS / "qwen3.6-27b")
 GIB = 1 << 30
-GPU96 = 97_887 / 1024
-GPU183 = 183_359 / 1024
-MOTIVATING = {
-    "speculative-algorithm": "EAGLE",
-    "speculative-num-steps": 3,
-    "speculative-eagle-topk": 1,
-    "speculative-num-draft-tokens": 4,
-    "mem-fraction-static": 0.90,
-}
-EXTRA = {"mamba-scheduler-strategy": "extra_buffer"}
-SPEC_V2 = {"SGLANG_ENABLE_SPEC_V2": "1"}
-
-
-def plan_one(
-    args: dict[str, Any],
-    *,
-    env: dict[str, str] | None = None,
-    version: str = "0.5.10",
-    gpu_gib: float = GPU96,
-    tp: int = 1,
-    model: str = "qwen3.6-27b",
-) -> InstancePlan:
-    fleet = FleetFile.model_validate(
-        {
-            "engine": {
-                "kind": "sglang",
-                "version": version,
-                "model": "/m",
-                "tp": tp,
-                "args": args,
-                "env": env or {},
-            },
-            "hosts": [{"name": "n", "gpus": list(range(tp)), "gpu_memory_gib": gpu_gib}],
-        }
-    )
-    shape = QWEN if model == "qwen3.6-27b" else load_model_shape(MODELS / model)
-    plan = plan_fleet(fleet, shape, {h.name: facts_from_file(h) for h in fleet.hosts}, None)
-    return plan.instances[0]
 
 
 def test_qwen36_exact_bytes() -> None:

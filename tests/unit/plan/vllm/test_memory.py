@@ -19,7 +19,7 @@ from fleetgen.modelcard import load_model_shape
 from fleetgen.plan import InstancePlan, facts_from_file, plan_fleet
 from fleetgen.plan.types import GIB
 from fleetgen.plan.vllm.memory import VLLMExtras
-from tests.unit.plan.sglang.test_memory import MODELS, QWEN
+from tests.fixtures.planmodels import MODELS, QWEN
 
 TINY = load_model_shape(MODELS / "tiny-qwen3")
 CPU = {"VLLM_CPU_KVCACHE_SPACE": "1"}
