@@ -168,8 +168,8 @@ class Job:
         bad_lines = store.bad_lines(str(opts.input_path)) if intake.tracker is not None else set()
         meta = self._meta = JobMeta(intake.resume, opts.params.samples, intake.tracker, bad_lines)
         writer = StoreWriter(store, lambda batch: self._committed(batch, meta), meta=meta.current)
-        scraper = MetricsScraper(  # URLs as now: a late host may have one by now
-            [(e.name, e.client.base_url) for e in monitor.endpoints],
+        scraper = MetricsScraper(  # URLs as they are each round: a late host joins with one of its own
+            lambda: [(e.name, e.client.base_url) for e in monitor.endpoints],
             self.servers.engine_kind,
             interval_s=opts.metrics_interval_s,
             api_key=self.servers.api_key,

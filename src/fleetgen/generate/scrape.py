@@ -45,30 +45,37 @@ class MetricsScraper:
 
     def __init__(
         self,
-        endpoints: Sequence[tuple[str, str]],
+        endpoints: Callable[[], Sequence[tuple[str, str]]],
         kind: str | None,
         *,
         interval_s: float,
         api_key: str | None,
     ) -> None:
-        """A scraper for a fleet of `kind` (None: bare URLs, whose engine is unknown)."""
+        """A scraper for a fleet of `kind` (None: bare URLs, whose engine is unknown). `endpoints` gives
+        (name, URL) as they are now, read before each round: a server whose host was unreachable at the
+        start is scraped at the URL it joins with."""
         self._engine = engine = get_engine(kind) if kind is not None else None
         self._path = engine.metrics_path if engine else DEFAULT_METRICS_PATH
-        self._clients = {
-            name: EngineClient(url, api_key=api_key, timeout_s=SCRAPE_TIMEOUT_S, max_connections=1)
-            for name, url in endpoints
-        }
+        self._endpoints = endpoints
+        self._api_key = api_key
+        self._clients: dict[str, EngineClient] = {}
         self._interval_s = interval_s
         self._before: dict[str, dict[str, float]] = {}
-        self.latest: dict[str, float | None] = {name: None for name in self._clients}
+        self.latest: dict[str, float | None] = {name: None for name, _ in endpoints()}
         self.on_load: Callable[[str, int, int], None] | None = None
 
     async def run(self) -> None:
         """Scrape every endpoint every `interval_s` until cancelled."""
         async with contextlib.AsyncExitStack() as stack:
-            for client in self._clients.values():
-                await stack.enter_async_context(client)
             while True:
+                for name, url in self._endpoints():
+                    client = self._clients.get(name)
+                    if url and (client is None or client.base_url != url.rstrip("/")):
+                        client = EngineClient(
+                            url, api_key=self._api_key, timeout_s=SCRAPE_TIMEOUT_S, max_connections=1
+                        )
+                        self._clients[name] = await stack.enter_async_context(client)
+                        self._before.pop(name, None)  # another server: no window across the two
                 await asyncio.gather(*(self._scrape(name, c) for name, c in self._clients.items()))
                 await asyncio.sleep(self._interval_s)
 

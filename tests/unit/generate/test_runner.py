@@ -21,6 +21,7 @@ import orjson
 import pytest
 
 from fleetgen.cli.run import default_caps
+from fleetgen.deploy.readiness import Readiness
 from fleetgen.errors import FleetDown, ParamsMismatch, RequestRejected
 from fleetgen.fleet.pool import Link
 from fleetgen.generate.dispatch import in_flight_for
@@ -521,3 +522,35 @@ async def test_a_server_whose_engine_runs_past_its_figure_is_filled_to_its_batch
     peak = max(e.in_flight for p in seen for e in p.endpoints)
     cap = seen[-1].endpoints[0].cap
     assert in_flight_for(2) < in_flight_for(12) <= peak <= cap < in_flight_for(4096)
+
+
+async def test_a_late_server_whose_figure_is_a_floor_is_filled_once_it_joins(
+    tmp_path: Path, sim_server: SimFactory
+) -> None:
+    """s1 was loading at the start (its figure unread: it takes the job's concurrency); once the fleet says it
+    is ready with a floor figure, it is filled like one there from the start: it ran past that concurrency."""
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": f"r{i}", "prompt": f"q{i}"} for i in range(240)])
+    seen: list[Progress] = []
+    flags = dict(sim_bandwidth_gbs=4800, sim_time_scale=4, enable_metrics=True, sim_output_tokens=64)
+    async with sims(sim_server, 2, **flags, disable_radix_cache=True, max_running_requests=12) as (a, late):
+
+        async def read_one(name: str) -> Link:
+            return Link(name, late.base_url, None, 2, running_is_floor=True)
+
+        servers = JobServers(
+            caps={"s0": in_flight_for(12)},
+            not_ready={"s1": (Readiness.WAITING, "loading")},
+            read_one=read_one,
+        )
+        job = new_job(
+            tmp_path,
+            prompts,
+            [a.base_url, ""],
+            servers,
+            concurrency=in_flight_for(2),
+            metrics_interval_s=0.05,
+        )
+        summary = await job.run(seen.append)
+    assert summary.results == 240 and summary.endpoints["s1"] > 0
+    peak = max(e.in_flight for p in seen for e in p.endpoints if e.name == "s1")
+    assert peak > in_flight_for(2)
