@@ -26,20 +26,12 @@ from fleetgen.generate.dispatch import Dispatcher
 from fleetgen.generate.health import Endpoint, HealthMonitor, served_models
 from fleetgen.generate.progress import EndpointProgress, Progress
 from fleetgen.generate.runner import JobServers
-from fleetgen.generate.work import Record, RetryPolicy, Work
+from fleetgen.generate.work import Record, Work
 from fleetgen.http.client import EngineClient
-from tests.fixtures.jobs import new_job, rows, write_jsonl
+from tests.fixtures.jobs import FAST, new_job, rows, write_jsonl
 from tests.fixtures.standin import StandIn, serve
 
-QUICK = RetryPolicy(
-    max_retries=3,
-    backoff_base_s=0.01,
-    backoff_max_s=0.05,
-    probe_interval_s=0.02,
-    probe_interval_max_s=0.02,
-    dead_timeout_s=5.0,
-    max_consecutive_failures=20,
-)
+QUICK = dataclasses.replace(FAST, probe_interval_s=0.02, probe_interval_max_s=0.02, dead_timeout_s=5.0)
 HANG_GUARD_S = 30.0  # only against a hung test; never asserted as a speed
 
 

@@ -7,6 +7,7 @@ Filed under `generate/jobmeta.py`, with `scrape.py`'s accept length and `fleetli
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import sqlite3
 from pathlib import Path
@@ -28,7 +29,7 @@ from fleetgen.generate.source import Position
 from fleetgen.generate.store import Store
 from fleetgen.generate.work import RecordShape, RetryPolicy
 from fleetgen.http.client import BareURLs
-from tests.fixtures.jobs import new_job, options, params, write_jsonl
+from tests.fixtures.jobs import FAST, new_job, options, params, write_jsonl
 from tests.fixtures.standin import StandIn, serve
 
 SGLANG = get_engine("sglang")
@@ -194,13 +195,11 @@ async def test_restart_hook_is_retried_until_the_dead_endpoint_is_back(tmp_path:
         await ctx.__aenter__()
         started.append(ctx)
 
-    policy = RetryPolicy(
-        max_retries=3,
-        backoff_base_s=0.01,
-        backoff_max_s=0.05,
-        probe_interval_s=0.05,
+    policy = dataclasses.replace(
+        FAST,
         probe_interval_max_s=0.05,
         dead_timeout_s=5.0,
+        max_consecutive_failures=RetryPolicy().max_consecutive_failures,
     )
     try:
         async with serve(StandIn(delay_s=0.05)) as alive:
