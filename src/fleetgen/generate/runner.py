@@ -31,12 +31,15 @@ import orjson
 from fleetgen.deploy.readiness import Judgement, Readiness
 from fleetgen.errors import JobError, ParamsMismatch
 from fleetgen.fleet.pool import Link
-from fleetgen.generate import jobmeta, rows
+from fleetgen.generate import rows
 from fleetgen.generate.dispatch import Dispatcher
 from fleetgen.generate.forced import ForcedLengths
 from fleetgen.generate.health import Endpoint, HealthMonitor, OnDead, served_models
-from fleetgen.generate.intake import Intake
-from fleetgen.generate.jobmeta import JobMeta
+from fleetgen.generate.ledger import jobmeta
+from fleetgen.generate.ledger.intake import Intake
+from fleetgen.generate.ledger.jobmeta import JobMeta
+from fleetgen.generate.ledger.store import BadRow, Batch, Counts, ErrorRow, ResultRow, Store
+from fleetgen.generate.ledger.writer import StoreWriter
 from fleetgen.generate.progress import (
     Counters,
     EndpointProgress,
@@ -47,9 +50,7 @@ from fleetgen.generate.progress import (
 )
 from fleetgen.generate.scrape import MetricsScraper
 from fleetgen.generate.source import count_records
-from fleetgen.generate.store import BadRow, Batch, Counts, ErrorRow, ResultRow, Store
 from fleetgen.generate.work import JobOptions, Work
-from fleetgen.generate.writer import StoreWriter
 from fleetgen.http.client import EngineClient
 from fleetgen.http.request import ChatRequests
 

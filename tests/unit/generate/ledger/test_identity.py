@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from fleetgen.errors import InputMismatch, ParamsMismatch
-from fleetgen.generate import identity
+from fleetgen.generate.ledger import identity
 from fleetgen.generate.source import ARCHIVES
 from fleetgen.generate.work import RecordShape
 from tests.fixtures.jobs import new_job, options, params, rows, write_jsonl

@@ -10,7 +10,7 @@ import pytest
 
 from fleetgen.errors import JobError
 from fleetgen.generate import rows as rowmod
-from fleetgen.generate.store import (
+from fleetgen.generate.ledger.store import (
     BAD,
     ERRORS,
     MIGRATIONS,

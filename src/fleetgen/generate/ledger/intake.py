@@ -17,12 +17,13 @@ from dataclasses import dataclass, field
 import orjson
 
 from fleetgen.errors import InputError
-from fleetgen.generate import diagnose, identity, jobmeta, rows
+from fleetgen.generate import diagnose, rows
+from fleetgen.generate.ledger import identity, jobmeta
+from fleetgen.generate.ledger.store import Store
+from fleetgen.generate.ledger.writer import StoreWriter
 from fleetgen.generate.progress import Counters, PositionTracker
 from fleetgen.generate.source import IsDone, Position, conflict, read_records
-from fleetgen.generate.store import Store
 from fleetgen.generate.work import BadInput, JobOptions, Record, RunMode, Work, key_hash
-from fleetgen.generate.writer import StoreWriter
 
 # The re-run modes: the table and condition of the keys each one redoes.
 REDO: dict[RunMode, tuple[str, str]] = {

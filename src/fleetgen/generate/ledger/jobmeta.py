@@ -21,9 +21,9 @@ from typing import Any
 
 import orjson
 
-from fleetgen.generate import identity
+from fleetgen.generate.ledger import identity
+from fleetgen.generate.ledger.store import Store
 from fleetgen.generate.progress import PositionTracker
-from fleetgen.generate.store import Store
 
 TOTAL = "total"
 FINISHED_AT = "finished_at"

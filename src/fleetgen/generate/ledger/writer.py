@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from fleetgen.generate.store import BadRow, Batch, ErrorRow, ResultRow, SeriesRow, Store
+from fleetgen.generate.ledger.store import BadRow, Batch, ErrorRow, ResultRow, SeriesRow, Store
 
 INTERVAL_S = 0.1  # a batch waits at most this long for more rows
 MAX_ROWS = 512  # … or until this many are waiting
