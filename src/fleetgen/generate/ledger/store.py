@@ -1,17 +1,25 @@
 """The durable store of a job: one SQLite file (WAL) in the output folder.
 
-Tables: `results` (one row per (record id, sample), upserted, with the hash of the prompt it answers),
-`errors` (same key, with the reason), `inputs_bad` (file, line, reason), `meta` (sampling params, the input's
-identity, resume position), `timeseries` (per instance every few seconds, for reports). Schema changes are an
-append-only list of migrations (`PRAGMA user_version` counts those applied).
+Tables: `results` (one row per (record id, sample), with the hash of the prompt it answers), `errors` (same
+key, with the reason), `inputs_bad` (input, line, reason), `meta` (sampling params, the input's identity,
+resume position), `timeseries` (per instance every few seconds, for reports). Schema changes are an
+append-only list of migrations (`PRAGMA user_version` counts those applied). Rows say which input of the
+folder they come from (`input_index`: 0, then one more per `--add-input`), so a line number means one record
+whatever the input file is called now.
+
+**A stored answer is final.** `write_batch` inserts; a row for a stored (id, sample) is a conflict it decides:
+the same prompt is a no-op it counts (`Written.repeats`), another prompt is `LedgerConflict` (the batch is not
+written) — never a replace. Two exceptions, both on purpose: a success replaces an error row of its key
+(`--retry-errors`), and a `--redo-truncated` pass replaces a truncated answer to the same prompt.
 
 A row of a table is a named record (`ResultRow`, `ErrorRow`, `BadRow`, `SeriesRow`) whose fields are the
-table's columns in order; its `Table` derives the INSERT (an upsert on the key) and SELECT column lists from
-it, so a field is named in one place. A migration that adds a column adds the field in the same change.
+table's columns in order; its `Table` derives the INSERT and SELECT column lists from it, so a field is named
+in one place. A migration that adds a column adds the field in the same change.
 
 Writes come in batches from one writer (`StoreWriter`, which says how often), one transaction each, then
 `on_commit` — so whatever the progress counts is already on disk, and a kill -9 leaves either a whole row or
-none. Resume reads only the compact `khash` column through a covering index.
+none. Resume reads only the compact `khash` column through a covering index. Every SQLite error (a full disk
+above all) is a `JobError` naming the fix; nothing committed is lost.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import IO, Any, Generic, NamedTuple, TypeVar
 
-from fleetgen.errors import JobError
+from fleetgen.errors import JobError, LedgerConflict
 
 DB_NAME = "results.sqlite"
 LOCK_NAME = ".fleetgen-run.lock"
@@ -59,6 +67,7 @@ class ResultRow(NamedTuple):
     has_leaked_think: int
     is_repetitive: int
     chash: int  # the hash of the prompt it answers (migration 3)
+    input_index: int  # which input of the folder the record is from (migration 4)
 
 
 class ErrorRow(NamedTuple):
@@ -76,16 +85,18 @@ class ErrorRow(NamedTuple):
     instance: str
     finished_at: float
     chash: int
+    input_index: int
 
 
 class BadRow(NamedTuple):
-    """An `inputs_bad` row: an input line that cannot become work."""
+    """An `inputs_bad` row: an input line that cannot become work (its verdict is final, as an answer is)."""
 
     source: str
     line: int
     record_id: str | None
     reason: str
     finished_at: float
+    input_index: int
 
 
 class SeriesRow(NamedTuple):
@@ -108,7 +119,6 @@ class Table(Generic[R]):
 
     name: str
     record: type[R]
-    key: tuple[str, ...] = ()  # the conflict key of an upsert; none: a plain insert
 
     @property
     def columns(self) -> str:
@@ -116,17 +126,14 @@ class Table(Generic[R]):
 
     @cached_property
     def insert(self) -> str:
+        """A plain INSERT: what a row's key already holds is decided before it (`Store.write_batch`)."""
         marks = ", ".join("?" * len(self.record._fields))
-        sql = f"INSERT INTO {self.name} ({self.columns}) VALUES ({marks})"
-        if not self.key:
-            return sql
-        updates = ", ".join(f"{c} = excluded.{c}" for c in self.record._fields if c not in self.key)
-        return f"{sql} ON CONFLICT ({', '.join(self.key)}) DO UPDATE SET {updates}"
+        return f"INSERT INTO {self.name} ({self.columns}) VALUES ({marks})"
 
 
-RESULTS = Table("results", ResultRow, key=("id", "sample"))
-ERRORS = Table("errors", ErrorRow, key=("id", "sample"))
-BAD = Table("inputs_bad", BadRow, key=("source", "line"))
+RESULTS = Table("results", ResultRow)
+ERRORS = Table("errors", ErrorRow)
+BAD = Table("inputs_bad", BadRow)
 SERIES = Table("timeseries", SeriesRow)
 TABLES: tuple[Table[Any], ...] = (RESULTS, ERRORS, BAD, SERIES)
 TABLE_INDEX = {table.record: index for index, table in enumerate(TABLES)}  # record type → its table
@@ -174,6 +181,21 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX results_resume ON results (line, khash, chash);
     CREATE INDEX errors_resume ON errors (line, khash, chash);
     """,
+    # 4: rows say which input of the folder they come from (0, then one more per --add-input), so a line means
+    # one record whatever the file is called now; a bad line is keyed by (input, line). Rows written before
+    # are the first input's.
+    """
+    ALTER TABLE results ADD COLUMN input_index INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE errors ADD COLUMN input_index INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE inputs_bad_4 (
+        source TEXT NOT NULL, line INTEGER NOT NULL, record_id TEXT, reason TEXT, finished_at REAL,
+        input_index INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (input_index, line)
+    );
+    INSERT OR IGNORE INTO inputs_bad_4 SELECT source, line, record_id, reason, finished_at, 0 FROM inputs_bad;
+    DROP TABLE inputs_bad;
+    ALTER TABLE inputs_bad_4 RENAME TO inputs_bad;
+    """,
 )
 
 
@@ -208,6 +230,38 @@ class Counts(NamedTuple):
     bad_inputs: int = 0
 
 
+class Written(NamedTuple):
+    """What one batch added: rows per table, and the rows its keys already held (no-ops, never replaces)."""
+
+    results: int = 0
+    errors: int = 0
+    bad: int = 0
+    repeats: int = 0
+
+
+class Stored(NamedTuple):
+    """Where a stored row's record was read: its input (`input_index`), line and prompt hash (0: unknown)."""
+
+    input_index: int
+    line: int
+    chash: int
+
+
+FULL_DISK_FIX = (
+    "free space on the output folder's disk (or check it is writable), then rerun the same command: it "
+    "resumes, and nothing committed is lost"
+)
+
+
+@contextlib.contextmanager
+def _translated(path: Path, action: str) -> Iterator[None]:
+    """SQLite's errors (a full disk above all) as one `JobError` naming the fix."""
+    try:
+        yield
+    except sqlite3.Error as exc:
+        raise JobError(f"{action} {path} failed: {exc}", fix=FULL_DISK_FIX) from exc
+
+
 @dataclass
 class Store:
     """The SQLite store of one output folder. Open with `Store.open`; one writer at a time (a lock file)."""
@@ -215,6 +269,7 @@ class Store:
     conn: sqlite3.Connection
     path: Path
     _lock: IO[bytes] | None
+    _reader: sqlite3.Connection | None = None
 
     @classmethod
     def open(cls, out_dir: Path, *, writer: bool = True) -> Store:
@@ -235,13 +290,14 @@ class Store:
                 conn.execute("PRAGMA synchronous = FULL")
                 migrate(conn)
         except sqlite3.Error as exc:
-            raise JobError(
-                f"cannot open the store {path}: {exc}",
-                fix="check the folder is writable and the disk not full",
-            ) from exc
+            if lock is not None:
+                lock.close()
+            raise JobError(f"cannot open the store {path}: {exc}", fix=FULL_DISK_FIX) from exc
         return cls(conn, path, lock)
 
     def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
         self.conn.close()
         if self._lock is not None:
             self._lock.close()
@@ -251,27 +307,47 @@ class Store:
         return None if row is None else str(row[0])
 
     def set_meta(self, items: dict[str, str]) -> None:
-        self.conn.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", items.items())
+        with _translated(self.path, "writing the job's meta to"):
+            self.conn.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", items.items())
 
     def delete_meta(self, *keys: str) -> None:
-        self.conn.executemany("DELETE FROM meta WHERE key = ?", ((key,) for key in keys))
+        with _translated(self.path, "writing the job's meta to"):
+            self.conn.executemany("DELETE FROM meta WHERE key = ?", ((key,) for key in keys))
 
-    def bad_lines(self, source: str) -> set[int]:
-        """Lines of `source` recorded as bad input (by earlier runs)."""
-        return {
-            line for (line,) in self.conn.execute("SELECT line FROM inputs_bad WHERE source = ?", (source,))
-        }
+    def forget_bad_lines(self) -> None:
+        """Drop every bad-input verdict (a folder with nothing generated yet: the input may be fixed)."""
+        with _translated(self.path, "writing"):
+            self.conn.execute("DELETE FROM inputs_bad")
 
-    def done_keys(self, after_line: int = 0) -> dict[int, int]:
-        """Key (`khash`) → content hash (`chash`, 0 when unknown) of every result and error row past
-        `after_line`, read through covering indexes."""
-        keys: dict[int, int] = {}
+    def bad_lines(self, input_index: int) -> set[int]:
+        """Lines of the folder's input `input_index` recorded as bad input by earlier runs: final verdicts."""
+        cursor = self.conn.execute("SELECT line FROM inputs_bad WHERE input_index = ?", (input_index,))
+        return {line for (line,) in cursor}
+
+    def done_keys(self, input_index: int, after_line: int = 0) -> dict[int, Stored]:
+        """Key (`khash`) → where its record was read, for every result and error row of input `input_index`
+        past `after_line`, read through covering indexes."""
+        keys: dict[int, Stored] = {}
         for table in ("results", "errors"):
             cursor = self.conn.execute(
-                f"SELECT khash, IFNULL(chash, 0) FROM {table} WHERE line > ?", (after_line,)
+                f"SELECT khash, input_index, line, IFNULL(chash, 0) FROM {table} "
+                "WHERE line > ? AND input_index = ?",
+                (after_line, input_index),
             )
-            keys.update(cursor)  # (key, hash) pairs straight into the dict, at C speed
+            keys.update((key, Stored(index, line, chash)) for key, index, line, chash in cursor)
         return keys
+
+    def stored_at(self, record_id: str) -> Stored | None:
+        """Where the rows of `record_id` were read (its first line, any input), on a reader connection of its
+        own: the writer's transactions never block it (WAL)."""
+        if self._reader is None:
+            self._reader = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
+        row = self._reader.execute(
+            "SELECT input_index, line, IFNULL(chash, 0) FROM results WHERE id = ?1 UNION ALL "
+            "SELECT input_index, line, IFNULL(chash, 0) FROM errors WHERE id = ?1 ORDER BY 1, 2 LIMIT 1",
+            (record_id,),
+        ).fetchone()
+        return None if row is None else Stored(*row)
 
     def keys_where(self, table: str, where: str = "1") -> set[int]:
         """Keys of the rows of `table` matching `where` (e.g. the error rows, or the truncated results)."""
@@ -282,26 +358,90 @@ class Store:
         counts = ", ".join(f"(SELECT COUNT(*) FROM {table})" for table in tables)
         return Counts._make(self.conn.execute(f"SELECT {counts}").fetchone())
 
-    def write_batch(self, batch: Batch) -> None:
-        """Write a batch in one transaction: all of it or none of it."""
+    def write_batch(self, batch: Batch, *, replace_truncated: bool = False) -> Written:
+        """Write a batch in one transaction: all of it or none of it. A row whose key is stored is decided
+        (the module docstring says how): `LedgerConflict` for another prompt, never a replace."""
         conn = self.conn
         try:
             conn.execute("BEGIN IMMEDIATE")
-            # A success replaces an earlier error row for the same key (--retry-errors).
-            keys = ((row.id, row.sample) for row in batch.results)
-            conn.executemany("DELETE FROM errors WHERE id = ? AND sample = ?", keys)
-            for table, rows in zip(TABLES, batch.rows(), strict=True):
-                conn.executemany(table.insert, rows)
-            self.set_meta(batch.meta)
+            written = self._insert_all(batch, replace_truncated)
+            conn.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", batch.meta.items())
             conn.execute("COMMIT")
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, LedgerConflict) as exc:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
-            raise JobError(
-                f"writing results to {self.path} failed: {exc}",
-                fix="check free disk space and that nothing else writes this folder; "
-                "rerun the same command to resume (nothing committed is lost)",
-            ) from exc
+            if isinstance(exc, LedgerConflict):
+                raise
+            raise JobError(f"writing results to {self.path} failed: {exc}", fix=FULL_DISK_FIX) from exc
+        return written
+
+    def _insert_all(self, batch: Batch, replace_truncated: bool) -> Written:
+        conn, num_results, num_errors = self.conn, 0, 0
+        for result in batch.results:  # one by one: a key twice in one batch is decided as across batches
+            if self._is_new_result(result, replace_truncated):
+                # A success replaces an earlier error row for the same key (--retry-errors).
+                conn.execute("DELETE FROM errors WHERE id = ? AND sample = ?", (result.id, result.sample))
+                conn.execute(RESULTS.insert, result)
+                num_results += 1
+        for error in batch.errors:
+            if self._is_new_error(error):
+                conn.execute(ERRORS.insert, error)
+                num_errors += 1
+        before = conn.total_changes
+        conn.executemany(f"{BAD.insert} ON CONFLICT (input_index, line) DO NOTHING", batch.bad)
+        num_bad = conn.total_changes - before  # a verdict already stored is the same verdict: kept
+        conn.executemany(SERIES.insert, batch.series)
+        num_rows = len(batch.results) + len(batch.errors) + len(batch.bad)
+        return Written(num_results, num_errors, num_bad, num_rows - num_results - num_errors - num_bad)
+
+    def _is_new_result(self, row: ResultRow, replace_truncated: bool) -> bool:
+        """Whether `row` is to be inserted: its key holds nothing, an error row (of the same prompt), or with
+        `replace_truncated` a truncated answer to the same prompt (deleted here); a stored answer to the same
+        prompt makes it a no-op."""
+        error = self._stored_chash("errors", row)
+        if error is not None:
+            self._check_same_prompt(row, error)
+        stored = self.conn.execute(
+            "SELECT IFNULL(chash, 0), is_truncated FROM results WHERE id = ? AND sample = ?",
+            (row.id, row.sample),
+        ).fetchone()
+        if stored is None:
+            return True
+        chash, is_truncated = stored
+        self._check_same_prompt(row, chash)
+        if replace_truncated and is_truncated:
+            self.conn.execute("DELETE FROM results WHERE id = ? AND sample = ?", (row.id, row.sample))
+            return True
+        return False
+
+    def _is_new_error(self, row: ErrorRow) -> bool:
+        """Whether `row` is to be inserted: an answer stored for its key stays (the error is a no-op); an
+        earlier error row of the same prompt is replaced by this newer one (`--retry-errors`)."""
+        for table in ("results", "errors"):
+            stored = self._stored_chash(table, row)
+            if stored is None:
+                continue
+            self._check_same_prompt(row, stored)
+            if table == "results":
+                return False
+            self.conn.execute("DELETE FROM errors WHERE id = ? AND sample = ?", (row.id, row.sample))
+        return True
+
+    def _stored_chash(self, table: str, row: ResultRow | ErrorRow) -> int | None:
+        """The prompt hash stored in `table` for `row`'s key (0: unknown), None when the key holds nothing."""
+        stored = self.conn.execute(
+            f"SELECT IFNULL(chash, 0) FROM {table} WHERE id = ? AND sample = ?", (row.id, row.sample)
+        ).fetchone()
+        return None if stored is None else int(stored[0])
+
+    def _check_same_prompt(self, row: ResultRow | ErrorRow, stored_chash: int) -> None:
+        if stored_chash and row.chash and stored_chash != row.chash:
+            raise LedgerConflict(
+                f"{self.path}: record {row.id!r} (sample {row.sample}, {row.source}:{row.line}) is stored "
+                "with another prompt; the stored answer is kept and this one is not written",
+                fix="this is a fleetgen bug (the input side lets one id through twice): report it with the "
+                "folder; rerun the same command to resume",
+            )
 
     def iter_rows(self, table: Table[R], where: str = "1") -> Iterator[R]:
         """Stream the records of `table` matching `where`, in insertion order, 1000 at a time (exports never
@@ -321,13 +461,16 @@ def migrate(conn: sqlite3.Connection) -> None:
             f"the store has schema version {version}; this fleetgen knows {len(MIGRATIONS)}",
             fix="upgrade fleetgen to read this output folder",
         )
-    for number in range(version, len(MIGRATIONS)):
+    for number in range(version, len(MIGRATIONS)):  # executescript commits first: each one is atomic
         conn.executescript(f"BEGIN; {MIGRATIONS[number]}; PRAGMA user_version = {number + 1}; COMMIT;")
 
 
 def _take_lock(out_dir: Path) -> IO[bytes]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    handle = (out_dir / LOCK_NAME).open("ab")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        handle = (out_dir / LOCK_NAME).open("ab")
+    except OSError as exc:
+        raise JobError(f"cannot use the output folder {out_dir}: {exc.strerror}", fix=FULL_DISK_FIX) from exc
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError as exc:
