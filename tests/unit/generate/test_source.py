@@ -69,7 +69,9 @@ def test_done_records_are_skipped_in_runs_that_keep_their_place(
     # A long run is reported every SKIP_RUN lines, so the resume position keeps moving.
     monkeypatch.setattr(source, "SKIP_RUN", 2)
     runs = list(
-        read_records(path, SHAPE, Position(), is_done=lambda rid, _line: 0 if rid in {"r0", "r1", "r2"} else None)
+        read_records(
+            path, SHAPE, Position(), is_done=lambda rid, _line: 0 if rid in {"r0", "r1", "r2"} else None
+        )
     )
     assert runs[:2] == [Position(2, ends[1]), Position(3, ends[2])] and isinstance(runs[2], BadInput)
 
