@@ -230,7 +230,7 @@ class Job:
         ]
         status: RunEnd = "complete"
         try:
-            await dispatcher.run(intake.work(writer))
+            await dispatcher.run(intake.work(writer.put))
             if self._stops:
                 status = "stopped"
                 await self._drain(dispatcher)

@@ -24,8 +24,7 @@ import orjson
 from fleetgen.errors import InputError
 from fleetgen.generate import diagnose, rows
 from fleetgen.generate.ledger import identity, jobmeta
-from fleetgen.generate.ledger.store import Store, Stored
-from fleetgen.generate.ledger.writer import StoreWriter
+from fleetgen.generate.ledger.store import BadRow, Store, Stored
 from fleetgen.generate.progress import Counters, PositionTracker
 from fleetgen.generate.source import IsDone, Position, conflict, read_records
 from fleetgen.generate.work import BadInput, JobOptions, Record, RunMode, Work, id_key, key_hash
@@ -125,7 +124,8 @@ class Intake:
 
         return is_done
 
-    def work(self, writer: StoreWriter) -> Iterator[Work]:
+    def work(self, put: Callable[[BadRow], None]) -> Iterator[Work]:
+        """The work of the input, in input order; bad-input rows go to `put` (the writer's)."""
         opts, tracker, wanted = self.options, self.tracker, self.wanted
         start = tracker.position if tracker else Position()
         for record in read_records(opts.input_path, opts.shape, start, opts.split, self.done_check()):
@@ -142,7 +142,7 @@ class Intake:
                 if wanted is None:  # re-run modes write only the rows they redo
                     if tracker is not None:
                         tracker.open(todo.line, todo.end_offset, 1)
-                    writer.put(rows.bad_row(todo, self.input_index))
+                    put(rows.bad_row(todo, self.input_index))
                     self._note_bad(todo)
                 continue
             assert isinstance(record, Record)
