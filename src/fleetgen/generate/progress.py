@@ -111,15 +111,24 @@ class RateMeter:
 
     def __init__(self) -> None:
         self._samples: deque[tuple[float, float]] = deque()
+        self._first = 0.0
 
     def add(self, count: float) -> float:
         """Record the running `count`; return its rate per second over the window."""
         now = time.monotonic()
+        if not self._samples:
+            self._first = now
         self._samples.append((now, count))
         while len(self._samples) > 2 and now - self._samples[0][0] > RATE_WINDOW_S:
             self._samples.popleft()
         t0, c0 = self._samples[0]
         return (count - c0) / (now - t0) if now > t0 else 0.0
+
+    @property
+    def is_measured(self) -> bool:
+        """Whether a whole window has passed since the first sample: a rate to predict from (right after a
+        start a rate is of the first few answers, and an ETA from it is wild)."""
+        return bool(self._samples) and self._samples[-1][0] - self._first >= RATE_WINDOW_S
 
 
 class PositionTracker:

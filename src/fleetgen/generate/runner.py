@@ -340,19 +340,29 @@ class Job:
             rate, tok_rate = done_meter.add(c.results + c.errors), token_meter.add(c.output_tokens)
             rates = {e.name: meters[e.name].add(e.completions) for e in dispatcher.endpoints}
             if on_progress is not None:
-                on_progress(self._snapshot(dispatcher, rate, tok_rate, rates))
+                snapshot = self._snapshot(dispatcher, rate, tok_rate, rates, predicts=done_meter.is_measured)
+                on_progress(snapshot)
             if time.monotonic() - last_series >= self.options.series_interval_s:
                 last_series = time.monotonic()
                 writer.put(*rows.series_rows(dispatcher.endpoints, scraper.latest))
 
     def _snapshot(
-        self, dispatcher: Dispatcher, rate: float, tok_rate: float, rates: Mapping[str, float]
+        self,
+        dispatcher: Dispatcher,
+        rate: float,
+        tok_rate: float,
+        rates: Mapping[str, float],
+        *,
+        predicts: bool = False,
     ) -> Progress:
-        """The progress view's snapshot: counts of committed rows only."""
-        c, total = self.counters, self._total
+        """The progress view's snapshot: what the store holds (what it held at the start and this run's
+        committed rows), never a count of this run alone; an ETA once `rate` `predicts` (a whole window)."""
+        c, total, samples = self.counters, self._total, self.options.params.samples
         before = c.before if self.options.mode == "normal" else Counts()
-        done = before.results + before.errors + c.results + c.errors + c.bad * self.options.params.samples
-        eta = (total - done) / rate if total is not None and rate > 0 and total >= done else None
+        bad = before.bad_inputs + c.bad
+        done = before.results + before.errors + c.results + c.errors + bad * samples
+        can_predict = predicts and total is not None and rate > 0 and total >= done
+        eta = (total - done) / rate if can_predict and total is not None else None
         return Progress(
             done=done,
             total=total,
@@ -361,7 +371,7 @@ class Job:
             eta_s=eta,
             errors=before.errors + c.errors,
             truncated=before.truncated + c.truncated,
-            bad_inputs=c.bad,
+            bad_inputs=bad,
             in_flight=dispatcher.num_in_flight,
             retrying=dispatcher.num_retrying,
             elapsed_s=time.monotonic() - self._started,

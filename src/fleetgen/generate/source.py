@@ -275,17 +275,18 @@ def read_records(
 
 
 def count_records(path: Path, split: str | None = None) -> int:
-    """How many records the input holds (JSONL: its lines), for progress totals."""
+    """How many records the input holds (JSONL: its lines that are not blank), for progress totals."""
     if path.is_dir():
         return sum(batch.num_rows for batch in _arrow_batches(hf_arrow_files(path, split)))
     if path.suffix == ".parquet":
         return int(pq.ParquetFile(str(path)).metadata.num_rows)
-    count, last = 0, b"\n"
+    count, tail = 0, b""
     with open_input(path) as handle:
-        while chunk := handle.read(1 << 20):  # newlines counted at C speed; blank lines are rare
-            count += chunk.count(b"\n")
-            last = chunk[-1:]
-    return count + (last != b"\n")
+        while chunk := handle.read(1 << 20):  # lines split at C speed; a blank line is no record
+            lines = (tail + chunk).split(b"\n")
+            tail = lines.pop()
+            count += sum(1 for line in lines if line and not line.isspace())
+    return count + bool(tail.strip())
 
 
 def input_files(path: Path, split: str | None = None) -> list[Path]:

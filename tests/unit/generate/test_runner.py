@@ -16,6 +16,7 @@ import os
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -554,3 +555,23 @@ async def test_a_late_server_whose_figure_is_a_floor_is_filled_once_it_joins(
     assert summary.results == 240 and summary.endpoints["s1"] > 0
     peak = max(e.in_flight for p in seen for e in p.endpoints if e.name == "s1")
     assert peak > in_flight_for(2)
+
+
+async def test_progress_after_a_resume_counts_what_the_store_holds(tmp_path: Path) -> None:
+    """Invariant: every snapshot counts the store (what it held at the start and this run's commits): a resume
+    shows the bad lines earlier runs recorded, the job ends at done == total (blank lines are no records), and
+    no ETA is given before a rate has been measured over a whole window."""
+    lines: list[Any] = [{"id": f"r{i}", "prompt": f"q{i}"} for i in range(20)]
+    lines[3:3] = [b"{broken", {"id": "r0", "prompt": "again"}, b"   ", {"id": "x", "prompt": ""}]
+    prompts = write_jsonl(tmp_path / "p.jsonl", lines)
+    async with serve(StandIn()) as a:
+        first: list[Progress] = []
+        await new_job(tmp_path, prompts, [a.url]).run(first.append)
+        write_jsonl(prompts, [*lines, *({"id": f"s{i}", "prompt": f"t{i}"} for i in range(5))])
+        second: list[Progress] = []
+        summary = await new_job(tmp_path, prompts, [a.url]).run(second.append)
+    assert summary.bad_inputs == 3 and summary.results == 25
+    for seen in (first, second):
+        assert seen[-1].done == seen[-1].total and seen[-1].bad_inputs == 3
+        assert all(p.eta_s is None for p in seen)  # a job of a fraction of a second measures no rate
+    assert all(p.bad_inputs == 3 and p.done >= 23 for p in second)
