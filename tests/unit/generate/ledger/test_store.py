@@ -3,6 +3,7 @@ round trip, a stored answer final (never replaced), SQLite's errors as one `JobE
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,8 @@ from hypothesis import strategies as st
 
 from fleetgen.errors import JobError, LedgerConflict
 from fleetgen.generate import rows as rowmod
+from fleetgen.generate.ledger import jobmeta
+from fleetgen.generate.ledger.intake import Intake
 from fleetgen.generate.ledger.store import (
     BAD,
     ERRORS,
@@ -31,6 +34,8 @@ from fleetgen.generate.ledger.store import (
 )
 from fleetgen.generate.work import Record, Work
 from fleetgen.http.client import Completion, RequestFailed
+from tests.fixtures.fulldisk import fill, small_disk
+from tests.fixtures.jobs import options
 
 
 def test_migrations_apply_once_and_a_repeated_row_is_a_counted_no_op(tmp_path: Path) -> None:
@@ -163,3 +168,38 @@ def test_each_table_holds_exactly_its_record_and_gives_it_back(tmp_path: Path) -
     assert store.write_batch(Batch(results=retried)) == Written(results=3)
     assert store.counts().errors == 0  # a result replaces the error row of its key (--retry-errors)
     store.close()
+
+
+def test_every_write_on_a_full_disk_is_one_clean_error_and_loses_nothing(tmp_path: Path) -> None:
+    """A real full disk (a small tmpfs, filled): every way a run writes — the job's meta at its start
+    (`Intake.open`, `jobmeta.begin`), a batch, the end (`jobmeta.finish`) — is one `JobError` that names the
+    fix; what was committed before is all there, and once space is freed the same store writes again."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_bytes(b'{"id": "a", "prompt": "q"}\n')
+    with small_disk(tmp_path / "disk") as disk:
+        store = Store.open(disk / "out")
+        store.write_batch(Batch(results=[_result(f"r{i}", 0, 1, "x") for i in range(50)]))
+        filler = fill(disk)
+        writes = {
+            "set_meta": lambda: store.set_meta({"k": "v" * 5000}),
+            "write_batch": lambda: store.write_batch(Batch(results=[_result("new", 0, 1, "x" * 5000)])),
+            "begin": lambda: jobmeta.begin(store, {"fleet": "f" * 5000}),
+            "open": lambda: Intake.open(store, options(disk, prompts)),
+            "finish": lambda: jobmeta.finish(store),
+        }
+        failed = {}
+        for name, write in writes.items():
+            with contextlib.suppress(JobError):
+                write()
+                continue
+            failed[name] = True
+        try:
+            with pytest.raises(JobError) as error:
+                store.write_batch(Batch(results=[_result("n", 0, 1, "y" * 9000)]))
+            assert "disk is full" in str(error.value) and "rerun the same command" in error.value.fix
+            assert store.counts().results == 50
+            filler.unlink()
+            assert store.write_batch(Batch(results=[_result("n", 0, 1, "y")])) == Written(results=1)
+        finally:
+            store.close()
+    assert failed == dict.fromkeys(writes, True)
