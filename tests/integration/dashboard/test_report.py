@@ -68,6 +68,7 @@ def result_row(i: int, rnd: random.Random, t0: float) -> ResultRow:
         has_leaked_think=0,
         is_repetitive=int(i % 29 == 0),
         chash=i + 1,
+        input_index=0,
     )
 
 
@@ -85,6 +86,7 @@ def error_row(i: int, t0: float) -> ErrorRow:
         instance="gpu-b-0",
         finished_at=t0 + i,
         chash=i + 1,
+        input_index=0,
     )
 
 

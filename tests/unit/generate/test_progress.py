@@ -3,9 +3,10 @@ whole window has passed."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from fleetgen.generate import progress
 from fleetgen.generate.progress import RATE_WINDOW_S, PositionTracker, RateMeter
 from fleetgen.generate.source import Position
 
@@ -27,7 +28,7 @@ def test_position_moves_only_past_fully_committed_lines() -> None:
 def test_a_rate_predicts_only_once_a_whole_window_has_passed(monkeypatch: pytest.MonkeyPatch) -> None:
     """Right after a start the rate is of the first few answers: no ETA from it until a window has passed."""
     now = [100.0]
-    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
     meter = RateMeter()
     assert not meter.is_measured
     for second in range(int(RATE_WINDOW_S) + 1):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import random
 import sqlite3
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,7 +87,9 @@ def run_once(tmp: Path, prompts: Path, samples: int, rng: random.Random, kill_at
         jobmeta.begin(store, {})
         sink = Sink(store, JobMeta(intake.resume, samples, intake.tracker, set(intake.verdicts)))
         builder = rows.RowBuilder("m", "h", intake.input_index)
-        work, in_flight, steps = intake.work(sink.put), list[Work](), 0
+        work: Iterator[Work] | None = intake.work(sink.put)
+        in_flight: list[Work] = []
+        steps = 0
         while work is not None or in_flight:
             steps += 1
             if steps == kill_at:

@@ -3,8 +3,8 @@ round trip, a stored answer final (never replaced), SQLite's errors as one `JobE
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -180,19 +180,20 @@ def test_every_write_on_a_full_disk_is_one_clean_error_and_loses_nothing(tmp_pat
         store = Store.open(disk / "out")
         store.write_batch(Batch(results=[_result(f"r{i}", 0, 1, "x") for i in range(50)]))
         filler = fill(disk)
-        writes = {
+        writes: dict[str, Callable[[], object]] = {
             "set_meta": lambda: store.set_meta({"k": "v" * 5000}),
             "write_batch": lambda: store.write_batch(Batch(results=[_result("new", 0, 1, "x" * 5000)])),
             "begin": lambda: jobmeta.begin(store, {"fleet": "f" * 5000}),
             "open": lambda: Intake.open(store, options(disk, prompts)),
             "finish": lambda: jobmeta.finish(store),
         }
-        failed = {}
+        failed = []
         for name, write in writes.items():
-            with contextlib.suppress(JobError):
+            try:
                 write()
-                continue
-            failed[name] = True
+            except JobError as exc:
+                assert "rerun the same command" in exc.fix, name
+                failed.append(name)
         try:
             with pytest.raises(JobError) as error:
                 store.write_batch(Batch(results=[_result("n", 0, 1, "y" * 9000)]))
@@ -202,4 +203,4 @@ def test_every_write_on_a_full_disk_is_one_clean_error_and_loses_nothing(tmp_pat
             assert store.write_batch(Batch(results=[_result("n", 0, 1, "y")])) == Written(results=1)
         finally:
             store.close()
-    assert failed == dict.fromkeys(writes, True)
+    assert failed == list(writes)
