@@ -338,16 +338,17 @@ class Store:
         return keys
 
     def stored_at(self, record_id: str) -> Stored | None:
-        """Where the rows of `record_id` were read (its first line, any input), on a reader connection of its
-        own: the writer's transactions never block it (WAL)."""
+        """Where the rows of `record_id` were read (any input), on a reader connection of its own: the
+        writer's transactions never block it (WAL). Every row of an id is its one owner's."""
         if self._reader is None:
             self._reader = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
-        row = self._reader.execute(
-            "SELECT input_index, line, IFNULL(chash, 0) FROM results WHERE id = ?1 UNION ALL "
-            "SELECT input_index, line, IFNULL(chash, 0) FROM errors WHERE id = ?1 ORDER BY 1, 2 LIMIT 1",
-            (record_id,),
-        ).fetchone()
-        return None if row is None else Stored(*row)
+        for table in ("results", "errors"):
+            row = self._reader.execute(
+                f"SELECT input_index, line, IFNULL(chash, 0) FROM {table} WHERE id = ? LIMIT 1", (record_id,)
+            ).fetchone()
+            if row is not None:
+                return Stored(*row)
+        return None
 
     def keys_where(self, table: str, where: str = "1") -> set[int]:
         """Keys of the rows of `table` matching `where` (e.g. the error rows, or the truncated results)."""
