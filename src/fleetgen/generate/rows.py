@@ -13,7 +13,8 @@ from typing import Any
 import orjson
 
 from fleetgen.generate.health import Endpoint
-from fleetgen.generate.ledger.store import BadRow, ErrorRow, ResultRow, SeriesRow, Store
+from fleetgen.generate.ledger.schema import BadRow, ErrorRow, ResultRow, SeriesRow
+from fleetgen.generate.ledger.store import Store
 from fleetgen.generate.progress import BadInputSample, Counters, RunEnd, Summary
 from fleetgen.generate.quality import flags_of_all
 from fleetgen.generate.work import BadInput, Work

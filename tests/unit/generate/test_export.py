@@ -12,11 +12,8 @@ import pytest
 from fleetgen.errors import JobError
 from fleetgen.generate import rows as rowmod
 from fleetgen.generate.export import export, filter_sql
-from fleetgen.generate.ledger.store import (
-    MIGRATIONS,
-    Batch,
-    Store,
-)
+from fleetgen.generate.ledger.schema import MIGRATIONS
+from fleetgen.generate.ledger.store import Batch, Store
 from fleetgen.generate.work import Record, Work
 from fleetgen.http.client import Completion
 

@@ -1,6 +1,7 @@
 """The ledger: the code whose one invariant is "every record of the input answered exactly once, with its own
 answer, and nothing lost", whatever the input and whatever is killed.
 
+- `schema`: the store's tables (a named record per row) and its append-only migrations;
 - `store`: the SQLite file of a job; a stored (id, sample) is final (never replaced behind the code's back);
 - `writer`: the one writer task, batched transactions, counted only once committed;
 - `identity`: what ties an output folder to its input, and the resume position's check;

@@ -24,7 +24,8 @@ import orjson
 from fleetgen.errors import InputError
 from fleetgen.generate import diagnose, rows
 from fleetgen.generate.ledger import identity, jobmeta
-from fleetgen.generate.ledger.store import BadRow, Store, Stored
+from fleetgen.generate.ledger.schema import BadRow
+from fleetgen.generate.ledger.store import Store, Stored
 from fleetgen.generate.progress import Counters, PositionTracker
 from fleetgen.generate.source import IsDone, Position, conflict, read_records
 from fleetgen.generate.work import BadInput, JobOptions, Record, RunMode, Work, id_key, key_hash

@@ -22,7 +22,8 @@ from typing import Any
 import orjson
 
 from fleetgen.generate.ledger import identity
-from fleetgen.generate.ledger.store import BadRow, Batch, ErrorRow, ResultRow, Store
+from fleetgen.generate.ledger.schema import BadRow, ErrorRow, ResultRow
+from fleetgen.generate.ledger.store import Batch, Store
 from fleetgen.generate.progress import PositionTracker
 
 TOTAL = "total"

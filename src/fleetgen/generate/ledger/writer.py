@@ -13,7 +13,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
-from fleetgen.generate.ledger.store import BadRow, Batch, ErrorRow, ResultRow, SeriesRow, Store, Written
+from fleetgen.generate.ledger.schema import BadRow, ErrorRow, ResultRow, SeriesRow
+from fleetgen.generate.ledger.store import Batch, Store, Written
 
 INTERVAL_S = 0.1  # a batch waits at most this long for more rows
 MAX_ROWS = 512  # … or until this many are waiting

@@ -16,7 +16,7 @@ from fleetgen.errors import JobError, LedgerConflict
 from fleetgen.generate import rows as rowmod
 from fleetgen.generate.ledger import jobmeta
 from fleetgen.generate.ledger.intake import Intake
-from fleetgen.generate.ledger.store import (
+from fleetgen.generate.ledger.schema import (
     BAD,
     ERRORS,
     MIGRATIONS,
@@ -24,14 +24,11 @@ from fleetgen.generate.ledger.store import (
     SERIES,
     TABLES,
     BadRow,
-    Batch,
     ErrorRow,
     ResultRow,
     SeriesRow,
-    Store,
-    Stored,
-    Written,
 )
+from fleetgen.generate.ledger.store import Batch, Store, Stored, Written
 from fleetgen.generate.work import Record, Work
 from fleetgen.http.client import Completion, RequestFailed
 from tests.fixtures.fulldisk import fill, small_disk
