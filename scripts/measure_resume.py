@@ -26,10 +26,10 @@ import orjson
 from aiohttp import web
 
 from fleetgen.config import JobFile
-from fleetgen.generate.identity import ResumeCheck, identify
+from fleetgen.generate.ledger.identity import ResumeCheck, identify
+from fleetgen.generate.ledger.store import Store
 from fleetgen.generate.runner import Job, JobServers
 from fleetgen.generate.source import content_hash, content_id
-from fleetgen.generate.store import Store
 from fleetgen.generate.work import JobOptions, RecordShape, SamplingParams, key_hash
 
 PARAMS = SamplingParams.of(JobFile(model="m", max_tokens=16, temperature=0.0, top_p=1.0))

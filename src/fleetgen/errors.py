@@ -21,6 +21,7 @@ FleetgenError                 message + fix + context (host, argv, exit code, st
     ├── InputMismatch         an output folder run with another input (or a stored id with other content)
     ├── ParamsMismatch        resuming with other sampling params
     ├── RequestRejected       the servers refuse every request the same way: the job's request is wrong
+    ├── LedgerConflict        a write for a stored (id, sample) with another prompt (never a replace)
     └── FleetDown             too many consecutive failures fleet-wide
 ```
 
@@ -136,6 +137,10 @@ class ParamsMismatch(JobError, exit_code=2):
 
 class RequestRejected(JobError, exit_code=2):
     """Every request is refused the same way (HTTP 4xx): a sampling parameter or the prompts, not a server."""
+
+
+class LedgerConflict(JobError):
+    """A write for a stored (id, sample) with another prompt: the stored answer is final, never replaced."""
 
 
 class FleetDown(JobError):

@@ -16,8 +16,8 @@ from typing import Any
 
 from fleetgen.dashboard.model import Example, JobView, Sample
 from fleetgen.errors import JobError
-from fleetgen.generate import jobmeta
-from fleetgen.generate.store import DB_NAME, SERIES, SeriesRow
+from fleetgen.generate.ledger import jobmeta
+from fleetgen.generate.ledger.store import DB_NAME, SERIES, SeriesRow
 
 NUM_EXAMPLES = 5
 QUALITY_COLUMNS = {

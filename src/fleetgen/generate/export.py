@@ -25,8 +25,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fleetgen.errors import JobError
+from fleetgen.generate.ledger.store import RESULTS, ResultRow, Store
 from fleetgen.generate.quality import Flags, has_think_marker
-from fleetgen.generate.store import RESULTS, ResultRow, Store
 from fleetgen.generate.work import text_of
 
 FORMATS = ("parquet", "jsonl", "sharegpt", "openai-batch")

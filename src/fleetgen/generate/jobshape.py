@@ -32,8 +32,8 @@ from fleetgen.config import JobFile
 from fleetgen.errors import InputError, JobError
 from fleetgen.generate.diagnose import FAIL_FAST, all_bad
 from fleetgen.generate.forced import Filler, filler_for
+from fleetgen.generate.ledger.store import Store
 from fleetgen.generate.source import read_records
-from fleetgen.generate.store import Store
 from fleetgen.generate.work import BadInput, Record, RecordShape, text_of
 from fleetgen.http.request import Message
 from fleetgen.plan.job import (

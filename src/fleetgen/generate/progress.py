@@ -12,8 +12,8 @@ from typing import Literal
 
 from fleetgen.deploy.readiness import Readiness
 from fleetgen.generate.health import Endpoint
+from fleetgen.generate.ledger.store import Counts
 from fleetgen.generate.source import Position
-from fleetgen.generate.store import Counts
 
 RATE_WINDOW_S = 10.0
 

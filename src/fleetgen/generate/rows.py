@@ -13,9 +13,9 @@ from typing import Any
 import orjson
 
 from fleetgen.generate.health import Endpoint
+from fleetgen.generate.ledger.store import BadRow, ErrorRow, ResultRow, SeriesRow, Store
 from fleetgen.generate.progress import BadInputSample, Counters, RunEnd, Summary
 from fleetgen.generate.quality import flags_of_all
-from fleetgen.generate.store import BadRow, ErrorRow, ResultRow, SeriesRow, Store
 from fleetgen.generate.work import BadInput, Work
 from fleetgen.http.client import RequestFailed
 
@@ -28,6 +28,7 @@ class RowBuilder:
 
     model: str
     params_hash: str
+    input_index: int = 0  # which input of the folder the run reads (`jobmeta.input_index`)
 
     def result(self, endpoint: str, work: Work, started_at: float, latency_s: float) -> ResultRow:
         turns = work.done
@@ -55,6 +56,7 @@ class RowBuilder:
             has_leaked_think=int(flags.has_leaked_think),
             is_repetitive=int(flags.is_repetitive),
             chash=work.record.content_hash,
+            input_index=self.input_index,
         )
 
     def error(self, endpoint: str, work: Work, exc: RequestFailed) -> ErrorRow:
@@ -72,6 +74,7 @@ class RowBuilder:
             instance=endpoint,
             finished_at=time.time(),
             chash=work.record.content_hash,
+            input_index=self.input_index,
         )
 
 
@@ -92,8 +95,8 @@ def _sum(values: Iterable[int | None]) -> int | None:
     return sum(known) if known else None
 
 
-def bad_row(bad: BadInput) -> BadRow:
-    return BadRow(bad.source, bad.line, bad.record_id, bad.reason, finished_at=time.time())
+def bad_row(bad: BadInput, input_index: int) -> BadRow:
+    return BadRow(bad.source, bad.line, bad.record_id, bad.reason, time.time(), input_index)
 
 
 def series_rows(endpoints: list[Endpoint], accept_lengths: Mapping[str, float | None]) -> list[SeriesRow]:

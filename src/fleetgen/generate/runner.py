@@ -31,12 +31,15 @@ import orjson
 from fleetgen.deploy.readiness import Judgement, Readiness
 from fleetgen.errors import JobError, ParamsMismatch
 from fleetgen.fleet.pool import Link
-from fleetgen.generate import jobmeta, rows
+from fleetgen.generate import rows
 from fleetgen.generate.dispatch import Dispatcher
 from fleetgen.generate.forced import ForcedLengths
 from fleetgen.generate.health import Endpoint, HealthMonitor, OnDead, served_models
-from fleetgen.generate.intake import Intake
-from fleetgen.generate.jobmeta import JobMeta
+from fleetgen.generate.ledger import jobmeta
+from fleetgen.generate.ledger.intake import Intake
+from fleetgen.generate.ledger.jobmeta import JobMeta
+from fleetgen.generate.ledger.store import Batch, Counts, Store, Written
+from fleetgen.generate.ledger.writer import StoreWriter
 from fleetgen.generate.progress import (
     Counters,
     EndpointProgress,
@@ -47,9 +50,7 @@ from fleetgen.generate.progress import (
 )
 from fleetgen.generate.scrape import MetricsScraper
 from fleetgen.generate.source import count_records
-from fleetgen.generate.store import BadRow, Batch, Counts, ErrorRow, ResultRow, Store
 from fleetgen.generate.work import JobOptions, Work
-from fleetgen.generate.writer import StoreWriter
 from fleetgen.http.client import EngineClient
 from fleetgen.http.request import ChatRequests
 
@@ -162,12 +163,16 @@ class Job:
         model = await self._resolve_model(monitor, on_progress)
         if model is None:  # stopped (Ctrl-C) while waiting for a first ready server
             return rows.summary(store, "stopped", "", self.counters, time.monotonic() - self._started, {})
-        builder = rows.RowBuilder(model, self._check_params(store, model))
+        builder = rows.RowBuilder(model, self._check_params(store, model), intake.input_index)
         intake.plan(store, self.counters)
         was_finished = jobmeta.begin(store, self.servers.describe)
-        bad_lines = store.bad_lines(str(opts.input_path)) if intake.tracker is not None else set()
-        meta = self._meta = JobMeta(intake.resume, opts.params.samples, intake.tracker, bad_lines)
-        writer = StoreWriter(store, lambda batch: self._committed(batch, meta), meta=meta.current)
+        meta = self._meta = JobMeta(intake.resume, opts.params.samples, intake.tracker, set(intake.verdicts))
+        writer = StoreWriter(
+            store,
+            lambda batch, written: self._committed(batch, written, meta),
+            meta=meta.current,
+            replace_truncated=opts.mode == "redo_truncated",
+        )
         scraper = MetricsScraper(  # URLs as they are each round: a late host joins with one of its own
             lambda: [(e.name, e.client.base_url) for e in monitor.endpoints],
             self.servers.engine_kind,
@@ -299,20 +304,15 @@ class Job:
             store.set_meta({"params": params.to_json()})
         return params.digest
 
-    def _committed(self, batch: Batch, meta: JobMeta) -> None:
-        c, tracker = self.counters, meta.tracker
-        c.results += len(batch.results)
-        c.errors += len(batch.errors)
-        c.bad += len(batch.bad)
-        meta.bad_lines.update(bad.line for bad in batch.bad)
+    def _committed(self, batch: Batch, written: Written, meta: JobMeta) -> None:
+        c = self.counters
+        c.results += written.results
+        c.errors += written.errors
+        c.bad += written.bad
         for result in batch.results:
             c.output_tokens += result.completion_tokens or 0
             c.truncated += result.is_truncated
-        if tracker is not None:
-            paid: list[ResultRow | ErrorRow | BadRow] = [*batch.results, *batch.errors, *batch.bad]
-            for row in paid:
-                tracker.paid(row.line)
-            tracker.advance()
+        meta.committed(batch)
 
     async def _count_total(self, wanted: set[int] | None) -> None:
         if wanted is not None:

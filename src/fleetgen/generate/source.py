@@ -53,9 +53,11 @@ class Position:
     offset: int = 0
 
 
-# `is_done(record id)`: None when the record still has work; else the content hash stored with it (0: unknown,
-# rows written before content hashes were stored). A done id stored with other content is an error.
-IsDone = Callable[[str], int | None]
+# `is_done(record id, line)`: the content hash stored with the record read at that line when all its work is
+# done there (0: unknown, rows written before content hashes were stored); else None, and the record is read
+# whole (the ledger's intake judges it: work, a duplicate, or an input that changed). A record done at its
+# own line with other content is an error.
+IsDone = Callable[[str, int], int | None]
 # A run of records `is_done` says are done is yielded as the `Position` after its last one: one per run of
 # consecutive done records (at most `SKIP_RUN` lines), not one per record, so a resume that passes over a
 # million done records costs a JSON parse and a key lookup each, nothing more.
@@ -148,7 +150,7 @@ def _record_of(
         return BadInput(source, line, f"expected a JSON object, got {type(raw).__name__}", None, end)
     given = raw.get(shape.id_field)
     record_id = str(given) if given not in (None, "") else content_id(raw)  # else the hash of its content
-    stored = is_done(record_id) if is_done is not None else None
+    stored = is_done(record_id, line) if is_done is not None else None
     if stored == 0:
         return None  # done before content hashes were stored: nothing to compare
     segments = to_segments(raw, shape)

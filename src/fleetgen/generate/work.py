@@ -35,6 +35,11 @@ def key_hash(record_id: str, sample: int) -> int:
     return int.from_bytes(digest, "little", signed=True)
 
 
+def id_key(record_id: str) -> int:
+    """A stable signed 64-bit key for a record id, whatever its samples: which record owns the id."""
+    return key_hash(record_id, -1)
+
+
 def text_of(content: object) -> str:
     """The text of a turn's content: a string, or the text parts of a list of parts (OpenAI's shape)."""
     if isinstance(content, str):

@@ -22,7 +22,7 @@ from fleetgen.dashboard.chromium import SCALE
 from fleetgen.dashboard.jobdata import JobReader
 from fleetgen.dashboard.render import error_table
 from fleetgen.dashboard.report import read_job
-from fleetgen.generate.store import Batch, ErrorRow, ResultRow, SeriesRow, Store
+from fleetgen.generate.ledger.store import Batch, ErrorRow, ResultRow, SeriesRow, Store
 from tests.fixtures.chromium import dump_dom, need_chromium, png_pixels, screenshot
 
 SECTIONS = (

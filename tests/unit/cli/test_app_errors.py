@@ -13,7 +13,7 @@ from fleetgen.cli import _TOPICS
 from fleetgen.cli.app import app
 from fleetgen.deploy.readiness import Readiness
 from fleetgen.fleet.status import InstanceStatus
-from fleetgen.generate.store import Store
+from fleetgen.generate.ledger.store import Store
 
 
 def _cli() -> CliRunner:

@@ -12,7 +12,7 @@ import pytest
 from fleetgen.errors import JobError
 from fleetgen.generate import rows as rowmod
 from fleetgen.generate.export import export, filter_sql
-from fleetgen.generate.store import (
+from fleetgen.generate.ledger.store import (
     MIGRATIONS,
     Batch,
     Store,

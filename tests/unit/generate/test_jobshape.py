@@ -34,7 +34,7 @@ from fleetgen.generate.jobshape import (
     scan,
     shared_prefix_tokens,
 )
-from fleetgen.generate.store import Batch, ResultRow, Store
+from fleetgen.generate.ledger.store import Batch, ResultRow, Store
 from fleetgen.generate.work import Record
 from fleetgen.plan.job import LogNormalLengths
 from tests.fixtures import skip_or_fail

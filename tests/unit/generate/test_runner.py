@@ -411,7 +411,7 @@ async def test_retry_errors_reruns_only_error_rows(tmp_path: Path, sim_server: S
     with sqlite3.connect(tmp_path / "out" / "results.sqlite") as conn:  # turn two results into error rows
         conn.execute(
             "INSERT INTO errors SELECT id, sample, khash, source, line, 'http_400', 'x', 400, 1, "
-            "instance, finished_at, chash FROM results WHERE id IN ('r2', 'r7')"
+            "instance, finished_at, chash, input_index FROM results WHERE id IN ('r2', 'r7')"
         )
         conn.execute("DELETE FROM results WHERE id IN ('r2', 'r7')")
     async with sims(sim_server) as (good,):

@@ -55,7 +55,7 @@ def test_done_records_are_skipped_in_runs_that_keep_their_place(
     path.write_bytes(b"\n".join(lines) + b"\n")
     ends = [sum(len(line) + 1 for line in lines[: k + 1]) for k in range(10)]  # offset after line k + 1
     done = {"r0", "r1", "r2", "r4", "r5", "r7", "r8", "r9"}
-    got = list(read_records(path, SHAPE, Position(), is_done=lambda rid: 0 if rid in done else None))
+    got = list(read_records(path, SHAPE, Position(), is_done=lambda rid, _line: 0 if rid in done else None))
     assert [type(r).__name__ for r in got] == ["Position", "BadInput", "Position", "Record", "Position"]
     assert (
         got[0] == Position(3, ends[2]) and got[2] == Position(6, ends[5]) and got[4] == Position(10, ends[9])
@@ -69,7 +69,9 @@ def test_done_records_are_skipped_in_runs_that_keep_their_place(
     # A long run is reported every SKIP_RUN lines, so the resume position keeps moving.
     monkeypatch.setattr(source, "SKIP_RUN", 2)
     runs = list(
-        read_records(path, SHAPE, Position(), is_done=lambda rid: 0 if rid in {"r0", "r1", "r2"} else None)
+        read_records(
+            path, SHAPE, Position(), is_done=lambda rid, _line: 0 if rid in {"r0", "r1", "r2"} else None
+        )
     )
     assert runs[:2] == [Position(2, ends[1]), Position(3, ends[2])] and isinstance(runs[2], BadInput)
 

@@ -21,9 +21,9 @@ from typing import Any
 
 import orjson
 
-from fleetgen.generate import identity
+from fleetgen.generate.ledger import identity
+from fleetgen.generate.ledger.store import BadRow, Batch, ErrorRow, ResultRow, Store
 from fleetgen.generate.progress import PositionTracker
-from fleetgen.generate.store import Store
 
 TOTAL = "total"
 FINISHED_AT = "finished_at"
@@ -48,6 +48,16 @@ class JobMeta:
         if self.tracker is None or self.num_records is None:
             return None
         return max(self.num_records - len(self.bad_lines), 0) * self.samples
+
+    def committed(self, batch: Batch) -> None:
+        """A batch is on disk: its bad lines leave the total, its rows pay their lines' debts (the position
+        moves past every line whose rows are all committed)."""
+        self.bad_lines.update(bad.line for bad in batch.bad)
+        if self.tracker is not None:
+            rows: list[ResultRow | ErrorRow | BadRow] = [*batch.results, *batch.errors, *batch.bad]
+            for row in rows:
+                self.tracker.paid(row.line)
+            self.tracker.advance()
 
     def current(self) -> dict[str, str]:
         items: dict[str, str] = {}
@@ -81,11 +91,16 @@ def add_input(store: Store, stored_identity: str) -> None:
     store.delete_meta(POSITION)
 
 
+def input_index(store: Store) -> int:
+    """Which input of the folder a run reads: 0, then one more per `--add-input` (rows carry it)."""
+    return len(orjson.loads(store.get_meta(EARLIER_INPUTS) or "[]"))
+
+
 def forget(store: Store) -> None:
     """A folder with no result or error row holds no job yet: forget its input, params, position and bad
     lines, so a run stopped by bad input can start again with a fixed job file or input."""
     store.delete_meta(INPUT_IDENTITY, EARLIER_INPUTS, POSITION, TOTAL, "params")
-    store.conn.execute("DELETE FROM inputs_bad")
+    store.forget_bad_lines()
 
 
 def finish(store: Store) -> None:

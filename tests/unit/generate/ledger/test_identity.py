@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from fleetgen.errors import InputMismatch, ParamsMismatch
-from fleetgen.generate import identity
+from fleetgen.generate.ledger import identity
 from fleetgen.generate.source import ARCHIVES
 from fleetgen.generate.work import RecordShape
 from tests.fixtures.jobs import new_job, options, params, rows, write_jsonl
@@ -137,9 +137,11 @@ async def test_appended_records_resume_by_a_seek_and_only_they_are_sent(tmp_path
     assert again.completions_this_run == 5 and sorted(a.seen) == [f"q{i}" for i in range(30, 35)]
 
 
-async def test_a_stored_id_with_other_content_is_an_error_not_a_skip(tmp_path: Path) -> None:
-    """With --add-input (or a position that is not trusted) every record is checked against the store: the
-    same id and the same prompt is skipped, the same id and another prompt stops the job."""
+async def test_an_added_input_skips_stored_records_and_refuses_stored_ids_with_another_prompt(
+    tmp_path: Path,
+) -> None:
+    """With --add-input every record is checked against the store: the same id and the same prompt is done,
+    the same id with another prompt is a bad-input row naming it (the stored answer keeps its own prompt)."""
     first = write_jsonl(tmp_path / "a.jsonl", [{"id": f"r{i}", "prompt": f"q{i}"} for i in range(10)])
     more = write_jsonl(tmp_path / "b.jsonl", [{"id": "r3", "prompt": "q3"}, {"id": "r10", "prompt": "q10"}])
     edited = write_jsonl(
@@ -150,12 +152,16 @@ async def test_a_stored_id_with_other_content_is_an_error_not_a_skip(tmp_path: P
         a.seen.clear()
         added = await new_job(tmp_path, more, [a.url], add_input=True).run()
         assert added.completions_this_run == 1 and list(a.seen) == ["q10"]
-        with pytest.raises(InputMismatch) as err:
-            await new_job(tmp_path, edited, [a.url], add_input=True).run()
-    assert "'r4'" in err.value.message and "c.jsonl:2" in err.value.message
+        a.seen.clear()
+        again = await new_job(tmp_path, edited, [a.url], add_input=True).run()
+        assert list(a.seen) == ["q11"] and again.status == "complete"
     with sqlite3.connect(tmp_path / "out" / "results.sqlite") as conn:
         (prompt,) = conn.execute("SELECT prompt FROM results WHERE id = 'r4'").fetchone()
+        bad = conn.execute("SELECT line, reason, input_index FROM inputs_bad").fetchall()
+        indexes = dict(conn.execute("SELECT id, input_index FROM results WHERE id IN ('r3', 'r10', 'r11')"))
     assert "NEW" not in prompt  # the stored answer still belongs to its own prompt
+    assert bad == [(2, "id 'r4' is stored from an earlier input of this folder with another prompt", 2)]
+    assert indexes == {"r3": 0, "r10": 1, "r11": 2}
 
 
 async def test_an_in_place_edit_past_the_sampled_bytes_is_caught_on_resume(tmp_path: Path) -> None:

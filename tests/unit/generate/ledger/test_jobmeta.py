@@ -18,15 +18,15 @@ import orjson
 from fleetgen.config import FleetFile
 from fleetgen.engines import get_engine
 from fleetgen.errors import DeployError
-from fleetgen.generate import jobmeta
 from fleetgen.generate.fleetlink import fleet_meta, url_servers
-from fleetgen.generate.identity import ResumeCheck, identify
-from fleetgen.generate.jobmeta import JobMeta
+from fleetgen.generate.ledger import jobmeta
+from fleetgen.generate.ledger.identity import ResumeCheck, identify
+from fleetgen.generate.ledger.jobmeta import JobMeta
+from fleetgen.generate.ledger.store import Store
 from fleetgen.generate.progress import PositionTracker, Progress
 from fleetgen.generate.runner import Job, JobServers
 from fleetgen.generate.scrape import window_accept_length
 from fleetgen.generate.source import Position
-from fleetgen.generate.store import Store
 from fleetgen.generate.work import RecordShape, RetryPolicy
 from fleetgen.http.client import BareURLs
 from tests.fixtures.jobs import FAST, new_job, options, params, write_jsonl

@@ -1,8 +1,8 @@
 """The one writer task: rows queue up in memory and go to SQLite in batched transactions.
 
 Every `INTERVAL_S` (or sooner when `MAX_ROWS` are waiting) the pending batch is written in one transaction
-on a dedicated thread (SQLite's fsync must not stall the event loop), then `on_commit(batch)` runs on the
-loop: progress counts rows only after they are on disk.
+on a dedicated thread (SQLite's fsync must not stall the event loop), then `on_commit(batch, written)` runs on
+the loop: progress counts rows only after they are on disk, and only those the store added (`Written`).
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
-from fleetgen.generate.store import BadRow, Batch, ErrorRow, ResultRow, SeriesRow, Store
+from fleetgen.generate.ledger.store import BadRow, Batch, ErrorRow, ResultRow, SeriesRow, Store, Written
 
 INTERVAL_S = 0.1  # a batch waits at most this long for more rows
 MAX_ROWS = 512  # … or until this many are waiting
@@ -22,9 +23,14 @@ class StoreWriter:
     """Batches rows for `store`; `run()` is the writer task, `close()` flushes what is left and stops it."""
 
     def __init__(
-        self, store: Store, on_commit: Callable[[Batch], None], meta: Callable[[], dict[str, str]]
+        self,
+        store: Store,
+        on_commit: Callable[[Batch, Written], None],
+        meta: Callable[[], dict[str, str]],
+        *,
+        replace_truncated: bool = False,  # `--redo-truncated`: a truncated answer is replaced on purpose
     ) -> None:
-        self._store = store
+        self._write = partial(store.write_batch, replace_truncated=replace_truncated)
         self._on_commit = on_commit
         self._meta = meta
         self._batch = Batch()
@@ -58,12 +64,12 @@ class StoreWriter:
                 self._full.clear()
                 batch.meta.update(self._meta())
                 self._last_meta = dict(batch.meta)
-                await loop.run_in_executor(self._pool, self._store.write_batch, batch)
-                self._on_commit(batch)
+                written = await loop.run_in_executor(self._pool, self._write, batch)
+                self._on_commit(batch, written)
             # The resume position moves on after the last batch commits: persist where it ended up.
             meta = self._meta()
             if meta != self._last_meta:
-                await loop.run_in_executor(self._pool, self._store.write_batch, Batch(meta=meta))
+                await loop.run_in_executor(self._pool, self._write, Batch(meta=meta))
         finally:
             self._pool.shutdown(wait=True)
 
