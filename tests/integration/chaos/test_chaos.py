@@ -49,9 +49,10 @@ pytestmark = pytest.mark.chaos
 SEEDS = [int(s) for s in os.environ.get("FLEETGEN_CHAOS_SEEDS", "1,2").split(",")]
 NUM_LINES = 5000
 NUM_SERVERS = 8
-# Instant answers of 12 tokens that begin with their prompt's digest; a context small enough that the input's
-# over-long prompts are refused by the server, as SGLang refuses them.
-SIM_FLAGS = dict(sim_decode_tps=0, sim_output_tokens=12, context_length=256, sim_answer_digest=True)
+# Answers of 12 tokens at 40 tokens/s (0.3 s each: the job lasts long enough for every kill to land mid-run,
+# ~200 completions/s over 8 servers × 8 in flight) that begin with their prompt's digest; a context small
+# enough that the input's over-long prompts are refused by the server, as SGLang refuses them.
+SIM_FLAGS = dict(sim_decode_tps=40, sim_output_tokens=12, context_length=256, sim_answer_digest=True)
 RUN_FLAGS = (
     *("--max-tokens", "16", "--no-thinking", "--concurrency", "8", "--hung-after", "3"),
     *("--max-retries", "10", "--no-live", "--log-every", "5", "--json"),
@@ -226,11 +227,13 @@ async def run_job(chaos: Chaos, input_path: Path, job: Path, full_disk: str | No
     first = await start("run1")
     await reach(chaos, first, rng.randint(150, 300))
     chaos.healthy = (first.started, time.time())
+    flaky_task = asyncio.create_task(flaky(servers[0], rng))
     second = await start("second-run-same-folder")
     await end(chaos, second, 1, limit_s=60)
     if LOCKED not in second.stderr():
         chaos.notes.append(f"the second run did not name the lock: {second.stderr()[-1500:]}")
-    flaky_task = asyncio.create_task(flaky(servers[0], rng))
+    if first.proc.returncode is not None:
+        chaos.notes.append("run1 did not hold the folder while the second run tried it (it ended first)")
     await reach(chaos, first, rng.randint(400, 900))
     await end(chaos, first, KILLED, kill=True)
 
