@@ -4,8 +4,9 @@ One job over a seeded hostile input (`hostile.py`: ≥ 5,000 lines, near and far
 another prompt, bad JSON, empty, wrongly typed and over-long prompts, odd ids, blank lines, conversations) on
 8 simulated SGLang servers (`fleetgen.sim`, real processes on loopback), driven by the real CLI as a
 subprocess, while the test breaks what it can:
-1. a healthy start; a second `run` on the same folder (refused at once by its lock); then one server answers
-   500, then drops connections, then answers 503, each for a few seconds; the driver is kill -9'd;
+1. a healthy start; a second `run` on the same folder (refused at once by its lock; every server stalled
+   meanwhile, so the first cannot end first); then one server answers 500, then drops connections, then
+   answers 503, each for a few seconds; the driver is kill -9'd;
 2. one server killed for good, one hung (nothing answers), one stalled (no token, /health still 200); resumed,
    kill -9'd again;
 3. resumed with the output filesystem (a small tmpfs, mounted by the test when it runs as root) filled up
@@ -165,18 +166,34 @@ async def flaky(server: SimServer, rng: random.Random) -> None:
         await asyncio.sleep(seconds)
 
 
-@contextlib.asynccontextmanager
-async def sims(root: Path) -> AsyncIterator[list[SimServer]]:
-    """`NUM_SERVERS` sim processes, started together, stopped on the way out."""
-    servers = []
-    for _ in range(NUM_SERVERS):
+async def start_one(root: Path, servers: list[SimServer]) -> None:
+    """One sim process, ready, added to `servers` (from its start: stopped on the way out whatever happens).
+    A port taken between its pick and the bind (another test process on this machine) is picked again."""
+    for attempt in range(3):
         port = free_port()
         argv = ["--model-path", DEFAULT_MODEL_PATH, *flags_to_argv(**SIM_FLAGS)]
         argv += ["--host", "127.0.0.1", "--port", str(port)]
         log = root / f"sim-{port}.log"
-        servers.append(SimServer(f"http://127.0.0.1:{port}", await start_sim(argv, log), log))
+        server = SimServer(f"http://127.0.0.1:{port}", await start_sim(argv, log), log)
+        servers.append(server)
+        try:
+            await wait_ready(server, 60)
+            return
+        except pytest.fail.Exception:
+            if "address already in use" not in server.log_text() or attempt == 2:
+                raise
+            servers.remove(server)
+            await stop_sim(server.process)
+
+
+@contextlib.asynccontextmanager
+async def sims(root: Path) -> AsyncIterator[list[SimServer]]:
+    """`NUM_SERVERS` sim processes, started together, stopped on the way out."""
+    servers: list[SimServer] = []
     try:
-        await asyncio.gather(*(wait_ready(s, 60) for s in servers))
+        async with asyncio.TaskGroup() as group:  # one that fails cancels the others' waits
+            for _ in range(NUM_SERVERS):
+                group.create_task(start_one(root, servers))
         yield servers
     finally:
         await asyncio.gather(*(stop_sim(s.process) for s in servers))
@@ -227,13 +244,17 @@ async def run_job(chaos: Chaos, input_path: Path, job: Path, full_disk: str | No
     first = await start("run1")
     await reach(chaos, first, rng.randint(150, 300))
     chaos.healthy = (first.started, time.time())
-    flaky_task = asyncio.create_task(flaky(servers[0], rng))
+    # Every server stalled while the second run tries the folder: run 1 cannot finish meanwhile, however
+    # slowly the second one starts (its held requests come back when the stall is lifted, and are resent).
+    await asyncio.gather(*(set_fault(server, "stall") for server in servers))
     second = await start("second-run-same-folder")
     await end(chaos, second, 1, limit_s=60)
+    await asyncio.gather(*(set_fault(server, "ok") for server in servers))
     if LOCKED not in second.stderr():
         chaos.notes.append(f"the second run did not name the lock: {second.stderr()[-1500:]}")
     if first.proc.returncode is not None:
         chaos.notes.append("run1 did not hold the folder while the second run tried it (it ended first)")
+    flaky_task = asyncio.create_task(flaky(servers[0], rng))
     await reach(chaos, first, rng.randint(400, 900))
     await end(chaos, first, KILLED, kill=True)
 
