@@ -44,6 +44,11 @@ ONE_WORKER: dict[str, OneWorker] = {
         "one private Slurm cluster (munged, slurmctld, slurmd) per session, its node named after this "
         "machine: one cluster for every Slurm test, started once",
     ),
+    "chaos": OneWorker(
+        "chaos",
+        "one chaos job runs 8 sim servers and the driver flat out (and mounts a tmpfs): two at once on a "
+        "2-core machine starve each other and the rest of the suite",
+    ),
     "netns_hosts": OneWorker(
         "netns",
         "network namespaces take free /30 subnets of 10.231.0.0/16 as they start: two sessions starting at "

@@ -15,7 +15,7 @@ simulated GPU's). Without a bandwidth, `--sim-decode-tps` paces every request at
 
 Modules: `flags` (parser from data), `extract_flags` (one-off dump of SGLang's parser), `model` (model shape),
 `resolve` (startup rules), `memory` (pool arithmetic), `startup` (log lines, failures), `text` (synthetic
-generations, test directives), `chat` (request checks, response bodies), `sampling` (SGLang's sampling
-refusals), `engine` (simulated scheduler), `stepmodel` (step times), `counters` (numbers, decode log line),
-`metrics`, `state` (info endpoints), `server` (aiohttp routes), `run` (the process's life).
+generations, test directives, the answer digest), `faults` (whole-server faults: `POST /sim/fault`), `chat`
+(request checks, response bodies), `sampling` (SGLang's sampling refusals), `engine` (simulated scheduler),
+`stepmodel` (step times), `counters` (numbers, decode log line), `metrics`, `state` (info endpoints), `server` (aiohttp routes), `run` (the process's life).
 """

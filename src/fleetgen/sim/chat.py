@@ -36,6 +36,7 @@ class ChatRequest:
     separate_reasoning: bool
     enable_thinking: bool
     ignore_eos: bool = False  # SGLang's sampling field: write on past the end, to max_tokens
+    prompt_texts: list[str] = dataclasses.field(default_factory=list)  # system and user texts, in order
 
 
 def _text_of(content: Any) -> str:
@@ -91,6 +92,11 @@ def parse_chat_request(body: Any, server_kwargs: dict[str, Any] | None, vocab_si
         separate_reasoning=bool(body.get("separate_reasoning", True)),
         enable_thinking=_thinking(body, server_kwargs),
         ignore_eos=bool(body.get("ignore_eos", False)),
+        prompt_texts=[
+            _text_of(m.get("content"))
+            for m in messages
+            if isinstance(m, dict) and m.get("role") in ("system", "user")
+        ],
     )
 
 

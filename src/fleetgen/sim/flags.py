@@ -17,6 +17,8 @@ from decimal import Decimal
 from importlib import resources
 from typing import Any
 
+from fleetgen.sim.faults import FaultMode
+
 logger = logging.getLogger("sglang.srt.arg_groups.argparse_actions")
 
 FLAGS_FILE = "sglang_0_5_23_flags.json"
@@ -232,6 +234,22 @@ SIM_KNOBS: tuple[tuple[str, dict[str, Any]], ...] = (
         },
     ),
     ("--sim-architecture", {"default": None, "help": "Architecture when --model-path has no config.json."}),
+    (
+        "--sim-fault",
+        {
+            "choices": [mode.value for mode in FaultMode],
+            "default": FaultMode.OK.value,
+            "help": "Start under a whole-server fault (sim/faults.py); POST /sim/fault changes it.",
+        },
+    ),
+    (
+        "--sim-answer-digest",
+        {
+            "action": "store_true",
+            "help": "Begin every answer with `sim-digest:HEX` of the request's system and user texts "
+            "(sim/text.py prompt_digest), so a test can prove an answer belongs to its prompt.",
+        },
+    ),
 )
 
 

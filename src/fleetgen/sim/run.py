@@ -21,7 +21,8 @@ from aiohttp import web
 from fleetgen.sim import startup
 from fleetgen.sim.configfile import merge_config
 from fleetgen.sim.engine import SimScheduler
-from fleetgen.sim.flags import build_parser
+from fleetgen.sim.faults import FaultMode
+from fleetgen.sim.flags import SIM_KNOBS, build_parser
 from fleetgen.sim.memory import Capacity, MemoryInputs, compute_capacity
 from fleetgen.sim.model import ModelShape, load_shape
 from fleetgen.sim.resolve import Resolution, StartupRuleError, resolve
@@ -38,6 +39,7 @@ SPEC_DESTS = (
 )
 CONTEXT_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
 ACC_LEN_ENV = "SGLANG_SIMULATE_ACC_LEN"  # SGLang's forced acceptance (`environ.py`; off when <= 0)
+BARE_KNOBS = frozenset(flag for flag, kwargs in SIM_KNOBS if kwargs.get("action") == "store_true")  # no value
 
 
 def _split(values: dict[str, Any]) -> tuple[dict[str, Any], SimKnobs]:
@@ -57,7 +59,7 @@ def sglang_argv(argv: list[str]) -> list[str]:
         if skip_value:
             skip_value = False
         elif arg.startswith("--sim-"):
-            skip_value = "=" not in arg and arg != "--sim-no-spec"
+            skip_value = "=" not in arg and arg not in BARE_KNOBS
         else:
             kept.append(arg)
     return kept
@@ -179,6 +181,7 @@ async def _serve(res: Resolution, shape: ModelShape, knobs: SimKnobs, launch_com
     args = res.args
     scheduler = build_scheduler(args, knobs, shape, capacity, os.environ.get(ACC_LEN_ENV))
     state = SimState(args, launch_command, shape, capacity, scheduler, knobs)
+    state.fault.set(FaultMode(knobs.fault))
     runner = web.AppRunner(build_app(state), access_log=None, handle_signals=False)
     await runner.setup()
     await web.TCPSite(runner, args["host"], args["port"], backlog=1024).start()

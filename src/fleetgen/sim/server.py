@@ -24,6 +24,7 @@ from aiohttp import web
 
 from fleetgen.sim import chat
 from fleetgen.sim.engine import Progress
+from fleetgen.sim.faults import CONTROL_PATH, Action, parse_fault
 from fleetgen.sim.metrics import render_metrics
 from fleetgen.sim.sampling import RequestError
 from fleetgen.sim.state import SimState
@@ -34,6 +35,7 @@ from fleetgen.sim.text import (
     estimate_prompt_tokens,
     generate,
     parse_directives,
+    with_digest,
 )
 from fleetgen.sim.text import pick_variant as _pick_variant
 
@@ -68,6 +70,43 @@ async def auth_and_404(request: web.Request, handler: Handler) -> web.StreamResp
         return _json({"detail": "Not Found"}, 404)
     except web.HTTPMethodNotAllowed:
         return _json({"detail": "Method Not Allowed"}, 405)
+
+
+@web.middleware
+async def faulted(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The whole-server fault on (`sim/faults.py`): serve, answer 500/503, drop, or hold the request."""
+    fault = request.app[STATE].fault
+    action = fault.action(request.path)
+    if action is Action.SERVE:
+        return await handler(request)
+    if action is Action.HOLD:
+        await fault.held(request.path)
+    elif action is not Action.DROP:
+        status = HTTPStatus(500 if action is Action.ANSWER_500 else 503)
+        why = f"Simulated {status.value} {status.phrase} (fleetgen.sim fault {fault.mode.value})."
+        return _error(why, status.name, status.value)
+    # drop, or a held request whose fault ended: the connection closed without an answer
+    if request.transport is not None:
+        request.transport.abort()
+    return web.Response(status=HTTPStatus.INTERNAL_SERVER_ERROR)  # never sent: the transport is closed
+
+
+async def set_fault(request: web.Request) -> web.Response:
+    """`POST /sim/fault` `{"mode": …, "seconds": N | null}` (a SIMULATION control, see `sim/faults.py`)."""
+    fault = request.app[STATE].fault
+    try:
+        mode, seconds = parse_fault(await request.json())
+    except ValueError as exc:  # not JSON, or not a fault
+        return _error(str(exc), "BadRequestError", 400)
+    fault.set(mode, seconds)
+    logger.warning(f"SIMULATION: fault {mode.value} for {'ever' if seconds is None else f'{seconds} s'}")
+    return await get_fault(request)
+
+
+async def get_fault(request: web.Request) -> web.Response:
+    """`GET /sim/fault`: the fault on and the seconds it still lasts (null: until changed)."""
+    fault = request.app[STATE].fault
+    return _json({"mode": fault.mode.value, "seconds": fault.seconds_left})
 
 
 async def health(request: web.Request) -> web.Response:
@@ -131,7 +170,7 @@ def _generations(state: SimState, req: chat.ChatRequest, directives: Directives)
     if req.ignore_eos and req.max_tokens:  # no end of sequence: the answer runs to max_tokens
         total = req.max_tokens
     separate = args["reasoning_parser"] is not None and req.separate_reasoning
-    return [
+    gens = [
         generate(
             Shape(
                 variant=_pick_variant(req.seed, i),
@@ -146,6 +185,7 @@ def _generations(state: SimState, req: chat.ChatRequest, directives: Directives)
         )
         for i in range(req.n)
     ]
+    return [with_digest(g, req.prompt_texts) for g in gens] if knobs.answer_digest else gens
 
 
 def context_refusal(prompt: int, max_tokens: int | None, context_len: int) -> str | None:
@@ -242,7 +282,7 @@ async def _stream(
 
 def build_app(state: SimState) -> web.Application:
     """The aiohttp application for one simulated server."""
-    app = web.Application(middlewares=[auth_and_404], client_max_size=64 * 2**20)
+    app = web.Application(middlewares=[faulted, auth_and_404], client_max_size=64 * 2**20)
     app[STATE] = state
     for path in ("/health", "/health_generate", "/ready"):
         app.router.add_get(path, health)
@@ -258,4 +298,6 @@ def build_app(state: SimState) -> web.Application:
     if state.args["enable_metrics"]:
         app.router.add_get("/metrics", metrics)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post(CONTROL_PATH, set_fault)  # the sim's own: a real engine has no such route
+    app.router.add_get(CONTROL_PATH, get_fault)
     return app

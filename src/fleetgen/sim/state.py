@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from fleetgen.sim.engine import SimScheduler
+from fleetgen.sim.faults import Fault
 from fleetgen.sim.memory import Capacity
 from fleetgen.sim.model import ModelShape
 
@@ -32,6 +33,8 @@ class SimKnobs:
     gpu_memory_gib: float
     weights_gib: float | None
     architecture: str | None
+    fault: str = "ok"
+    answer_digest: bool = False
 
 
 @dataclasses.dataclass
@@ -48,6 +51,7 @@ class SimState:
     startup_time: float = 0.0
     # How many times each distinct message carrying a `status` directive has been answered with the error.
     injected: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    fault: Fault = dataclasses.field(default_factory=Fault)  # the whole-server fault on (sim/faults.py)
 
     @property
     def served_model_name(self) -> str:

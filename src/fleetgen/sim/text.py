@@ -9,12 +9,16 @@ Directives let driver tests inject faults deterministically: a user message cont
 `[[sim:status=429:times=2]]` gets HTTP 429 the first 2 times that exact message is seen (status 400, 429, 500,
 503); `[[sim:finish=length]]` reports truncation; `[[sim:tokens=N]]` sets the output length;
 `[[sim:delay=S]]` adds S seconds before answering.
+
+With `--sim-answer-digest` every answer begins with `sim-digest:HEX ` (`prompt_digest` of the request's
+system and user texts): a test proves from the answer alone which prompt it answers (the tag is no token).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import random
 import re
 from typing import Literal
@@ -160,3 +164,21 @@ def pick_variant(seed: int | None, index: int) -> int:
     if seed is not None:
         return seed * 1000 + index
     return random.randrange(NUM_UNSEEDED_VARIANTS) + 10**9
+
+
+DIGEST_TAG = "sim-digest:"
+
+
+def prompt_digest(texts: list[str]) -> str:
+    """A short digest of a request's system and user texts, in order (what `--sim-answer-digest` writes)."""
+    hasher = hashlib.blake2b(digest_size=8)
+    for text in texts:
+        hasher.update(text.encode() + b"\x00")
+    return hasher.hexdigest()
+
+
+def with_digest(gen: Generation, texts: list[str]) -> Generation:
+    """`gen` whose answer begins with `sim-digest:HEX ` for the prompt `texts` (a new, uncached object)."""
+    tag = f"{DIGEST_TAG}{prompt_digest(texts)} "
+    pieces = (tag + gen.content_pieces[0], *gen.content_pieces[1:]) if gen.content_pieces else (tag.strip(),)
+    return dataclasses.replace(gen, content="".join(pieces), content_pieces=pieces)

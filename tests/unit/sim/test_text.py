@@ -6,9 +6,11 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from fleetgen.sim import chat
-from fleetgen.sim.text import Shape, generate, parse_directives
+from fleetgen.sim.text import DIGEST_TAG, Shape, generate, parse_directives, prompt_digest, with_digest
 
 
 def shape(**changes: Any) -> Shape:
@@ -101,3 +103,22 @@ def test_stream_chunks_are_json_and_rebuild_the_text() -> None:
     assert "".join(d.get("content") or "" for d in deltas) == gen.content
     assert events[-2]["choices"][0]["finish_reason"] == "length"
     assert events[-1]["usage"]["completion_tokens"] == 90
+
+
+@given(st.lists(st.text(max_size=20), max_size=4), st.lists(st.text(max_size=20), max_size=4))
+def test_the_answer_digest_tells_prompts_apart(one: list[str], two: list[str]) -> None:
+    """`--sim-answer-digest`: two requests share a digest only when their texts are the same, in order (a
+    boundary moved, `["ab", "c"]` vs `["a", "bc"]`, is another prompt)."""
+    assert (prompt_digest(one) == prompt_digest(two)) == (one == two)
+
+
+@given(st.integers(0, 50), st.integers(1, 40), st.none() | st.integers(1, 40), st.booleans(), st.booleans())
+def test_an_answer_with_its_digest_begins_with_it_and_streams_the_same_text(
+    variant: int, total: int, max_tokens: int | None, thinking: bool, separate: bool
+) -> None:
+    gen = generate(Shape(variant, total, max_tokens, thinking, separate, 0.5, False, 3))
+    tagged = with_digest(gen, ["system", "question"])
+    assert tagged.content.startswith(f"{DIGEST_TAG}{prompt_digest(['system', 'question'])}")
+    assert "".join(tagged.content_pieces) == tagged.content
+    assert tagged.content.endswith(gen.content)
+    assert (tagged.reasoning, tagged.completion_tokens) == (gen.reasoning, gen.completion_tokens)
