@@ -17,5 +17,6 @@ Modules: `flags` (parser from data), `extract_flags` (one-off dump of SGLang's p
 `resolve` (startup rules), `memory` (pool arithmetic), `startup` (log lines, failures), `text` (synthetic
 generations, test directives, the answer digest), `faults` (whole-server faults: `POST /sim/fault`), `chat`
 (request checks, response bodies), `sampling` (SGLang's sampling refusals), `engine` (simulated scheduler),
-`stepmodel` (step times), `counters` (numbers, decode log line), `metrics`, `state` (info endpoints), `server` (aiohttp routes), `run` (the process's life).
+`stepmodel` (step times), `counters` (numbers, decode log line), `metrics`, `state` (info endpoints),
+`server` (aiohttp routes), `run` (the process's life).
 """
