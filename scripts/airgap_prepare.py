@@ -1,7 +1,10 @@
 """Prepare, on a machine with internet, what an air-gapped GPU host needs to serve a model with a real engine.
 
-    python scripts/airgap_prepare.py --engine sglang --version 0.5.15 \\
+    .venv/bin/python scripts/airgap_prepare.py --engine sglang --version 0.5.15 \\
         --config tests/data/models/qwen3.6-27b/config.json --out /tmp/bundle [--fa3] [--chunk-mib 60]
+
+Run by the project's venv (`bash scripts/install-deps.sh` makes it): it reads wheels with `packaging` and
+builds the tokenizer with `tokenizers`; another Python stops at once, naming the module it lacks.
 
 Writes OUT/:
   wheels/        the engine's wheel set for the host's Python (cp312 manylinux by default), `--no-deps` each,
@@ -41,10 +44,17 @@ import tomllib
 import zipfile
 from pathlib import Path
 
-from packaging import tags
-from packaging.requirements import Requirement
-from packaging.utils import parse_wheel_filename
-from packaging.version import Version
+try:
+    from packaging import tags
+    from packaging.requirements import Requirement
+    from packaging.utils import parse_wheel_filename
+    from packaging.version import Version
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+except ModuleNotFoundError as missing:  # another Python than the project's venv: one line, before any work
+    raise SystemExit(
+        f"airgap_prepare.py: {sys.executable} has no module {missing.name!r}; run it with the project's "
+        "venv, which has it: bash scripts/install-deps.sh, then .venv/bin/python scripts/airgap_prepare.py …"
+    ) from None
 
 HERE = Path(__file__).resolve().parent
 
@@ -527,8 +537,6 @@ def filler(i: int) -> str:
 def padded_tokenizer(config: dict[str, object], out: Path) -> None:
     """A byte-level BPE trained on tests/data/corpus, padded with ordinary tokens to the model's vocab_size,
     Qwen's special tokens at the ids the config names; tokenizer.json + tokenizer_config.json in `out`."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
     text = config.get("text_config", config)
     assert isinstance(text, dict)
     vocab_size = int(text["vocab_size"])

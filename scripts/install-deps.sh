@@ -6,8 +6,9 @@
 # 1. System packages: openssh-server (the tests' real sshd hosts), iproute2 (`ip netns` test hosts), chromium and
 #    p7zip-full, strace (see APT_PACKAGES),
 #    only when missing — apt-get update is skipped when nothing is to install.
-# 2. The project venv .venv (python3 -m venv; $PYTHON picks the interpreter) with `pip install -e '.[dev]'`,
-#    skipped when .venv was already installed from this exact pyproject.toml.
+# 2. The project venv .venv (python3 -m venv; $PYTHON picks the interpreter) with the exact versions of
+#    requirements.lock (hashes checked), then fleetgen itself (`pip install --no-deps -e .`); skipped when .venv
+#    was already installed from this exact pyproject.toml and lock. scripts/lock.sh updates the lock.
 set -euo pipefail
 
 say() { printf '[install-deps] %s\n' "$*"; }
@@ -28,13 +29,20 @@ if [[ ! -x "$VENV/bin/python" ]]; then
     say "creating $VENV with $("$PYTHON" -V 2>&1) ($PYTHON)"
     "$PYTHON" -m venv "$VENV"
 fi
-# The stamp names the pyproject.toml it was installed from: an edited pyproject re-installs.
-STAMP="$VENV/.fleetgen-deps-$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)"
+LOCK="$ROOT/requirements.lock"
+# The stamp names the pyproject.toml and the lock it was installed from: an edit to either re-installs.
+STAMP="$VENV/.fleetgen-deps-$(cat "$ROOT/pyproject.toml" "$LOCK" | sha256sum | cut -c1-16)"
 if [[ -f "$STAMP" ]]; then
-    say "$VENV already has this pyproject.toml's dependencies"
+    say "$VENV already has this pyproject.toml's and requirements.lock's dependencies"
 else
-    say "pip install -e '.[dev]' into $VENV"
-    "$VENV/bin/python" -m pip install --no-input --progress-bar off -e "$ROOT[dev]"
+    # Exactly the locked versions, each file checked against its hash: the suite that passed with this lock
+    # passes with it a month later, whatever PyPI has released since. The build backend is locked too, hence
+    # fleetgen's own editable install without build isolation (and without dependencies: they are installed).
+    say "pip install --require-hashes -r requirements.lock into $VENV"
+    "$VENV/bin/python" -m pip install --no-input --progress-bar off --require-hashes -r "$LOCK"
+    say "pip install --no-deps -e . into $VENV"
+    "$VENV/bin/python" -m pip install --no-input --progress-bar off --no-deps --no-build-isolation -e "$ROOT"
+    "$VENV/bin/python" -m pip check
     rm -f "$VENV"/.fleetgen-deps-*
     : >"$STAMP"
 fi

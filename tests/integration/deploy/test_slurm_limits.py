@@ -73,13 +73,21 @@ async def test_partition_limits_slurms_default_queues_are_refused_before_anythin
         await refused_before_queued(slurm_cluster, tmp_path, fields, says, fix)
 
 
-async def test_a_pending_reason_is_judged_once_slurm_has_settled_it(slurm_cluster: SlurmCluster) -> None:
+async def test_a_pending_reason_is_judged_once_slurm_has_settled_it(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
     """A job over MaxTime that Slurm's default configuration queued: its first pending reason is the
     generic PartitionConfig, replaced by PartitionTimeLimit a moment later; the wait answers the latter
     (the fix names cluster.time) and cancels the job."""
     with slurm_cluster.configured(EnforcePartLimits="NO"):
         submitted = slurm_cluster.run(
-            "sbatch", "--parsable", "--job-name=fleetgen-settle", f"--time={OVER_MAX_TIME}", "--wrap", "true"
+            "sbatch",
+            "--parsable",
+            "--job-name=fleetgen-settle",
+            f"--time={OVER_MAX_TIME}",
+            f"--output={tmp_path / 'settle.out'}",
+            "--wrap",
+            "true",
         )
         job = submitted.stdout.strip().split(";")[0]
         async with LocalHost("login") as login:

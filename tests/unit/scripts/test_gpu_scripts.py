@@ -17,6 +17,7 @@ import io
 import json
 import random
 import re
+import subprocess
 import sys
 import zipfile
 import zlib
@@ -380,3 +381,36 @@ def test_a_bundle_that_cannot_start_the_engine_exits_non_zero_naming_each_gap(
     assert "cffi: required by soundfile (for the engine)" in said and "cryptography (for" not in said
     assert "numpy" not in said  # on the host
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["wheels"]
+
+
+@pytest.mark.parametrize(
+    ("python", "module"),
+    [
+        (
+            ["-c", "import sys; sys.modules['tokenizers'] = None; import runpy; runpy.run_path(sys.argv[1])"],
+            "tokenizers",
+        ),
+        (["-I", "-S"], "packaging"),  # a Python with no site-packages: what a system Python lacks first
+    ],
+    ids=["without tokenizers", "without site-packages"],
+)
+def test_airgap_prepare_run_by_another_python_is_one_line_naming_the_module_and_the_fix(
+    tmp_path: Path, python: list[str], module: str
+) -> None:
+    """Outside the project's venv it used to stop at the tokenizer with a traceback ending in
+    `ModuleNotFoundError` (issue 30): it stops before any work, in one line, naming what is missing."""
+    script = ROOT / "scripts" / "airgap_prepare.py"
+    argv = [sys.executable, *python, str(script), "--engine", "vllm", "--version", "0.24.0"]
+    done = subprocess.run(
+        [*argv, "--config", str(QWEN36), "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 1 and done.stdout == ""
+    [line] = done.stderr.splitlines()
+    assert f"has no module {module!r}" in line and sys.executable in line
+    assert "bash scripts/install-deps.sh, then .venv/bin/python scripts/airgap_prepare.py" in line
+    assert list(tmp_path.iterdir()) == []  # nothing written
