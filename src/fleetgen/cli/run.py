@@ -122,8 +122,9 @@ def run_command(
         Opt(
             "--hung-after",
             min=1.0,
-            help="A server with requests in flight, no answer this long (s) "
-            "and /health failing is hung: its requests go elsewhere.",
+            help="A server with requests in flight and no progress this long (s: no answer, its engine's "
+            "counters still; without /metrics, /health failing too) is hung, whatever /health says: its "
+            "requests go elsewhere.",
         ),
     ] = 120.0,
     split: Annotated[str | None, Opt("--split", help="Split of a DatasetDict folder.")] = None,
