@@ -7,7 +7,7 @@ Four readers look at an instance, each its own way, and all hand what they saw (
 - a bare URL (`dashboard/fleetdata.py`): health (its engine's state is a remark, never a condition);
 - a job's endpoint (`generate/health.py`): the fleet's judgement re-read from its host (none for a bare URL),
   health, and what the job itself saw: requests failing (dispatch drains it), no progress with requests in
-  flight (no request answered, its engine's token counter still), a probe request's failure;
+  flight (no request answered, its engine's samples still), a probe request's failure;
 - `status` (`fleet/status.py`, with `probe`): one tiny chat request, beside health.
 A reader keeps how it observes (SSH, HTTP probes, the log tail) and may stop looking once what it saw cannot
 change the judgement (a dead process is DOWN whatever its health); the rules of what it means are here, first
@@ -16,8 +16,8 @@ match wins:
    a dropped connection), the fleet says DOWN → DOWN;
 2. not looked at (host unreachable, a Slurm job pending), the fleet says WAITING → WAITING;
 3. requests in flight and no progress for `--hung-after` → DOWN (hung): whatever /health says where the
-   engine's own token counter is read (SGLang's /health answers 200 while its scheduler generates nothing:
-   sgl-project/sglang#30314); where no counter is read (a bare URL without /metrics), only with health
+   engine's own moving samples are read (SGLang's /health answers 200 while its scheduler generates nothing:
+   sgl-project/sglang#30314); where none is read (a bare URL without /metrics), only with health
    failing too (else a long generation would be taken for a hang);
 4. health not answering 200 → WAITING where its process is seen alive (or the fleet vouches for it),
    else DOWN (a bare URL: nothing shows a process that is merely loading);
@@ -63,7 +63,8 @@ DRIFT = "drift: the running process differs from the fleet file"
 FLEET_WAITING = "its instance is not ready yet (as the fleet reads it)"
 HUNG = "/health failing: the engine looks hung (its log says why)"
 STALLED = (
-    "its engine's token counter stands still: the engine looks hung whatever /health says (its log says why)"
+    "its engine's counters and gauges stand still: the engine looks hung whatever /health says (its log "
+    "says why)"
 )
 
 
@@ -85,7 +86,7 @@ class Seen:
     )
     lost: str = ""  # a job's endpoint: why the job drained it (connection lost, requests failing)
     silent: str = ""  # a job's endpoint: requests in flight and no progress for `--hung-after`: for how long
-    counted: bool = False  # a job's endpoint: its progress is read from its engine's token counter too
+    counted: bool = False  # a job's endpoint: its progress is read from its engine's samples too
     failing: str = ""  # a probe request (status; a drained endpoint's way back) failed: why
     was: Readiness | None = None  # a job's endpoint: its readiness until now
 

@@ -109,7 +109,8 @@ async def test_a_hung_instance_is_named_and_its_requests_move_to_the_others(
 ) -> None:
     """An engine that stops answering while its process lives (seen on a GPU: SGLang's scheduler crashed,
     the job sat with 0 completions, printing nothing). Here the instance's process is SIGSTOPped: connections
-    are still accepted, nothing answers, /health times out. The job says so and goes on with the others."""
+    are still accepted, nothing answers, /metrics and /health time out. The job says so and goes on with the
+    others: its engine's samples stopped moving (no /health asked)."""
     victim = "h0-0"
     prompts = write_prompts(tmp_path / "p.jsonl", 200)
     out = tmp_path / "out"
@@ -121,13 +122,13 @@ async def test_a_hung_instance_is_named_and_its_requests_move_to_the_others(
             await asyncio.wait_for(wait_for_rows(out, 20, proc), BOUND_S)
             os.kill(pid, signal.SIGSTOP)
             try:
-                await asyncio.wait_for(text_appears(log, f"{victim} is down: no answer for", proc), BOUND_S)
+                await asyncio.wait_for(text_appears(log, f"{victim} is down: no progress for", proc), BOUND_S)
             finally:
                 os.kill(pid, signal.SIGCONT)  # it may come back into the job; the test is about saying it
             stdout, _ = await finish(proc)
     text = log.read_text()
     assert proc.returncode == 0, text
     line = next(line for line in text.splitlines() if line.startswith(f"{victim} is down: "))
-    assert "requests in flight and /health failing: the engine looks hung" in line
+    assert "requests in flight: its engine's counters and gauges stand still: the engine looks hung" in line
     assert json.loads(stdout)["status"] == "complete"
     assert_rows_once(out, 200)  # its requests went elsewhere
