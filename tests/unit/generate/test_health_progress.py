@@ -3,8 +3,8 @@ server back only once a probe request is answered; a new job not held up by a se
 
 Servers are stand-ins (see tests/fixtures/standin.py for why): each fault (a /health that answers 200 or
 never, a /v1/models that answers late or names another model, every request answered 500) comes on cue.
-Filed under `generate/health.py`, with `generate/scrape.py`'s evidence of progress (`on_engine`) and
-`http/client.py`'s probe request as the monitor uses them.
+Filed under `generate/health.py`, with `generate/scrape.py`'s evidence of progress (`on_engine`, wired by
+`generate/runner.py`) and `http/client.py`'s probe request as the monitor uses them.
 """
 
 from __future__ import annotations
@@ -13,16 +13,18 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from fleetgen.deploy.readiness import Readiness
 from fleetgen.generate.health import NOT_ANSWERED, Endpoint, HealthMonitor, served_models
+from fleetgen.generate.progress import Progress
 from fleetgen.generate.scrape import MetricsScraper
 from fleetgen.http.client import EngineClient
 from fleetgen.http.request import PROBE_PROMPT
 from tests import fixtures
-from tests.fixtures.jobs import FAST
+from tests.fixtures.jobs import FAST, new_job, write_jsonl
 from tests.fixtures.standin import StandIn, serve
 
 QUICK = dataclasses.replace(FAST, probe_interval_s=0.02, probe_interval_max_s=0.02, dead_timeout_s=5.0)
@@ -177,3 +179,20 @@ async def test_a_new_job_starts_with_the_first_server_to_answer_and_the_others_j
                 await client.__aexit__(None, None, None)
     assert endpoints[0].readiness is Readiness.READY and joined == ["ready"]
     assert endpoints[2].readiness is Readiness.DOWN and "'other'" in endpoints[2].last_error
+
+
+async def test_a_job_drains_a_server_that_answers_health_but_generates_nothing(tmp_path: Path) -> None:
+    """The whole chain in a job: s0 answers /health 200 and exports SGLang's samples, all standing still,
+    while holding every request it gets (sgl-project/sglang#30314). The job's scraper reads them, the hung
+    guard drains s0 and its requests go to s1: the job completes, and its view says why s0 is down (it used
+    to ask /health, hear 200, and wait on s0's requests for ever)."""
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": f"r{i}", "prompt": f"q{i}"} for i in range(20)])
+    policy = dataclasses.replace(QUICK, hung_after_s=1.0)
+    stalled = StandIn(metrics_text=SGLANG_TEXT.format(throughput=10.0), gate=asyncio.Event())
+    views: list[Progress] = []
+    async with serve(stalled) as a, serve(StandIn()) as b:
+        job = new_job(tmp_path, prompts, [a.url, b.url], policy=policy, metrics_interval_s=0.05)
+        summary = await asyncio.wait_for(job.run(views.append), HANG_GUARD_S)
+    assert summary.results == 20 and stalled.in_flight == 0
+    s0 = views[-1].endpoints[0]
+    assert s0.readiness is Readiness.DOWN and "stand still" in s0.last_error
