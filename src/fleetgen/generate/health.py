@@ -43,7 +43,9 @@ from fleetgen.generate.work import RetryPolicy
 from fleetgen.http.client import EngineClient
 
 PROBE_TIMEOUT_S = 5.0  # a probe of a server not taking work: a live one answers /health at once
-JOIN_GRACE_S = 1.0  # at the start: how long the others may answer after the first, before it starts
+# A job's start (its fleet's first read, `FleetLinks.read_all`, then its servers' models, `first_models`):
+# how long the others may still answer once a first has, before the job starts with those that did.
+JOIN_GRACE_S = 1.0
 NOT_ANSWERED = "has not answered GET /v1/models yet: it joins when it does"
 OnDead = Callable[[str], Awaitable[object]]  # endpoint name → restart it (deploy layer); its result unused
 
