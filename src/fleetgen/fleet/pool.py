@@ -92,7 +92,7 @@ class FleetLinks:
         try:
             if grace_s is None:
                 await asyncio.gather(*tasks.values())
-            else:
+            elif tasks:  # (none deployed: nothing to read)
                 await _first_ready(set(tasks.values()))
                 await asyncio.wait(tasks.values(), timeout=grace_s)
         finally:

@@ -87,3 +87,4 @@ async def test_with_none_ready_yet_every_read_is_waited_for() -> None:
         ("h0", Readiness.WAITING, ""),
         ("h1", Readiness.READY, ""),
     ]
+    assert await read_all(SlowView({}), grace_s=1.0) == []  # none deployed: `run` says so
