@@ -17,11 +17,12 @@ mid-job (`--dead-timeout`).
 The hung guard (`--hung-after`) judges a hang by progress, not by /health (SGLang answers /health while its
 scheduler generates nothing: sgl-project/sglang#30314): progress is an answer to one of the job's requests
 (`Endpoint.progress_at`, set by the dispatcher) or the engine's own samples moving between two /metrics reads
-(`progressed`, fed by the job's scraper: `MetricNames.moving`). It looks every probe interval, so an endpoint
-with requests in flight and no progress for `hung_after_s` is drained within `hung_after_s` plus one probe
-interval (it used to wait on /health with a timeout as long again: about twice `--hung-after`); only where no
-engine sample was ever read (a bare URL without /metrics) does /health decide, as it must: a long generation
-answers nothing for minutes.
+(`progressed`, fed by the job's scraper: `MetricNames.moving`; a move is dated from the read before it, so a
+stall is counted from at most one scrape interval before it began). It looks every probe interval, so an
+endpoint with requests in flight and no progress for `hung_after_s` is drained within `hung_after_s` plus one
+probe interval (it used to wait on /health with a timeout as long again: about twice `--hung-after`); only
+where no engine sample was ever read (a bare URL without /metrics) does /health decide, as it must: a long
+generation answers nothing for minutes.
 
 At the start (`served_models`), every READY endpoint is asked its model at once; the job starts with those
 that answered by the first answer plus `JOIN_GRACE_S`, and one that has not answered yet is WAITING until it
@@ -95,7 +96,7 @@ class HealthMonitor:
         self._restarting: set[Endpoint] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._none_ready_since: float | None = None  # monotonic: since when no endpoint is READY
-        self._judging: set[Endpoint] = set()  # silent ones whose /health the hung guard is asking
+        self._judging: set[Endpoint] = set()  # silent ones being judged (a bare URL's /health is asked)
         self.model: str | None = None  # the served model, once known: a drained endpoint's probe asks it
         for endpoint in self.endpoints:
             if endpoint.readiness is not Readiness.READY:
