@@ -209,9 +209,10 @@ def status(
     watch: bool = cli.flag("watch", "Refresh every few seconds until Ctrl-C."),
     interval: float = typer.Option(2.0, "--interval", help="Seconds between refreshes with --watch."),
 ) -> None:
-    """Re-read every instance from its host: process, drift, health, load, accept length."""
+    """Re-read every instance from its host: process, drift, health, load, accept length, and whether it
+    answers a one-token chat request (a server failing every request is down, whatever /health says)."""
     if not watch:
-        statuses = cli.execute_on(fleet_path, lambda f: fleet_status(f, only=only))
+        statuses = cli.execute_on(fleet_path, lambda f: fleet_status(f, only=only, probe=True))
         if as_json:
             cli.print_json([s.to_json() for s in statuses])
         else:
@@ -223,7 +224,7 @@ def status(
 
 
 async def _watch(fleet_path: Path, only: list[str] | None, as_json: bool, interval: float) -> None:
-    async with open_view(cli.read_fleet(fleet_path), only=only) as view:
+    async with open_view(cli.read_fleet(fleet_path), only=only, probe=True) as view:
         while True:
             statuses = await view.refresh(rate_window_s=0)
             if as_json:

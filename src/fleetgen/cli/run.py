@@ -33,6 +33,7 @@ from fleetgen.fleet.pool import Link, open_fleet
 from fleetgen.generate.dispatch import in_flight_for
 from fleetgen.generate.export import FORMATS, ExportSummary, export
 from fleetgen.generate.fleetlink import fleet_servers, url_servers
+from fleetgen.generate.health import JOIN_GRACE_S
 from fleetgen.generate.progress import Progress, RunEnd, Summary
 from fleetgen.generate.runner import Job, JobServers
 from fleetgen.generate.work import JobOptions, RecordShape, RetryPolicy, RunMode, SamplingParams
@@ -122,8 +123,9 @@ def run_command(
         Opt(
             "--hung-after",
             min=1.0,
-            help="A server with requests in flight, no answer this long (s) "
-            "and /health failing is hung: its requests go elsewhere.",
+            help="A server with requests in flight and no progress this long (s: no answer, its engine's "
+            "counters still; without /metrics, /health failing too) is hung, whatever /health says: its "
+            "requests go elsewhere.",
         ),
     ] = 120.0,
     split: Annotated[str | None, Opt("--split", help="Split of a DatasetDict folder.")] = None,
@@ -230,7 +232,7 @@ async def _servers(
     refuse_simulated_acceptance(loaded)  # its servers would not write the model's text
     fleet_path, engine = loaded.path, loaded.file.engine
     async with open_fleet(loaded) as links:
-        at_start = await links.read_all()
+        at_start = await links.read_all(grace_s=JOIN_GRACE_S)  # a hung one holds no one up
         if not at_start:
             raise FleetDown(
                 f"no instance of {fleet_path} is deployed",

@@ -6,13 +6,19 @@ Four readers look at an instance, each its own way, and all hand what they saw (
   the port's owner, the engine's own state (`fleet/enginestate.py`), drift; Slurm, for a job not running;
 - a bare URL (`dashboard/fleetdata.py`): health (its engine's state is a remark, never a condition);
 - a job's endpoint (`generate/health.py`): the fleet's judgement re-read from its host (none for a bare URL),
-  health, and what the job itself saw: requests failing (dispatch drains it), silence with requests in flight.
+  health, and what the job itself saw: requests failing (dispatch drains it), no progress with requests in
+  flight (no request answered, its engine's samples still), a probe request's failure;
+- `status` (`fleet/status.py`, with `probe`): one tiny chat request, beside health.
 A reader keeps how it observes (SSH, HTTP probes, the log tail) and may stop looking once what it saw cannot
 change the judgement (a dead process is DOWN whatever its health); the rules of what it means are here, first
 match wins:
-1. a fatal line in its log, its process seen gone, the job lost it, the fleet says DOWN → DOWN;
+1. a fatal line in its log, its process seen gone, the job lost it, a probe request failed (an error reply,
+   a dropped connection), the fleet says DOWN → DOWN;
 2. not looked at (host unreachable, a Slurm job pending), the fleet says WAITING → WAITING;
-3. requests in flight, silent past `--hung-after`, health failing → DOWN (hung);
+3. requests in flight and no progress for `--hung-after` → DOWN (hung): whatever /health says where the
+   engine's own moving samples are read (SGLang's /health answers 200 while its scheduler generates nothing:
+   sgl-project/sglang#30314); where none is read (a bare URL without /metrics), only with health
+   failing too (else a long generation would be taken for a hang);
 4. health not answering 200 → WAITING where its process is seen alive (or the fleet vouches for it),
    else DOWN (a bare URL: nothing shows a process that is merely loading);
 5. for a fleet's instance (its process seen): a stranger on its port, its engine's state not read (fleetgen
@@ -56,6 +62,10 @@ NO_HEALTH = "its health endpoint does not answer 200 (nothing listens there, or 
 DRIFT = "drift: the running process differs from the fleet file"
 FLEET_WAITING = "its instance is not ready yet (as the fleet reads it)"
 HUNG = "/health failing: the engine looks hung (its log says why)"
+STALLED = (
+    "its engine's counters and gauges stand still: the engine looks hung whatever /health says (its log "
+    "says why)"
+)
 
 
 @dataclass(frozen=True)
@@ -75,7 +85,9 @@ class Seen:
         None  # a job's endpoint: its instance as the fleet reads it now (None: bare URL)
     )
     lost: str = ""  # a job's endpoint: why the job drained it (connection lost, requests failing)
-    silent: str = ""  # a job's endpoint: requests in flight and no answer for `--hung-after`: for how long
+    silent: str = ""  # a job's endpoint: requests in flight and no progress for `--hung-after`: for how long
+    counted: bool = False  # a job's endpoint: its progress is read from its engine's samples too
+    failing: str = ""  # a probe request (status; a drained endpoint's way back) failed: why
     was: Readiness | None = None  # a job's endpoint: its readiness until now
 
 
@@ -96,6 +108,8 @@ def _decide(seen: Seen) -> Judgement:
         return Judgement(Readiness.WAITING, seen.unseen)
     if fleet is not None and fleet.readiness is Readiness.WAITING:
         return Judgement(Readiness.WAITING, fleet.reason or FLEET_WAITING)
+    if seen.silent and seen.counted:
+        return Judgement(Readiness.DOWN, f"{seen.silent}: {STALLED}")
     if seen.silent and seen.is_healthy is not True:
         return Judgement(Readiness.DOWN, f"{seen.silent} and {HUNG}")
     if seen.is_healthy is not True:
@@ -117,6 +131,8 @@ def _down(seen: Seen) -> str:
         return seen.gone or NOT_RUNNING
     if seen.lost:
         return seen.lost
+    if seen.failing:
+        return f"a probe request failed: {seen.failing}"
     if seen.fleet is not None and seen.fleet.readiness is Readiness.DOWN:
         return seen.fleet.reason or NOT_RUNNING
     return ""

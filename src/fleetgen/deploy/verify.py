@@ -21,15 +21,13 @@ from fleetgen.engines.base import Engine
 from fleetgen.errors import VerifyError
 from fleetgen.http.client import EngineClient
 from fleetgen.http.metrics import counter_deltas
-from fleetgen.http.request import ChatRequests, Sampling
+from fleetgen.http.request import probe_body
 from fleetgen.redact import REDACTED
 from fleetgen.remote.base import ProcInfo
 
 SPEC_FLAGS = ("speculative-algorithm", "speculative-config")
 # A repetitive prompt: n-gram / EAGLE drafts get accepted on it, so a speculative step is observable.
-PROBE_PROMPT = "Count: one two three four, one two three four, one two three four, one two three four,"
 PROBE_MAX_TOKENS = 24
-PROBE_SAMPLING = Sampling(thinking=False)  # greedy, thinking off: the few tokens go to the answer
 
 
 @dataclass(frozen=True)
@@ -192,8 +190,7 @@ async def verify_engine(
             context={"mismatches": "\n".join(problems), "url": client.base_url},
         )
     before = await client.metrics(engine.metrics_path)
-    probe = ChatRequests(out.model, PROBE_MAX_TOKENS, PROBE_SAMPLING)
-    reply = await client.chat(probe.body([{"role": "user", "content": PROBE_PROMPT}]))
+    reply = await client.chat(probe_body(out.model, PROBE_MAX_TOKENS))
     after = await client.metrics(engine.metrics_path)
     if flag_value(command.args, SPEC_FLAGS) is not None:
         info = await client.info(engine.info_paths)  # SGLang's averages, as they are after the request

@@ -51,6 +51,15 @@ class MetricNames:
     # a counter that moves on every speculative verify step (proof that speculation runs)
     spec_steps_total: str = ""
 
+    @property
+    def moving(self) -> tuple[str, ...]:
+        """The samples that change while the engine generates anything: its token and verify-step counters,
+        and the throughput and KV gauges its scheduler sets as it steps (SGLang adds a request's tokens to
+        its counter only when it ends, but sets the gauges every few dozen decode steps). None of them
+        changing between two reads while requests are in flight is no progress (the job's hung guard)."""
+        names = (self.generation_tokens_total, self.spec_steps_total, self.gen_throughput, self.kv_usage)
+        return tuple(name for name in names if name)
+
     @classmethod
     def of(cls, engine: str, **names: Any) -> MetricNames:
         """`names`, and the token counter every engine exports (`<engine>:generation_tokens_total`)."""

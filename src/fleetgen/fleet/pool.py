@@ -21,6 +21,10 @@ from fleetgen.deploy.state import load_state
 from fleetgen.errors import FleetDown
 from fleetgen.fleet.status import FleetView, InstanceStatus, open_view
 
+NOT_READ = (
+    "not read yet (its engine is slow to answer, or hung): the job re-reads it and takes it in once ready"
+)
+
 
 @dataclass(frozen=True)
 class Link:
@@ -79,9 +83,30 @@ class FleetLinks:
         """The deployed instances, in name order."""
         return sorted(self._hosts)
 
-    async def read_all(self) -> list[Link]:
-        """Every deployed instance as it is now (an unreachable host is not retried here)."""
-        return list(await asyncio.gather(*(self._read(name) for name in self.names)))
+    async def read_all(self, *, grace_s: float | None = None) -> list[Link]:
+        """Every deployed instance as it is now (an unreachable host is not retried here). With `grace_s`
+        (a job's start), the reads end `grace_s` after a first instance reads READY: one not read by then
+        (a hung engine's /health takes the read's whole timeout) is WAITING, `NOT_READ`, for the job to
+        re-read (`read_one`): a new job does not wait on a hung server to start the others."""
+        tasks = {name: asyncio.create_task(self._read(name)) for name in self.names}
+        try:
+            if grace_s is None:
+                await asyncio.gather(*tasks.values())
+            elif tasks:  # (none deployed: nothing to read)
+                await _first_ready(set(tasks.values()))
+                await asyncio.wait(tasks.values(), timeout=grace_s)
+        finally:
+            slow = [task for task in tasks.values() if not task.done()]
+            for task in slow:
+                task.cancel()
+            await asyncio.gather(*slow, return_exceptions=True)
+        not_read = decide(Seen(unseen=NOT_READ))
+        return [
+            task.result()
+            if task.done() and not task.cancelled()
+            else Link(name, "", self.secret, None, *not_read)
+            for name, task in tasks.items()
+        ]
 
     async def read_one(self, name: str) -> Link:
         """One instance as it is now: its host reconnected if it was unreachable (SSH connections that
@@ -133,6 +158,14 @@ class FleetLinks:
                 await self._stack.enter_async_context(attempt)  # kept open (with its tunnels) for the job
             else:
                 await attempt.aclose()
+
+
+async def _first_ready(reads: set[asyncio.Task[Link]]) -> None:
+    """Return once one of `reads` has read a READY instance, or all have ended (an error: raised)."""
+    while reads:
+        done, reads = await asyncio.wait(reads, return_when=asyncio.FIRST_COMPLETED)
+        if any(task.result().readiness is Readiness.READY for task in done):
+            return
 
 
 @contextlib.asynccontextmanager

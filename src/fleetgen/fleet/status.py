@@ -8,6 +8,15 @@ read. The engine's own numbers are read by `fleet.enginestate`, as for a bare UR
 
 This module observes; whether an instance is ready is `deploy.readiness.decide`'s to say, from what it saw
 (`Seen`), the why beside it as the problem text. The command is compared with /proc, never a rendered script.
+
+`status` (a view opened with `probe`) also sends each healthy instance one tiny chat request
+(`EngineClient.probe`), because /health answers 200 on a server that fails every request (or generates
+nothing): an error reply or a dropped connection is a problem (DOWN, the reply quoted), and so is no answer
+within `PROBE_TIMEOUT_S` where its engine queues nothing (idle, yet not answering: stalled); a busy server's
+slow answer is not held against it. Why a probe request and not what a running job recorded: `status` does
+not know which job (if any) runs on the fleet, nor where its store is, and a probe sees a server no job uses
+yet; it costs one token per instance. `run`, `bench` and the dashboard, which re-read the fleet often, do not
+probe: a job judges its servers by its own requests (`generate/health.py`).
 """
 
 from __future__ import annotations
@@ -34,6 +43,8 @@ from fleetgen.fleet.enginestate import read_engine
 from fleetgen.http.client import EngineClient
 from fleetgen.http.metrics import Scrape
 from fleetgen.remote.base import Host
+
+PROBE_TIMEOUT_S = 10.0  # `status`'s probe request: one token, sent to an engine that says it queues nothing
 
 
 @dataclass
@@ -80,9 +91,10 @@ class _Tracked:
 class FleetView:
     """Open hosts and tunnels for one fleet; `refresh()` re-reads every instance. Use `open_view`."""
 
-    def __init__(self, fleet: Fleet, secret: str | None) -> None:
+    def __init__(self, fleet: Fleet, secret: str | None, *, probe: bool = False) -> None:
         self.fleet = fleet
         self.secret = secret
+        self.probe = probe  # send each healthy instance a probe request (`status`)
         self.tracked: list[_Tracked] = []
         self.failed: list[InstanceStatus] = []
         # Where `plan` and `up` read the model's shape (`modelshape.model_shape`): the first host reached.
@@ -169,13 +181,30 @@ class FleetView:
         st.running, st.queued, st.kv_usage = load.running, load.queued, load.kv_usage
         st.gen_tokens_per_s, st.spec_accept_length = load.gen_tokens_per_s, load.spec_accept_length
         st.max_running_requests, st.running_is_floor = state.max_running_requests, state.running_is_floor
-        return replace(seen, engine_problem=state.problem)
+        failing = await probe_failure(client, idle=not load.queued) if self.probe else ""
+        return replace(seen, engine_problem=state.problem, failing=failing)
+
+
+async def probe_failure(client: EngineClient, *, idle: bool, timeout_s: float = PROBE_TIMEOUT_S) -> str:
+    """Why one probe request shows the instance does not take work: an error reply, a dropped connection,
+    or (`idle`: its engine queues nothing) no answer within `timeout_s`; "" when it answered, or was merely
+    slow while its engine queues requests."""
+    try:
+        failure = await client.probe(await client.served_model(), timeout_s)
+    except EndpointError as exc:  # /v1/models failed: the same server, the same trouble
+        return exc.message
+    if failure is None or not (failure.status is not None or failure.is_connection or idle):
+        return ""
+    return failure.message
 
 
 @contextlib.asynccontextmanager
-async def open_view(fleet: Fleet, *, only: Sequence[str] | None = None) -> AsyncIterator[FleetView]:
-    """A FleetView with every wanted host connected; hosts that fail show up as not-ready statuses."""
-    view = FleetView(fleet, api_key(fleet.file))
+async def open_view(
+    fleet: Fleet, *, only: Sequence[str] | None = None, probe: bool = False
+) -> AsyncIterator[FleetView]:
+    """A FleetView with every wanted host connected; hosts that fail show up as not-ready statuses; `probe`:
+    each healthy instance is sent a probe request too (`status`)."""
+    view = FleetView(fleet, api_key(fleet.file), probe=probe)
     async with (
         open_hosts(fleet, only, check_launch=False) as opened,
         contextlib.AsyncExitStack() as nodes,
@@ -217,8 +246,9 @@ async def _place(
 
 
 async def fleet_status(
-    fleet: Fleet, *, only: Sequence[str] | None = None, rate_window_s: float = 1.0
+    fleet: Fleet, *, only: Sequence[str] | None = None, rate_window_s: float = 1.0, probe: bool = False
 ) -> list[InstanceStatus]:
-    """One read of every (selected) instance; tunnels are closed again afterwards."""
-    async with open_view(fleet, only=only) as view:
+    """One read of every (selected) instance (`probe`: with a probe request each); tunnels are closed again
+    afterwards."""
+    async with open_view(fleet, only=only, probe=probe) as view:
         return await view.refresh(rate_window_s)

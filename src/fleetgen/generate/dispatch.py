@@ -180,7 +180,7 @@ class Dispatcher:
         if work.number < 0:  # its first send; a retry is the same request, not judged by a server yet
             work.number = self._refused.sent()
         if not endpoint.in_flight:
-            endpoint.answered_at = time.monotonic()  # silence is counted from here
+            endpoint.progress_at = time.monotonic()  # silence is counted from here
         endpoint.in_flight += 1
         self.num_in_flight += 1
         task = asyncio.get_running_loop().create_task(self._serve(endpoint, work))
@@ -206,7 +206,7 @@ class Dispatcher:
             self._on_success(endpoint.name, work, started, time.monotonic() - t0)
 
     def _served(self, endpoint: Endpoint, work: Work, task: asyncio.Task[None]) -> None:
-        endpoint.answered_at = time.monotonic()
+        endpoint.progress_at = time.monotonic()  # an answer (or a failure): not silent
         endpoint.in_flight -= 1
         endpoint.tasks.discard(task)
         self.num_in_flight -= 1

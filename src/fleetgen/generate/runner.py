@@ -197,6 +197,7 @@ class Job:
             lambda ep, work, exc: writer.put(builder.error(ep, work, exc)),
         )
         by_name = {e.name: e for e in monitor.endpoints}
+        scraper.on_engine = monitor.progressed  # the hung guard's evidence of progress
         scraper.on_load = lambda name, running, waiting: (
             dispatcher.fill(by_name[name], running, waiting) if name in self._filled else None
         )

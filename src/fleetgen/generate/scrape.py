@@ -1,5 +1,6 @@
-"""What each endpoint's `/metrics` says while a job runs: its speculative-decoding accept length, and its
-running and waiting requests (`on_load`: the dispatcher fills a server whose engine runs past its figure).
+"""What each endpoint's `/metrics` says while a job runs: its speculative-decoding accept length, its
+running and waiting requests (`on_load`: the dispatcher fills a server whose engine runs past its figure),
+and whether its engine moved since the read before (`on_engine`: the hung guard's evidence of progress).
 
 The job's time series (`timeseries.accept_length`) is what the dashboard and report chart: how many tokens
 each speculative step yields on each server, while generating *this* data. A background task reads every
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable, Mapping, Sequence
 
 from fleetgen.engines import Engine, engine_of_metrics, get_engine
@@ -41,7 +43,9 @@ def window_accept_length(
 
 class MetricsScraper:
     """`run()` is the background task; `latest[name]` the last accept length seen (None: unknown); `on_load`
-    (name, running, waiting) after each scrape that has both counts."""
+    (name, running, waiting) after each scrape that has both counts; `on_engine` (name, since) after each
+    scrape that has the engine's moving samples (`MetricNames.moving`): since when it moved (monotonic: the
+    read before, after which it changed), None when nothing changed (or no read before to compare)."""
 
     def __init__(
         self,
@@ -61,8 +65,10 @@ class MetricsScraper:
         self._clients: dict[str, EngineClient] = {}
         self._interval_s = interval_s
         self._before: dict[str, dict[str, float]] = {}
+        self._read_at: dict[str, float] = {}  # monotonic: when `_before` was read
         self.latest: dict[str, float | None] = {name: None for name, _ in endpoints()}
         self.on_load: Callable[[str, int, int], None] | None = None
+        self.on_engine: Callable[[str, float | None], None] | None = None
 
     async def run(self) -> None:
         """Scrape every endpoint every `interval_s` until cancelled."""
@@ -86,8 +92,13 @@ class MetricsScraper:
             self.latest[name] = None
             return
         engine = self._engine or engine_of_metrics(samples)
-        self.latest[name] = window_accept_length(engine, samples, self._before.get(name))
-        self._before[name] = samples
+        before, read_at = self._before.get(name), self._read_at.get(name)
+        self.latest[name] = window_accept_length(engine, samples, before)
+        self._before[name], self._read_at[name] = samples, time.monotonic()
+        moving = [m for m in engine.metrics.moving if m in samples]
+        if self.on_engine is not None and moving:
+            moved = before is not None and any(before.get(m) != samples[m] for m in moving)
+            self.on_engine(name, read_at if moved else None)
         running, waiting = samples.get(engine.metrics.running), samples.get(engine.metrics.queued)
         if self.on_load is not None and running is not None and waiting is not None:
             self.on_load(name, int(running), int(waiting))

@@ -182,8 +182,9 @@ class RetryPolicy:
     probe_interval_max_s: float = 15.0
     dead_timeout_s: float = 300.0
     restart_attempts: int = 3
-    hung_after_s: float = 120.0  # requests in flight, no answer this long, /health failing: hung
-    health_timeout_s: float = 30.0  # a busy engine's /health may take a while; a hung one never answers
+    hung_after_s: float = 120.0  # requests in flight, no progress this long: hung (generate/health.py)
+    # a busy engine's /health (or a drained one's probe request) may take a while; a hung one never answers
+    health_timeout_s: float = 30.0
 
 
 # which items a run sends: every item not done (normal), or the stored errors / truncated results again

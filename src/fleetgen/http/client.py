@@ -20,6 +20,7 @@ Bare `--endpoint` URLs (`BareURLs`) are named one way for `run`, `bench` and the
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ import orjson
 
 from fleetgen.errors import EndpointError
 from fleetgen.http.metrics import Scrape
+from fleetgen.http.request import probe_body
 
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429})
 FINISH_ALIASES = {"max_tokens": "length", "eos": "stop", "stop_sequence": "stop"}
@@ -243,6 +245,21 @@ class EngineClient:
         if status != 200:
             raise self._refused(status, raw)
         return parse_completion(raw, self._chat_url)
+
+    async def probe(self, model: str, timeout_s: float) -> RequestFailed | None:
+        """Whether it takes work, shown by one tiny chat request (`request.probe_body`, one token): None when
+        it answered (a refusal, 4xx, too: the server works, it refuses that request), else the failure: an
+        error reply (5xx), a dropped connection (`is_connection`), or no answer within `timeout_s` (`status`
+        None, not a connection: a busy server may only be slow)."""
+        try:
+            await asyncio.wait_for(self.chat(probe_body(model, 1)), timeout_s)
+        except RequestFailed as exc:
+            return None if exc.status is not None and not exc.is_retryable else exc
+        except TimeoutError:
+            return RequestFailed(
+                f"no answer to a probe request within {timeout_s:g} s", url=self._chat_url, is_retryable=True
+            )
+        return None
 
     async def stream_chat(self, body: Mapping[str, Any]) -> AsyncIterator[StreamEvent]:
         """Send one streaming chat completion; yield its events (server-sent `data:` JSON), normalized, as

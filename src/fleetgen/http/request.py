@@ -59,6 +59,11 @@ class Sampling:
 
 GREEDY = Sampling()
 
+# The probe: one short greedy request that shows a server takes work (`up`'s verify, `status`, a drained
+# endpoint's way back into a job); thinking off, so the few tokens go to the answer.
+PROBE_PROMPT = "Count: one two three four, one two three four, one two three four, one two three four,"
+PROBE_SAMPLING = Sampling(thinking=False)
+
 
 class ChatRequests:
     """The bodies of a series of chat requests that differ only in their messages (and sample): one model,
@@ -94,3 +99,8 @@ class ChatRequests:
         if self._seed is not None:
             body["seed"] = self._seed + sample
         return body
+
+
+def probe_body(model: str, max_tokens: int) -> dict[str, Any]:
+    """The probe's body (`PROBE_PROMPT`, greedy, thinking off) for `model`, `max_tokens` long."""
+    return ChatRequests(model, max_tokens, PROBE_SAMPLING).body([{"role": "user", "content": PROBE_PROMPT}])

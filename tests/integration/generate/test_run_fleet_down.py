@@ -109,7 +109,8 @@ async def test_a_hung_instance_is_named_and_its_requests_move_to_the_others(
 ) -> None:
     """An engine that stops answering while its process lives (seen on a GPU: SGLang's scheduler crashed,
     the job sat with 0 completions, printing nothing). Here the instance's process is SIGSTOPped: connections
-    are still accepted, nothing answers, /health times out. The job says so and goes on with the others."""
+    are still accepted, nothing answers, /metrics and /health time out. The job says so and goes on with the
+    others: its engine's samples stopped moving (no /health asked)."""
     victim = "h0-0"
     prompts = write_prompts(tmp_path / "p.jsonl", 200)
     out = tmp_path / "out"
@@ -121,13 +122,42 @@ async def test_a_hung_instance_is_named_and_its_requests_move_to_the_others(
             await asyncio.wait_for(wait_for_rows(out, 20, proc), BOUND_S)
             os.kill(pid, signal.SIGSTOP)
             try:
-                await asyncio.wait_for(text_appears(log, f"{victim} is down: no answer for", proc), BOUND_S)
+                await asyncio.wait_for(text_appears(log, f"{victim} is down: no progress for", proc), BOUND_S)
             finally:
                 os.kill(pid, signal.SIGCONT)  # it may come back into the job; the test is about saying it
             stdout, _ = await finish(proc)
     text = log.read_text()
     assert proc.returncode == 0, text
     line = next(line for line in text.splitlines() if line.startswith(f"{victim} is down: "))
-    assert "requests in flight and /health failing: the engine looks hung" in line
+    assert "requests in flight: its engine's counters and gauges stand still: the engine looks hung" in line
     assert json.loads(stdout)["status"] == "complete"
     assert_rows_once(out, 200)  # its requests went elsewhere
+
+
+async def test_a_run_started_while_an_instance_hangs_starts_with_the_others(
+    fleet: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Issue 29 item 7: a driver started while a server hangs waited on it (its first read of the fleet, the
+    hung engine's /health, to its timeout) before sending anything to the others. h0-0 is SIGSTOPped before
+    the run starts: the run says it is not read yet and starts with the others; continued mid-run, it may
+    join; the job completes with every record once."""
+    victim = "h0-0"
+    prompts = write_prompts(tmp_path / "p.jsonl", 60)
+    out = tmp_path / "out"
+    log = tmp_path / "run.log"
+    pid = instance_pids(fleet)[victim]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with log.open("wb") as err:
+            async with fleetgen(*run_args(prompts, out, fleet, "--json"), stderr=err) as proc:
+                needle = f"{victim} is not ready (not read yet"
+                await asyncio.wait_for(text_appears(log, needle, proc), BOUND_S)
+                await asyncio.wait_for(wait_for_rows(out, 10, proc), BOUND_S)
+                os.kill(pid, signal.SIGCONT)
+                stdout, _ = await finish(proc)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert proc.returncode == 0, log.read_text()
+    assert json.loads(stdout)["status"] == "complete"
+    assert_rows_once(out, 60)

@@ -64,7 +64,8 @@ def test_status_prints_a_problem_with_brackets_verbatim(
     """A host key pattern on another port (`[host]:2222`) is text, not a rich tag to swallow."""
     problem = "the host key of a ([gpu1.example.com]:2222) CHANGED: see [[hosts]] a"
 
-    async def fake_status(fleet: object, only: object = None) -> list[InstanceStatus]:
+    async def fake_status(fleet: object, only: object = None, probe: bool = False) -> list[InstanceStatus]:
+        assert probe  # `status` sends each healthy instance a probe request
         return [InstanceStatus("a-0", "a", (0,), 30000, readiness=Readiness.DOWN, problem=problem)]
 
     fleet = tmp_path / "fleet.toml"

@@ -8,13 +8,14 @@ Filed under `cli/runlog.py`; the last-snapshot test is `generate/progress.py`'s,
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from pathlib import Path
 
 from fleetgen.cli.runlog import PlainLog
 from fleetgen.deploy.readiness import Readiness
 from fleetgen.generate.progress import EndpointProgress, Progress
-from tests.fixtures.jobs import new_job, write_jsonl
+from tests.fixtures.jobs import FAST, new_job, write_jsonl
 from tests.fixtures.standin import StandIn, serve
 
 
@@ -137,3 +138,34 @@ async def test_the_jobs_last_snapshot_carries_its_averages_not_the_last_windows(
     (endpoint,) = last.endpoints
     assert abs(endpoint.completions_per_s - average) <= 0.05 * average  # each instance's average too
     assert dataclasses.replace(last, waiting_s=None) == last
+
+
+async def test_a_server_failing_every_request_is_said_down_once_and_back_once(tmp_path: Path) -> None:
+    """Issue 29 item 8: a server whose /health answers 200 while every request gets 500 made the log say
+    "is down: HTTP 500" / "ready again" every few seconds. s0 answers 500 to its first 40 requests (the job's,
+    then the probes' while it is drained: dozens of probe rounds), then recovers; s1 holds its answers until
+    s0 is back, so the job runs through the whole of it. Exactly one "down" line and one "back" line."""
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": f"r{i}", "prompt": f"q{i}"} for i in range(12)])
+    policy = dataclasses.replace(FAST, probe_interval_s=0.02, probe_interval_max_s=0.02)
+    failing, gated = StandIn(fail_first=40), StandIn(gate=asyncio.Event())
+    lines: list[str] = []
+    log = PlainLog(lines.append, every_s=3600.0, meanwhile=lambda s: f"waiting up to {s:.0f} s")
+    was_down = False
+
+    def on_progress(p: Progress) -> None:
+        nonlocal was_down
+        log(p)
+        s0 = p.endpoints[0]
+        was_down = was_down or s0.readiness is Readiness.DOWN
+        if was_down and s0.readiness is Readiness.READY and gated.gate is not None:
+            gated.gate.set()  # s0 is back: let the job end
+
+    async with serve(failing) as a, serve(gated) as b:
+        job = new_job(tmp_path, prompts, [a.url, b.url], policy=policy)
+        summary = await asyncio.wait_for(job.run(on_progress), 30.0)  # a guard against a hang only
+    assert summary.results == 12 and failing.num_chats > 40  # it failed through, then took work
+    s0_lines = [line for line in lines if line.startswith("s0 ")]
+    assert len(s0_lines) == 2, lines
+    assert s0_lines[0].startswith("s0 is down: HTTP 500: injected 500")
+    assert s0_lines[1] == "s0 is ready again: it takes work"
+    assert not any(line.startswith("s1 ") for line in lines)

@@ -33,6 +33,8 @@ SEEN = st.builds(
     fleet=st.none() | JUDGEMENT,
     lost=WHY,
     silent=WHY,
+    counted=st.booleans(),
+    failing=WHY,
     was=st.none() | READINESS,
 )
 
@@ -48,11 +50,14 @@ def test_ready_says_no_why_and_every_other_judgement_says_one(seen: Seen) -> Non
 
 
 @given(SEEN)
-def test_a_dead_process_a_fatal_line_a_lost_endpoint_or_a_fleet_down_is_down(seen: Seen) -> None:
+def test_a_dead_process_a_fatal_line_a_lost_endpoint_a_failed_probe_or_a_fleet_down_is_down(
+    seen: Seen,
+) -> None:
     is_down = (
         seen.is_alive is False
         or bool(seen.fatal)
         or bool(seen.lost)
+        or bool(seen.failing)
         or (seen.fleet is not None and seen.fleet.readiness is Readiness.DOWN)
     )
     if is_down:
@@ -63,7 +68,8 @@ def test_a_dead_process_a_fatal_line_a_lost_endpoint_or_a_fleet_down_is_down(see
 def test_ready_only_with_health_answering_and_nothing_against_it(seen: Seen) -> None:
     if decide(seen).readiness is Readiness.READY:
         assert seen.is_healthy is True and fleet_says_ready(seen)
-        assert not (seen.fatal or seen.lost or seen.unseen or seen.is_alive is False)
+        assert not (seen.fatal or seen.lost or seen.failing or seen.unseen or seen.is_alive is False)
+        assert not (seen.silent and seen.counted)  # no progress by its engine's counters: health or not
         if seen.is_alive:  # a fleet's instance: its port, its engine's own state and its argv agree
             assert not (seen.stranger or seen.engine_problem or seen.drift)
 
@@ -75,7 +81,7 @@ def test_an_instance_alive_healthy_with_its_engine_read_is_ready_unless_the_job_
     seen = replace(seen, is_alive=True, is_healthy=True, fatal="", unseen="", stranger="", engine_problem="")
     seen = replace(seen, drift=(), silent="")
     readiness = decide(seen).readiness
-    if not seen.lost and fleet_says_ready(seen):
+    if not (seen.lost or seen.failing) and fleet_says_ready(seen):
         assert readiness is Readiness.READY
     else:
         assert readiness is not Readiness.READY
@@ -91,9 +97,10 @@ def test_a_live_process_is_down_only_when_dead_inside_lost_hung_or_the_fleet_say
         seen = replace(seen, is_alive=None, fleet=Judgement(Readiness.READY))
     else:
         seen = replace(seen, is_alive=True)
-    is_hung = bool(seen.silent) and seen.is_healthy is not True
+    is_hung = bool(seen.silent) and (seen.counted or seen.is_healthy is not True)
     fleet_down = seen.fleet is not None and seen.fleet.readiness is Readiness.DOWN
-    if not (seen.fatal or seen.lost or is_hung or fleet_down or seen.was is Readiness.DOWN):
+    failed = seen.fatal or seen.lost or seen.failing
+    if not (failed or is_hung or fleet_down or seen.was is Readiness.DOWN):
         assert decide(seen).readiness is not Readiness.DOWN
 
 
@@ -107,20 +114,40 @@ def test_requests_in_flight_silent_with_health_failing_is_hung(seen: Seen) -> No
     seen = replace(seen, silent="no answer for 60 s", is_healthy=False)
     readiness, why = decide(seen)
     assert readiness is not Readiness.READY
-    if not (seen.fatal or seen.is_alive is False or seen.lost or seen.unseen or seen.fleet):
+    if not (seen.fatal or seen.is_alive is False or seen.lost or seen.failing or seen.unseen or seen.fleet):
         assert readiness is Readiness.DOWN and "hung" in why
+
+
+@given(SEEN, st.sampled_from([None, True, False]))
+def test_no_progress_by_its_engine_s_counters_is_hung_whatever_health_says(
+    seen: Seen, is_healthy: bool | None
+) -> None:
+    """SGLang answers /health 200 while its scheduler generates nothing (sgl-project/sglang#30314): where the
+    engine's own samples are read, requests in flight with none of them moving is a hang, health or not."""
+    job = Seen(silent="no progress for 60 s", counted=True, is_healthy=is_healthy, was=Readiness.READY)
+    assert decide(job).readiness is Readiness.DOWN  # nothing else seen: a job's endpoint, health or not
+    seen = replace(seen, silent="no progress for 60 s", counted=True, is_healthy=is_healthy)
+    readiness, why = decide(seen)
+    assert readiness is not Readiness.READY
+    if not (seen.fatal or seen.is_alive is False or seen.lost or seen.failing or seen.unseen or seen.fleet):
+        assert readiness is Readiness.DOWN and "hung" in why and "no progress for 60 s" in why
 
 
 @given(SEEN)
 def test_a_bare_url_is_judged_by_its_health_alone(seen: Seen) -> None:
     """No process to see, no fleet, nothing the job saw: health 200 is READY whatever its engine's state or
     port say (those are a fleet instance's conditions), and no answer is DOWN."""
-    bare = replace(seen, fatal="", is_alive=None, unseen="", fleet=None, lost="", silent="", was=None)
+    bare = replace(
+        seen, fatal="", is_alive=None, unseen="", fleet=None, lost="", silent="", failing="", was=None
+    )
     expected = Readiness.READY if bare.is_healthy is True else Readiness.DOWN
     assert decide(bare).readiness is expected
 
 
-@given(SEEN, st.sampled_from(["fatal", "lost", "unseen", "stranger", "engine_problem", "silent"]))
+@given(
+    SEEN,
+    st.sampled_from(["fatal", "lost", "unseen", "stranger", "engine_problem", "silent", "failing"]),
+)
 def test_more_evidence_against_never_makes_it_ready(seen: Seen, evidence: str) -> None:
     if decide(seen).readiness is not Readiness.READY:
         more: dict[str, Any] = {evidence: "why"}
@@ -173,4 +200,6 @@ def _later_reads_from(seen: Seen, other: Seen) -> Seen:
         engine_problem=other.engine_problem,
         drift=other.drift,
         silent=other.silent,
+        counted=other.counted,
+        failing=other.failing,
     )
