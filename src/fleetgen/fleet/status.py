@@ -19,11 +19,12 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from fleetgen.config import LOOPBACK, Instance
+from fleetgen.deploy.death import Death, death_of, signatures_of
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import open_hosts
 from fleetgen.deploy.instance import HostSession, running_process
 from fleetgen.deploy.listener import port_owners, stranger_problem
-from fleetgen.deploy.readiness import Readiness, Seen, decide
+from fleetgen.deploy.readiness import NOT_RUNNING, Readiness, Seen, decide
 from fleetgen.deploy.script import Command
 from fleetgen.deploy.slurm import place
 from fleetgen.deploy.state import load_state
@@ -34,6 +35,9 @@ from fleetgen.fleet.enginestate import read_engine
 from fleetgen.http.client import EngineClient
 from fleetgen.http.metrics import Scrape
 from fleetgen.remote.base import Host
+
+# The log lines read for a dead engine's last words: SGLang's out-of-memory traceback runs to 120.
+DEATH_LINES = 400
 
 
 @dataclass
@@ -112,6 +116,20 @@ class FleetView:
         except FleetgenError:
             return ""
 
+    async def death(self, name: str) -> Death | None:
+        """Why the instance's engine died, in its own words (`deploy.death`, over its log's tail on its
+        host); None where its log shows no error (or cannot be read: its host says why elsewhere)."""
+        return await self._death(self._tracked(name))
+
+    async def _death(self, w: _Tracked) -> Death | None:
+        rec = load_state(self.fleet.path).get(w.inst.name)
+        path = rec.log_path if rec is not None and rec.log_path else w.command.paths.current_log
+        try:
+            text = await w.hs.host.tail(path, DEATH_LINES)
+        except FleetgenError:  # no log yet, or the host went away: nothing in the engine's words
+            return None
+        return death_of(text.splitlines(), signatures_of(self.fleet.engine, rec.rule_set if rec else ""))
+
     def _tracked(self, name: str) -> _Tracked:
         return next(w for w in self.tracked if w.inst.name == name)
 
@@ -144,7 +162,8 @@ class FleetView:
         rec = load_state(self.fleet.path).get(st.instance)
         running = await running_process(w.hs, w.command, rec)
         if running is None:
-            return Seen(is_alive=False)
+            died = await self._death(w)
+            return Seen(is_alive=False, gone=f"{NOT_RUNNING}: it died: {died.text()}" if died else "")
         st.pid, st.uptime_s = running.pid, w.hs.survey.uptime_of(running.start_time)
         st.log_path = rec.log_path if rec and rec.pid == running.pid else ""
         st.drift = process_drift(w.command, running, self.secret)

@@ -25,9 +25,10 @@ import tomli_w
 from fleetgen.config import FleetFile, Instance, JobFile
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import down, up
+from fleetgen.deploy.readiness import Readiness
 from fleetgen.engines import Engine
-from fleetgen.errors import FleetgenError
-from fleetgen.fleet.pool import open_fleet
+from fleetgen.errors import EngineDied, FleetgenError
+from fleetgen.fleet.pool import FleetLinks, open_fleet
 from fleetgen.generate.dispatch import in_flight_for
 from fleetgen.generate.fleetlink import fleet_servers
 from fleetgen.generate.forced import Filler
@@ -40,10 +41,13 @@ from fleetgen.plan.job import OutputLengths
 from fleetgen.plan.types import Setting
 from fleetgen.tune.classes import GpuClass
 from fleetgen.tune.fleetfile import candidate_data
-from fleetgen.tune.steady import Fill, Sample, fill_verdict
+from fleetgen.tune.steady import Fill, Sample, fill_verdict, held_below
 from fleetgen.tune.verdict import Measured
 
 SCRAPE_INTERVAL_S = 1.0
+# How long a candidate that stopped answering is watched for its process to exit: SGLang's launcher sleeps 5 s
+# after its scheduler died before it ends the process tree ("Sleeping 5 seconds before crash diagnostics").
+DYING_S = 20.0
 Say = Callable[[str], None]
 
 
@@ -139,10 +143,14 @@ async def _load_and_read(fleet: Fleet, engine: Engine, trial: Trial, load: Load,
                 window, rate, notes, error = await _steady_window(
                     engine, client, admitted, load, running, job.counters
                 )
+        except FleetgenError as exc:  # its metrics stopped answering: the engine's own words where it died
+            raise EngineDied(await _in_its_words(links, link.name, exc.message), fix=exc.fix) from exc
         finally:
             job.stop()
             job.stop()  # the window is read: abandon what is in flight
             stopped = await _job_error(running)
+        if stopped:  # the load stopped on its own: its servers gone, or every request refused
+            stopped = await _in_its_words(links, link.name, stopped)
     return Measured(
         trial.gpu_class,
         trial.setting,
@@ -158,6 +166,19 @@ async def _load_and_read(fleet: Fleet, engine: Engine, trial: Trial, load: Load,
         notes=notes,
         error=stopped or error,
     )
+
+
+async def _in_its_words(links: FleetLinks, name: str, why: str) -> str:
+    """`why` a candidate failed, or where its engine died, that death in the engine's own words and its fix
+    (`deploy.death`): never the transport error a dead engine leaves ("GET …/metrics failed:
+    ClientConnectorError" on the H100, where SGLang's scheduler had died of CUDA OOM)."""
+    deadline = time.monotonic() + DYING_S
+    link = await links.read_one(name)
+    while link.readiness is Readiness.WAITING and time.monotonic() < deadline:  # alive, not answering
+        await asyncio.sleep(SCRAPE_INTERVAL_S)
+        link = await links.read_one(name)
+    died = await links.death(name) if link.readiness is Readiness.DOWN else None
+    return f"the engine died: {died.text()}; fix: {died.fix}" if died else why
 
 
 async def _job_error(job: asyncio.Task[Any]) -> str:
@@ -219,7 +240,8 @@ async def _steady_window(
         notes.append("the input ran out before the window ended: give a larger input (or --window)")
     window = window_of(engine, scrapes)
     rate = (counters.results - done_before) / window.seconds if window.seconds > 0 else 0.0
-    return window, rate, tuple(notes), fill.error
+    queued = sum(s.samples.get(engine.metrics.queued, 0.0) for s in scrapes) / len(scrapes)
+    return window, rate, tuple(notes), fill.error or held_below(window.running, queued, admitted)
 
 
 async def _warm_up(
