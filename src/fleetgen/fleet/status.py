@@ -161,8 +161,8 @@ class FleetView:
         """Look at the instance, filling `st` with what it shows; stop once what is seen settles it."""
         rec = load_state(self.fleet.path).get(st.instance)
         running = await running_process(w.hs, w.command, rec)
-        if running is None:
-            died = await self._death(w)
+        if running is None:  # launched (recorded) and gone: its log says why; stopped by `down`: no record
+            died = await self._death(w) if rec is not None else None
             return Seen(is_alive=False, gone=f"{NOT_RUNNING}: it died: {died.text()}" if died else "")
         st.pid, st.uptime_s = running.pid, w.hs.survey.uptime_of(running.start_time)
         st.log_path = rec.log_path if rec and rec.pid == running.pid else ""
@@ -216,6 +216,14 @@ async def open_view(fleet: Fleet, *, only: Sequence[str] | None = None) -> Async
             readiness, why = decide(Seen(unseen=error.message))
             view.failed.append(InstanceStatus(name, entry.name, gpus, port, readiness=readiness, problem=why))
         yield view
+
+
+async def engine_deaths(fleet: Fleet, names: Sequence[str]) -> dict[str, Death]:
+    """Why each named instance's engine died, in its own words (`FleetView.death`), for those whose log shows
+    it: what `bench` says where requests failed, instead of the failures' transport errors."""
+    async with open_view(fleet, only=names) as view:
+        found = {name: await view.death(name) for name in view.names if name in names}
+    return {name: died for name, died in found.items() if died is not None}
 
 
 async def _place(
