@@ -13,7 +13,7 @@ from fleetgen.plan.sglang.headroom import largest_safe_fraction
 from fleetgen.plan.sglang.memory import HICACHE_RESERVE_BYTES, SGLangExtras, draft_kv_in_cell, size_sglang
 from fleetgen.plan.sglang.rules import check_sglang_flags
 from fleetgen.plan.sglang.settings import SGLangSettings, sglang_ask
-from fleetgen.plan.types import GIB, Ask, Fix, HostRam, Issue, Memory, Planner, Sizing
+from fleetgen.plan.types import GIB, JOB_UNPLANNED, Ask, Fix, HostRam, Issue, Memory, Planner, Sizing
 
 
 def rejections(ask: Ask) -> tuple[Issue, ...]:
@@ -35,6 +35,8 @@ def size_instance(ask: Ask) -> Sizing:
     if 0 < memory.kv_tokens < memory.context_length:
         warnings.append(_context_warning(memory))
     extras = SGLangExtras.of(memory)
+    if ask.shape.is_hybrid and extras.mamba_ratio > 1 and memory.max_running_requests > 0:
+        warnings.append(_states_warning(memory, extras))
     if s.is_hicache:
         pinned = _hicache_bytes(memory, s, ask.shape.is_hybrid and x.rules.hicache_hybrid)
         memory = replace(memory, extras=replace(extras, hicache_host_bytes=pinned))
@@ -58,6 +60,18 @@ def _context_warning(m: Memory) -> Issue:
         f"one request of full context ({m.context_length:,} tokens) does not fit: the KV pool holds "
         f"{m.kv_tokens:,} tokens per GPU",
         f"set context-length <= {m.kv_tokens:,} (e.g. 8192) if requests are shorter, or use tp = 2",
+    )
+
+
+def _states_warning(m: Memory, sg: SGLangExtras) -> Issue:
+    """The radix cache holds ρ Mamba states per running request: what runs is a chat's sizing, and a batch
+    job of distinct prompts runs many times more with it off (dropped where `plan --job` plans the job)."""
+    return Issue(
+        JOB_UNPLANNED,
+        f"the radix cache holds {sg.mamba_ratio} Mamba states per running request: "
+        f"{m.max_running_requests} run at once ({sg.mamba_slots} slots ÷ {sg.mamba_ratio}), sized for chat; "
+        "a batch job runs many times more with it off",
+        "`fleetgen plan --job JOB.toml --input PROMPTS` plans for the job; `fleetgen tune` measures it",
     )
 
 
