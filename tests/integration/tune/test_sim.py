@@ -14,6 +14,7 @@ import concurrent.futures
 import json
 import os
 import random
+import re
 import signal
 import socket
 import sqlite3
@@ -210,17 +211,21 @@ def test_an_input_smaller_than_a_batch_is_no_rate(tmp_path: Path) -> None:
 OOM_LOG = Path(__file__).parents[2] / "data" / "real-engines" / "sglang-0.5.15-h100-tune" / "engine-oom.log"
 
 
-def die_of_oom_under_load(work: Path, stop: threading.Event) -> list[int]:
-    """Watch the tune servers' folders under `work`; the first of slot 0 whose log shows decode batches under
-    load gets the H100's real OOM traceback appended to its log (its last words, as SGLang's scheduler wrote
-    them) and is killed (SIGKILL: the sim has no way to die of memory). The pids it killed."""
+def die_of_oom_under_load(work: Path, stop: threading.Event, prefix: str = "*-tune0-") -> list[int]:
+    """Watch the servers' folders under `work` (`prefix`: tune's slot 0); the first whose log shows a decode
+    batch of two requests or more (under load, not `up`'s one verify request) gets the H100's real
+    OOM traceback appended to its log (its last words, as SGLang's scheduler wrote them) and is killed
+    (SIGKILL: the sim has no way to die of memory). The pids it killed."""
     oom = OOM_LOG.read_text().splitlines(keepends=True)
     words = oom[next(i for i, x in enumerate(oom) if "Scheduler hit an exception" in x) :]
     killed: list[int] = []
     while not stop.is_set() and not killed:
-        for folder in work.glob("*-tune0-*"):
+        for folder in work.glob(f"{prefix}*"):
             log, pidfile = folder / "logs" / "current.log", folder / "pid"
-            if pidfile.is_file() and log.is_file() and "Decode batch" in log.read_text(errors="replace"):
+            if not (pidfile.is_file() and log.is_file()):
+                continue
+            running = re.findall(r"Decode batch, #running-req: (\d+)", log.read_text(errors="replace"))
+            if any(int(n) >= 2 for n in running):
                 with log.open("a") as f:
                     f.writelines(words)
                 pid = int(pidfile.read_text().strip())
