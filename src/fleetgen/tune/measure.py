@@ -7,6 +7,11 @@ or held by the engine at a bound of its own; one that never settles within the w
 ranked), then a fixed window is read. The requests in flight are what `run` keeps on a
 server by default (`generate.dispatch.in_flight_for` its admitted running requests, `offered_running`):
 enough queued that a finished request is replaced at once, few enough that the queue is not the measurement.
+
+A candidate whose engine dies (its metrics stop answering, or the load stops) is an error in the engine's own
+words, read from its log on its host (`FleetLinks.death` → `deploy.death`), never the transport error its dead
+port leaves; one the engine held far below what it admits over the whole window is an error in its terms
+(`tune.steady.held_below`).
 """
 
 from __future__ import annotations
@@ -173,11 +178,14 @@ async def _in_its_words(links: FleetLinks, name: str, why: str) -> str:
     (`deploy.death`): never the transport error a dead engine leaves ("GET …/metrics failed:
     ClientConnectorError" on the H100, where SGLang's scheduler had died of CUDA OOM)."""
     deadline = time.monotonic() + DYING_S
-    link = await links.read_one(name)
-    while link.readiness is Readiness.WAITING and time.monotonic() < deadline:  # alive, not answering
-        await asyncio.sleep(SCRAPE_INTERVAL_S)
+    try:
         link = await links.read_one(name)
-    died = await links.death(name) if link.readiness is Readiness.DOWN else None
+        while link.readiness is Readiness.WAITING and time.monotonic() < deadline:  # alive, not answering
+            await asyncio.sleep(SCRAPE_INTERVAL_S)
+            link = await links.read_one(name)
+        died = await links.death(name) if link.readiness is Readiness.DOWN else None
+    except FleetgenError:  # its host went away too: `why` is all there is
+        return why
     return f"the engine died: {died.text()}; fix: {died.fix}" if died else why
 
 
