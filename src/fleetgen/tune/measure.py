@@ -145,8 +145,9 @@ async def _load_and_read(fleet: Fleet, engine: Engine, trial: Trial, load: Load,
         running = asyncio.create_task(job.run())
         try:
             async with EngineClient(link.url, api_key=links.secret) as client:
+                expected = expected_running(link.max_running_requests, trial.setting.running)
                 window, rate, notes, error = await _steady_window(
-                    engine, client, admitted, load, running, job.counters
+                    engine, client, (admitted, expected), load, running, job.counters
                 )
         except FleetgenError as exc:  # its metrics stopped answering: the engine's own words where it died
             raise EngineDied(await _in_its_words(links, link.name, exc.message), fix=exc.fix) from exc
@@ -226,17 +227,25 @@ def _options(trial: Trial, load: Load, clients: int, admitted: int) -> JobOption
     )
 
 
+def expected_running(engine_says: int | None, planned: int) -> int:
+    """The running requests both the plan and the engine expect of a candidate: the fewer of the two (vLLM-CPU
+    says max-num-seqs 512 where its KV pool runs the job's 125, as planned); the window is held against it."""
+    return min(n for n in (engine_says, planned) if n) if engine_says or planned else 0
+
+
 async def _steady_window(
     engine: Engine,
     client: EngineClient,
-    admitted: int,
+    batch: tuple[int, int],
     load: Load,
     job: asyncio.Task[Any],
     counters: Counters,
 ) -> tuple[Window, float, tuple[str, ...], str]:
     """Wait until the batch is ready (`tune.steady`), then read `load.window_s`: the engine's window, the
     dispatcher's completions/s over it, notes on what was not as it should be, and an error where the
-    batch never settled (the window is read all the same, for the record)."""
+    batch never settled or the engine held it far below what plan and engine expect (`batch`: what the load
+    offers, what both expect); the window is read all the same, for the record."""
+    admitted, expected = batch
     fill = await _warm_up(engine, client, admitted, load, job)
     notes = [fill.note] if fill.note else []
     done_before = counters.results
@@ -249,7 +258,9 @@ async def _steady_window(
     window = window_of(engine, scrapes)
     rate = (counters.results - done_before) / window.seconds if window.seconds > 0 else 0.0
     queued = sum(s.samples.get(engine.metrics.queued, 0.0) for s in scrapes) / len(scrapes)
-    return window, rate, tuple(notes), fill.error or held_below(window.running, queued, admitted)
+    ran = [s.samples[engine.metrics.running] for s in scrapes if engine.metrics.running in s.samples]
+    held = held_below(max(ran, default=None), queued, expected)
+    return window, rate, tuple(notes), fill.error or held
 
 
 async def _warm_up(

@@ -73,17 +73,20 @@ def fill_verdict(samples: Sequence[Sample], admitted: int, cap_s: float) -> Fill
     )
 
 
-def held_below(running: float | None, queued: float, admitted: int) -> str:
-    """The error of a window over which the engine ran far below what it admits with requests queued (its own
-    admission held them: SGLang reserves KV for the running requests' remaining outputs and the draft tokens;
-    on the H100 its MTP candidate ran 1 of 11 with 8 queued), in the engine's terms; "" for a window that
-    measured the setting. Such a rate is the engine's admission, not the setting's: never ranked."""
-    if running is None or queued <= 0 or running >= FAR_BELOW * admitted:
+def held_below(peak_running: float | None, queued: float, admitted: int) -> str:
+    """The error of a window over which the engine ran far below what it admits the whole time (its peak
+    running under `FAR_BELOW` of it) with requests queued: its own admission held them (SGLang reserves KV for
+    the running requests' remaining outputs and the draft tokens; on the H100 its MTP candidate ran 1 of 11
+    with 8 queued), in the engine's terms; "" for a window that measured the setting. The peak, not the mean:
+    short requests churn below a small batch's bound between reads (vLLM-CPU at max-num-seqs 2: a mean of
+    0.9, a peak of 2). Such a rate is the engine's admission, not the setting's: never ranked."""
+    if peak_running is None or queued <= 0 or peak_running >= FAR_BELOW * admitted:
         return ""
     return (
-        f"KV admission: {running:.0f} of {admitted} running, {queued:.0f} queued over the whole window (the "
-        "engine held the batch far below what it admits: its KV pool keeps room for the running requests' "
-        "remaining outputs); no rate for this setting: a smaller max-running-requests, or more KV per request"
+        f"KV admission: {peak_running:.0f} of {admitted} running, {queued:.0f} queued over the whole window "
+        "(the engine held the batch far below what it admits: its KV pool keeps room for the running "
+        "requests' remaining outputs); no rate for this setting: a smaller max-running-requests, or more KV "
+        "per request"
     )
 
 
