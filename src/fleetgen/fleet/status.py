@@ -27,7 +27,7 @@ from fleetgen.deploy.listener import port_owners, stranger_problem
 from fleetgen.deploy.readiness import NOT_RUNNING, Readiness, Seen, decide
 from fleetgen.deploy.script import Command
 from fleetgen.deploy.slurm import place
-from fleetgen.deploy.state import load_state
+from fleetgen.deploy.state import InstanceRecord, load_state
 from fleetgen.deploy.verify import process_drift
 from fleetgen.deploy.wanted import api_key, wanted_command
 from fleetgen.errors import EndpointError, FleetgenError
@@ -79,6 +79,8 @@ class _Tracked:
     before: Scrape | None = None
     placement: str = ""
     slurm_job: str = ""  # a Slurm placement: the job its session reaches the node of
+    # the death found in a gone launch's log, by launch (pid, start time, log): read once, not each refresh
+    death: tuple[tuple[int, int, str], Death] | None = None
 
 
 class FleetView:
@@ -130,6 +132,18 @@ class FleetView:
             return None
         return death_of(text.splitlines(), signatures_of(self.fleet.engine, rec.rule_set if rec else ""))
 
+    async def _launch_death(self, w: _Tracked, rec: InstanceRecord) -> Death | None:
+        """`_death` of the recorded launch, read once it is found (a dashboard refreshes every second); a
+        log that shows none yet is read again (its last lines may still be on their way through the log's
+        redactor)."""
+        launch = (rec.pid, rec.start_time, rec.log_path)
+        if w.death is not None and w.death[0] == launch:
+            return w.death[1]
+        died = await self._death(w)
+        if died is not None:
+            w.death = (launch, died)
+        return died
+
     def _tracked(self, name: str) -> _Tracked:
         return next(w for w in self.tracked if w.inst.name == name)
 
@@ -162,7 +176,7 @@ class FleetView:
         rec = load_state(self.fleet.path).get(st.instance)
         running = await running_process(w.hs, w.command, rec)
         if running is None:  # launched (recorded) and gone: its log says why; stopped by `down`: no record
-            died = await self._death(w) if rec is not None else None
+            died = await self._launch_death(w, rec) if rec is not None else None
             return Seen(is_alive=False, gone=f"{NOT_RUNNING}: it died: {died.text()}" if died else "")
         st.pid, st.uptime_s = running.pid, w.hs.survey.uptime_of(running.start_time)
         st.log_path = rec.log_path if rec and rec.pid == running.pid else ""
