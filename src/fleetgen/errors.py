@@ -14,6 +14,7 @@ FleetgenError                 message + fix + context (host, argv, exit code, st
 ├── DeployError               an instance did not come up as intended
 │   ├── LaunchFailed          the engine died or logged a fatal signature while starting
 │   ├── ReadyTimeout          it did not become healthy in time
+│   ├── EngineDied            it died after it was ready (tune's load, a job): its log's last error, the fix
 │   └── VerifyError           it runs, but not what was asked (drift, spec decoding off, …)
 ├── EndpointError             an engine's HTTP endpoint answered badly or not at all
 └── JobError                  a generation job cannot go on
@@ -105,6 +106,10 @@ class DeployError(FleetgenError):
 
 class LaunchFailed(DeployError):
     """The engine died, or logged a fatal signature, while starting."""
+
+
+class EngineDied(DeployError):
+    """The engine died after it was ready (under tune's load, in a job): its log's last error and the fix."""
 
 
 class ReadyTimeout(DeployError):

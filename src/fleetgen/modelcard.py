@@ -41,6 +41,7 @@ class ModelShape:
     dtype: str
     weight_bytes: int
     hidden_size: int = 0
+    intermediate_size: int = 0  # the MLP's (0: not in config.json): a prefill chunk's activations
     vocab_size: int = 0
     linear_num_key_heads: int = 0
     linear_num_value_heads: int = 0
@@ -217,6 +218,7 @@ def parse_model_shape(config: Mapping[str, Any], index: Mapping[str, Any] | None
         vision_num_layers=vision.get("num_hidden_layers"),
         vision_hidden_size=vision.get("hidden_size"),
         notes=notes,
+        intermediate_size=int(text.get("intermediate_size") or 0),
         **fields,
     )
 

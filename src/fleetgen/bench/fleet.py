@@ -20,8 +20,9 @@ from fleetgen.bench.stats import BenchLoad, BenchTarget, LevelResult, SpeedupRow
 from fleetgen.bench.sweep import sweep
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import up
-from fleetgen.errors import ConfigError, FleetgenError
+from fleetgen.errors import ConfigError, EndpointError, EngineDied, FleetgenError
 from fleetgen.fleet.pool import Link, ready_endpoints
+from fleetgen.fleet.status import engine_deaths
 from fleetgen.http.client import BareURLs
 
 SPEC_ARG_PREFIX = "speculative"  # SGLang's speculative-*, vLLM's speculative-config
@@ -66,7 +67,23 @@ async def bench_fleet(
             caps = [cap, *running_caps(endpoints)]
             if endpoints[0].api_key and not load.api_key:
                 load = dataclasses.replace(load, api_key=endpoints[0].api_key)
-        return await sweep(targets_of(pairs, scope), load, caps=caps, on_level=on_level)
+        try:
+            return await sweep(targets_of(pairs, scope), load, caps=caps, on_level=on_level)
+        except EndpointError as exc:
+            if isinstance(source, BareURLs):
+                raise
+            raise await _in_engines_words(source, [name for name, _ in pairs], exc) from exc
+
+
+async def _in_engines_words(fleet: Fleet, names: Sequence[str], exc: EndpointError) -> FleetgenError:
+    """A sweep that failed, as the engines that died say it (`fleet.status.engine_deaths`: each one's last
+    error, where it was raised, the fix); `exc` itself where none did."""
+    deaths = await engine_deaths(fleet, names)
+    if not deaths:
+        return exc
+    said = "; ".join(f"{name}: {died.text()}" for name, died in deaths.items())
+    fixes = "; ".join(dict.fromkeys(died.fix for died in deaths.values()))
+    return EngineDied(f"the engine died during the sweep: {said}", fix=fixes, context=exc.context)
 
 
 async def compare_spec(

@@ -57,16 +57,34 @@ def result_table(result: TuneResult) -> Table:
 
 
 def chart(result: TuneResult) -> str:
-    """Decode tok/s per GPU of every candidate measured, the chosen ones in the accent colour."""
+    """Decode tok/s per GPU of every candidate measured, each bar noted with its ratio to the fleet file's
+    own settings and the running requests it ran (or why it has no rate), the chosen ones in the accent
+    colour and named so."""
+    one_class = len(result.classes) == 1
     bars = [
         svg.Bar(
-            f"{m.gpu_class.name} {m.setting.name}",
+            m.setting.name if one_class else f"{m.gpu_class.name} {m.setting.name}",
             m.decode_tps_per_gpu if m.is_ok else None,
             svg.color_for(0 if result.chosen.get(m.gpu_class) is m else 3),
+            _bar_note(m, result),
         )
         for m in result.measured
     ]
-    return svg.bar_chart(bars, title="decode tok/s per GPU at steady state (chosen: first colour)")
+    return svg.bar_chart(bars, title="decode tok/s per GPU at steady state; × the file's own, running")
+
+
+def _bar_note(m: Measured, result: TuneResult) -> str:
+    """A bar's words beside its rate: × as written, its running requests, "chosen"; or its error."""
+    if not m.is_ok:
+        return f"no rate: {m.error}" if m.error else "no rate"
+    r = ratio(m, result.baselines.get(m.gpu_class))
+    parts = [
+        f"{r:.2f}×" if r is not None else "",
+        f"{m.running:.0f} running" if m.running is not None else "",
+    ]
+    if result.chosen.get(m.gpu_class) is m:
+        parts.append("chosen")
+    return " · ".join(p for p in parts if p)
 
 
 def _measured_json(m: Measured, result: TuneResult) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from html import escape
 PALETTE = ("#2563eb", "#16a34a", "#d97706", "#9333ea", "#0891b2", "#db2777", "#65a30d", "#ea580c")
 TOTAL_COLOR, SICK_COLOR, GREY = "#111827", "#dc2626", "#9ca3af"
 WIDTH, HEIGHT = 640, 220
+NOTE_WIDTH, NOTE_CHARS = 250, 40  # a bar chart with notes leaves this much room right of its longest bar
 _TIME_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
 _LEFT, _RIGHT, _TOP, _BOTTOM = 52, 12, 26, 30  # margins around the plot area
 _TICK = 'text-anchor="middle" font-size="10" fill="#6b7280"'
@@ -32,11 +33,13 @@ class Series:
 
 @dataclass(frozen=True)
 class Bar:
-    """One horizontal bar: a label and a value (None: unknown, written as such), an optional colour."""
+    """One horizontal bar: a label and a value (None: unknown, written as such), an optional colour and a
+    note written after its value (what else the bar stands for: a ratio, a count, "chosen")."""
 
     label: str
     value: float | None
     color: str = ""
+    note: str = ""
 
 
 def color_for(index: int) -> str:
@@ -226,7 +229,7 @@ def bar_chart(bars: Sequence[Bar], *, title: str, empty_text: str = "nothing to 
     height = max(HEIGHT, _TOP + 8 + 20 * len(bars))  # never shorter than a line chart beside it
     if not bars:
         return _empty(height, title, empty_text)
-    left, right = 160, WIDTH - 110
+    left, right = 160, WIDTH - (NOTE_WIDTH if any(b.note for b in bars) else 110)
     scale = _Scale(0, max([b.value for b in bars if b.value is not None] + [1e-9]), left, right)
     body = []
     for index, bar in enumerate(bars):
@@ -237,10 +240,17 @@ def bar_chart(bars: Sequence[Bar], *, title: str, empty_text: str = "nothing to 
         )
         if bar.value is None:  # unknown is not zero: say so instead of drawing an empty bar
             body.append(f'<text x="{left + 2}" y="{y + 11}" font-size="10" fill="#6b7280">unknown</text>')
-            continue
-        body.append(
-            f'<rect class="bar" x="{left}" y="{y}" width="{max(scale(bar.value) - left, 1):.1f}" height="14" '
-            f'fill="{bar.color or color_for(index)}"/><text x="{scale(bar.value) + 5:.1f}" y="{y + 11}" '
-            f'font-size="11" fill="#111827">{format_number(bar.value)}</text>'
-        )
+            end = left + 50.0
+        else:
+            body.append(
+                f'<rect class="bar" x="{left}" y="{y}" width="{max(scale(bar.value) - left, 1):.1f}" '
+                f'height="14" fill="{bar.color or color_for(index)}"/><text x="{scale(bar.value) + 5:.1f}" '
+                f'y="{y + 11}" font-size="11" fill="#111827">{format_number(bar.value)}</text>'
+            )
+            end = scale(bar.value) + 5 + 7 * len(format_number(bar.value))
+        if bar.note:
+            body.append(
+                f'<text class="note" x="{end + 6:.1f}" y="{y + 11}" font-size="10" fill="#374151">'
+                f"{escape(bar.note[:NOTE_CHARS])}</text>"
+            )
     return _frame(height, title, "".join(body))

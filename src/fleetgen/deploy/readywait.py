@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import posixpath
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from fleetgen.deploy.death import GENERIC_SIGNATURES, POINTS_ELSEWHERE, first_fatal, root_cause
 from fleetgen.deploy.readiness import Readiness, Seen, decide
 from fleetgen.engines.base import Engine, FatalSignature, RuleSet
 from fleetgen.errors import LaunchFailed, ReadyTimeout, tail
@@ -24,39 +24,6 @@ from fleetgen.remote.base import Host
 from fleetgen.remote.procfs import parse_stat
 from fleetgen.remote.scripts import sh
 
-# Failures that are not the engine's own: the launch script or the interpreter could not start it.
-GENERIC_SIGNATURES = (
-    FatalSignature(
-        r"exec: .*: (No such file or directory|not found)|: No such file or directory$",
-        "the launch script could not execute the engine's python",
-        "set engine.python to an interpreter that exists on the host (e.g. /opt/venv/bin/python)",
-    ),
-    FatalSignature(
-        # only a raised exception: "No module named" inside a warning ("… not available (No module named
-        # 'cuda.tile'), falling back …") or an "Ignore import error …" line is harmless
-        r"^(?:\(\w+ pid=\d+\)\s+)?(?:ModuleNotFoundError|ImportError): No module named ['\"]?([\w.]+)",
-        "the engine's python cannot import a module it needs",
-        "install the missing module into engine.python's environment (or point engine.python / "
-        "engine.launcher at one that has it)",
-    ),
-    FatalSignature(
-        r"Permission denied",
-        "the host refused to run something the launch needs",
-        "check the permissions of engine.python and the workdir on the host",
-    ),
-    FatalSignature(
-        r"Traceback \(most recent call last\)",
-        "the engine raised an exception while starting",
-        "read the log lines below; they end with the exception",
-    ),
-)
-# The last line of a raised exception ("ModuleNotFoundError: No module named 'x'"), also behind vLLM's
-# "(EngineCore pid=…) " process prefix; not a log line that merely mentions an error.
-EXCEPTION_LINE = re.compile(
-    r"^(?:\(\w+ pid=\d+\)\s+)?((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt)(?::\s.*)?)$"
-)
-# An exception whose own words put the cause elsewhere (vLLM's API server after its engine core died).
-POINTS_ELSEWHERE = re.compile(r"root cause above|see (?:the )?(?:error|log|traceback)s? above", re.IGNORECASE)
 # Tail of the log carried by an error.
 NUM_ERROR_LINES = 25
 # Lines still read after a fatal line: the traceback or message that follows it.
@@ -98,29 +65,6 @@ class LaunchLog:
     def tail_text(self) -> str:
         extra = [self.partial] if self.partial else []
         return tail("\n".join(self.lines + extra), NUM_ERROR_LINES)
-
-
-def first_fatal(
-    lines: Sequence[str], signatures: Sequence[FatalSignature]
-) -> tuple[FatalSignature, str] | None:
-    """The first signature matching any of `lines` (engine signatures first: they are the most specific)."""
-    for sig in signatures:
-        for line in lines:
-            if sig.search(line):
-                return sig, line
-    return None
-
-
-def root_cause(lines: Sequence[str]) -> str | None:
-    """The exception that caused a failed start: the last one raised, unless its words say the cause is
-    elsewhere ("Engine core initialization failed. See root cause above") — then the last before it that
-    does not (vLLM: the `(EngineCore pid=…)` traceback's `ModuleNotFoundError: No module named 'flashinfer'`).
-    """
-    raised = [m.group(1) for line in lines if (m := EXCEPTION_LINE.match(line.strip()))]
-    for exc in reversed(raised):
-        if not POINTS_ELSEWHERE.search(exc):
-            return exc
-    return raised[-1] if raised else None
 
 
 def proc_state(stat_line: str, start_time: int) -> bool:

@@ -169,7 +169,10 @@ class SGLangEngine(Engine):
             "another process holds memory on one of the GPUs",
             "free the GPU (nvidia-smi) or pick other GPUs",
         ),
-        *common_fatal_signatures("lower mem-fraction-static, context length or max-running-requests"),
+        *common_fatal_signatures(
+            "lower mem-fraction-static (`fleetgen plan --job` names the largest safe one), context length or "
+            "max-running-requests"
+        ),
         *refused_argument_signatures(
             "the engine", "check the flag names for this SGLang version (`fleetgen plan` names the renames)"
         ),

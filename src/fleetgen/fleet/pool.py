@@ -15,6 +15,7 @@ import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from fleetgen.deploy.death import Death
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.readiness import Readiness, Seen, decide
 from fleetgen.deploy.state import load_state
@@ -125,6 +126,12 @@ class FleetLinks:
             await self._reconnect(host, only=name)
             link = await self._read(name)
         return link
+
+    async def death(self, name: str) -> Death | None:
+        """Why the instance's engine died, in its own words (`FleetView.death`); None where its log shows no
+        error or its host is unreachable."""
+        one = self._views.get(name)
+        return None if one is None else await one.death(name)
 
     def _adopt(self, view: FleetView) -> None:
         """The view that reads each instance (`FleetView.read`: that instance only)."""

@@ -28,14 +28,15 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from fleetgen.config import LOOPBACK, Instance
+from fleetgen.deploy.death import Death, death_of, signatures_of
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import open_hosts
 from fleetgen.deploy.instance import HostSession, running_process
 from fleetgen.deploy.listener import port_owners, stranger_problem
-from fleetgen.deploy.readiness import Readiness, Seen, decide
+from fleetgen.deploy.readiness import NOT_RUNNING, Readiness, Seen, decide
 from fleetgen.deploy.script import Command
 from fleetgen.deploy.slurm import place
-from fleetgen.deploy.state import load_state
+from fleetgen.deploy.state import InstanceRecord, load_state
 from fleetgen.deploy.verify import process_drift
 from fleetgen.deploy.wanted import api_key, wanted_command
 from fleetgen.errors import EndpointError, FleetgenError
@@ -45,6 +46,8 @@ from fleetgen.http.metrics import Scrape
 from fleetgen.remote.base import Host
 
 PROBE_TIMEOUT_S = 10.0  # `status`'s probe request: one token, sent to an engine that says it queues nothing
+# The log lines read for a dead engine's last words: SGLang's out-of-memory traceback runs to 120.
+DEATH_LINES = 400
 
 
 @dataclass
@@ -86,6 +89,8 @@ class _Tracked:
     before: Scrape | None = None
     placement: str = ""
     slurm_job: str = ""  # a Slurm placement: the job its session reaches the node of
+    # the death found in a gone launch's log, by launch (pid, start time, log): read once, not each refresh
+    death: tuple[tuple[int, int, str], Death] | None = None
 
 
 class FleetView:
@@ -124,6 +129,32 @@ class FleetView:
         except FleetgenError:
             return ""
 
+    async def death(self, name: str) -> Death | None:
+        """Why the instance's engine died, in its own words (`deploy.death`, over its log's tail on its
+        host); None where its log shows no error (or cannot be read: its host says why elsewhere)."""
+        return await self._death(self._tracked(name))
+
+    async def _death(self, w: _Tracked) -> Death | None:
+        rec = load_state(self.fleet.path).get(w.inst.name)
+        path = rec.log_path if rec is not None and rec.log_path else w.command.paths.current_log
+        try:
+            text = await w.hs.host.tail(path, DEATH_LINES)
+        except FleetgenError:  # no log yet, or the host went away: nothing in the engine's words
+            return None
+        return death_of(text.splitlines(), signatures_of(self.fleet.engine, rec.rule_set if rec else ""))
+
+    async def _launch_death(self, w: _Tracked, rec: InstanceRecord) -> Death | None:
+        """`_death` of the recorded launch, read once it is found (a dashboard refreshes every second); a
+        log that shows none yet is read again (its last lines may still be on their way through the log's
+        redactor)."""
+        launch = (rec.pid, rec.start_time, rec.log_path)
+        if w.death is not None and w.death[0] == launch:
+            return w.death[1]
+        died = await self._death(w)
+        if died is not None:
+            w.death = (launch, died)
+        return died
+
     def _tracked(self, name: str) -> _Tracked:
         return next(w for w in self.tracked if w.inst.name == name)
 
@@ -155,8 +186,9 @@ class FleetView:
         """Look at the instance, filling `st` with what it shows; stop once what is seen settles it."""
         rec = load_state(self.fleet.path).get(st.instance)
         running = await running_process(w.hs, w.command, rec)
-        if running is None:
-            return Seen(is_alive=False)
+        if running is None:  # launched (recorded) and gone: its log says why; stopped by `down`: no record
+            died = await self._launch_death(w, rec) if rec is not None else None
+            return Seen(is_alive=False, gone=f"{NOT_RUNNING}: it died: {died.text()}" if died else "")
         st.pid, st.uptime_s = running.pid, w.hs.survey.uptime_of(running.start_time)
         st.log_path = rec.log_path if rec and rec.pid == running.pid else ""
         st.drift = process_drift(w.command, running, self.secret)
@@ -226,6 +258,14 @@ async def open_view(
             readiness, why = decide(Seen(unseen=error.message))
             view.failed.append(InstanceStatus(name, entry.name, gpus, port, readiness=readiness, problem=why))
         yield view
+
+
+async def engine_deaths(fleet: Fleet, names: Sequence[str]) -> dict[str, Death]:
+    """Why each named instance's engine died, in its own words (`FleetView.death`), for those whose log shows
+    it: what `bench` says where requests failed, instead of the failures' transport errors."""
+    async with open_view(fleet, only=names) as view:
+        found = {name: await view.death(name) for name in view.names if name in names}
+    return {name: died for name, died in found.items() if died is not None}
 
 
 async def _place(

@@ -24,7 +24,18 @@ from fleetgen.plan.instance import Launch, decide_launch, size
 from fleetgen.plan.job import JobShape
 from fleetgen.plan.planners import planner_of
 from fleetgen.plan.throughput import plan_job
-from fleetgen.plan.types import GIB, Ask, FleetPlan, GpuFacts, HostFacts, InstancePlan, Issue, Memory, Planner
+from fleetgen.plan.types import (
+    GIB,
+    JOB_UNPLANNED,
+    Ask,
+    FleetPlan,
+    GpuFacts,
+    HostFacts,
+    InstancePlan,
+    Issue,
+    Memory,
+    Planner,
+)
 
 
 def facts_from_file(
@@ -86,6 +97,8 @@ def plan_instance(
         if fix is None:
             errors.append(Issue("target-concurrency", why, "add GPUs (more instances) or lower the target"))
     planned = plan_job(planner, ask, sized, job) if job is not None and sized.fits else None
+    if job is not None:  # planned for the job: its own warning says what the engine's sizing costs it
+        warnings = [w for w in warnings if w.rule != JOB_UNPLANNED]
     if planned is not None and planned.warning is not None:
         warnings.append(planned.warning)
     return replace(

@@ -17,6 +17,9 @@ from fleetgen.plan.job import JobShape
 
 GIB = 1 << 30
 MIB = 1 << 20
+# The rule of an engine's warning that its own sizing is a chat's: `plan --job` drops it (`plan.fleet`), the
+# job's own warning says what that sizing costs the job.
+JOB_UNPLANNED = "job-unplanned"
 
 
 @dataclass(frozen=True)

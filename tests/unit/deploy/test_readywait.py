@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from fleetgen.deploy.readywait import GENERIC_SIGNATURES, LaunchLog, first_fatal, proc_state
+from fleetgen.deploy.death import GENERIC_SIGNATURES, first_fatal
+from fleetgen.deploy.readywait import LaunchLog, proc_state
 from fleetgen.engines import get_engine
 
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from fleetgen.config import FleetFile
+from fleetgen.deploy.death import GENERIC_SIGNATURES, first_fatal, root_cause
 from fleetgen.deploy.hostsurvey import PREP_SH, VERSION_PY, survey_from_prep
-from fleetgen.deploy.readywait import GENERIC_SIGNATURES, first_fatal, root_cause
 from fleetgen.deploy.verify import judge_spec, spec_evidence
 from fleetgen.deploy.wanted import measured_facts, planned_figures
 from fleetgen.engines import get_engine

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from fleetgen.config import load_fleet
-from fleetgen.deploy.readywait import first_fatal
+from fleetgen.deploy.death import first_fatal
 from fleetgen.engines import get_engine, select_rule_set
 from fleetgen.engines.base import ParserVerdict, release
 from fleetgen.engines.sglang import extra_buffer_fix

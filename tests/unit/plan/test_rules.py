@@ -352,7 +352,7 @@ def test_a_fleet_fits_only_when_every_instance_fits_and_no_fleet_rule_fails(
 
 # What the memory arithmetic estimates (it may be off): never a reason for `up` to refuse a launch.
 ESTIMATES = frozenset(
-    {"mamba-pool", "weights", "kv-cache", "weights-exceed-gpu", "gpu-unknown", "gpu-absent"}
+    {"mamba-pool", "weights", "kv-cache", "weights-exceed-gpu", "gpu-unknown", "gpu-absent", "headroom"}
 )
 UGLY_FLAGS: dict[str, Any] = {
     "speculative-algorithm": "EAGLE",

@@ -9,19 +9,22 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from fleetgen.cli import register
 from fleetgen.cli.app import app
+from fleetgen.config import FleetFile
 from fleetgen.engines import get_engine, select_rule_set
 from fleetgen.modelcard import load_model_shape
+from fleetgen.plan import facts_from_file, plan_fleet
 from fleetgen.plan.job import JobShape, LengthStats
 from fleetgen.plan.planners import planner_of
 from fleetgen.plan.sglang.memory import SGLangExtras
 from fleetgen.plan.throughput import plan_job
-from fleetgen.plan.types import GIB, MIB, Ask
+from fleetgen.plan.types import GIB, JOB_UNPLANNED, MIB, Ask
 from fleetgen.plan.vllm.planner import job_blocks
 
 MODELS = Path(__file__).resolve().parents[2] / "data" / "models"
@@ -73,10 +76,15 @@ def test_the_h200_defaults_are_capped_by_the_mamba_pool_and_the_job_settings_lif
     planned = plan_job(SGLANG, a, SGLANG.size(a), job())
     mine = planned.as_written
     assert (mine.running, "Mamba pool" in mine.bound, "ρ 5" in mine.bound) == (44, True, True)
-    assert planned.best.running == 249
-    assert planned.best.args["disable-radix-cache"] is True
-    assert planned.best.args["max-running-requests"] == 249
-    assert planned.warning is not None and "--max-running-requests 249" in planned.warning.message
+    same = [s for s in planned.settings if s.args["mem-fraction-static"] == 0.85 and not s.numerics]
+    at_085 = max(same, key=lambda s: s.running)
+    assert at_085.running == 249
+    assert at_085.args["disable-radix-cache"] is True
+    assert at_085.args["max-running-requests"] == 249
+    # a higher static fraction runs more, up to what the job's heaviest moment leaves safe (`headroom`)
+    best = planned.best
+    assert best.running > 249 and best.args["mem-fraction-static"] > 0.85
+    assert planned.warning is not None and f"--max-running-requests {best.running}" in planned.warning.message
 
 
 def test_the_planned_kv_pool_at_256_running_is_within_5_percent_of_the_engines() -> None:
@@ -262,3 +270,34 @@ def test_vllm_names_what_bounds_the_users_own() -> None:
     assert "paged pool" in mine.bound and mine.running < 1024
     b = vllm_ask({"gpu-memory-utilization": 0.9, "max-num-seqs": 16})
     assert plan_job(VLLM, b, VLLM.size(b), job()).as_written.bound == "max-num-seqs 16"
+
+
+def _rules_of(version: str, *, args: dict[str, Any], job_shape: JobShape | None) -> list[str]:
+    fleet = FleetFile.model_validate(
+        {
+            "engine": {"kind": "sglang", "version": version, "model": "/m", "args": args},
+            "hosts": [{"name": "n", "gpus": [0], "gpu_memory_gib": 95.6}],
+        }
+    )
+    plan = plan_fleet(fleet, QWEN, {h.name: facts_from_file(h) for h in fleet.hosts}, None, job=job_shape)
+    return [w.rule for w in plan.instances[0].warnings]
+
+
+@pytest.mark.parametrize("version", ["0.5.10", "0.5.15", "0.5.23"])
+@pytest.mark.parametrize(
+    "spec", [{}, {"speculative-algorithm": "EAGLE", "mamba-radix-cache-strategy": "extra_buffer"}]
+)
+def test_plan_without_a_job_says_in_one_line_that_the_radix_cache_sizes_a_hybrid_model_for_chat(
+    version: str, spec: dict[str, Any]
+) -> None:
+    """`plan` without --job on Qwen3.6 with the radix cache: a `job-unplanned` warning pointing at
+    `plan --job` / `tune` (never a silent "fits"); with --job the job's own warning replaces it; with the
+    radix cache off (one state per request) there is nothing to say."""
+    args = {"mem-fraction-static": 0.85, "context-length": 8192, **spec}
+    assert _rules_of(version, args=args, job_shape=None).count(JOB_UNPLANNED) == 1
+    with_job = _rules_of(version, args=args, job_shape=job())
+    assert JOB_UNPLANNED not in with_job and "job-throughput" in with_job
+    off = {**args, "disable-radix-cache": True, "mamba-radix-cache-strategy": "no_buffer"}
+    assert JOB_UNPLANNED not in _rules_of(
+        version, args={k: v for k, v in off.items() if k != "speculative-algorithm"}, job_shape=None
+    )

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from fleetgen.engines import format_args, get_engine
-from fleetgen.tune.measure import offered_running
+from fleetgen.tune.measure import expected_running, offered_running
 
 # --- engines: decode rate over a window, forced acceptance -------------------------------------------------
 
@@ -57,3 +57,13 @@ def test_the_load_offers_what_the_engine_admits_or_the_jobs_plan_where_that_is_m
     assert offered_running(263, 255) == 263
     assert offered_running(105, 244) == 244
     assert offered_running(None, 244) == 244
+
+
+def test_a_window_is_held_against_what_both_the_plan_and_the_engine_expect() -> None:
+    """The fewer of the two: vLLM-CPU says max-num-seqs 512 where the job's KV runs 125 (planned): a window
+    at 125 is the setting's rate, not a hold; the H100's MTP candidate, 11 planned and admitted, ran 1."""
+    assert expected_running(512, 125) == 125
+    assert expected_running(11, 11) == 11
+    assert expected_running(None, 58) == 58
+    assert expected_running(105, 244) == 105
+    assert expected_running(None, 0) == 0

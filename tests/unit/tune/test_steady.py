@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleetgen.tune.steady import FILLED, HELD_JITTER, HELD_S, Fill, Sample, fill_verdict
+from fleetgen.tune.steady import FILLED, HELD_JITTER, HELD_S, Fill, Sample, fill_verdict, held_below
 
 
 def trace(points: list[tuple[float, float, float]]) -> list[Sample]:
@@ -103,3 +104,36 @@ def test_a_batch_churning_at_the_engines_bound_is_held(
     samples = trace([(0.0, 0.0, 50.0), (0.5, float(top), 50.0), *churn])
     at, fill = first_verdict(samples, admitted, 60.0)
     assert fill.ready and fill.note and samples[at].at <= 0.5 + HELD_S + 1
+
+
+@pytest.mark.parametrize(
+    ("running", "queued", "admitted"),
+    [(1.0, 8.0, 11), (0.0, 3.0, 11), (4.9, 0.5, 10), (140.0, 200.0, 298)],
+)
+def test_a_window_held_far_below_what_the_engine_admits_with_requests_queued_is_no_rate(
+    running: float, queued: float, admitted: int
+) -> None:
+    """The H100's MTP candidate: planned and admitted 11, the engine ran 1 (at most) with 8 queued (its KV
+    admission): an error in the engine's terms, never a rate."""
+    why = held_below(running, queued, admitted)
+    assert why.startswith(f"KV admission: {running:.0f} of {admitted} running, {queued:.0f} queued")
+
+
+@pytest.mark.parametrize(
+    ("running", "queued", "admitted"),
+    [
+        (58.0, 40.0, 58),
+        (5.0, 8.0, 10),
+        (2.0, 2.0, 2),  # vLLM-CPU at max-num-seqs 2: short requests churn (a mean of 0.9), the peak is 2
+        (1.0, 0.0, 11),
+        (None, 8.0, 11),
+        (298.0, 0.0, 105),
+        (0.0, 0.0, 0),
+    ],
+)
+def test_a_window_near_what_is_admitted_or_with_nothing_queued_is_measured(
+    running: float | None, queued: float, admitted: int
+) -> None:
+    """A peak at half of what it admits or more, or nothing queued (the input ran short: said elsewhere), or
+    no running gauge: the window stands."""
+    assert held_below(running, queued, admitted) == ""

@@ -24,6 +24,7 @@ from fleetgen.engines.sglang import (
     SGLangRules,
 )
 from fleetgen.modelcard import ModelShape
+from fleetgen.plan.sglang.headroom import headroom_needed
 from fleetgen.plan.sglang.settings import SGLangAsk, SGLangSettings
 from fleetgen.plan.types import GIB, MIB, Issue, Memory, MemoryExtras
 
@@ -56,6 +57,7 @@ class SGLangExtras(MemoryExtras):
     mamba_pool_bytes: int = 0
     spec_scratch_bytes: int = 0
     hicache_host_bytes: int = 0
+    headroom: str = ""  # what the engine needs outside the pools, in parts (`plan.sglang.headroom`)
 
     def budget_setting(self) -> str:
         return f"mem-fraction-static {self.mem_fraction_static:.3f}"
@@ -234,7 +236,16 @@ def size_sglang(x: SGLangAsk) -> tuple[Memory, list[Issue]]:
     if s.max_total_tokens is not None:
         tokens = min(tokens, s.max_total_tokens)
     running = max_running(tokens, s, rules, pool.slots if shape.is_hybrid else None)
-    needed = reserved_mib(total_bytes, tp, s, rules) - (rules.spec_reserve_mb if s.is_spec else 0)
+    tier_chunk, tier_bs = gpu_tier(total_bytes / MIB, tp, rules)
+    needed = headroom_needed(
+        shape,
+        tp,
+        chunk=s.chunked_prefill_size or tier_chunk,
+        graph_bs=s.cuda_graph_max_bs or tier_bs,
+        running=running,
+        slots=pool.slots,
+        is_replay=s.is_linear_replayssm,
+    )
     extras = SGLangExtras(
         mem_fraction_static=mfs,
         draft_weights_bytes=draft_w,
@@ -242,6 +253,7 @@ def size_sglang(x: SGLangAsk) -> tuple[Memory, list[Issue]]:
         mamba_ratio=s.mamba_ratio if shape.is_hybrid else 0,
         mamba_pool_bytes=(pool.slots + _padding(rules)) * p if shape.is_hybrid else 0,
         spec_scratch_bytes=int(pool.scratch),
+        headroom=needed.text(),
     )
     memory = Memory(
         free_bytes=free,
@@ -254,7 +266,7 @@ def size_sglang(x: SGLangAsk) -> tuple[Memory, list[Issue]]:
         kv_tokens=tokens,
         max_running_requests=running if tokens > 0 else 0,
         headroom_bytes=int(free * (1 - mfs)),
-        headroom_needed_bytes=int(needed * MIB) + _outside_budget(x, tokens, cell),
+        headroom_needed_bytes=needed.total + _outside_budget(x, tokens, cell),
         context_length=s.context_length,
         extras=extras,
     )

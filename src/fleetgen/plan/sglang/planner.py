@@ -9,10 +9,11 @@ from typing import Any
 from fleetgen.engines import get_engine
 from fleetgen.engines.sglang import HICACHE_HOST_MEMORY, SGLangEngine, sglang_rules
 from fleetgen.plan.sglang import throughput
+from fleetgen.plan.sglang.headroom import largest_safe_fraction
 from fleetgen.plan.sglang.memory import HICACHE_RESERVE_BYTES, SGLangExtras, draft_kv_in_cell, size_sglang
 from fleetgen.plan.sglang.rules import check_sglang_flags
 from fleetgen.plan.sglang.settings import SGLangSettings, sglang_ask
-from fleetgen.plan.types import GIB, Ask, Fix, HostRam, Issue, Memory, Planner, Sizing
+from fleetgen.plan.types import GIB, JOB_UNPLANNED, Ask, Fix, HostRam, Issue, Memory, Planner, Sizing
 
 
 def rejections(ask: Ask) -> tuple[Issue, ...]:
@@ -28,11 +29,14 @@ def size_instance(ask: Ask) -> Sizing:
     memory, mem_errors = size_sglang(x)
     flags = check_sglang_flags(x)
     warnings = list(flags.warnings)
+    headroom = []
     if memory.headroom_needed_bytes > memory.headroom_bytes:
-        warnings.append(_headroom_warning(memory, s.is_spec and not draft_kv_in_cell(s, x.rules)))
+        headroom.append(_headroom_error(memory, s.is_spec and not draft_kv_in_cell(s, x.rules)))
     if 0 < memory.kv_tokens < memory.context_length:
         warnings.append(_context_warning(memory))
     extras = SGLangExtras.of(memory)
+    if ask.shape.is_hybrid and extras.mamba_ratio > 1 and memory.max_running_requests > 0:
+        warnings.append(_states_warning(memory, extras))
     if s.is_hicache:
         pinned = _hicache_bytes(memory, s, ask.shape.is_hybrid and x.rules.hicache_hybrid)
         memory = replace(memory, extras=replace(extras, hicache_host_bytes=pinned))
@@ -46,7 +50,8 @@ def size_instance(ask: Ask) -> Sizing:
         "ssm_dtype": s.ssm_dtype,
     }
     # a refused flag stops SGLang before it sizes anything: its memory errors would never be raised
-    return Sizing(memory, flags.errors or tuple(mem_errors), tuple(warnings), resolved)
+    errors = flags.errors or tuple(mem_errors) or tuple(headroom)
+    return Sizing(memory, errors, tuple(warnings), resolved)
 
 
 def _context_warning(m: Memory) -> Issue:
@@ -58,14 +63,32 @@ def _context_warning(m: Memory) -> Issue:
     )
 
 
-def _headroom_warning(m: Memory, with_draft: bool) -> Issue:
+def _states_warning(m: Memory, sg: SGLangExtras) -> Issue:
+    """The radix cache holds ρ Mamba states per running request: what runs is a chat's sizing, and a batch
+    job of distinct prompts runs many times more with it off (dropped where `plan --job` plans the job)."""
+    return Issue(
+        JOB_UNPLANNED,
+        f"the radix cache holds {sg.mamba_ratio} Mamba states per running request: "
+        f"{m.max_running_requests} run at once ({sg.mamba_slots} slots ÷ {sg.mamba_ratio}), sized for chat; "
+        "a batch job runs many times more with it off",
+        "`fleetgen plan --job JOB.toml --input PROMPTS` plans for the job; `fleetgen tune` measures it",
+    )
+
+
+def _headroom_error(m: Memory, with_draft: bool) -> Issue:
+    """The static fraction leaves less outside the pools than the engine needs at the job's heaviest moment
+    (`plan.sglang.headroom`): it would start, then die of CUDA OOM under load."""
+    sg = SGLangExtras.of(m)
     draft = " and the MTP draft (weights + its own KV pool)" if with_draft else ""
+    safe = largest_safe_fraction(m.free_bytes, m.headroom_needed_bytes)
+    oom = '(an H100 at 0.95: "Tried to allocate 202.00 MiB … 1.38 MiB is free" in the GDN chunked prefill)'
     return Issue(
         "headroom",
-        f"(1 - mem-fraction-static) leaves {m.headroom_bytes / GIB:.1f} GiB outside the static pools; "
-        f"activations, CUDA graphs{draft} are estimated at {m.headroom_needed_bytes / GIB:.1f} GiB "
-        "(SGLang's own reserve formula): a CUDA OOM at graph capture is likely",
-        "lower mem-fraction-static (or leave it out for SGLang's default) or cuda-graph-max-bs",
+        f"mem-fraction-static {sg.mem_fraction_static:.2f} leaves {m.headroom_bytes / GIB:.1f} GiB outside "
+        f"the static pools; at the job's heaviest moment SGLang needs {m.headroom_needed_bytes / GIB:.1f} "
+        f"GiB there ({sg.headroom}{draft}): it would die of CUDA OOM under load {oom}",
+        f"set mem-fraction-static {safe:.2f} or lower (the largest safe here), or a smaller "
+        "chunked-prefill-size / max-running-requests",
     )
 
 

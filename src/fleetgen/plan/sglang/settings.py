@@ -46,6 +46,7 @@ class SGLangSettings:
     cuda_graph_max_bs: int | None
     ratio_rule: MambaRatioRule = "by-overlap"
     has_draft_path: bool = False  # --speculative-draft-model-path given (an MTP head needs none)
+    is_linear_replayssm: bool = False  # --enable-linear-replayssm: its ring buffers live outside the budget
     radix_dropped_for_spec: bool = False  # 0.5.9 turned radix cache off for spec + no_buffer
 
     @property
@@ -161,6 +162,7 @@ def resolve_settings(
         ratio_rule=rules.mamba_ratio_rule,
         radix_dropped_for_spec=st.radix_dropped,
         has_draft_path=bool(args.get("speculative-draft-model-path")),
+        is_linear_replayssm=bool(args.get("enable-linear-replayssm")),
     )
 
 

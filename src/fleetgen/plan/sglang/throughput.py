@@ -162,7 +162,7 @@ def settings(size: Size, ask: Ask, job: JobShape) -> list[Setting]:
         n = most_running(size, ask, args, job, ctx)
         if n == 0:
             continue
-        for k in (n, n * 3 // 4):
+        for k in [k for k in dict.fromkeys((n, n * 3 // 4)) if k > 0]:  # ¾ of 1 is none
             pool = _pool_args(ask, args, k)
             text = ", ".join(filter(None, [what, _change_text(ask, pool, k, ctx)]))
             # the replayed SSM decode first where the release has it: on the H200 it decoded 1.22x the plain
@@ -172,7 +172,44 @@ def settings(size: Size, ask: Ask, job: JobShape) -> list[Setting]:
                 name = f"no-radix-{k}-replayssm{suffix}"
                 out.append(_offer(size, ask, job, name, text + " + --enable-linear-replayssm", replay))
             out.append(_offer(size, ask, job, f"no-radix-{k}{suffix}", text, pool))
+    for suffix, what, args in variants:  # the static fraction, searched where speculation is off
+        if _settings(ask, args).is_spec:
+            continue
+        for is_replay in (False, True) if rules.has_linear_replayssm else (False,):
+            out += _fractions(size, ask, job, (suffix, what, args), ctx, is_replay)
     out += _numerics(size, ask, job, base, ctx)
+    return out
+
+
+def _fractions(
+    size: Size, ask: Ask, job: JobShape, variant: tuple[str, str, Mapping[str, Any]], ctx: int, replay: bool
+) -> list[Setting]:
+    """The pools sized at a higher static fraction: where the most of the job's requests run (each fraction
+    up to 0.99 in hundredths, sized by `most_running`, which refuses what would leave less outside the pools
+    than the job's heaviest moment needs: `plan.sglang.headroom`), and two hundredths below it, a step
+    safer. On the H100 the fraction was the lever: 0.85 → 0.92 ran 58 → 79 (+19 % decode tok/s)."""
+    suffix, what, base = variant
+    args = {**base, "enable-linear-replayssm": True} if replay else dict(base)
+    start = SGLangExtras.of(size(replace(ask, args=args)).memory).mem_fraction_static
+    steps = range(round(start * 100) + 1, 100)
+    found = {
+        f / 100: most_running(size, ask, {**args, "mem-fraction-static": f / 100}, job, ctx) for f in steps
+    }
+    if not found or max(found.values()) == 0:
+        return []
+    best = max(found, key=lambda f: (found[f], -f))
+    out = []
+    for f in dict.fromkeys([best, round(best - 0.02, 2)]):
+        n = found.get(f, 0)
+        if n == 0 or n <= most_running(size, ask, args, job, ctx):
+            continue
+        pool = _pool_args(ask, {**args, "mem-fraction-static": f}, n)
+        text = ", ".join(
+            filter(None, [what, f"{_change_text(ask, pool, n, ctx)} --mem-fraction-static {f:.2f}"])
+        )
+        text += " + --enable-linear-replayssm" if replay else ""
+        name = f"no-radix-{n}-mf{round(f * 100)}" + ("-replayssm" if replay else "") + suffix
+        out.append(_offer(size, ask, job, name, text, pool))
     return out
 
 
