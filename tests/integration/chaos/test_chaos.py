@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import json
 import os
 import random
@@ -42,6 +41,7 @@ import aiohttp
 import pytest
 
 from tests.fixtures import is_ci
+from tests.fixtures.fulldisk import fill, small_disk
 from tests.fixtures.ports import free_port
 from tests.fixtures.sim import DEFAULT_MODEL_PATH, SimServer, flags_to_argv, start_sim, stop_sim, wait_ready
 from tests.integration.chaos.hostile import generate_input, oracle
@@ -201,41 +201,6 @@ async def sims(root: Path) -> AsyncIterator[list[SimServer]]:
         await asyncio.gather(*(stop_sim(s.process) for s in servers))
 
 
-@contextlib.contextmanager
-def small_filesystem(where: Path) -> Any:
-    """A tmpfs of `TMPFS_SIZE` at `where` (root only); yields why not (a string) where it cannot be had."""
-    where.mkdir()
-    if os.geteuid() != 0:
-        yield "the test does not run as root: no tmpfs to fill (the full-disk phase is skipped)"
-        return
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE}", "tmpfs", str(where)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if mounted.returncode != 0:
-        yield f"mount -t tmpfs failed ({mounted.stderr.strip()}): the full-disk phase is skipped"
-        return
-    try:
-        yield None
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
-
-
-def fill(path: Path) -> int:
-    """Write `path` until the filesystem is full; the bytes written."""
-    written = 0
-    with path.open("wb", buffering=0) as handle:
-        for size in (1 << 20, 1 << 12, 1):
-            try:
-                while True:
-                    written += handle.write(b"\0" * size) or 0
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC, exc
-    return written
-
-
 async def run_job(chaos: Chaos, input_path: Path, job: Path, full_disk: str | None) -> None:
     """The five runs of the module docstring, each ended as planned; exit codes noted, not yet judged."""
     rng, servers = chaos.rng, chaos.servers
@@ -305,7 +270,7 @@ async def test_exactly_once_whatever_the_input_and_whatever_is_killed(seed: int,
     input_path, job = tmp_path / "input.jsonl", tmp_path / "job.toml"
     input_path.write_text("".join(line.text + "\n" for line in lines))
     job.write_text(JOB_FILE)
-    with small_filesystem(tmp_path / "fs") as full_disk:
+    with small_disk(tmp_path / "fs", TMPFS_SIZE) as full_disk:
         if full_disk is not None:  # the rest still runs here; under CI (as root) the phase is part of the run
             assert not is_ci(), f"[chaos seed={seed}] under CI: {full_disk}"
             warnings.warn(f"[chaos seed={seed}] {full_disk}", stacklevel=1)

@@ -31,6 +31,7 @@ from fleetgen.generate.ledger.schema import (
 from fleetgen.generate.ledger.store import Batch, Store, Stored, Written
 from fleetgen.generate.work import Record, Work
 from fleetgen.http.client import Completion, RequestFailed
+from tests.fixtures import skip_or_fail
 from tests.fixtures.fulldisk import fill, small_disk
 from tests.fixtures.jobs import options
 
@@ -173,10 +174,14 @@ def test_every_write_on_a_full_disk_is_one_clean_error_and_loses_nothing(tmp_pat
     fix; what was committed before is all there, and once space is freed the same store writes again."""
     prompts = tmp_path / "p.jsonl"
     prompts.write_bytes(b'{"id": "a", "prompt": "q"}\n')
-    with small_disk(tmp_path / "disk") as disk:
+    disk = tmp_path / "disk"
+    with small_disk(disk) as why_not:
+        if why_not is not None:
+            skip_or_fail("a full disk (a small tmpfs)", why_not)
         store = Store.open(disk / "out")
         store.write_batch(Batch(results=[_result(f"r{i}", 0, 1, "x") for i in range(50)]))
-        filler = fill(disk)
+        filler = disk / "filler"
+        fill(filler)
         writes: dict[str, Callable[[], object]] = {
             "set_meta": lambda: store.set_meta({"k": "v" * 5000}),
             "write_batch": lambda: store.write_batch(Batch(results=[_result("new", 0, 1, "x" * 5000)])),
