@@ -18,15 +18,22 @@ grid_wait() {  # grid_wait SECONDS: until the grid says done (or the time), then
   cat /root/grid/stdout; cp /root/grid/grid.json $OUT/ 2>/dev/null; tar -cJf $OUT/grid-logs.tar.xz -C /root/grid . 2>/dev/null; ls $OUT; }
 # `fleetgen tune` on the device (bench/gpu/sglang-0.5.15-h200-tune.toml): its own folder, in the background
 FG="import sys; sys.argv[0] = 'fleetgen'; from fleetgen.cli import main; main()"
-tune_start() {  # tune_start ARGS…: fleetgen tune with the H200 files, output in /root/tune-run
+tune_start() {  # tune_start ARGS…: fleetgen tune with the H200 files, output in /root/tune-run; the code that
+  # runs is /root/fgcode/src when `fg_code` unpacked one (another branch's commit), else the checkout's src
   TUNE_FLEET=${TUNE_FLEET:-bench/gpu/sglang-0.5.15-h200-tune.toml} TUNE_SITE=${TUNE_SITE:-$SITE}
-  rm -rf /root/tune-run /root/fleetgen-work && mkdir -p /root/tune-run && cp -r src bench /root/tune-run/ &&
-    cd /root/tune-run &&
-    (PYTHONPATH=$TUNE_SITE:/root/tune-run/src setsid nohup $PY -c "$FG" tune -f $TUNE_FLEET \
+  local code=$PWD; [ -d /root/fgcode/src ] && code=/root/fgcode
+  rm -rf /root/tune-run /root/fleetgen-work && mkdir -p /root/tune-run && cp -r bench /root/tune-run/ &&
+    cp -r $code/src /root/tune-run/ && { [ ! -d /root/fgcode/bench/gpu ] || cp -r /root/fgcode/bench/gpu/. /root/tune-run/bench/gpu/; } &&
+    cd /root/tune-run || return 1
+  PYTHONPATH=$TUNE_SITE:/root/tune-run/src $PY -W ignore -c "import fleetgen; print('fleetgen from', fleetgen.__file__)"
+  (PYTHONPATH=$TUNE_SITE:/root/tune-run/src setsid nohup $PY -c "$FG" tune -f $TUNE_FLEET \
       --job bench/gpu/tune-job.toml bench/gpu/tune-prompts.jsonl --output-lengths mean=1800,min=300,max=6000 \
       --out /root/tune-run/tuned.toml --json "$@" > /root/tune-run/tune.json 2> /root/tune-run/tune.log < /dev/null &
-     echo $! > /root/tune-run/pid)
-  cd - > /dev/null; echo tune started; }
+   echo $! > /root/tune-run/pid)
+  echo "tune started: $TUNE_FLEET $*" | tee /root/tune-run/command; cd - > /dev/null; }
+# another branch's code, carried as .gpu/fg.tar.gz (`git archive COMMIT src bench/gpu` + a COMMIT file, ~0.4 MiB):
+# `fg_code` before `tune_start`
+fg_code() { rm -rf /root/fgcode && mkdir -p /root/fgcode && tar -xzf .gpu/fg.tar.gz -C /root/fgcode && cat /root/fgcode/COMMIT; }
 tune_running() { kill -0 "$(cat /root/tune-run/pid 2> /dev/null)" 2> /dev/null; }  # by its pid: a pattern
 # matched the caller's own command line once (the run's command named it) and waited out the whole call
 # vLLM 0.24.0 (bench/gpu/vllm-0.24.0-h200-tune.toml): the bundle's pieces as .gpu/vNN, one a call (`vtake`), then
