@@ -55,12 +55,19 @@ NUM_SERVERS = 8
 # Answers of 12 tokens at 40 tokens/s (0.3 s each: the job lasts long enough for every kill to land mid-run,
 # ~200 completions/s over 8 servers × 8 in flight) that begin with their prompt's digest; a context small
 # enough that the input's over-long prompts are refused by the server, as SGLang refuses them.
-SIM_FLAGS = dict(sim_decode_tps=40, sim_output_tokens=12, context_length=256, sim_answer_digest=True)
+# Metrics on, as fleetgen deploys SGLang: a stalled server (/health 200, no token) is named hung by its
+# standing counters, not by a request timeout.
+SIM_FLAGS = dict(
+    sim_decode_tps=40, sim_output_tokens=12, context_length=256, sim_answer_digest=True, enable_metrics=True
+)
 RUN_FLAGS = (
     *("--max-tokens", "16", "--no-thinking", "--concurrency", "8", "--hung-after", "3"),
     *("--max-retries", "10", "--no-live", "--log-every", "5", "--json"),
 )
-JOB_FILE = "request_timeout_s = 5.0\n"  # a stalled server's requests come back to be sent elsewhere
+# A stalled or hung server's requests come back to be sent elsewhere by the hang guard (no progress for
+# --hung-after), not by a request timeout: one far longer than the whole fleet's stall while the second run
+# tries the folder, so that stall fails no request (64 timing out together would read as a fleet gone).
+JOB_FILE = "request_timeout_s = 60.0\n"
 CLI = "from fleetgen.cli import main; main()"
 KILLED = -signal.SIGKILL
 TMPFS_SIZE = "48m"
@@ -213,7 +220,7 @@ async def run_job(chaos: Chaos, input_path: Path, job: Path, full_disk: str | No
     chaos.healthy = (first.started, time.time())
     # Every server stalled while the second run tries the folder: run 1 cannot finish meanwhile, however
     # slowly the second one starts (its held requests come back when the stall is lifted, and are resent).
-    await asyncio.gather(*(set_fault(server, "stall") for server in servers))
+    await asyncio.gather(*(set_fault(server, "stall", 30) for server in servers))  # bounded: it ends anyway
     second = await start("second-run-same-folder")
     await end(chaos, second, 1, limit_s=60)
     await asyncio.gather(*(set_fault(server, "ok") for server in servers))
@@ -231,6 +238,10 @@ async def run_job(chaos: Chaos, input_path: Path, job: Path, full_disk: str | No
     run2 = await start("run2")
     await reach(chaos, run2, rng.randint(400, 900))
     await end(chaos, run2, KILLED, kill=True)
+    stalled = f"{servers[3].base_url.removeprefix('http://')} is down: no progress"
+    assert any(stalled in line and "looks hung" in line for line in run2.stderr().splitlines()), (
+        f"{chaos.tag} the stalled server (/health 200, no token) was not named hung by its standing counters"
+    )
 
     if full_disk is None:
         run3 = await start("run3-disk-full")
