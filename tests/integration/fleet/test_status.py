@@ -28,13 +28,19 @@ def _die_of_oom(folder: Path) -> None:
         time.sleep(0.1)
 
 
-def test_status_of_an_engine_that_died_says_its_last_error_where_and_the_fix(tmp_path: Path) -> None:
+def one_instance_up(tmp_path: Path) -> tuple[Path, Path]:
+    """A fleet of one simulated SGLang instance, up: its fleet file and its instance folder."""
     fleet = sim_fleet(tmp_path, free_port(span=2))
     fleet.write_text(fleet.read_text().replace("gpus = [0, 1]", "gpus = [0]"))
     up = fleetgen_cli("up", "-f", str(fleet))
     assert up.returncode == 0, up.stderr[-3000:]
+    [folder] = (tmp_path / "work").glob("h-*")
+    return fleet, folder
+
+
+def test_status_of_an_engine_that_died_says_its_last_error_where_and_the_fix(tmp_path: Path) -> None:
+    fleet, folder = one_instance_up(tmp_path)
     try:
-        [folder] = (tmp_path / "work").glob("h-*")
         done = fleetgen_cli("status", "-f", str(fleet), "--json")
         [alive] = json.loads(done.stdout)
         assert alive["ready"] is True, done.stdout
@@ -59,12 +65,8 @@ def test_status_of_an_engine_that_died_says_its_last_error_where_and_the_fix(tmp
 
 def test_status_of_an_engine_killed_without_an_error_in_its_log_says_not_running(tmp_path: Path) -> None:
     """No error in its log (killed from outside): nothing is made up, it is "not running"."""
-    fleet = sim_fleet(tmp_path, free_port(span=2))
-    fleet.write_text(fleet.read_text().replace("gpus = [0, 1]", "gpus = [0]"))
-    up = fleetgen_cli("up", "-f", str(fleet))
-    assert up.returncode == 0, up.stderr[-3000:]
+    fleet, folder = one_instance_up(tmp_path)
     try:
-        [folder] = (tmp_path / "work").glob("h-*")
         pid = int((folder / "pid").read_text().strip())
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 30
