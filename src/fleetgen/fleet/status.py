@@ -132,10 +132,9 @@ class FleetView:
     async def death(self, name: str) -> Death | None:
         """Why the instance's engine died, in its own words (`deploy.death`, over its log's tail on its
         host); None where its log shows no error (or cannot be read: its host says why elsewhere)."""
-        return await self._death(self._tracked(name))
+        return await self._death(self._tracked(name), load_state(self.fleet.path).get(name))
 
-    async def _death(self, w: _Tracked) -> Death | None:
-        rec = load_state(self.fleet.path).get(w.inst.name)
+    async def _death(self, w: _Tracked, rec: InstanceRecord | None) -> Death | None:
         path = rec.log_path if rec is not None and rec.log_path else w.command.paths.current_log
         try:
             text = await w.hs.host.tail(path, DEATH_LINES)
@@ -150,7 +149,7 @@ class FleetView:
         launch = (rec.pid, rec.start_time, rec.log_path)
         if w.death is not None and w.death[0] == launch:
             return w.death[1]
-        died = await self._death(w)
+        died = await self._death(w, rec)
         if died is not None:
             w.death = (launch, died)
         return died
