@@ -224,8 +224,9 @@ class Job:
             dispatcher.stop()
         writer_task = asyncio.create_task(writer.run())
         writer_task.add_done_callback(lambda _t: dispatcher.stop())  # a failed writer stops the job
+        counting = asyncio.create_task(self._count_total(intake.wanted))
         beside = [
-            asyncio.create_task(self._count_total(intake.wanted)),
+            counting,
             asyncio.create_task(self._tick(dispatcher, writer, scraper, on_progress)),
             asyncio.create_task(scraper.run()),
         ]
@@ -235,6 +236,8 @@ class Job:
             if self._stops:
                 status = "stopped"
                 await self._drain(dispatcher)
+            else:  # the input is read to its end: its count (a faster read of it) is due, for the last frame
+                await counting
         finally:
             await dispatcher.abandon()  # whatever is still in flight is dropped, never half-written
             for task in beside:
