@@ -23,6 +23,7 @@ from typing import Any
 
 from fleetgen.engines.sglang import sglang_rules
 from fleetgen.plan.job import JobShape
+from fleetgen.plan.sglang.admission import FAR_FEWER, Admission, admitted, spec_over_allocation
 from fleetgen.plan.sglang.memory import SGLangExtras, gpu_tier
 from fleetgen.plan.sglang.settings import SGLangSettings, sglang_ask
 from fleetgen.plan.throughput import used_share
@@ -69,16 +70,27 @@ def _settings(ask: Ask, args: Mapping[str, Any]) -> SGLangSettings:
     return x.settings
 
 
+def admission_of(ask: Ask, sized: Sizing, job: JobShape) -> Admission:
+    """What SGLang's scheduler admits of the job on this sizing's KV pool (`plan.sglang.admission`)."""
+    s = _settings(ask, ask.args)
+    spec = spec_over_allocation(s.draft_tokens) if s.is_spec else 0
+    return admitted(sized.memory.kv_tokens, job, spec_tokens=spec, page_size=s.page_size)
+
+
 def bound_of(ask: Ask, sized: Sizing, job: JobShape) -> tuple[int, str]:
     """The job's running requests on this sizing and what bounds them, in SGLang's terms. Its KV bound counts
     each request at its end (`kv_tokens_per_request`), not part-way through as vLLM's does: SGLang admits a
     request only while room is left for a share of the running requests' remaining outputs (its
     `new_token_ratio`, decaying from 0.7) and retracts when the pool runs out; at its end matched the engine
-    where the KV pool bound (H200, the MTP candidate: 66 planned, within 5 % of the most it ran)."""
+    where the KV pool bound (H200, the MTP candidate: 66 planned, within 5 % of the most it ran). Where the
+    pool is tight, SGLang's admission binds below it (`admission_of`: a new request needs its prompt and
+    4,096 clipped output tokens free)."""
     m, s = sized.memory, _settings(ask, ask.args)
     extras = SGLangExtras.of(m)
     by_kv = int(m.kv_tokens // max(job.kv_tokens_per_request, 1.0))
     terms = [(by_kv, f"the KV pool's {m.kv_tokens:,} tokens ÷ {job.kv_tokens_per_request:,.0f} per request")]
+    admission = admission_of(ask, sized, job)
+    terms.append((admission.running, admission.text()))
     if ask.shape.is_hybrid:
         text = f"the Mamba pool's {extras.mamba_slots} slots ÷ ρ {extras.mamba_ratio} per request"
         terms.append((extras.mamba_slots // max(extras.mamba_ratio, 1), text))
@@ -102,14 +114,20 @@ def _pool_args(ask: Ask, base: Mapping[str, Any], n: int) -> dict[str, Any]:
     return args
 
 
-def most_running(size: Size, ask: Ask, base: Mapping[str, Any], job: JobShape, ctx: int) -> int:
-    """The most running requests whose state and the job's KV per request fit (usable is monotone in n)."""
+def most_running(
+    size: Size, ask: Ask, base: Mapping[str, Any], job: JobShape, ctx: int, *, admits: bool = True
+) -> int:
+    """The most running requests whose state and the job's KV per request fit, and (`admits`) that SGLang's
+    scheduler admits on the pool that leaves (each is monotone in n)."""
 
     def fits(n: int) -> bool:
-        sized = size(replace(ask, args=_pool_args(ask, base, n)))
+        trial = replace(ask, args=_pool_args(ask, base, n))
+        sized = size(trial)
         m = sized.memory
         enough_kv = m.kv_tokens >= max(n * job.kv_tokens_per_request, ctx)
-        return sized.fits and m.max_running_requests >= n and enough_kv
+        if not (sized.fits and m.max_running_requests >= n and enough_kv):
+            return False
+        return not admits or admission_of(trial, sized, job).running >= n
 
     return bisect_left(range(1, MAX_RUNNING + 1), True, key=lambda n: not fits(n))
 
@@ -160,7 +178,10 @@ def settings(size: Size, ask: Ask, job: JobShape) -> list[Setting]:
         variants.append(("-nospec" if s.is_spec else "-mtp", toggled[1], toggled[0]))
     for suffix, what, args in variants:
         n = most_running(size, ask, args, job, ctx)
-        if n == 0:
+        held = _held_back(size, ask, job, (suffix, args), ctx, n)
+        if held is not None:
+            out.append(held)
+        if held is not None or n == 0:
             continue
         for k in [k for k in dict.fromkeys((n, n * 3 // 4)) if k > 0]:  # ¾ of 1 is none
             pool = _pool_args(ask, args, k)
@@ -179,6 +200,29 @@ def settings(size: Size, ask: Ask, job: JobShape) -> list[Setting]:
             out += _fractions(size, ask, job, (suffix, what, args), ctx, is_replay)
     out += _numerics(size, ask, job, base, ctx)
     return out
+
+
+def _held_back(
+    size: Size, ask: Ask, job: JobShape, variant: tuple[str, Mapping[str, Any]], ctx: int, n: int
+) -> Setting | None:
+    """The variant withheld where SGLang's admission runs far fewer than its pools hold (`FAR_FEWER`): a
+    setting of 0 running whose bound says why in SGLang's terms (tune measures none of 0); None to offer it.
+    The pools alone size `pooled`; the admission, `n` (0: nothing fits, nothing to say)."""
+    suffix, args = variant
+    pooled = most_running(size, ask, args, job, ctx, admits=False)
+    if pooled == 0 or n >= FAR_FEWER * pooled:
+        return None
+    pool = _pool_args(ask, args, pooled)
+    trial = replace(ask, args=pool)
+    admission = admission_of(trial, size(trial), job)
+    why = (
+        f"withheld: {admission.text()}, far fewer than the {pooled} its pools hold; give the KV pool more "
+        "(a higher mem-fraction-static, no speculation) or shorter max_tokens"
+    )
+    name = f"no-radix-{pooled}{suffix}"
+    return Setting(
+        name, "", pool, dict(ask.env), 0, why, admission.pool_tokens, is_spec=_settings(trial, pool).is_spec
+    )
 
 
 def _fractions(
