@@ -65,6 +65,17 @@ def _graph_flag(ask: Ask) -> str:
     return "cuda-graph-max-bs" if "cuda-graph-max-bs-decode" in old else "cuda-graph-max-bs-decode"
 
 
+def graph_limit(ask: Ask, args: Mapping[str, Any]) -> tuple[int, str]:
+    """The largest decode batch SGLang captures a CUDA graph for, and whose figure it is: the flag given, else
+    its default by GPU memory (`_handle_gpu_memory_settings`, server_args.py, the same in 0.5.15 and 0.5.17:
+    256 on 60–160 GiB at tp < 4, 512 from 160 GiB). A batch past it decodes without graphs (eager)."""
+    given = _settings(ask, args).cuda_graph_max_bs
+    if given:
+        return given, f"--{_graph_flag(ask)} {given}"
+    _, tier_bs = gpu_tier(ask.total_bytes / MIB, ask.tp, sglang_rules(ask.rules))
+    return tier_bs, f"SGLang's default {_graph_flag(ask)} {tier_bs} on this GPU"
+
+
 def _settings(ask: Ask, args: Mapping[str, Any]) -> SGLangSettings:
     x = sglang_ask(replace(ask, args=args))
     return x.settings
@@ -97,19 +108,23 @@ def bound_of(ask: Ask, sized: Sizing, job: JobShape) -> tuple[int, str]:
     if s.max_running_requests is not None:
         terms.append((s.max_running_requests, f"max-running-requests {s.max_running_requests}"))
     terms.append((m.max_running_requests, "SGLang's own cap (its estimate from context-length, tokens ÷ 2)"))
-    return min(terms, key=lambda t: t[0])
+    running, bound = min(terms, key=lambda t: t[0])
+    limit, whose = graph_limit(ask, ask.args)
+    if running > limit:
+        bound += f"; decode past {limit} running runs without CUDA graphs (eager: {whose})"
+    return running, bound
 
 
-def _pool_args(ask: Ask, base: Mapping[str, Any], n: int) -> dict[str, Any]:
-    """`base` with the radix cache off and the pools sized for `n` running requests (one Mamba slot each), the
-    decode CUDA graphs covering them."""
+def _pool_args(ask: Ask, base: Mapping[str, Any], n: int, *, graphs: bool = True) -> dict[str, Any]:
+    """`base` with the radix cache off and the pools sized for `n` running requests (one Mamba slot each),
+    the decode CUDA graphs raised to cover them (`graphs`; else left where they are: past them, eager)."""
     rules = sglang_rules(ask.rules)
     args = {k: v for k, v in base.items() if k not in HICACHE_FLAGS}  # it needs the radix cache
     args |= {"disable-radix-cache": True, "max-running-requests": n}
     if ask.shape.is_hybrid:
         args[rules.strategy_flag] = "no_buffer"
-    _, tier_bs = gpu_tier(ask.total_bytes / MIB, ask.tp, rules)
-    if n > tier_bs:
+    limit, _ = graph_limit(ask, base)
+    if graphs and n > limit:
         args[_graph_flag(ask)] = n
     return args
 
@@ -120,8 +135,8 @@ def most_running(
     """The most running requests whose state and the job's KV per request fit, and (`admits`) that SGLang's
     scheduler admits on the pool that leaves (each is monotone in n)."""
 
-    def fits(n: int) -> bool:
-        trial = replace(ask, args=_pool_args(ask, base, n))
+    def fits_as(n: int, graphs: bool) -> bool:
+        trial = replace(ask, args=_pool_args(ask, base, n, graphs=graphs))
         sized = size(trial)
         m = sized.memory
         enough_kv = m.kv_tokens >= max(n * job.kv_tokens_per_request, ctx)
@@ -129,7 +144,26 @@ def most_running(
             return False
         return not admits or admission_of(trial, sized, job).running >= n
 
+    def fits(n: int) -> bool:  # the graphs raised to cover n, or (their memory refused) left eager past
+        return fits_as(n, True) or fits_as(n, False)
+
     return bisect_left(range(1, MAX_RUNNING + 1), True, key=lambda n: not fits(n))
+
+
+def _graph_pools(size: Size, ask: Ask, base: Mapping[str, Any], k: int) -> list[tuple[str, dict[str, Any]]]:
+    """The pools for `k` running requests as offered, each with its name's tail: the decode graphs raised to
+    cover `k` where the headroom model holds their memory (~2 MiB a batch size), and the engine's own graph
+    limit beside it (decode past it eager), so tune measures across it; the limit alone where raising does
+    not fit. On the H200 `noradix-288-mf92-replay` decoded slower than 256 (3,024 vs 3,660 tok/s) with
+    the graphs stopping at 256: whether graphs past the default pay is measured, not assumed."""
+    limit, _ = graph_limit(ask, base)
+    raised = _pool_args(ask, base, k)
+    if k <= limit:
+        return [("", raised)]
+    eager = ("", _pool_args(ask, base, k, graphs=False))
+    if not size(replace(ask, args=raised)).fits:
+        return [eager]
+    return [("", raised), (f"-graphs{limit}", eager[1])]
 
 
 def _offer(
@@ -184,15 +218,16 @@ def settings(size: Size, ask: Ask, job: JobShape) -> list[Setting]:
         if held is not None or n == 0:
             continue
         for k in [k for k in dict.fromkeys((n, n * 3 // 4)) if k > 0]:  # ¾ of 1 is none
-            pool = _pool_args(ask, args, k)
-            text = ", ".join(filter(None, [what, _change_text(ask, pool, k, ctx)]))
-            # the replayed SSM decode first where the release has it: on the H200 it decoded 1.22x the plain
-            # no_buffer decode at 256 running (bench/results/grid-sglang-0.5.15-h200.md); tune measures both
-            if rules.has_linear_replayssm and not _settings(ask, pool).is_spec:
-                replay = {**pool, "enable-linear-replayssm": True}
-                name = f"no-radix-{k}-replayssm{suffix}"
-                out.append(_offer(size, ask, job, name, text + " + --enable-linear-replayssm", replay))
-            out.append(_offer(size, ask, job, f"no-radix-{k}{suffix}", text, pool))
+            for graphs, pool in _graph_pools(size, ask, args, k):
+                text = ", ".join(filter(None, [what, _change_text(ask, pool, k, ctx)]))
+                # the replayed SSM decode first where the release has it: on the H200 it decoded 1.22x the
+                # plain no_buffer decode at 256 running (bench/results/grid-sglang-0.5.15-h200.md); tune
+                # measures both
+                if rules.has_linear_replayssm and not _settings(ask, pool).is_spec:
+                    replay = {**pool, "enable-linear-replayssm": True}
+                    name = f"no-radix-{k}{graphs}-replayssm{suffix}"
+                    out.append(_offer(size, ask, job, name, text + " + --enable-linear-replayssm", replay))
+                out.append(_offer(size, ask, job, f"no-radix-{k}{graphs}{suffix}", text, pool))
     for suffix, what, args in variants:  # the static fraction, searched where speculation is off
         if _settings(ask, args).is_spec:
             continue
@@ -247,7 +282,7 @@ def _fractions(
         n = found.get(f, 0)
         if n == 0 or n <= most_running(size, ask, args, job, ctx):
             continue
-        pool = _pool_args(ask, {**args, "mem-fraction-static": f}, n)
+        _, pool = _graph_pools(size, ask, {**args, "mem-fraction-static": f}, n)[0]
         text = ", ".join(
             filter(None, [what, f"{_change_text(ask, pool, n, ctx)} --mem-fraction-static {f:.2f}"])
         )
@@ -266,7 +301,7 @@ def _numerics(size: Size, ask: Ask, job: JobShape, base: Mapping[str, Any], ctx:
         args = {**base, flag: value}
         n = most_running(size, ask, args, job, ctx)
         if n:
-            pool = _pool_args(ask, args, n)
+            _, pool = _graph_pools(size, ask, args, n)[0]
             text = f"{_change_text(ask, pool, n, ctx)}, --{flag} {value}"
             name = f"no-radix-{n}-{value}"
             out.append(_offer(size, ask, job, name, text, pool, numerics=NUMERICS[flag]))
