@@ -24,7 +24,12 @@ from typing import Any
 from fleetgen.plan.job import JobShape
 from fleetgen.plan.throughput import used_share
 from fleetgen.plan.types import Ask, Setting, Sizing
-from fleetgen.plan.vllm.memory import num_spec_tokens
+from fleetgen.plan.vllm.memory import (
+    VLLMExtras,
+    cpu_kv_space_gib,
+    largest_safe_utilization,
+    num_spec_tokens,
+)
 
 MAX_NUM_SEQS = 4096
 DEFAULT_MAX_CAPTURE_TOKENS = 512  # config/vllm.py `default_max_graph_size` (1,024 on SM100: not planned here)
@@ -108,6 +113,9 @@ def settings(size: Size, blocks: Blocks, ask: Ask, job: JobShape) -> list[Settin
             if k:
                 change = ", ".join([*words, f"--max-num-seqs {k}"])
                 out.append(_offer(size, blocks, ask, job, f"max-num-seqs-{k}{suffix}", change, args, k))
+    if not cpu_kv_space_gib(ask.env):  # the CPU build's KV space is its env's, not a fraction
+        for variant in variants:
+            out += _utilizations(size, blocks, ask, job, variant)
     for flag, value in (("kv-cache-dtype", "fp8"), ("mamba-ssm-cache-dtype", "bfloat16")):
         args = {**base, flag: value}
         n = _most(size, blocks, ask, args, job)
@@ -115,6 +123,33 @@ def settings(size: Size, blocks: Blocks, ask: Ask, job: JobShape) -> list[Settin
             change = ", ".join([*what, f"--max-num-seqs {n}", f"--{flag} {value}"])
             name = f"max-num-seqs-{n}-{value}"
             out.append(_offer(size, blocks, ask, job, name, change, args, n, numerics=NUMERICS[flag]))
+    return out
+
+
+def _utilizations(
+    size: Size, blocks: Blocks, ask: Ask, job: JobShape, variant: tuple[str, list[str], dict[str, Any]]
+) -> list[Setting]:
+    """`max-num-seqs` sized again at each higher `--gpu-memory-utilization` (in hundredths, up to the largest
+    the plan holds safe: `largest_safe_utilization`): the one running the most (the lowest such), and two
+    hundredths below it, a step safer; as SGLang's static fraction is searched."""
+    suffix, words, base = variant
+    start = VLLMExtras.of(size(replace(ask, args=base)).memory).gpu_memory_utilization
+    top = largest_safe_utilization(ask)
+    found = {
+        f / 100: _most(size, blocks, ask, {**base, "gpu-memory-utilization": f / 100}, job)
+        for f in range(round(start * 100) + 1, round(top * 100) + 1)
+    }
+    if not found or max(found.values()) <= _most(size, blocks, ask, base, job):
+        return []
+    best = max(found, key=lambda f: (found[f], -f))
+    out = []
+    for f in dict.fromkeys([best, round(best - 0.02, 2)]):
+        n = found.get(f, 0)
+        if n and n > _most(size, blocks, ask, base, job):
+            args = {**base, "gpu-memory-utilization": f}
+            change = ", ".join([*words, f"--max-num-seqs {n}", f"--gpu-memory-utilization {f:.2f}"])
+            name = f"max-num-seqs-{n}-gmu{round(f * 100)}{suffix}"
+            out.append(_offer(size, blocks, ask, job, name, change, args, n))
     return out
 
 
