@@ -25,7 +25,7 @@ from fleetgen.engines.sglang import sglang_rules
 from fleetgen.plan.job import JobShape
 from fleetgen.plan.sglang.admission import FAR_FEWER, Admission, admitted, spec_over_allocation
 from fleetgen.plan.sglang.memory import SGLangExtras, gpu_tier
-from fleetgen.plan.sglang.settings import SGLangSettings, sglang_ask
+from fleetgen.plan.sglang.settings import SKIP_DECODE_LOCK_ENV, SGLangSettings, sglang_ask
 from fleetgen.plan.throughput import used_share
 from fleetgen.plan.types import MIB, Ask, Setting, Sizing
 
@@ -38,6 +38,7 @@ MTP_FLAGS = {
     "speculative-num-draft-tokens": 4,
 }
 HICACHE_FLAGS = ("enable-hierarchical-cache", "hicache-ratio", "hicache-size")
+REPLAYSSM_SPEC = "enable-linear-replayssm-spec"
 # what each option that changes the numbers changes (offered, taken only when the user allows it)
 NUMERICS = {
     "mamba-ssm-dtype": "the GDN recurrent state is kept in bfloat16 instead of float32 (rounding every step)",
@@ -200,16 +201,30 @@ def settings(size: Size, ask: Ask, job: JobShape) -> list[Setting]:
     for the job (and 3/4 of that, for `tune` to narrow in), with the replayed SSM decode where the release has
     it, speculative decoding the other way, and the options that change the numbers (marked)."""
     s = _settings(ask, ask.args)
+    env_candidates = _skip_decode_lock(size, ask, job)
     if not ask.shape.is_hybrid or prefix_cache_pays(job):
-        return []  # a prefix cache that pays, or no Mamba pool to free: the engine's own sizing stands
+        return (
+            env_candidates  # a prefix cache that pays, or no Mamba pool to free: the engine's sizing stands
+        )
     ctx = job_context(job, ask.shape.context_length)
     base = {**ask.args, "context-length": ctx}
     rules = sglang_rules(ask.rules)
-    out: list[Setting] = []
+    out: list[Setting] = list(env_candidates)
     variants: list[tuple[str, str, dict[str, Any]]] = [("", "", base)]
     toggled = _spec_toggled(ask, base, s.is_spec)
     if toggled:
         variants.append(("-nospec" if s.is_spec else "-mtp", toggled[1], toggled[0]))
+    if rules.has_linear_replayssm_spec:  # the spec verify's fold window in place of its SSM snapshots
+        variants += [
+            (
+                f"-replayssm-spec{suffix}",
+                ", ".join(filter(None, [what, "--enable-linear-replayssm-spec"])),
+                spec,
+            )
+            for suffix, what, args in list(variants)
+            if _settings(ask, args).is_spec and not args.get(REPLAYSSM_SPEC)
+            for spec in [{**args, REPLAYSSM_SPEC: True}]
+        ]
     for suffix, what, args in variants:
         n = most_running(size, ask, args, job, ctx)
         held = _held_back(size, ask, job, (suffix, args), ctx, n)
@@ -235,6 +250,25 @@ def settings(size: Size, ask: Ask, job: JobShape) -> list[Setting]:
             out += _fractions(size, ask, job, (suffix, what, args), ctx, is_replay)
     out += _numerics(size, ask, job, base, ctx)
     return out
+
+
+def _skip_decode_lock(size: Size, ask: Ask, job: JobShape) -> list[Setting]:
+    """The user's flags with `SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1` (0.5.17+), an engine env candidate: with
+    the radix cache and extra_buffer a decoding request leaves its matched prefix's Mamba slot evictable, one
+    slot fewer per running request (ρ 5 → 4: kv_cache_configurator.py `_calculate_mamba_ratio`); upstream
+    reports +20 % output tok/s at concurrency 200. Nothing to offer without the radix cache (no lock)."""
+    s = _settings(ask, ask.args)
+    rules = sglang_rules(ask.rules)
+    if not (rules.has_skip_decode_lock and s.is_radix and s.strategy.startswith("extra_buffer")):
+        return []
+    if s.is_skip_decode_lock or not ask.shape.is_hybrid or not size(ask).fits:
+        return []
+    change = (
+        f"engine env {SKIP_DECODE_LOCK_ENV}=1 (an engine env candidate, not a flag: the radix cache leaves "
+        "a decoding request's matched Mamba prefix evictable)"
+    )
+    env = {**ask.env, SKIP_DECODE_LOCK_ENV: "1"}
+    return [_offer(size, ask, job, "as-written-skip-decode-lock", change, dict(ask.args), env=env)]
 
 
 def _held_back(
