@@ -67,6 +67,12 @@ class SGLangRules(RuleSet):
     auto_strategy_extra_buffer: bool = False  # `auto` resolves to extra_buffer when overlap is on
     # --- throughput ------------------------------------------------------------------------------------
     has_linear_replayssm: bool = False  # --enable-linear-replayssm (no_buffer, Triton linear-attn decode)
+    # --enable-linear-replayssm-spec: the spec verify folds a per-slot raw-input window instead of keeping
+    # per-draft SSM snapshots (the intermediate SSM cache is not allocated); linear chain (topk ≤ 1) only
+    has_linear_replayssm_spec: bool = False
+    # SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK: the radix cache leaves a decoding request's matched Mamba prefix
+    # evictable, one slot fewer per running request with extra_buffer (ρ 5 → 4 with overlap)
+    has_skip_decode_lock: bool = False
 
 
 def sglang_rules(rules: RuleSet) -> SGLangRules:
@@ -195,6 +201,12 @@ TIMELINE: tuple[Change, ...] = (
     # the replayed SSM decode: absent from 0.5.14's source, in 0.5.15's server_args.py (its check: no_buffer
     # and the Triton linear-attn decode backend) and in 0.5.23's arg groups
     Change("has_linear_replayssm", "0.5.15", True, "server_args.py enable_linear_replayssm"),
+    # 0.5.17's server_args.py `enable_linear_replayssm_spec` (its checks: topk ≤ 1, triton/flashinfer decode,
+    # not with --enable-linear-replayssm); from 0.5.20 a field of arg_groups/fields/exec_.py
+    Change("has_linear_replayssm_spec", "0.5.17", True, "server_args.py enable_linear_replayssm_spec"),
+    # 0.5.17 environ.py `SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK`, read by unified_radix_cache.py (the lock skip)
+    # and kv_cache_configurator.py `_calculate_mamba_ratio` (base 3 − 1 under it; no_buffer adds it back)
+    Change("has_skip_decode_lock", "0.5.17", True, "environ.py SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK"),
 )
 
 

@@ -77,6 +77,9 @@ def tuned_text(
     per_host = {h: dict(chosen[c].setting.args) if c in chosen else user_args for h, c in host_class.items()}
     common, own = split_args(per_host)
     data = {**base, "engine": {**base["engine"], "args": common}}
+    env_note = _winners_env(base, chosen)
+    if env_note:
+        data["engine"]["env"] = {**base["engine"].get("env", {}), **env_note}
     data["hosts"] = [
         {
             **{k: v for k, v in h.items() if k != "engine_args"},
@@ -101,8 +104,21 @@ def tuned_text(
         lines.append(
             f"# removed from [engine.args] (the winners do not set them there): {', '.join(removed)}"
         )
+    if env_note:
+        added = ", ".join(f"{k}={v}" for k, v in env_note.items())
+        lines.append(f"# [engine.env] gains {added}: the winners' engine env candidate (tune measured it)")
     lines.append(f"# the user's file: {source} (untouched)")
     return "\n".join(lines) + "\n\n" + _commented(tomli_w.dumps(data), comments)
+
+
+def _winners_env(base: Mapping[str, Any], chosen: Mapping[GpuClass, Measured]) -> dict[str, str]:
+    """The engine env every class's winner measured with beyond the user's (`[engine.env]` is the whole
+    fleet's: an env only some winners chose is left out, their flags still apply)."""
+    user = dict(base["engine"].get("env", {}))
+    extra = [{k: v for k, v in m.setting.env.items() if user.get(k) != v} for m in chosen.values()]
+    if not extra:
+        return {}
+    return {k: v for k, v in extra[0].items() if all(e.get(k) == v for e in extra[1:])}
 
 
 def _note(m: Measured, baseline: Measured | None) -> str:

@@ -259,7 +259,7 @@ async def _steady_window(
     rate = (counters.results - done_before) / window.seconds if window.seconds > 0 else 0.0
     queued = sum(s.samples.get(engine.metrics.queued, 0.0) for s in scrapes) / len(scrapes)
     ran = [s.samples[engine.metrics.running] for s in scrapes if engine.metrics.running in s.samples]
-    held = held_below(max(ran, default=None), queued, expected)
+    held = held_below(max(ran, default=None), queued, expected, window.decode_tps)
     return window, rate, tuple(notes), fill.error or held
 
 

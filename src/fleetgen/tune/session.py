@@ -75,10 +75,12 @@ class TuneResult:
 def candidates_for(plan: InstancePlan, *, allow_numerics: bool) -> list[Setting]:
     """The settings to measure on one instance's GPU class, the fleet file's own first: the plan's for the
     job (`plan --job`'s, ranked), without those that change the numbers unless allowed. THE seam between
-    what the plan offers and what tune measures."""
+    what the plan offers and what tune measures. A setting the plan runs none of (withheld: SGLang's admission
+    runs far fewer than its pools hold, its bound says why) is not measured."""
     if plan.job is None:
         return []
-    offered = [s for s in plan.job.settings if allow_numerics or not s.numerics]
+    mine, *others = plan.job.settings
+    offered = [mine, *(s for s in others if s.running > 0 and (allow_numerics or not s.numerics))]
     # after the user's own, the plan's best with speculative decoding each way before the rest: a budget
     # that ends early has still measured what speculation costs or buys at its best batch
     head, rest = offered[:1], offered[1:]

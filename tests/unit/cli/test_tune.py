@@ -22,7 +22,7 @@ Row = tuple[str, float, float | None, str]
 H100_ROWS: list[Row] = [
     ("as-written", 10.0, 411.2, ""),
     ("no-radix-58-replayssm", 57.4, 1652.1, ""),
-    ("no-radix-11-mtp", 1.0, None, "KV admission: 1 of 11 running, 8 queued over the whole window"),
+    ("no-radix-11-mtp", 1.0, None, "stalled: 1 of 11 running, 8 queued over the whole window"),
     ("no-radix-58", 57.5, 1697.0, ""),
     ("no-radix-43", 42.6, 1382.0, ""),
 ]
@@ -58,7 +58,7 @@ def test_each_bar_says_its_ratio_and_running_requests_and_the_chosen_is_named() 
     assert "4.13× · 58 running · chosen" in words  # 1,697 / 411
     assert "4.02× · 57 running" in words and "3.36× · 43 running" in words
     assert [w for w in words if w.endswith("chosen")] == ["4.13× · 58 running · chosen"]
-    assert "unknown" in words and any(w.startswith("no rate: KV admission: 1 of 11") for w in words)
+    assert "unknown" in words and any(w.startswith("no rate: stalled: 1 of 11") for w in words)
     assert "no-radix-58" in words and not any(w.startswith("80 GiB ") for w in words)  # one class: names
     root = ET.fromstring(chart(result))
     colours = [r.get("fill") for r in root.iter(f"{NS}rect") if r.get("class") == "bar"]

@@ -447,6 +447,9 @@ MARKERS = {  # (feature value the marker implies, regex found somewhere under sg
     "new_flag": r'"--mamba-radix-cache-strategy"|mamba_radix_cache_strategy: A\[',
     "old_flag": r'"--mamba-scheduler-strategy"',
     "draft_kv": r"eagle_draft_num_layers\) / int\(num_layers\)|draft_kv_size = int\(",
+    "replayssm": r"enable_linear_replayssm: A\[",
+    "replayssm_spec": r"enable_linear_replayssm_spec: A\[",
+    "skip_decode_lock": r"SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK = EnvBool",
 }
 
 
@@ -473,3 +476,6 @@ def test_timeline_matches_the_wheels(release: str) -> None:
     gone = any(x.old == "mamba-scheduler-strategy" and not x.still_accepted for x in r.renames)
     assert ("old_flag" in found) == (not gone)
     assert ("draft_kv" in found) == r.draft_kv_in_budget
+    assert ("replayssm" in found) == r.has_linear_replayssm
+    assert ("replayssm_spec" in found) == r.has_linear_replayssm_spec
+    assert ("skip_decode_lock" in found) == r.has_skip_decode_lock

@@ -9,7 +9,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleetgen.tune.steady import FILLED, HELD_JITTER, HELD_S, Fill, Sample, fill_verdict, held_below
+from fleetgen.tune.steady import (
+    FAR_BELOW,
+    FILLED,
+    HELD_JITTER,
+    HELD_S,
+    Fill,
+    Sample,
+    fill_verdict,
+    held_below,
+)
 
 
 def trace(points: list[tuple[float, float, float]]) -> list[Sample]:
@@ -107,16 +116,30 @@ def test_a_batch_churning_at_the_engines_bound_is_held(
 
 
 @pytest.mark.parametrize(
-    ("running", "queued", "admitted"),
-    [(1.0, 8.0, 11), (0.0, 3.0, 11), (4.9, 0.5, 10), (140.0, 200.0, 298)],
+    ("running", "queued", "admitted", "tps"),
+    [(3.0, 8.0, 11, 120.0), (0.0, 3.0, 11, None), (4.9, 0.5, 10, 300.0), (140.0, 200.0, 298, 2000.0)],
 )
-def test_a_window_held_far_below_what_the_engine_admits_with_requests_queued_is_no_rate(
+def test_a_window_held_far_below_what_the_engine_admits_while_it_decodes_is_its_kv_admission(
+    running: float, queued: float, admitted: int, tps: float | None
+) -> None:
+    """Far below what it admits with requests queued, the engine decoding (or its rate not read): an error
+    in the engine's terms (its KV admission), never a rate."""
+    why = held_below(running, queued, admitted, tps)
+    assert why.startswith(f"KV admission: {running:.0f} of {admitted} running, {queued:.0f} queued")
+
+
+@given(running=st.floats(0.0, 100.0), queued=st.floats(0.01, 500.0), admitted=st.integers(1, 1000))
+def test_a_window_that_decoded_nothing_is_a_stall_never_a_kv_admission(
     running: float, queued: float, admitted: int
 ) -> None:
-    """The H100's MTP candidate: planned and admitted 11, the engine ran 1 (at most) with 8 queued (its KV
-    admission): an error in the engine's terms, never a rate."""
-    why = held_below(running, queued, admitted)
-    assert why.startswith(f"KV admission: {running:.0f} of {admitted} running, {queued:.0f} queued")
+    """The H100's MTP candidate at 11 (../shared/data/real-engines/sglang-0.5.15-h100-tune/mf085): 1 running,
+    8 queued, 0 decode tok/s and no accept length over the whole window, on a pool SGLang's admission fills
+    with 16 of the job's requests: a stall, named as one wherever the batch is held far below."""
+    why = held_below(running, queued, admitted, 0.0)
+    if running < FAR_BELOW * admitted:
+        assert why.startswith(f"stalled: {running:.0f} of {admitted} running") and "KV admission" not in why
+    else:
+        assert why == ""
 
 
 @pytest.mark.parametrize(

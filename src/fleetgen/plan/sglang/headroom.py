@@ -22,7 +22,6 @@ those two the prefill's true peak is 1.3–4.1 GiB; this model puts it at 2.6.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from fleetgen.modelcard import ModelShape
@@ -104,4 +103,6 @@ def largest_safe_fraction(free_bytes: int, needed_bytes: int) -> float:
     pools; 0 where nothing does."""
     if free_bytes <= 0 or needed_bytes >= free_bytes:
         return 0.0
-    return round(math.floor((1 - needed_bytes / free_bytes) / FRACTION_STEP + 1e-9) * FRACTION_STEP, 2)
+    # in whole hundredths, by integers: a float's rounding put 1 byte needed of 93 GB at 1.00 (nothing left)
+    steps = round(1 / FRACTION_STEP)
+    return steps * (free_bytes - needed_bytes) // free_bytes / steps

@@ -90,6 +90,16 @@ def state_bytes_per_request(shape: ModelShape, tp: int, ssm_dtype: str) -> int:
     return per_layer * len(shape.linear_layer_ids)
 
 
+def spec_ring_bytes(shape: ModelShape, tp: int, draft_tokens: int) -> int:
+    """`--enable-linear-replayssm-spec`'s fold window per Mamba slot, all linear layers: raw v and k in the
+    conv dtype, beta and the gate in fp32, each `draft_tokens` long (0.5.17 `replayssm_ring_bytes_per_req`,
+    configs/mamba_utils.py; the solve charges it per slot in place of the intermediate SSM snapshots)."""
+    hk, hv = shape.linear_num_key_heads // tp or 1, shape.linear_num_value_heads // tp or 1
+    per_token = (hv * shape.linear_value_head_dim + hk * shape.linear_key_head_dim) * CONV_DTYPE_BYTES
+    per_token += 2 * hv * 4
+    return per_token * draft_tokens * len(shape.linear_layer_ids)
+
+
 def kv_bytes_per_token(shape: ModelShape, tp: int, kv_dtype_bytes: int, *, draft_layers: int = 0) -> int:
     """K+V bytes per token on one GPU over the full-attention layers; KV heads replicated when tp > heads."""
     heads = max(1, shape.num_kv_heads // tp)
@@ -229,7 +239,11 @@ def size_sglang(x: SGLangAsk) -> tuple[Memory, list[Issue]]:
     free = max(x.free_bytes - CUDA_CONTEXT_BYTES, 0)
     draft_w, weights, rest = _rest(x, free * mfs)
     p = state_bytes_per_request(shape, tp, s.ssm_dtype)
-    pool = _mamba_pool(rest, p, s, rules) if shape.is_hybrid else _Pool(0, 0, rest)
+    solve = s
+    if s.is_linear_replayssm_spec:  # 0.5.17: sized like no speculation, each slot with its fold window
+        p += spec_ring_bytes(shape, tp, s.draft_tokens)
+        solve = replace(s, is_spec=False)
+    pool = _mamba_pool(rest, p, solve, rules) if shape.is_hybrid else _Pool(0, 0, rest)
     draft_layers = shape.mtp_layers if draft_kv_in_cell(s, rules) else 0
     cell = kv_bytes_per_token(shape, tp, s.kv_dtype_bytes, draft_layers=draft_layers)
     tokens = max(int(pool.rest_after) // cell // s.page_size * s.page_size, 0) if cell else 0

@@ -108,6 +108,37 @@ def no_buffer_limits(x: SGLangAsk) -> Found:
     return Found(errors=tuple(errors))
 
 
+# 0.5.17 server_args.py `_handle_linear_replayssm` (the spec-verify fold's checks), in its words
+REPLAYSSM_SPEC_TOPK = (
+    "--enable-linear-replayssm-spec requires a linear draft chain (--speculative-eagle-topk in {{None, 1}}); "
+    "the chunked verify kernel uses a strictly-lower causal mask and is invalid for EAGLE tree verify. Got "
+    "--speculative-eagle-topk={topk!r}."
+)
+REPLAYSSM_SPEC_AND_DECODE = (
+    "--enable-linear-replayssm-spec and --enable-linear-replayssm are mutually exclusive: they share the "
+    "ring storage but drive it with incompatible cursor protocols (per-decode-forward vs per-verify-commit "
+    "advance)."
+)
+
+
+def linear_replayssm_spec(x: SGLangAsk) -> Found:
+    """--enable-linear-replayssm-spec (0.5.17+): a linear draft chain only, never with the decode replay."""
+    args = x.translation.args
+    if not (args.get("enable-linear-replayssm-spec") and x.rules.has_linear_replayssm_spec):
+        return Found()
+    topk = args.get("speculative-eagle-topk")
+    if topk not in (None, 1):
+        return _error(
+            "replayssm-spec-topk", REPLAYSSM_SPEC_TOPK.format(topk=topk), "set speculative-eagle-topk 1"
+        )
+    if args.get("enable-linear-replayssm"):
+        fix = (
+            "keep one: enable-linear-replayssm-spec for speculative decoding, enable-linear-replayssm without"
+        )
+        return _error("replayssm-spec-and-decode", REPLAYSSM_SPEC_AND_DECODE, fix)
+    return Found()
+
+
 def mem_fraction_range(x: SGLangAsk) -> Found:
     mfs = x.settings.mem_fraction_static
     if mfs is not None and not 0 < mfs < 1:
@@ -187,6 +218,7 @@ SGLANG_RULES: tuple[Rule, ...] = (
     track_interval,
     no_buffer_limits,
     spec_overlap,
+    linear_replayssm_spec,
 )
 
 

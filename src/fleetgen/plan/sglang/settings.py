@@ -16,6 +16,8 @@ from fleetgen.modelcard import DTYPE_BYTES, ModelShape
 from fleetgen.plan.types import Ask
 
 TRUE_ENV = {"1", "true", "yes", "on"}
+SKIP_DECODE_LOCK_ENV = "SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK"  # environ.py (0.5.17+): EnvBool(False)
+ENV_BOOL_TRUE = {"true", "1", "yes", "y"}  # environ.py `EnvBool.parse` (0.5.17)
 SPEC_DEFAULT_STEPS, SPEC_DEFAULT_TOPK, SPEC_DEFAULT_DRAFT = 3, 1, 4
 
 
@@ -47,13 +49,19 @@ class SGLangSettings:
     ratio_rule: MambaRatioRule = "by-overlap"
     has_draft_path: bool = False  # --speculative-draft-model-path given (an MTP head needs none)
     is_linear_replayssm: bool = False  # --enable-linear-replayssm: its ring buffers live outside the budget
+    # --enable-linear-replayssm-spec (0.5.17+): no intermediate SSM snapshots, a fold window per slot instead
+    is_linear_replayssm_spec: bool = False
+    # SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1 where the release reads it (0.5.17+)
+    is_skip_decode_lock: bool = False
     radix_dropped_for_spec: bool = False  # 0.5.9 turned radix cache off for spec + no_buffer
 
     @property
     def mamba_ratio(self) -> int:
         """Mamba slots per running request: 1 | 3 | 4 | 5, as the release computes it.
 
-        by-overlap (0.5.10+ `_calculate_mamba_ratio`): extra_buffer 5 with overlap, 4 without (lazy 4);
+        by-overlap (0.5.10+ `_calculate_mamba_ratio`): extra_buffer 5 with overlap, 4 without (lazy 4); under
+        SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK (0.5.17+) one fewer for extra_buffer, no_buffer unchanged (its
+        base drops by 1 and the drop is added back: kv_cache_configurator.py);
         by-spec (0.5.8–0.5.9 `init_memory_pool`): extra_buffer 4 with spec, 5 without; no_buffer 3;
         by-spec-quirk (0.5.7): as by-spec, but no_buffer also gets 5.
         """
@@ -61,9 +69,10 @@ class SGLangSettings:
             return 1
         is_extra = self.strategy.startswith("extra_buffer")
         if self.ratio_rule == "by-overlap":
+            skip = int(self.is_skip_decode_lock and is_extra)
             if self.strategy == "extra_buffer_lazy":
-                return 4
-            return (5 if self.is_overlap else 4) if is_extra else 3
+                return 4 - skip
+            return ((5 if self.is_overlap else 4) if is_extra else 3) - skip
         if is_extra:
             return 4 if self.is_spec else 5
         return 5 if self.ratio_rule == "by-spec-quirk" else 3
@@ -163,6 +172,11 @@ def resolve_settings(
         radix_dropped_for_spec=st.radix_dropped,
         has_draft_path=bool(args.get("speculative-draft-model-path")),
         is_linear_replayssm=bool(args.get("enable-linear-replayssm")),
+        is_linear_replayssm_spec=rules.has_linear_replayssm_spec
+        and is_spec
+        and bool(args.get("enable-linear-replayssm-spec")),
+        is_skip_decode_lock=rules.has_skip_decode_lock
+        and env.get(SKIP_DECODE_LOCK_ENV, "").lower() in ENV_BOOL_TRUE,
     )
 
 

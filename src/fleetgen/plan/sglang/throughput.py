@@ -23,8 +23,9 @@ from typing import Any
 
 from fleetgen.engines.sglang import sglang_rules
 from fleetgen.plan.job import JobShape
+from fleetgen.plan.sglang.admission import FAR_FEWER, Admission, admitted, spec_over_allocation
 from fleetgen.plan.sglang.memory import SGLangExtras, gpu_tier
-from fleetgen.plan.sglang.settings import SGLangSettings, sglang_ask
+from fleetgen.plan.sglang.settings import SKIP_DECODE_LOCK_ENV, SGLangSettings, sglang_ask
 from fleetgen.plan.throughput import used_share
 from fleetgen.plan.types import MIB, Ask, Setting, Sizing
 
@@ -37,6 +38,7 @@ MTP_FLAGS = {
     "speculative-num-draft-tokens": 4,
 }
 HICACHE_FLAGS = ("enable-hierarchical-cache", "hicache-ratio", "hicache-size")
+REPLAYSSM_SPEC = "enable-linear-replayssm-spec"
 # what each option that changes the numbers changes (offered, taken only when the user allows it)
 NUMERICS = {
     "mamba-ssm-dtype": "the GDN recurrent state is kept in bfloat16 instead of float32 (rounding every step)",
@@ -64,9 +66,27 @@ def _graph_flag(ask: Ask) -> str:
     return "cuda-graph-max-bs" if "cuda-graph-max-bs-decode" in old else "cuda-graph-max-bs-decode"
 
 
+def graph_limit(ask: Ask, args: Mapping[str, Any]) -> tuple[int, str]:
+    """The largest decode batch SGLang captures a CUDA graph for, and whose figure it is: the flag given, else
+    its default by GPU memory (`_handle_gpu_memory_settings`, server_args.py, the same in 0.5.15 and 0.5.17:
+    256 on 60–160 GiB at tp < 4, 512 from 160 GiB). A batch past it decodes without graphs (eager)."""
+    given = _settings(ask, args).cuda_graph_max_bs
+    if given:
+        return given, f"--{_graph_flag(ask)} {given}"
+    _, tier_bs = gpu_tier(ask.total_bytes / MIB, ask.tp, sglang_rules(ask.rules))
+    return tier_bs, f"SGLang's default {_graph_flag(ask)} {tier_bs} on this GPU"
+
+
 def _settings(ask: Ask, args: Mapping[str, Any]) -> SGLangSettings:
     x = sglang_ask(replace(ask, args=args))
     return x.settings
+
+
+def admission_of(ask: Ask, sized: Sizing, job: JobShape) -> Admission:
+    """What SGLang's scheduler admits of the job on this sizing's KV pool (`plan.sglang.admission`)."""
+    s = _settings(ask, ask.args)
+    spec = spec_over_allocation(s.draft_tokens) if s.is_spec else 0
+    return admitted(sized.memory.kv_tokens, job, spec_tokens=spec, page_size=s.page_size)
 
 
 def bound_of(ask: Ask, sized: Sizing, job: JobShape) -> tuple[int, str]:
@@ -74,44 +94,77 @@ def bound_of(ask: Ask, sized: Sizing, job: JobShape) -> tuple[int, str]:
     each request at its end (`kv_tokens_per_request`), not part-way through as vLLM's does: SGLang admits a
     request only while room is left for a share of the running requests' remaining outputs (its
     `new_token_ratio`, decaying from 0.7) and retracts when the pool runs out; at its end matched the engine
-    where the KV pool bound (H200, the MTP candidate: 66 planned, within 5 % of the most it ran)."""
+    where the KV pool bound (H200, the MTP candidate: 66 planned, within 5 % of the most it ran). Where the
+    pool is tight, SGLang's admission binds below it (`admission_of`: a new request needs its prompt and
+    4,096 clipped output tokens free)."""
     m, s = sized.memory, _settings(ask, ask.args)
     extras = SGLangExtras.of(m)
     by_kv = int(m.kv_tokens // max(job.kv_tokens_per_request, 1.0))
     terms = [(by_kv, f"the KV pool's {m.kv_tokens:,} tokens ÷ {job.kv_tokens_per_request:,.0f} per request")]
+    admission = admission_of(ask, sized, job)
+    terms.append((admission.running, admission.text()))
     if ask.shape.is_hybrid:
         text = f"the Mamba pool's {extras.mamba_slots} slots ÷ ρ {extras.mamba_ratio} per request"
         terms.append((extras.mamba_slots // max(extras.mamba_ratio, 1), text))
     if s.max_running_requests is not None:
         terms.append((s.max_running_requests, f"max-running-requests {s.max_running_requests}"))
     terms.append((m.max_running_requests, "SGLang's own cap (its estimate from context-length, tokens ÷ 2)"))
-    return min(terms, key=lambda t: t[0])
+    running, bound = min(terms, key=lambda t: t[0])
+    limit, whose = graph_limit(ask, ask.args)
+    if running > limit:
+        bound += f"; decode past {limit} running runs without CUDA graphs (eager: {whose})"
+    return running, bound
 
 
-def _pool_args(ask: Ask, base: Mapping[str, Any], n: int) -> dict[str, Any]:
-    """`base` with the radix cache off and the pools sized for `n` running requests (one Mamba slot each), the
-    decode CUDA graphs covering them."""
+def _pool_args(ask: Ask, base: Mapping[str, Any], n: int, *, graphs: bool = True) -> dict[str, Any]:
+    """`base` with the radix cache off and the pools sized for `n` running requests (one Mamba slot each),
+    the decode CUDA graphs raised to cover them (`graphs`; else left where they are: past them, eager)."""
     rules = sglang_rules(ask.rules)
     args = {k: v for k, v in base.items() if k not in HICACHE_FLAGS}  # it needs the radix cache
     args |= {"disable-radix-cache": True, "max-running-requests": n}
     if ask.shape.is_hybrid:
         args[rules.strategy_flag] = "no_buffer"
-    _, tier_bs = gpu_tier(ask.total_bytes / MIB, ask.tp, rules)
-    if n > tier_bs:
+    limit, _ = graph_limit(ask, base)
+    if graphs and n > limit:
         args[_graph_flag(ask)] = n
     return args
 
 
-def most_running(size: Size, ask: Ask, base: Mapping[str, Any], job: JobShape, ctx: int) -> int:
-    """The most running requests whose state and the job's KV per request fit (usable is monotone in n)."""
+def most_running(
+    size: Size, ask: Ask, base: Mapping[str, Any], job: JobShape, ctx: int, *, admits: bool = True
+) -> int:
+    """The most running requests whose state and the job's KV per request fit, and (`admits`) that SGLang's
+    scheduler admits on the pool that leaves (each is monotone in n)."""
 
-    def fits(n: int) -> bool:
-        sized = size(replace(ask, args=_pool_args(ask, base, n)))
+    def fits_as(n: int, graphs: bool) -> bool:
+        trial = replace(ask, args=_pool_args(ask, base, n, graphs=graphs))
+        sized = size(trial)
         m = sized.memory
         enough_kv = m.kv_tokens >= max(n * job.kv_tokens_per_request, ctx)
-        return sized.fits and m.max_running_requests >= n and enough_kv
+        if not (sized.fits and m.max_running_requests >= n and enough_kv):
+            return False
+        return not admits or admission_of(trial, sized, job).running >= n
+
+    def fits(n: int) -> bool:  # the graphs raised to cover n, or (their memory refused) left eager past
+        return fits_as(n, True) or fits_as(n, False)
 
     return bisect_left(range(1, MAX_RUNNING + 1), True, key=lambda n: not fits(n))
+
+
+def _graph_pools(size: Size, ask: Ask, base: Mapping[str, Any], k: int) -> list[tuple[str, dict[str, Any]]]:
+    """The pools for `k` running requests as offered, each with its name's tail: the decode graphs raised to
+    cover `k` where the headroom model holds their memory (~2 MiB a batch size), and the engine's own graph
+    limit beside it (decode past it eager), so tune measures across it; the limit alone where raising does
+    not fit. On the H200 `noradix-288-mf92-replay` decoded slower than 256 (3,024 vs 3,660 tok/s) with
+    the graphs stopping at 256: whether graphs past the default pay is measured, not assumed."""
+    limit, _ = graph_limit(ask, base)
+    raised = _pool_args(ask, base, k)
+    if k <= limit:
+        return [("", raised)]
+    eager = ("", _pool_args(ask, base, k, graphs=False))
+    if not size(replace(ask, args=raised)).fits:
+        return [eager]
+    return [("", raised), (f"-graphs{limit}", eager[1])]
 
 
 def _offer(
@@ -148,30 +201,48 @@ def settings(size: Size, ask: Ask, job: JobShape) -> list[Setting]:
     for the job (and 3/4 of that, for `tune` to narrow in), with the replayed SSM decode where the release has
     it, speculative decoding the other way, and the options that change the numbers (marked)."""
     s = _settings(ask, ask.args)
+    env_candidates = _skip_decode_lock(size, ask, job)
     if not ask.shape.is_hybrid or prefix_cache_pays(job):
-        return []  # a prefix cache that pays, or no Mamba pool to free: the engine's own sizing stands
+        return (
+            env_candidates  # a prefix cache that pays, or no Mamba pool to free: the engine's sizing stands
+        )
     ctx = job_context(job, ask.shape.context_length)
     base = {**ask.args, "context-length": ctx}
     rules = sglang_rules(ask.rules)
-    out: list[Setting] = []
+    out: list[Setting] = list(env_candidates)
     variants: list[tuple[str, str, dict[str, Any]]] = [("", "", base)]
     toggled = _spec_toggled(ask, base, s.is_spec)
     if toggled:
         variants.append(("-nospec" if s.is_spec else "-mtp", toggled[1], toggled[0]))
+    if rules.has_linear_replayssm_spec:  # the spec verify's fold window in place of its SSM snapshots
+        variants += [
+            (
+                f"-replayssm-spec{suffix}",
+                ", ".join(filter(None, [what, "--enable-linear-replayssm-spec"])),
+                spec,
+            )
+            for suffix, what, args in list(variants)
+            if _settings(ask, args).is_spec and not args.get(REPLAYSSM_SPEC)
+            for spec in [{**args, REPLAYSSM_SPEC: True}]
+        ]
     for suffix, what, args in variants:
         n = most_running(size, ask, args, job, ctx)
-        if n == 0:
+        held = _held_back(size, ask, job, (suffix, args), ctx, n)
+        if held is not None:
+            out.append(held)
+        if held is not None or n == 0:
             continue
         for k in [k for k in dict.fromkeys((n, n * 3 // 4)) if k > 0]:  # ¾ of 1 is none
-            pool = _pool_args(ask, args, k)
-            text = ", ".join(filter(None, [what, _change_text(ask, pool, k, ctx)]))
-            # the replayed SSM decode first where the release has it: on the H200 it decoded 1.22x the plain
-            # no_buffer decode at 256 running (bench/results/grid-sglang-0.5.15-h200.md); tune measures both
-            if rules.has_linear_replayssm and not _settings(ask, pool).is_spec:
-                replay = {**pool, "enable-linear-replayssm": True}
-                name = f"no-radix-{k}-replayssm{suffix}"
-                out.append(_offer(size, ask, job, name, text + " + --enable-linear-replayssm", replay))
-            out.append(_offer(size, ask, job, f"no-radix-{k}{suffix}", text, pool))
+            for graphs, pool in _graph_pools(size, ask, args, k):
+                text = ", ".join(filter(None, [what, _change_text(ask, pool, k, ctx)]))
+                # the replayed SSM decode first where the release has it: on the H200 it decoded 1.22x the
+                # plain no_buffer decode at 256 running (bench/results/grid-sglang-0.5.15-h200.md); tune
+                # measures both
+                if rules.has_linear_replayssm and not _settings(ask, pool).is_spec:
+                    replay = {**pool, "enable-linear-replayssm": True}
+                    name = f"no-radix-{k}{graphs}-replayssm{suffix}"
+                    out.append(_offer(size, ask, job, name, text + " + --enable-linear-replayssm", replay))
+                out.append(_offer(size, ask, job, f"no-radix-{k}{graphs}{suffix}", text, pool))
     for suffix, what, args in variants:  # the static fraction, searched where speculation is off
         if _settings(ask, args).is_spec:
             continue
@@ -179,6 +250,48 @@ def settings(size: Size, ask: Ask, job: JobShape) -> list[Setting]:
             out += _fractions(size, ask, job, (suffix, what, args), ctx, is_replay)
     out += _numerics(size, ask, job, base, ctx)
     return out
+
+
+def _skip_decode_lock(size: Size, ask: Ask, job: JobShape) -> list[Setting]:
+    """The user's flags with `SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1` (0.5.17+), an engine env candidate: with
+    the radix cache and extra_buffer a decoding request leaves its matched prefix's Mamba slot evictable, one
+    slot fewer per running request (ρ 5 → 4: kv_cache_configurator.py `_calculate_mamba_ratio`); upstream
+    reports +20 % output tok/s at concurrency 200. Nothing to offer without the radix cache (no lock)."""
+    s = _settings(ask, ask.args)
+    rules = sglang_rules(ask.rules)
+    if not (rules.has_skip_decode_lock and s.is_radix and s.strategy.startswith("extra_buffer")):
+        return []
+    if s.is_skip_decode_lock or not ask.shape.is_hybrid or not size(ask).fits:
+        return []
+    change = (
+        f"engine env {SKIP_DECODE_LOCK_ENV}=1 (an engine env candidate, not a flag: the radix cache leaves "
+        "a decoding request's matched Mamba prefix evictable)"
+    )
+    env = {**ask.env, SKIP_DECODE_LOCK_ENV: "1"}
+    return [_offer(size, ask, job, "as-written-skip-decode-lock", change, dict(ask.args), env=env)]
+
+
+def _held_back(
+    size: Size, ask: Ask, job: JobShape, variant: tuple[str, Mapping[str, Any]], ctx: int, n: int
+) -> Setting | None:
+    """The variant withheld where SGLang's admission runs far fewer than its pools hold (`FAR_FEWER`): a
+    setting of 0 running whose bound says why in SGLang's terms (tune measures none of 0); None to offer it.
+    The pools alone size `pooled`; the admission, `n` (0: nothing fits, nothing to say)."""
+    suffix, args = variant
+    pooled = most_running(size, ask, args, job, ctx, admits=False)
+    if pooled == 0 or n >= FAR_FEWER * pooled:
+        return None
+    pool = _pool_args(ask, args, pooled)
+    trial = replace(ask, args=pool)
+    admission = admission_of(trial, size(trial), job)
+    why = (
+        f"withheld: {admission.text()}, far fewer than the {pooled} its pools hold; give the KV pool more "
+        "(a higher mem-fraction-static, no speculation) or shorter max_tokens"
+    )
+    name = f"no-radix-{pooled}{suffix}"
+    return Setting(
+        name, "", pool, dict(ask.env), 0, why, admission.pool_tokens, is_spec=_settings(trial, pool).is_spec
+    )
 
 
 def _fractions(
@@ -203,7 +316,7 @@ def _fractions(
         n = found.get(f, 0)
         if n == 0 or n <= most_running(size, ask, args, job, ctx):
             continue
-        pool = _pool_args(ask, {**args, "mem-fraction-static": f}, n)
+        _, pool = _graph_pools(size, ask, {**args, "mem-fraction-static": f}, n)[0]
         text = ", ".join(
             filter(None, [what, f"{_change_text(ask, pool, n, ctx)} --mem-fraction-static {f:.2f}"])
         )
@@ -222,7 +335,7 @@ def _numerics(size: Size, ask: Ask, job: JobShape, base: Mapping[str, Any], ctx:
         args = {**base, flag: value}
         n = most_running(size, ask, args, job, ctx)
         if n:
-            pool = _pool_args(ask, args, n)
+            _, pool = _graph_pools(size, ask, args, n)[0]
             text = f"{_change_text(ask, pool, n, ctx)}, --{flag} {value}"
             name = f"no-radix-{n}-{value}"
             out.append(_offer(size, ask, job, name, text, pool, numerics=NUMERICS[flag]))

@@ -33,6 +33,13 @@ from fleetgen.plan.types import GIB, Ask, Fix, Issue, Memory, MemoryExtras, Sizi
 
 ACTIVATION_BYTES_PER_TOKEN = 512 * 1024  # forward-pass peak per batched token (estimate, not profiled here)
 GRAPH_BYTES = 1 * GIB  # CUDA-graph estimate (vLLM 0.24 logged 0.96 GiB, 1.30 GiB with MTP-3 on a 27B model)
+# What vLLM's start does not hold inside `--gpu-memory-utilization` × total, so what the fraction must leave:
+# its own CUDA context, taken before it checks the free memory against the request (`gpu_worker.py`:
+# "Free memory on device … on startup is less than desired GPU memory utilization"), and the CUDA graph
+# pool past its profiled estimate ("CUDA graph pool memory: 1.14 GiB (actual), 0.96 GiB (estimated),
+# difference: 0.18 GiB (15.6%)": vLLM 0.24 on the H200, tests/data/real-engines/vllm-0.24.0-h200), doubled.
+VLLM_CONTEXT_BYTES = 512 * 1024 * 1024
+UNPROFILED_GRAPH_SHARE = 0.32
 # FlashAttention's kernel block sizes are MultipleOf(16); cache block_size defaults to 16
 KERNEL_BLOCK_ALIGN = 16
 # `EngineArgs._set_default_max_num_seqs_and_batched_tokens_args`: GPUs of >= 70 GiB (not A100) get 1024 / 8192
@@ -290,6 +297,18 @@ def _errors(m: Memory, total_bytes: int, per_request: int, *, cpu: bool = False)
         more = f"raise {CPU_KV_SPACE_ENV}" if cpu else "raise gpu-memory-utilization"
         return [Issue("kv-cache", text, f"{more}, lower max-model-len or use tp = 2")]
     return []
+
+
+def largest_safe_utilization(ask: Ask) -> float:
+    """The largest `--gpu-memory-utilization` (in hundredths) vLLM starts with and runs under on this GPU:
+    the request within the free memory its own CUDA context leaves, with room outside it for the graph pool
+    past its estimate; 0.0 where none. vLLM profiles activations and graphs inside the request, so a higher
+    fraction grows the KV pool and risks only what is outside it."""
+    graphs = 0 if ask.args.get("enforce-eager") else int(GRAPH_BYTES * UNPROFILED_GRAPH_SHARE)
+    usable = min(ask.free_bytes - VLLM_CONTEXT_BYTES, ask.total_bytes - graphs)
+    if ask.total_bytes <= 0 or usable <= 0:
+        return 0.0
+    return min(100 * usable // ask.total_bytes, 99) / 100
 
 
 def variants(ask: Ask) -> list[Fix]:

@@ -24,8 +24,15 @@ from typing import Any
 from fleetgen.plan.job import JobShape
 from fleetgen.plan.throughput import used_share
 from fleetgen.plan.types import Ask, Setting, Sizing
+from fleetgen.plan.vllm.memory import (
+    VLLMExtras,
+    cpu_kv_space_gib,
+    largest_safe_utilization,
+    num_spec_tokens,
+)
 
 MAX_NUM_SEQS = 4096
+DEFAULT_MAX_CAPTURE_TOKENS = 512  # config/vllm.py `default_max_graph_size` (1,024 on SM100: not planned here)
 MTP = json.dumps({"method": "mtp", "num_speculative_tokens": 3})
 NUMERICS = {
     "kv-cache-dtype": "the KV cache is stored in FP8 (attention reads rounded keys and values)",
@@ -37,18 +44,36 @@ Size = Callable[[Ask], Sizing]
 Blocks = Callable[[Ask, JobShape], tuple[int, float]]
 
 
+def graph_requests(args: Mapping[str, Any], seqs: int) -> tuple[int, int]:
+    """(the largest decode batch vLLM captures a CUDA graph for, in requests; its capture size in tokens): the
+    `max-cudagraph-capture-size` given, else min(max_num_seqs × query length × 2, 512) tokens, a decode step
+    taking 1 + num_speculative_tokens a request (`VllmConfig._set_cudagraph_sizes`, config/vllm.py; 512 =
+    "largest" in vLLM 0.24's log on the H200)."""
+    query = 1 + num_spec_tokens(args)
+    given = args.get("max-cudagraph-capture-size")
+    cap = int(given) if given else min(seqs * query * 2, DEFAULT_MAX_CAPTURE_TOKENS)
+    return cap // query, cap
+
+
 def job_bound(blocks: Blocks, ask: Ask, job: JobShape, seqs: int) -> tuple[int, str]:
     """The job's running requests and what bounds them: max-num-seqs (`seqs`, given or vLLM's default), or
     the pool's blocks over the blocks a request of its steady batch holds (vLLM allocates as requests grow
-    and preempts the newest when the pool runs out, so a full pool runs requests part-way through)."""
+    and preempts the newest when the pool runs out, so a full pool runs requests part-way through); past its
+    CUDA-graph capture size decode runs without full graphs, said so."""
     pool, per_request = blocks(ask, job)
     by_blocks = int(pool // max(per_request, 1.0))
     if by_blocks < seqs:
-        return (
-            by_blocks,
-            f"the paged pool's {pool:,} blocks ÷ {per_request:.1f} a running request of this job",
+        running = by_blocks
+        bound = f"the paged pool's {pool:,} blocks ÷ {per_request:.1f} a running request of this job"
+    else:
+        running, bound = seqs, f"max-num-seqs {seqs}"
+    graphs, cap = graph_requests(ask.args, seqs)
+    if running > graphs:
+        bound += (
+            f"; decode past {graphs} running runs without full CUDA graphs (vLLM's capture size {cap} "
+            "tokens: --max-cudagraph-capture-size)"
         )
-    return seqs, f"max-num-seqs {seqs}"
+    return running, bound
 
 
 def _most(size: Size, blocks: Blocks, ask: Ask, args: Mapping[str, Any], job: JobShape) -> int:
@@ -88,6 +113,9 @@ def settings(size: Size, blocks: Blocks, ask: Ask, job: JobShape) -> list[Settin
             if k:
                 change = ", ".join([*words, f"--max-num-seqs {k}"])
                 out.append(_offer(size, blocks, ask, job, f"max-num-seqs-{k}{suffix}", change, args, k))
+    if not cpu_kv_space_gib(ask.env):  # the CPU build's KV space is its env's, not a fraction
+        for variant in variants:
+            out += _utilizations(size, blocks, ask, job, variant)
     for flag, value in (("kv-cache-dtype", "fp8"), ("mamba-ssm-cache-dtype", "bfloat16")):
         args = {**base, flag: value}
         n = _most(size, blocks, ask, args, job)
@@ -95,6 +123,33 @@ def settings(size: Size, blocks: Blocks, ask: Ask, job: JobShape) -> list[Settin
             change = ", ".join([*what, f"--max-num-seqs {n}", f"--{flag} {value}"])
             name = f"max-num-seqs-{n}-{value}"
             out.append(_offer(size, blocks, ask, job, name, change, args, n, numerics=NUMERICS[flag]))
+    return out
+
+
+def _utilizations(
+    size: Size, blocks: Blocks, ask: Ask, job: JobShape, variant: tuple[str, list[str], dict[str, Any]]
+) -> list[Setting]:
+    """`max-num-seqs` sized again at each higher `--gpu-memory-utilization` (in hundredths, up to the largest
+    the plan holds safe: `largest_safe_utilization`): the one running the most (the lowest such), and two
+    hundredths below it, a step safer; as SGLang's static fraction is searched."""
+    suffix, words, base = variant
+    start = VLLMExtras.of(size(replace(ask, args=base)).memory).gpu_memory_utilization
+    top = largest_safe_utilization(ask)
+    found = {
+        f / 100: _most(size, blocks, ask, {**base, "gpu-memory-utilization": f / 100}, job)
+        for f in range(round(start * 100) + 1, round(top * 100) + 1)
+    }
+    if not found or max(found.values()) <= _most(size, blocks, ask, base, job):
+        return []
+    best = max(found, key=lambda f: (found[f], -f))
+    out = []
+    for f in dict.fromkeys([best, round(best - 0.02, 2)]):
+        n = found.get(f, 0)
+        if n and n > _most(size, blocks, ask, base, job):
+            args = {**base, "gpu-memory-utilization": f}
+            change = ", ".join([*words, f"--max-num-seqs {n}", f"--gpu-memory-utilization {f:.2f}"])
+            name = f"max-num-seqs-{n}-gmu{round(f * 100)}{suffix}"
+            out.append(_offer(size, blocks, ask, job, name, change, args, n))
     return out
 
 
