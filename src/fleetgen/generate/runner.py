@@ -179,7 +179,9 @@ class Job:
             interval_s=opts.metrics_interval_s,
             api_key=self.servers.api_key,
         )
-        requests = ChatRequests(model, opts.params.max_tokens, opts.params.sampling)
+        requests = ChatRequests(
+            model, opts.params.max_tokens, opts.params.sampling, return_token_ids=opts.forced_lengths is None
+        )
         forced = (
             None
             if opts.forced_lengths is None
