@@ -29,15 +29,18 @@ from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.readiness import Readiness
 from fleetgen.deploy.wanted import refuse_simulated_acceptance
 from fleetgen.errors import ConfigError, FleetDown, FleetgenError
+from fleetgen.fleet.planning import tokenizer_dir_for
 from fleetgen.fleet.pool import Link, open_fleet
 from fleetgen.generate.dispatch import in_flight_for
 from fleetgen.generate.export import FORMATS, ExportSummary, export
 from fleetgen.generate.fleetlink import fleet_servers, url_servers
 from fleetgen.generate.health import JOIN_GRACE_S
+from fleetgen.generate.jobshape import read_job_shape
 from fleetgen.generate.progress import Progress, RunEnd, Summary
 from fleetgen.generate.runner import Job, JobServers
 from fleetgen.generate.work import JobOptions, RecordShape, RetryPolicy, RunMode, SamplingParams
 from fleetgen.http.client import BareURLs
+from fleetgen.plan.throughput import max_length_issue
 
 DEFAULT_CONCURRENCY = 64
 DEFAULT_DEAD_TIMEOUT_S = 300.0  # --endpoint URLs: the mid-job wait for a server to come back
@@ -164,7 +167,10 @@ def run_command(
             thinking=thinking,
             max_retries=max_retries,
         )
-        async with _servers(cli.read_servers(fleet_path, endpoint), wait_ready, restart_dead) as servers:
+        loaded = cli.read_servers(fleet_path, endpoint)
+        model_dir = await _model_dir(job_file, job_path, loaded)
+        await _warn_past_max_length(job_file, input_path, model_dir, split)
+        async with _servers(loaded, wait_ready, restart_dead) as servers:
             options = JobOptions(
                 input_path=input_path,
                 out_dir=out,
@@ -183,6 +189,7 @@ def run_command(
                 add_input=add_input,
                 split=split,
                 wait_ready_s=servers.wait_s,
+                model_dir=model_dir,
             )
             on = (
                 servers.of_job
@@ -195,6 +202,43 @@ def run_command(
     _print_summary(summary, json_out)
     if summary.status in EXIT_CODES:
         raise typer.Exit(EXIT_CODES[summary.status])
+
+
+async def _model_dir(job_file: JobFile, job_path: Path | None, loaded: Fleet | BareURLs) -> Path | None:
+    """The model folder whose chat template the run records: the job file's `model_dir` (relative to it),
+    else the fleet's (read from its first host, `tokenizer_dir_for`); None with bare URLs (said once)."""
+    if job_file.model_dir is not None:
+        return _relative_to(job_path, job_file.model_dir)
+    if isinstance(loaded, Fleet):
+        found = await tokenizer_dir_for(loaded.file, loaded.path, offline=False)
+        if found is not None:
+            return found
+    cli.err_console.print(
+        "[yellow]no model folder to record the chat template from[/]: `fleetgen export --format "
+        "specforge-tokens` will need --model-dir (set model_dir in the job file to record it now)",
+        highlight=False,
+    )
+    return None
+
+
+def _relative_to(job_path: Path | None, folder: str) -> Path:
+    return ((job_path.parent if job_path else Path()) / Path(folder).expanduser()).resolve()
+
+
+async def _warn_past_max_length(
+    job_file: JobFile, input_path: Path, model_dir: Path | None, split: str | None
+) -> None:
+    """With the job's `max_length` set: the input's longest prompt (read as `plan --job` reads it) plus
+    max_tokens past it is said with the numbers, before anything is generated."""
+    if job_file.max_length is None:
+        return
+    shape = await asyncio.to_thread(
+        read_job_shape, job_file, input_path, tokenizer_dir=model_dir, output_lengths=None, split=split
+    )
+    issue = max_length_issue(shape)
+    if issue is not None:
+        cli.err_console.print(f"[yellow]warning[/] [{issue.rule}] {escape(issue.message)}", highlight=False)
+        cli.err_console.print(f"  [green]fix:[/] {escape(issue.fix)}", highlight=False)
 
 
 def _check_out_dir(out: Path, flag: str) -> None:
