@@ -1,4 +1,4 @@
-"""`fleetgen run` (resumable, exactly-once generation) and `fleetgen export`.
+"""`fleetgen run`: resumable, exactly-once generation (`fleetgen export` is `cli/export.py`).
 
 The live view renders the job's progress snapshots on stderr (stdout stays clean for `--json`); Ctrl-C once
 stops taking work and lets in-flight requests finish, twice abandons them. Nothing half-written either way.
@@ -28,11 +28,10 @@ from fleetgen.config import JobFile, load_job
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.readiness import Readiness
 from fleetgen.deploy.wanted import refuse_simulated_acceptance
-from fleetgen.errors import ConfigError, FleetDown, FleetgenError
+from fleetgen.errors import ConfigError, FleetDown
 from fleetgen.fleet.planning import tokenizer_dir_for
 from fleetgen.fleet.pool import Link, open_fleet
 from fleetgen.generate.dispatch import in_flight_for
-from fleetgen.generate.export import FORMATS, ExportSummary, export
 from fleetgen.generate.fleetlink import fleet_servers, url_servers
 from fleetgen.generate.health import JOIN_GRACE_S
 from fleetgen.generate.jobshape import read_job_shape
@@ -144,7 +143,7 @@ def run_command(
     mode: RunMode = "retry_errors" if retry_errors else "redo_truncated" if redo_truncated else "normal"
 
     async def go() -> Summary:
-        _check_out_dir(out, "-o")
+        cli.check_out_dir(out, "-o")
         if retry_errors and redo_truncated:
             raise ConfigError(
                 "--retry-errors and --redo-truncated are separate passes", fix="run one, then the other"
@@ -190,6 +189,7 @@ def run_command(
                 split=split,
                 wait_ready_s=servers.wait_s,
                 model_dir=model_dir,
+                max_length=job_file.max_length,
             )
             on = (
                 servers.of_job
@@ -239,16 +239,6 @@ async def _warn_past_max_length(
     if issue is not None:
         cli.err_console.print(f"[yellow]warning[/] [{issue.rule}] {escape(issue.message)}", highlight=False)
         cli.err_console.print(f"  [green]fix:[/] {escape(issue.fix)}", highlight=False)
-
-
-def _check_out_dir(out: Path, flag: str) -> None:
-    """The output is a folder (the store, its lock, exports): a file there is refused before anything runs."""
-    if out.exists() and not out.is_dir():
-        raise ConfigError(
-            f"{flag} {out} is a file: the output of a job is a folder (results.sqlite and its lock)",
-            fix=f"give {flag} a folder: a new path, or the folder of an earlier run to resume it",
-            context={"path": str(out)},
-        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -377,40 +367,3 @@ def _print_summary(summary: Summary, json_out: bool) -> None:
             "or the input holds no record (see the lines above)",
             highlight=False,
         )
-
-
-@cli.app.command("export")
-def export_command(
-    out_dir: cli.JobFolder,
-    fmt: Annotated[str, Opt("--format", help=f"One of: {', '.join(FORMATS)}.")] = "jsonl",
-    to: Annotated[Path | None, Opt("--to", help="Output file (default: OUT_DIR/export.FORMAT.EXT).")] = None,
-    filters: Annotated[
-        list[str] | None,
-        Opt(
-            "--filter",
-            help="clean | FLAG | no-FLAG (repeatable); truncated, empty, leaked_think, repetitive.",
-        ),
-    ] = None,
-    inline_think: bool = cli.flag("inline-think", "Reasoning inline as <think>…</think>."),
-    json_out: bool = cli.flag("json", "Print the summary as JSON."),
-) -> None:
-    """Export results (streamed): parquet, jsonl, SpecForge sharegpt, or OpenAI batch output."""
-    ext = "parquet" if fmt == "parquet" else "jsonl"
-    target = to or out_dir / f"export.{fmt}.{ext}"
-
-    async def go() -> ExportSummary:
-        _check_out_dir(out_dir, "OUT_DIR")
-        return await asyncio.to_thread(export, out_dir, fmt, target, filters or [], inline_think)
-
-    summary = cli.execute(go())
-    if json_out:
-        cli.print_json(summary)
-    else:
-        cli.console.print(f"wrote {summary.rows} rows to {summary.path} ({summary.format})", markup=False)
-        for note in summary.notes:
-            cli.console.print(f"  {note}", highlight=False, markup=False)
-        for why, num in summary.dropped.items():
-            cli.console.print(f"  dropped {num}: {why}", highlight=False, markup=False)
-    if summary.rows == 0:  # an empty training file is nothing useful (SpecForge's validator refuses it)
-        cli.render_error(FleetgenError("no row was written (see the reasons above)"))
-        raise typer.Exit(1)

@@ -6,12 +6,22 @@ name and renamed (an interrupted export leaves no half file).
   target model generated (the input's own are regenerated; README "Input shapes"). A row SpecForge's
   validator would refuse is dropped and counted by reason (`sharegpt_row`). Truncated rows whose answer
   began are kept: the text is the target model's own; the summary counts them.
+- `specforge-tokens`: SpecForge's pre-tokenized rows (`data.prompts_path`): `input_ids` + `loss_mask`, the
+  target's exact tokens where the run stored them, built with the job's recorded chat template
+  (`export_tokens`).
 - `openai-batch`: the OpenAI Batch API output shape (`custom_id` = `id:sample`, `response.body` a
   chat.completion).
+
+The training exports (`sharegpt`, `specforge-tokens`) take the trainer's `max_length`: rows longer (counted
+in the served tokens) are cut where the trainer cuts (its first `max_length` tokens: SpecForge's
+`input_ids[:max_length]`) or dropped, and the summary says how many trained tokens fall past it. A sharegpt
+row cannot be cut as text: it is written whole (the trainer cuts it) or dropped. Every export writes a
+sidecar, `<file>.meta.json` (`export_meta`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 from collections import Counter
@@ -24,13 +34,19 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from fleetgen.chattemplate import TOKENIZER_FILE
 from fleetgen.errors import JobError
+from fleetgen.generate.export_meta import sidecar, write_sidecar
+from fleetgen.generate.export_tokens import TokenBuilder, TokenRow, turns_of
 from fleetgen.generate.ledger.schema import RESULTS, ResultRow
 from fleetgen.generate.ledger.store import Store
+from fleetgen.generate.modelfiles import MAX_LENGTH, kept_folder, recorded_template
 from fleetgen.generate.quality import Flags, has_think_marker
 from fleetgen.generate.work import text_of
 
-FORMATS = ("parquet", "jsonl", "sharegpt", "openai-batch")
+FORMATS = ("parquet", "jsonl", "sharegpt", "specforge-tokens", "openai-batch")
+TRAINING_FORMATS = ("sharegpt", "specforge-tokens")
+OVER_LENGTH = ("cut", "drop")
 FLAGS = {flag.split("_", 1)[1]: flag for flag in Flags._fields}  # "leaked_think": "has_leaked_think", …
 PARQUET_ROWS = 2000
 PARQUET_SCHEMA = pa.schema(
@@ -69,6 +85,12 @@ class ExportSummary:
     dropped: dict[str, int] = field(default_factory=dict)  # reason → rows
     truncated_written: int = 0
     notes: list[str] = field(default_factory=list)
+    max_length: int | None = None
+    over_max_length: int = 0  # rows longer than max_length (cut or dropped)
+    cut_at_max_length: int = 0  # rows written cut at max_length
+    loss_tokens_past_max_length: int = 0  # trained (assistant) tokens past max_length, in those rows
+    exact_token_rows: int = 0  # rows whose tokens are the engine's own ids
+    retokenized_rows: int = 0  # rows tokenized from their text (and decoded back)
 
 
 def filter_sql(filters: list[str]) -> str:
@@ -95,15 +117,11 @@ def inline(reasoning: str, content: str) -> str:
     return f"<think>\n{reasoning}\n</think>\n\n{content}" if reasoning else content
 
 
-def _turns(row: ResultRow) -> list[tuple[str, str]]:
-    if row.turns:
-        return [(t["content"], t["reasoning_content"]) for t in orjson.loads(row.turns)]
-    return [(row.content or "", row.reasoning_content or "")]
-
-
 EMPTY = "empty assistant answer (SpecForge rejects it; a truncated row may have spent its tokens reasoning)"
 THINK = "a <think> marker in the answer or reasoning (SpecForge --strict-think-markers rejects it)"
 NO_REASONING = "no reasoning in a thinking job (SpecForge --expect-reasoning rejects it)"
+PAST_MAX_LENGTH = "longer than --max-length (--over-length drop)"
+NOTHING_LEFT = "no trained token within --max-length (SpecForge drops a row with none)"
 OLD_PROMPT = (
     "the prompt holds assistant turns the model did not write (stored by an older fleetgen: rerun it)"
 )
@@ -115,7 +133,7 @@ def sharegpt_row(row: ResultRow, inline_think: bool, thinking: bool = False) -> 
     would refuse, or a prompt an older fleetgen stored with the input's assistant turns in it."""
     segments = orjson.loads(row.prompt)
     conversation: list[dict[str, Any]] = []
-    turns = _turns(row)
+    turns = turns_of(row)
     for segment, (content, reasoning) in zip(segments, turns, strict=False):
         for message in segment:
             role = message["role"]
@@ -138,8 +156,12 @@ def sharegpt_row(row: ResultRow, inline_think: bool, thinking: bool = False) -> 
         conversation.append(generated)
     if len(turns) != len(segments) or not any(m["role"] == "user" for m in conversation):
         return OLD_PROMPT
-    row_id = row.id if row.sample == 0 else f"{row.id}-s{row.sample}"
-    return {"id": row_id, "status": "success", "conversations": conversation}
+    return {"id": row_id(row), "status": "success", "conversations": conversation}
+
+
+def row_id(row: ResultRow) -> str:
+    """A training row's id: the record's, with `-sN` for its sample N > 0."""
+    return row.id if row.sample == 0 else f"{row.id}-s{row.sample}"
 
 
 def flat_row(row: ResultRow, inline_think: bool) -> dict[str, Any]:
@@ -176,18 +198,34 @@ def batch_row(row: ResultRow) -> dict[str, Any]:
 
 
 def export(
-    out_dir: Path, fmt: str, to: Path, filters: list[str] | None = None, inline_think: bool = False
+    out_dir: Path,
+    fmt: str,
+    to: Path,
+    filters: list[str] | None = None,
+    inline_think: bool = False,
+    *,
+    max_length: int | None = None,
+    over_length: str = "cut",
+    model_dir: Path | None = None,
 ) -> ExportSummary:
-    """Stream the results of `out_dir` into `to` in `fmt`; returns what was written and dropped, and why."""
-    if fmt not in FORMATS:
-        raise JobError(f"unknown export format {fmt!r}", fix=f"use one of {', '.join(FORMATS)}")
+    """Stream the results of `out_dir` into `to` in `fmt`, and its sidecar beside it; returns what was
+    written and dropped, and why. `model_dir`: the tokenizer files to build tokens with (default: those the
+    run kept, `modelfiles.kept_folder`); `max_length` defaults to the job file's, for a training format."""
+    _check_options(fmt, max_length, over_length)
     store = Store.open(out_dir, writer=False)
     tmp = to.with_name(f".{to.name}.tmp-{os.getpid()}")
-    tally = _Tally()
     try:
-        thinking = bool(orjson.loads(store.get_meta("params") or "{}").get("thinking"))
+        if max_length is None and fmt in TRAINING_FORMATS:
+            max_length = orjson.loads(store.get_meta(MAX_LENGTH) or "null")
+        params = orjson.loads(store.get_meta("params") or "{}")
+        thinking = bool(params.get("thinking"))
+        builder = None
+        if fmt == "specforge-tokens" or (max_length is not None and fmt in TRAINING_FORMATS):
+            builder = _builder(store, out_dir, model_dir, thinking)
+        tally = _Tally(builder, max_length, over_length)
         item_of: Callable[[ResultRow], dict[str, Any] | str] = {
-            "sharegpt": lambda row: sharegpt_row(row, inline_think, thinking),
+            "sharegpt": lambda row: tally.measured(row, sharegpt_row(row, inline_think, thinking)),
+            "specforge-tokens": tally.token_item,
             "openai-batch": batch_row,
         }.get(fmt, lambda row: flat_row(row, inline_think))
         items = tally.kept(store.iter_rows(RESULTS, where=filter_sql(filters or [])), item_of)
@@ -200,20 +238,67 @@ def export(
             with tmp.open("wb") as handle:
                 handle.writelines(orjson.dumps(item, option=orjson.OPT_APPEND_NEWLINE) for item in items)
         tmp.replace(to)
+        summary = tally.summary(str(to), fmt)
+        about = sidecar(
+            store, dataclasses.asdict(summary), tally.models, filters or [], inline_think, builder
+        )
+        write_sidecar(to, about)
     except OSError as exc:
         raise JobError(f"cannot write {to}: {exc.strerror}", fix="check the path and free space") from exc
     finally:
         store.close()
         tmp.unlink(missing_ok=True)
-    return tally.summary(str(to), fmt)
+    return summary
+
+
+def _check_options(fmt: str, max_length: int | None, over_length: str) -> None:
+    if fmt not in FORMATS:
+        raise JobError(f"unknown export format {fmt!r}", fix=f"use one of {', '.join(FORMATS)}")
+    if over_length not in OVER_LENGTH:
+        raise JobError(f"unknown --over-length {over_length!r}", fix=f"use one of {', '.join(OVER_LENGTH)}")
+    if max_length is not None and fmt not in TRAINING_FORMATS:
+        raise JobError(
+            f"--max-length is the trainer's: {fmt} is not a training format",
+            fix=f"use it with --format {' or '.join(TRAINING_FORMATS)}, or leave it out",
+        )
+    if max_length is not None and max_length < 1:
+        raise JobError(
+            f"--max-length {max_length}: a length is at least 1", fix="give the trainer's max_length"
+        )
+
+
+def _builder(store: Store, out_dir: Path, model_dir: Path | None, thinking: bool) -> TokenBuilder:
+    """Tokens with the model folder the run kept (or `model_dir`); refused where there is none."""
+    folder = model_dir or kept_folder(out_dir)
+    if not (folder / TOKENIZER_FILE).is_file():
+        raise JobError(
+            f"no model tokenizer to build tokens with: {folder} has no {TOKENIZER_FILE} (the run recorded no "
+            "model folder: it ran on --endpoint URLs without model_dir in its job file)",
+            fix="pass --model-dir with the model folder the servers load (its chat template and "
+            "tokenizer.json)",
+            context={"store": str(store.path)},
+        )
+    recorded = (recorded_template(store) or {}).get("thinking")
+    return TokenBuilder(folder, thinking if recorded is None else bool(recorded))
 
 
 @dataclass
 class _Tally:
+    """What an export wrote and dropped, by reason; the token rows and their lengths against max_length."""
+
+    builder: TokenBuilder | None = None
+    max_length: int | None = None
+    over_length: str = "cut"
     written: int = 0
     truncated_written: int = 0
     truncated_dropped: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
+    over: int = 0
+    cut: int = 0
+    past: int = 0
+    exact: int = 0
+    retokenized: int = 0
+    models: Counter[str] = field(default_factory=Counter)
 
     def kept(
         self, rows: Iterable[ResultRow], item_of: Callable[[ResultRow], dict[str, Any] | str]
@@ -227,7 +312,47 @@ class _Tally:
                 continue
             self.written += 1
             self.truncated_written += bool(row.is_truncated)
+            self.models[row.model] += 1
             yield item
+
+    def token_item(self, row: ResultRow) -> dict[str, Any] | str:
+        """A specforge-tokens row (cut at max_length, or dropped past it), or why it is dropped."""
+        fitted = self._fitted(row, can_cut=True)
+        if isinstance(fitted, str):
+            return fitted
+        return {"id": row_id(row), "input_ids": fitted.input_ids, "loss_mask": fitted.loss_mask}
+
+    def measured(self, row: ResultRow, item: dict[str, Any] | str) -> dict[str, Any] | str:
+        """A text row measured against max_length in the served tokens: written whole (the trainer cuts
+        it) or dropped past it."""
+        if isinstance(item, str) or self.max_length is None:
+            return item
+        fitted = self._fitted(row)
+        return (
+            item if not isinstance(fitted, str) or fitted not in (PAST_MAX_LENGTH, NOTHING_LEFT) else fitted
+        )
+
+    def _fitted(self, row: ResultRow, *, can_cut: bool) -> TokenRow | str:
+        """The row's tokens against max_length: as built, cut there (`can_cut`), or why it is dropped."""
+        assert self.builder is not None, "a token row needs the model's tokenizer (export._builder)"
+        built = self.builder.row(row)
+        if isinstance(built, str):
+            return built
+        self.exact += built.is_exact
+        self.retokenized += not built.is_exact
+        limit = self.max_length
+        if limit is None or len(built.input_ids) <= limit:
+            return built
+        self.over += 1
+        self.past += sum(built.loss_mask[limit:])
+        if self.over_length == "drop":
+            return PAST_MAX_LENGTH
+        if not any(built.loss_mask[:limit]):
+            return NOTHING_LEFT
+        if not can_cut:  # a text row: the trainer cuts it
+            return built
+        self.cut += 1
+        return TokenRow(built.input_ids[:limit], built.loss_mask[:limit], built.is_exact)
 
     def summary(self, path: str, fmt: str) -> ExportSummary:
         notes = []
@@ -239,8 +364,40 @@ class _Tally:
             )
         if self.truncated_dropped:
             notes.append(f"{self.truncated_dropped} truncated rows dropped (counted in the reasons below)")
+        if self.max_length is not None:
+            notes.append(self._length_note(fmt))
+        if self.retokenized:
+            notes.append(
+                f"{self.retokenized} rows tokenized from their text (no exact ids stored), each checked to "
+                f"decode back; {self.exact} rows are the engine's own ids"
+            )
         dropped = dict(self.dropped.most_common())
         reason = "; ".join(f"{n}: {why}" for why, n in dropped.items())
         return ExportSummary(
-            path, fmt, self.written, sum(dropped.values()), reason, dropped, self.truncated_written, notes
+            path,
+            fmt,
+            self.written,
+            sum(dropped.values()),
+            reason,
+            dropped,
+            self.truncated_written,
+            notes,
+            max_length=self.max_length,
+            over_max_length=self.over,
+            cut_at_max_length=self.cut,
+            loss_tokens_past_max_length=self.past,
+            exact_token_rows=self.exact,
+            retokenized_rows=self.retokenized,
+        )
+
+    def _length_note(self, fmt: str) -> str:
+        if not self.over:
+            return f"no row is longer than max_length {self.max_length}"
+        done = {
+            "drop": "dropped",
+            "cut": "cut there" if fmt == "specforge-tokens" else "written whole (the trainer cuts them)",
+        }[self.over_length]
+        return (
+            f"{self.over} rows longer than max_length {self.max_length}, {done}: {self.past} trained "
+            "(assistant) tokens fall past it, generated and paid for but not trained on"
         )

@@ -23,6 +23,7 @@ from fleetgen.generate.ledger.store import Store
 
 KEPT_DIR = "model"  # in the output folder
 META_KEY = "chat_template"
+MAX_LENGTH = "max_length"  # the job file's: the training exports' default --max-length
 
 
 def keep_model(store: Store, model_dir: Path, thinking: bool) -> dict[str, Any]:

@@ -40,7 +40,7 @@ from fleetgen.generate.ledger.intake import Intake
 from fleetgen.generate.ledger.jobmeta import JobMeta
 from fleetgen.generate.ledger.store import Batch, Counts, Store, Written
 from fleetgen.generate.ledger.writer import StoreWriter
-from fleetgen.generate.modelfiles import keep_model
+from fleetgen.generate.modelfiles import MAX_LENGTH, keep_model
 from fleetgen.generate.progress import (
     Counters,
     EndpointProgress,
@@ -169,6 +169,8 @@ class Job:
         describe = dict(self.servers.describe)
         if opts.model_dir is not None:
             describe.update(keep_model(store, opts.model_dir, opts.params.thinking))
+        if opts.max_length is not None:
+            describe[MAX_LENGTH] = opts.max_length
         was_finished = jobmeta.begin(store, describe)
         meta = self._meta = JobMeta(intake.resume, opts.params.samples, intake.tracker, set(intake.verdicts))
         writer = StoreWriter(
