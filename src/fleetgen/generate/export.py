@@ -327,7 +327,7 @@ class _Tally:
         it) or dropped past it."""
         if isinstance(item, str) or self.max_length is None:
             return item
-        fitted = self._fitted(row)
+        fitted = self._fitted(row, can_cut=False)
         return (
             item if not isinstance(fitted, str) or fitted not in (PAST_MAX_LENGTH, NOTHING_LEFT) else fitted
         )
