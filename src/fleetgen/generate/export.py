@@ -312,7 +312,7 @@ class _Tally:
                 continue
             self.written += 1
             self.truncated_written += bool(row.is_truncated)
-            self.models[row.model] += 1
+            self.models[row.model or "(not recorded)"] += 1
             yield item
 
     def token_item(self, row: ResultRow) -> dict[str, Any] | str:
