@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -308,6 +308,8 @@ def test_plan_without_a_job_says_in_one_line_that_the_radix_cache_sizes_a_hybrid
     max_tokens=st.integers(1, 20_000),
     max_length=st.none() | st.integers(1, 40_000),
 )
+@example(prompt=100, max_tokens=100, max_length=200)  # exactly at the length: it fits
+@example(prompt=100, max_tokens=101, max_length=200)
 def test_past_max_length_is_warned_exactly_when_a_row_can_outgrow_the_trainer(
     prompt: int, max_tokens: int, max_length: int | None
 ) -> None:
