@@ -12,8 +12,9 @@ import typer
 
 import fleetgen.cli.app as cli
 from fleetgen.errors import FleetgenError
-from fleetgen.generate.export import FORMATS, ExportSummary, export
+from fleetgen.generate.export import FORMATS, export
 from fleetgen.generate.export_meta import sidecar_path
+from fleetgen.generate.export_tally import ExportSummary
 
 Opt = typer.Option
 

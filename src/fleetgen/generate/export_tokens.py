@@ -127,3 +127,8 @@ def turns_of(row: ResultRow) -> list[tuple[str, str]]:
     if row.turns:
         return [(t["content"], t["reasoning_content"]) for t in orjson.loads(row.turns)]
     return [(row.content or "", row.reasoning_content or "")]
+
+
+def row_id(row: ResultRow) -> str:
+    """A training row's id: the record's, with `-sN` for its sample N > 0."""
+    return row.id if row.sample == 0 else f"{row.id}-s{row.sample}"

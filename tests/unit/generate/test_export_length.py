@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 
 from fleetgen.chattemplate import ModelTokens
 from fleetgen.errors import JobError
-from fleetgen.generate.export import PAST_MAX_LENGTH, export
+from fleetgen.generate.export import export
 from fleetgen.generate.export_meta import sidecar_path
+from fleetgen.generate.export_tally import PAST_MAX_LENGTH
 from fleetgen.generate.ledger.store import Batch, Store
 from fleetgen.generate.modelfiles import keep_model
 from fleetgen.generate.rows import RowBuilder
