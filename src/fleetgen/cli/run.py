@@ -49,6 +49,10 @@ EXIT_CODES: dict[RunEnd, int] = {
 }  # failed: nothing useful was produced, so never exit 0
 READINESS_STYLE = {Readiness.READY: "{}", Readiness.WAITING: "[yellow]{}[/]", Readiness.DOWN: "[red]{}[/]"}
 Opt = typer.Option
+NO_MODEL_DIR = (
+    "[yellow]note[/]: no model folder was known to this run, so no chat template is recorded: `fleetgen "
+    "export --format specforge-tokens` needs --model-dir (set model_dir in the job file to record it)"
+)
 
 
 def render(progress: Progress) -> Table:
@@ -168,6 +172,7 @@ def run_command(
         )
         loaded = cli.read_servers(fleet_path, endpoint)
         model_dir = await _model_dir(job_file, job_path, loaded)
+        unrecorded.append(model_dir is None)
         await _warn_past_max_length(job_file, input_path, model_dir, split)
         async with _servers(loaded, wait_ready, restart_dead) as servers:
             options = JobOptions(
@@ -198,26 +203,25 @@ def run_command(
             )
             return await _run_job(Job(options, on), servers.meanwhile, live, log_every)
 
+    unrecorded: list[bool] = []
     summary = cli.execute(go())
     _print_summary(summary, json_out)
+    if any(unrecorded) and summary.results:
+        cli.err_console.print(NO_MODEL_DIR, highlight=False)
     if summary.status in EXIT_CODES:
         raise typer.Exit(EXIT_CODES[summary.status])
 
 
 async def _model_dir(job_file: JobFile, job_path: Path | None, loaded: Fleet | BareURLs) -> Path | None:
     """The model folder whose chat template the run records: the job file's `model_dir` (relative to it),
-    else the fleet's (read from its first host, `tokenizer_dir_for`); None with bare URLs (said once)."""
+    else the fleet's (read from its first host, `tokenizer_dir_for`); None with bare URLs (said after the
+    summary: `NO_MODEL_DIR`)."""
     if job_file.model_dir is not None:
         return _relative_to(job_path, job_file.model_dir)
     if isinstance(loaded, Fleet):
         found = await tokenizer_dir_for(loaded.file, loaded.path, offline=False)
         if found is not None:
             return found
-    cli.err_console.print(
-        "[yellow]no model folder to record the chat template from[/]: `fleetgen export --format "
-        "specforge-tokens` will need --model-dir (set model_dir in the job file to record it now)",
-        highlight=False,
-    )
     return None
 
 
