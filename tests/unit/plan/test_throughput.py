@@ -203,7 +203,7 @@ def test_plan_for_the_job_over_the_example_fleet(tmp_path: Path) -> None:
         )
     )
     job_file = tmp_path / "job.toml"
-    job_file.write_text("max_tokens = 6000\n")
+    job_file.write_text("max_tokens = 6000\nmax_length = 4096\n")
     register(["plan"])
     argv = [
         "plan",
@@ -224,6 +224,8 @@ def test_plan_for_the_job_over_the_example_fleet(tmp_path: Path) -> None:
         assert mine["name"] == "as-written" and mine["running"] == inst["max_running_requests"]
         assert "Mamba pool" in mine["bound"] and best["running"] > 3 * mine["running"]
         assert any(w["rule"] == "job-throughput" for w in inst["warnings"])
+    past = [w for w in json.loads(result.output)["warnings"] if w["rule"] == "max-length"]
+    assert len(past) == 1 and "max_tokens 6,000 + the longest prompt" in past[0]["message"], past
     missing = CliRunner().invoke(app, ["plan", "--offline", "-f", str(example), "--job", str(job_file)])
     assert missing.exit_code == 2 and "--input" in missing.output
 
