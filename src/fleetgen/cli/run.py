@@ -241,7 +241,8 @@ async def _warn_past_max_length(
     )
     issue = max_length_issue(shape)
     if issue is not None:
-        cli.err_console.print(f"[yellow]warning[/] [{issue.rule}] {escape(issue.message)}", highlight=False)
+        rule = escape(f"[{issue.rule}]")
+        cli.err_console.print(f"[yellow]warning[/] {rule} {escape(issue.message)}", highlight=False)
         cli.err_console.print(f"  [green]fix:[/] {escape(issue.fix)}", highlight=False)
 
 
