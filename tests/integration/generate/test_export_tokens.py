@@ -63,7 +63,9 @@ async def run_job(tmp: Path, sim_server: SimFactory, *sim_args: str) -> Path:
     prompts = write_jsonl(tmp / "in.jsonl", RECORDS)
     model = specforge_tools()[1]
     async with sim_server(*sim_args, reasoning_parser="qwen3", sim_output_tokens=40) as server:
-        job = new_job(tmp, prompts, [server.base_url], params=params(thinking=True), model_dir=model)
+        job = new_job(
+            tmp, prompts, [server.base_url], params=params(thinking=True), model_dir=model, max_length=WIDE
+        )
         summary = await job.run()
     assert summary.results == len(RECORDS), summary
     return tmp / "out"
@@ -79,6 +81,10 @@ async def test_the_engines_own_ids_are_exported_and_specforge_reads_them(
     out = await run_job(tmp_path, sim_server, "--model-path", str(specforge[1]))
     stored = rows(out, "SELECT id, token_ids FROM results")
     assert all(ids is not None for _, ids in stored), stored  # SGLang's names, read and kept
+    recorded = dict(rows(out, "SELECT key, value FROM meta WHERE key IN ('max_length', 'chat_template')"))
+    assert (
+        orjson.loads(recorded["max_length"]) == WIDE and orjson.loads(recorded["chat_template"])["thinking"]
+    )
     path = tmp_path / "tokens.jsonl"
     summary = export(out, "specforge-tokens", path)
     assert (summary.rows, summary.exact_token_rows, summary.retokenized_rows) == (
