@@ -29,7 +29,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from fleetgen.deploy.fleet_ref import Fleet
-from fleetgen.errors import FleetgenError
+from fleetgen.errors import ConfigError, FleetgenError
 from fleetgen.http.client import BareURLs
 from fleetgen.redact import redacting, remember
 
@@ -208,3 +208,13 @@ def warn(message: str) -> None:
 def exit_with(code: int) -> None:
     sys.stdout.flush()
     raise typer.Exit(code)
+
+
+def check_out_dir(out: Path, flag: str) -> None:
+    """The output is a folder (the store, its lock, exports): a file there is refused before anything runs."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(
+            f"{flag} {out} is a file: the output of a job is a folder (results.sqlite and its lock)",
+            fix=f"give {flag} a folder: a new path, or the folder of an earlier run to resume it",
+            context={"path": str(out)},
+        )

@@ -1,4 +1,4 @@
-"""`fleetgen run` (resumable, exactly-once generation) and `fleetgen export`.
+"""`fleetgen run`: resumable, exactly-once generation (`fleetgen export` is `cli/export.py`).
 
 The live view renders the job's progress snapshots on stderr (stdout stays clean for `--json`); Ctrl-C once
 stops taking work and lets in-flight requests finish, twice abandons them. Nothing half-written either way.
@@ -28,16 +28,18 @@ from fleetgen.config import JobFile, load_job
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.readiness import Readiness
 from fleetgen.deploy.wanted import refuse_simulated_acceptance
-from fleetgen.errors import ConfigError, FleetDown, FleetgenError
+from fleetgen.errors import ConfigError, FleetDown
+from fleetgen.fleet.planning import tokenizer_dir_for
 from fleetgen.fleet.pool import Link, open_fleet
 from fleetgen.generate.dispatch import in_flight_for
-from fleetgen.generate.export import FORMATS, ExportSummary, export
 from fleetgen.generate.fleetlink import fleet_servers, url_servers
 from fleetgen.generate.health import JOIN_GRACE_S
+from fleetgen.generate.jobshape import read_job_shape
 from fleetgen.generate.progress import Progress, RunEnd, Summary
 from fleetgen.generate.runner import Job, JobServers
 from fleetgen.generate.work import JobOptions, RecordShape, RetryPolicy, RunMode, SamplingParams
 from fleetgen.http.client import BareURLs
+from fleetgen.plan.throughput import max_length_issue
 
 DEFAULT_CONCURRENCY = 64
 DEFAULT_DEAD_TIMEOUT_S = 300.0  # --endpoint URLs: the mid-job wait for a server to come back
@@ -47,6 +49,10 @@ EXIT_CODES: dict[RunEnd, int] = {
 }  # failed: nothing useful was produced, so never exit 0
 READINESS_STYLE = {Readiness.READY: "{}", Readiness.WAITING: "[yellow]{}[/]", Readiness.DOWN: "[red]{}[/]"}
 Opt = typer.Option
+NO_MODEL_DIR = (
+    "[yellow]note[/]: no model folder was known to this run, so no chat template is recorded: `fleetgen "
+    "export --format specforge-tokens` needs --model-dir (set model_dir in the job file to record it)"
+)
 
 
 def render(progress: Progress) -> Table:
@@ -141,7 +147,7 @@ def run_command(
     mode: RunMode = "retry_errors" if retry_errors else "redo_truncated" if redo_truncated else "normal"
 
     async def go() -> Summary:
-        _check_out_dir(out, "-o")
+        cli.check_out_dir(out, "-o")
         if retry_errors and redo_truncated:
             raise ConfigError(
                 "--retry-errors and --redo-truncated are separate passes", fix="run one, then the other"
@@ -164,7 +170,11 @@ def run_command(
             thinking=thinking,
             max_retries=max_retries,
         )
-        async with _servers(cli.read_servers(fleet_path, endpoint), wait_ready, restart_dead) as servers:
+        loaded = cli.read_servers(fleet_path, endpoint)
+        model_dir = await _model_dir(job_file, job_path, loaded)
+        unrecorded.append(model_dir is None)
+        await _warn_past_max_length(job_file, input_path, model_dir, split)
+        async with _servers(loaded, wait_ready, restart_dead) as servers:
             options = JobOptions(
                 input_path=input_path,
                 out_dir=out,
@@ -183,6 +193,8 @@ def run_command(
                 add_input=add_input,
                 split=split,
                 wait_ready_s=servers.wait_s,
+                model_dir=model_dir,
+                max_length=job_file.max_length,
             )
             on = (
                 servers.of_job
@@ -191,20 +203,47 @@ def run_command(
             )
             return await _run_job(Job(options, on), servers.meanwhile, live, log_every)
 
+    unrecorded: list[bool] = []
     summary = cli.execute(go())
     _print_summary(summary, json_out)
+    if any(unrecorded) and summary.results:
+        cli.err_console.print(NO_MODEL_DIR, highlight=False)
     if summary.status in EXIT_CODES:
         raise typer.Exit(EXIT_CODES[summary.status])
 
 
-def _check_out_dir(out: Path, flag: str) -> None:
-    """The output is a folder (the store, its lock, exports): a file there is refused before anything runs."""
-    if out.exists() and not out.is_dir():
-        raise ConfigError(
-            f"{flag} {out} is a file: the output of a job is a folder (results.sqlite and its lock)",
-            fix=f"give {flag} a folder: a new path, or the folder of an earlier run to resume it",
-            context={"path": str(out)},
-        )
+async def _model_dir(job_file: JobFile, job_path: Path | None, loaded: Fleet | BareURLs) -> Path | None:
+    """The model folder whose chat template the run records: the job file's `model_dir` (relative to it),
+    else the fleet's (read from its first host, `tokenizer_dir_for`); None with bare URLs (said after the
+    summary: `NO_MODEL_DIR`)."""
+    if job_file.model_dir is not None:
+        return _relative_to(job_path, job_file.model_dir)
+    if isinstance(loaded, Fleet):
+        found = await tokenizer_dir_for(loaded.file, loaded.path, offline=False)
+        if found is not None:
+            return found
+    return None
+
+
+def _relative_to(job_path: Path | None, folder: str) -> Path:
+    return ((job_path.parent if job_path else Path()) / Path(folder).expanduser()).resolve()
+
+
+async def _warn_past_max_length(
+    job_file: JobFile, input_path: Path, model_dir: Path | None, split: str | None
+) -> None:
+    """With the job's `max_length` set: the input's longest prompt (read as `plan --job` reads it) plus
+    max_tokens past it is said with the numbers, before anything is generated."""
+    if job_file.max_length is None:
+        return
+    shape = await asyncio.to_thread(
+        read_job_shape, job_file, input_path, tokenizer_dir=model_dir, output_lengths=None, split=split
+    )
+    issue = max_length_issue(shape)
+    if issue is not None:
+        rule = escape(f"[{issue.rule}]")
+        cli.err_console.print(f"[yellow]warning[/] {rule} {escape(issue.message)}", highlight=False)
+        cli.err_console.print(f"  [green]fix:[/] {escape(issue.fix)}", highlight=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -333,40 +372,3 @@ def _print_summary(summary: Summary, json_out: bool) -> None:
             "or the input holds no record (see the lines above)",
             highlight=False,
         )
-
-
-@cli.app.command("export")
-def export_command(
-    out_dir: cli.JobFolder,
-    fmt: Annotated[str, Opt("--format", help=f"One of: {', '.join(FORMATS)}.")] = "jsonl",
-    to: Annotated[Path | None, Opt("--to", help="Output file (default: OUT_DIR/export.FORMAT.EXT).")] = None,
-    filters: Annotated[
-        list[str] | None,
-        Opt(
-            "--filter",
-            help="clean | FLAG | no-FLAG (repeatable); truncated, empty, leaked_think, repetitive.",
-        ),
-    ] = None,
-    inline_think: bool = cli.flag("inline-think", "Reasoning inline as <think>…</think>."),
-    json_out: bool = cli.flag("json", "Print the summary as JSON."),
-) -> None:
-    """Export results (streamed): parquet, jsonl, SpecForge sharegpt, or OpenAI batch output."""
-    ext = "parquet" if fmt == "parquet" else "jsonl"
-    target = to or out_dir / f"export.{fmt}.{ext}"
-
-    async def go() -> ExportSummary:
-        _check_out_dir(out_dir, "OUT_DIR")
-        return await asyncio.to_thread(export, out_dir, fmt, target, filters or [], inline_think)
-
-    summary = cli.execute(go())
-    if json_out:
-        cli.print_json(summary)
-    else:
-        cli.console.print(f"wrote {summary.rows} rows to {summary.path} ({summary.format})", markup=False)
-        for note in summary.notes:
-            cli.console.print(f"  {note}", highlight=False, markup=False)
-        for why, num in summary.dropped.items():
-            cli.console.print(f"  dropped {num}: {why}", highlight=False, markup=False)
-    if summary.rows == 0:  # an empty training file is nothing useful (SpecForge's validator refuses it)
-        cli.render_error(FleetgenError("no row was written (see the reasons above)"))
-        raise typer.Exit(1)

@@ -30,6 +30,12 @@ class JobFile(Strict):
     request_timeout_s: Annotated[float, Field(gt=0)] = 3600.0
     max_consecutive_failures: Annotated[int, Field(ge=1)] = 50
     extra_body: dict[str, Any] = Field(default_factory=dict)
+    # The trainer's sequence length (SpecForge's `max_length`): `plan --job` and `run` warn when max_tokens
+    # plus the longest prompt exceeds it; the training exports count (and cut or drop) rows past it.
+    max_length: Annotated[int, Field(ge=1)] | None = None
+    # A local copy of the model folder the servers load (its tokenizer files): the chat template a run
+    # records for the token export. A fleet's model folder is read from its first host without it.
+    model_dir: str | None = None
 
     def overridden(self, **flags: Any) -> JobFile:
         """This job with the command line's flags over it (a flag not given is None: it changes nothing).

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fleetgen.atomic import write_atomic
+from fleetgen.chattemplate import MODEL_FILES, TOKENIZER_FILE
 from fleetgen.config import ClusterConfig, FleetFile, HostEntry
 from fleetgen.deploy.hostsurvey import GPU_QUERY, parse_gpu_csv
 from fleetgen.deploy.modelshape import is_path_like, model_shape
@@ -64,34 +65,42 @@ async def load_shape(fleet_file: FleetFile, fleet_path: Path, *, offline: bool) 
 
 
 async def tokenizer_dir_for(fleet_file: FleetFile, fleet_path: Path, *, offline: bool) -> Path | None:
-    """Where the job's prompts are counted with the model's own tokenizer.json: `engine.model_config` here
-    (relative to the fleet file), else the model folder on the first host, read as its config.json is and
-    kept beside the fleet's state (`_kept`). None offline, for a hub id, or where the host has none: the
-    prompts are then estimated, and the job's shape says so."""
+    """Where the model's tokenizer files are read here: `engine.model_config` (relative to the fleet file),
+    else the model folder on the first host, its `tokenizer.json` (with its chat template files, where it
+    has them) read as its config.json is and kept beside the fleet's state (`_kept`). The job's prompts are
+    counted with it; a run records its chat template. None offline, for a hub id, or where the host has no
+    tokenizer.json: the prompts are then estimated, and the job's shape says so."""
     cfg = fleet_file.engine
     if cfg.model_config_dir is not None:
         return _local_folder(cfg.model_config_dir, fleet_path)
     if offline or not is_path_like(cfg.model):
         return None
+    files: dict[str, str] = {}
     try:
         async with open_host(fleet_file.hosts[0]) as conn:
-            text = (await conn.read(posixpath.join(cfg.model, "tokenizer.json"))).decode("utf-8")
+            for name in MODEL_FILES:
+                try:
+                    files[name] = (await conn.read(posixpath.join(cfg.model, name))).decode("utf-8")
+                except RemoteError:
+                    if name == TOKENIZER_FILE:
+                        raise
     except (RemoteError, UnicodeDecodeError):
         return None
-    return _kept(fleet_path, text)
+    return _kept(fleet_path, files)
 
 
 def _local_folder(folder: str, fleet_path: Path) -> Path:
     return (fleet_path.parent / Path(folder).expanduser()).resolve()
 
 
-def _kept(fleet_path: Path, tokenizer_json: str) -> Path:
-    """A tokenizer read on a host, in `.fleetgen/tokenizers/<digest>/` beside the fleet file: named by its
-    content, so a changed tokenizer is a new folder and a kept one is never stale."""
-    digest = hashlib.sha256(tokenizer_json.encode()).hexdigest()[:16]
+def _kept(fleet_path: Path, files: dict[str, str]) -> Path:
+    """Tokenizer files read on a host, in `.fleetgen/tokenizers/<digest>/` beside the fleet file: named by
+    their content, so a changed tokenizer or template is a new folder and a kept one is never stale."""
+    digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
     folder = fleet_path.resolve().parent / ".fleetgen" / "tokenizers" / digest
-    if not (folder / "tokenizer.json").is_file():
-        write_atomic(folder / "tokenizer.json", tokenizer_json)
+    for name, text in files.items():
+        if not (folder / name).is_file():
+            write_atomic(folder / name, text)
     return folder
 
 

@@ -6,17 +6,25 @@ name and renamed (an interrupted export leaves no half file).
   target model generated (the input's own are regenerated; README "Input shapes"). A row SpecForge's
   validator would refuse is dropped and counted by reason (`sharegpt_row`). Truncated rows whose answer
   began are kept: the text is the target model's own; the summary counts them.
+- `specforge-tokens`: SpecForge's pre-tokenized rows (`data.prompts_path`): `input_ids` + `loss_mask`, the
+  target's exact tokens where the run stored them, built with the job's recorded chat template
+  (`export_tokens`).
 - `openai-batch`: the OpenAI Batch API output shape (`custom_id` = `id:sample`, `response.body` a
   chat.completion).
+
+The training exports (`sharegpt`, `specforge-tokens`) take the trainer's `max_length`: rows longer (counted
+in the served tokens) are cut where the trainer cuts (its first `max_length` tokens: SpecForge's
+`input_ids[:max_length]`) or dropped, and the summary says how many trained tokens fall past it. A sharegpt
+row cannot be cut as text: it is written whole (the trainer cuts it) or dropped. Every export writes a
+sidecar, `<file>.meta.json` (`export_meta`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
-from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +32,20 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from fleetgen.chattemplate import TOKENIZER_FILE
 from fleetgen.errors import JobError
+from fleetgen.generate.export_meta import sidecar, write_sidecar
+from fleetgen.generate.export_tally import ExportSummary, Tally
+from fleetgen.generate.export_tokens import TokenBuilder, row_id, turns_of
 from fleetgen.generate.ledger.schema import RESULTS, ResultRow
 from fleetgen.generate.ledger.store import Store
+from fleetgen.generate.modelfiles import MAX_LENGTH, kept_folder, recorded_template
 from fleetgen.generate.quality import Flags, has_think_marker
 from fleetgen.generate.work import text_of
 
-FORMATS = ("parquet", "jsonl", "sharegpt", "openai-batch")
+FORMATS = ("parquet", "jsonl", "sharegpt", "specforge-tokens", "openai-batch")
+TRAINING_FORMATS = ("sharegpt", "specforge-tokens")
+OVER_LENGTH = ("cut", "drop")
 FLAGS = {flag.split("_", 1)[1]: flag for flag in Flags._fields}  # "leaked_think": "has_leaked_think", …
 PARQUET_ROWS = 2000
 PARQUET_SCHEMA = pa.schema(
@@ -57,20 +72,6 @@ PARQUET_SCHEMA = pa.schema(
 )
 
 
-@dataclass(frozen=True)
-class ExportSummary:
-    """What an export wrote, what it dropped and why, and what it kept that a reader should know about."""
-
-    path: str
-    format: str
-    rows: int
-    skipped: int
-    skipped_reason: str = ""
-    dropped: dict[str, int] = field(default_factory=dict)  # reason → rows
-    truncated_written: int = 0
-    notes: list[str] = field(default_factory=list)
-
-
 def filter_sql(filters: list[str]) -> str:
     """SQL for `--filter`: `clean` (no flag set), `FLAG` (only rows with it), `no-FLAG` (rows without it)."""
     clauses: list[str] = []
@@ -95,12 +96,6 @@ def inline(reasoning: str, content: str) -> str:
     return f"<think>\n{reasoning}\n</think>\n\n{content}" if reasoning else content
 
 
-def _turns(row: ResultRow) -> list[tuple[str, str]]:
-    if row.turns:
-        return [(t["content"], t["reasoning_content"]) for t in orjson.loads(row.turns)]
-    return [(row.content or "", row.reasoning_content or "")]
-
-
 EMPTY = "empty assistant answer (SpecForge rejects it; a truncated row may have spent its tokens reasoning)"
 THINK = "a <think> marker in the answer or reasoning (SpecForge --strict-think-markers rejects it)"
 NO_REASONING = "no reasoning in a thinking job (SpecForge --expect-reasoning rejects it)"
@@ -115,7 +110,7 @@ def sharegpt_row(row: ResultRow, inline_think: bool, thinking: bool = False) -> 
     would refuse, or a prompt an older fleetgen stored with the input's assistant turns in it."""
     segments = orjson.loads(row.prompt)
     conversation: list[dict[str, Any]] = []
-    turns = _turns(row)
+    turns = turns_of(row)
     for segment, (content, reasoning) in zip(segments, turns, strict=False):
         for message in segment:
             role = message["role"]
@@ -138,8 +133,7 @@ def sharegpt_row(row: ResultRow, inline_think: bool, thinking: bool = False) -> 
         conversation.append(generated)
     if len(turns) != len(segments) or not any(m["role"] == "user" for m in conversation):
         return OLD_PROMPT
-    row_id = row.id if row.sample == 0 else f"{row.id}-s{row.sample}"
-    return {"id": row_id, "status": "success", "conversations": conversation}
+    return {"id": row_id(row), "status": "success", "conversations": conversation}
 
 
 def flat_row(row: ResultRow, inline_think: bool) -> dict[str, Any]:
@@ -176,18 +170,34 @@ def batch_row(row: ResultRow) -> dict[str, Any]:
 
 
 def export(
-    out_dir: Path, fmt: str, to: Path, filters: list[str] | None = None, inline_think: bool = False
+    out_dir: Path,
+    fmt: str,
+    to: Path,
+    filters: list[str] | None = None,
+    inline_think: bool = False,
+    *,
+    max_length: int | None = None,
+    over_length: str = "cut",
+    model_dir: Path | None = None,
 ) -> ExportSummary:
-    """Stream the results of `out_dir` into `to` in `fmt`; returns what was written and dropped, and why."""
-    if fmt not in FORMATS:
-        raise JobError(f"unknown export format {fmt!r}", fix=f"use one of {', '.join(FORMATS)}")
+    """Stream the results of `out_dir` into `to` in `fmt`, and its sidecar beside it; returns what was
+    written and dropped, and why. `model_dir`: the tokenizer files to build tokens with (default: those the
+    run kept, `modelfiles.kept_folder`); `max_length` defaults to the job file's, for a training format."""
+    _check_options(fmt, max_length, over_length)
     store = Store.open(out_dir, writer=False)
     tmp = to.with_name(f".{to.name}.tmp-{os.getpid()}")
-    tally = _Tally()
     try:
-        thinking = bool(orjson.loads(store.get_meta("params") or "{}").get("thinking"))
+        if max_length is None and fmt in TRAINING_FORMATS:
+            max_length = orjson.loads(store.get_meta(MAX_LENGTH) or "null")
+        params = orjson.loads(store.get_meta("params") or "{}")
+        thinking = bool(params.get("thinking"))
+        builder = None
+        if fmt == "specforge-tokens" or (max_length is not None and fmt in TRAINING_FORMATS):
+            builder = _builder(store, out_dir, model_dir, thinking)
+        tally = Tally(builder, max_length, over_length)
         item_of: Callable[[ResultRow], dict[str, Any] | str] = {
-            "sharegpt": lambda row: sharegpt_row(row, inline_think, thinking),
+            "sharegpt": lambda row: tally.measured(row, sharegpt_row(row, inline_think, thinking)),
+            "specforge-tokens": tally.token_item,
             "openai-batch": batch_row,
         }.get(fmt, lambda row: flat_row(row, inline_think))
         items = tally.kept(store.iter_rows(RESULTS, where=filter_sql(filters or [])), item_of)
@@ -200,47 +210,45 @@ def export(
             with tmp.open("wb") as handle:
                 handle.writelines(orjson.dumps(item, option=orjson.OPT_APPEND_NEWLINE) for item in items)
         tmp.replace(to)
+        summary = tally.summary(str(to), fmt)
+        about = sidecar(
+            store, dataclasses.asdict(summary), tally.models, filters or [], inline_think, builder
+        )
+        write_sidecar(to, about)
     except OSError as exc:
         raise JobError(f"cannot write {to}: {exc.strerror}", fix="check the path and free space") from exc
     finally:
         store.close()
         tmp.unlink(missing_ok=True)
-    return tally.summary(str(to), fmt)
+    return summary
 
 
-@dataclass
-class _Tally:
-    written: int = 0
-    truncated_written: int = 0
-    truncated_dropped: int = 0
-    dropped: Counter[str] = field(default_factory=Counter)
-
-    def kept(
-        self, rows: Iterable[ResultRow], item_of: Callable[[ResultRow], dict[str, Any] | str]
-    ) -> Iterator[dict[str, Any]]:
-        """Each row's item; a row whose item is a reason is dropped, counted by that reason."""
-        for row in rows:
-            item = item_of(row)
-            if isinstance(item, str):
-                self.dropped[item] += 1
-                self.truncated_dropped += bool(row.is_truncated)
-                continue
-            self.written += 1
-            self.truncated_written += bool(row.is_truncated)
-            yield item
-
-    def summary(self, path: str, fmt: str) -> ExportSummary:
-        notes = []
-        if self.truncated_written:
-            notes.append(
-                f"{self.truncated_written} truncated rows written (cut at max_tokens): the text is the "
-                "target model's own, and a drafter learns from every token of it; --filter no-truncated "
-                "leaves them out"
-            )
-        if self.truncated_dropped:
-            notes.append(f"{self.truncated_dropped} truncated rows dropped (counted in the reasons below)")
-        dropped = dict(self.dropped.most_common())
-        reason = "; ".join(f"{n}: {why}" for why, n in dropped.items())
-        return ExportSummary(
-            path, fmt, self.written, sum(dropped.values()), reason, dropped, self.truncated_written, notes
+def _check_options(fmt: str, max_length: int | None, over_length: str) -> None:
+    if fmt not in FORMATS:
+        raise JobError(f"unknown export format {fmt!r}", fix=f"use one of {', '.join(FORMATS)}")
+    if over_length not in OVER_LENGTH:
+        raise JobError(f"unknown --over-length {over_length!r}", fix=f"use one of {', '.join(OVER_LENGTH)}")
+    if max_length is not None and fmt not in TRAINING_FORMATS:
+        raise JobError(
+            f"--max-length is the trainer's: {fmt} is not a training format",
+            fix=f"use it with --format {' or '.join(TRAINING_FORMATS)}, or leave it out",
         )
+    if max_length is not None and max_length < 1:
+        raise JobError(
+            f"--max-length {max_length}: a length is at least 1", fix="give the trainer's max_length"
+        )
+
+
+def _builder(store: Store, out_dir: Path, model_dir: Path | None, thinking: bool) -> TokenBuilder:
+    """Tokens with the model folder the run kept (or `model_dir`); refused where there is none."""
+    folder = model_dir or kept_folder(out_dir)
+    if not (folder / TOKENIZER_FILE).is_file():
+        raise JobError(
+            f"no model tokenizer to build tokens with: {folder} has no {TOKENIZER_FILE} (the run recorded no "
+            "model folder: it ran on --endpoint URLs without model_dir in its job file)",
+            fix="pass --model-dir with the model folder the servers load (its chat template and "
+            "tokenizer.json)",
+            context={"store": str(store.path)},
+        )
+    recorded = (recorded_template(store) or {}).get("thinking")
+    return TokenBuilder(folder, thinking if recorded is None else bool(recorded))

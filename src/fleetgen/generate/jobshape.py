@@ -237,6 +237,7 @@ def read_job_shape(
         records_bad=seen.num_bad,
         longest_prompt_tokens=max(map(tokens_of, longest)),
         max_turns=seen.max_turns,
+        max_length=job_file.max_length,
     )
 
 

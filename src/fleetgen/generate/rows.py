@@ -18,7 +18,7 @@ from fleetgen.generate.ledger.store import Store
 from fleetgen.generate.progress import BadInputSample, Counters, RunEnd, Summary
 from fleetgen.generate.quality import flags_of_all
 from fleetgen.generate.work import BadInput, Work
-from fleetgen.http.client import RequestFailed
+from fleetgen.http.client import Completion, RequestFailed
 
 NUM_BAD_SAMPLES = 20
 
@@ -40,7 +40,7 @@ class RowBuilder:
             prompt=orjson.dumps(work.record.segments).decode(),
             content=last.content,
             reasoning_content=last.reasoning_content,
-            turns=orjson.dumps(turns).decode() if len(turns) > 1 else None,  # each Completion's fields
+            turns=_turns_json(turns) if len(turns) > 1 else None,
             num_turns=len(turns),
             finish_reason="length" if flags.is_truncated else last.finish_reason,
             prompt_tokens=_sum(t.prompt_tokens for t in turns),
@@ -58,6 +58,7 @@ class RowBuilder:
             is_repetitive=int(flags.is_repetitive),
             chash=work.record.content_hash,
             input_index=self.input_index,
+            token_ids=_token_ids(last),
         )
 
     def error(self, endpoint: str, work: Work, exc: RequestFailed) -> ErrorRow:
@@ -77,6 +78,21 @@ class RowBuilder:
             chash=work.record.content_hash,
             input_index=self.input_index,
         )
+
+
+TURN_FIELDS = ("content", "reasoning_content", "finish_reason", "prompt_tokens", "completion_tokens")
+
+
+def _turns_json(turns: list[Completion]) -> str:
+    """Every turn's text and counts (its token ids are the last turn's column, not repeated here)."""
+    return orjson.dumps([{name: getattr(t, name) for name in TURN_FIELDS} for t in turns]).decode()
+
+
+def _token_ids(last: Completion) -> str | None:
+    """The last turn's prompt and answer ids, where the engine returned both."""
+    if last.prompt_token_ids is None or last.token_ids is None:
+        return None
+    return orjson.dumps({"prompt": last.prompt_token_ids, "output": last.token_ids}).decode()
 
 
 def _keys(work: Work) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from fleetgen.generate.ledger.intake import Intake
 from fleetgen.generate.ledger.jobmeta import JobMeta
 from fleetgen.generate.ledger.store import Batch, Counts, Store, Written
 from fleetgen.generate.ledger.writer import StoreWriter
+from fleetgen.generate.modelfiles import MAX_LENGTH, keep_model
 from fleetgen.generate.progress import (
     Counters,
     EndpointProgress,
@@ -165,7 +166,12 @@ class Job:
             return rows.summary(store, "stopped", "", self.counters, time.monotonic() - self._started, {})
         builder = rows.RowBuilder(model, self._check_params(store, model), intake.input_index)
         intake.plan(store, self.counters)
-        was_finished = jobmeta.begin(store, self.servers.describe)
+        describe = dict(self.servers.describe)
+        if opts.model_dir is not None:
+            describe.update(keep_model(store, opts.model_dir, opts.params.thinking))
+        if opts.max_length is not None:
+            describe[MAX_LENGTH] = opts.max_length
+        was_finished = jobmeta.begin(store, describe)
         meta = self._meta = JobMeta(intake.resume, opts.params.samples, intake.tracker, set(intake.verdicts))
         writer = StoreWriter(
             store,
@@ -179,7 +185,9 @@ class Job:
             interval_s=opts.metrics_interval_s,
             api_key=self.servers.api_key,
         )
-        requests = ChatRequests(model, opts.params.max_tokens, opts.params.sampling)
+        requests = ChatRequests(
+            model, opts.params.max_tokens, opts.params.sampling, return_token_ids=opts.forced_lengths is None
+        )
         forced = (
             None
             if opts.forced_lengths is None

@@ -205,6 +205,10 @@ class JobOptions:
     mode: RunMode = "normal"
     force_params: bool = False
     add_input: bool = False  # `--add-input`: run another input into a folder that holds one on purpose
+    # the model folder (local) whose chat template and tokenizer the servers apply: kept in the output
+    # folder and recorded for the token export (`generate.modelfiles`); None: nothing is recorded
+    model_dir: Path | None = None
+    max_length: int | None = None  # the trainer's (the job file's): recorded, the training exports' default
     split: str | None = None
     wait_ready_s: float = 0.0  # no endpoint ready (at the start): wait this long for one, then FleetDown
     # `tune` on dummy weights (or given lengths): each request writes a length drawn from these (max_tokens

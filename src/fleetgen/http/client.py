@@ -11,7 +11,9 @@ Errors are translated here, once: a chat request's into `RequestFailed`, classif
 (retryable: connection errors, timeouts, 408/409/425/429/5xx, an `abort` finish; any other 4xx is the
 request's own fault), everything else into `EndpointError` carrying the URL. Engine differences in a reply
 are normalized here too, in one reply (`Completion`) as in each streamed event (`StreamEvent`): SGLang returns
-`reasoning_content`, vLLM 0.32 `reasoning`; a missing `content` is an empty answer; a missing usage is `None`.
+`reasoning_content`, vLLM 0.32 `reasoning`; a missing `content` is an empty answer; a missing usage is `None`;
+token ids (`return_token_ids`) are vLLM 0.32's body `prompt_token_ids` + choice `token_ids`, SGLang 0.5.23's
+choice `prompt_token_ids` + `response_token_ids`, else `None`.
 The bodies sent are built by `fleetgen.http.request`.
 
 Bare `--endpoint` URLs (`BareURLs`) are named one way for `run`, `bench` and the dashboard (`named_urls`:
@@ -77,6 +79,8 @@ class Completion:
     finish_reason: str
     prompt_tokens: int | None
     completion_tokens: int | None
+    prompt_token_ids: list[int] | None = None  # the prompt as the engine tokenized it; the tokens it
+    token_ids: list[int] | None = None  # generated (end of sequence included where it ended)
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,7 +346,14 @@ def parse_completion(raw: bytes, url: str) -> Completion:
         finish_reason=finish,
         prompt_tokens=usage.get("prompt_tokens"),
         completion_tokens=usage.get("completion_tokens"),
+        prompt_token_ids=_ids(choice.get("prompt_token_ids") or data.get("prompt_token_ids")),
+        token_ids=_ids(choice.get("token_ids") or choice.get("response_token_ids")),
     )
+
+
+def _ids(value: object) -> list[int] | None:
+    """Token ids as an engine returns them; None where it returned none (or not a list of ints)."""
+    return value if isinstance(value, list) and all(type(i) is int for i in value) else None
 
 
 def parse_event(data: object) -> StreamEvent:

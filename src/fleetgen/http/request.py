@@ -21,7 +21,15 @@ Message = dict[str, Any]
 
 # The fields a request sets itself (`ChatRequests`); where it sets one, a sampling's `extra_body` naming it
 # is overridden (`--max-tokens` is the job's length whatever extra_body says; bench keeps its lengths).
-REQUEST_FIELDS = ("model", "messages", "max_tokens", "stream", "stream_options", "ignore_eos")
+REQUEST_FIELDS = (
+    "model",
+    "messages",
+    "max_tokens",
+    "stream",
+    "stream_options",
+    "ignore_eos",
+    "return_token_ids",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +76,9 @@ PROBE_SAMPLING = Sampling(thinking=False)
 class ChatRequests:
     """The bodies of a series of chat requests that differ only in their messages (and sample): one model,
     one length, one sampling. `stream` asks for a stream with usage in its last event; `ignore_eos` for
-    exactly `max_tokens` tokens (bench's lengths)."""
+    exactly `max_tokens` tokens (bench's lengths); `return_token_ids` for the prompt's and the answer's
+    token ids beside the text (a job's: the export trains on the exact tokens; vLLM ≥ 0.10.2 and SGLang
+    0.5.23 both name the switch so, and neither takes it on a stream)."""
 
     __slots__ = ("_base", "_seed")
 
@@ -80,6 +90,7 @@ class ChatRequests:
         *,
         stream: bool = False,
         ignore_eos: bool = False,
+        return_token_ids: bool = False,
     ) -> None:
         base = sampling.fields()
         if sampling.seed is not None:
@@ -89,6 +100,8 @@ class ChatRequests:
             base["stream_options"] = {"include_usage": True}
         if ignore_eos:
             base["ignore_eos"] = True
+        if return_token_ids:
+            base["return_token_ids"] = True
         self._base = base
         self._seed = sampling.seed
 

@@ -23,7 +23,7 @@ from fleetgen.plan.fixes import ranked_fixes, solve_target
 from fleetgen.plan.instance import Launch, decide_launch, size
 from fleetgen.plan.job import JobShape
 from fleetgen.plan.planners import planner_of
-from fleetgen.plan.throughput import plan_job
+from fleetgen.plan.throughput import max_length_issue, plan_job
 from fleetgen.plan.types import (
     GIB,
     JOB_UNPLANNED,
@@ -172,6 +172,8 @@ def plan_fleet(
     notes = {x.rule_warning for x in launches if x.rule_warning}
     key_errors, key_warnings = api_key_way(fleet_file, planner.engine)
     warnings = [Issue("rule-set", note) for note in sorted(notes)] + key_warnings
+    if job is not None and (too_long := max_length_issue(job)) is not None:
+        warnings.append(too_long)
     errors = key_errors + _cross_instance(planner, fleet_file, instances, plans, facts)
     return FleetPlan(
         tuple(plans), tuple(errors), tuple(warnings), {"target_concurrency": target} if target else {}

@@ -268,6 +268,7 @@ class JobShape:
     records_bad: int  # records `run` would refuse (missing fields…), skipped here
     longest_prompt_tokens: int  # over the whole input: its longest records by text, counted alike
     max_turns: int  # requests the longest conversation in the sample makes
+    max_length: int | None = None  # the trainer's sequence length (the job file's), if it says one
 
     @property
     def context_tokens(self) -> int:

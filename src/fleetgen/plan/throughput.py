@@ -59,6 +59,26 @@ def plan_job(planner: Planner, ask: Ask, sized: Sizing, job: JobShape) -> JobPla
     return result
 
 
+def max_length_issue(job: JobShape) -> Issue | None:
+    """The warning when a row can outgrow the trainer: `max_tokens` + the longest prompt past the job's
+    `max_length` (the tokens past it are generated, paid for, and cut at training); None when it fits."""
+    if job.max_length is None:
+        return None
+    longest = job.longest_prompt_tokens + job.max_tokens
+    if longest <= job.max_length:
+        return None
+    fitting = job.max_length - job.longest_prompt_tokens
+    lower = f"lower max_tokens to {fitting}" if fitting > 0 else "shorten the longest prompts"
+    return Issue(
+        "max-length",
+        f"max_tokens {job.max_tokens:,} + the longest prompt {job.longest_prompt_tokens:,} = {longest:,} "
+        f"tokens, past the trainer's max_length {job.max_length:,}: up to {longest - job.max_length:,} "
+        "tokens of such a row are generated, paid for, and cut at training",
+        f"{lower}, raise the trainer's max_length to {longest:,}, or keep it and count what is cut: "
+        f"`fleetgen export --max-length {job.max_length}` says how many generated tokens fall past it",
+    )
+
+
 def _idle_warning(mine: Setting, best: Setting, job: JobShape) -> Issue:
     shared = "share no prefix" if job.prefix_share < 0.05 else f"share {job.prefix_share:.0%} of their tokens"
     return Issue(

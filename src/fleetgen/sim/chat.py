@@ -37,6 +37,8 @@ class ChatRequest:
     enable_thinking: bool
     ignore_eos: bool = False  # SGLang's sampling field: write on past the end, to max_tokens
     prompt_texts: list[str] = dataclasses.field(default_factory=list)  # system and user texts, in order
+    messages: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # role and text, as sent
+    return_token_ids: bool = False
 
 
 def _text_of(content: Any) -> str:
@@ -77,6 +79,11 @@ def parse_chat_request(body: Any, server_kwargs: dict[str, Any] | None, vocab_si
     verify_sampling(sampling, vocab_size)
     if n < 1:
         raise RequestError("n must be positive")
+    if body.get("return_token_ids") and body.get("stream"):
+        raise RequestError(
+            "return_token_ids is not supported with streaming on /v1/chat/completions. Please set "
+            "stream=false when using return_token_ids=true."
+        )
     texts = [_text_of(m.get("content")) for m in messages if isinstance(m, dict)]
     user = [_text_of(m.get("content")) for m in messages if isinstance(m, dict) and m.get("role") == "user"]
     options = body.get("stream_options") or {}
@@ -97,6 +104,12 @@ def parse_chat_request(body: Any, server_kwargs: dict[str, Any] | None, vocab_si
             for m in messages
             if isinstance(m, dict) and m.get("role") in ("system", "user")
         ],
+        messages=[
+            {"role": m.get("role"), "content": _text_of(m.get("content"))}
+            for m in messages
+            if isinstance(m, dict)
+        ],
+        return_token_ids=bool(body.get("return_token_ids", False)),
     )
 
 
@@ -124,12 +137,22 @@ def _matched(gen: Generation, eos_id: int) -> str:
 
 
 def chat_response(
-    req_id: str, created: int, model: str, gens: list[Generation], prompt: int, eos: int
+    req_id: str,
+    created: int,
+    model: str,
+    gens: list[Generation],
+    prompt: int,
+    eos: int,
+    token_ids: list[tuple[list[int], list[int]]] | None = None,
 ) -> bytes:
-    """A non-stream `ChatCompletionResponse` body."""
+    """A non-stream `ChatCompletionResponse` body; with `token_ids` (per choice: prompt, response) the
+    choices carry `prompt_token_ids` and `response_token_ids` (return_token_ids)."""
+    ids = [
+        f',"prompt_token_ids":{_dumps(p)},"response_token_ids":{_dumps(r)}' for p, r in token_ids or []
+    ] or [""] * len(gens)
     choices = ",".join(
         f'{{"index":{i},"message":{_message_json(g)},"logprobs":null,'
-        f'"finish_reason":"{g.finish_reason}","matched_stop":{_matched(g, eos)}}}'
+        f'"finish_reason":"{g.finish_reason}","matched_stop":{_matched(g, eos)}{ids[i]}}}'
         for i, g in enumerate(gens)
     )
     return (

@@ -29,6 +29,7 @@ from fleetgen.sim.resolve import Resolution, StartupRuleError, resolve
 from fleetgen.sim.server import build_app
 from fleetgen.sim.state import SimKnobs, SimState
 from fleetgen.sim.stepmodel import FixedPace, Pace, forced_accept_length, roofline_for
+from fleetgen.sim.tokens import SimTokens
 
 logger = logging.getLogger("sglang.srt.entrypoints.engine")
 SPEC_DESTS = (
@@ -181,6 +182,7 @@ async def _serve(res: Resolution, shape: ModelShape, knobs: SimKnobs, launch_com
     args = res.args
     scheduler = build_scheduler(args, knobs, shape, capacity, os.environ.get(ACC_LEN_ENV))
     state = SimState(args, launch_command, shape, capacity, scheduler, knobs)
+    state.tokens = SimTokens.load(args["tokenizer_path"])
     state.fault.set(FaultMode(knobs.fault))
     runner = web.AppRunner(build_app(state), access_log=None, handle_signals=False)
     await runner.setup()

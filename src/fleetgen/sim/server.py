@@ -242,7 +242,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             pass
         if progress.aborted is not None:
             return _error(progress.aborted, "InternalServerError", 500)
-        body = chat.chat_response(req_id, created, req.model, gens, prompt, state.shape.eos_token_id)
+        ids = None
+        if req.return_token_ids and state.tokens is not None:
+            ids = [state.tokens.ids(req.messages, req.enable_thinking, g) for g in gens]
+        body = chat.chat_response(req_id, created, req.model, gens, prompt, state.shape.eos_token_id, ids)
         return web.Response(body=body, content_type="application/json")
 
 

@@ -12,6 +12,7 @@ from fleetgen.sim.engine import SimScheduler
 from fleetgen.sim.faults import Fault
 from fleetgen.sim.memory import Capacity
 from fleetgen.sim.model import ModelShape
+from fleetgen.sim.tokens import SimTokens
 
 SGLANG_VERSION = "0.5.23"
 
@@ -52,6 +53,7 @@ class SimState:
     # How many times each distinct message carrying a `status` directive has been answered with the error.
     injected: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     fault: Fault = dataclasses.field(default_factory=Fault)  # the whole-server fault on (sim/faults.py)
+    tokens: SimTokens | None = None  # the model folder's template and tokenizer (return_token_ids)
 
     @property
     def served_model_name(self) -> str:

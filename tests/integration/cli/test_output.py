@@ -68,6 +68,21 @@ def test_an_unwritable_output_folder_is_a_clean_error_too(tmp_path: Path) -> Non
     assert str(blocker / "out") in done.stderr.splitlines()[0]
 
 
+def test_run_warns_before_generating_when_rows_can_outgrow_the_trainer(tmp_path: Path) -> None:
+    """The job's max_length: max_tokens + the input's longest prompt past it is said with the numbers before
+    any request (here no server answers after it: the warning still came first)."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "hi"}\n{"id": "b", "prompt": "' + "word " * 40 + '"}\n')
+    job = tmp_path / "job.toml"
+    job.write_text("max_tokens = 100\nmax_length = 64\n")
+    out = str(tmp_path / "out")
+    argv = ["run", str(prompts), "-o", out, "--job", str(job), "--endpoint", "http://127.0.0.1:9"]
+    done = fleetgen(*argv, columns="200")
+    warning = done.stderr.split("\n\n")[0]
+    assert "[max-length] max_tokens 100 + the longest prompt" in warning, done.stderr
+    assert "past the trainer's max_length 64" in warning and "fix: lower max_tokens to" in warning
+
+
 @pytest.fixture
 def two_host_fleet(ssh_hosts: list[SshdHost], tmp_path: Path) -> Path:
     """Two real sshd hosts, one instance each, nothing deployed (`status` says "not running")."""

@@ -60,3 +60,22 @@ async def test_the_hosts_model_folder_is_read_and_kept_by_its_content(tmp_path: 
 
 def _of(fleet: Fleet) -> tuple[FleetFile, Path]:
     return fleet.file, fleet.path
+
+
+async def test_the_hosts_chat_template_is_kept_with_its_tokenizer(tmp_path: Path) -> None:
+    """A run records the template the servers apply from what this keeps: both template files where the
+    host has them; a template changed on the host is a new folder (never a stale one)."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "tokenizer.json").write_text(word_tokenizer_json(["why"]))
+    (model / "chat_template.jinja").write_text("{{ messages }}")
+    (model / "tokenizer_config.json").write_text('{"eos_token": "</s>"}')
+    fleet = local_fleet(tmp_path, model=str(model))
+    kept = await tokenizer_dir_for(fleet.file, fleet.path, offline=False)
+    assert kept is not None
+    for name in ("tokenizer.json", "chat_template.jinja", "tokenizer_config.json"):
+        assert (kept / name).read_text() == (model / name).read_text()
+    (model / "chat_template.jinja").write_text("{{ messages[0] }}")
+    changed = await tokenizer_dir_for(fleet.file, fleet.path, offline=False)
+    assert changed is not None and changed != kept
+    assert (changed / "chat_template.jinja").read_text() == "{{ messages[0] }}"

@@ -33,6 +33,35 @@ def test_completions_normalize_across_engines() -> None:
         parse_completion(b"<html>", "u")
 
 
+def test_token_ids_are_read_where_each_engine_puts_them() -> None:
+    """vLLM 0.32 (`return_token_ids`): the prompt's ids in the body, the answer's in the choice as
+    `token_ids`; SGLang 0.5.23: both in the choice, `prompt_token_ids` and `response_token_ids`. Anything
+    else (none, or not a list of ints) is no ids."""
+    choice = {"message": {"content": "a"}, "finish_reason": "stop", "token_ids": [5, 6]}
+    vllm = orjson.dumps({"choices": [choice], "prompt_token_ids": [1, 2]})
+    sglang = orjson.dumps(
+        {
+            "choices": [
+                {
+                    "message": {"content": "a"},
+                    "finish_reason": "stop",
+                    "prompt_token_ids": [1, 2],
+                    "response_token_ids": [5, 6],
+                }
+            ]
+        }
+    )
+    for raw in (vllm, sglang):
+        done = parse_completion(raw, "u")
+        assert (done.prompt_token_ids, done.token_ids) == ([1, 2], [5, 6])
+    plain = parse_completion(_body({"content": "a"}), "u")
+    assert (plain.prompt_token_ids, plain.token_ids) == (None, None)
+    odd = parse_completion(
+        orjson.dumps({"choices": [{"message": {}, "token_ids": ["5"]}], "prompt_token_ids": [True]}), "u"
+    )
+    assert (odd.prompt_token_ids, odd.token_ids) == (None, None)
+
+
 def test_stream_events_normalize_across_engines() -> None:
     vllm = parse_event({"choices": [{"delta": {"reasoning": "r"}}]})
     sglang = parse_event({"choices": [{"delta": {"reasoning_content": "r", "content": None}}]})

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -23,7 +23,7 @@ from fleetgen.plan import facts_from_file, plan_fleet
 from fleetgen.plan.job import JobShape, LengthStats
 from fleetgen.plan.planners import planner_of
 from fleetgen.plan.sglang.memory import SGLangExtras
-from fleetgen.plan.throughput import plan_job
+from fleetgen.plan.throughput import max_length_issue, plan_job
 from fleetgen.plan.types import GIB, JOB_UNPLANNED, MIB, Ask
 from fleetgen.plan.vllm.planner import job_blocks
 
@@ -203,7 +203,7 @@ def test_plan_for_the_job_over_the_example_fleet(tmp_path: Path) -> None:
         )
     )
     job_file = tmp_path / "job.toml"
-    job_file.write_text("max_tokens = 6000\n")
+    job_file.write_text("max_tokens = 6000\nmax_length = 4096\n")
     register(["plan"])
     argv = [
         "plan",
@@ -224,6 +224,8 @@ def test_plan_for_the_job_over_the_example_fleet(tmp_path: Path) -> None:
         assert mine["name"] == "as-written" and mine["running"] == inst["max_running_requests"]
         assert "Mamba pool" in mine["bound"] and best["running"] > 3 * mine["running"]
         assert any(w["rule"] == "job-throughput" for w in inst["warnings"])
+    past = [w for w in json.loads(result.output)["warnings"] if w["rule"] == "max-length"]
+    assert len(past) == 1 and "max_tokens 6,000 + the longest prompt" in past[0]["message"], past
     missing = CliRunner().invoke(app, ["plan", "--offline", "-f", str(example), "--job", str(job_file)])
     assert missing.exit_code == 2 and "--input" in missing.output
 
@@ -301,3 +303,27 @@ def test_plan_without_a_job_says_in_one_line_that_the_radix_cache_sizes_a_hybrid
     assert JOB_UNPLANNED not in _rules_of(
         version, args={k: v for k, v in off.items() if k != "speculative-algorithm"}, job_shape=None
     )
+
+
+@given(
+    prompt=st.integers(1, 20_000),
+    max_tokens=st.integers(1, 20_000),
+    max_length=st.none() | st.integers(1, 40_000),
+)
+@example(prompt=100, max_tokens=100, max_length=200)  # exactly at the length: it fits
+@example(prompt=100, max_tokens=101, max_length=200)
+def test_past_max_length_is_warned_exactly_when_a_row_can_outgrow_the_trainer(
+    prompt: int, max_tokens: int, max_length: int | None
+) -> None:
+    """`plan --job` and `run`: max_tokens + the longest prompt past the job's max_length, with the numbers."""
+    shape = replace(job(prompt=prompt, max_tokens=max_tokens), max_length=max_length)
+    issue = max_length_issue(shape)
+    assert (issue is not None) == (max_length is not None and prompt + max_tokens > max_length)
+    if issue is not None:
+        assert (
+            f"{prompt + max_tokens:,} tokens" in issue.message
+            and f"max_length {max_length:,}" in issue.message
+        )
+        assert f"{prompt + max_tokens - (max_length or 0):,} tokens" in issue.message
+        if max_length is not None and max_length > prompt:
+            assert f"lower max_tokens to {max_length - prompt}" in issue.fix

@@ -44,6 +44,9 @@ class ResultRow(NamedTuple):
     is_repetitive: int
     chash: int  # the hash of the prompt it answers (migration 3)
     input_index: int  # which input of the folder the record is from (migration 4)
+    # The last turn's prompt and answer as the engine's token ids, JSON {"prompt": [...], "output": [...]},
+    # where the engine returned them (`return_token_ids`); None otherwise (migration 5)
+    token_ids: str | None = None
 
 
 class ErrorRow(NamedTuple):
@@ -171,6 +174,12 @@ MIGRATIONS: tuple[str, ...] = (
     INSERT OR IGNORE INTO inputs_bad_4 SELECT source, line, record_id, reason, finished_at, 0 FROM inputs_bad;
     DROP TABLE inputs_bad;
     ALTER TABLE inputs_bad_4 RENAME TO inputs_bad;
+    """,
+    # 5: the exact tokens of the last turn (its prompt as the engine tokenized it, the answer's generated
+    # ids), so a token export trains on what the target produced, not on its text tokenized again. Rows
+    # written before have none: the export tokenizes their text and checks it decodes back.
+    """
+    ALTER TABLE results ADD COLUMN token_ids TEXT;
     """,
 )
 
