@@ -8,7 +8,7 @@ endpoint's Prometheus text every few seconds through its own one-connection clie
 dispatch connections, whose slots belong to chat requests — and parses it on a worker thread, so a large
 exposition (vLLM's histograms) never stalls the event loop that dispatches.
 
-SGLang exports a gauge (`sglang:spec_accept_length`); vLLM only counters, so its value is
+The accept length is `http.metrics.accept_length` (the one `status` shows): SGLang's gauge; vLLM's
 1 + accepted / drafts over the window between two scrapes (the accept length of the last few seconds, not
 of the server's whole life). A scrape that fails leaves the value unknown (None): the series has a gap,
 the job goes on.
@@ -19,26 +19,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
-from fleetgen.engines import Engine, engine_of_metrics, get_engine
+from fleetgen.engines import engine_of_metrics, get_engine
 from fleetgen.errors import EndpointError
 from fleetgen.http.client import EngineClient
-from fleetgen.http.metrics import Scrape, counter_deltas
+from fleetgen.http.metrics import Scrape, accept_length
 
 DEFAULT_METRICS_PATH = "/metrics"
 SCRAPE_TIMEOUT_S = 5.0
-
-
-def window_accept_length(
-    engine: Engine | None, now: Mapping[str, float], before: Mapping[str, float] | None
-) -> float | None:
-    """Accept length from one scrape (`now`), over the window since `before` for counter-only engines.
-
-    `engine`: the fleet's; None (bare `--endpoint` URLs) for the engine whose metric names `now` carries.
-    None when speculative decoding is off or made no step in the window.
-    """
-    return (engine or engine_of_metrics(now)).accept_length(counter_deltas(before or {}, now))
 
 
 class MetricsScraper:
@@ -93,7 +82,7 @@ class MetricsScraper:
             return
         engine = self._engine or engine_of_metrics(samples)
         before, read_at = self._before.get(name), self._read_at.get(name)
-        self.latest[name] = window_accept_length(engine, samples, before)
+        self.latest[name] = accept_length(engine, samples, before)
         self._before[name], self._read_at[name] = samples, time.monotonic()
         moving = [m for m in engine.metrics.moving if m in samples]
         if self.on_engine is not None and moving:
