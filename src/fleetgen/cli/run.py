@@ -138,63 +138,131 @@ def run_command(
     ] = 30.0,
 ) -> None:
     """Generate completions for every (record, sample) exactly once, across all servers; resumable."""
-    mode: RunMode = "retry_errors" if retry_errors else "redo_truncated" if redo_truncated else "normal"
+    flags = JobFlags(concurrency, max_tokens, temperature, top_p, top_k, seed, samples, thinking, max_retries)
+    options = RunOptions(
+        input_path=input_path,
+        out=out,
+        fleet_path=fleet_path,
+        endpoints=tuple(endpoint or ()),
+        job_path=job_path,
+        flags=flags,
+        retry_errors=retry_errors,
+        redo_truncated=redo_truncated,
+        force_params=force_params,
+        add_input=add_input,
+        restart_dead=restart_dead,
+        dead_timeout_s=dead_timeout,
+        wait_ready_s=wait_ready,
+        hung_after_s=hung_after,
+        split=split,
+        live=live,
+        log_every_s=log_every,
+    )
+    summary = cli.execute(run_job(options))
+    _print_summary(summary, json_out)
+    if summary.status in EXIT_CODES:
+        raise typer.Exit(EXIT_CODES[summary.status])
 
-    async def go() -> Summary:
-        _check_out_dir(out, "-o")
-        if retry_errors and redo_truncated:
+
+@dataclasses.dataclass(frozen=True)
+class JobFlags:
+    """The flags over the job file's fields (None: not given). Each is checked by the field's own rule
+    (`JobFile.overridden`), not by a second copy of it here."""
+
+    concurrency: int | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    samples: int | None = None
+    thinking: bool | None = None
+    max_retries: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """`fleetgen run`'s command line as one value: the input and the job's folder, its servers (a fleet file
+    or `--endpoint` URLs, `cli.app.read_servers`), the job file and the flags over it, the pass, the waits,
+    and how progress is shown. `run_command` builds it from its typer parameters; `run_job` runs it."""
+
+    input_path: Path
+    out: Path
+    fleet_path: Path | None = None
+    endpoints: tuple[str, ...] = ()
+    job_path: Path | None = None
+    flags: JobFlags = JobFlags()
+    retry_errors: bool = False
+    redo_truncated: bool = False
+    force_params: bool = False
+    add_input: bool = False
+    restart_dead: bool = False
+    dead_timeout_s: float | None = None  # None: the servers' own (`Servers.dead_timeout_s`)
+    wait_ready_s: float | None = None  # None: the fleet's engine.ready_timeout_s; 0 with --endpoint
+    hung_after_s: float = 120.0
+    split: str | None = None
+    live: bool = True  # the live view on a terminal; else (or off one) plain lines every `log_every_s`
+    log_every_s: float = 30.0
+
+    @property
+    def mode(self) -> RunMode:
+        return "retry_errors" if self.retry_errors else "redo_truncated" if self.redo_truncated else "normal"
+
+    def refuse_conflicts(self) -> None:
+        """The combinations no run can honour, refused before anything is read or asked."""
+        _check_out_dir(self.out, "-o")
+        if self.retry_errors and self.redo_truncated:
             raise ConfigError(
                 "--retry-errors and --redo-truncated are separate passes", fix="run one, then the other"
             )
-        if redo_truncated and max_tokens is None:
+        if self.redo_truncated and self.flags.max_tokens is None:
             raise ConfigError("--redo-truncated needs a new --max-tokens", fix="add --max-tokens N (larger)")
-        if restart_dead and endpoint:
+        if self.restart_dead and self.endpoints:
             raise ConfigError(
                 "--restart-dead needs the fleet file, not --endpoint URLs",
                 fix="drop --endpoint and pass -f fleet.toml: fleetgen restarts what it deployed",
             )
-        job_file = (load_job(job_path) if job_path else JobFile()).overridden(
-            concurrency=concurrency,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            seed=seed,
-            samples=samples,
-            thinking=thinking,
-            max_retries=max_retries,
-        )
-        async with _servers(cli.read_servers(fleet_path, endpoint), wait_ready, restart_dead) as servers:
-            options = JobOptions(
-                input_path=input_path,
-                out_dir=out,
-                params=SamplingParams.of(job_file),
-                shape=RecordShape.of(job_file),
-                concurrency=job_file.concurrency or max(servers.caps.values(), default=DEFAULT_CONCURRENCY),
-                policy=RetryPolicy(
-                    max_retries=job_file.max_retries,
-                    max_consecutive_failures=job_file.max_consecutive_failures,
-                    dead_timeout_s=servers.dead_timeout_s if dead_timeout is None else dead_timeout,
-                    hung_after_s=hung_after,
-                ),
-                request_timeout_s=job_file.request_timeout_s,
-                mode=mode,
-                force_params=force_params,
-                add_input=add_input,
-                split=split,
-                wait_ready_s=servers.wait_s,
-            )
-            on = (
-                servers.of_job
-                if job_file.concurrency
-                else dataclasses.replace(servers.of_job, caps=servers.caps, fill=servers.fill)
-            )
-            return await _run_job(Job(options, on), servers.meanwhile, live, log_every)
 
-    summary = cli.execute(go())
-    _print_summary(summary, json_out)
-    if summary.status in EXIT_CODES:
-        raise typer.Exit(EXIT_CODES[summary.status])
+
+async def run_job(opts: RunOptions) -> Summary:
+    """`fleetgen run` whole, once its command line is read: the job file with the flags over it, on the
+    servers held for the job, to its end (the summary; `FleetDown` says how to resume)."""
+    opts.refuse_conflicts()
+    job_file = (load_job(opts.job_path) if opts.job_path else JobFile()).overridden(
+        **dataclasses.asdict(opts.flags)
+    )
+    loaded = cli.read_servers(opts.fleet_path, opts.endpoints)
+    async with _servers(loaded, opts.wait_ready_s, opts.restart_dead) as servers:
+        on = (
+            servers.of_job
+            if job_file.concurrency
+            else dataclasses.replace(servers.of_job, caps=servers.caps, fill=servers.fill)
+        )
+        job = Job(_job_options(opts, job_file, servers), on)
+        return await _run_job(job, servers.meanwhile, opts.live, opts.log_every_s)
+
+
+def _job_options(opts: RunOptions, job_file: JobFile, servers: Servers) -> JobOptions:
+    """The job's own settings (`JobOptions`) from the command line, the job file and its servers' defaults."""
+    return JobOptions(
+        input_path=opts.input_path,
+        out_dir=opts.out,
+        params=SamplingParams.of(job_file),
+        shape=RecordShape.of(job_file),
+        concurrency=job_file.concurrency or max(servers.caps.values(), default=DEFAULT_CONCURRENCY),
+        policy=RetryPolicy(
+            max_retries=job_file.max_retries,
+            max_consecutive_failures=job_file.max_consecutive_failures,
+            dead_timeout_s=servers.dead_timeout_s if opts.dead_timeout_s is None else opts.dead_timeout_s,
+            hung_after_s=opts.hung_after_s,
+        ),
+        request_timeout_s=job_file.request_timeout_s,
+        mode=opts.mode,
+        force_params=opts.force_params,
+        add_input=opts.add_input,
+        split=opts.split,
+        wait_ready_s=servers.wait_s,
+    )
 
 
 def _check_out_dir(out: Path, flag: str) -> None:
