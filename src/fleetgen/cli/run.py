@@ -138,7 +138,17 @@ def run_command(
     ] = 30.0,
 ) -> None:
     """Generate completions for every (record, sample) exactly once, across all servers; resumable."""
-    flags = JobFlags(concurrency, max_tokens, temperature, top_p, top_k, seed, samples, thinking, max_retries)
+    flags = JobFlags(
+        concurrency=concurrency,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        seed=seed,
+        samples=samples,
+        thinking=thinking,
+        max_retries=max_retries,
+    )
     options = RunOptions(
         input_path=input_path,
         out=out,
