@@ -13,9 +13,10 @@ plain log `run` writes off a terminal), then measured over a window after a warm
   process's CPU less the loop thread's;
 - the loop's stall: a task that asks to sleep 10 ms, its oversleep (p50, p99, max);
 - completions committed and /metrics pages parsed in the window.
-`--scrape old` replaces `Scrape.parse` with the whole-page parse fleetgen used before (the peer); `off`
-scrapes once at the start only. `--profile FILE` writes cProfile's stats of the window (the loop thread; it
-slows the driver down: for where the time goes, not for the cores). One JSON object on stdout.
+`--scrape old` runs the scraper as it was before (`oldscrape.py`: the whole page parsed on a worker
+thread, every endpoint at once each interval: the peer); `off` does not scrape (an interval of 10⁹ s).
+`--profile FILE` writes cProfile's stats of the window (the loop thread; it slows the driver down: for
+where the time goes, not for the cores). One JSON object on stdout.
 """
 
 from __future__ import annotations
@@ -30,20 +31,20 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
+import oldscrape
 
 from fleetgen.cli.runlog import PlainLog
 from fleetgen.config import JobFile
-from fleetgen.errors import EndpointError
 from fleetgen.generate.runner import Job, JobServers
 from fleetgen.generate.work import JobOptions, RecordShape, RetryPolicy, SamplingParams
 from fleetgen.http.metrics import Scrape
 
-PARTS = {  # a task's coroutine module → the part it is charged to
+PARTS = {  # a task's coroutine module → the part it is charged to (the first that matches)
+    "bench/driver/oldscrape.py": "scrape",
     "generate/dispatch.py": "dispatch",
     "http/client.py": "dispatch",
     "generate/scrape.py": "scrape",
@@ -53,20 +54,6 @@ PARTS = {  # a task's coroutine module → the part it is charged to
     "bench/driver/": "probe",
 }
 parsed: list[float] = []  # monotonic times of the pages parsed (list.append is atomic under the GIL)
-
-
-def old_parse(text: str, at: float = 0.0) -> Scrape:
-    """The whole-page parse `Scrape.parse` was before the fast read (the peer), samples summed by name."""
-    totals: dict[str, float] = {}
-    labels: dict[str, Mapping[str, str]] = {}
-    try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                totals[sample.name] = totals.get(sample.name, 0.0) + float(sample.value)
-                labels.setdefault(sample.name, sample.labels)
-    except ValueError as exc:
-        raise EndpointError(f"unparseable /metrics text: {exc}") from exc
-    return Scrape(at, totals, labels)
 
 
 def counted(parse: Callable[[str, float], Scrape]) -> Callable[[str, float], Scrape]:
@@ -204,8 +191,10 @@ def main() -> None:
     args = ap.parse_args()
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    chosen = old_parse if args.scrape == "old" else Scrape.parse
-    Scrape.parse = staticmethod(counted(chosen))  # type: ignore[assignment,method-assign]
+    if args.scrape == "old":
+        oldscrape.install(counted(oldscrape.old_parse))
+    else:
+        Scrape.parse = staticmethod(counted(Scrape.parse))  # type: ignore[assignment,method-assign]
     print(json.dumps(asyncio.run(measure(args))), flush=True)
     sys.exit(0)
 
