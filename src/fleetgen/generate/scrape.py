@@ -64,20 +64,22 @@ class MetricsScraper:
     async def run(self) -> None:
         """Scrape every endpoint every `interval_s` until cancelled, each at its own moment of the interval
         (the k-th of N at k/N of it): a thousand servers' pages are read milliseconds apart, never in one
-        burst beside the dispatch. An endpoint whose last read has not ended (a slow server) is skipped."""
+        burst beside the dispatch; reads fallen due while the loop was busy start at once (a sleep per read
+        would take a whole loop turn each). An endpoint whose last read has not ended (a slow server) is
+        skipped."""
         reading: dict[str, asyncio.Task[None]] = {}
         async with contextlib.AsyncExitStack() as stack:
             try:
                 while True:
                     start, named = time.monotonic(), self._endpoints()
-                    for k, (name, url) in enumerate(named, 1):
+                    for k, (name, url) in enumerate(named):
+                        wait = start + k * self._interval_s / len(named) - time.monotonic()
+                        if wait > 0:  # else behind (a busy loop): it starts now, with no loop turn between
+                            await asyncio.sleep(wait)
                         client = await self._client(stack, name, url)
                         if client is not None and name not in reading:
                             reading[name] = asyncio.create_task(self._read(name, client, reading))
-                        due = start + k * self._interval_s / len(named)
-                        await asyncio.sleep(max(0.0, due - time.monotonic()))
-                    if not named:
-                        await asyncio.sleep(self._interval_s)
+                    await asyncio.sleep(max(0.0, start + self._interval_s - time.monotonic()))
             finally:
                 for task in reading.values():
                     task.cancel()

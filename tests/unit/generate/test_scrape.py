@@ -24,25 +24,27 @@ class Clock:
     """monotonic() and sleep() of a clock that moves only when slept on; the scraper module's `time` and
     `asyncio` (only there: the loop keeps its own)."""
 
-    def __init__(self) -> None:
+    def __init__(self, overshoot_s: float = 0.0) -> None:
         self.now = 0.0
+        self.overshoot_s = overshoot_s  # a busy loop: every sleep ends this much late
+        self.num_sleeps = 0
 
     def monotonic(self) -> float:
         return self.now
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(0)  # what was started before the sleep runs at the time it was started
-        self.now += max(seconds, 0.0)
+        self.now += max(seconds, 0.0) + self.overshoot_s
+        self.num_sleeps += 1
 
     def __getattr__(self, name: str) -> Any:  # as the scraper's `asyncio`: the rest is asyncio's
         return getattr(asyncio, name)
 
 
 async def _reads(
-    num: int, interval_s: float, rounds: int, slow: set[str], monkeypatch: pytest.MonkeyPatch
+    num: int, interval_s: float, rounds: int, slow: set[str], monkeypatch: pytest.MonkeyPatch, clock: Clock
 ) -> list[tuple[float, str]]:
     """(when, name) of each read started over `rounds` intervals; the `slow` ones' reads never end."""
-    clock = Clock()
     monkeypatch.setattr(scrape_module, "time", clock)
     monkeypatch.setattr(scrape_module, "asyncio", clock)
     started: list[tuple[float, str]] = []
@@ -71,10 +73,25 @@ def test_each_endpoint_is_read_once_an_interval_at_its_own_moment(
 ) -> None:
     slow = set(data.draw(st.lists(st.sampled_from([f"s{i}" for i in range(num)]), unique=True)))
     with pytest.MonkeyPatch.context() as patch:
-        reads = asyncio.run(_reads(num, interval_s, 3, slow, patch))
+        reads = asyncio.run(_reads(num, interval_s, 3, slow, patch, Clock()))
     for k in range(num):
         name = f"s{k}"
         times = [at for at, n in reads if n == name]
         # round r reads the k-th at r·interval + k/N of it; a slow one only once (its read never ended)
         want = [r * interval_s + k * interval_s / num for r in range(1 if name in slow else 3)]
         assert times == pytest.approx(want), (name, times, want)
+
+
+@settings(max_examples=15, deadline=None)
+@given(num=st.integers(2, 60))
+def test_a_busy_loop_starts_the_reads_fallen_due_at_once(num: int) -> None:
+    """Every sleep ends a whole interval late (a loop turn that long): each round still reads every
+    endpoint, with two sleeps a round, not one per endpoint (each would cost a loop turn)."""
+    clock = Clock(overshoot_s=3.0)
+    with pytest.MonkeyPatch.context() as patch:
+        reads = asyncio.run(_reads(num, 3.0, 12, set(), patch, clock))
+    rounds = sum(1 for _, name in reads if name == "s0")
+    assert rounds >= 2
+    for k in range(num):
+        assert sum(1 for _, name in reads if name == f"s{k}") in (rounds, rounds - 1)  # the last may be cut
+    assert clock.num_sleeps <= 2 * rounds + 2
