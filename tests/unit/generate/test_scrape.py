@@ -28,6 +28,8 @@ class Clock:
         self.now = 0.0
         self.overshoot_s = overshoot_s  # a busy loop: every sleep ends this much late
         self.num_sleeps = 0
+        self.until = float("inf")
+        self.passed = asyncio.Event()  # the clock reached `until`
 
     def monotonic(self) -> float:
         return self.now
@@ -36,6 +38,8 @@ class Clock:
         await asyncio.sleep(0)  # what was started before the sleep runs at the time it was started
         self.now += max(seconds, 0.0) + self.overshoot_s
         self.num_sleeps += 1
+        if self.now >= self.until:
+            self.passed.set()
 
     def __getattr__(self, name: str) -> Any:  # as the scraper's `asyncio`: the rest is asyncio's
         return getattr(asyncio, name)
@@ -58,8 +62,8 @@ async def _reads(
 
     monkeypatch.setattr(scraper, "_scrape", read)
     task = asyncio.create_task(scraper.run())
-    while clock.now < rounds * interval_s:
-        await asyncio.sleep(0)  # the loop's own: the scraper's sleeps move the clock
+    clock.until = rounds * interval_s
+    await clock.passed.wait()  # the scraper's sleeps move the clock
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
