@@ -40,6 +40,7 @@ import oldscrape
 from fleetgen.cli.runlog import PlainLog
 from fleetgen.config import JobFile
 from fleetgen.generate.runner import Job, JobServers
+from fleetgen.generate.scrape import MAX_PAGES_PER_S
 from fleetgen.generate.work import JobOptions, RecordShape, RetryPolicy, SamplingParams
 from fleetgen.http.metrics import Scrape
 
@@ -111,6 +112,15 @@ def lag_ms(lags: list[float]) -> dict[str, float | None]:
     return {"p50": 1000 * cuts[49], "p99": 1000 * cuts[98], "max": 1000 * max(lags), "samples": len(lags)}
 
 
+def pages_due(args: argparse.Namespace) -> float:
+    """The pages a second the scraper means to read: every endpoint each interval (the old one), or within
+    the scrape's budget (`MAX_PAGES_PER_S`)."""
+    if args.scrape == "off":
+        return 0.0
+    num, every_s = int(args.num), float(args.metrics_interval_s)
+    return num / (every_s if args.scrape == "old" else max(every_s, num / MAX_PAGES_PER_S))
+
+
 def job_for(args: argparse.Namespace) -> Job:
     job_file = JobFile(max_tokens=2048, concurrency=args.concurrency)
     options = JobOptions(
@@ -169,6 +179,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "loop_cores_by_part": dict(sorted(loop_s.items(), key=lambda kv: -kv[1])),
         "completions_per_s": done / wall,
         "pages_parsed_per_s": pages / wall,
+        "pages_due_per_s": pages_due(args),
         "lag_ms": lag_ms(window_lags),
         "errors": job.counters.errors,
         "status": summary.status,

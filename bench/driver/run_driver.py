@@ -126,14 +126,13 @@ def table(results: list[dict[str, Any]]) -> str:
 def projections(args: argparse.Namespace, results: list[dict[str, Any]]) -> dict[str, Any]:
     """The driver's cores at the job's full rate where this machine's share of CPU did not reach it: CPU per
     completion of `off` (dispatch, health, store: everything but the scrape) × the target rate, plus each
-    scrape mode's CPU per page (its cores above `off`'s, per page parsed) × the pages due (N / interval)."""
+    scrape mode's CPU per page (its cores above `off`'s, per page parsed) × the pages it means to read."""
     by_mode = {r["scrape"]: r for r in results}
     off = by_mode.get("off")
     if off is None or off["completions_per_s"] <= 0:
         return {"lines": []}
     target_rate = args.endpoints * args.rate
     per_completion = off["process_cores"] / off["completions_per_s"]
-    pages_due = args.endpoints / 3.0
     out: dict[str, Any] = {"off": per_completion * target_rate, "lines": []}
     out["lines"].append(
         f"off: {1000 * per_completion:.3f} CPU ms per completion → {out['off']:.2f} cores "
@@ -147,6 +146,7 @@ def projections(args: argparse.Namespace, results: list[dict[str, Any]]) -> dict
             r["process_cores"] - off["process_cores"] * r["completions_per_s"] / off["completions_per_s"], 0.0
         )
         per_page /= r["pages_parsed_per_s"]
+        pages_due = r["pages_due_per_s"]
         out[mode] = out["off"] + per_page * pages_due
         out["lines"].append(
             f"{mode}: {1000 * per_page:.2f} CPU ms per page → {out[mode]:.2f} cores at {target_rate:,.0f}/s "

@@ -46,9 +46,10 @@ class Clock:
 
 
 async def _reads(
-    num: int, interval_s: float, rounds: int, slow: set[str], monkeypatch: pytest.MonkeyPatch, clock: Clock
+    num: int, interval_s: float, until_s: float, slow: set[str], monkeypatch: pytest.MonkeyPatch, clock: Clock
 ) -> list[tuple[float, str]]:
-    """(when, name) of each read started over `rounds` intervals; the `slow` ones' reads never end."""
+    """(when, name) of each read started before `until_s` by a scraper of `interval_s`; the `slow` ones'
+    reads never end."""
     monkeypatch.setattr(scrape_module, "time", clock)
     monkeypatch.setattr(scrape_module, "asyncio", clock)
     started: list[tuple[float, str]] = []
@@ -62,12 +63,12 @@ async def _reads(
 
     monkeypatch.setattr(scraper, "_scrape", read)
     task = asyncio.create_task(scraper.run())
-    clock.until = rounds * interval_s
+    clock.until = until_s
     await clock.passed.wait()  # the scraper's sleeps move the clock
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
-    return [(at, name) for at, name in started if at < rounds * interval_s]
+    return [(at, name) for at, name in started if at < until_s]
 
 
 @settings(max_examples=25, deadline=None)
@@ -76,13 +77,16 @@ def test_each_endpoint_is_read_once_an_interval_at_its_own_moment(
     num: int, interval_s: float, data: Any
 ) -> None:
     slow = set(data.draw(st.lists(st.sampled_from([f"s{i}" for i in range(num)]), unique=True)))
+    budget = data.draw(st.sampled_from([100.0, 5.0]))  # pages a second: 5 stretches the larger fleets' rounds
     with pytest.MonkeyPatch.context() as patch:
-        reads = asyncio.run(_reads(num, interval_s, 3, slow, patch, Clock()))
+        patch.setattr(scrape_module, "MAX_PAGES_PER_S", budget)
+        round_s = max(interval_s, num / budget)  # never more than `budget` pages a second
+        reads = asyncio.run(_reads(num, interval_s, 3 * round_s, slow, patch, Clock()))
     for k in range(num):
         name = f"s{k}"
         times = [at for at, n in reads if n == name]
         # round r reads the k-th at r·interval + k/N of it; a slow one only once (its read never ended)
-        want = [r * interval_s + k * interval_s / num for r in range(1 if name in slow else 3)]
+        want = [r * round_s + k * round_s / num for r in range(1 if name in slow else 3)]
         assert times == pytest.approx(want), (name, times, want)
 
 
@@ -93,7 +97,7 @@ def test_a_busy_loop_starts_the_reads_fallen_due_at_once(num: int) -> None:
     endpoint, with two sleeps a round, not one per endpoint (each would cost a loop turn)."""
     clock = Clock(overshoot_s=3.0)
     with pytest.MonkeyPatch.context() as patch:
-        reads = asyncio.run(_reads(num, 3.0, 12, set(), patch, clock))
+        reads = asyncio.run(_reads(num, 3.0, 36.0, set(), patch, clock))
     rounds = sum(1 for _, name in reads if name == "s0")
     assert rounds >= 2
     for k in range(num):
