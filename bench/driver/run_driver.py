@@ -99,6 +99,27 @@ def run_driver(args: argparse.Namespace, mode: str, first_port: int, workdir: Pa
     return result
 
 
+def parse_cost() -> dict[str, float]:
+    """CPU ms per page of the real SGLang page, the fast read (`Scrape.parse`) against the whole-page parse
+    (`oldscrape.old_parse`), in a child with this worktree's fleetgen: CPU time over many pages, so a busy
+    machine slows it down without changing it much."""
+    code = (
+        "import json,sys,time; sys.path.insert(0, sys.argv[2]); import oldscrape;"
+        "from fleetgen.http.metrics import Scrape; t=open(sys.argv[1]).read(); out={}\n"
+        "for name, parse, n in (('new', Scrape.parse, 400), ('old', oldscrape.old_parse, 40)):\n"
+        "    t0=time.process_time()\n"
+        "    for _ in range(n): parse(t)\n"
+        "    out[name]=1000*(time.process_time()-t0)/n\n"
+        "print(json.dumps(out))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(PAGE), str(HERE)], capture_output=True, env=env, check=True
+    )
+    cost: dict[str, float] = json.loads(done.stdout)
+    return cost
+
+
 def table(results: list[dict[str, Any]]) -> str:
     parts = sorted({p for r in results for p in r["loop_cores_by_part"]})
     head = ["scrape", "cores", "loop", "threads", *parts, "compl/s", "pages/s", "lag p50", "p99", "max ms"]
@@ -186,6 +207,8 @@ def main() -> None:
                 proc.terminate()
                 proc.wait(10)
     print(table(results))
+    parse_ms = parse_cost()
+    print(f"parse of the real page: new {parse_ms['new']:.2f} CPU ms, old {parse_ms['old']:.2f} CPU ms")
     projected = projections(args, results)
     for line in projected["lines"]:
         print(line)
@@ -207,6 +230,7 @@ def main() -> None:
         "args": vars(args),
         "results": results,
         "verdicts": verdicts,
+        "parse_cpu_ms_per_page": parse_ms,
         "projected_cores": {k: v for k, v in projected.items() if k != "lines"},
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load": os.getloadavg()},
         "commit": commit.strip(),
