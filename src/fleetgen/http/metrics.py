@@ -5,7 +5,7 @@ The one reader of /metrics (`run`'s scraper, `status`, `bench`, `tune`, `up`'s v
 page is large (SGLang 0.5.15's: 530 lines, 64 families) and fleetgen reads a dozen samples of it
 (`MetricNames.read`, over every registered engine): `read_lines` picks those samples' lines by name
 (`str.find`, no line split), then prometheus_client's reference parser reads them, so the format stays the
-library's (~0.4 ms a page here against ~15 ms for the whole page: a core fills at ~2,500 servers scraped
+library's (~0.5 ms a page here against ~15 ms for the whole page: a core fills at ~2,000 servers scraped
 every 3 s, not at ~200).
 Samples are summed over label sets (per-position and per-DP-rank series add up to the engine-wide figure).
 SGLang exports gauges (`sglang:gen_throughput`); vLLM only counters, so its throughput is the rate of
