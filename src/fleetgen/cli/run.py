@@ -24,11 +24,12 @@ from rich.table import Table
 
 import fleetgen.cli.app as cli
 from fleetgen.cli.runlog import PlainLog, progress_line
+from fleetgen.cli.runoptions import JobFlags, RunOptions, check_out_dir
 from fleetgen.config import JobFile, load_job
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.readiness import Readiness
 from fleetgen.deploy.wanted import refuse_simulated_acceptance
-from fleetgen.errors import ConfigError, FleetDown, FleetgenError
+from fleetgen.errors import FleetDown, FleetgenError
 from fleetgen.fleet.pool import Link, open_fleet
 from fleetgen.generate.dispatch import in_flight_for
 from fleetgen.generate.export import FORMATS, ExportSummary, export
@@ -36,7 +37,7 @@ from fleetgen.generate.fleetlink import fleet_servers, url_servers
 from fleetgen.generate.health import JOIN_GRACE_S
 from fleetgen.generate.progress import Progress, RunEnd, Summary
 from fleetgen.generate.runner import Job, JobServers
-from fleetgen.generate.work import JobOptions, RecordShape, RetryPolicy, RunMode, SamplingParams
+from fleetgen.generate.work import JobOptions, RecordShape, RetryPolicy, SamplingParams
 from fleetgen.http.client import BareURLs
 
 DEFAULT_CONCURRENCY = 64
@@ -174,66 +175,6 @@ def run_command(
         raise typer.Exit(EXIT_CODES[summary.status])
 
 
-@dataclasses.dataclass(frozen=True)
-class JobFlags:
-    """The flags over the job file's fields (None: not given). Each is checked by the field's own rule
-    (`JobFile.overridden`), not by a second copy of it here."""
-
-    concurrency: int | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
-    samples: int | None = None
-    thinking: bool | None = None
-    max_retries: int | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class RunOptions:
-    """`fleetgen run`'s command line as one value: the input and the job's folder, its servers (a fleet file
-    or `--endpoint` URLs, `cli.app.read_servers`), the job file and the flags over it, the pass, the waits,
-    and how progress is shown. `run_command` builds it from its typer parameters; `run_job` runs it."""
-
-    input_path: Path
-    out: Path
-    fleet_path: Path | None = None
-    endpoints: tuple[str, ...] = ()
-    job_path: Path | None = None
-    flags: JobFlags = JobFlags()
-    retry_errors: bool = False
-    redo_truncated: bool = False
-    force_params: bool = False
-    add_input: bool = False
-    restart_dead: bool = False
-    dead_timeout_s: float | None = None  # None: the servers' own (`Servers.dead_timeout_s`)
-    wait_ready_s: float | None = None  # None: the fleet's engine.ready_timeout_s; 0 with --endpoint
-    hung_after_s: float = 120.0
-    split: str | None = None
-    live: bool = True  # the live view on a terminal; else (or off one) plain lines every `log_every_s`
-    log_every_s: float = 30.0
-
-    @property
-    def mode(self) -> RunMode:
-        return "retry_errors" if self.retry_errors else "redo_truncated" if self.redo_truncated else "normal"
-
-    def refuse_conflicts(self) -> None:
-        """The combinations no run can honour, refused before anything is read or asked."""
-        _check_out_dir(self.out, "-o")
-        if self.retry_errors and self.redo_truncated:
-            raise ConfigError(
-                "--retry-errors and --redo-truncated are separate passes", fix="run one, then the other"
-            )
-        if self.redo_truncated and self.flags.max_tokens is None:
-            raise ConfigError("--redo-truncated needs a new --max-tokens", fix="add --max-tokens N (larger)")
-        if self.restart_dead and self.endpoints:
-            raise ConfigError(
-                "--restart-dead needs the fleet file, not --endpoint URLs",
-                fix="drop --endpoint and pass -f fleet.toml: fleetgen restarts what it deployed",
-            )
-
-
 async def run_job(opts: RunOptions) -> Summary:
     """`fleetgen run` whole, once its command line is read: the job file with the flags over it, on the
     servers held for the job, to its end (the summary; `FleetDown` says how to resume)."""
@@ -273,16 +214,6 @@ def _job_options(opts: RunOptions, job_file: JobFile, servers: Servers) -> JobOp
         split=opts.split,
         wait_ready_s=servers.wait_s,
     )
-
-
-def _check_out_dir(out: Path, flag: str) -> None:
-    """The output is a folder (the store, its lock, exports): a file there is refused before anything runs."""
-    if out.exists() and not out.is_dir():
-        raise ConfigError(
-            f"{flag} {out} is a file: the output of a job is a folder (results.sqlite and its lock)",
-            fix=f"give {flag} a folder: a new path, or the folder of an earlier run to resume it",
-            context={"path": str(out)},
-        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -433,7 +364,7 @@ def export_command(
     target = to or out_dir / f"export.{fmt}.{ext}"
 
     async def go() -> ExportSummary:
-        _check_out_dir(out_dir, "OUT_DIR")
+        check_out_dir(out_dir, "OUT_DIR")
         return await asyncio.to_thread(export, out_dir, fmt, target, filters or [], inline_think)
 
     summary = cli.execute(go())

@@ -2,7 +2,7 @@
 the typer command lands in its field, the refusals come before anything is read, and the value runs a real
 job on a stand-in server (tests/fixtures/standin.py says why a stand-in).
 
-Filed under `cli/run.py`."""
+Filed under `cli/run.py`, with `cli/runoptions.py` (the value)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 import fleetgen.cli.run as run_cli
 from fleetgen.cli import register
 from fleetgen.cli.app import app
-from fleetgen.cli.run import JobFlags, RunOptions, run_job
+from fleetgen.cli.run import run_job
+from fleetgen.cli.runoptions import JobFlags, RunOptions
 from fleetgen.errors import ConfigError, FleetgenError
 from tests.fixtures.jobs import write_jsonl
 from tests.fixtures.standin import StandIn, serve
