@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from fleetgen.engines import engine_of_metrics
 from fleetgen.http.client import StreamEvent
-from fleetgen.http.metrics import counter_deltas
+from fleetgen.http.metrics import accept_length, counter_deltas
 from fleetgen.http.request import GREEDY, REQUEST_FIELDS, ChatRequests, Sampling
 
 DEFAULT_CONCURRENCIES = (1, 8, 32, 128, 512)
@@ -166,7 +166,7 @@ def pooled_accept_length(
     for before, after in zip(befores, afters, strict=True):
         engine = engine_of_metrics(after)
         during = counter_deltas(before, after)
-        value = engine.accept_length(during)
+        value = accept_length(engine, after, before)
         if value is not None:
             pairs.append((value, during.get(engine.metrics.generation_tokens_total, 0.0)))
     if not pairs:

@@ -15,7 +15,7 @@ import shlex
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NamedTuple
 
 import typer
 from rich.live import Live
@@ -24,11 +24,12 @@ from rich.table import Table
 
 import fleetgen.cli.app as cli
 from fleetgen.cli.runlog import PlainLog, progress_line
+from fleetgen.cli.runoptions import JobFlags, RunOptions
 from fleetgen.config import JobFile, load_job
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.readiness import Readiness
 from fleetgen.deploy.wanted import refuse_simulated_acceptance
-from fleetgen.errors import ConfigError, FleetDown
+from fleetgen.errors import FleetDown
 from fleetgen.fleet.planning import tokenizer_dir_for
 from fleetgen.fleet.pool import Link, open_fleet
 from fleetgen.generate.dispatch import in_flight_for
@@ -37,7 +38,7 @@ from fleetgen.generate.health import JOIN_GRACE_S
 from fleetgen.generate.jobshape import read_job_shape
 from fleetgen.generate.progress import Progress, RunEnd, Summary
 from fleetgen.generate.runner import Job, JobServers
-from fleetgen.generate.work import JobOptions, RecordShape, RetryPolicy, RunMode, SamplingParams
+from fleetgen.generate.work import JobOptions, RecordShape, RetryPolicy, SamplingParams
 from fleetgen.http.client import BareURLs
 from fleetgen.plan.throughput import max_length_issue
 
@@ -144,72 +145,95 @@ def run_command(
     ] = 30.0,
 ) -> None:
     """Generate completions for every (record, sample) exactly once, across all servers; resumable."""
-    mode: RunMode = "retry_errors" if retry_errors else "redo_truncated" if redo_truncated else "normal"
-
-    async def go() -> Summary:
-        cli.check_out_dir(out, "-o")
-        if retry_errors and redo_truncated:
-            raise ConfigError(
-                "--retry-errors and --redo-truncated are separate passes", fix="run one, then the other"
-            )
-        if redo_truncated and max_tokens is None:
-            raise ConfigError("--redo-truncated needs a new --max-tokens", fix="add --max-tokens N (larger)")
-        if restart_dead and endpoint:
-            raise ConfigError(
-                "--restart-dead needs the fleet file, not --endpoint URLs",
-                fix="drop --endpoint and pass -f fleet.toml: fleetgen restarts what it deployed",
-            )
-        job_file = (load_job(job_path) if job_path else JobFile()).overridden(
-            concurrency=concurrency,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            seed=seed,
-            samples=samples,
-            thinking=thinking,
-            max_retries=max_retries,
-        )
-        loaded = cli.read_servers(fleet_path, endpoint)
-        model_dir = await _model_dir(job_file, job_path, loaded)
-        unrecorded.append(model_dir is None)
-        await _warn_past_max_length(job_file, input_path, model_dir, split)
-        async with _servers(loaded, wait_ready, restart_dead) as servers:
-            options = JobOptions(
-                input_path=input_path,
-                out_dir=out,
-                params=SamplingParams.of(job_file),
-                shape=RecordShape.of(job_file),
-                concurrency=job_file.concurrency or max(servers.caps.values(), default=DEFAULT_CONCURRENCY),
-                policy=RetryPolicy(
-                    max_retries=job_file.max_retries,
-                    max_consecutive_failures=job_file.max_consecutive_failures,
-                    dead_timeout_s=servers.dead_timeout_s if dead_timeout is None else dead_timeout,
-                    hung_after_s=hung_after,
-                ),
-                request_timeout_s=job_file.request_timeout_s,
-                mode=mode,
-                force_params=force_params,
-                add_input=add_input,
-                split=split,
-                wait_ready_s=servers.wait_s,
-                model_dir=model_dir,
-                max_length=job_file.max_length,
-            )
-            on = (
-                servers.of_job
-                if job_file.concurrency
-                else dataclasses.replace(servers.of_job, caps=servers.caps, fill=servers.fill)
-            )
-            return await _run_job(Job(options, on), servers.meanwhile, live, log_every)
-
-    unrecorded: list[bool] = []
-    summary = cli.execute(go())
+    flags = JobFlags(
+        concurrency=concurrency,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        seed=seed,
+        samples=samples,
+        thinking=thinking,
+        max_retries=max_retries,
+    )
+    options = RunOptions(
+        input_path=input_path,
+        out=out,
+        fleet_path=fleet_path,
+        endpoints=tuple(endpoint or ()),
+        job_path=job_path,
+        flags=flags,
+        retry_errors=retry_errors,
+        redo_truncated=redo_truncated,
+        force_params=force_params,
+        add_input=add_input,
+        restart_dead=restart_dead,
+        dead_timeout_s=dead_timeout,
+        wait_ready_s=wait_ready,
+        hung_after_s=hung_after,
+        split=split,
+        live=live,
+        log_every_s=log_every,
+    )
+    summary, recorded = cli.execute(run_job(options))
     _print_summary(summary, json_out)
-    if any(unrecorded) and summary.results:
+    if not recorded and summary.results:
         cli.err_console.print(NO_MODEL_DIR, highlight=False)
     if summary.status in EXIT_CODES:
         raise typer.Exit(EXIT_CODES[summary.status])
+
+
+class JobRun(NamedTuple):
+    """What `run_job` ends with: the summary, and whether the chat template the server applied is recorded."""
+
+    summary: Summary
+    template_recorded: bool
+
+
+async def run_job(opts: RunOptions) -> JobRun:
+    """`fleetgen run` whole, once its command line is read: the job file with the flags over it, on the
+    servers held for the job, to its end (the summary; `FleetDown` says how to resume)."""
+    opts.refuse_conflicts()
+    job_file = (load_job(opts.job_path) if opts.job_path else JobFile()).overridden(
+        **dataclasses.asdict(opts.flags)
+    )
+    loaded = cli.read_servers(opts.fleet_path, opts.endpoints)
+    model_dir = await _model_dir(job_file, opts.job_path, loaded)
+    await _warn_past_max_length(job_file, opts.input_path, model_dir, opts.split)
+    async with _servers(loaded, opts.wait_ready_s, opts.restart_dead) as servers:
+        on = (
+            servers.of_job
+            if job_file.concurrency
+            else dataclasses.replace(servers.of_job, caps=servers.caps, fill=servers.fill)
+        )
+        job = Job(_job_options(opts, job_file, servers, model_dir), on)
+        summary = await _run_job(job, servers.meanwhile, opts.live, opts.log_every_s)
+    return JobRun(summary, template_recorded=model_dir is not None)
+
+
+def _job_options(opts: RunOptions, job_file: JobFile, servers: Servers, model_dir: Path | None) -> JobOptions:
+    """The job's own settings (`JobOptions`) from the command line, the job file and its servers' defaults."""
+    return JobOptions(
+        input_path=opts.input_path,
+        out_dir=opts.out,
+        params=SamplingParams.of(job_file),
+        shape=RecordShape.of(job_file),
+        concurrency=job_file.concurrency or max(servers.caps.values(), default=DEFAULT_CONCURRENCY),
+        policy=RetryPolicy(
+            max_retries=job_file.max_retries,
+            max_consecutive_failures=job_file.max_consecutive_failures,
+            dead_timeout_s=servers.dead_timeout_s if opts.dead_timeout_s is None else opts.dead_timeout_s,
+            hung_after_s=opts.hung_after_s,
+        ),
+        request_timeout_s=job_file.request_timeout_s,
+        mode=opts.mode,
+        force_params=opts.force_params,
+        add_input=opts.add_input,
+        split=opts.split,
+        wait_ready_s=servers.wait_s,
+        model_dir=model_dir,
+        max_length=job_file.max_length,
+    )
 
 
 async def _model_dir(job_file: JobFile, job_path: Path | None, loaded: Fleet | BareURLs) -> Path | None:

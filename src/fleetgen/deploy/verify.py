@@ -20,7 +20,7 @@ from fleetgen.deploy.script import Command
 from fleetgen.engines.base import Engine
 from fleetgen.errors import VerifyError
 from fleetgen.http.client import EngineClient
-from fleetgen.http.metrics import counter_deltas
+from fleetgen.http.metrics import accept_length, counter_deltas
 from fleetgen.http.request import probe_body
 from fleetgen.redact import REDACTED
 from fleetgen.remote.base import ProcInfo
@@ -76,7 +76,7 @@ def spec_evidence(
     the verify steps that produced them (each step yields 1 + the drafts it accepted)."""
     during = counter_deltas(before, after)
     steps = during.get(engine.metrics.spec_steps_total) if engine.metrics.spec_steps_total else None
-    reported = engine.accept_length(during, info)
+    reported = accept_length(engine, after, before, info)
     if reported is None and steps and generated_tokens and generated_tokens > 1:
         reported = (generated_tokens - 1) / steps
     return SpecEvidence(steps=steps, accept_length=reported)

@@ -51,6 +51,12 @@ def engine_of_metrics(samples: Mapping[str, float]) -> Engine:
     return next((e for e in ENGINES.values() if any(n.startswith(f"{e.name}:") for n in samples)), first)
 
 
+def metric_names_read() -> frozenset[str]:
+    """Every sample name fleetgen reads of any registered engine (`MetricNames.read`): what `/metrics` is
+    parsed for, whichever engine serves it."""
+    return frozenset(name for engine in ENGINES.values() for name in engine.metrics.read)
+
+
 __all__ = [
     "ENGINES",
     "Engine",
@@ -61,6 +67,7 @@ __all__ = [
     "format_args",
     "get_engine",
     "launcher_of",
+    "metric_names_read",
     "select_rule_set",
     "translate_args",
 ]

@@ -15,6 +15,7 @@ name, releases, flag renames and removed/deprecated flags; rule sets are picked 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import textwrap
@@ -50,6 +51,14 @@ class MetricNames:
     kv_usage: str = ""
     # a counter that moves on every speculative verify step (proof that speculation runs)
     spec_steps_total: str = ""
+    accept_length: str = ""  # a gauge of the mean tokens per speculative step (SGLang)
+    spec_accepted_total: str = ""  # a counter of accepted draft tokens (vLLM: the accept length's numerator)
+    capacity_info: str = ""  # an info-style sample whose labels carry capacity figures (vLLM's cache config)
+
+    @property
+    def read(self) -> tuple[str, ...]:
+        """Every sample name fleetgen reads of this engine: the only families `http.metrics` parses."""
+        return tuple(name for name in dataclasses.astuple(self) if name)
 
     @property
     def moving(self) -> tuple[str, ...]:

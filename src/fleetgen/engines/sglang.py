@@ -124,6 +124,7 @@ class SGLangEngine(Engine):
         gen_throughput="sglang:gen_throughput",
         kv_usage="sglang:token_usage",
         spec_steps_total="sglang:spec_verify_calls_total",
+        accept_length="sglang:spec_accept_length",
     )
     capacity_lines: tuple[tuple[str, str], ...] = (  # the scheduler's and the memory pools' lines
         ("kv_tokens", r"max_total_num_tokens=(\d+)"),
@@ -266,8 +267,8 @@ class SGLangEngine(Engine):
     def accept_length(self, samples: Mapping[str, float], info: Any = None) -> float | None:
         """The `sglang:spec_accept_length` gauge, else `avg_spec_accept_length` in the DP ranks' internal
         states (the gauge reads 0 until its first "Decode batch" log line, and without speculation)."""
-        if samples.get("sglang:spec_accept_length", 0.0) > 0:
-            return samples["sglang:spec_accept_length"]
+        if samples.get(self.metrics.accept_length, 0.0) > 0:
+            return samples[self.metrics.accept_length]
         return positive_figures(_server_info_places(info), (("avg_spec_accept_length", "a"),)).get("a")
 
     def simulated_acceptance(self, argv: Sequence[str], env: Mapping[str, str]) -> tuple[str, ...]:

@@ -54,6 +54,8 @@ class VLLMEngine(Engine):
         queued="vllm:num_requests_waiting",
         kv_usage="vllm:kv_cache_usage_perc",
         spec_steps_total="vllm:spec_decode_num_drafts_total",
+        spec_accepted_total="vllm:spec_decode_num_accepted_tokens_total",
+        capacity_info="vllm:cache_config_info",
     )
     capacity_lines: tuple[tuple[str, str], ...] = (  # the KV cache manager's lines
         ("kv_tokens", r"KV cache size: ([\d,]+) tokens"),
@@ -119,13 +121,13 @@ class VLLMEngine(Engine):
         """Its log's figures, then the labels of `vllm:cache_config_info{kv_cache_size_tokens="452340",…} 1`:
         KV tokens, max concurrency at max-model-len."""
         keys = (("kv_cache_size_tokens", "kv_tokens"), ("kv_cache_max_concurrency", "max_running_requests"))
-        reported = positive_figures([labels.get("vllm:cache_config_info", {})], keys)
+        reported = positive_figures([labels.get(self.metrics.capacity_info, {})], keys)
         return super().capacity(log, info, labels) | reported
 
     def accept_length(self, samples: Mapping[str, float], info: Any = None) -> float | None:
         """1 + accepted / drafts from the spec-decode counters (vLLM's own mean acceptance length)."""
         drafts = samples.get(self.metrics.spec_steps_total, 0.0)
-        accepted = samples.get("vllm:spec_decode_num_accepted_tokens_total", 0.0)
+        accepted = samples.get(self.metrics.spec_accepted_total, 0.0)
         return 1.0 + accepted / drafts if drafts > 0 else None
 
     def simulated_acceptance(self, argv: Sequence[str], env: Mapping[str, str]) -> tuple[str, ...]:

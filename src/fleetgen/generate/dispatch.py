@@ -1,5 +1,5 @@
-"""Dispatch work to every ready endpoint: least-outstanding requests, a per-endpoint cap, no head-of-line
-blocking (each request is its own task; a slow one holds only its own slot).
+"""Dispatch work to every ready endpoint: least-outstanding requests (`choose.LeastLoaded`), a per-endpoint
+cap, no head-of-line blocking (each request is its own task; a slow one holds only its own slot).
 
 Failure policy:
 - a retryable failure (connection, timeout, 408/409/425/429/5xx) is retried with exponential backoff and
@@ -33,6 +33,7 @@ from typing import Any
 
 from fleetgen.deploy.readiness import Readiness
 from fleetgen.errors import FleetDown, FleetgenError
+from fleetgen.generate.choose import LeastLoaded
 from fleetgen.generate.health import Endpoint, HealthMonitor, states
 from fleetgen.generate.rejects import Refusal, Streak
 from fleetgen.generate.work import Work
@@ -87,7 +88,8 @@ class Dispatcher:
         self.num_in_flight = 0
         self._changed = asyncio.Event()
         self._drained: set[asyncio.Task[None]] = set()
-        monitor.on_ready = self._changed.set
+        self._least_loaded = LeastLoaded(self.endpoints)
+        monitor.on_ready = self._readied
         monitor.on_hung = self._hung
         self._timers: set[asyncio.TimerHandle] = set()
         self._stopping = False
@@ -111,6 +113,7 @@ class Dispatcher:
         cap = refilled(endpoint.cap, endpoint.in_flight, running, waiting)
         if cap > endpoint.cap:
             endpoint.cap = cap
+            self._least_loaded.moved(endpoint)
             self._changed.set()
 
     def stop(self) -> None:
@@ -159,15 +162,11 @@ class Dispatcher:
         await self._monitor.close()
 
     def _pick(self) -> Endpoint | None:
-        best: Endpoint | None = None
-        for endpoint in self.endpoints:
-            if (
-                endpoint.readiness is Readiness.READY
-                and endpoint.in_flight < endpoint.cap
-                and (best is None or endpoint.in_flight < best.in_flight)
-            ):
-                best = endpoint
-        return best
+        return self._least_loaded.pick()
+
+    def _readied(self) -> None:
+        self._least_loaded.rebuild()  # an endpoint is READY again
+        self._changed.set()
 
     async def _wait_for_endpoint(self) -> None:
         left = self.wait_left_s
@@ -183,6 +182,7 @@ class Dispatcher:
             endpoint.progress_at = time.monotonic()  # silence is counted from here
         endpoint.in_flight += 1
         self.num_in_flight += 1
+        self._least_loaded.moved(endpoint)
         task = asyncio.get_running_loop().create_task(self._serve(endpoint, work))
         endpoint.tasks.add(task)
         # Its end is counted by a callback, not the coroutine's `finally`: a task cancelled before its first
@@ -210,6 +210,7 @@ class Dispatcher:
         endpoint.in_flight -= 1
         endpoint.tasks.discard(task)
         self.num_in_flight -= 1
+        self._least_loaded.moved(endpoint)
         if task in self._drained:  # its endpoint was drained: the work goes elsewhere, not its fault
             self._drained.discard(task)
             if task.cancelled():

@@ -87,6 +87,7 @@ class HealthMonitor:
         admit: Callable[[Endpoint], Awaitable[Judgement]] | None = None,
     ) -> None:
         self.endpoints = endpoints
+        self._by_name = {e.name: e for e in endpoints}  # the scraper's reads, one per endpoint every 3 s
         self.policy = policy
         self.on_ready: Callable[[], None] | None = None
         self.on_hung: Callable[[Endpoint, str], None] | None = None
@@ -112,11 +113,10 @@ class HealthMonitor:
 
     def progressed(self, name: str, since: float | None) -> None:
         """The job's scraper read `name`'s engine samples: moved since `since` (monotonic), or not (None)."""
-        for endpoint in self.endpoints:
-            if endpoint.name == name:
-                endpoint.is_counted = True
-                if since is not None:
-                    endpoint.progress_at = max(endpoint.progress_at, since)
+        endpoint = self._by_name[name]
+        endpoint.is_counted = True
+        if since is not None:
+            endpoint.progress_at = max(endpoint.progress_at, since)
 
     def wait_left_s(self, limit_s: float) -> float | None:
         """With no endpoint READY: the seconds left of `limit_s`, counted from when none was (the start's

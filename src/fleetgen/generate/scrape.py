@@ -4,11 +4,13 @@ and whether its engine moved since the read before (`on_engine`: the hung guard'
 
 The job's time series (`timeseries.accept_length`) is what the dashboard and report chart: how many tokens
 each speculative step yields on each server, while generating *this* data. A background task reads every
-endpoint's Prometheus text every few seconds through its own one-connection client — never through the
-dispatch connections, whose slots belong to chat requests — and parses it on a worker thread, so a large
-exposition (vLLM's histograms) never stalls the event loop that dispatches.
+endpoint's Prometheus text every few seconds, each at its own moment of the interval (not all at once: a
+thousand pages in one burst stalled the dispatch), through its own one-connection client — never through the
+dispatch connections, whose slots belong to chat requests — and parses only the samples fleetgen reads
+(`Scrape.parse`: ~0.5 ms for SGLang's 530-line page) in the loop: a worker thread per page cost more in
+handing over the GIL than the parse itself.
 
-SGLang exports a gauge (`sglang:spec_accept_length`); vLLM only counters, so its value is
+The accept length is `http.metrics.accept_length` (the one `status` shows): SGLang's gauge; vLLM's
 1 + accepted / drafts over the window between two scrapes (the accept length of the last few seconds, not
 of the server's whole life). A scrape that fails leaves the value unknown (None): the series has a gap,
 the job goes on.
@@ -19,26 +21,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
-from fleetgen.engines import Engine, engine_of_metrics, get_engine
+from fleetgen.engines import engine_of_metrics, get_engine
 from fleetgen.errors import EndpointError
 from fleetgen.http.client import EngineClient
-from fleetgen.http.metrics import Scrape, counter_deltas
+from fleetgen.http.metrics import Scrape, accept_length
 
 DEFAULT_METRICS_PATH = "/metrics"
 SCRAPE_TIMEOUT_S = 5.0
-
-
-def window_accept_length(
-    engine: Engine | None, now: Mapping[str, float], before: Mapping[str, float] | None
-) -> float | None:
-    """Accept length from one scrape (`now`), over the window since `before` for counter-only engines.
-
-    `engine`: the fleet's; None (bare `--endpoint` URLs) for the engine whose metric names `now` carries.
-    None when speculative decoding is off or made no step in the window.
-    """
-    return (engine or engine_of_metrics(now)).accept_length(counter_deltas(before or {}, now))
+# The scrape's budget: at most this many pages a second, whatever the fleet's size. A page costs the driver
+# ~1 ms (its HTTP read and the fast parse: bench/driver), so ~0.1 core; past 300 servers each is read less
+# often than every 3 s (1,000 servers: every 10 s), which the hung guard (minutes) and the 5 s series bear.
+MAX_PAGES_PER_S = 100.0
 
 
 class MetricsScraper:
@@ -71,29 +66,54 @@ class MetricsScraper:
         self.on_engine: Callable[[str, float | None], None] | None = None
 
     async def run(self) -> None:
-        """Scrape every endpoint every `interval_s` until cancelled."""
+        """Scrape every endpoint every `interval_s` (longer past `MAX_PAGES_PER_S`) until cancelled, each at
+        its own moment of the interval (the k-th of N at k/N of it): a thousand servers' pages are read
+        milliseconds apart, never in one burst beside the dispatch; reads fallen due while the loop was busy
+        start at once (a sleep per read would take a whole loop turn each). An endpoint whose last read has
+        not ended (a slow server) is skipped."""
+        reading: dict[str, asyncio.Task[None]] = {}
         async with contextlib.AsyncExitStack() as stack:
-            while True:
-                for name, url in self._endpoints():
-                    client = self._clients.get(name)
-                    if url and (client is None or client.base_url != url.rstrip("/")):
-                        client = EngineClient(
-                            url, api_key=self._api_key, timeout_s=SCRAPE_TIMEOUT_S, max_connections=1
-                        )
-                        self._clients[name] = await stack.enter_async_context(client)
-                        self._before.pop(name, None)  # another server: no window across the two
-                await asyncio.gather(*(self._scrape(name, c) for name, c in self._clients.items()))
-                await asyncio.sleep(self._interval_s)
+            try:
+                while True:
+                    start, named = time.monotonic(), self._endpoints()
+                    interval_s = max(self._interval_s, len(named) / MAX_PAGES_PER_S)
+                    for k, (name, url) in enumerate(named):
+                        wait = start + k * interval_s / len(named) - time.monotonic()
+                        if wait > 0:  # else behind (a busy loop): it starts now, with no loop turn between
+                            await asyncio.sleep(wait)
+                        client = await self._client(stack, name, url)
+                        if client is not None and name not in reading:
+                            reading[name] = asyncio.create_task(self._read(name, client, reading))
+                    await asyncio.sleep(max(0.0, start + interval_s - time.monotonic()))
+            finally:
+                for task in reading.values():
+                    task.cancel()
+                await asyncio.gather(*reading.values(), return_exceptions=True)
+
+    async def _client(self, stack: contextlib.AsyncExitStack, name: str, url: str) -> EngineClient | None:
+        """`name`'s client, a new one when its URL changed (another server: no window across the two)."""
+        client = self._clients.get(name)
+        if url and (client is None or client.base_url != url.rstrip("/")):
+            client = EngineClient(url, api_key=self._api_key, timeout_s=SCRAPE_TIMEOUT_S, max_connections=1)
+            self._clients[name] = client = await stack.enter_async_context(client)
+            self._before.pop(name, None)
+        return client
+
+    async def _read(self, name: str, client: EngineClient, reading: dict[str, asyncio.Task[None]]) -> None:
+        try:
+            await self._scrape(name, client)
+        finally:
+            reading.pop(name, None)
 
     async def _scrape(self, name: str, client: EngineClient) -> None:
         try:
-            samples = (await asyncio.to_thread(Scrape.parse, await client.get_text(self._path))).samples
+            samples = Scrape.parse(await client.get_text(self._path)).samples  # ~0.5 ms: in the loop
         except EndpointError:  # down, restarting, no metrics, unparseable: a gap in the series
             self.latest[name] = None
             return
         engine = self._engine or engine_of_metrics(samples)
         before, read_at = self._before.get(name), self._read_at.get(name)
-        self.latest[name] = window_accept_length(engine, samples, before)
+        self.latest[name] = accept_length(engine, samples, before)
         self._before[name], self._read_at[name] = samples, time.monotonic()
         moving = [m for m in engine.metrics.moving if m in samples]
         if self.on_engine is not None and moving:

@@ -48,17 +48,19 @@ async def test_sweep_counts_every_request_and_token(sim_server: SimFactory) -> N
 
 
 async def _counters(url: str) -> dict[str, float]:
+    """The server's request and token counters, read with prometheus_client itself (fleetgen's
+    `Scrape.parse` reads only the samples fleetgen uses, and the request counter is not one)."""
     import aiohttp
-
-    from fleetgen.http.metrics import Scrape
+    from prometheus_client.parser import text_string_to_metric_families
 
     async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as resp:
-        samples = Scrape.parse(await resp.text()).samples
-    return {
-        k: v
-        for k, v in samples.items()
-        if k in ("sglang:num_requests_total", "sglang:generation_tokens_total")
-    }
+        text = await resp.text()
+    totals = dict.fromkeys(("sglang:num_requests_total", "sglang:generation_tokens_total"), 0.0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in totals:  # summed over label sets, as fleetgen sums
+                totals[sample.name] += float(sample.value)
+    return totals
 
 
 async def test_a_warm_up_burst_at_the_top_level_precedes_the_measured_levels(sim_server: SimFactory) -> None:

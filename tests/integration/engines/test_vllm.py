@@ -16,6 +16,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tokenizers import Tokenizer
 
+from fleetgen.engines import get_engine, metric_names_read
+from fleetgen.http.metrics import Scrape
 from tests.fixtures.vllm import TinyModel, VllmServer, running_vllm_server
 
 pytestmark = pytest.mark.vllm
@@ -186,3 +188,22 @@ async def test_ngram_speculative_decoding_accepts_drafts(
     per_position = metrics["vllm:spec_decode_num_accepted_tokens_per_pos_total"]
     assert drafts > 0 and 0 < accepted <= drafted <= 3 * drafts, metrics
     assert per_position == accepted
+
+
+async def test_fleetgen_reads_a_real_vllm_page_as_its_whole_parse_says(vllm_server: VllmServer) -> None:
+    """A whole real vLLM page (histograms and all, after a request): fleetgen's read (`Scrape.parse`, only the
+    lines of the samples it uses) gives each of them as prometheus_client's parse of every line does, and
+    every name vLLM's `MetricNames.read` lists is there but the speculative counters (no drafter here)."""
+    await post_chat(vllm_server, chat("hello there", 8))
+    async with aiohttp.ClientSession() as session, session.get(f"{vllm_server.base_url}/metrics") as resp:
+        text = await resp.text()
+    names, whole = metric_names_read(), dict[str, float]()
+    for family in text_string_to_metric_families(text):  # the same text, every line
+        for sample in family.samples:
+            if sample.name in names:
+                whole[sample.name] = whole.get(sample.name, 0.0) + sample.value
+    got = Scrape.parse(text).samples
+    assert got == whole
+    vllm = get_engine("vllm").metrics
+    assert set(vllm.read) - {vllm.spec_steps_total, vllm.spec_accepted_total} <= set(got)
+    assert len(text.splitlines()) > 100  # a whole page, not a selection

@@ -60,13 +60,6 @@ async def _chat(session: aiohttp.ClientSession, url: str) -> Any:
         return await resp.json()
 
 
-def _read_names() -> set[str]:
-    names = SGLANG.metrics
-    fields = (names.running, names.queued, names.gen_throughput, names.generation_tokens_total)
-    # and the gauge SGLangEngine.accept_length reads
-    return {n for n in (*fields, names.spec_steps_total, "sglang:spec_accept_length") if n}
-
-
 async def test_the_simulated_mtp_server_shows_what_real_sglang_shows(sim_server: SimFactory) -> None:
     real_metrics = Scrape.parse((REAL / "metrics-after-chat.txt").read_text()).samples
     real_info: dict[str, Any] = json.loads((REAL / "server_info.json").read_text())
@@ -83,7 +76,7 @@ async def test_the_simulated_mtp_server_shows_what_real_sglang_shows(sim_server:
         model_info = json.loads((await _get(session, srv.base_url + "/model_info"))[1])
         log = srv.log_text()
     # every metric fleetgen reads exists in both, speculation proven the same way right after the request
-    assert _read_names() <= set(real_metrics) and _read_names() <= set(after)
+    assert set(SGLANG.metrics.read) <= set(real_metrics) and set(SGLANG.metrics.read) <= set(after)
     evidence = spec_evidence(SGLANG, before, after, info)
     assert evidence.steps and evidence.steps > 0
     assert judge_spec("sim", evidence)[0] is None

@@ -59,13 +59,12 @@ async def test_an_endpoint_whose_engine_stands_still_is_hung_whatever_its_health
     assert "stand still" in hung[0] and "whatever /health says" in hung[0]
 
 
-def test_the_engine_s_samples_moving_are_progress_and_standing_still_is_none() -> None:
+async def test_the_engine_s_samples_moving_are_progress_and_standing_still_is_none() -> None:
     """`progressed`: a read of the engine's samples makes progress count by them (`is_counted`); a move
     dates its progress from the read before (never back in time), a read with nothing moved dates nothing."""
     endpoint = Endpoint("s0", EngineClient("http://127.0.0.1:9"), 1, progress_at=100.0)
     other = Endpoint("s1", EngineClient("http://127.0.0.1:9"), 1, progress_at=100.0)
-    monitor = HealthMonitor.__new__(HealthMonitor)  # no tasks: `progressed` is plain bookkeeping
-    monitor.endpoints = [endpoint, other]
+    monitor = HealthMonitor([endpoint, other], FAST)
     monitor.progressed("s0", None)
     assert endpoint.is_counted and endpoint.progress_at == 100.0
     monitor.progressed("s0", 150.0)
@@ -73,6 +72,7 @@ def test_the_engine_s_samples_moving_are_progress_and_standing_still_is_none() -
     monitor.progressed("s0", 120.0)  # a later read that moved since an older one: no step back
     assert endpoint.progress_at == 150.0
     assert not other.is_counted and other.progress_at == 100.0
+    await monitor.close()
 
 
 SGLANG_TEXT = """# TYPE sglang:gen_throughput gauge

@@ -3,7 +3,7 @@ the accept-length time series; and `--restart-dead`'s hook being retried until t
 
 Jobs run against stand-in servers (see tests/fixtures/standin.py for why a stand-in).
 
-Filed under `generate/jobmeta.py`, with `scrape.py`'s accept length and `fleetlink.py`'s `JobServers`."""
+Filed under `generate/jobmeta.py`, with `fleetlink.py`'s `JobServers`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from typing import Any
 import orjson
 
 from fleetgen.config import FleetFile
-from fleetgen.engines import get_engine
 from fleetgen.errors import DeployError
 from fleetgen.generate.fleetlink import fleet_meta, url_servers
 from fleetgen.generate.ledger import jobmeta
@@ -25,15 +24,12 @@ from fleetgen.generate.ledger.jobmeta import JobMeta
 from fleetgen.generate.ledger.store import Store
 from fleetgen.generate.progress import PositionTracker, Progress
 from fleetgen.generate.runner import Job, JobServers
-from fleetgen.generate.scrape import window_accept_length
 from fleetgen.generate.source import Position
 from fleetgen.generate.work import RecordShape, RetryPolicy
 from fleetgen.http.client import BareURLs
 from tests.fixtures.jobs import FAST, new_job, options, params, write_jsonl
 from tests.fixtures.standin import StandIn, serve
 
-SGLANG = get_engine("sglang")
-VLLM = get_engine("vllm")
 SGLANG_METRICS = """\
 # HELP sglang:spec_accept_length The average acceptance length of speculative decoding.
 # TYPE sglang:spec_accept_length gauge
@@ -51,22 +47,6 @@ def _decode(value: str) -> Any:
         return orjson.loads(value)
     except orjson.JSONDecodeError:
         return value
-
-
-def test_accept_length_sglang_gauge_and_vllm_counters_over_the_window() -> None:
-    assert window_accept_length(SGLANG, {"sglang:spec_accept_length": 2.6}, None) == 2.6
-    drafts, accepted = "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_accepted_tokens_total"
-    first = {drafts: 100.0, accepted: 150.0}
-    assert window_accept_length(VLLM, first, None) == 2.5  # lifetime until there is a window
-    later = {drafts: 200.0, accepted: 350.0}
-    assert window_accept_length(VLLM, later, first) == 3.0  # 1 + 200 / 100 in the window, not 1 + 350/200
-    assert window_accept_length(VLLM, later, later) is None  # no speculative step in the window
-    restarted = {drafts: 10.0, accepted: 5.0}
-    assert window_accept_length(VLLM, restarted, later) == 1.5  # counters went down: the new totals
-    assert window_accept_length(None, {"sglang:num_running_reqs": 3.0}, None) is None  # spec off
-    # Bare --endpoint URLs: the engine is unknown, it is recognised from the metric names.
-    assert window_accept_length(None, later, first) == 3.0
-    assert window_accept_length(None, {"sglang:spec_accept_length": 2.6}, first) == 2.6
 
 
 def test_fleet_meta_has_the_engine_section_but_never_env_values() -> None:
