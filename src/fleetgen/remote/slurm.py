@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from fleetgen.config import ClusterConfig
+from fleetgen.config import SlurmCluster
 from fleetgen.errors import DeployError
 from fleetgen.remote.base import Host, RunResult
 from fleetgen.remote.procfs import StatLine, parse_stats
@@ -144,7 +144,7 @@ def fix_for(message: str) -> str:
     )
 
 
-def job_options(cluster: ClusterConfig, *options: str) -> list[str]:
+def job_options(cluster: SlurmCluster, *options: str) -> list[str]:
     """Options of every job fleetgen asks for: one task on one node of the cluster's partition, billed to its
     account, only EXPORT's variables; then `options`, and the user's sbatch_args last (theirs win)."""
     account = [f"--account={cluster.account}"] if cluster.account else []
@@ -286,7 +286,7 @@ class NodeAnswer:
     stdout: str
 
 
-async def probe_node(host: Host, cluster: ClusterConfig, query: Sequence[str]) -> NodeAnswer:
+async def probe_node(host: Host, cluster: SlurmCluster, query: Sequence[str]) -> NodeAnswer:
     """One short `srun` in the cluster's partition holding one GPU (the fleet's account and sbatch_args,
     `--time` PROBE_MINUTES) runs `query` there; Slurm's refusal, or the node lacking `query[0]`, raises
     DeployError in their words with the fix."""

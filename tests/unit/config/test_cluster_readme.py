@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 import fleetgen.cli.init  # noqa: F401  (registers `init` on the app)
 from fleetgen.cli.app import app
-from fleetgen.config import ClusterConfig, load_fleet
+from fleetgen.config import SlurmCluster, load_fleet
 
 README = Path(__file__).resolve().parents[3] / "README.md"
 ROW = re.compile(r"^\| `(\w+)` \| ([^|]+) \|")
@@ -35,8 +35,8 @@ def documented_default(value: object) -> str:
 
 def test_the_readme_table_lists_every_cluster_key_with_its_default() -> None:
     rows = readme_keys()
-    assert set(rows) == set(ClusterConfig.model_fields)
-    for name, field in ClusterConfig.model_fields.items():
+    assert set(rows) == set(SlurmCluster.model_fields)
+    for name, field in SlurmCluster.model_fields.items():
         if field.default is PydanticUndefined and field.default_factory is None:
             assert rows[name] == "required", name
         elif field.default is None:
@@ -55,6 +55,10 @@ def test_inits_cluster_example_uncommented_instead_of_the_hosts_loads(tmp_path: 
     cluster = "\n".join(line.removeprefix("# ") for line in tail.splitlines() if line.startswith("# "))
     path.write_text(f"{without_hosts}\n[cluster]\n{cluster}\n")
     fleet = load_fleet(path)
-    assert fleet.cluster is not None and fleet.cluster.partition == "gpu" and fleet.cluster.gpus == 16
+    assert (
+        isinstance(fleet.cluster, SlurmCluster)
+        and fleet.cluster.partition == "gpu"
+        and fleet.cluster.gpus == 16
+    )
     written = set(re.findall(r"^(\w+) =", cluster, re.MULTILINE))
-    assert written <= set(ClusterConfig.model_fields) and len(written) >= 12  # a key of each kind shown
+    assert written <= set(SlurmCluster.model_fields) and len(written) >= 12  # a key of each kind shown
