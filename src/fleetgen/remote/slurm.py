@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from fleetgen.config import SlurmCluster
 from fleetgen.errors import DeployError
 from fleetgen.remote.base import Host, RunResult
-from fleetgen.remote.procfs import StatLine, parse_stats
-from fleetgen.remote.scripts import sh
+from fleetgen.remote.procfs import StatLine
 
 EXPORT = "--export=PATH,HOME,USER,LANG"  # never ALL: fleetgen's environment may hold the API key
 
@@ -208,22 +207,11 @@ async def cancel(host: Host, names: Sequence[str]) -> None:
         await slurm(host, ["scancel", "--name", name], f"cancel job {name}")
 
 
-# The stat line of each process whose environment names Slurm job $1: every process of a job inherits
-# SLURM_JOB_ID and keeps it when its parent dies and it is reparented to init (out of the job's process
-# group and, under proctrack/linuxproc, of Slurm's sight); slurmstepd itself does not carry it.
-_JOB_PROCESSES_SH = r"""
-for f in $(grep -lsxzF -e "SLURM_JOB_ID=$1" /proc/[0-9]*/environ); do
-  cat "${f%/environ}/stat" 2>/dev/null
-done
-exit 0
-"""
-
-
 async def job_processes(host: Host, job: str) -> list[StatLine]:
-    """The live processes on `host` (a node) that Slurm job `job` started, whatever became of their parent
-    and their process group (as far as this user may read their environment)."""
-    result = await host.run(sh(_JOB_PROCESSES_SH, job), check=False, timeout=60.0)
-    return [s for s in parse_stats(result.stdout) if not s.is_dead]
+    """The live processes on `host` (a node) that Slurm job `job` started: every process of a job inherits
+    SLURM_JOB_ID and keeps it when its parent dies and it is reparented to init (out of the job's process
+    group and, under proctrack/linuxproc, of Slurm's sight); slurmstepd itself does not carry it."""
+    return await host.marked_processes("SLURM_JOB_ID", job)
 
 
 @dataclass(frozen=True)

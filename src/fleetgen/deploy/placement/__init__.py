@@ -9,11 +9,11 @@ placement").
 from __future__ import annotations
 
 from fleetgen.config import FleetFile
-from fleetgen.deploy.placement import hosts, slurm
+from fleetgen.deploy.placement import hosts, ray, slurm
 from fleetgen.deploy.placement.base import Placed, Placement
 from fleetgen.errors import ConfigError
 
-PLACEMENTS: dict[str, Placement] = {p.kind: p for p in (hosts.PLACEMENT, slurm.PLACEMENT)}
+PLACEMENTS: dict[str, Placement] = {p.kind: p for p in (hosts.PLACEMENT, slurm.PLACEMENT, ray.PLACEMENT)}
 
 __all__ = ["PLACEMENTS", "Placed", "Placement", "placement_of"]
 
