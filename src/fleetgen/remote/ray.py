@@ -25,6 +25,7 @@ from fleetgen.remote import raynode
 from fleetgen.remote.base import Host, Output
 
 _CALL_TIMEOUT_S = 60.0  # one call to the cluster (a lookup, a kill) that does not answer is an error
+_CONNECTED: dict[str, tuple[str, str]] = {}  # the (address, namespace) this process is the driver of
 
 
 @functools.cache
@@ -47,13 +48,14 @@ async def connect(address: str, namespace: str) -> None:
     """This process as the cluster's driver (`ray.init`), once per address and namespace."""
     ray = _ray()
     if ray.is_initialized():
-        if ray.get_runtime_context().namespace == namespace:
+        if _CONNECTED.get("to") == (address, namespace):
             return
         await asyncio.to_thread(ray.shutdown)
     try:
         await asyncio.to_thread(
             ray.init, address=address, namespace=namespace, logging_level=logging.ERROR, log_to_driver=False
         )
+        _CONNECTED["to"] = (address, namespace)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise RemoteError(
             f"cannot reach the Ray cluster at {address}: {exc}",
@@ -176,14 +178,14 @@ async def _actor(name: str, namespace: str) -> Any:
         return None
 
 
-async def server_state(name: str, namespace: str) -> ServerState:
+async def server_state(name: str, namespace: str, last_node: str = "") -> ServerState:
     """Whether the server's actor lives, and on which node; gone: why, in Ray's words (the node's death
-    reason, the placement group's state)."""
+    reason, the placement group's state). `last_node`: the node it was placed on (its group may be gone)."""
     ray = _ray()
     listed = {n.node_id: n for n in await nodes()}
     group = await _group(name)
     table = await asyncio.to_thread(ray.util.placement_group_table, group) if group is not None else {}
-    node = listed.get(table.get("bundles_to_node_id", {}).get(0, ""))
+    node = listed.get(table.get("bundles_to_node_id", {}).get(0, "")) or listed.get(last_node)
     actor = await _actor(name, namespace)
     if actor is not None:
         try:
@@ -196,7 +198,9 @@ async def server_state(name: str, namespace: str) -> ServerState:
         words.append("and no placement group")
     else:
         words.append(f"placement group {table.get('state', '?')}")
-    if node is not None and not node.is_alive:
+    if (was := listed.get(last_node)) is not None and not was.is_alive:
+        words.append(f"it ran on {was.describe()}")
+    elif node is not None and not node.is_alive:
         words.append(node.describe())
     return ServerState(name, False, node, "; ".join(words))
 

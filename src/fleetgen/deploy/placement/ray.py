@@ -95,7 +95,7 @@ async def _ensure(
 ) -> None:
     spec = _spec(fleet, wanted.inst)
     record = run.records.get(wanted.inst.name)
-    state = await ray.server_state(spec.name, spec.namespace)
+    state = await ray.server_state(spec.name, spec.namespace, record.node if record else "")
     if record is not None and state.is_alive and state.node is not None and not run.force:
         async with node_session(fleet, login, state.node) as node:
             running = await find_running(node, wanted, record)
@@ -195,7 +195,7 @@ async def place(
         if rec is None or not rec.placement_id:
             placed.append(Placed(inst, None, "no Ray actor: `fleetgen up` places one", has_ended=True))
             continue
-        state = await ray.server_state(rec.placement_id, _cluster(fleet.file).namespace)
+        state = await ray.server_state(rec.placement_id, _cluster(fleet.file).namespace, rec.node)
         if not state.is_alive or state.node is None:
             placed.append(Placed(inst, None, state.why, has_ended=True))
             continue
