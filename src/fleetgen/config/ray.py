@@ -12,7 +12,7 @@ from pydantic import Field, field_validator
 from fleetgen.config.hosts import HostName, Machine, gpus_problems
 
 # `auto` (the cluster this machine is a node of), `ray://head:10001` (Ray Client), or the GCS `host:port`
-RAY_ADDRESS = re.compile(r"auto|ray://[^\s/:]+(?::\d{1,5})?|[^\s/:]+:\d{1,5}")
+RAY_ADDRESS = re.compile(r"^(?:auto|ray://[^\s/:]+(?::\d{1,5})?|[^\s/:]+:\d{1,5})$")
 # resources fleetgen asks for itself (the server's GPUs) or Ray manages (`node:<ip>` pins, bundle ids)
 MANAGED_RESOURCES = {"GPU", "CPU", "memory", "object_store_memory"}
 
