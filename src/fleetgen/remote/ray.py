@@ -75,7 +75,12 @@ class RayNode:
     is_alive: bool
     death: str = ""  # Ray's DeathReasonMessage for a dead node
 
+    @property
+    def label(self) -> str:
+        return f"node {self.node_id[:8]} ({self.address})"
+
     def describe(self) -> str:
+        """The node and its state as Ray listed it (alive, or dead and Ray's reason)."""
         state = "alive" if self.is_alive else f"dead: {self.death or 'no reason given'}"
         return f"node {self.node_id[:8]} ({self.address}, {state})"
 
@@ -272,7 +277,7 @@ class RayHost(Host):
             done = await asyncio.wait_for(task.remote(list(argv), stdin, timeout_s), timeout_s + 30.0)
         except (ray.exceptions.RayError, TimeoutError) as exc:
             raise RemoteError(
-                f"{self.name}: Ray could not run a command on {self.node.describe()}: {_first_line(exc)}",
+                f"{self.name}: Ray could not run a command on {self.node.label}: {_first_line(exc)}",
                 fix="`ray status` shows the cluster's nodes; `fleetgen status` says which servers are placed",
                 context={"host": self.name, "argv": " ".join(argv[:3])},
             ) from exc
@@ -290,7 +295,7 @@ class RayHost(Host):
         if self.is_here:
             return remote_port
         raise RemoteError(
-            f"{self.name}: a server on {self.node.describe()}'s loopback cannot be reached through Ray",
+            f"{self.name}: a server on {self.node.label}'s loopback cannot be reached through Ray",
             fix='bind the cluster network: engine.bind = "0.0.0.0" with engine.api_key_env (the key travels '
             "in 0600 files, never in Ray's runtime env)",
         )

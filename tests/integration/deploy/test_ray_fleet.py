@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 import time
@@ -155,7 +156,9 @@ async def test_a_ray_fleet_serves_a_job_exactly_once_through_a_killed_actor_and_
                 stdout, _ = await finish(proc, limit_s=600)
         assert proc.returncode == 0, log.read_text()[-3000:]
         said = log.read_text()
-        assert f"{victim} is down" in said and all(f"{name} is down" in said for name in lost), said
+        assert f"{victim} is down" in said and f"{victim} is ready again" in said, said
+        for name in lost:  # their node gone: said in Ray's words (its tasks refused, the GPUs left)
+            assert re.search(rf"^{name} is down: .*Ray", said, re.MULTILINE), said
         assert_every_record_once(result, stdout, 600)  # 0 lost, 0 duplicated
         after = f"SELECT COUNT(*) FROM results WHERE instance = '{victim}' AND started_at > {killed_at}"
         assert query(result, after)[0][0] > 0  # placed again by --restart-dead and used by the same job
