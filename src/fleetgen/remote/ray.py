@@ -167,12 +167,14 @@ async def place_server(spec: ServerSpec, timeout_s: float) -> RayNode:
     return next(n for n in await nodes() if n.node_id == node_id)
 
 
-async def launch(spec: ServerSpec, job_sh: str, script: str, log: str, pidfile: str) -> int:
-    """The actor starts the launch; the PID of its child (the engine, once the job script `exec`s)."""
+async def launch(spec: ServerSpec, job_sh: str, script: str, log: str, pidfile: str, cwd: str) -> int:
+    """The actor starts the launch in `cwd`; the PID of its child (the engine, once the job script
+    `exec`s)."""
     actor = await _actor(spec.name, spec.namespace)
     if actor is None:
         raise DeployError(f"{spec.name}: its Ray actor is gone before it launched", fix="`fleetgen up` again")
-    return int(await asyncio.wait_for(actor.launch.remote(job_sh, script, log, pidfile), _CALL_TIMEOUT_S))
+    started = actor.launch.remote(job_sh, script, log, pidfile, cwd)
+    return int(await asyncio.wait_for(started, _CALL_TIMEOUT_S))
 
 
 async def _actor(name: str, namespace: str) -> Any:

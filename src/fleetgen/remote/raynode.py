@@ -43,12 +43,14 @@ class ServerHolder:
         self.name = name
         self.child: subprocess.Popen[bytes] | None = None
 
-    def launch(self, job_sh: str, script: str, log: str, pidfile: str) -> int:
-        """Start the launch; its PID (the job script's, which `exec`s the launch script: the engine's)."""
+    def launch(self, job_sh: str, script: str, log: str, pidfile: str, cwd: str) -> int:
+        """Start the launch in `cwd` (the instance's folder); its PID (the job script's, which `exec`s the
+        launch script: the engine's)."""
         env = {**os.environ, MARK: self.name}
         self.child = subprocess.Popen(
             ["/bin/sh", "-c", job_sh, "fleetgen-ray", script, log, pidfile],
             env=env,
+            cwd=cwd,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -15,11 +15,12 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 import pytest
 
+from fleetgen.remote.raynode import MARK
 from tests.fixtures.fleetcli import (
     RUN_FLAGS,
     SIM_SPEC_ARGS,
@@ -113,6 +114,19 @@ def listed(ray_cluster: LocalRay) -> dict[str, list[str]]:
     return found
 
 
+def marked(actors: Collection[str]) -> list[int]:
+    """PIDs of live processes on this machine (both nodes) that carry one of `actors`' mark."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0") if proc.name.isdigit() else []
+        except OSError:
+            continue
+        if any(f"{MARK}={name}".encode() in environ for name in actors):
+            found.append(int(proc.name))
+    return found
+
+
 def kill_actor(ray_cluster: LocalRay, name: str) -> None:
     subprocess.run([sys.executable, "-c", KILL, ray_cluster.address, name], check=True, capture_output=True)
 
@@ -122,6 +136,7 @@ async def test_a_ray_fleet_serves_a_job_exactly_once_through_a_killed_actor_and_
 ) -> None:
     fleet = write_ray_fleet(tmp_path, ray_cluster)
     names = {f"ray-{k}" for k in range(NUM_SERVERS)}
+    actors: dict[str, str] = {}
     try:
         code, out, err = await cli("up", "-f", str(fleet))
         assert code == 0, out + err
@@ -173,6 +188,7 @@ async def test_a_ray_fleet_serves_a_job_exactly_once_through_a_killed_actor_and_
     left = listed(ray_cluster)
     assert left["actors"] == [] and left["groups"] == []  # Ray lists none of ours
     assert our_processes(tmp_path / "work") == []  # and nothing of the engines is left on the nodes
+    assert marked(actors.values()) == []
 
 
 @pytest.mark.vllm
@@ -190,6 +206,7 @@ async def test_a_real_vllm_cpu_server_placed_by_ray_is_verified_serves_and_leave
     env |= {"VLLM_NO_USAGE_STATS": "1", "VLLM_CACHE_ROOT": str(tmp_path / "vllm"), "PYTHONUNBUFFERED": "1"}
     env |= {"HF_HOME": str(tmp_path / "hf")}
     fleet = write_ray_fleet(tmp_path, ray_cluster, engine=engine, env=env, cluster={"gpus": 1})
+    actor = ""
     try:
         code, out, err = await cli("up", "-f", str(fleet))
         assert code == 0, out + err
@@ -210,4 +227,4 @@ async def test_a_real_vllm_cpu_server_placed_by_ray_is_verified_serves_and_leave
     assert code == 0, out + err
     left = listed(ray_cluster)
     assert left["actors"] == [] and left["groups"] == []
-    assert our_processes(tmp_path / "work") == []  # vLLM's EngineCore and workers too
+    assert our_processes(tmp_path / "work") == [] and marked([actor]) == []  # vLLM's EngineCore too

@@ -118,7 +118,7 @@ async def _ensure(
             log = await push_launch(node.host, wanted)
             paths = wanted.command.paths
             await node.host.run(["rm", "-f", "--", paths.pidfile])  # the actor's job writes its own
-            await ray.launch(spec, JOB_SH, paths.script, log, paths.pidfile)
+            await ray.launch(spec, JOB_SH, paths.script, log, paths.pidfile, paths.root)
             pid, start_time = await _engine_pid(node, wanted, spec.name)
             rec = wanted.record(login.entry.name, log, pid, start_time, placement_id=spec.name)
             await follow_launch(node, wanted, replace(rec, node=placed.node_id), run, out, undo=undo)
