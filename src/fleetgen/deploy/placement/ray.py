@@ -35,6 +35,7 @@ from fleetgen.deploy.instance import (
     keep_running,
     push_launch,
     remove_secret_files,
+    running_process,
 )
 from fleetgen.deploy.placement.base import Placed
 from fleetgen.deploy.script import Command
@@ -96,12 +97,14 @@ async def _ensure(
     spec = _spec(fleet, wanted.inst)
     record = run.records.get(wanted.inst.name)
     state = await ray.server_state(spec.name, spec.namespace, record.node if record else "")
-    if record is not None and state.is_alive and state.node is not None and not run.force:
+    if record is not None and state.is_alive and state.node is not None:
         async with node_session(fleet, login, state.node) as node:
             running = await find_running(node, wanted, record)
-            if running and not process_drift(wanted.command, running, wanted.secret_value):
+            if running and not run.force and not process_drift(wanted.command, running, wanted.secret_value):
                 await keep_running(node, wanted, run, out, running)
                 return
+            if running:  # as SSH hosts stop a server (TERM, then KILL): its actor's end would KILL it
+                await node.host.stop(running.pid, start_time=running.start_time)
     if await ray.remove_server(spec.name, spec.namespace):
         why = "restart" if run.force else "flags or env changed, or its process is gone"
         run.progress(wanted.inst.name, f"removed Ray actor {spec.name} and its placement group ({why})")
@@ -166,14 +169,21 @@ async def _sweep(
 async def down_servers(
     fleet: Fleet, login: HostSession, targets: Sequence[InstanceCommand], records: dict[str, InstanceRecord]
 ) -> list[Outcome]:
-    """`down`: each server's actor killed and group removed (by name, whatever the state file says), Ray
-    checked to list neither, then what the engine left on its node swept (`_sweep`)."""
+    """`down`: each server stopped as SSH hosts stop one (TERM, then KILL), its actor killed and group
+    removed (by name, whatever the state file says), Ray checked to list neither, then what the engine left
+    on its node swept (`_sweep`)."""
 
     async def stop(target: InstanceCommand, out: Outcome) -> None:
-        spec = _spec(fleet, target.inst)
-        state = await ray.server_state(spec.name, spec.namespace)
+        spec, record = _spec(fleet, target.inst), records.get(target.inst.name)
+        state = await ray.server_state(spec.name, spec.namespace, record.node if record else "")
+        if state.is_alive and state.node is not None:
+            async with node_session(fleet, login, state.node) as node:
+                running = await running_process(node, target.command, record)
+                if running is not None:
+                    await node.host.stop(running.pid, start_time=running.start_time)
+                    out.pid = running.pid
         was_placed = await ray.remove_server(spec.name, spec.namespace)
-        out.swept = await _sweep(fleet, login, records.get(target.inst.name), state.node, target.command)
+        out.swept = await _sweep(fleet, login, record, state.node, target.command)
         out.action = Action.STOPPED if was_placed or out.swept else Action.ABSENT
 
     return await settle(login.entry.name, targets, stop)
