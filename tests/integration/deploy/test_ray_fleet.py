@@ -42,6 +42,8 @@ from tests.integration.deploy.test_vllm import NGRAM
 
 pytestmark = [pytest.mark.ray]
 
+MODEL = Path(__file__).parents[2] / "data" / "models" / "qwen3.6-27b"  # its config.json: what plan sizes
+
 NUM_SERVERS = 4  # two on each node (2 declared GPUs each)
 SIM_ARGS = {**SIM_SPEC_ARGS, "sim-decode-tps": 10.0}  # slow enough that a server lost has requests in flight
 # Ray's own listing, read by a driver of its own (the test's process stays no Ray driver)
@@ -129,6 +131,27 @@ def marked(actors: Collection[str]) -> list[int]:
 
 def kill_actor(ray_cluster: LocalRay, name: str) -> None:
     subprocess.run([sys.executable, "-c", KILL, ray_cluster.address, name], check=True, capture_output=True)
+
+
+async def test_plan_online_asks_the_ray_cluster_for_its_gpu_nodes(
+    ray_cluster: LocalRay, tmp_path: Path
+) -> None:
+    """`plan` (online) counts the GPUs of the cluster's live nodes: a fleet asking for more than the 4 this
+    cluster declares is warned with the fix, one that fits is not (before the node-loss test stops one)."""
+    model = tmp_path / "model"
+    model.mkdir()
+    engine = {"kind": "sglang", "python": sys.executable, "model": str(model), "model_config": str(MODEL)}
+    warned = {}
+    for gpus in (4, 6):
+        folder = tmp_path / f"g{gpus}"
+        folder.mkdir()
+        fleet = write_ray_fleet(folder, ray_cluster, engine=engine, cluster={"gpus": gpus})
+        code, out, err = await cli("plan", "--json", "-f", str(fleet))
+        assert code in (0, 2), out + err  # 2: an instance does not fit; the plan is printed all the same
+        warned[gpus] = [w for w in json.loads(out)["warnings"] if w["rule"] == "cluster-gpus"]
+    assert warned[4] == []
+    [over] = warned[6]
+    assert "the Ray cluster's live nodes have 4 GPU(s)" in over["message"] and "at most 4" in over["fix"]
 
 
 async def test_a_ray_fleet_serves_a_job_exactly_once_through_a_killed_actor_and_a_lost_node(
