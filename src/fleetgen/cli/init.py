@@ -48,7 +48,7 @@ ssh = "local"
 gpus = [0]
 
 # Or let a Slurm cluster place the servers: remove every [[hosts]] entry and uncomment this table
-# (one job per server; every key in README.md, "From SSH hosts to Slurm").
+# (one job per server; every key in README.md, "From SSH hosts to Slurm to Ray").
 # [cluster]
 # kind = "slurm"
 # partition = "gpu"                # checked before anything is queued: MaxTime, nodes, accounts, GPUs

@@ -9,14 +9,17 @@ Imports elsewhere name `fleetgen.config` only, never its modules.
 
 from __future__ import annotations
 
-from fleetgen.config.cluster import ClusterConfig
+from fleetgen.config.cluster import CLUSTER_KINDS, ClusterConfig
 from fleetgen.config.common import locate
 from fleetgen.config.engine import ENGINE_KINDS, LOOPBACK, ArgValue, EngineConfig, register_engine_kind
 from fleetgen.config.fleet import FleetFile, Instance, Selection, load_fleet
 from fleetgen.config.hosts import HostEntry
 from fleetgen.config.job import JobFile, load_job
+from fleetgen.config.ray import RayCluster
+from fleetgen.config.slurm import SlurmCluster
 
 __all__ = [
+    "CLUSTER_KINDS",
     "ENGINE_KINDS",
     "LOOPBACK",
     "ArgValue",
@@ -26,7 +29,9 @@ __all__ = [
     "HostEntry",
     "Instance",
     "JobFile",
+    "RayCluster",
     "Selection",
+    "SlurmCluster",
     "load_fleet",
     "load_job",
     "locate",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import tomllib
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -46,21 +46,40 @@ def load_toml(path: Path, model: type[M], what: str) -> M:
         return model.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(
-            _render_validation(path, text, exc),
+            _render_validation(path, text, exc, data),
             fix=f"edit {path} as the lines above say; `fleetgen init` writes a commented example",
         ) from exc
 
 
-def _render_validation(path: Path, text: str, exc: ValidationError) -> str:
+def _render_validation(path: Path, text: str, exc: ValidationError, data: Any) -> str:
     lines = [f"{path}: {exc.error_count()} invalid field(s)"]
     for err in exc.errors():
-        loc = tuple(err["loc"])
+        loc = untagged(tuple(err["loc"]), data)
         field = dotted(loc)
         line = locate(text, loc)
         where = f"{path}:{line}" if line else str(path)
         msg = err["msg"].removeprefix("Value error, ")
         lines.append(f"  {where}: {field or '(top level)'}: {msg}")
     return "\n".join(lines)
+
+
+def untagged(loc: tuple[int | str, ...], data: Any) -> tuple[int | str, ...]:
+    """`loc` without the tags pydantic puts in it for a union told apart by `kind` (`cluster.ray.gpus` is
+    `cluster.gpus` in the file): a part that is the `kind` of the table it stands in, not one of its keys."""
+    kept: list[int | str] = []
+    for part in loc:
+        is_tag = isinstance(data, dict) and part not in data and data.get("kind") == part
+        if is_tag:
+            continue
+        kept.append(part)
+        data = data.get(part) if isinstance(data, dict) else _item(data, part)
+    return tuple(kept)
+
+
+def _item(data: Any, part: int | str) -> Any:
+    if isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data):
+        return data[part]
+    return None
 
 
 def locate(text: str, loc: tuple[int | str, ...]) -> int | None:

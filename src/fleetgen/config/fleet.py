@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, TypeAdapter, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from fleetgen.config.cluster import ClusterConfig, cluster_problems
+from fleetgen.config.cluster import CLUSTER_KINDS, ClusterConfig
 from fleetgen.config.common import Strict, dotted, load_toml, locate
 from fleetgen.config.engine import EngineConfig
 from fleetgen.config.hosts import HostEntry
@@ -35,6 +35,9 @@ class Instance(Strict):
     index: int
 
 
+_CLUSTER: TypeAdapter[ClusterConfig] = TypeAdapter(ClusterConfig)
+
+
 class FleetFile(Strict):
     """A whole fleet file."""
 
@@ -45,24 +48,25 @@ class FleetFile(Strict):
     @model_validator(mode="before")
     @classmethod
     def _one_placement(cls, data: Any) -> Any:
-        """`[[hosts]]` (SSH hosts) or `[cluster]` (Slurm), exactly one; a valid cluster stands as one host,
-        the submit host, so everything that walks `hosts` (plan, select, status) sees the same fleet."""
+        """`[[hosts]]` (SSH hosts) or `[cluster]` (Slurm, Ray), exactly one; a valid cluster stands as one
+        host, its submit host (Ray's: this machine, the driver), so everything that walks `hosts` (plan,
+        select, status) sees the same fleet."""
         if not isinstance(data, dict):
             return data
         has_hosts, has_cluster = bool(data.get("hosts")), "cluster" in data
         if has_hosts and has_cluster:
             raise ValueError(
                 "the fleet file has both [[hosts]] and [cluster]: a fleet is placed on SSH hosts or by a "
-                "Slurm cluster, not both; keep one (two fleet files for two placements)"
+                "cluster (Slurm, Ray), not both; keep one (two fleet files for two placements)"
             )
         if not has_hosts and not has_cluster:
             raise ValueError(
                 "no [[hosts]] and no [cluster]: add [[hosts]] entries (SSH hosts) or a [cluster] table "
-                '(kind = "slurm"); `fleetgen init` writes an example'
+                f"(kind = {' or '.join(map(repr, CLUSTER_KINDS))}); `fleetgen init` writes an example"
             )
         if has_cluster:
             try:
-                cluster = ClusterConfig.model_validate(data["cluster"])
+                cluster = _CLUSTER.validate_python(data["cluster"])
             except ValidationError:
                 return data  # reported by the field's own validation, with its location
             return {**data, "hosts": [cluster.submit_host()]}
@@ -83,6 +87,18 @@ class FleetFile(Strict):
                 ],
             )
         return self
+
+    @property
+    def placement_kind(self) -> str:
+        """What places the servers: "hosts" (`[[hosts]]`, over SSH) or the `[cluster]`'s kind; the key of
+        the placement registry (`deploy.placement`)."""
+        return self.cluster.kind if self.cluster else "hosts"
+
+    @property
+    def assigns_devices(self) -> bool:
+        """Whether the placement hands each server its GPUs (and sets CUDA_VISIBLE_DEVICES) itself: then
+        the launch exports none of its own (the fleet's GPU indices are slots, not devices)."""
+        return bool(self.cluster and self.cluster.assigns_devices)
 
     def host(self, name: str) -> HostEntry:
         for host in self.hosts:
@@ -236,8 +252,8 @@ class Selection:
 def layout_problems(fleet_file: FleetFile) -> list[tuple[tuple[int | str, ...], str]]:
     """(field location, why + fix) for GPU lists `tp` does not divide and names two things could share."""
     tp = fleet_file.engine.tp
-    if fleet_file.cluster is not None:
-        return cluster_problems(fleet_file.cluster, tp)
+    if fleet_file.cluster:  # a cluster checks its own table (its submit host's GPU list is its slots)
+        return fleet_file.cluster.problems(tp)
     names = [h.name for h in fleet_file.hosts]
     problems: list[tuple[tuple[int | str, ...], str]] = [
         (("hosts", j, "name"), f"host names repeat: {name}; every [[hosts]] needs its own name")

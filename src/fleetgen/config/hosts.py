@@ -82,3 +82,15 @@ class HostEntry(Machine):
     @property
     def port(self) -> int:
         return int(self.ssh.rpartition("@")[2].partition(":")[2] or 22)
+
+
+def gpus_problems(gpus: int, tp: int) -> list[tuple[tuple[int | str, ...], str]]:
+    """A `[cluster]`'s `gpus` that `tp` does not divide (servers = gpus / tp), with the counts that work."""
+    if not gpus % tp:
+        return []
+    fit = gpus // tp * tp
+    why = (
+        f"gpus = {gpus} is no multiple of engine.tp = {tp} (servers = gpus / tp): "
+        f"set gpus = {fit or tp}{f' or {fit + tp}' if fit else ''}, or change engine.tp"
+    )
+    return [(("cluster", "gpus"), why)]

@@ -7,8 +7,8 @@ The state file is updated as soon as a process is spawned, so `down` can always 
 `open_hosts` is also how `status` connects. Before `up` starts anything it runs the fleet's
 cross-instance rules over all hosts (a rule broken only among instances `--only` left out stops none it
 picked) and the engine's own refusals of each picked instance's flags (`--no-plan-check` skips those; a
-model shape read nowhere is a warning naming what went unchecked and the fix). A `[cluster]` fleet's
-instances go through `deploy.slurm`.
+model shape read nowhere is a warning naming what went unchecked and the fix). Each host's
+instances go through the fleet's placement (`deploy.placement`: the SSH hosts' own, Slurm's, Ray's).
 """
 
 from __future__ import annotations
@@ -17,26 +17,16 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 
 import aiohttp
 
 from fleetgen.config import HostEntry, Instance, Selection
 from fleetgen.deploy.fleet_ref import Fleet
-from fleetgen.deploy.instance import (
-    HostSession,
-    InstanceCommand,
-    Narrate,
-    Outcome,
-    Rollout,
-    ensure_up,
-    open_session,
-    settle,
-    stop_instance,
-)
 from fleetgen.deploy.modelshape import MODEL_CONFIG_FIX, model_shape
-from fleetgen.deploy.slurm import down_jobs, up_jobs
+from fleetgen.deploy.placement import placement_of
+from fleetgen.deploy.session import HostSession, open_session
 from fleetgen.deploy.state import load_state, update_state
+from fleetgen.deploy.types import InstanceCommand, Narrate, Outcome, Rollout
 from fleetgen.deploy.wanted import (
     api_key,
     build_wanted,
@@ -225,7 +215,7 @@ async def up(
         plans.update(plan_for_up(fleet, opened, shape, plan_check=plan_check, job=job))
         planned([plans[i.name] for i in opened.picked() if i.name in plans])
 
-    records = load_state(fleet.path)
+    records, placement = load_state(fleet.path), placement_of(fleet.file)
     run = Rollout(fleet.engine, records, progress, lambda rec: update_state(fleet.path, put=[rec]), force)
 
     async def per_host(hs: HostSession, instances: list[Instance]) -> list[Outcome]:
@@ -233,25 +223,21 @@ async def up(
             build_wanted(fleet.file, fleet.engine, i, hs.survey, secret, planned_figures(plans.get(i.name)))
             for i in instances
         ]
-        if fleet.file.cluster is not None:  # placed by Slurm: one job per server (deploy.slurm)
-            return await up_jobs(fleet, hs, wanted, run)
-        return await settle(hs.entry.name, wanted, partial(ensure_up, hs, run))
+        await placement.preflight(fleet, hs, wanted)
+        return await placement.up(fleet, hs, wanted, run)
 
     return await for_each_host(fleet, only, per_host, check_fleet=check)
 
 
 async def down(fleet: Fleet, *, only: Sequence[str] | None = None) -> list[Outcome]:
     """Stop every (selected) instance and forget it in the state."""
-    records = load_state(fleet.path)
+    records, placement = load_state(fleet.path), placement_of(fleet.file)
 
     async def per_host(hs: HostSession, instances: list[Instance]) -> list[Outcome]:
         targets = [
             InstanceCommand(i, wanted_command(fleet.file, fleet.engine, i, hs.survey)) for i in instances
         ]
-        if fleet.file.cluster is not None:
-            outs = await down_jobs(fleet, hs, targets, records)
-        else:
-            outs = await settle(hs.entry.name, targets, partial(stop_instance, hs, records))
+        outs = await placement.down(fleet, hs, targets, records)
         update_state(fleet.path, drop=[o.instance for o in outs if o.error is None])
         return outs
 

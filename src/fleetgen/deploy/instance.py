@@ -4,186 +4,31 @@
 (and re-verified). Anything else is stopped (TERM → wait → KILL), its port (and, where nvidia-smi exists,
 its GPUs) waited free, and a new process spawned from a freshly pushed, verified `launch.sh`, with a new log.
 
-`open_session` gives a surveyed host (a fleet host or a Slurm node); `push_launch` pushes the folder, key
-files and script wherever the instance is placed; `follow_launch` is everything after a launch (wait ready,
-prove it holds its port, verify), wherever it was placed.
+The host comes surveyed (`deploy.session`), the instance as values (`deploy.types`); `push_launch`
+pushes the folder, key files and script wherever the instance is placed; `follow_launch` is everything
+after a launch (wait ready, prove it holds its port, verify), wherever it was placed.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import enum
-import ipaddress
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Protocol, TypeVar
+from collections.abc import Awaitable, Callable, Mapping
 
-import aiohttp
-
-from fleetgen.config import LOOPBACK, EngineConfig, HostEntry, Instance
-from fleetgen.deploy.hostsurvey import HostSurvey, prepare_host
+from fleetgen.config import LOOPBACK
 from fleetgen.deploy.listener import port_owners, stranger_problem
 from fleetgen.deploy.probes import probe_instance, wait_gpus_released, wait_port_free
 from fleetgen.deploy.readywait import StartedProcess, wait_ready
 from fleetgen.deploy.script import Command
+from fleetgen.deploy.session import HostSession
 from fleetgen.deploy.state import InstanceRecord
+from fleetgen.deploy.types import Action, InstanceCommand, Outcome, Rollout, WantedInstance
 from fleetgen.deploy.verify import Verified, process_drift, verify_engine
 from fleetgen.engines.base import Engine
-from fleetgen.errors import ConfigError, FleetgenError, LaunchFailed, VerifyError
+from fleetgen.errors import LaunchFailed, VerifyError
 from fleetgen.http.client import EngineClient
-from fleetgen.plan import Launch
-from fleetgen.remote import open_host
 from fleetgen.remote.base import Host, ProcInfo
-
-Narrate = Callable[[str, str], None]  # (instance, message)
 
 # The instance's folder: its owner's only (key files, script, logs live there).
 PRIVATE_DIR_SH = 'mkdir -p -- "$1" && chmod 700 -- "$1"'
-
-
-class Action(enum.StrEnum):
-    UNCHANGED = "unchanged"  # the running process already matched: left alone
-    STARTED = "started"  # nothing ran: a new process
-    REPLACED = "replaced"  # a different (or forced) process was stopped and a new one started
-    STOPPED = "stopped"
-    ABSENT = "absent"  # down: nothing was running
-
-
-@dataclass(frozen=True)
-class InstanceCommand:
-    """An instance and the command it runs, no script rendered: all `down` needs to find its process (pidfile,
-    argv[0]), remove its key files and wait its port free (`wanted.wanted_command` builds the command)."""
-
-    inst: Instance
-    command: Command
-
-
-class _OfInstance(Protocol):
-    @property
-    def inst(self) -> Instance: ...
-
-
-_Item = TypeVar("_Item", bound=_OfInstance)
-
-
-@dataclass(frozen=True)
-class WantedInstance:
-    """One instance as the fleet file wants it."""
-
-    inst: Instance
-    launch: Launch  # what decided argv + env: the engine version and rule set (recorded in the state)
-    command: Command
-    script: str
-    sha256: str
-    secret_value: str | None
-    planned: Mapping[str, float]
-    timeout_s: float
-
-    def record(
-        self, host: str, log_path: str, pid: int = 0, start_time: int = 0, slurm_job: str = ""
-    ) -> InstanceRecord:
-        """The state file's record of launching this instance on `host` (a Slurm job: pid 0 until it runs)."""
-        return InstanceRecord(
-            instance=self.inst.name,
-            host=host,
-            gpus=self.inst.gpus,
-            port=self.inst.port,
-            pid=pid,
-            start_time=start_time,
-            log_path=log_path,
-            script_path=self.command.paths.script,
-            script_sha256=self.sha256,
-            launched_at=datetime.now(UTC).isoformat(),
-            argv=self.command.argv,
-            env_names=tuple(sorted(self.command.environ)),
-            engine_version=self.launch.version,
-            rule_set=self.launch.rules.name,
-            slurm_job=slurm_job,
-        )
-
-
-@dataclass
-class HostSession:
-    """An open host with what fleetgen learned about it during this command."""
-
-    entry: HostEntry
-    host: Host
-    survey: HostSurvey
-    http: aiohttp.ClientSession
-    public_bind: str | None = None
-
-    async def url_for(self, port: int) -> str:
-        """Where fleetgen reaches a port: a local SSH forward, or directly on a public bind: its address, or,
-        bound to every interface, the host's SSH address (a `local` host, whose address is the word "local",
-        at its own loopback)."""
-        bind, wildcard = self.public_bind, {"0.0.0.0": "127.0.0.1", "::": "[::1]"}
-        if not bind:
-            return f"http://127.0.0.1:{await self.host.forward(port)}"
-        if bind in wildcard:
-            address = wildcard[bind] if self.entry.is_local else self.entry.address
-        else:
-            address = f"[{bind}]" if ":" in bind else bind
-        return f"http://{address}:{port}"
-
-    async def client_for(self, wanted: WantedInstance) -> EngineClient:
-        """The engine client of an instance on this host, with its key."""
-        url = await self.url_for(wanted.inst.port)
-        return EngineClient(url, session=self.http, api_key=wanted.secret_value)
-
-
-@contextlib.asynccontextmanager
-async def open_session(
-    entry: HostEntry,
-    cfg: EngineConfig,
-    http: aiohttp.ClientSession,
-    *,
-    check_launch: bool = True,
-    host: Host | None = None,
-) -> AsyncIterator[HostSession]:
-    """`entry` connected (`host`, else `open_host(entry)`) and surveyed (`prepare_host`); closes the
-    connection (and its tunnels) on exit. A loopback bind other than 127.0.0.1 on an SSH host is the HOST's
-    loopback, reached neither directly nor through tunnels (they go to 127.0.0.1): refused first."""
-    if not entry.is_local and cfg.bind != LOOPBACK and is_loopback(cfg.bind):
-        raise ConfigError(
-            f"engine.bind = {cfg.bind!r} is {entry.name}'s own loopback: fleetgen cannot reach a server "
-            "there",
-            fix="keep engine.bind = '127.0.0.1' (reached through SSH tunnels), or bind '0.0.0.0' or an "
-            "address of the host with engine.api_key_env set",
-            context={"host": entry.name},
-        )
-    async with host or open_host(entry) as host:
-        survey = await prepare_host(host, entry, cfg, check_launch=check_launch)
-        yield HostSession(entry, host, survey, http, public_bind=cfg.bind if cfg.is_public else None)
-
-
-def is_loopback(address: str) -> bool:
-    """`localhost` or a loopback IP (127.0.0.0/8, ::1)."""
-    if address == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return False
-
-
-@dataclass
-class Outcome:
-    """What `up`/`down` did to one instance, and what it established."""
-
-    instance: str
-    host: str
-    action: Action | None = None
-    pid: int | None = None
-    url: str = ""
-    log_path: str = ""
-    error: FleetgenError | None = None
-    verified: Verified | None = None
-    elapsed_s: float = 0.0
-    record: InstanceRecord | None = field(default=None, repr=False)
-    swept: list[int] = field(default_factory=list)  # a Slurm job's leftovers on its node, stopped
 
 
 async def find_running(
@@ -206,37 +51,6 @@ async def running_process(
     if named is not None and named.is_alive and named.argv[:1] == (command.python,):
         return named
     return None
-
-
-@dataclass(frozen=True)
-class Rollout:
-    """What one `up` brings to each instance: the engine, the earlier launches' records, whether to restart
-    what already runs as wanted, and where progress lines and new launch records go."""
-
-    engine: Engine
-    records: Mapping[str, InstanceRecord]
-    progress: Narrate
-    on_record: Callable[[InstanceRecord], None]
-    force: bool = False
-
-
-async def settle(
-    host: str, wanted: Sequence[_Item], work: Callable[[_Item, Outcome], Awaitable[None]]
-) -> list[Outcome]:
-    """`work` on each instance in parallel (a `WantedInstance` for `up`, an `InstanceCommand` for `down`),
-    each on a new Outcome, timed: done when it returns, its error kept when it raises one of ours."""
-
-    async def one(w: _Item) -> Outcome:
-        out = Outcome(instance=w.inst.name, host=host)
-        started = time.monotonic()
-        try:
-            await work(w, out)
-        except FleetgenError as exc:
-            out.error = exc
-        out.elapsed_s = time.monotonic() - started
-        return out
-
-    return list(await asyncio.gather(*(one(w) for w in wanted)))
 
 
 async def ensure_up(hs: HostSession, run: Rollout, wanted: WantedInstance, out: Outcome) -> None:

@@ -8,8 +8,8 @@ import aiohttp
 
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import host_instances
-from fleetgen.deploy.instance import open_session
 from fleetgen.deploy.script import InstancePaths
+from fleetgen.deploy.session import open_session
 from fleetgen.errors import ConfigError
 
 

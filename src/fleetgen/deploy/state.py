@@ -11,16 +11,28 @@ state.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from pydantic import TypeAdapter
 
 from fleetgen.atomic import write_atomic
 from fleetgen.errors import ConfigError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+
+
+def _placement_id(record: dict[str, Any]) -> dict[str, Any]:
+    """Schema 2: a cluster's job (Slurm's, the only one then) became a placement id (Slurm's job, Ray's
+    actor)."""
+    job = record.pop("slurm_job", "")
+    return {**record, "placement_id": record.get("placement_id", job)}
+
+
+# Schema changes, in order, append-only: MIGRATIONS[v - 1] takes a record of schema v to v + 1.
+MIGRATIONS: list[Callable[[dict[str, Any]], dict[str, Any]]] = [_placement_id]
 
 
 @dataclass(frozen=True)
@@ -41,8 +53,8 @@ class InstanceRecord:
     env_names: tuple[str, ...] = ()
     engine_version: str | None = None  # the version that decided argv (the host's, else engine.version)
     rule_set: str = ""  # the rule set read for it (`sglang-0.5.23`)
-    slurm_job: str = ""  # a Slurm placement: the job that runs it (pid 0 until the job started)
-    node: str = ""  # a Slurm placement: the node the job runs on
+    placement_id: str = ""  # a cluster's: the Slurm job or Ray actor that runs it (pid 0 until it started)
+    node: str = ""  # a cluster's: the node it runs on
 
 
 # `asdict` writes a record; this reads it back (JSON lists → tuples), refusing a record that lacks a field.
@@ -60,8 +72,11 @@ def load_state(fleet_path: Path) -> dict[str, InstanceRecord]:
         return {}
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        return _RECORDS.validate_python(data.get("instances", {}))
-    except (OSError, ValueError, AttributeError) as exc:
+        records = data.get("instances", {})
+        for migrate in MIGRATIONS[int(data.get("schema", 1)) - 1 :]:
+            records = {name: migrate(dict(rec)) for name, rec in records.items()}
+        return _RECORDS.validate_python(records)
+    except (OSError, ValueError, AttributeError, TypeError) as exc:
         raise ConfigError(
             f"cannot read fleetgen's state {path}: {exc}",
             fix=f"move {path} aside; `fleetgen up` re-creates it (running servers are "

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from fleetgen.config import EngineConfig, FleetFile, HostEntry, Instance
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.hostsurvey import HostSurvey
-from fleetgen.deploy.instance import WantedInstance
 from fleetgen.deploy.script import Command, InstancePaths, SecretEnv, render_script
+from fleetgen.deploy.types import WantedInstance
 from fleetgen.engines import Engine, format_args, launcher_of
 from fleetgen.errors import ConfigError
 from fleetgen.plan import HostFacts, InstancePlan, Launch, decide_launch, facts_from_file
@@ -96,7 +96,7 @@ def build_command(
         if refused:
             raise ConfigError(refused[0].message, fix=refused[0].fix)
     env = dict(launch.env)
-    if fleet_file.cluster is not None:  # Slurm assigns the job's GPUs (and sets CUDA_VISIBLE_DEVICES) itself
+    if fleet_file.assigns_devices:  # the cluster hands the server its GPUs (and sets CUDA_VISIBLE_DEVICES)
         env.pop("CUDA_VISIBLE_DEVICES", None)
     return Command(
         instance=inst.name,

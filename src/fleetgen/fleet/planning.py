@@ -14,19 +14,17 @@ from pathlib import Path
 
 from fleetgen.atomic import write_atomic
 from fleetgen.chattemplate import MODEL_FILES, TOKENIZER_FILE
-from fleetgen.config import ClusterConfig, FleetFile, HostEntry
-from fleetgen.deploy.hostsurvey import GPU_QUERY, parse_gpu_csv
+from fleetgen.config import FleetFile, HostEntry
 from fleetgen.deploy.modelshape import is_path_like, model_shape
-from fleetgen.deploy.slurm import gpus_shortfall
+from fleetgen.deploy.placement import placement_of
 from fleetgen.engines import Engine, ParserVerdict, get_engine, launcher_of, select_rule_set
 from fleetgen.errors import ModelCardError, RemoteError
 from fleetgen.fleet.hostcheck import HostReport, check_hosts
 from fleetgen.modelcard import ModelShape
-from fleetgen.plan import FleetPlan, GpuFacts, HostFacts, InstancePlan, Issue, facts_from_file, plan_fleet
+from fleetgen.plan import FleetPlan, HostFacts, InstancePlan, Issue, facts_from_file, plan_fleet
 from fleetgen.plan.job import JobShape
 from fleetgen.plan.types import GIB
 from fleetgen.remote import open_host
-from fleetgen.remote.slurm import partition_gpus, probe_node
 
 PARSER_TIMEOUT_S = 180.0  # importing SGLang's server_args pulls in triton: tens of seconds on a cold host
 
@@ -114,10 +112,12 @@ async def gather_inputs(fleet_file: FleetFile, fleet_path: Path, *, offline: boo
     reports = await check_hosts(fleet_file)
     facts = {h.name: facts_from_report(h, r) for h, r in zip(fleet_file.hosts, reports, strict=True)}
     notes: list[Issue] = []
-    if fleet_file.cluster is not None:  # the submit host has no GPU of the fleet's: ask the cluster
-        entry = fleet_file.hosts[0]
-        gpus, notes = await cluster_gpus(entry, fleet_file.cluster, fleet_file.engine.tp)
-        facts[entry.name] = replace(facts[entry.name], gpus=gpus)
+    placement = placement_of(fleet_file)
+    for entry in fleet_file.hosts:  # a cluster's submit host has no GPU of the fleet's: the cluster's own
+        offered = await placement.planning_gpus(fleet_file, entry)
+        if offered is not None:
+            facts[entry.name] = replace(facts[entry.name], gpus=offered[0])
+            notes += offered[1]
     notes += [
         Issue("host-unreachable", f"{r.host}: {r.error}; planning it from the fleet file", r.fix or "")
         for r in reports
@@ -134,33 +134,6 @@ async def gather_inputs(fleet_file: FleetFile, fleet_path: Path, *, offline: boo
         text = f"engine.version = {wanted} but the hosts run {listed}; planning with what runs"
         notes.append(Issue("engine-version", text, "update engine.version"))
     return PlanInputs(shape, facts, versions[-1] if versions else wanted, tuple(notes))
-
-
-async def cluster_gpus(
-    submit: HostEntry, cluster: ClusterConfig, tp: int
-) -> tuple[tuple[GpuFacts, ...], list[Issue]]:
-    """A Slurm fleet's GPUs, online: the partition's GRES per node (`sinfo`), and one short `srun` holding
-    one GPU runs nvidia-smi; every slot of `cluster.gpus` is planned as that GPU (a GPU Slurm hands out is
-    free of other jobs, so the probe's emptiest GPU is what a server gets). Slurm's refusals raise."""
-    async with open_host(submit) as conn:
-        have = await partition_gpus(conn, cluster.partition)
-        answer = await probe_node(conn, cluster, GPU_QUERY)
-    rows = parse_gpu_csv(answer.stdout)
-    if not rows:
-        raise RemoteError(
-            f"nvidia-smi on node {answer.node} (partition {cluster.partition}) listed no GPU: "
-            f"{answer.stdout.strip()[:200] or 'no output'}",
-            fix=f"check the node's driver (nvidia-smi on {answer.node}), or plan with --offline and "
-            "cluster.gpu_memory_gib set in the fleet file",
-        )
-    best = max(rows, key=lambda g: g.memory_total_mib - g.memory_used_mib).facts()
-    notes = [short] if (short := gpus_shortfall(cluster, have)) else []
-    widest = max((n for _, n in have.per_node), default=0)
-    if tp > widest:
-        text = f"engine.tp = {tp}, but no node of partition {cluster.partition} has over {widest} GPU(s)"
-        fix = "lower engine.tp, or pick a partition with larger nodes (`sinfo -o '%P %G'`)"
-        notes.append(Issue("cluster-gpus", text, fix))
-    return tuple(replace(best, index=i) for i in range(cluster.gpus)), notes
 
 
 async def check_with_host_parser(fleet_file: FleetFile, plan: FleetPlan) -> FleetPlan:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 from fleetgen.deploy.death import Death
 from fleetgen.deploy.fleet_ref import Fleet
+from fleetgen.deploy.placement import placement_of
 from fleetgen.deploy.readiness import Readiness, Seen, decide
 from fleetgen.deploy.state import load_state
 from fleetgen.errors import FleetDown
@@ -111,12 +112,13 @@ class FleetLinks:
 
     async def read_one(self, name: str) -> Link:
         """One instance as it is now: its host reconnected if it was unreachable (SSH connections that
-        dropped reconnect, and re-open their tunnels, on the read itself). A Slurm instance is placed anew
+        dropped reconnect, and re-open their tunnels, on the read itself). A cluster's instance is placed anew
         (alone) when its job was replaced, and when its process is gone: its job's end then reads in
-        Slurm's words (CANCELLED, PREEMPTED, TIMEOUT, NODE_FAIL), not as "not running"."""
-        host, is_placed = self._hosts[name], self.fleet.file.cluster is not None
+        its cluster's words (Slurm's CANCELLED, PREEMPTED, NODE_FAIL; Ray's actor death cause), not as "not
+        running"."""
+        host, is_placed = self._hosts[name], placement_of(self.fleet.file).is_per_instance
         one = self._views.get(name)
-        if one is not None and one.is_replaced(name):  # Slurm runs it in a new job
+        if one is not None and one.is_replaced(name):  # its cluster runs it in a new job or actor
             del self._views[name]
         if name not in self._views:
             await self._reconnect(host, only=name if is_placed else "")
@@ -141,7 +143,7 @@ class FleetLinks:
 
     async def _read(self, name: str) -> Link:
         one = self._views.get(name)
-        if one is None:  # its host is unreachable, or (Slurm) its job is not running
+        if one is None:  # its host is unreachable, or its job / actor is not running
             failed = self._failed.get(name)
             if failed is None:
                 return Link(name, "", self.secret, None, *decide(Seen(unseen="its host is unreachable")))

@@ -31,11 +31,12 @@ from fleetgen.config import LOOPBACK, Instance
 from fleetgen.deploy.death import Death, death_of, signatures_of
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import open_hosts
-from fleetgen.deploy.instance import HostSession, running_process
+from fleetgen.deploy.instance import running_process
 from fleetgen.deploy.listener import port_owners, stranger_problem
+from fleetgen.deploy.placement import placement_of
 from fleetgen.deploy.readiness import NOT_RUNNING, Readiness, Seen, decide
 from fleetgen.deploy.script import Command
-from fleetgen.deploy.slurm import place
+from fleetgen.deploy.session import HostSession
 from fleetgen.deploy.state import InstanceRecord, load_state
 from fleetgen.deploy.verify import process_drift
 from fleetgen.deploy.wanted import api_key, wanted_command
@@ -72,7 +73,7 @@ class InstanceStatus:
     running_is_floor: bool = False  # max_running_requests is a floor its engine runs past (vLLM's)
     log_path: str = ""
     problem: str = ""
-    placement: str = ""  # a Slurm placement: its job and node ("Slurm job 12 on node1")
+    placement: str = ""  # a cluster's: its job or actor and node ("Slurm job 12 on node1")
 
     def to_json(self) -> dict[str, Any]:
         """`ready` (true only when READY) where `readiness` stands; every other field as it is."""
@@ -88,7 +89,7 @@ class _Tracked:
     command: Command  # what it runs as the fleet file wants it (compared with /proc: drift)
     before: Scrape | None = None
     placement: str = ""
-    slurm_job: str = ""  # a Slurm placement: the job its session reaches the node of
+    placement_id: str = ""  # a cluster's: the job or actor its session reaches the node of
     # the death found in a gone launch's log, by launch (pid, start time, log): read once, not each refresh
     death: tuple[tuple[int, int, str], Death] | None = None
 
@@ -105,10 +106,10 @@ class FleetView:
         # Where `plan` and `up` read the model's shape (`modelshape.model_shape`): the first host reached.
         self.model_host: Host | None = None
 
-    def track(self, hs: HostSession, inst: Instance, *, placement: str = "", slurm_job: str = "") -> None:
-        """Track `inst` (read it at each refresh) through `hs` (its host, or a Slurm job's node)."""
+    def track(self, hs: HostSession, inst: Instance, *, placement: str = "", placement_id: str = "") -> None:
+        """Track `inst` (read it at each refresh) through `hs` (its host, or its job's or actor's node)."""
         command = wanted_command(self.fleet.file, self.fleet.engine, inst, hs.survey)
-        self.tracked.append(_Tracked(hs, inst, command, placement=placement, slurm_job=slurm_job))
+        self.tracked.append(_Tracked(hs, inst, command, placement=placement, placement_id=placement_id))
 
     @property
     def names(self) -> list[str]:
@@ -158,11 +159,11 @@ class FleetView:
         return next(w for w in self.tracked if w.inst.name == name)
 
     def is_replaced(self, name: str) -> bool:
-        """A Slurm instance whose job was replaced since this view placed it (resubmitted by `up` or
+        """A cluster's instance whose job or actor was replaced since this view placed it (by `up` or
         `--restart-dead`, perhaps on another node): this view's session may reach the wrong node."""
-        job = next((w.slurm_job for w in self.tracked if w.inst.name == name), "")
+        placed = next((w.placement_id for w in self.tracked if w.inst.name == name), "")
         record = load_state(self.fleet.path).get(name)
-        return bool(job) and (record is None or record.slurm_job != job)
+        return bool(placed) and (record is None or record.placement_id != placed)
 
     async def refresh(self, rate_window_s: float = 1.0) -> list[InstanceStatus]:
         """Every instance's status, read now; throughput needs two scrapes (the previous refresh, or a
@@ -244,11 +245,7 @@ async def open_view(
         for hs, instances in opened.sessions.values():
             try:
                 picked = opened.selection.pick(hs.entry.name, instances)
-                if fleet.file.cluster is not None:  # placed by Slurm: each running job's node is its host
-                    await _place(view, hs, picked, nodes)
-                    continue
-                for inst in picked:
-                    view.track(hs, inst)
+                await _place(view, hs, picked, nodes)
             except FleetgenError as exc:
                 opened.fail(hs.entry, exc, instances)
         static = {i.name: i for h in fleet.file.hosts for i in fleet.file.instances_on(h)}
@@ -270,12 +267,14 @@ async def engine_deaths(fleet: Fleet, names: Sequence[str]) -> dict[str, Death]:
 async def _place(
     view: FleetView, login: HostSession, instances: list[Instance], stack: contextlib.AsyncExitStack
 ) -> None:
-    """A cluster's instances: those whose job runs are tracked on its node; the others say where their job
-    is (pending and why, or ended with Slurm's state and reason: down, `fleetgen up` resubmits it)."""
+    """Each instance where its placement says it runs now (`Placement.place`): tracked through its node's
+    session (its host's, on SSH hosts); the others say where their job or actor is (pending and why, or
+    ended in the cluster's words: down, `fleetgen up` places it again)."""
     fleet = view.fleet
-    for p in await place(fleet, login, instances, load_state(fleet.path), stack):
+    placed = await placement_of(fleet.file).place(fleet, login, instances, load_state(fleet.path), stack)
+    for p in placed:
         if p.node is not None:
-            view.track(p.node, p.inst, placement=p.where, slurm_job=p.job)
+            view.track(p.node, p.inst, placement=p.where, placement_id=p.placement_id)
             continue
         seen = Seen(is_alive=False, gone=p.where) if p.has_ended else Seen(unseen=p.where)
         readiness, why = decide(seen)

@@ -19,8 +19,8 @@ from typing import Any
 from fleetgen.config import FleetFile
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import up
-from fleetgen.deploy.instance import Action, Outcome
 from fleetgen.deploy.readiness import Readiness
+from fleetgen.deploy.types import Action, Outcome
 from fleetgen.errors import DeployError
 from fleetgen.fleet.pool import FleetLinks, Link
 from fleetgen.generate.runner import JobServers

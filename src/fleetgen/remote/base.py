@@ -33,6 +33,13 @@ from fleetgen.remote.procfs import StatLine, parse_stat, parse_stats, proc_info_
 DEFAULT_TIMEOUT_S = 600.0  # every command has a deadline: a hung host must surface as an error, not a hang
 _STOP_POLL_S = 0.2
 _KILL_GRACE_S = 10.0
+# every process whose environment holds the assignment $1, as /proc/PID/stat lines
+_MARKED_SH = r"""
+for f in $(grep -lsxzF -e "$1" /proc/[0-9]*/environ); do
+  cat "${f%/environ}/stat" 2>/dev/null
+done
+exit 0
+"""
 Output = tuple[int, bytes, bytes]  # a finished command: exit status, stdout, stderr
 
 
@@ -336,6 +343,13 @@ class Host(ABC):
                 context={"host": self.name, "pid": pid},
             )
         return alive
+
+    async def marked_processes(self, variable: str, value: str) -> list[StatLine]:
+        """The live processes whose environment holds `variable=value` (a Slurm job's, a Ray actor's
+        launch), whatever became of their parent and their process group (as far as this user may read
+        their environment)."""
+        result = await self.run(scripts.sh(_MARKED_SH, f"{variable}={value}"), check=False, timeout=60.0)
+        return [s for s in parse_stats(result.stdout) if not s.is_dead]
 
     async def _stats(self, signal_name: str = "", target: str = "") -> list[StatLine]:
         result = await self.run(scripts.sh(scripts.SIGNAL_AND_STATS_SH, signal_name, target))

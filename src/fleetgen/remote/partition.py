@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fleetgen.config import ClusterConfig
-from fleetgen.config.cluster import slurm_time_s
+from fleetgen.config import SlurmCluster
+from fleetgen.config.slurm import slurm_time_s
 from fleetgen.plan import Issue
 from fleetgen.remote.base import Host
 from fleetgen.remote.slurm import PartitionGpus, slurm
@@ -87,7 +87,7 @@ def _is_refused(name: str, allow: tuple[str, ...] | None, deny: tuple[str, ...])
 
 
 def partition_refusals(
-    cluster: ClusterConfig, gpus_per_server: int, part: PartitionLimits, have: PartitionGpus
+    cluster: SlurmCluster, gpus_per_server: int, part: PartitionLimits, have: PartitionGpus
 ) -> list[Issue]:
     """What in one server's job (`cluster`'s time, account and QOS; one node with `gpus_per_server` GPUs)
     the partition's limits refuse, each with the fleet-file change that answers it."""

@@ -14,11 +14,10 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from fleetgen.config import ClusterConfig
+from fleetgen.config import SlurmCluster
 from fleetgen.errors import DeployError
 from fleetgen.remote.base import Host, RunResult
-from fleetgen.remote.procfs import StatLine, parse_stats
-from fleetgen.remote.scripts import sh
+from fleetgen.remote.procfs import StatLine
 
 EXPORT = "--export=PATH,HOME,USER,LANG"  # never ALL: fleetgen's environment may hold the API key
 
@@ -144,7 +143,7 @@ def fix_for(message: str) -> str:
     )
 
 
-def job_options(cluster: ClusterConfig, *options: str) -> list[str]:
+def job_options(cluster: SlurmCluster, *options: str) -> list[str]:
     """Options of every job fleetgen asks for: one task on one node of the cluster's partition, billed to its
     account, only EXPORT's variables; then `options`, and the user's sbatch_args last (theirs win)."""
     account = [f"--account={cluster.account}"] if cluster.account else []
@@ -208,22 +207,11 @@ async def cancel(host: Host, names: Sequence[str]) -> None:
         await slurm(host, ["scancel", "--name", name], f"cancel job {name}")
 
 
-# The stat line of each process whose environment names Slurm job $1: every process of a job inherits
-# SLURM_JOB_ID and keeps it when its parent dies and it is reparented to init (out of the job's process
-# group and, under proctrack/linuxproc, of Slurm's sight); slurmstepd itself does not carry it.
-_JOB_PROCESSES_SH = r"""
-for f in $(grep -lsxzF -e "SLURM_JOB_ID=$1" /proc/[0-9]*/environ); do
-  cat "${f%/environ}/stat" 2>/dev/null
-done
-exit 0
-"""
-
-
 async def job_processes(host: Host, job: str) -> list[StatLine]:
-    """The live processes on `host` (a node) that Slurm job `job` started, whatever became of their parent
-    and their process group (as far as this user may read their environment)."""
-    result = await host.run(sh(_JOB_PROCESSES_SH, job), check=False, timeout=60.0)
-    return [s for s in parse_stats(result.stdout) if not s.is_dead]
+    """The live processes on `host` (a node) that Slurm job `job` started: every process of a job inherits
+    SLURM_JOB_ID and keeps it when its parent dies and it is reparented to init (out of the job's process
+    group and, under proctrack/linuxproc, of Slurm's sight); slurmstepd itself does not carry it."""
+    return await host.marked_processes("SLURM_JOB_ID", job)
 
 
 @dataclass(frozen=True)
@@ -286,7 +274,7 @@ class NodeAnswer:
     stdout: str
 
 
-async def probe_node(host: Host, cluster: ClusterConfig, query: Sequence[str]) -> NodeAnswer:
+async def probe_node(host: Host, cluster: SlurmCluster, query: Sequence[str]) -> NodeAnswer:
     """One short `srun` in the cluster's partition holding one GPU (the fleet's account and sbatch_args,
     `--time` PROBE_MINUTES) runs `query` there; Slurm's refusal, or the node lacking `query[0]`, raises
     DeployError in their words with the fix."""

@@ -20,6 +20,7 @@ from pathlib import Path
 from fleetgen.config import Instance
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import up
+from fleetgen.deploy.placement import placement_of
 from fleetgen.deploy.state import load_state
 from fleetgen.deploy.wanted import refuse_simulated_acceptance
 from fleetgen.errors import ConfigError
@@ -91,10 +92,11 @@ def candidates_for(plan: InstancePlan, *, allow_numerics: bool) -> list[Setting]
 
 def refuse(fleet: Fleet, opts: TuneOptions) -> None:
     """What tune will not do, before it starts anything (each with its fix)."""
-    if fleet.file.cluster is not None:
+    placement = placement_of(fleet.file)
+    if not placement.can_tune:
         raise ConfigError(
-            f"{fleet.path}: tune measures on [[hosts]] fleets; a [cluster] (Slurm) fleet is not supported "
-            "yet",
+            f"{fleet.path}: tune measures on [[hosts]] fleets; a fleet placed by {placement.label} is not "
+            "supported yet",
             fix="tune on a [[hosts]] fleet file naming the same GPU kinds, then copy its [engine.args]",
         )
     refuse_simulated_acceptance(fleet)

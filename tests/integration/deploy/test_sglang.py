@@ -26,8 +26,8 @@ from fleetgen.config import load_fleet
 from fleetgen.deploy import wanted
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import down, up
-from fleetgen.deploy.instance import Action, Outcome
 from fleetgen.deploy.readiness import Readiness
+from fleetgen.deploy.types import Action, Outcome
 from fleetgen.errors import LaunchFailed, VerifyError
 from fleetgen.fleet.status import fleet_status
 from fleetgen.modelcard import load_model_shape

@@ -140,7 +140,7 @@ async def test_a_slurm_fleet_serves_a_job_exactly_once_through_a_preemption(
         code, out, err = await cli("up", "-f", str(fleet))
         assert code == 0, out + err
         assert f"{NUM_SERVERS}/{NUM_SERVERS} ready" in out
-        jobs = {name: str(rec["slurm_job"]) for name, rec in state(fleet).items()}
+        jobs = {name: str(rec["placement_id"]) for name, rec in state(fleet).items()}
         assert set(jobs) == names and set(slurm_cluster.job_ids()) == set(jobs.values())  # one job per server
         for name, st in (await statuses(fleet)).items():
             assert st["ready"] is True, st
@@ -158,12 +158,12 @@ async def test_a_slurm_fleet_serves_a_job_exactly_once_through_a_preemption(
         assert proc.returncode == 0, stderr.decode()
         assert_every_record_once(result, stdout, 500)
         back = state(fleet)[victim]
-        assert back["slurm_job"] != jobs[victim]  # resubmitted through Slurm by --restart-dead
+        assert back["placement_id"] != jobs[victim]  # resubmitted through Slurm by --restart-dead
         after = f"SELECT COUNT(*) FROM results WHERE instance = '{victim}' AND started_at > {ended_at}"
         assert query(result, after)[0][0] > 0  # and used again by the same job
 
         other = "slurm-2"
-        other_job = str(state(fleet)[other]["slurm_job"])
+        other_job = str(state(fleet)[other]["placement_id"])
         slurm_cluster.run("scancel", other_job)
         await asyncio.wait_for(job_left(slurm_cluster, other_job), 60)  # COMPLETING until slurmd says done
         shown = (await statuses(fleet))[other]
@@ -185,7 +185,7 @@ async def test_the_runs_own_log_says_how_slurm_ended_a_servers_job(
     try:
         code, out, err = await cli("up", "-f", str(fleet))
         assert code == 0, out + err
-        job = str(state(fleet)["slurm-1"]["slurm_job"])
+        job = str(state(fleet)["slurm-1"]["placement_id"])
         prompts, result, log = (
             write_prompts(tmp_path / "p.jsonl", 150),
             tmp_path / "out",
@@ -285,7 +285,7 @@ async def test_the_api_key_reaches_no_file_slurm_keeps(
     try:
         code, out, err = await cli("up", "-f", str(fleet))
         assert code == 0, out + err
-        job = str(state(fleet)["slurm-0"]["slurm_job"])
+        job = str(state(fleet)["slurm-0"]["placement_id"])
         [url] = [str(s["url"]) for s in (await statuses(fleet)).values()]
         async with aiohttp.ClientSession() as http:
             async with http.get(url + "/v1/models") as anonymous:
@@ -375,7 +375,7 @@ async def test_down_ends_the_fleets_jobs_whatever_the_state_file_says(
         else:
             text = json.loads(path.read_text())
             for record in text["instances"].values():
-                record.update(pid=2**22 - 1, slurm_job="999999")  # no such process, no such job
+                record.update(pid=2**22 - 1, placement_id="999999")  # no such process, no such job
             path.write_text(json.dumps(text))
         code, out, err = await cli("down", "-f", str(fleet))
         assert code == 0, out + err

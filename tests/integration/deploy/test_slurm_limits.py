@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetgen.deploy.slurm import wait_running
+from fleetgen.deploy.placement.slurm import wait_running
 from fleetgen.errors import DeployError
 from fleetgen.remote.local import LocalHost
 from tests.fixtures.fleetcli import cli

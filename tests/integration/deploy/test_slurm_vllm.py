@@ -34,7 +34,7 @@ async def test_a_real_vllm_cpu_server_placed_by_slurm_serves_a_job(
         code, out, err = await cli("up", "-f", str(fleet))
         assert code == 0, out + err
         assert "1/1 ready" in out and "verified" in out
-        job = str(state(fleet)["slurm-0"]["slurm_job"])
+        job = str(state(fleet)["slurm-0"]["placement_id"])
         assert slurm_cluster.job_ids() == [job]
         [shown] = (await statuses(fleet)).values()
         assert shown["ready"] is True and shown["drift"] == [], shown

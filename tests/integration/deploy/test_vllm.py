@@ -11,8 +11,8 @@ import pytest
 
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import down, up
-from fleetgen.deploy.instance import Action
 from fleetgen.deploy.readiness import Readiness
+from fleetgen.deploy.types import Action
 from fleetgen.fleet.pool import ready_endpoints
 from fleetgen.fleet.status import fleet_status
 from tests.fixtures.sshd import SshdHost

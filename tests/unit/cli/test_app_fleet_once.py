@@ -2,7 +2,7 @@
 fleet/ never read the file again, and the API key is still remembered for redaction from that one read.
 
 No host is needed: the fleet binds 127.0.0.2 on an SSH host, which every command that reaches a host refuses
-before connecting (`deploy.instance.open_session`), so each command runs through the deploy layer and stops
+before connecting (`deploy.session.open_session`), so each command runs through the deploy layer and stops
 there, in-process.
 """
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetgen.config import load_fleet
+from fleetgen.config import SlurmCluster, load_fleet
 from fleetgen.errors import ConfigError
 
 ENGINE = """\
@@ -87,7 +87,10 @@ def test_sbatch_args_cannot_contradict_what_fleetgen_sets(tmp_path: Path, args: 
 
 def test_other_sbatch_args_pass_through(tmp_path: Path) -> None:
     fleet = load_fleet(write(tmp_path, extra='sbatch_args = ["--qos=high", "--constraint=h200"]'))
-    assert fleet.cluster is not None and fleet.cluster.sbatch_args == ["--qos=high", "--constraint=h200"]
+    assert isinstance(fleet.cluster, SlurmCluster) and fleet.cluster.sbatch_args == [
+        "--qos=high",
+        "--constraint=h200",
+    ]
 
 
 @pytest.mark.parametrize(("tp", "gpus"), [(2, 7), (4, 6), (8, 4), (3, 8)])
@@ -122,3 +125,38 @@ def test_ssh_hosts_stay_the_default_placement(tmp_path: Path) -> None:
     path.write_text(ENGINE.format(tp=1) + '\n[[hosts]]\nname = "a"\ngpus = [0, 1]\n')
     fleet = load_fleet(path)
     assert fleet.cluster is None and [i.name for i in fleet.instances()] == ["a-0", "a-1"]
+
+
+@pytest.mark.parametrize("kind_line", ["", 'kind = "k8s"', 'kind = "Slurm"'])
+def test_a_cluster_without_a_kind_fleetgen_places_is_refused_naming_the_kinds(
+    tmp_path: Path, kind_line: str
+) -> None:
+    """No default kind: a `[cluster]` without `kind` (or with one no placement has) is refused at its table's
+    line, naming every kind (a default would read a Ray table's typo as Slurm's)."""
+    path = write(tmp_path)
+    path.write_text(path.read_text().replace('kind = "slurm"', kind_line))
+    message = refused(path)
+    assert f"{path}:{line_of(path, '[cluster]')}: cluster: " in message
+    assert "kind = 'slurm' or 'ray'" in message
+
+
+@pytest.mark.parametrize(
+    ("kind", "key", "value"),
+    [
+        ("slurm", "namespace", '"x"'),
+        ("slurm", "address", '"auto"'),
+        ("ray", "wat", "1"),
+        ("ray", "extra", "1"),
+    ],
+)
+def test_a_key_of_another_kind_is_refused_at_its_line_by_its_own_name(
+    tmp_path: Path, kind: str, key: str, value: str
+) -> None:
+    """The union's tag never shows in the field a user reads: `cluster.namespace`, not
+    `cluster.slurm.namespace`."""
+    path = tmp_path / "fleet.toml"
+    table = 'partition = "gpu"\ntime = "10"' if kind == "slurm" else 'address = "auto"'
+    path.write_text(
+        ENGINE.format(tp=1) + f'\n[cluster]\nkind = "{kind}"\ngpus = 4\n{table}\n{key} = {value}\n'
+    )
+    assert f"{path}:{line_of(path, f'{key} =')}: cluster.{key}: Extra inputs" in refused(path)

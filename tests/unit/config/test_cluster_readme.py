@@ -1,27 +1,35 @@
-"""What a Slurm user reads before writing `[cluster]`: the README's key table names every key the model has,
-each with its default, and `fleetgen init`'s commented `[cluster]` example, uncommented in place of the
-`[[hosts]]` entries, is a cluster fleet file that loads."""
+"""What a Slurm or Ray user reads before writing `[cluster]`: the README's key table of each kind names every
+key its model has, each with its default, and `fleetgen init`'s commented `[cluster]` example, uncommented in
+place of the `[[hosts]]` entries, is a cluster fleet file that loads."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+import pytest
+from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 from typer.testing import CliRunner
 
 import fleetgen.cli.init  # noqa: F401  (registers `init` on the app)
 from fleetgen.cli.app import app
-from fleetgen.config import ClusterConfig, load_fleet
+from fleetgen.config import RayCluster, SlurmCluster, load_fleet
 
 README = Path(__file__).resolve().parents[3] / "README.md"
 ROW = re.compile(r"^\| `(\w+)` \| ([^|]+) \|")
 
 
-def readme_keys() -> dict[str, str]:
-    """Key → default column of the README's `[cluster]` key table."""
+TABLES: dict[str, tuple[type[BaseModel], str]] = {
+    "slurm": (SlurmCluster, "| `[cluster]` key |"),
+    "ray": (RayCluster, '| `[cluster] kind = "ray"` key |'),
+}
+
+
+def readme_keys(header: str) -> dict[str, str]:
+    """Key → default column of the README's key table under `header`."""
     text = README.read_text()
-    table = text[text.index("| `[cluster]` key |") :].split("\n\n", 1)[0]
+    table = text[text.index(header) :].split("\n\n", 1)[0]
     return {m.group(1): m.group(2).strip() for line in table.splitlines()[2:] if (m := ROW.match(line))}
 
 
@@ -33,10 +41,12 @@ def documented_default(value: object) -> str:
     return f"`{value}`"
 
 
-def test_the_readme_table_lists_every_cluster_key_with_its_default() -> None:
-    rows = readme_keys()
-    assert set(rows) == set(ClusterConfig.model_fields)
-    for name, field in ClusterConfig.model_fields.items():
+@pytest.mark.parametrize("kind", sorted(TABLES))
+def test_the_readme_table_lists_every_cluster_key_with_its_default(kind: str) -> None:
+    model, header = TABLES[kind]
+    rows = readme_keys(header)
+    assert set(rows) == set(model.model_fields)
+    for name, field in model.model_fields.items():
         if field.default is PydanticUndefined and field.default_factory is None:
             assert rows[name] == "required", name
         elif field.default is None:
@@ -55,6 +65,10 @@ def test_inits_cluster_example_uncommented_instead_of_the_hosts_loads(tmp_path: 
     cluster = "\n".join(line.removeprefix("# ") for line in tail.splitlines() if line.startswith("# "))
     path.write_text(f"{without_hosts}\n[cluster]\n{cluster}\n")
     fleet = load_fleet(path)
-    assert fleet.cluster is not None and fleet.cluster.partition == "gpu" and fleet.cluster.gpus == 16
+    assert (
+        isinstance(fleet.cluster, SlurmCluster)
+        and fleet.cluster.partition == "gpu"
+        and fleet.cluster.gpus == 16
+    )
     written = set(re.findall(r"^(\w+) =", cluster, re.MULTILINE))
-    assert written <= set(ClusterConfig.model_fields) and len(written) >= 12  # a key of each kind shown
+    assert written <= set(SlurmCluster.model_fields) and len(written) >= 12  # a key of each kind shown

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,30 @@ def test_corrupt_state_is_a_config_error(tmp_path: Path, bad: str) -> None:
     (tmp_path / ".fleetgen" / "state.json").write_text(bad)
     with pytest.raises(ConfigError, match="state"):
         load_state(tmp_path / "fleet.toml")
+
+
+def test_a_state_file_written_before_placements_loads_its_slurm_job_as_the_placement_id(
+    tmp_path: Path,
+) -> None:
+    """Schema 1 (the code before the placement seam) wrote a Slurm record's job as `slurm_job`, and an SSH
+    host's as "": both load, the job as `placement_id`, and the next write is schema 2 without the old key."""
+    fleet = tmp_path / "fleet.toml"
+    common = {"gpus": [0], "port": 30000, "pid": 0, "start_time": 0, "log_path": "/l", "script_path": "/s"}
+    common |= {"script_sha256": "ab", "launched_at": "t", "argv": ["python"], "env_names": []}
+    old = {
+        "schema": 1,
+        "fleet_file": str(fleet),
+        "instances": {
+            "slurm-0": {**common, "instance": "slurm-0", "host": "slurm", "slurm_job": "4242", "node": "n1"},
+            "h0-0": {**common, "instance": "h0-0", "host": "h0", "slurm_job": "", "node": ""},
+        },
+    }
+    (tmp_path / ".fleetgen").mkdir()
+    (tmp_path / ".fleetgen" / "state.json").write_text(json.dumps(old))
+    records = load_state(fleet)
+    assert records["slurm-0"].placement_id == "4242" and records["slurm-0"].node == "n1"
+    assert records["h0-0"].placement_id == ""
+    update_state(fleet, drop=["h0-0"])
+    written = json.loads((tmp_path / ".fleetgen" / "state.json").read_text())
+    assert written["schema"] == 2 and "slurm_job" not in written["instances"]["slurm-0"]
+    assert load_state(fleet) == {"slurm-0": records["slurm-0"]}

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fleetgen.config import ClusterConfig
-from fleetgen.config.cluster import slurm_time_s
+from fleetgen.config import SlurmCluster
+from fleetgen.config.slurm import slurm_time_s
 from fleetgen.remote.partition import PartitionLimits, parse_partition, partition_refusals
 from fleetgen.remote.slurm import hopeless_fix, parse_partition_gpus
 
@@ -25,8 +25,8 @@ SHOWN = (
 FOUR_GPUS = parse_partition_gpus("n1|gpu:4|idle\nn2|gpu:2|mix")
 
 
-def cluster(**values: Any) -> ClusterConfig:
-    return ClusterConfig.model_validate(
+def cluster(**values: Any) -> SlurmCluster:
+    return SlurmCluster.model_validate(
         {"kind": "slurm", "partition": "gpu", "gpus": 4, "time": "60", **values}
     )
 

@@ -1,8 +1,8 @@
 """requirements.lock agrees with pyproject.toml (issue 30), offline: every requirement fleetgen states — its
-dependencies, the dev extra, the build backend — is met by the one version the lock pins for it, on every
-Python the project supports; every pin is exact and hashed (pip's --require-hashes installs it); torch is
-never in it (the project venv has none). pyproject edited without `scripts/lock.sh` fails here, naming the
-requirement and the command that fixes it."""
+dependencies, every extra (dev, ray), the build backend — is met by the one version the lock pins for it,
+on every Python the project supports; every pin is exact and hashed (pip's --require-hashes installs it);
+torch is never in it (the project venv has none). pyproject edited without `scripts/lock.sh` fails here,
+naming the requirement and the command that fixes it."""
 
 from __future__ import annotations
 
@@ -51,7 +51,8 @@ def read_lock(text: str) -> list[Pin]:
 
 def requirements(pyproject: dict[str, Any]) -> list[Requirement]:
     project = pyproject["project"]
-    stated = [*project["dependencies"], *project["optional-dependencies"]["dev"]]
+    extras = project["optional-dependencies"].values()  # every extra is locked (scripts/lock.sh --extra …)
+    stated = [*project["dependencies"], *(r for extra in extras for r in extra)]
     return [Requirement(r) for r in [*stated, *pyproject["build-system"]["requires"]]]
 
 

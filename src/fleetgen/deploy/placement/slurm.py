@@ -29,38 +29,31 @@ import hashlib
 import posixpath
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
-from fleetgen.config import ClusterConfig, HostEntry, Instance
+from fleetgen.config import FleetFile, HostEntry, Instance, SlurmCluster
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.instance import (
-    Action,
-    HostSession,
-    InstanceCommand,
-    Narrate,
-    Outcome,
-    Rollout,
-    WantedInstance,
     find_running,
     follow_launch,
-    is_loopback,
     keep_running,
-    open_session,
     push_launch,
     remove_secret_files,
-    settle,
 )
+from fleetgen.deploy.placement.base import Placed
+from fleetgen.deploy.placement.slurm_gpus import cluster_gpus, gpus_shortfall
+from fleetgen.deploy.session import HostSession, is_loopback, open_session
 from fleetgen.deploy.state import InstanceRecord
+from fleetgen.deploy.types import Action, InstanceCommand, Narrate, Outcome, Rollout, WantedInstance, settle
 from fleetgen.deploy.verify import process_drift
 from fleetgen.errors import DeployError, LaunchFailed
-from fleetgen.plan import Issue
+from fleetgen.plan import GpuFacts, Issue
 from fleetgen.remote.base import Host
 from fleetgen.remote.partition import partition_limits, partition_refusals
 from fleetgen.remote.slurm import (
     JobInfo,
-    PartitionGpus,
     cancel,
     hopeless_fix,
     job_options,
@@ -100,7 +93,7 @@ def job_name(fleet_path: Path, instance: str) -> str:
     return f"fleetgen-{instance}-{tag}"
 
 
-def sbatch_argv(cluster: ClusterConfig, wanted: WantedInstance, name: str, tail: Sequence[str]) -> list[str]:
+def sbatch_argv(cluster: SlurmCluster, wanted: WantedInstance, name: str, tail: Sequence[str]) -> list[str]:
     """sbatch's argv for one server; `tail`: the batch script and its arguments (or `--wrap=true`)."""
     gres, chdir = f"--gres=gpu:{len(wanted.inst.gpus)}", f"--chdir={wanted.command.paths.root}"
     output = "--output=/dev/null"  # the batch script writes the launch's own log
@@ -108,7 +101,7 @@ def sbatch_argv(cluster: ClusterConfig, wanted: WantedInstance, name: str, tail:
     return ["sbatch", "--parsable", *options, *tail]
 
 
-async def preflight(login: HostSession, cluster: ClusterConfig, wanted: WantedInstance) -> None:
+async def preflight(login: HostSession, cluster: SlurmCluster, wanted: WantedInstance) -> None:
     """Before any job is queued, whatever the cluster's `EnforcePartLimits`: the partition's limits that
     fleetgen can read (state, MaxTime, nodes, GPUs per node, accounts, QOS) and the GPUs it has, checked
     here; then Slurm accepts one server's job (`sbatch --test-only`: what fleetgen cannot read)."""
@@ -125,18 +118,6 @@ async def preflight(login: HostSession, cluster: ClusterConfig, wanted: WantedIn
     test = sbatch_argv(cluster, wanted, "fleetgen-test-only", ["--wrap=true"])
     test.insert(1, "--test-only")
     await slurm(host, test, "accept a server's job")
-
-
-def gpus_shortfall(cluster: ClusterConfig, have: PartitionGpus) -> Issue | None:
-    """`cluster.gpus` over the GPUs the partition has (`up` refuses it, `plan` warns)."""
-    if cluster.gpus <= have.total:
-        return None
-    return Issue(
-        "cluster-gpus",
-        f"cluster.gpus = {cluster.gpus}, but partition {cluster.partition} has {have.total} GPU(s) on nodes "
-        f"that can run jobs (sinfo: {'; '.join(have.lines) or 'no nodes'})",
-        f"set cluster.gpus to at most {have.total} in the fleet file, or pick a larger partition",
-    )
 
 
 async def wait_running(host: Host, job: str, instance: str, progress: Narrate, timeout_s: float) -> JobInfo:
@@ -207,10 +188,8 @@ async def node_session(fleet: Fleet, login: HostSession, node: str, job: str) ->
 async def up_jobs(
     fleet: Fleet, login: HostSession, all_wanted: Sequence[WantedInstance], run: Rollout
 ) -> list[Outcome]:
-    """`up` of a cluster's servers: Slurm checked first (nothing queued if it refuses), then each server's
-    job kept, taken over (pending) or (re)submitted, and every one verified like an SSH host's."""
-    if all_wanted:
-        await preflight(login, _cluster(fleet), all_wanted[0])
+    """`up` of a cluster's servers (after `preflight`): each server's job kept, taken over (pending) or
+    (re)submitted, and every one verified like an SSH host's."""
     return await settle(login.entry.name, all_wanted, partial(_ensure, fleet, login, run))
 
 
@@ -219,7 +198,7 @@ async def _ensure(
 ) -> None:
     name = wanted.inst.name
     record = run.records.get(name)
-    job = record.slurm_job if record is not None else ""
+    job = record.placement_id if record is not None else ""
     info = (await jobs(login.host, [job]))[job] if job else None
     if record is not None and info is not None and info.is_active and not run.force:
         if record.pid and info.state == "RUNNING":
@@ -262,7 +241,7 @@ async def _submit(
     queued_as = await slurm(host, argv, "queue the server")
     job = queued_as.stdout.strip().split(";", 1)[0]  # --parsable: id[;cluster]
     progress(wanted.inst.name, f"submitted Slurm job {job} ({name}), log {log}")
-    return wanted.record(login.entry.name, log, slurm_job=job)
+    return wanted.record(login.entry.name, log, placement_id=job)
 
 
 async def _follow(
@@ -270,10 +249,10 @@ async def _follow(
 ) -> None:
     """Wait for the allocation, learn node and PID, then the SSH hosts' chain: ready, listener, verify."""
     timeout_s = _cluster(fleet).pending_timeout_s
-    info = await wait_running(login.host, rec.slurm_job, wanted.inst.name, run.progress, timeout_s)
+    info = await wait_running(login.host, rec.placement_id, wanted.inst.name, run.progress, timeout_s)
     undo = partial(cancel, login.host, [job_name(fleet.path, wanted.inst.name)])
     async with node_session(fleet, login, info.node, info.job_id) as node:
-        pid, start_time = await _engine_pid(node, wanted, rec.slurm_job)
+        pid, start_time = await _engine_pid(node, wanted, rec.placement_id)
         rec = replace(rec, pid=pid, start_time=start_time, node=info.node)
         await follow_launch(node, wanted, rec, run, out, undo=undo)
 
@@ -335,25 +314,14 @@ async def _sweep(fleet: Fleet, login: HostSession, rec: InstanceRecord | None) -
     job's SLURM_JOB_ID (helpers that Slurm's process tracking lost when their parent died and they were
     reparented to init, in a group or session of their own, whatever the proctrack). Returns their PIDs.
     Called once Slurm lists the job no more: nothing of it may run then."""
-    if rec is None or not rec.node or not rec.slurm_job or _cluster(fleet).node_access == "srun":
+    if rec is None or not rec.node or not rec.placement_id or _cluster(fleet).node_access == "srun":
         return []  # through srun, nothing runs on the node outside a job: Slurm ended its steps with it
-    async with node_session(fleet, login, rec.node, rec.slurm_job) as node:
+    async with node_session(fleet, login, rec.node, rec.placement_id) as node:
         host = node.host
         swept = await host.stop(rec.pid, start_time=rec.start_time, timeout=10.0) if rec.pid else []
-        left = await job_processes(host, rec.slurm_job)
+        left = await job_processes(host, rec.placement_id)
         more = await asyncio.gather(*(host.stop(p.pid, start_time=p.start_time, timeout=10.0) for p in left))
         return sorted({*swept, *(pid for pids in more for pid in pids)})
-
-
-@dataclass
-class Placement:
-    """Where a cluster instance is now: its node's session (its job runs), or why it is not there."""
-
-    inst: Instance
-    node: HostSession | None
-    where: str  # "Slurm job 12 on node1" / "Slurm job 12 PENDING (Resources)" / …
-    has_ended: bool = False  # its job ended (or none was submitted): only `up` brings it back
-    job: str = ""  # the job whose node `node` is
 
 
 async def place(
@@ -362,32 +330,79 @@ async def place(
     instances: Sequence[Instance],
     records: dict[str, InstanceRecord],
     stack: contextlib.AsyncExitStack,
-) -> list[Placement]:
+) -> list[Placed]:
     """Each instance's job as Slurm reports it now; running ones get their node opened (on `stack`)."""
-    job_of = {i.name: records[i.name].slurm_job for i in instances if i.name in records}
+    job_of = {i.name: records[i.name].placement_id for i in instances if i.name in records}
     infos = await jobs(login.host, [j for j in job_of.values() if j])
     nodes: dict[str, HostSession] = {}
     placed = []
     for inst in instances:
         info = infos.get(job_of.get(inst.name, ""))
         if info is None:
-            placed.append(Placement(inst, None, "no Slurm job: `fleetgen up` submits one", has_ended=True))
+            placed.append(Placed(inst, None, "no Slurm job: `fleetgen up` submits one", has_ended=True))
         elif info.state == "RUNNING" and info.node:
             key = info.job_id if _cluster(fleet).node_access == "srun" else info.node  # a session per job
             if key not in nodes:
                 session = node_session(fleet, login, info.node, info.job_id)
                 nodes[key] = await stack.enter_async_context(session)
             where = f"Slurm job {info.job_id} on {info.node}"
-            placed.append(Placement(inst, nodes[key], where, job=info.job_id))
+            placed.append(Placed(inst, nodes[key], where, placement_id=info.job_id))
         elif info.is_active:
             where = f"Slurm job {info.job_id} {info.describe()}, {info.run_time}"
-            placed.append(Placement(inst, None, where))
+            placed.append(Placed(inst, None, where))
         else:
             where = f"Slurm job {info.job_id} ended: {info.describe()}"
-            placed.append(Placement(inst, None, where, has_ended=True))
+            placed.append(Placed(inst, None, where, has_ended=True))
     return placed
 
 
-def _cluster(fleet: Fleet) -> ClusterConfig:
-    assert fleet.file.cluster is not None  # called for cluster fleets only
+def _cluster(fleet: Fleet) -> SlurmCluster:
+    assert isinstance(fleet.file.cluster, SlurmCluster)  # the registry: Slurm fleets only
     return fleet.file.cluster
+
+
+class SlurmPlacement:
+    """`[cluster] kind = "slurm"`: one batch job per server (this module)."""
+
+    kind = "slurm"
+    label = "a Slurm cluster"
+    can_tune = False
+    is_per_instance = True
+
+    async def preflight(self, fleet: Fleet, login: HostSession, wanted: Sequence[WantedInstance]) -> None:
+        """Slurm checked before anything is queued (`preflight`): nothing queued if it refuses."""
+        if wanted:
+            await preflight(login, _cluster(fleet), wanted[0])
+
+    async def up(
+        self, fleet: Fleet, login: HostSession, wanted: Sequence[WantedInstance], run: Rollout
+    ) -> list[Outcome]:
+        return await up_jobs(fleet, login, wanted, run)
+
+    async def down(
+        self,
+        fleet: Fleet,
+        login: HostSession,
+        targets: Sequence[InstanceCommand],
+        records: dict[str, InstanceRecord],
+    ) -> list[Outcome]:
+        return await down_jobs(fleet, login, targets, records)
+
+    async def place(
+        self,
+        fleet: Fleet,
+        login: HostSession,
+        instances: Sequence[Instance],
+        records: dict[str, InstanceRecord],
+        stack: contextlib.AsyncExitStack,
+    ) -> list[Placed]:
+        return await place(fleet, login, instances, records, stack)
+
+    async def planning_gpus(
+        self, fleet_file: FleetFile, entry: HostEntry
+    ) -> tuple[tuple[GpuFacts, ...], list[Issue]] | None:
+        assert isinstance(fleet_file.cluster, SlurmCluster)  # the registry's: Slurm fleets only
+        return await cluster_gpus(entry, fleet_file.cluster, fleet_file.engine.tp)
+
+
+PLACEMENT = SlurmPlacement()

@@ -1,5 +1,5 @@
-"""`deploy.slurm`'s sbatch argv: one server's job, no secret anywhere in it, the user's options after
-fleetgen's (never instead of them), Slurm left to pick the GPUs."""
+"""`deploy.placement.slurm`'s sbatch argv: one server's job, no secret anywhere in it, the user's options
+after fleetgen's (never instead of them), Slurm left to pick the GPUs."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from fleetgen.config import load_fleet
 from fleetgen.deploy.hostsurvey import HostSurvey
-from fleetgen.deploy.slurm import JOB_SH, job_name, sbatch_argv
+from fleetgen.deploy.placement.slurm import JOB_SH, job_name, sbatch_argv
 from fleetgen.deploy.wanted import build_wanted
 from fleetgen.engines import get_engine
 from fleetgen.remote.slurm import EXPORT

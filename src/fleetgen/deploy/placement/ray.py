@@ -1,0 +1,298 @@
+"""Servers placed by a Ray cluster (`[cluster] kind = "ray"`): one placement group per server, held by a
+detached actor.
+
+Why a placement group per server and not one for the fleet: each server then has its own `tp` GPUs on one
+node (STRICT_PACK), its own end (a node lost or an actor killed ends one server, not the fleet) and its own
+re-placement (`--restart-dead`, `up`) while the others keep serving; why an actor: it holds the group's GPUs
+for as long as the server runs and dies with it (`remote.raynode`). The actor runs the job script (`JOB_SH`):
+it creates the launch's new log (0600), writes the pidfile and `exec`s the SAME rendered `launch.sh` SSH hosts
+run, so its child *is* the engine. The node is reached as a `RayHost` (Ray tasks pinned to it), so the chain
+of SSH hosts runs unchanged there (`deploy.instance.follow_launch` / `keep_running`: argv and env from /proc,
+readiness from the log, planned vs actual). No secret is in the runtime env, the actor's arguments or an
+argv: the key travels in 0600 files, as for SSH hosts and Slurm.
+
+`down` kills the actors and removes their groups, waits until Ray lists neither, then sweeps what the engine
+left on its node (every process carrying the actor's mark, `raynode.MARK`). `place` says where each server
+runs, and a server gone in Ray's words (the node's death reason, the group's state), for `status` and `run`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+
+from fleetgen.config import FleetFile, HostEntry, Instance, RayCluster
+from fleetgen.deploy.fleet_ref import Fleet
+from fleetgen.deploy.instance import (
+    find_running,
+    follow_launch,
+    keep_running,
+    push_launch,
+    remove_secret_files,
+    running_process,
+)
+from fleetgen.deploy.placement.base import Placed
+from fleetgen.deploy.script import Command
+from fleetgen.deploy.session import HostSession, open_session
+from fleetgen.deploy.state import InstanceRecord
+from fleetgen.deploy.types import Action, InstanceCommand, Outcome, Rollout, WantedInstance, settle
+from fleetgen.deploy.verify import process_drift
+from fleetgen.errors import DeployError, LaunchFailed
+from fleetgen.plan import GpuFacts, Issue, facts_from_file
+from fleetgen.remote import ray
+from fleetgen.remote.raynode import MARK
+
+# $1 launch script, $2 the launch's new log, $3 pidfile; as Slurm's batch script (`placement.slurm.JOB_SH`).
+JOB_SH = r"""
+set -C
+umask 077
+script=$1 log=$2 pidfile=$3
+mkdir -p -- "$(dirname -- "$log")" || exit 73
+: > "$log" || exit 73
+exec >> "$log" 2>&1 < /dev/null
+echo "fleetgen: Ray actor ${FLEETGEN_RAY_SERVER:-?} on $(hostname), pid $$"
+tmp="$pidfile.$$.tmp"
+{ printf '%s\n' "$$" > "$tmp" && mv -f -- "$tmp" "$pidfile"; } || exit 74
+exec "$script"
+"""
+_PIDFILE_WAIT_S = 60.0
+
+
+def actor_name(fleet_path: Path, instance: str) -> str:
+    """The actor (and placement group) name of an instance: unique per fleet file in its namespace."""
+    tag = hashlib.sha256(str(fleet_path.resolve()).encode()).hexdigest()[:8]
+    return f"fleetgen-{instance}-{tag}"
+
+
+def _cluster(fleet_file: FleetFile) -> RayCluster:
+    assert isinstance(fleet_file.cluster, RayCluster)  # the registry: Ray fleets only
+    return fleet_file.cluster
+
+
+def _spec(fleet: Fleet, instance: Instance) -> ray.ServerSpec:
+    c = _cluster(fleet.file)
+    name = actor_name(fleet.path, instance.name)
+    return ray.ServerSpec(name, c.namespace, len(instance.gpus), c.resources, c.labels, c.runtime_env)
+
+
+@contextlib.asynccontextmanager
+async def node_session(fleet: Fleet, login: HostSession, node: ray.RayNode) -> AsyncIterator[HostSession]:
+    """A node as a host: Ray tasks pinned to it; its address is where a public bind is reached."""
+    values = {"name": login.entry.name, "workdir": _cluster(fleet.file).workdir, "ssh": node.address}
+    host = ray.RayHost(login.entry.name, node, is_here=node.address == ray.driver_address())
+    entry = HostEntry.model_validate(values)
+    async with open_session(entry, fleet.file.engine, login.http, check_launch=False, host=host) as hs:
+        yield hs
+
+
+async def _ensure(
+    fleet: Fleet, login: HostSession, run: Rollout, wanted: WantedInstance, out: Outcome
+) -> None:
+    spec = _spec(fleet, wanted.inst)
+    record = run.records.get(wanted.inst.name)
+    state = await ray.server_state(spec.name, spec.namespace, record.node if record else "")
+    if record is not None and state.is_alive and state.node is not None:
+        async with node_session(fleet, login, state.node) as node:
+            running = await find_running(node, wanted, record)
+            if running and not run.force and not process_drift(wanted.command, running, wanted.secret_value):
+                await keep_running(node, wanted, run, out, running)
+                return
+            if running:  # as SSH hosts stop a server (TERM, then KILL): its actor's end would KILL it
+                await node.host.stop(running.pid, start_time=running.start_time)
+    if await ray.remove_server(spec.name, spec.namespace):
+        why = "restart" if run.force else "flags or env changed, or its process is gone"
+        run.progress(wanted.inst.name, f"removed Ray actor {spec.name} and its placement group ({why})")
+    out.swept = await _sweep(fleet, login, record, state.node, wanted.command)
+    out.action = Action.REPLACED if state.is_alive else Action.STARTED
+    placed = await ray.place_server(spec, _cluster(fleet.file).pending_timeout_s)
+    run.progress(wanted.inst.name, f"Ray placed actor {spec.name} on {placed.describe()}")
+
+    async def undo() -> None:
+        await ray.remove_server(spec.name, spec.namespace)
+
+    try:
+        async with node_session(fleet, login, placed) as node:
+            log = await push_launch(node.host, wanted)
+            paths = wanted.command.paths
+            await node.host.run(["rm", "-f", "--", paths.pidfile])  # the actor's job writes its own
+            await ray.launch(spec, JOB_SH, paths.script, log, paths.pidfile, paths.root)
+            pid, start_time = await _engine_pid(node, wanted, spec.name)
+            rec = wanted.record(login.entry.name, log, pid, start_time, placement_id=spec.name)
+            await follow_launch(node, wanted, replace(rec, node=placed.node_id), run, out, undo=undo)
+    except DeployError:  # LaunchFailed and VerifyError were undone by follow_launch; the rest here
+        await undo()
+        raise
+
+
+async def _engine_pid(node: HostSession, wanted: WantedInstance, name: str) -> tuple[int, int]:
+    """The PID the actor's job wrote (it becomes the engine) and its start time, read on the node; the
+    process must carry the actor's mark (a stale pidfile names another)."""
+    pidfile, deadline = wanted.command.paths.pidfile, time.monotonic() + _PIDFILE_WAIT_S
+    while True:
+        text = (await node.host.run(["cat", "--", pidfile], check=False)).stdout.strip()
+        if text.isdigit():
+            info = await node.host.inspect(int(text))
+            if info.environ.get(MARK) == name:
+                return info.pid, info.start_time
+        if time.monotonic() > deadline:
+            raise LaunchFailed(
+                f"{wanted.inst.name}: Ray actor {name} started its launch, but its process did not show "
+                f"up on the node ({pidfile} names {text or 'nothing'})",
+                fix=f"read the launch's log in {wanted.command.paths.logs} on the node",
+            )
+        await asyncio.sleep(0.2)
+
+
+async def _sweep(
+    fleet: Fleet, login: HostSession, rec: InstanceRecord | None, node: ray.RayNode | None, command: Command
+) -> list[int]:
+    """What the recorded launch left alive on its node once its actor is gone, stopped as SSH hosts stop a
+    server: every process carrying the actor's mark (the engine's children outlive it: only the launch
+    itself dies with the actor), and its key files. Nothing to sweep where the node is gone."""
+    if rec is None or not rec.placement_id or node is None or not node.is_alive:
+        return []
+    async with node_session(fleet, login, node) as hs:
+        await remove_secret_files(hs.host, command)
+        left = await hs.host.marked_processes(MARK, rec.placement_id)
+        stopped = await asyncio.gather(
+            *(hs.host.stop(p.pid, start_time=p.start_time, timeout=10.0) for p in left)
+        )
+        return sorted({pid for group in stopped for pid in group})
+
+
+async def down_servers(
+    fleet: Fleet, login: HostSession, targets: Sequence[InstanceCommand], records: dict[str, InstanceRecord]
+) -> list[Outcome]:
+    """`down`: each server stopped as SSH hosts stop one (TERM, then KILL), its actor killed and group
+    removed (by name, whatever the state file says), Ray checked to list neither, then what the engine left
+    on its node swept (`_sweep`)."""
+
+    async def stop(target: InstanceCommand, out: Outcome) -> None:
+        spec, record = _spec(fleet, target.inst), records.get(target.inst.name)
+        state = await ray.server_state(spec.name, spec.namespace, record.node if record else "")
+        if state.is_alive and state.node is not None:
+            async with node_session(fleet, login, state.node) as node:
+                running = await running_process(node, target.command, record)
+                if running is not None:
+                    await node.host.stop(running.pid, start_time=running.start_time)
+                    out.pid = running.pid
+        was_placed = await ray.remove_server(spec.name, spec.namespace)
+        out.swept = await _sweep(fleet, login, record, state.node, target.command)
+        out.action = Action.STOPPED if was_placed or out.swept else Action.ABSENT
+
+    return await settle(login.entry.name, targets, stop)
+
+
+async def place(
+    fleet: Fleet,
+    login: HostSession,
+    instances: Sequence[Instance],
+    records: dict[str, InstanceRecord],
+    stack: contextlib.AsyncExitStack,
+) -> list[Placed]:
+    """Each instance's actor as Ray reports it now; live ones get their node opened (on `stack`), one
+    session per node."""
+    nodes: dict[str, HostSession] = {}
+    placed = []
+    for inst in instances:
+        rec = records.get(inst.name)
+        if rec is None or not rec.placement_id:
+            placed.append(Placed(inst, None, "no Ray actor: `fleetgen up` places one", has_ended=True))
+            continue
+        state = await ray.server_state(rec.placement_id, _cluster(fleet.file).namespace, rec.node)
+        if not state.is_alive or state.node is None:
+            placed.append(Placed(inst, None, state.why, has_ended=True))
+            continue
+        node = state.node
+        if node.node_id not in nodes:
+            nodes[node.node_id] = await stack.enter_async_context(node_session(fleet, login, node))
+        where = f"Ray actor {rec.placement_id} on {node.describe()}"
+        placed.append(Placed(inst, nodes[node.node_id], where, placement_id=rec.placement_id))
+    return placed
+
+
+async def preflight(fleet: Fleet, wanted: Sequence[WantedInstance]) -> None:
+    """Before anything is placed: the cluster reached, and GPUs enough on its live nodes (all of them, and a
+    node with `tp` of them: a server's group is STRICT_PACK)."""
+    cluster = _cluster(fleet.file)
+    await ray.connect(cluster.address, cluster.namespace)
+    if not wanted:
+        return
+    problems = gpu_problems(cluster, len(wanted[0].inst.gpus), await ray.nodes())
+    if problems:
+        raise DeployError(
+            "; ".join(p.message for p in problems) + " (checked before anything was placed)",
+            fix="; ".join(p.fix for p in problems),
+        )
+
+
+def gpu_problems(cluster: RayCluster, tp: int, nodes: Sequence[ray.RayNode]) -> list[Issue]:
+    """`cluster.gpus` over the GPUs of the cluster's live nodes, and no node with `tp` of them."""
+    alive = [n for n in nodes if n.is_alive and all(n.labels.get(k) == v for k, v in cluster.labels.items())]
+    total, widest = sum(int(n.gpus) for n in alive), max((int(n.gpus) for n in alive), default=0)
+    seen = ", ".join(f"{n.node_id[:8]} {n.address}: {n.gpus:g}" for n in alive) or "no live node"
+    found = []
+    if cluster.gpus > total:
+        text = f"cluster.gpus = {cluster.gpus}, but the Ray cluster's live nodes have {total} GPU(s) ({seen})"
+        found.append(Issue("cluster-gpus", text, f"set cluster.gpus to at most {total}, or add GPU nodes"))
+    if tp > widest:
+        text = f"engine.tp = {tp}, but no live node of the Ray cluster has over {widest} GPU(s) ({seen})"
+        found.append(Issue("cluster-gpus", text, "lower engine.tp, or add nodes with more GPUs"))
+    return found
+
+
+class RayPlacement:
+    """`[cluster] kind = "ray"`: a placement group and a detached actor per server (this module)."""
+
+    kind = "ray"
+    label = "a Ray cluster"
+    can_tune = False
+    is_per_instance = True
+
+    async def preflight(self, fleet: Fleet, login: HostSession, wanted: Sequence[WantedInstance]) -> None:
+        await preflight(fleet, wanted)
+
+    async def up(
+        self, fleet: Fleet, login: HostSession, wanted: Sequence[WantedInstance], run: Rollout
+    ) -> list[Outcome]:
+        return await settle(login.entry.name, wanted, partial(_ensure, fleet, login, run))
+
+    async def down(
+        self,
+        fleet: Fleet,
+        login: HostSession,
+        targets: Sequence[InstanceCommand],
+        records: dict[str, InstanceRecord],
+    ) -> list[Outcome]:
+        await ray.connect(_cluster(fleet.file).address, _cluster(fleet.file).namespace)
+        return await down_servers(fleet, login, targets, records)
+
+    async def place(
+        self,
+        fleet: Fleet,
+        login: HostSession,
+        instances: Sequence[Instance],
+        records: dict[str, InstanceRecord],
+        stack: contextlib.AsyncExitStack,
+    ) -> list[Placed]:
+        await ray.connect(_cluster(fleet.file).address, _cluster(fleet.file).namespace)
+        return await place(fleet, login, instances, records, stack)
+
+    async def planning_gpus(
+        self, fleet_file: FleetFile, entry: HostEntry
+    ) -> tuple[tuple[GpuFacts, ...], list[Issue]] | None:
+        """The cluster's GPU nodes, asked online: their count checked against `cluster.gpus`; each slot
+        planned as the fleet file's `gpu_memory_gib` (Ray reports GPUs by count, not memory)."""
+        cluster = _cluster(fleet_file)
+        await ray.connect(cluster.address, cluster.namespace)
+        notes = gpu_problems(cluster, fleet_file.engine.tp, await ray.nodes())
+        return facts_from_file(entry).gpus or (), notes
+
+
+PLACEMENT = RayPlacement()

