@@ -30,6 +30,7 @@ from typing import Any
 import orjson
 
 from fleetgen.chattemplate import TOKENIZER_FILE, ChatTemplate, ModelTokens, TurnMarkers
+from fleetgen.generate.ledger import tokenids
 from fleetgen.generate.ledger.schema import ResultRow
 from fleetgen.generate.work import text_of
 
@@ -78,9 +79,9 @@ class TokenBuilder:
 
     def row(self, result: ResultRow) -> TokenRow | str:
         """The row's tokens and mask, or why it is dropped."""
-        stored = orjson.loads(result.token_ids) if result.token_ids else None
+        stored = tokenids.unpack(result.token_ids) if result.token_ids else None
         if stored is not None:
-            ids, is_exact = [*stored["prompt"], *stored["output"]], True
+            ids, is_exact = [*stored.prompt, *stored.output], True
         else:
             tokenized = self._tokenized(result)
             if tokenized is None:

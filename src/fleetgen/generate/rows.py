@@ -13,8 +13,10 @@ from typing import Any
 import orjson
 
 from fleetgen.generate.health import Endpoint
+from fleetgen.generate.ledger import tokenids
 from fleetgen.generate.ledger.schema import BadRow, ErrorRow, ResultRow, SeriesRow
 from fleetgen.generate.ledger.store import Store
+from fleetgen.generate.ledger.tokenids import TokenIds
 from fleetgen.generate.progress import BadInputSample, Counters, RunEnd, Summary
 from fleetgen.generate.quality import flags_of_all
 from fleetgen.generate.work import BadInput, Work
@@ -88,11 +90,11 @@ def _turns_json(turns: list[Completion]) -> str:
     return orjson.dumps([{name: getattr(t, name) for name in TURN_FIELDS} for t in turns]).decode()
 
 
-def _token_ids(last: Completion) -> str | None:
-    """The last turn's prompt and answer ids, where the engine returned both."""
+def _token_ids(last: Completion) -> bytes | None:
+    """The last turn's prompt and answer ids, where the engine returned both, packed for the store."""
     if last.prompt_token_ids is None or last.token_ids is None:
         return None
-    return orjson.dumps({"prompt": last.prompt_token_ids, "output": last.token_ids}).decode()
+    return tokenids.pack(TokenIds(last.prompt_token_ids, last.token_ids))
 
 
 def _keys(work: Work) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import pytest
 
 from fleetgen.generate.export import export
 from fleetgen.generate.export_meta import sidecar_path
+from fleetgen.generate.ledger import tokenids
 from tests.fixtures.jobs import new_job, params, rows, write_jsonl
 from tests.fixtures.specforge_oracle import (
     assert_specforge_reads_our_tokens,
@@ -64,7 +65,7 @@ async def test_a_vllm_run_exports_its_exact_tokens_for_specforge(
     for record_id, token_ids, completion_tokens, turns in stored:  # vLLM's fields read and kept, whole
         assert token_ids is not None, record_id
         last_turn = orjson.loads(turns)[-1]["completion_tokens"] if turns else completion_tokens
-        assert len(orjson.loads(token_ids)["output"]) == last_turn
+        assert len(tokenids.unpack(token_ids).output) == last_turn
     path = tmp_path / "tokens.jsonl"
     exported = export(tmp_path / "out", "specforge-tokens", path)
     assert (exported.rows, exported.exact_token_rows) == (len(records), len(records)), exported

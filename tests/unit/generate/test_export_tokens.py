@@ -18,7 +18,9 @@ from tokenizers import Tokenizer, normalizers
 
 from fleetgen.chattemplate import ModelTokens, TurnMarkers
 from fleetgen.generate.export_tokens import NO_ROUND_TRIP, TokenBuilder, loss_mask
+from fleetgen.generate.ledger import tokenids
 from fleetgen.generate.ledger.schema import ResultRow
+from fleetgen.generate.ledger.tokenids import TokenIds
 from tests.fixtures.chatml import chatml_folder, special_id
 
 TEXT = st.text(st.characters(blacklist_categories=["Cs"], blacklist_characters="<>"), min_size=1, max_size=24)
@@ -95,7 +97,9 @@ def result(prompt: str, content: str, reasoning: str, finish: str, token_ids: An
         is_repetitive=0,
         chash=0,
         input_index=0,
-        token_ids=None if token_ids is None else orjson.dumps(token_ids).decode(),
+        token_ids=None
+        if token_ids is None
+        else tokenids.pack(TokenIds(token_ids["prompt"], token_ids["output"])),
     )
 
 

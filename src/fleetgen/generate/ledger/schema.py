@@ -44,9 +44,9 @@ class ResultRow(NamedTuple):
     is_repetitive: int
     chash: int  # the hash of the prompt it answers (migration 3)
     input_index: int  # which input of the folder the record is from (migration 4)
-    # The last turn's prompt and answer as the engine's token ids, JSON {"prompt": [...], "output": [...]},
-    # where the engine returned them (`return_token_ids`); None otherwise (migration 5)
-    token_ids: str | None = None
+    # The last turn's prompt and answer as the engine's token ids (`tokenids.pack`: zstd of uint32s), where
+    # the engine returned them (`return_token_ids`); None otherwise (migration 5)
+    token_ids: bytes | None = None
 
 
 class ErrorRow(NamedTuple):
@@ -179,7 +179,7 @@ MIGRATIONS: tuple[str, ...] = (
     # ids), so a token export trains on what the target produced, not on its text tokenized again. Rows
     # written before have none: the export tokenizes their text and checks it decodes back.
     """
-    ALTER TABLE results ADD COLUMN token_ids TEXT;
+    ALTER TABLE results ADD COLUMN token_ids BLOB;
     """,
 )
 
