@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from functools import partial
@@ -38,36 +36,23 @@ from fleetgen.deploy.instance import (
     running_process,
 )
 from fleetgen.deploy.placement.base import Placed
+from fleetgen.deploy.placement.launched import engine_pid, job_script, placement_name
 from fleetgen.deploy.script import Command
 from fleetgen.deploy.session import HostSession, open_session
 from fleetgen.deploy.state import InstanceRecord
 from fleetgen.deploy.types import Action, InstanceCommand, Outcome, Rollout, WantedInstance, settle
 from fleetgen.deploy.verify import process_drift
-from fleetgen.errors import DeployError, LaunchFailed
+from fleetgen.errors import DeployError
 from fleetgen.plan import GpuFacts, Issue, facts_from_file
 from fleetgen.remote import ray
 from fleetgen.remote.raynode import MARK
 
-# $1 launch script, $2 the launch's new log, $3 pidfile; as Slurm's batch script (`placement.slurm.JOB_SH`).
-JOB_SH = r"""
-set -C
-umask 077
-script=$1 log=$2 pidfile=$3
-mkdir -p -- "$(dirname -- "$log")" || exit 73
-: > "$log" || exit 73
-exec >> "$log" 2>&1 < /dev/null
-echo "fleetgen: Ray actor ${FLEETGEN_RAY_SERVER:-?} on $(hostname), pid $$"
-tmp="$pidfile.$$.tmp"
-{ printf '%s\n' "$$" > "$tmp" && mv -f -- "$tmp" "$pidfile"; } || exit 74
-exec "$script"
-"""
-_PIDFILE_WAIT_S = 60.0
+JOB_SH = job_script("Ray actor ${FLEETGEN_RAY_SERVER:-?}")
 
 
 def actor_name(fleet_path: Path, instance: str) -> str:
     """The actor (and placement group) name of an instance: unique per fleet file in its namespace."""
-    tag = hashlib.sha256(str(fleet_path.resolve()).encode()).hexdigest()[:8]
-    return f"fleetgen-{instance}-{tag}"
+    return placement_name("fleetgen", fleet_path, instance)
 
 
 def _cluster(fleet_file: FleetFile) -> RayCluster:
@@ -131,22 +116,9 @@ async def _ensure(
 
 
 async def _engine_pid(node: HostSession, wanted: WantedInstance, name: str) -> tuple[int, int]:
-    """The PID the actor's job wrote (it becomes the engine) and its start time, read on the node; the
-    process must carry the actor's mark (a stale pidfile names another)."""
-    pidfile, deadline = wanted.command.paths.pidfile, time.monotonic() + _PIDFILE_WAIT_S
-    while True:
-        text = (await node.host.run(["cat", "--", pidfile], check=False)).stdout.strip()
-        if text.isdigit():
-            info = await node.host.inspect(int(text))
-            if info.environ.get(MARK) == name:
-                return info.pid, info.start_time
-        if time.monotonic() > deadline:
-            raise LaunchFailed(
-                f"{wanted.inst.name}: Ray actor {name} started its launch, but its process did not show "
-                f"up on the node ({pidfile} names {text or 'nothing'})",
-                fix=f"read the launch's log in {wanted.command.paths.logs} on the node",
-            )
-        await asyncio.sleep(0.2)
+    """The engine's PID and start time on the node: the process carries the actor's mark."""
+    fix = f"read the launch's log in {wanted.command.paths.logs} on the node"
+    return await engine_pid(node, wanted, (MARK, name), f"Ray actor {name} started its launch", fix)
 
 
 async def _sweep(

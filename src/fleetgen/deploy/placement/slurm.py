@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import posixpath
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -43,6 +42,7 @@ from fleetgen.deploy.instance import (
     remove_secret_files,
 )
 from fleetgen.deploy.placement.base import Placed
+from fleetgen.deploy.placement.launched import engine_pid, job_script, placement_name
 from fleetgen.deploy.placement.slurm_gpus import cluster_gpus, gpus_shortfall
 from fleetgen.deploy.session import HostSession, is_loopback, open_session
 from fleetgen.deploy.state import InstanceRecord
@@ -68,29 +68,16 @@ from fleetgen.remote.srun import SrunHost
 
 JOB_SCRIPT = "slurm-job.sh"
 
-# $1 launch script, $2 the launch's new log, $3 pidfile. `set -C`: the log must be new; `umask 077`: the
-# log and pidfile are the owner's only. `exec "$1"`: this process (Slurm's batch step) becomes the engine.
-JOB_SH = r"""#!/bin/sh
-# fleetgen: one Slurm job = one server; rewritten by `fleetgen up`, do not edit.
-set -C
-umask 077
-script=$1 log=$2 pidfile=$3
-mkdir -p -- "$(dirname -- "$log")" || exit 73
-: > "$log" || exit 73
-exec >> "$log" 2>&1 < /dev/null
-echo "fleetgen: Slurm job ${SLURM_JOB_ID:-?} on $(hostname), pid $$"
-tmp="$pidfile.$$.tmp"
-{ printf '%s\n' "$$" > "$tmp" && mv -f -- "$tmp" "$pidfile"; } || exit 74
-exec "$script"
-"""
-_PIDFILE_WAIT_S = 60.0
+JOB_SH = job_script(
+    "Slurm job ${SLURM_JOB_ID:-?}",
+    head="#!/bin/sh\n# fleetgen: one Slurm job = one server; rewritten by `fleetgen up`, do not edit.\n",
+)
 REASON_SETTLE_S = 5.0  # a pending reason that waiting does not clear is judged once it held this long
 
 
 def job_name(fleet_path: Path, instance: str) -> str:
     """The Slurm job name of an instance: unique per fleet file, so `down` finds every job of ours."""
-    tag = hashlib.sha256(str(fleet_path.resolve()).encode()).hexdigest()[:8]
-    return f"fleetgen-{instance}-{tag}"
+    return placement_name("fleetgen", fleet_path, instance)
 
 
 def sbatch_argv(cluster: SlurmCluster, wanted: WantedInstance, name: str, tail: Sequence[str]) -> list[str]:
@@ -258,23 +245,12 @@ async def _follow(
 
 
 async def _engine_pid(node: HostSession, wanted: WantedInstance, job: str) -> tuple[int, int]:
-    """The PID the job's batch script wrote (it becomes the engine) and its start time, read on the node;
-    the process must carry the job's SLURM_JOB_ID (a stale pidfile names another)."""
-    pidfile, deadline = wanted.command.paths.pidfile, time.monotonic() + _PIDFILE_WAIT_S
-    while True:
-        text = (await node.host.run(["cat", "--", pidfile], check=False)).stdout.strip()
-        if text.isdigit():
-            info = await node.host.inspect(int(text))
-            if info.environ.get("SLURM_JOB_ID") == job:
-                return info.pid, info.start_time
-        if time.monotonic() > deadline:
-            raise LaunchFailed(
-                f"{wanted.inst.name}: Slurm job {job} runs, but its process did not show up on the node "
-                f"({pidfile} names {text or 'nothing'})",
-                fix=f"read the job's log in {wanted.command.paths.logs}; is the workdir on a filesystem the "
-                "nodes share with the submit host?",
-            )
-        await asyncio.sleep(0.2)
+    """The engine's PID and start time on the node: the process carries the job's SLURM_JOB_ID."""
+    fix = (
+        f"read the job's log in {wanted.command.paths.logs}; is the workdir on a filesystem the nodes share "
+        "with the submit host?"
+    )
+    return await engine_pid(node, wanted, ("SLURM_JOB_ID", job), f"Slurm job {job} runs", fix)
 
 
 async def cancel_jobs(login: HostSession, names: Sequence[str], timeout_s: float = 60.0) -> None:
