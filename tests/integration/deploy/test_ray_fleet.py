@@ -137,21 +137,24 @@ async def test_plan_online_asks_the_ray_cluster_for_its_gpu_nodes(
     ray_cluster: LocalRay, tmp_path: Path
 ) -> None:
     """`plan` (online) counts the GPUs of the cluster's live nodes: a fleet asking for more than the 4 this
-    cluster declares is warned with the fix, one that fits is not (before the node-loss test stops one)."""
+    cluster declares is warned with the fix, one that fits is not (before the node-loss test stops one);
+    the same through Ray Client (`address = "ray://head:port"`) as joined directly."""
     model = tmp_path / "model"
     model.mkdir()
     engine = {"kind": "sglang", "python": sys.executable, "model": str(model), "model_config": str(MODEL)}
-    warned = {}
-    for gpus in (4, 6):
-        folder = tmp_path / f"g{gpus}"
-        folder.mkdir()
-        fleet = write_ray_fleet(folder, ray_cluster, engine=engine, cluster={"gpus": gpus})
-        code, out, err = await cli("plan", "--json", "-f", str(fleet))
-        assert code in (0, 2), out + err  # 2: an instance does not fit; the plan is printed all the same
-        warned[gpus] = [w for w in json.loads(out)["warnings"] if w["rule"] == "cluster-gpus"]
-    assert warned[4] == []
-    [over] = warned[6]
-    assert "the Ray cluster's live nodes have 4 GPU(s)" in over["message"] and "at most 4" in over["fix"]
+    for how, address in (("joined", ray_cluster.address), ("client", ray_cluster.client_address)):
+        warned = {}
+        for gpus in (4, 6):
+            folder = tmp_path / f"{how}{gpus}"
+            folder.mkdir()
+            cluster = {"gpus": gpus, "address": address}
+            fleet = write_ray_fleet(folder, ray_cluster, engine=engine, cluster=cluster)
+            code, out, err = await cli("plan", "--json", "-f", str(fleet))
+            assert code in (0, 2), out + err  # 2: an instance does not fit; the plan is printed all the same
+            warned[gpus] = [w for w in json.loads(out)["warnings"] if w["rule"] == "cluster-gpus"]
+        assert warned[4] == [], how
+        [over] = warned[6]
+        assert "the Ray cluster's live nodes have 4 GPU(s)" in over["message"] and "at most 4" in over["fix"]
 
 
 async def test_a_ray_fleet_serves_a_job_exactly_once_through_a_killed_actor_and_a_lost_node(
