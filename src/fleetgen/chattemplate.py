@@ -249,3 +249,12 @@ def _common_prefix(a: str, b: str) -> str:
     while n < min(len(a), len(b)) and a[n] == b[n]:
         n += 1
     return a[:n]
+
+
+def has_template(folder: Path) -> bool:
+    """Whether `folder` holds a chat template (`ChatTemplate.read` reads one)."""
+    try:
+        ChatTemplate.read(folder)
+    except ModelCardError:
+        return False
+    return True

@@ -23,6 +23,7 @@ from rich.markup import escape
 from rich.table import Table
 
 import fleetgen.cli.app as cli
+from fleetgen.chattemplate import has_template
 from fleetgen.cli.runlog import PlainLog, progress_line
 from fleetgen.cli.runoptions import JobFlags, RunOptions
 from fleetgen.config import JobFile, load_job
@@ -51,8 +52,8 @@ EXIT_CODES: dict[RunEnd, int] = {
 READINESS_STYLE = {Readiness.READY: "{}", Readiness.WAITING: "[yellow]{}[/]", Readiness.DOWN: "[red]{}[/]"}
 Opt = typer.Option
 NO_MODEL_DIR = (
-    "[yellow]note[/]: no model folder was known to this run, so no chat template is recorded: `fleetgen "
-    "export --format specforge-tokens` needs --model-dir (set model_dir in the job file to record it)"
+    "[yellow]note[/]: no chat template is recorded (no model folder holding one was known to this run): "
+    "`fleetgen export --format specforge-tokens` needs --model-dir (set model_dir in the job file to record it)"
 )
 
 
@@ -238,13 +239,13 @@ def _job_options(opts: RunOptions, job_file: JobFile, servers: Servers, model_di
 
 async def _model_dir(job_file: JobFile, job_path: Path | None, loaded: Fleet | BareURLs) -> Path | None:
     """The model folder whose chat template the run records: the job file's `model_dir` (relative to it),
-    else the fleet's (read from its first host, `tokenizer_dir_for`); None with bare URLs (said after the
-    summary: `NO_MODEL_DIR`)."""
+    else the fleet's (read from its first host, `tokenizer_dir_for`) where it holds a template; None with bare
+    URLs or a fleet whose folder holds none (said after the summary: `NO_MODEL_DIR`; the job runs all the same)."""
     if job_file.model_dir is not None:
         return _relative_to(job_path, job_file.model_dir)
     if isinstance(loaded, Fleet):
         found = await tokenizer_dir_for(loaded.file, loaded.path, offline=False)
-        if found is not None:
+        if found is not None and has_template(found):  # a folder of the tokenizer alone: nothing to record
             return found
     return None
 
