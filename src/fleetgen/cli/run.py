@@ -53,7 +53,8 @@ READINESS_STYLE = {Readiness.READY: "{}", Readiness.WAITING: "[yellow]{}[/]", Re
 Opt = typer.Option
 NO_MODEL_DIR = (
     "[yellow]note[/]: no chat template is recorded (no model folder holding one was known to this run): "
-    "`fleetgen export --format specforge-tokens` needs --model-dir (set model_dir in the job file to record it)"
+    "`fleetgen export --format specforge-tokens` needs --model-dir "
+    "(set model_dir in the job file to record it)"
 )
 
 
@@ -239,8 +240,8 @@ def _job_options(opts: RunOptions, job_file: JobFile, servers: Servers, model_di
 
 async def _model_dir(job_file: JobFile, job_path: Path | None, loaded: Fleet | BareURLs) -> Path | None:
     """The model folder whose chat template the run records: the job file's `model_dir` (relative to it),
-    else the fleet's (read from its first host, `tokenizer_dir_for`) where it holds a template; None with bare
-    URLs or a fleet whose folder holds none (said after the summary: `NO_MODEL_DIR`; the job runs all the same)."""
+    else the fleet's (read from its first host, `tokenizer_dir_for`) where it holds a template; None with
+    bare URLs or a fleet whose folder holds none (said after the summary, `NO_MODEL_DIR`: the job runs)."""
     if job_file.model_dir is not None:
         return _relative_to(job_path, job_file.model_dir)
     if isinstance(loaded, Fleet):
