@@ -52,4 +52,6 @@ say "fleetgen export"
 "$FLEETGEN" export "$DEMO/out" --format jsonl --to "$DEMO/completions.jsonl"
 "$FLEETGEN" export "$DEMO/out" --format sharegpt --to "$DEMO/sharegpt.jsonl"
 "$FLEETGEN" export "$DEMO/out" --format parquet --to "$DEMO/completions.parquet"
-say "done: $(wc -l <"$DEMO/completions.jsonl") completions in $DEMO/completions.jsonl (+ sharegpt.jsonl, completions.parquet)"
+# the target's own tokens (vLLM returned them) + SpecForge's loss mask, cut where the trainer cuts
+"$FLEETGEN" export "$DEMO/out" --format specforge-tokens --max-length 512 --to "$DEMO/tokens.jsonl"
+say "done: $(wc -l <"$DEMO/completions.jsonl") completions in $DEMO/completions.jsonl (+ sharegpt.jsonl, completions.parquet, tokens.jsonl and each export's .meta.json)"

@@ -25,6 +25,7 @@ import pytest
 
 from fleetgen.generate.export import export
 from fleetgen.generate.export_meta import sidecar_path
+from fleetgen.generate.ledger import tokenids
 from tests.fixtures.jobs import new_job, params, rows, write_jsonl
 from tests.fixtures.sim import SimFactory
 from tests.fixtures.specforge_oracle import (
@@ -95,10 +96,8 @@ async def test_the_engines_own_ids_are_exported_and_specforge_reads_them(
     exported = read_rows(path)
     by_id = dict(stored)
     for row in exported:  # the stored ids, exactly, then the end of turn the engine did not write
-        kept = orjson.loads(by_id[row["id"]])
-        assert (
-            row["input_ids"][: len(kept["prompt"]) + len(kept["output"])] == kept["prompt"] + kept["output"]
-        )
+        kept = tokenids.unpack(by_id[row["id"]])
+        assert row["input_ids"][: len(kept.prompt) + len(kept.output)] == kept.prompt + kept.output
     read = await asyncio.to_thread(read_tokens_with_specforge, path, specforge, WIDE)
     assert_specforge_reads_our_tokens(exported, read, WIDE)
 
