@@ -219,6 +219,27 @@ SGLANG_0_5_13 = repin(
     drop=("zstandard",),
 )
 
+# SGLang 0.5.17 (the same torch 2.11 as 0.5.15: the GPU machine runs it as it is): 0.5.15's set re-pinned to
+# what 0.5.17's METADATA requires (`Requires-Dist` diffed): sglang-kernel 0.4.5, sgl-deep-gemm 0.1.5.post1,
+# flashinfer 0.6.15.post1, nvidia-cutlass-dsl 4.6.0; helion and humming-kernels are new requirements that this
+# path never imports (NOT_NEEDED); numba and xxhash are on the host; flashinfer 0.6.15 requires nccl4py and
+# cutlass-dsl 4.6's CUDA 13 libraries nvidia-cuda-nvdisasm (both new, both fetched).
+SGLANG_0_5_17 = [
+    *repin(
+        SGLANG_0_5_15,
+        [
+            "sglang==0.5.17",
+            "sglang-kernel==0.4.5",
+            "sgl-deep-gemm==0.1.5.post1",
+            "flashinfer_python==0.6.15.post1",
+            "nvidia-cutlass-dsl==4.6.0",
+            "nvidia-cutlass-dsl-libs-cu13==4.6.0",
+        ],
+    ),
+    "nccl4py",
+    "nvidia-cuda-nvdisasm",
+]
+
 SETS: dict[tuple[str, str], list[str]] = {
     ("vllm", "0.24.0"): [
         "vllm==0.24.0",
@@ -239,6 +260,7 @@ SETS: dict[tuple[str, str], list[str]] = {
         "rpds-py",
         *COMMON,
     ],
+    ("sglang", "0.5.17"): SGLANG_0_5_17,
     ("sglang", "0.5.15"): SGLANG_0_5_15,
     ("sglang", "0.5.13"): SGLANG_0_5_13,
 }
@@ -276,7 +298,7 @@ torchvision tqdm triton typer typing-extensions urllib3 uvloop wheel xxhash yarl
 NOT_NEEDED = words(
     """flashinfer-python nvidia-cudnn-frontend nvidia-cutlass-dsl fastsafetensors humming-kernels
 exceptiongroup anthropic av decord2 nvidia-cutlass-dsl-libs-base lxml colorama aiocontextvars
-win32-setctime flash-attn-4 flashinfer-cubin kernels mistral-common modelscope nvidia-mathdx
+win32-setctime flash-attn-4 flashinfer-cubin helion kernels mistral-common modelscope nvidia-mathdx
 outlines py-spy quack-kernels smg-grpc-servicer tilelang tokenspeed-mla torch-memory-saver
 torchcodec cuda-tile mcp opentelemetry-api opentelemetry-sdk opentelemetry-exporter-otlp
 opentelemetry-semantic-conventions-ai flashinfer-jit-cache build gpt-oss ray

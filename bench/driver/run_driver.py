@@ -36,6 +36,17 @@ MODES = ("off", "new", "old")
 TARGET_CORES = 1.0
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), or the architecture where there is none."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.machine()
+    return next(
+        (ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), platform.machine()
+    )
+
+
 def free_range(num: int) -> int:
     """A first port of `num` free consecutive ports (tried from a high base)."""
     import socket
@@ -228,14 +239,21 @@ def main() -> None:
     for what, ok in verdicts.items():
         print(f"{what}: {'yes' if ok else 'NO'}")
     out = REPO / "bench" / "results" / f"driver-{name}.json"
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout
+    commit = os.environ.get("FLEETGEN_COMMIT", "")  # a copy without .git (the GPU machine's) names it so
+    if not commit:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout
     doc = {
         "args": vars(args),
         "results": results,
         "verdicts": verdicts,
         "parse_cpu_ms_per_page": parse_ms,
         "projected_cores": {k: v for k, v in projected.items() if k != "lines"},
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load": os.getloadavg()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "cpu": cpu_model(),
+            "python": platform.python_version(),
+            "load": os.getloadavg(),
+        },
         "commit": commit.strip(),
         "at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }

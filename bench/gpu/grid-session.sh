@@ -49,3 +49,29 @@ tune_wait() {  # tune_wait SECONDS: until tune ends (or the time), then its file
   tail -30 /root/tune-run/tune.log; cp /root/tune-run/tune.json /root/tune-run/tune.log /root/tune-run/tuned.* $OUT/ 2>/dev/null
   tar -cJf $OUT/tune-work.tar.xz -C /root/tune-run .fleetgen -C /root fleetgen-work --exclude='*.sock' --exclude='*api_key*' 2>/dev/null
   nvidia-smi --query-gpu=memory.used --format=csv,noheader; ls $OUT; }
+# SGLang 0.5.17 beside 0.5.15 (bench/gpu/sglang-0.5.17-h200-tune.toml): its bundle's pieces as .gpu/qNN, one a
+# call (`qtake`), then `qassemble` (→ /root/bundle17, installed into /root/site17), then
+# `TUNE_FLEET=bench/gpu/sglang-0.5.17-h200-tune.toml TUNE_SITE=/root/site17 tune_start …`
+qtake() { mkdir -p /root/qin && mv .gpu/q* /root/qin/ && ls /root/qin | tr '\n' ' ' && du -sh /root/qin; }
+qassemble() {
+  mkdir -p /root/bundle17 && cat /root/qin/q* | tee >(sha256sum | cut -c1-16 >&2) | tar -x -C /root/bundle17 &&
+    rm -f /root/qin/q* && bash /root/bundle17/install.sh /root/site17 $PY > /root/install17.log 2>&1; tail -1 /root/install17.log
+  PYTHONPATH=/root/site17:/root/site17/nvidia_cutlass_dsl/python_packages $PY -c "import sglang, sgl_kernel; from sgl_kernel.flash_attn import flash_attn_with_kvcache; print('sglang', sglang.__version__)" 2>&1 | tail -2; }
+# The driver at 1,000 simulated endpoints on this machine's 16 cores (bench/driver/run_driver.py) before the
+# bundle is in: fleetgen's own wheels the image lacks travel as .gpu/fgdeps.tar (`fgdeps`), then
+# `driver_start ARGS…` (in the background, its own copy of the code) and `driver_wait SECONDS`
+fgdeps() { mkdir -p /root/fgdeps && tar -xf .gpu/fgdeps.tar -C /root/fgdeps && rm -f .gpu/fgdeps.tar &&
+  $PY -m pip install -q --no-index --no-deps --no-compile --target /root/fgsite /root/fgdeps/*.whl && ls /root/fgsite | wc -l; }
+driver_start() {
+  rm -rf /root/drv && mkdir -p /root/drv/tests/data/real-engines/sglang-0.5.15-h200 && cp -r src bench /root/drv/ &&
+    cp -r tests/data/real-engines/sglang-0.5.15-h200/mtp /root/drv/tests/data/real-engines/sglang-0.5.15-h200/ || return 1
+  (cd /root/drv && PYTHONPATH=/root/fgsite:/root/drv/src FLEETGEN_COMMIT=${FLEETGEN_COMMIT:-device} \
+    setsid nohup $PY bench/driver/run_driver.py "$@" > /root/drv/stdout 2>&1 < /dev/null & echo $! > /root/drv/pid)
+  echo "driver started: $*"; }
+driver_wait() {
+  local s=$SECONDS; while [ $((SECONDS-s)) -lt $1 ]; do kill -0 "$(cat /root/drv/pid)" 2>/dev/null || break; sleep 3; done
+  tail -12 /root/drv/stdout; mkdir -p $OUT/driver && cp /root/drv/stdout /root/drv/bench/results/driver-*.json $OUT/driver/ 2>/dev/null; ls $OUT/driver; }
+# `fleetgen plan --job` for a tune fleet file on this GPU: the candidates' names (for `tune --only`)
+tune_plan() {
+  PYTHONPATH=${TUNE_SITE:-$SITE}:$PWD/src COLUMNS=250 $PY -W ignore -c "$FG" plan -f ${TUNE_FLEET:-bench/gpu/sglang-0.5.15-h200-tune.toml} \
+    --job bench/gpu/tune-job.toml --input bench/gpu/tune-prompts.jsonl 2>&1 | grep -E "│|verdict|GiB" | cut -c1-120; }

@@ -208,6 +208,14 @@ def tune_command(
     narrow: Annotated[
         int, Opt("--narrow", min=0, help="Rounds per GPU class narrowing in on the best's running requests.")
     ] = 2,
+    only: Annotated[
+        str | None,
+        Opt(
+            "--only",
+            help="Measure only the candidates named (comma-separated names or shell patterns from "
+            "`plan --job`, e.g. 'no-radix-*-mf9*,*-mtp'); the fleet file's own is always measured.",
+        ),
+    ] = None,
     keep: Annotated[str, Opt("--keep", help="chosen: bring the tuned fleet up at the end; none.")] = "none",
     as_json: bool = cli.flag("json", "Print JSON instead of the table."),
 ) -> None:
@@ -235,6 +243,7 @@ def tune_command(
             allow_numerics=allow_numerics,
             keep_chosen=keep == "chosen",
             narrowing_rounds=narrow,
+            only=tuple(p.strip() for p in (only or "").split(",") if p.strip()),
         )
         return await tune(loaded, opts, _say)
 

@@ -11,6 +11,7 @@ weights without output lengths to draw from, `--out` over the user's own file.
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -52,6 +53,9 @@ class TuneOptions:
     allow_numerics: bool = False
     keep_chosen: bool = False
     narrowing_rounds: int = 2  # per class, after the plan's candidates (0: none)
+    only: tuple[
+        str, ...
+    ] = ()  # shell patterns of the candidates to measure (empty: all; the file's own always)
 
 
 @dataclass
@@ -73,15 +77,18 @@ class TuneResult:
     kept: list[str] = field(default_factory=list)
 
 
-def candidates_for(plan: InstancePlan, *, allow_numerics: bool) -> list[Setting]:
+def candidates_for(plan: InstancePlan, *, allow_numerics: bool, only: Sequence[str] = ()) -> list[Setting]:
     """The settings to measure on one instance's GPU class, the fleet file's own first: the plan's for the
-    job (`plan --job`'s, ranked), without those that change the numbers unless allowed. THE seam between
-    what the plan offers and what tune measures. A setting the plan runs none of (withheld: SGLang's admission
-    runs far fewer than its pools hold, its bound says why) is not measured."""
+    job (`plan --job`'s, ranked), without those that change the numbers unless allowed, and (`only`) without
+    those whose names match none of the given shell patterns. THE seam between what the plan offers and what
+    tune measures. A setting the plan runs none of (withheld: SGLang's admission runs far fewer than its pools
+    hold, its bound says why) is not measured."""
     if plan.job is None:
         return []
     mine, *others = plan.job.settings
     offered = [mine, *(s for s in others if s.running > 0 and (allow_numerics or not s.numerics))]
+    if only:
+        offered = offered[:1] + [s for s in offered[1:] if any(fnmatch.fnmatchcase(s.name, p) for p in only)]
     # after the user's own, the plan's best with speculative decoding each way before the rest: a budget
     # that ends early has still measured what speculation costs or buys at its best batch
     head, rest = offered[:1], offered[1:]
@@ -151,13 +158,14 @@ async def tune(fleet: Fleet, opts: TuneOptions, say: Say) -> TuneResult:
     instances = {i.name: i for i in fleet.file.instances(detected)}
     pending: dict[GpuClass, list[Setting]] = {}
     for cls, plans in groups.items():
-        pending[cls] = candidates_for(plans[0], allow_numerics=opts.allow_numerics)
+        pending[cls] = candidates_for(plans[0], allow_numerics=opts.allow_numerics, only=opts.only)
         if not pending[cls]:
             why = "; ".join(e.message for e in plans[0].errors) or "no plan for the job"
             raise ConfigError(
                 f"{plans[0].instance} ({cls.name}): nothing to measure: {why}",
                 fix=f"`fleetgen plan -f {fleet.path}` shows why; fix the fleet file, then tune again",
             )
+    _refuse_unmatched(opts, groups, pending)
     tools = {
         cls: _search_tools(fleet, plans[0], inputs, instances, job_shape) for cls, plans in groups.items()
     }
@@ -192,6 +200,30 @@ async def tune(fleet: Fleet, opts: TuneOptions, say: Say) -> TuneResult:
             if o.error is not None:
                 say(f"--keep chosen: {o.instance} did not start: {o.error.message}")
     return result
+
+
+def _refuse_unmatched(
+    opts: TuneOptions,
+    groups: Mapping[GpuClass, list[InstancePlan]],
+    pending: Mapping[GpuClass, list[Setting]],
+) -> None:
+    """An `--only` pattern that names no candidate of any class is a typo, not a request to measure less."""
+    chosen = {s.name for settings in pending.values() for s in settings[1:]}
+    unmatched = [p for p in opts.only if not any(fnmatch.fnmatchcase(n, p) for n in chosen)]
+    if unmatched:
+        offered = sorted(
+            {
+                s.name
+                for ps in groups.values()
+                for s in candidates_for(ps[0], allow_numerics=opts.allow_numerics)
+            }
+            - {BASELINE}
+        )
+        raise ConfigError(
+            f"--only {', '.join(unmatched)}: no candidate of this job is named so "
+            f"(offered: {', '.join(offered)})",
+            fix="give names or shell patterns from `fleetgen plan --job` (the file's own is always measured)",
+        )
 
 
 def _search_tools(

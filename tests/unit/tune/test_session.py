@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fleetgen.config import JobFile
 from fleetgen.deploy.fleet_ref import Fleet
@@ -19,7 +21,7 @@ from fleetgen.plan.job import JobShape, LengthStats
 from fleetgen.tune.classes import GpuClass
 from fleetgen.tune.fleetfile import file_data
 from fleetgen.tune.measure import Load, Trial, trial_fleet
-from fleetgen.tune.session import TuneOptions, candidates_for, refuse
+from fleetgen.tune.session import TuneOptions, _refuse_unmatched, candidates_for, refuse
 from fleetgen.tune.verdict import BASELINE
 from tests.unit.tune._helpers import QWEN, _two_class_fleet, fleet_file, setting
 
@@ -92,6 +94,62 @@ def test_the_candidates_are_the_plans_the_files_own_first_numerics_only_when_all
         assert next(s for s in strict[1:] if s.is_spec == kind) == next(
             s for s in offered[1:] if s.is_spec == kind
         )
+
+
+def _h200_plan() -> Any:
+    fleet = fleet_file([{"name": "a", "gpus": [0], "gpu_memory_gib": 140.4}])
+    job = JobShape(
+        LengthStats.fixed(20),
+        LengthStats(0, 1800.0, 1500, 4000, 5500, 6000),
+        "given",
+        False,
+        6000,
+        1,
+        True,
+        0.0,
+        "test",
+        True,
+        10,
+        10,
+        0,
+        20,
+        1,
+    )
+    [plan] = plan_fleet(fleet, QWEN, {"a": facts_from_file(fleet.hosts[0])}, job=job).instances
+    return plan
+
+
+H200_PLAN = _h200_plan()
+OFFERED = candidates_for(H200_PLAN, allow_numerics=True)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sets(st.sampled_from([s.name for s in OFFERED[1:]]), min_size=1))
+def test_only_measures_the_named_candidates_in_tunes_order_the_files_own_first(names: set[str]) -> None:
+    kept = candidates_for(H200_PLAN, allow_numerics=True, only=sorted(names))
+    assert kept[0].name == BASELINE
+    assert sorted(s.name for s in kept[1:]) == sorted(names)
+    for spec in (
+        True,
+        False,
+    ):  # each kind in the plan's order (the best of each kind leads, as without --only)
+        assert [s for s in kept if s.is_spec == spec] == [
+            s for s in OFFERED if s.is_spec == spec and s in kept
+        ]
+    assert {s.is_spec for s in kept[1:3]} == {s.is_spec for s in kept[1:]}
+
+
+def test_only_takes_shell_patterns_and_refuses_one_that_names_no_candidate(tmp_path: Path) -> None:
+    spec = candidates_for(H200_PLAN, allow_numerics=False, only=["*mtp*"])
+    assert len(spec) > 1 and all(s.is_spec for s in spec[1:])
+    assert {s.name for s in spec[1:]} == {s.name for s in OFFERED[1:] if "mtp" in s.name and not s.numerics}
+    cls = GpuClass(140, 1)
+    opts = _options(tmp_path, only=("*mtp*", "no-radix-9999"))
+    pending = {cls: candidates_for(H200_PLAN, allow_numerics=False, only=opts.only)}
+    with pytest.raises(ConfigError, match="no-radix-9999") as exc:
+        _refuse_unmatched(opts, {cls: [H200_PLAN]}, pending)
+    assert "*mtp*" not in exc.value.message and OFFERED[1].name in exc.value.message
+    _refuse_unmatched(replace(opts, only=("*mtp*",)), {cls: [H200_PLAN]}, pending)
 
 
 def test_a_forced_accept_length_goes_on_tunes_own_server_only_which_up_refuses_unless_told(
