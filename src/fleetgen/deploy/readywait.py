@@ -17,7 +17,8 @@ from dataclasses import dataclass, field, replace
 
 from fleetgen.deploy.death import GENERIC_SIGNATURES, POINTS_ELSEWHERE, first_fatal, root_cause
 from fleetgen.deploy.readiness import Readiness, Seen, decide
-from fleetgen.engines.base import Engine, FatalSignature, RuleSet
+from fleetgen.engines.base import Engine, FatalSignature
+from fleetgen.engines.rules import RuleSet
 from fleetgen.errors import LaunchFailed, ReadyTimeout, tail
 from fleetgen.http.client import EngineClient
 from fleetgen.remote.base import Host

@@ -11,15 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from fleetgen.config import EngineConfig, register_engine_kind
-from fleetgen.engines.base import (
-    Engine,
-    ParserVerdict,
-    RuleSet,
-    Translation,
-    format_args,
-    select_rule_set,
-    translate_args,
-)
+from fleetgen.engines.base import Engine, ParserVerdict, format_args
+from fleetgen.engines.rules import RuleSet, Translation, select_rule_set, translate_args
 from fleetgen.engines.sglang import SGLangEngine
 from fleetgen.engines.vllm import VLLMEngine
 from fleetgen.errors import ConfigError

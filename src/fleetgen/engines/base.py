@@ -8,9 +8,7 @@ vars, no clock.
 What every engine shares: argv layout, env, the parser-check frame and verdict, common fatal signatures,
 `capacity` (its start-up log's figures, to which an engine adds what its info JSON or /metrics labels
 report), `decode_rate` over a window (its token counter; SGLang: its gauge) and `with_simulated_acceptance`
-(tune's forced accept length; what `simulated_acceptance` finds). The generic `RuleSet` holds a release's
-name, releases, flag renames and removed/deprecated flags; rule sets are picked by release, ordered by
-`packaging` as PEP 440 orders them.
+(tune's forced accept length; what `simulated_acceptance` finds). A release's flags: `engines.rules`.
 """
 
 from __future__ import annotations
@@ -23,9 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from packaging.version import InvalidVersion, Version
-
 from fleetgen.config import ArgValue, EngineConfig, Instance
+from fleetgen.engines.rules import RuleSet, translate_args
 
 
 @dataclass(frozen=True)
@@ -73,33 +70,6 @@ class MetricNames:
     def of(cls, engine: str, **names: Any) -> MetricNames:
         """`names`, and the token counter every engine exports (`<engine>:generation_tokens_total`)."""
         return cls(**names, generation_tokens_total=f"{engine}:generation_tokens_total")
-
-
-@dataclass(frozen=True)
-class FlagRename:
-    """A flag renamed between releases. `new` lists the replacement(s); the first is the translation."""
-
-    old: str
-    new: tuple[str, ...]
-    note: str = ""
-    still_accepted: bool = False  # a deprecated alias this release still parses (translated anyway)
-
-
-@dataclass(frozen=True)
-class RuleSet:
-    """How one release era of an engine names its flags: what every engine's rules have. An engine subclasses
-    it with the switches its own plan and log watcher read (`SGLangRules`, `VLLMRules`), in its own module.
-
-    Names are flag names without dashes. `renames` map names of OTHER releases to this release's names.
-    `min_version`/`max_version` are releases (`release`), both included.
-    """
-
-    name: str
-    min_version: Version
-    max_version: Version
-    renames: tuple[FlagRename, ...] = ()
-    removed_flags: Mapping[str, str] = field(default_factory=dict)
-    deprecated_flags: Mapping[str, str] = field(default_factory=dict)  # parsed, with a warning
 
 
 @dataclass(frozen=True)
@@ -333,75 +303,6 @@ except BaseException as exc:
     out["error"] = type(exc).__name__ + ": " + str(exc)
 print(MARK + json.dumps(out, default=str))
 """
-
-
-def release(text: str) -> Version:
-    """A version string as the release it names, ordered as PEP 440 orders them (`packaging`):
-    `0.5.23rc0` < `0.5.23` < `0.5.23.post1` < `0.5.24`; a local build (`0.5.15+cu128`) is its release.
-    Raises `packaging.version.InvalidVersion` for a string that is no version."""
-    return Version(Version(text).public)
-
-
-def select_rule_set(rule_sets: Sequence[RuleSet], version: str | None) -> tuple[RuleSet, str | None]:
-    """The rule set read from `version`'s release, or the nearest one with a warning saying so.
-
-    In range → no warning. A pre-release (`0.5.23rc0`) of a release read → that release's rules, warned.
-    Otherwise the newest rule set older than `version` (newer than all → the newest; older than all →
-    the oldest), warned.
-    """
-    latest = max(rule_sets, key=lambda r: r.min_version)
-    if not version:
-        return (
-            latest,
-            f"engine version unknown: planning with the {latest.name} rules (the newest known); "
-            "set engine.version or run without --offline so it is detected",
-        )
-    try:
-        wanted = release(version)
-    except InvalidVersion:
-        return latest, (
-            f"engine version {version!r} is not a version (PEP 440): planning with the {latest.name} rules "
-            "(the newest known); set engine.version to the release the hosts run (e.g. 0.5.23)"
-        )
-    exact = _covering(rule_sets, wanted)
-    if exact is not None:
-        return exact, None
-    if wanted.is_prerelease:  # a pre-release is cut from the branch that becomes the release
-        final = _covering(rule_sets, Version(wanted.base_version))
-        if final is not None:
-            return final, (
-                f"{version} is a pre-release: planning with the nearest, {final.name} (read from the "
-                "final release); its sizing may differ"
-            )
-    older = [r for r in rule_sets if r.min_version <= wanted]
-    oldest = min(rule_sets, key=lambda r: r.min_version)
-    nearest = max(older, key=lambda r: r.min_version) if older else oldest
-    where = "older than the oldest release read" if not older else "not a release read"
-    if nearest is latest and older:
-        where = "newer than the newest release read"
-    return (
-        nearest,
-        f"no rule set for {version} ({where}): using the nearest, {nearest.name}; its sizing may differ",
-    )
-
-
-def _covering(rule_sets: Sequence[RuleSet], wanted: Version) -> RuleSet | None:
-    return next((r for r in rule_sets if r.min_version <= wanted <= r.max_version), None)
-
-
-@dataclass(frozen=True)
-class Translation:
-    """`engine.args` after renames for one rule set, and what was changed (for the plan's warnings)."""
-
-    args: dict[str, ArgValue | list[ArgValue]]
-    renamed: tuple[tuple[str, str], ...] = ()
-
-
-def translate_args(args: Mapping[str, ArgValue | list[ArgValue]], rules: RuleSet) -> Translation:
-    """Rewrite flags renamed in `rules`' era to the names that era accepts (first replacement)."""
-    table = {r.old: r.new[0] for r in rules.renames}
-    renamed = tuple((key, table[key]) for key in args if key in table)
-    return Translation({table.get(key, key): value for key, value in args.items()}, renamed)
 
 
 def format_args(args: Mapping[str, ArgValue | list[ArgValue]]) -> list[str]:

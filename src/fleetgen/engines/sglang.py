@@ -20,11 +20,11 @@ from fleetgen.engines.base import (
     FatalSignature,
     Labels,
     MetricNames,
-    RuleSet,
     common_fatal_signatures,
     positive_figures,
     refused_argument_signatures,
 )
+from fleetgen.engines.rules import RuleSet
 from fleetgen.engines.sglang_timeline import RULE_SETS
 from fleetgen.engines.sglang_timeline import MambaRatioRule as MambaRatioRule  # re-exported: the plan's
 from fleetgen.engines.sglang_timeline import MaxRunningCap as MaxRunningCap

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from fleetgen.engines.base import FlagRename, RuleSet, release
+from fleetgen.engines.rules import FlagRename, RuleSet, release
 
 # Every release whose source was read, oldest first: 0.5.7 … 0.5.23, and the .post1 of five of them. A release
 # not listed gets the nearest (warned).

@@ -19,12 +19,12 @@ from fleetgen.engines.base import (
     FatalSignature,
     Labels,
     MetricNames,
-    RuleSet,
     common_fatal_signatures,
     format_args,
     positive_figures,
     refused_argument_signatures,
 )
+from fleetgen.engines.rules import RuleSet
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ from fleetgen.config import ENGINE_KINDS, ArgValue, FleetFile
 from fleetgen.deploy.script import SecretEnv
 from fleetgen.deploy.wanted import build_command
 from fleetgen.engines import ENGINES, format_args, get_engine, select_rule_set, translate_args
-from fleetgen.engines.base import VERDICT_MARK, Engine, release
+from fleetgen.engines.base import VERDICT_MARK, Engine
+from fleetgen.engines.rules import release
 from fleetgen.engines.sglang_timeline import rules_for
 from fleetgen.errors import ConfigError
 from fleetgen.plan import decide_launch, facts_from_file

@@ -20,7 +20,8 @@ import pytest
 from fleetgen.config import load_fleet
 from fleetgen.deploy.death import first_fatal
 from fleetgen.engines import get_engine, select_rule_set
-from fleetgen.engines.base import ParserVerdict, release
+from fleetgen.engines.base import ParserVerdict
+from fleetgen.engines.rules import release
 from fleetgen.engines.sglang import extra_buffer_fix
 from fleetgen.engines.sglang_timeline import RELEASES, RULE_SETS, TIMELINE, SGLangRules, rules_for
 from fleetgen.fleet.planning import parser_refusal

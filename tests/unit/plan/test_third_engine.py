@@ -28,7 +28,8 @@ from fleetgen.config import FleetFile
 from fleetgen.deploy.hostsurvey import HostSurvey
 from fleetgen.deploy.wanted import build_wanted, planned_figures
 from fleetgen.engines import ENGINES, get_engine
-from fleetgen.engines.base import Engine, FlagRename, MetricNames, RuleSet
+from fleetgen.engines.base import Engine, MetricNames
+from fleetgen.engines.rules import FlagRename, RuleSet
 from fleetgen.modelcard import ModelShape, load_model_shape
 from fleetgen.plan import InstancePlan, decide_launch, facts_from_file, plan_fleet
 from fleetgen.plan.planners import PLANNERS, planner_of
