@@ -152,6 +152,22 @@ def test_tune_refuses_keeping_a_forced_acceptance_and_dummy_weights_without_leng
     assert not (tmp_path / ".fleetgen").exists() and not (tmp_path / "fleet.tuned.toml").exists()
 
 
+def test_only_a_pattern_naming_no_candidate_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    port = free_port(span=102)
+    fleet = sim_fleet(tmp_path, port)
+    prompts, job = job_input(tmp_path)
+    lengths = ["--output-lengths", "mean=300,min=50,max=1000"]
+    done = fleetgen_cli(
+        "tune", "-f", str(fleet), "--job", str(job), str(prompts), *lengths, "--only", "*-mtp,nope-*"
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "nope-*" in done.stderr and "offered: " in done.stderr and "no-radix-" in done.stderr
+    said = " ".join(done.stderr.split())
+    assert "--only nope-*: no candidate" in said  # the pattern that names candidates (MTP's) is not blamed
+    assert not list((tmp_path / ".fleetgen").glob("tune/*/round*"))  # no server was started
+    assert not any(is_listening(p) for p in (port + 100, port + 101))
+
+
 def test_a_batch_not_settled_by_the_warmup_is_never_ranked(tmp_path: Path) -> None:
     """`--warmup 0`: no candidate's batch is ready at its first look, so each is an error naming the fix,
     none is chosen, no tuned file is written, and tune exits non-zero."""
