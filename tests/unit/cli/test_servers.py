@@ -50,7 +50,8 @@ def write_fleet(tmp_path: Path, model: str, model_config: str | None = None) -> 
     config = f'model_config = "{model_config}"\n' if model_config else ""
     path = tmp_path / "fleet.toml"
     path.write_text(
-        f'[engine]\nkind = "sglang"\nmodel = "{model}"\n{config}bind = "127.0.0.2"\napi_key_env = "FLEETGEN_SERVERS_KEY"\n\n'
+        f'[engine]\nkind = "sglang"\nmodel = "{model}"\n{config}bind = "127.0.0.2"\n'
+        'api_key_env = "FLEETGEN_SERVERS_KEY"\n\n'
         '[[hosts]]\nname = "a"\nssh = "u@127.0.0.1:1"\ngpus = [0]\n',
         encoding="utf-8",
     )
