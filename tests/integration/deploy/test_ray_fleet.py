@@ -227,7 +227,7 @@ async def test_a_ray_fleet_serves_a_job_exactly_once_through_a_killed_actor_and_
         assert proc.returncode == 0, log.read_text()[-3000:]
         said = log.read_text()
         assert f"{victim} is down" in said and f"{victim} is ready again" in said, said
-        # the killed actor in Ray's words (as `status` says them), not only the transport's, before the restart
+        # the killed actor in Ray's words (as `status` says them) before the restart, not only the transport's
         killed = rf"^{victim} is down: .*Ray lists no actor {re.escape(actors[victim])} .*\(killed"
         assert re.search(killed, said, re.MULTILINE), said
         for name in lost:  # their node gone: said in Ray's words (its tasks refused, the GPUs left)
