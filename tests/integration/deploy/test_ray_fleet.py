@@ -228,7 +228,8 @@ async def test_a_ray_fleet_serves_a_job_exactly_once_through_a_killed_actor_and_
         said = log.read_text()
         assert f"{victim} is down" in said and f"{victim} is ready again" in said, said
         # the killed actor in Ray's words (as `status` says them) before the restart, not only the transport's
-        killed = rf"^{victim} is down: .*Ray lists no actor {re.escape(actors[victim])} .*\(killed"
+        actor = re.escape(actors[victim])
+        killed = rf"^{victim} is down: .*(Ray lists no actor {actor} .*\(killed|Ray actor {actor} died: )"
         assert re.search(killed, said, re.MULTILINE), said
         for name in lost:  # their node gone: said in Ray's words (its tasks refused, the GPUs left)
             assert re.search(rf"^{name} is down: .*Ray", said, re.MULTILINE), said
