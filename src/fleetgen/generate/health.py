@@ -217,16 +217,18 @@ class HealthMonitor:
 
     async def _ask_why(self, endpoint: Endpoint) -> None:
         """A lost endpoint's end as its fleet says it (`admit`: a Ray actor killed or its node lost, a Slurm
-        job's end, in the placement's own words, as `status` says them), asked before a restart replaces
-        what could tell; a fleet that knows no better (its server looks alive) leaves the failure's words."""
+        job's end, an engine's last error in its log, in the words `status` uses), asked before a restart
+        replaces what could tell. Only a fleet that finds it gone (DOWN) says it better than the job: one
+        whose server lives (a failed request; hung: the job's "no progress for …" says more than "health does
+        not answer") or that cannot be read leaves the job's own words."""
         if self._admit is None:
             return
+        said = endpoint.last_error
         try:
             readiness, why = await self._admit(endpoint)
-        except FleetgenError as exc:  # e.g. the host is unreachable: that is the why
-            readiness, why = Readiness.DOWN, exc.message
-        if readiness is not Readiness.READY and why:
-            endpoint.last_error = why
+        except FleetgenError:  # its host unreachable: the probe says so once it asks again
+            readiness, why = Readiness.WAITING, ""
+        endpoint.last_error = why if readiness is Readiness.DOWN and why else said
 
     async def _bring_back(self, endpoint: Endpoint) -> None:
         """READY once the fleet (`admit`) and then its /health say so, and, for one the job drained (DOWN)

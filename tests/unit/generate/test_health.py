@@ -282,6 +282,9 @@ async def test_without_engine_samples_the_hung_guard_drains_a_silent_endpoint_wh
     assert "1 requests in flight" in hung[0][1] and "looks hung" in hung[0][1]
 
 
+LOST = "connection to http://127.0.0.1:1 failed: Server disconnected"  # the job's own words for the loss
+
+
 @pytest.mark.parametrize(
     ("fleet_says", "said_at_restart"),
     [
@@ -291,11 +294,12 @@ async def test_without_engine_samples_the_hung_guard_drains_a_silent_endpoint_wh
             ),
             "Ray lists no actor fleetgen-ray-1 in namespace fleetgen (killed, ...)",
         ),
-        (  # its process lives (a request failed, not the server): the failure's own words stay
-            Judgement(Readiness.READY),
-            "connection to http://127.0.0.1:1 failed: Server disconnected",
-        ),
-        (DeployError("a: the host is unreachable", fix="check ssh"), "a: the host is unreachable"),
+        (Judgement(Readiness.DOWN, "not running: CUDA out of memory"), "not running: CUDA out of memory"),
+        # its process lives (a request failed; or hung: the job's "no progress for …" says more than the
+        # fleet's "health does not answer"), or the fleet cannot be read: the job's own words stay
+        (Judgement(Readiness.READY), LOST),
+        (Judgement(Readiness.WAITING, "process runs but the health endpoint does not answer 200"), LOST),
+        (DeployError("a: the host is unreachable", fix="check ssh"), LOST),
     ],
 )
 async def test_a_lost_endpoint_is_said_in_its_fleets_words_before_a_restart_replaces_it(
@@ -310,6 +314,8 @@ async def test_a_lost_endpoint_is_said_in_its_fleets_words_before_a_restart_repl
             return Judgement(Readiness.READY)
         if isinstance(fleet_says, DeployError):
             raise fleet_says
+        if fleet_says.readiness is not Readiness.READY:  # as `Job._admit` does: its reason to the view
+            endpoint.last_error = fleet_says.reason
         return fleet_says
 
     async def on_dead(name: str) -> None:
@@ -319,7 +325,7 @@ async def test_a_lost_endpoint_is_said_in_its_fleets_words_before_a_restart_repl
         endpoint = Endpoint("s0", client, 1)
         monitor = HealthMonitor([endpoint], QUICK, on_dead=on_dead, admit=admit)
         try:
-            endpoint.last_error = "connection to http://127.0.0.1:1 failed: Server disconnected"
+            endpoint.last_error = LOST
             monitor.lost(endpoint)
             await until(lambda: bool(restarted), timeout_s=HANG_GUARD_S, poll_s=0.01)
         finally:
