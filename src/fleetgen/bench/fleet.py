@@ -1,4 +1,4 @@
-"""`fleetgen bench` over a fleet: endpoints from URLs or the fleet's ready instances, and `--compare-spec`.
+"""`fleetgen bench` over a fleet: the servers' ready endpoints (`BenchServers`), and `--compare-spec`.
 
 `--compare-spec` is two deploys: the fleet file with every `speculative*` engine arg removed (written beside
 it as `<name>.spec-off.toml`, so relative paths and the shared `.fleetgen/state.json` stay the same),
@@ -8,22 +8,21 @@ the user's file says (spec on). The speedup pairs the levels by target and concu
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import tomllib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import tomli_w
 
 from fleetgen.bench.stats import BenchLoad, BenchTarget, LevelResult, SpeedupRow, speedups
 from fleetgen.bench.sweep import sweep
+from fleetgen.deploy.death import Death
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.fleetops import up
 from fleetgen.errors import ConfigError, EndpointError, EngineDied, FleetgenError
-from fleetgen.fleet.pool import Link, ready_endpoints
-from fleetgen.fleet.status import engine_deaths
-from fleetgen.http.client import BareURLs
+from fleetgen.fleet.pool import Link
 
 SPEC_ARG_PREFIX = "speculative"  # SGLang's speculative-*, vLLM's speculative-config
 
@@ -49,36 +48,45 @@ def running_caps(endpoints: Sequence[Link]) -> list[int | None]:
     return [None if e.running_is_floor else e.max_running_requests for e in endpoints]
 
 
+@dataclass(frozen=True)
+class BenchServers:
+    """What a sweep runs on, as plain values from the command's servers (`cli.servers.ServerSource`): the
+    ready endpoints (their key, their engines' running caps: none known for a bare URL) and `deaths`, why the
+    named engines died in their own words (none known for a bare URL)."""
+
+    endpoints: Sequence[Link]
+    deaths: Callable[[Sequence[str]], Awaitable[Mapping[str, Death]]]
+
+
 async def bench_fleet(
-    source: Fleet | BareURLs,
+    servers: BenchServers,
     load: BenchLoad,
     *,
     scope: Scope = "both",
     cap: int | None = None,
     on_level: Callable[[LevelResult], None] | None = None,
 ) -> list[LevelResult]:
-    """Sweep the given URLs, or the fleet's ready instances (through their tunnels, capped by the plan)."""
-    async with contextlib.AsyncExitStack() as stack:
-        if isinstance(source, BareURLs):
-            pairs, caps = source.named(), [cap]
-        else:
-            endpoints = await stack.enter_async_context(ready_endpoints(source))
-            pairs = [(e.name, e.url) for e in endpoints]
-            caps = [cap, *running_caps(endpoints)]
-            if endpoints[0].api_key and not load.api_key:
-                load = dataclasses.replace(load, api_key=endpoints[0].api_key)
-        try:
-            return await sweep(targets_of(pairs, scope), load, caps=caps, on_level=on_level)
-        except EndpointError as exc:
-            if isinstance(source, BareURLs):
-                raise
-            raise await _in_engines_words(source, [name for name, _ in pairs], exc) from exc
+    """Sweep the servers' ready endpoints (capped by what their engines admit, with their API key); a sweep
+    that failed is said as the engines that died say it."""
+    endpoints = servers.endpoints
+    pairs = [(e.name, e.url) for e in endpoints]
+    key = next((e.api_key for e in endpoints if e.api_key), None)
+    if key and not load.api_key:
+        load = dataclasses.replace(load, api_key=key)
+    try:
+        return await sweep(
+            targets_of(pairs, scope), load, caps=[cap, *running_caps(endpoints)], on_level=on_level
+        )
+    except EndpointError as exc:
+        said = _in_engines_words(await servers.deaths([name for name, _ in pairs]), exc)
+        if said is exc:
+            raise
+        raise said from exc
 
 
-async def _in_engines_words(fleet: Fleet, names: Sequence[str], exc: EndpointError) -> FleetgenError:
-    """A sweep that failed, as the engines that died say it (`fleet.status.engine_deaths`: each one's last
-    error, where it was raised, the fix); `exc` itself where none did."""
-    deaths = await engine_deaths(fleet, names)
+def _in_engines_words(deaths: Mapping[str, Death], exc: EndpointError) -> FleetgenError:
+    """A sweep that failed, as the engines that died say it (`deaths`: each one's last error, where it was
+    raised, the fix); `exc` itself where none did."""
     if not deaths:
         return exc
     said = "; ".join(f"{name}: {died.text()}" for name, died in deaths.items())

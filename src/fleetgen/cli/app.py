@@ -5,10 +5,9 @@ command, the error tree rendered once, here. Only the CLI prints or exits.
 
 `read_fleet` is the command's one read of its fleet file (a `Fleet`, passed down to deploy/fleet/generate,
 which never read it again), remembering the API key for the redactor; `execute_on` runs the command's work
-on it inside `execute`. `read_servers` is "fleet file or URLs" for `run`, `bench` and `dashboard`
-(`--endpoint` URLs win, else `-f`, else ./fleet.toml). Also here: the one table builder and `--json` printer
-(`table`, `print_json`), the options several commands share (the fleet file's, `--endpoint`, the job folder),
-and `on_stop` / `until_stopped` for Ctrl-C and SIGTERM.
+on it inside `execute` ("fleet file or URLs" for `run`, `bench` and `dashboard` is `cli.servers`). Also
+here: the one table builder and `--json` printer (`table`, `print_json`), the options several commands share
+(the fleet file's, `--endpoint`, the job folder), and `on_stop` / `until_stopped` for Ctrl-C and SIGTERM.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -30,7 +29,6 @@ from rich.table import Table
 
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.errors import ConfigError, FleetgenError
-from fleetgen.http.client import BareURLs
 from fleetgen.redact import redacting, remember
 
 app = typer.Typer(
@@ -78,15 +76,6 @@ def read_fleet(path: Path) -> Fleet:
     if engine.is_public and engine.api_key_env:
         remember(os.environ.get(engine.api_key_env, ""))
     return fleet
-
-
-def read_servers(fleet_path: Path | None, urls: Sequence[str] | None) -> Fleet | BareURLs:
-    """The servers a command works on, one rule for `run`, `bench` and `dashboard`: the `--endpoint` URLs when
-    any are given (a fleet file beside them is not read), else the fleet file (`-f`, else ./fleet.toml), read
-    once (`read_fleet`). Call it inside `execute`."""
-    if urls:
-        return BareURLs(tuple(urls))
-    return read_fleet(fleet_path or Path("fleet.toml"))
 
 
 FLEET_OPTION = typer.Option(Path("fleet.toml"), "--fleet", "-f", help="The fleet file (TOML).")

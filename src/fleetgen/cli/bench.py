@@ -7,7 +7,6 @@ and draws the PNG with the dashboard's chart renderer (`dashboard.svg`, rasteris
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +18,7 @@ from rich.table import Table
 import fleetgen.cli.app as cli
 from fleetgen.bench.fleet import SCOPES, bench_fleet, compare_spec
 from fleetgen.bench.stats import DEFAULT_CONCURRENCIES, BenchLoad, LevelResult, SpeedupRow
+from fleetgen.cli.servers import FleetFileServers, ServerSource, read_servers
 from fleetgen.config import load_job
 from fleetgen.dashboard import chromium, svg
 from fleetgen.errors import ConfigError
@@ -153,17 +153,19 @@ def bench(
             model=job_model,
             sampling=sampling,
         )
-        sweep_of = functools.partial(
-            bench_fleet, load=load, scope=picked, cap=max_concurrency, on_level=_progress
-        )
+
+        async def sweep_on(source: ServerSource) -> list[LevelResult]:
+            async with source.for_bench() as servers:
+                return await bench_fleet(servers, load, scope=picked, cap=max_concurrency, on_level=_progress)
+
         rows: list[SpeedupRow] = []
-        if compare:
+        if compare:  # refused with --endpoint
             off, on, rows = await compare_spec(
-                cli.read_fleet(fleet_path), sweep_of
-            )  # refused with --endpoint
+                cli.read_fleet(fleet_path), lambda fleet: sweep_on(FleetFileServers(fleet))
+            )
             levels = [dataclasses.replace(r, target=f"{r.target} (spec off)") for r in off] + list(on)
         else:
-            levels = await sweep_of(cli.read_servers(fleet_path, endpoint))
+            levels = await sweep_on(read_servers(fleet_path, endpoint))
         if as_json:
             sent = {**dataclasses.asdict(load), "sampling": load.sampling_sent()}
             cli.print_json({"load": sent, "levels": levels, "speedups": rows})

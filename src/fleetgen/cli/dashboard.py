@@ -9,16 +9,13 @@ from pathlib import Path
 from typing import Annotated
 from urllib.parse import urlsplit
 
-import aiohttp
 import typer
 
 import fleetgen.cli.app as cli
-from fleetgen.dashboard.fleetdata import EndpointSource, FleetViewSource, planned_max_running_requests
+from fleetgen.cli.servers import read_servers
 from fleetgen.dashboard.report import write_report
 from fleetgen.dashboard.server import Dashboard, FleetSource, no_fleet, serving
 from fleetgen.errors import ConfigError
-from fleetgen.fleet.status import open_view
-from fleetgen.http.client import BareURLs
 
 Opt = typer.Option
 
@@ -27,18 +24,12 @@ Opt = typer.Option
 async def _fleet_source(
     fleet_path: Path | None, endpoints: list[str]
 ) -> AsyncIterator[tuple[FleetSource, str]]:
-    """The fleet rows' source (and a standing note): endpoints, the fleet file, or none."""
+    """The fleet rows' source (and a standing note): the servers' (`ServerSource.for_dashboard`), or none."""
     if fleet_path is None and not endpoints:
         yield no_fleet, ""
         return
-    loaded = cli.read_servers(fleet_path, endpoints)
-    if isinstance(loaded, BareURLs):
-        async with aiohttp.ClientSession() as http:
-            yield EndpointSource(loaded, http), ""
-        return
-    async with open_view(loaded) as view:
-        planned, note = await planned_max_running_requests(loaded, view.model_host)
-        yield FleetViewSource(view, planned), note
+    async with read_servers(fleet_path, endpoints).for_dashboard() as (source, note):
+        yield source, note
 
 
 async def _serve(fleet_path: Path | None, out: Path | None, endpoints: list[str], port: int) -> None:

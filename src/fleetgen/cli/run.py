@@ -7,13 +7,11 @@ stops taking work and lets in-flight requests finish, twice abandons them. Nothi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
-import math
 import shlex
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, NamedTuple
 
@@ -23,28 +21,19 @@ from rich.markup import escape
 from rich.table import Table
 
 import fleetgen.cli.app as cli
-from fleetgen.chattemplate import has_template
 from fleetgen.cli.runlog import PlainLog, progress_line
 from fleetgen.cli.runoptions import JobFlags, RunOptions
+from fleetgen.cli.servers import Servers, ServerSource, read_servers
 from fleetgen.config import JobFile, load_job
-from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.readiness import Readiness
-from fleetgen.deploy.wanted import refuse_simulated_acceptance
 from fleetgen.errors import FleetDown
-from fleetgen.fleet.planning import tokenizer_dir_for
-from fleetgen.fleet.pool import Link, open_fleet
-from fleetgen.generate.dispatch import in_flight_for
-from fleetgen.generate.fleetlink import fleet_servers, url_servers
-from fleetgen.generate.health import JOIN_GRACE_S
 from fleetgen.generate.jobshape import read_job_shape
 from fleetgen.generate.progress import Progress, RunEnd, Summary
-from fleetgen.generate.runner import Job, JobServers
+from fleetgen.generate.runner import Job
 from fleetgen.generate.work import JobOptions, RecordShape, RetryPolicy, SamplingParams
-from fleetgen.http.client import BareURLs
 from fleetgen.plan.throughput import max_length_issue
 
 DEFAULT_CONCURRENCY = 64
-DEFAULT_DEAD_TIMEOUT_S = 300.0  # --endpoint URLs: the mid-job wait for a server to come back
 EXIT_CODES: dict[RunEnd, int] = {
     "stopped": 130,
     "failed": 1,
@@ -199,10 +188,10 @@ async def run_job(opts: RunOptions) -> JobRun:
     job_file = (load_job(opts.job_path) if opts.job_path else JobFile()).overridden(
         **dataclasses.asdict(opts.flags)
     )
-    loaded = cli.read_servers(opts.fleet_path, opts.endpoints)
-    model_dir = await _model_dir(job_file, opts.job_path, loaded)
+    source = read_servers(opts.fleet_path, opts.endpoints)
+    model_dir = await _model_dir(job_file, opts.job_path, source)
     await _warn_past_max_length(job_file, opts.input_path, model_dir, opts.split)
-    async with _servers(loaded, opts.wait_ready_s, opts.restart_dead) as servers:
+    async with source.for_job(opts.wait_ready_s, opts.restart_dead) as servers:
         on = (
             servers.of_job
             if job_file.concurrency
@@ -238,17 +227,13 @@ def _job_options(opts: RunOptions, job_file: JobFile, servers: Servers, model_di
     )
 
 
-async def _model_dir(job_file: JobFile, job_path: Path | None, loaded: Fleet | BareURLs) -> Path | None:
+async def _model_dir(job_file: JobFile, job_path: Path | None, source: ServerSource) -> Path | None:
     """The model folder whose chat template the run records: the job file's `model_dir` (relative to it),
-    else the fleet's (read from its first host, `tokenizer_dir_for`) where it holds a template; None with
-    bare URLs or a fleet whose folder holds none (said after the summary, `NO_MODEL_DIR`: the job runs)."""
+    else the source's (`ServerSource.model_dir`: a fleet's where it holds a template); None with bare URLs or
+    a fleet whose folder holds none (said after the summary, `NO_MODEL_DIR`: the job runs)."""
     if job_file.model_dir is not None:
         return _relative_to(job_path, job_file.model_dir)
-    if isinstance(loaded, Fleet):
-        found = await tokenizer_dir_for(loaded.file, loaded.path, offline=False)
-        if found is not None and has_template(found):  # a folder of the tokenizer alone: nothing to record
-            return found
-    return None
+    return await source.model_dir()
 
 
 def _relative_to(job_path: Path | None, folder: str) -> Path:
@@ -270,88 +255,6 @@ async def _warn_past_max_length(
         rule = escape(f"[{issue.rule}]")
         cli.err_console.print(f"[yellow]warning[/] {rule} {escape(issue.message)}", highlight=False)
         cli.err_console.print(f"  [green]fix:[/] {escape(issue.fix)}", highlight=False)
-
-
-@dataclasses.dataclass(frozen=True)
-class Servers:
-    """What a job runs on (`of_job`: its endpoints and what comes with them), how long it waits for them."""
-
-    of_job: JobServers
-    wait_s: float  # no server ready: wait this long for one
-    dead_timeout_s: float  # every server gone mid-job: stop after this long (unless --dead-timeout)
-    meanwhile: Callable[[float], str]  # what the job does while it waits, for the plain log
-    caps: dict[str, int] = dataclasses.field(default_factory=dict)  # the default in flight per server
-    fill: frozenset[str] = frozenset()  # servers whose engine runs past its figure: their caps are filled
-
-
-@contextlib.asynccontextmanager
-async def _servers(
-    loaded: Fleet | BareURLs, wait_ready: float | None, restart_dead: bool
-) -> AsyncIterator[Servers]:
-    """Bare `--endpoint` URLs, or every instance `fleetgen up` deployed, reached through tunnels held for the
-    job; those not ready yet (loading, dead, host unreachable) start drained and join once ready."""
-    if isinstance(loaded, BareURLs):
-        say = _meanwhile("the servers", None, False)
-        yield Servers(url_servers(loaded), wait_ready or 0.0, DEFAULT_DEAD_TIMEOUT_S, say)
-        return
-    refuse_simulated_acceptance(loaded)  # its servers would not write the model's text
-    fleet_path, engine = loaded.path, loaded.file.engine
-    async with open_fleet(loaded) as links:
-        at_start = await links.read_all(grace_s=JOIN_GRACE_S)  # a hung one holds no one up
-        if not at_start:
-            raise FleetDown(
-                f"no instance of {fleet_path} is deployed",
-                fix=f"run `fleetgen up -f {fleet_path}`, then this again",
-            )
-        wait = engine.ready_timeout_s if wait_ready is None else wait_ready
-        _say_not_ready(at_start, fleet_path, wait, restart_dead)
-        yield Servers(
-            fleet_servers(loaded, links, at_start, restart_dead),
-            wait,
-            wait,
-            _meanwhile(f"the instances of {fleet_path}", fleet_path, restart_dead),
-            caps=default_caps(at_start),
-            fill=frozenset(e.name for e in at_start if e.running_is_floor),
-        )
-
-
-def default_caps(endpoints: list[Link]) -> dict[str, int]:
-    """Each server's requests in flight when the job file sets no concurrency: what its engine admits (its
-    own view, tuned or not) with a queue beside it (`dispatch.in_flight_for`); a server whose view is not
-    read yet (not ready) takes the largest of the others'. Where the view is a floor (vLLM without
-    max-num-seqs) the job starts there and fills the batch from the engine's own counts (`Servers.fill`)."""
-    return {e.name: in_flight_for(e.max_running_requests) for e in endpoints if e.max_running_requests}
-
-
-def _say_not_ready(endpoints: list[Link], fleet_path: Path, wait_s: float, restart_dead: bool) -> None:
-    """One line per instance not ready at the start (they join once ready), and what waiting for one means."""
-    where = escape(str(fleet_path))
-    for e in endpoints:
-        if e.readiness is Readiness.READY:
-            continue
-        is_restarted = e.readiness is Readiness.DOWN and restart_dead
-        then = "restarting it in the background" if is_restarted else "it joins once ready"
-        cli.err_console.print(
-            f"[yellow]{e.name} is not ready[/] ({escape(e.problem)}): {then}", highlight=False
-        )
-    if not any(e.readiness is Readiness.READY for e in endpoints):
-        cli.err_console.print(
-            f"[yellow]no instance of {where} is ready yet[/]: waiting up to {wait_s:.0f} s for a first one "
-            f"(`fleetgen up -f {where}` brings them up, `fleetgen status -f {where}` says why; "
-            "--wait-ready S sets the wait)",
-            highlight=False,
-        )
-
-
-def _meanwhile(what: str, fleet_path: Path | None, restart_dead: bool) -> Callable[[float], str]:
-    """What the job does while no server is ready, given the seconds it still waits."""
-    bring = f"`fleetgen up -f {fleet_path}` brings them back" if fleet_path else "start them again"
-    if restart_dead:
-        bring = "restarting the dead ones (--restart-dead)"
-    return lambda wait_s: (
-        f"waiting up to {math.ceil(wait_s)} s for one of {what} to come back ({bring}); then the job stops "
-        "with FleetDown and prints the command that resumes it"
-    )
 
 
 async def _run_job(job: Job, meanwhile: Callable[[float], str], live: bool, log_every: float) -> Summary:

@@ -31,8 +31,8 @@ class JobFlags:
 @dataclasses.dataclass(frozen=True)
 class RunOptions:
     """`fleetgen run`'s command line as one value: the input and the job's folder, its servers (a fleet file
-    or `--endpoint` URLs, `cli.app.read_servers`), the job file and the flags over it, the pass, the waits,
-    and how progress is shown. `run_command` builds it from its typer parameters; `run_job` runs it."""
+    or `--endpoint` URLs, `cli.servers.read_servers`), the job file and the flags over it, the pass, the
+    waits, and how progress is shown. `run_command` builds it from its typer parameters; `run_job` runs it."""
 
     input_path: Path
     out: Path

@@ -86,6 +86,7 @@ async def open_hosts(
     """Every wanted host connected and surveyed at once (`open_session`), with its instances, or failed
     (`Opened.failed`); the connections close on exit."""
     opened = Opened(fleet.file.select(only))
+    check_launch = check_launch and placement_of(fleet.file).launches_on_login  # else its preflight checks
     async with aiohttp.ClientSession() as http, contextlib.AsyncExitStack() as stack:
 
         async def connect(entry: HostEntry) -> None:

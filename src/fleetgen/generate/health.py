@@ -10,9 +10,11 @@ its tunnel is), then GET /health, then, for one the job drained (DOWN) once the 
 chat request (`EngineClient.probe`): /health answers 200 on a server that fails every request or generates
 nothing, so only an answered request brings a drained one back (once: no "down / ready again" every few
 seconds). With `--restart-dead` (`on_dead`), a DOWN endpoint is restarted through the deploy layer in the
-background, so the other endpoints keep taking work meanwhile. With none READY, the job waits a bounded time
-on one clock (`HealthMonitor.wait_left_s`): `--wait-ready` for a first one at the start, `dead_timeout_s`
-mid-job (`--dead-timeout`).
+background, so the other endpoints keep taking work meanwhile; one the job lost is first asked of the fleet
+(`admit`), so its end is said in the placement's words (a Ray actor killed, a node lost, a Slurm job's end:
+what `status` says) before the restart replaces what could say it. With none READY, the job waits a bounded
+time on one clock (`HealthMonitor.wait_left_s`): `--wait-ready` for a first one at the start,
+`dead_timeout_s` mid-job (`--dead-timeout`).
 
 The hung guard (`--hung-after`) judges a hang by progress, not by /health (SGLang answers /health while its
 scheduler generates nothing: sgl-project/sglang#30314): progress is an answer to one of the job's requests
@@ -105,11 +107,11 @@ class HealthMonitor:
         self._spawn(self._guard_hung())
 
     def lost(self, endpoint: Endpoint) -> None:
-        """The endpoint failed (connection, repeated errors, hung; why in its `last_error`): DOWN, probed,
-        restarted with `on_dead`."""
+        """The endpoint failed (connection, repeated errors, hung; why in its `last_error`, the job's words):
+        DOWN, probed, restarted with `on_dead` once its fleet said why (`_ask_why`)."""
         seen = Seen(lost=endpoint.last_error or "drained", was=endpoint.readiness)
         endpoint.readiness = decide(seen).readiness
-        self._look_after(endpoint)
+        self._look_after(endpoint, ask_why=True)
 
     def progressed(self, name: str, since: float | None) -> None:
         """The job's scraper read `name`'s engine samples: moved since `since` (monotonic), or not (None)."""
@@ -133,12 +135,12 @@ class HealthMonitor:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def _look_after(self, endpoint: Endpoint) -> None:
+    def _look_after(self, endpoint: Endpoint, *, ask_why: bool = False) -> None:
         if endpoint not in self._probing:
             self._probing.add(endpoint)
             self._spawn(self._probe(endpoint))
         if endpoint.readiness is Readiness.DOWN:
-            self._restart_soon(endpoint)
+            self._restart_soon(endpoint, ask_why=ask_why)
 
     async def _guard_hung(self) -> None:
         """A READY endpoint with requests in flight and no progress for `hung_after_s` is hung (an engine
@@ -175,10 +177,10 @@ class HealthMonitor:
         finally:
             self._judging.discard(e)
 
-    def _restart_soon(self, endpoint: Endpoint) -> None:
+    def _restart_soon(self, endpoint: Endpoint, *, ask_why: bool = False) -> None:
         if self._on_dead is not None and endpoint not in self._restarting:
             self._restarting.add(endpoint)
-            self._spawn(self._restart(endpoint, self._on_dead))
+            self._spawn(self._restart(endpoint, self._on_dead, ask_why))
 
     async def _probe(self, endpoint: Endpoint) -> None:
         interval = self.policy.probe_interval_s
@@ -190,10 +192,13 @@ class HealthMonitor:
         finally:
             self._probing.discard(endpoint)
 
-    async def _restart(self, endpoint: Endpoint, on_dead: OnDead) -> None:
-        """Restart a dead endpoint while it stays down, up to `restart_attempts` times; once it is back,
-        check it at once (the probe's own interval may have grown long while it was dead)."""
+    async def _restart(self, endpoint: Endpoint, on_dead: OnDead, ask_why: bool) -> None:
+        """Restart a dead endpoint while it stays down, up to `restart_attempts` times (`ask_why`: lost by the
+        job, its fleet asked why first); once it is back, check it at once (the probe's own interval may have
+        grown long while it was dead)."""
         try:
+            if ask_why:
+                await self._ask_why(endpoint)
             for attempt in range(self.policy.restart_attempts):
                 if endpoint.readiness is Readiness.READY:
                     return
@@ -209,6 +214,21 @@ class HealthMonitor:
                 return
         finally:
             self._restarting.discard(endpoint)
+
+    async def _ask_why(self, endpoint: Endpoint) -> None:
+        """A lost endpoint's end as its fleet says it (`admit`: a Ray actor killed or its node lost, a Slurm
+        job's end, an engine's last error in its log, in the words `status` uses), asked before a restart
+        replaces what could tell. Only a fleet that finds it gone (DOWN) says it better than the job: one
+        whose server lives (a failed request; hung: the job's "no progress for …" says more than "health does
+        not answer") or that cannot be read leaves the job's own words."""
+        if self._admit is None:
+            return
+        said = endpoint.last_error
+        try:
+            readiness, why = await self._admit(endpoint)
+        except FleetgenError:  # its host unreachable: the probe says so once it asks again
+            readiness, why = Readiness.WAITING, ""
+        endpoint.last_error = why if readiness is Readiness.DOWN and why else said
 
     async def _bring_back(self, endpoint: Endpoint) -> None:
         """READY once the fleet (`admit`) and then its /health say so, and, for one the job drained (DOWN)

@@ -157,6 +157,35 @@ async def test_plan_online_asks_the_ray_cluster_for_its_gpu_nodes(
         assert "the Ray cluster's live nodes have 4 GPU(s)" in over["message"] and "at most 4" in over["fix"]
 
 
+@pytest.mark.parametrize("missing", ["python", "model"])
+async def test_up_refuses_an_engine_the_nodes_cannot_start_before_placing_anything(
+    missing: str, ray_cluster: LocalRay, tmp_path: Path
+) -> None:
+    """The engine's python and model folder are checked on the nodes a server may be placed on (a Ray task
+    on each: the driver machine is no node), and a refusal names the node, the path and the fix."""
+    path = str(tmp_path / "nowhere" / ("bin/python" if missing == "python" else "model"))
+    engine = {
+        "kind": "sglang",
+        "python": sys.executable,
+        "model": str(tmp_path / "model"),
+        "launcher": ["-m", "fleetgen.sim"],
+        "args": SIM_ARGS,
+        missing: path,
+    }
+    fleet = write_ray_fleet(tmp_path, ray_cluster, engine=engine)
+    code, out, err = await cli("up", "-f", str(fleet))
+    said = out + err
+    assert code != 0, said
+    node = re.search(
+        r"Ray node ([0-9a-f]{8}) \([^)]*\): the (engine's python|model folder) '?" + re.escape(path), said
+    )
+    assert node is not None, said
+    assert "engine.python" in said if missing == "python" else "engine.model" in said, said  # the fix
+    left = listed(ray_cluster)
+    assert left["actors"] == [] and left["groups"] == [], left  # refused before anything was placed
+    assert not (fleet.parent / ".fleetgen" / "state.json").exists() or state(fleet) == {}
+
+
 async def test_a_ray_fleet_serves_a_job_exactly_once_through_a_killed_actor_and_a_lost_node(
     ray_cluster: LocalRay, tmp_path: Path
 ) -> None:
@@ -198,6 +227,10 @@ async def test_a_ray_fleet_serves_a_job_exactly_once_through_a_killed_actor_and_
         assert proc.returncode == 0, log.read_text()[-3000:]
         said = log.read_text()
         assert f"{victim} is down" in said and f"{victim} is ready again" in said, said
+        # the killed actor in Ray's words (as `status` says them) before the restart, not only the transport's
+        actor = re.escape(actors[victim])
+        killed = rf"^{victim} is down: .*(Ray lists no actor {actor} .*\(killed|Ray actor {actor} died: )"
+        assert re.search(killed, said, re.MULTILINE), said
         for name in lost:  # their node gone: said in Ray's words (its tasks refused, the GPUs left)
             assert re.search(rf"^{name} is down: .*Ray", said, re.MULTILINE), said
         assert_every_record_once(result, stdout, 600)  # 0 lost, 0 duplicated

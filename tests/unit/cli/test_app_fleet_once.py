@@ -16,10 +16,10 @@ from typer.testing import CliRunner
 
 from fleetgen import redact
 from fleetgen.cli import _TOPICS
-from fleetgen.cli.app import app, read_servers
+from fleetgen.cli.app import app
+from fleetgen.cli.servers import FleetFileServers, URLServers, read_servers
 from fleetgen.config import fleet as fleet_config
 from fleetgen.config.common import load_toml
-from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.errors import ConfigError
 from fleetgen.http.client import BareURLs
 
@@ -85,10 +85,10 @@ def test_fleet_file_or_urls_is_one_rule_for_run_bench_and_dashboard(
     (tmp_path / "fleet.toml").write_text(FLEET, encoding="utf-8")
     flag = Path(fleet_flag) if fleet_flag else None
     urls = ["http://127.0.0.1:9/", "http://127.0.0.1:9"]
-    assert read_servers(flag, urls) == BareURLs(tuple(urls))
+    assert read_servers(flag, urls) == URLServers(BareURLs(tuple(urls)))
     if flag is None:
-        fleet = read_servers(None, None)
-        assert isinstance(fleet, Fleet) and fleet.path == Path("fleet.toml")
+        source = read_servers(None, None)
+        assert isinstance(source, FleetFileServers) and source.fleet.path == Path("fleet.toml")
     else:
         with pytest.raises(ConfigError, match=r"elsewhere\.toml"):
             read_servers(flag, [])

@@ -20,7 +20,7 @@ from rich.console import Console
 
 from fleetgen.cli.run import render
 from fleetgen.deploy.readiness import Judgement, Readiness
-from fleetgen.errors import FleetDown
+from fleetgen.errors import DeployError, FleetDown
 from fleetgen.fleet.pool import Link
 from fleetgen.generate.dispatch import Dispatcher
 from fleetgen.generate.health import Endpoint, HealthMonitor, served_models
@@ -280,3 +280,54 @@ async def test_without_engine_samples_the_hung_guard_drains_a_silent_endpoint_wh
             await monitor.close()
     assert {name for name, _ in hung} == {"silent"}
     assert "1 requests in flight" in hung[0][1] and "looks hung" in hung[0][1]
+
+
+LOST = "connection to http://127.0.0.1:1 failed: Server disconnected"  # the job's own words for the loss
+
+
+@pytest.mark.parametrize(
+    ("fleet_says", "said_at_restart"),
+    [
+        (  # a Ray actor killed: `status`'s words, as the placement reads them (`FleetLinks.read_one`)
+            Judgement(
+                Readiness.DOWN, "Ray lists no actor fleetgen-ray-1 in namespace fleetgen (killed, ...)"
+            ),
+            "Ray lists no actor fleetgen-ray-1 in namespace fleetgen (killed, ...)",
+        ),
+        (Judgement(Readiness.DOWN, "not running: CUDA out of memory"), "not running: CUDA out of memory"),
+        # its process lives (a request failed; or hung: the job's "no progress for …" says more than the
+        # fleet's "health does not answer"), or the fleet cannot be read: the job's own words stay
+        (Judgement(Readiness.READY), LOST),
+        (Judgement(Readiness.WAITING, "process runs but the health endpoint does not answer 200"), LOST),
+        (DeployError("a: the host is unreachable", fix="check ssh"), LOST),
+    ],
+)
+async def test_a_lost_endpoint_is_said_in_its_fleets_words_before_a_restart_replaces_it(
+    fleet_says: Judgement | DeployError, said_at_restart: str
+) -> None:
+    """With `--restart-dead`, the restart replaces what could tell why a server died (its Ray actor, its
+    Slurm job): the fleet is asked first, so the run log's "is down" line carries the placement's words."""
+    restarted: list[str] = []  # the endpoint's last_error when its restart began
+
+    async def admit(endpoint: Endpoint) -> Judgement:
+        if restarted:  # placed again: back
+            return Judgement(Readiness.READY)
+        if isinstance(fleet_says, DeployError):
+            raise fleet_says
+        if fleet_says.readiness is not Readiness.READY:  # as `Job._admit` does: its reason to the view
+            endpoint.last_error = fleet_says.reason
+        return fleet_says
+
+    async def on_dead(name: str) -> None:
+        restarted.append(endpoint.last_error)
+
+    async with serve(StandIn()) as a, EngineClient(a.url, max_connections=1, timeout_s=5) as client:
+        endpoint = Endpoint("s0", client, 1)
+        monitor = HealthMonitor([endpoint], QUICK, on_dead=on_dead, admit=admit)
+        try:
+            endpoint.last_error = LOST
+            monitor.lost(endpoint)
+            await until(lambda: bool(restarted), timeout_s=HANG_GUARD_S, poll_s=0.01)
+        finally:
+            await monitor.close()
+    assert restarted == [said_at_restart]

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 import pytest
 
-from fleetgen.cli.run import default_caps
+from fleetgen.cli.servers import default_caps
 from fleetgen.deploy.readiness import Readiness
 from fleetgen.errors import FleetDown, ParamsMismatch, RequestRejected
 from fleetgen.fleet.pool import Link

@@ -53,6 +53,13 @@ class Placement(Protocol):
         ...
 
     @property
+    def launches_on_login(self) -> bool:
+        """Its servers launch where `login` stands, or on nodes that share its files (Slurm's submit host), so
+        `up` refuses an engine's python or model folder missing there before anything is placed; False: on
+        nodes it reaches itself, which its `preflight` checks (Ray: on a node the cluster would place on)."""
+        ...
+
+    @property
     def can_tune(self) -> bool:
         """`tune` measures on it (it launches each candidate as its own fleet on the same GPUs)."""
         ...

@@ -24,6 +24,7 @@ class HostsPlacement:
     label = "SSH hosts"
     can_tune = True
     is_per_instance = False
+    launches_on_login = True
 
     async def preflight(self, fleet: Fleet, login: HostSession, wanted: Sequence[WantedInstance]) -> None:
         """Nothing beyond the host's survey (`open_session` refused a host that cannot launch)."""

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from fleetgen.config import FleetFile, HostEntry, Instance, RayCluster
 from fleetgen.deploy.fleet_ref import Fleet
+from fleetgen.deploy.hostsurvey import launch_problems
 from fleetgen.deploy.instance import (
     find_running,
     follow_launch,
@@ -42,7 +43,7 @@ from fleetgen.deploy.session import HostSession, open_session
 from fleetgen.deploy.state import InstanceRecord
 from fleetgen.deploy.types import Action, InstanceCommand, Outcome, Rollout, WantedInstance, settle
 from fleetgen.deploy.verify import process_drift
-from fleetgen.errors import DeployError
+from fleetgen.errors import DeployError, LaunchFailed
 from fleetgen.plan import GpuFacts, Issue, facts_from_file
 from fleetgen.remote import ray
 from fleetgen.remote.raynode import MARK
@@ -189,24 +190,49 @@ async def place(
     return placed
 
 
-async def preflight(fleet: Fleet, wanted: Sequence[WantedInstance]) -> None:
-    """Before anything is placed: the cluster reached, and GPUs enough on its live nodes (all of them, and a
-    node with `tp` of them: a server's group is STRICT_PACK)."""
+async def preflight(fleet: Fleet, login: HostSession, wanted: Sequence[WantedInstance]) -> None:
+    """Before anything is placed: the cluster reached, GPUs enough on its live nodes (all of them, and a node
+    with `tp` of them: a server's group is STRICT_PACK), and the engine's python and model folder on each node
+    a server may be placed on (`node_problems`)."""
     cluster = _cluster(fleet.file)
     await ray.connect(cluster.address, cluster.namespace)
     if not wanted:
         return
-    problems = gpu_problems(cluster, len(wanted[0].inst.gpus), await ray.nodes())
+    tp, listed = len(wanted[0].inst.gpus), await ray.nodes()
+    problems = gpu_problems(cluster, tp, listed)
     if problems:
         raise DeployError(
             "; ".join(p.message for p in problems) + " (checked before anything was placed)",
             fix="; ".join(p.fix for p in problems),
         )
+    found = await node_problems(fleet, login, [n for n in _placeable(cluster, listed) if n.gpus >= tp])
+    if found:
+        raise LaunchFailed(
+            "; ".join(p.message for p in found) + " (checked before anything was placed)",
+            context={"nodes": ", ".join(str(p.context["node"]) for p in found)},
+            fix="; ".join(dict.fromkeys(p.fix for p in found)),
+        )
+
+
+async def node_problems(fleet: Fleet, login: HostSession, nodes: Sequence[ray.RayNode]) -> list[LaunchFailed]:
+    """What stops the engine from starting on each node (`hostsurvey.launch_problems`: its python, its
+    launcher module, the model folder), read there by the node's survey: one Ray task per node, whatever the
+    number of servers; the first problem of each node that has one, naming the node."""
+
+    async def first(node: ray.RayNode) -> LaunchFailed | None:
+        async with node_session(fleet, login, node) as hs:
+            found = launch_problems(hs.survey, hs.entry, fleet.file.engine)
+        if not found:
+            return None
+        on_host = found[0].message.removeprefix(f"{hs.entry.name}: ").replace("on the host", "there")
+        return LaunchFailed(f"Ray {node.label}: {on_host}", context={"node": node.label}, fix=found[0].fix)
+
+    return [p for p in await asyncio.gather(*(first(n) for n in nodes)) if p is not None]
 
 
 def gpu_problems(cluster: RayCluster, tp: int, nodes: Sequence[ray.RayNode]) -> list[Issue]:
     """`cluster.gpus` over the GPUs of the cluster's live nodes, and no node with `tp` of them."""
-    alive = [n for n in nodes if n.is_alive and all(n.labels.get(k) == v for k, v in cluster.labels.items())]
+    alive = _placeable(cluster, nodes)
     total, widest = sum(int(n.gpus) for n in alive), max((int(n.gpus) for n in alive), default=0)
     seen = ", ".join(f"{n.node_id[:8]} {n.address}: {n.gpus:g}" for n in alive) or "no live node"
     found = []
@@ -219,6 +245,11 @@ def gpu_problems(cluster: RayCluster, tp: int, nodes: Sequence[ray.RayNode]) -> 
     return found
 
 
+def _placeable(cluster: RayCluster, nodes: Sequence[ray.RayNode]) -> list[ray.RayNode]:
+    """The live nodes a server of the cluster may be placed on: those with every label it asks for."""
+    return [n for n in nodes if n.is_alive and all(n.labels.get(k) == v for k, v in cluster.labels.items())]
+
+
 class RayPlacement:
     """`[cluster] kind = "ray"`: a placement group and a detached actor per server (this module)."""
 
@@ -226,9 +257,10 @@ class RayPlacement:
     label = "a Ray cluster"
     can_tune = False
     is_per_instance = True
+    launches_on_login = False  # the driver is no node: `preflight` checks on the nodes (`node_problems`)
 
     async def preflight(self, fleet: Fleet, login: HostSession, wanted: Sequence[WantedInstance]) -> None:
-        await preflight(fleet, wanted)
+        await preflight(fleet, login, wanted)
 
     async def up(
         self, fleet: Fleet, login: HostSession, wanted: Sequence[WantedInstance], run: Rollout

@@ -344,6 +344,7 @@ class SlurmPlacement:
     label = "a Slurm cluster"
     can_tune = False
     is_per_instance = True
+    launches_on_login = True  # the submit host: its job steps run the same files
 
     async def preflight(self, fleet: Fleet, login: HostSession, wanted: Sequence[WantedInstance]) -> None:
         """Slurm checked before anything is queued (`preflight`): nothing queued if it refuses."""
