@@ -59,43 +59,6 @@ def test_tune_refuses_what_it_must_each_with_its_fix(tmp_path: Path) -> None:
     assert "fleetgen down" in deployed.value.fix
 
 
-def test_the_candidates_are_the_plans_the_files_own_first_numerics_only_when_allowed() -> None:
-    fleet = fleet_file([{"name": "a", "gpus": [0], "gpu_memory_gib": 140.4}])
-    job = JobShape(
-        LengthStats.fixed(20),
-        LengthStats(0, 1800.0, 1500, 4000, 5500, 6000),
-        "given",
-        False,
-        6000,
-        1,
-        True,
-        0.0,
-        "test",
-        True,
-        10,
-        10,
-        0,
-        20,
-        1,
-    )
-    [plan] = plan_fleet(fleet, QWEN, {"a": facts_from_file(fleet.hosts[0])}, job=job).instances
-    strict = candidates_for(plan, allow_numerics=False)
-    loose = candidates_for(plan, allow_numerics=True)
-    assert strict[0].name == BASELINE and not any(s.numerics for s in strict)
-    assert any(s.numerics for s in loose) and [s for s in loose if not s.numerics] == strict
-    assert max(s.running for s in strict) > strict[0].running  # the plan offers more than the defaults
-    # the same settings as the plan's, but the best of each kind (speculative or not) straight after the
-    # user's own: a budget that ends early has measured speculation both ways
-    offered = [s for s in plan.job.settings if not s.numerics] if plan.job else []
-    assert sorted(s.name for s in strict) == sorted(s.name for s in offered)
-    kinds = {s.is_spec for s in offered[1:]}
-    assert len(kinds) == 2 and {s.is_spec for s in strict[1:3]} == kinds
-    for kind in kinds:
-        assert next(s for s in strict[1:] if s.is_spec == kind) == next(
-            s for s in offered[1:] if s.is_spec == kind
-        )
-
-
 def _h200_plan() -> Any:
     fleet = fleet_file([{"name": "a", "gpus": [0], "gpu_memory_gib": 140.4}])
     job = JobShape(
@@ -121,6 +84,25 @@ def _h200_plan() -> Any:
 
 H200_PLAN = _h200_plan()
 OFFERED = candidates_for(H200_PLAN, allow_numerics=True)
+
+
+def test_the_candidates_are_the_plans_the_files_own_first_numerics_only_when_allowed() -> None:
+    plan = H200_PLAN
+    strict = candidates_for(plan, allow_numerics=False)
+    loose = candidates_for(plan, allow_numerics=True)
+    assert strict[0].name == BASELINE and not any(s.numerics for s in strict)
+    assert any(s.numerics for s in loose) and [s for s in loose if not s.numerics] == strict
+    assert max(s.running for s in strict) > strict[0].running  # the plan offers more than the defaults
+    # the same settings as the plan's, but the best of each kind (speculative or not) straight after the
+    # user's own: a budget that ends early has measured speculation both ways
+    offered = [s for s in plan.job.settings if not s.numerics] if plan.job else []
+    assert sorted(s.name for s in strict) == sorted(s.name for s in offered)
+    kinds = {s.is_spec for s in offered[1:]}
+    assert len(kinds) == 2 and {s.is_spec for s in strict[1:3]} == kinds
+    for kind in kinds:
+        assert next(s for s in strict[1:] if s.is_spec == kind) == next(
+            s for s in offered[1:] if s.is_spec == kind
+        )
 
 
 @settings(max_examples=40, deadline=None)
