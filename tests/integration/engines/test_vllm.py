@@ -167,6 +167,8 @@ async def test_metrics_count_the_tokens_served(vllm_server: VllmServer) -> None:
     assert after["vllm:num_requests_running"] == 0 and after["vllm:num_requests_waiting"] == 0
 
 
+# Run in `vllm_server`'s group (tests/conftest.py): the servers the fixtures start share their own core.
+@pytest.mark.usefixtures("vllm_server")
 async def test_ngram_speculative_decoding_accepts_drafts(
     vllm_python: Path, tiny_model: TinyModel, tmp_path: Path
 ) -> None:
