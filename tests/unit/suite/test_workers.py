@@ -42,6 +42,11 @@ def slurm_cluster():
 @pytest.fixture(scope="session")
 def netns_hosts():
     record("started netns_hosts")
+
+
+@pytest.fixture(scope="session")
+def vllm_server():
+    record("started vllm_server")
 """
 
 TESTS = """
@@ -69,6 +74,18 @@ def test_netns(netns_hosts, request, k):
 @pytest.mark.parametrize("k", range(6))
 def test_vllm(slurm_cluster, request, k):  # vLLM through Slurm: a vLLM test
     record(f"ran vllm {_group(request)}")
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("k", range(6))
+def test_vllm_server(vllm_server, request, k):  # the session server's tests: their own group
+    record(f"ran served {_group(request)}")
+
+
+@pytest.mark.specforge
+@pytest.mark.parametrize("k", range(6))
+def test_specforge(request, k):  # SpecForge's reader: one per worker, so one worker
+    record(f"ran specforge {_group(request)}")
 
 
 @pytest.mark.parametrize("k", range(12))
@@ -103,11 +120,18 @@ def test_tests_sharing_a_heavy_fixture_run_on_one_worker_which_starts_it_once(tm
             ran[what].add(worker)
             groups[what].update(why)
     assert {w for ws in ran.values() for w in ws} <= {"gw0", "gw1"}, ran
-    for kind, group in (("slurm", "slurm"), ("netns", "netns"), ("vllm", "vllm-cpu")):
+    for kind, group in (
+        ("slurm", "slurm"),
+        ("netns", "netns"),
+        ("vllm", "vllm-cpu"),
+        ("served", "vllm-server"),
+        ("specforge", "specforge"),
+    ):
         assert len(ran[kind]) == 1, (kind, ran)  # one worker for the whole group
         assert groups[kind] == {group}, (kind, groups)  # each says why, in its `one_worker` mark
     # a session fixture starts once per worker that uses it: once for the Slurm group, once for vLLM's
     assert len(started["slurm_cluster"]) == len(ran["slurm"] | ran["vllm"]) and started["netns_hosts"] == [
         *ran["netns"]
     ]
+    assert started["vllm_server"] == [*ran["served"]]
     assert groups["free"] == {"-"}

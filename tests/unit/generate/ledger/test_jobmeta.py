@@ -8,7 +8,6 @@ Filed under `generate/jobmeta.py`, with `fleetlink.py`'s `JobServers`."""
 from __future__ import annotations
 
 import dataclasses
-import socket
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from fleetgen.generate.source import Position
 from fleetgen.generate.work import RecordShape, RetryPolicy
 from fleetgen.http.client import BareURLs
 from tests.fixtures.jobs import FAST, new_job, options, params, write_jsonl
+from tests.fixtures.ports import free_port
 from tests.fixtures.standin import StandIn, serve
 
 SGLANG_METRICS = """\
@@ -150,12 +150,6 @@ def test_begin_clears_finished_at_and_says_whether_it_was_set(tmp_path: Path) ->
         assert store.get_meta("finished_at") is None and store.get_meta("fleet") == '{"endpoints":["u"]}'
     finally:
         store.close()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def test_restart_hook_is_retried_until_the_dead_endpoint_is_back(tmp_path: Path) -> None:
