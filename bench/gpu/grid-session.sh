@@ -61,7 +61,9 @@ qassemble() {
 # bundle is in: fleetgen's own wheels the image lacks travel as .gpu/fgdeps.tar (`fgdeps`), then
 # `driver_start ARGS…` (in the background, its own copy of the code) and `driver_wait SECONDS`
 fgdeps() { mkdir -p /root/fgdeps && tar -xf .gpu/fgdeps.tar -C /root/fgdeps && rm -f .gpu/fgdeps.tar &&
-  $PY -m pip install -q --no-index --no-deps --no-compile --target /root/fgsite /root/fgdeps/*.whl && ls /root/fgsite | wc -l; }
+  $PY -m pip install -q --no-index --no-deps --no-compile --target /root/fgsite /root/fgdeps/*.whl &&
+  echo /root/fgsite > "$($PY -c 'import site; print(site.getsitepackages()[0])')/fgsite.pth" && ls /root/fgsite | wc -l; }
+# (on the interpreter's path by a .pth: run_driver.py gives its children PYTHONPATH=the checkout's src)
 driver_start() {
   rm -rf /root/drv && mkdir -p /root/drv/tests/data/real-engines/sglang-0.5.15-h200 && cp -r src bench /root/drv/ &&
     cp -r tests/data/real-engines/sglang-0.5.15-h200/mtp /root/drv/tests/data/real-engines/sglang-0.5.15-h200/ || return 1
