@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 import socket
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,9 +28,9 @@ from tests.fixtures.vllm import TinyModel, last_core, vllm_serve_env
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
-def by_hand(plan: InstancePlan, *, allow_numerics: bool) -> list[Setting]:
+def by_hand(plan: InstancePlan, *, allow_numerics: bool, only: Sequence[str] = ()) -> list[Setting]:
     """The file's own settings, and the same with max-num-seqs 2 (a batch the engine is told to keep)."""
-    assert plan.job is not None
+    assert plan.job is not None and not only
     mine = plan.job.as_written
     two = replace(
         mine, name="seqs-2", change="--max-num-seqs 2", args={**mine.args, "max-num-seqs": 2}, running=2
