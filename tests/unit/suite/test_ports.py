@@ -56,6 +56,15 @@ def test_a_port_in_use_is_skipped(monkeypatch: pytest.MonkeyPatch, fresh: dict[i
     assert first + 2 not in range(base, base + 4) and base > first  # the busy one skipped, not reused
 
 
+def test_no_port_of_ray_clients_own_range_is_handed_out(
+    monkeypatch: pytest.MonkeyPatch, fresh: dict[int, socket.socket]
+) -> None:
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw2")  # its slice starts at 23000: Ray Client's first port
+    assert ports.LOW + 2 * ports.SLICE in ports.RAY_CLIENT_PORTS
+    bases = [ports.free_port(span) for span in (8, 102, 1)]
+    assert all(b >= ports.RAY_CLIENT_PORTS.stop for b in bases)
+
+
 def test_workers_start_in_disjoint_slices(monkeypatch: pytest.MonkeyPatch) -> None:
     starts = []
     for k in range(8):
@@ -103,6 +112,7 @@ def test_every_span_lies_in_blocks_this_process_claimed(worker: int, spans: list
             base = ports.free_port(span)
             assert (base - ports.LOW) % ports.BLOCK == 0 and base >= ports.LOW and base + span <= ports.HIGH
             assert all((p - (p - ports.LOW) % ports.BLOCK) in ports._claims for p in range(base, base + span))
+            assert not set(range(base, base + span)) & set(ports.RAY_CLIENT_PORTS)  # Ray Client's own
     finally:
         for sock in ports._claims.values():
             sock.close()
