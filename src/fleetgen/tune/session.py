@@ -53,9 +53,8 @@ class TuneOptions:
     allow_numerics: bool = False
     keep_chosen: bool = False
     narrowing_rounds: int = 2  # per class, after the plan's candidates (0: none)
-    only: tuple[
-        str, ...
-    ] = ()  # shell patterns of the candidates to measure (empty: all; the file's own always)
+    # shell patterns of the candidates to measure (empty: all; the file's own always)
+    only: tuple[str, ...] = ()
 
 
 @dataclass
