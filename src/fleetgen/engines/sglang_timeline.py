@@ -64,6 +64,9 @@ class SGLangRules(RuleSet):
     mamba_oom_errors: bool = False  # explicit errors when the Mamba pool gets no slot / serves nothing
     mrr_cap: MaxRunningCap = "half-tokens"  # an explicit --max-running-requests is capped by it
     vlm_cache_reserve_mb: int = 0  # multimodal embedding cache reserved out of the KV budget
+    # the tokenizer's CUDA-IPC pool for multimodal features (MiB, SGLANG_MM_FEATURE_CACHE_MB's default), held
+    # on the GPU before the scheduler measures its free memory where the transport resolves to cuda_ipc
+    mm_ipc_pool_mb: int = 0
     auto_strategy_extra_buffer: bool = False  # `auto` resolves to extra_buffer when overlap is on
     # --- throughput ------------------------------------------------------------------------------------
     has_linear_replayssm: bool = False  # --enable-linear-replayssm (no_buffer, Triton linear-attn decode)
@@ -197,6 +200,10 @@ TIMELINE: tuple[Change, ...] = (
     Change("mrr_cap", "0.5.10", "estimate", "model_runner_kv_cache_mixin.py _resolve_max_num_reqs"),
     Change("mrr_cap", "0.5.14", "half-tokens", "model_runner_kv_cache_mixin.py _resolve_max_num_reqs"),
     Change("vlm_cache_reserve_mb", "0.5.18", 100, "kv_cache_configurator.py mm_runtime_reservation_gb"),
+    # 0.5.17 server_args.py `_handle_mm_feature_transport`: `auto` resolves to cuda_ipc on one CUDA node (not
+    # encoder-only, not disaggregated); base_processor.py then reserves SGLANG_MM_FEATURE_CACHE_MB (1024) on
+    # the base GPU: "CUDA IPC multimodal feature pools reserve 1024 MiB total on GPU 0"
+    Change("mm_ipc_pool_mb", "0.5.17", 1024, "server_args.py _handle_mm_feature_transport"),
     Change("auto_strategy_extra_buffer", "0.5.14", True, "server_args.py _handle_mamba_radix_cache"),
     # the replayed SSM decode: absent from 0.5.14's source, in 0.5.15's server_args.py (its check: no_buffer
     # and the Triton linear-attn decode backend) and in 0.5.23's arg groups

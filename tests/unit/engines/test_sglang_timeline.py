@@ -27,7 +27,7 @@ from fleetgen.engines.sglang_timeline import RELEASES, RULE_SETS, TIMELINE, SGLa
 from fleetgen.fleet.planning import parser_refusal
 from fleetgen.modelcard import load_model_shape
 from fleetgen.plan import facts_from_file, plan_fleet
-from fleetgen.plan.sglang.memory import CUDA_CONTEXT_BYTES, LOAD_OVERHEAD_BYTES, SGLangExtras
+from fleetgen.plan.sglang.memory import LOAD_OVERHEAD_BYTES, SGLangExtras, cuda_context_bytes
 from tests.fixtures import skip_or_fail
 from tests.fixtures.planmodels import GPU96, GPU183, MODELS, MOTIVATING, QWEN, plan_one
 
@@ -344,7 +344,10 @@ def _joint(gpu_gib: float, padded: bool, vlm_mib: int, cell: int) -> tuple[int, 
     """`handle_max_mamba_cache` joint solve (0.5.13–0.5.16 unpadded, 0.5.17+ padded), written out again."""
     pad, d, rho = int(padded), 4, 5
     weights = QWEN.weight_bytes + LOAD_OVERHEAD_BYTES + DRAFT_VOCAB_TABLES
-    rest = (gpu_gib * GIB - CUDA_CONTEXT_BYTES) * 0.9 - weights - vlm_mib * (1 << 20)
+    held = ((1024 + 523) << 20) * padded  # 0.5.17+: the tokenizer's CUDA-IPC pool (multimodal) + its context
+    rest = (
+        (gpu_gib * GIB - cuda_context_bytes(int(gpu_gib * GIB)) - held) * 0.9 - weights - vlm_mib * (1 << 20)
+    )
     budget = rest * 0.9 / 1.9
     slots = int((budget - pad * P * (1 + d)) // (P * (1 + d / rho)))
     running = min(48, slots // rho)

@@ -36,12 +36,29 @@ HICACHE_RESERVE_BYTES = 10 * GIB  # SGLang's HICACHE_HOST_MEMORY_RESERVE_BYTES
 # (tests/data/real-engines/sglang-0.5.15-h200-tune/). With the 512 MiB assumed before and no load overhead
 # (below), the plan gave the pools ~1.1 GB SGLang never had: 14 % of MTP's KV pool at 75 running.
 CUDA_CONTEXT_BYTES = 1343 * MIB
+# ... and on the H100 80GB (81,559 MiB) every 0.5.15 start logged 78.47 GB: 1,206 MiB
+# (bench/results/raw/tune-sglang-0.5.15-h100-steady/). Between the two cards
+# the context grows with the card's memory (CUDA's own tables): a line through both measurements.
+CONTEXT_PER_CARD_BYTE = (1343 - 1206) / (143_771 - 81_559)
+CONTEXT_CARD = 143_771 * MIB  # the card CUDA_CONTEXT_BYTES was measured on
+
+
 # What loading the target takes beyond its checkpoint's tensors, per GPU: buffers built on the GPU at init and
 # kept in PyTorch's cache (the RoPE cos/sin cache over max_position and its temporaries, …), which SGLang's
 # free-memory measure counts as used. Measured: Qwen3.6-27B logged "mem usage=51.31 GB" for 50.96 GiB of
 # tensors (index total_size less the mtp.* layer), in every 0.5.15 start on the H200; the MTP draft's load
 # matched its tensors (5.53 GB).
 LOAD_OVERHEAD_BYTES = 364 * MIB
+# 0.5.17+: the tokenizer process's own CUDA context, beside the CUDA-IPC multimodal feature pool it allocates
+# on the base GPU before the scheduler measures its free memory. Measured: on one H100 80GB every 0.5.17 start
+# logged "Load weight begin. avail mem=76.96 GB" against 0.5.15's 78.47 on the same kind of card: 1,547 MiB,
+# 1,024 of them the pool it logged (tests/data/real-engines/sglang-0.5.17-h100-tune/).
+TOKENIZER_CONTEXT_BYTES = 523 * MIB
+
+
+def cuda_context_bytes(total_bytes: int) -> int:
+    """What a scheduler holds before it measures its free memory, on a card of `total_bytes`."""
+    return max(int(CUDA_CONTEXT_BYTES + (total_bytes - CONTEXT_CARD) * CONTEXT_PER_CARD_BYTE), 0)
 
 
 @dataclass(frozen=True)
@@ -236,7 +253,7 @@ def size_sglang(x: SGLangAsk) -> tuple[Memory, list[Issue]]:
     """The whole per-GPU plan of one SGLang instance, and the memory errors the engine would raise."""
     shape, rules, tp, total_bytes, s = x.shape, x.rules, x.tp, x.total_bytes, x.settings
     mfs = s.mem_fraction_static or default_mem_fraction(total_bytes, tp, s, rules, shape)
-    free = max(x.free_bytes - CUDA_CONTEXT_BYTES, 0)
+    free = max(x.free_bytes - cuda_context_bytes(x.total_bytes) - held_by_tokenizer(s), 0)
     draft_w, weights, rest = _rest(x, free * mfs)
     p = state_bytes_per_request(shape, tp, s.ssm_dtype)
     solve = s
@@ -285,6 +302,14 @@ def size_sglang(x: SGLangAsk) -> tuple[Memory, list[Issue]]:
         extras=extras,
     )
     return memory, memory_errors(memory, shape, rules)
+
+
+def held_by_tokenizer(s: SGLangSettings) -> int:
+    """What the tokenizer's processes hold on the base GPU before the scheduler measures its free memory:
+    the CUDA-IPC multimodal feature pool (0.5.17+, `SGLangSettings.mm_ipc_pool_mb`), a CUDA context each."""
+    if not s.mm_ipc_pool_mb:
+        return 0
+    return s.mm_ipc_pool_mb * MIB + s.tokenizer_workers * TOKENIZER_CONTEXT_BYTES
 
 
 def _rest(x: SGLangAsk, budget: float) -> tuple[int, int, float]:

@@ -19,6 +19,8 @@ TRUE_ENV = {"1", "true", "yes", "on"}
 SKIP_DECODE_LOCK_ENV = "SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK"  # environ.py (0.5.17+): EnvBool(False)
 ENV_BOOL_TRUE = {"true", "1", "yes", "y"}  # environ.py `EnvBool.parse` (0.5.17)
 SPEC_DEFAULT_STEPS, SPEC_DEFAULT_TOPK, SPEC_DEFAULT_DRAFT = 3, 1, 4
+MM_POOL_ENV = "SGLANG_MM_FEATURE_CACHE_MB"  # environ.py (0.5.17+): the CUDA-IPC pool's budget, MiB
+LEGACY_IPC_ENV = "SGLANG_USE_CUDA_IPC_TRANSPORT"  # read where --mm-feature-transport is not given
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,9 @@ class SGLangSettings:
     # SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1 where the release reads it (0.5.17+)
     is_skip_decode_lock: bool = False
     radix_dropped_for_spec: bool = False  # 0.5.9 turned radix cache off for spec + no_buffer
+    # the tokenizer's CUDA-IPC multimodal feature pool (MiB, 0: none) and its processes (a CUDA context each)
+    mm_ipc_pool_mb: int = 0
+    tokenizer_workers: int = 1
 
     @property
     def mamba_ratio(self) -> int:
@@ -177,7 +182,28 @@ def resolve_settings(
         and bool(args.get("enable-linear-replayssm-spec")),
         is_skip_decode_lock=rules.has_skip_decode_lock
         and env.get(SKIP_DECODE_LOCK_ENV, "").lower() in ENV_BOOL_TRUE,
+        mm_ipc_pool_mb=_mm_ipc_pool_mb(args, env, rules, shape),
+        tokenizer_workers=_int(args, "tokenizer-worker-num") or 1,
     )
+
+
+def _mm_ipc_pool_mb(
+    args: Mapping[str, Any], env: Mapping[str, str], rules: SGLangRules, shape: ModelShape
+) -> int:
+    """The CUDA-IPC multimodal feature pool the release's tokenizer reserves on the base GPU (MiB): a model
+    with a multimodal processor whose transport resolves to cuda_ipc (given, or `auto` on one CUDA node, not
+    encoder-only, not disaggregated, the legacy env not off)."""
+    if not (rules.mm_ipc_pool_mb and shape.is_multimodal):
+        return 0
+    transport = args.get("mm-feature-transport")
+    if transport is None and LEGACY_IPC_ENV in env:
+        transport = "cuda_ipc" if env[LEGACY_IPC_ENV].lower() in ENV_BOOL_TRUE else "cpu"
+    if transport is None:
+        single = (_int(args, "nnodes") or 1) == 1 and str(args.get("disaggregation-mode") or "null") == "null"
+        transport = "cuda_ipc" if single and not args.get("encoder-only") else "cpu"
+    if transport != "cuda_ipc" or args.get("encoder-only"):
+        return 0
+    return int(env.get(MM_POOL_ENV) or rules.mm_ipc_pool_mb)
 
 
 @dataclass(frozen=True)

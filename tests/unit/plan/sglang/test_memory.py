@@ -21,9 +21,9 @@ from fleetgen.engines.sglang import SGLangEngine
 from fleetgen.plan import facts_from_file, plan_fleet
 from fleetgen.plan.fleet import api_key_way
 from fleetgen.plan.sglang.memory import (
-    CUDA_CONTEXT_BYTES,
     LOAD_OVERHEAD_BYTES,
     SGLangExtras,
+    cuda_context_bytes,
     kv_bytes_per_token,
     state_bytes_per_request,
 )
@@ -59,7 +59,7 @@ def test_motivating_case_is_refused_on_early_2026_with_the_engines_text() -> Non
 
 def _early_expected(gpu_gib: float, max_mamba: int | None = None) -> tuple[int, int, int]:
     """SGLang 0.5.10 `handle_max_mamba_cache` + `_resolve_max_num_reqs`, written out independently."""
-    free = gpu_gib * GIB - CUDA_CONTEXT_BYTES
+    free = gpu_gib * GIB - cuda_context_bytes(int(gpu_gib * GIB))
     weights = QWEN.weight_bytes - QWEN.mtp_weight_bytes + LOAD_OVERHEAD_BYTES  # the draft's: outside
     p = 153_944_064
     rest = free * 0.90 - weights - p * 48 * 4  # spec scratch first, with the uncapped 48 running requests
@@ -117,7 +117,9 @@ def test_0_5_23_joint_solve_and_draft_inside() -> None:
     # target (as its load takes) + MTP draft weights inside the budget
     assert m.weights_bytes == QWEN.weight_bytes + LOAD_OVERHEAD_BYTES + draft_tables
     assert m.kv_bytes_per_token == 69_632
-    rest = (GPU96 * GIB - CUDA_CONTEXT_BYTES) * 0.9 - m.weights_bytes - 100 * (1 << 20)
+    held = (1024 + 523) << 20  # 0.5.17+: the tokenizer's CUDA-IPC pool for a multimodal model + its context
+    free = GPU96 * GIB - cuda_context_bytes(int(GPU96 * GIB)) - held
+    rest = free * 0.9 - m.weights_bytes - 100 * (1 << 20)
     budget = rest * 0.9 / 1.9
     slots = int((budget - p * (1 + d)) // (p * (1 + d / rho)))
     assert sg.mamba_slots == slots
