@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import asyncio.events
 import cProfile
+import gc
 import json
 import resource
 import statistics
@@ -97,6 +98,35 @@ class CpuByPart:
         asyncio.events.Handle._run = timed  # type: ignore[assignment,method-assign]
 
 
+class GcTime:
+    """CPU seconds in the cyclic garbage collector (`gc.callbacks`), and its collections by generation."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.collections = [0, 0, 0]
+        self.by_generation = [0.0, 0.0, 0.0]
+        self._t0 = 0.0
+        gc.callbacks.append(self._on)
+
+    def _on(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t0 = time.thread_time()
+        else:
+            spent = time.thread_time() - self._t0
+            self.seconds += spent
+            self.collections[info["generation"]] += 1
+            self.by_generation[info["generation"]] += spent
+
+
+def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
+    """The event loop to measure: asyncio's own, or uvloop's."""
+    if name == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop
+    return asyncio.new_event_loop
+
+
 async def lag_probe(lags: list[float], stop: asyncio.Event) -> None:
     while not stop.is_set():
         t0 = time.perf_counter()
@@ -142,8 +172,9 @@ def job_for(args: argparse.Namespace) -> Job:
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     job = job_for(args)
-    cpu = CpuByPart()
-    cpu.install()
+    cpu, gc_time = CpuByPart(), GcTime()
+    if args.parts:
+        cpu.install()
     stop, lags = asyncio.Event(), list[float]()
     running = asyncio.create_task(job.run(PlainLog(lambda line: None, every_s=30.0, meanwhile=str)))
     probe = asyncio.create_task(lag_probe(lags, stop))
@@ -153,12 +184,15 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         profile.enable()
     done0, lags_at, parsed_at = job.counters.results + job.counters.errors, len(lags), len(parsed)
     wall0, cpu0, loop0 = time.monotonic(), time.process_time(), dict(cpu.seconds)
+    gc0, collections0, by_gen0 = gc_time.seconds, list(gc_time.collections), list(gc_time.by_generation)
     await asyncio.sleep(args.window_s)
     if profile is not None:
         profile.disable()
         profile.dump_stats(args.profile)
     wall = time.monotonic() - wall0
     process_s = time.process_time() - cpu0
+    gc_s = gc_time.seconds - gc0
+    collections = [n - n0 for n, n0 in zip(gc_time.collections, collections0, strict=True)]
     loop_s = {part: (s - loop0.get(part, 0.0)) / wall for part, s in cpu.seconds.items()}
     done = job.counters.results + job.counters.errors - done0
     window_lags = lags[lags_at:]
@@ -169,8 +203,16 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     summary = await running
     await probe
     loop_total = sum(loop_s.values())
+    done_s = max(done, 1)
     return {
         "scrape": args.scrape,
+        "loop": args.loop,
+        "cpu_ms_per_completion": 1000 * process_s / done_s,
+        "gc_ms_per_completion": 1000 * gc_s / done_s,
+        "gc_collections": collections,
+        "gc_ms_by_generation": [
+            1000 * (s - s0) for s, s0 in zip(gc_time.by_generation, by_gen0, strict=True)
+        ],
         "endpoints": args.num,
         "window_s": wall,
         "process_cores": process_s / wall,
@@ -199,6 +241,10 @@ def main() -> None:
     ap.add_argument("--input", type=Path, required=True)
     ap.add_argument("--out-dir", type=Path, required=True)
     ap.add_argument("--profile", type=Path, help="cProfile the window (slows it down) into this file")
+    ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
+    ap.add_argument(
+        "--parts", action="store_true", help="charge the loop's CPU by part (asyncio only; costs)"
+    )
     args = ap.parse_args()
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -206,7 +252,10 @@ def main() -> None:
         oldscrape.install(counted(oldscrape.old_parse))
     else:
         Scrape.parse = staticmethod(counted(Scrape.parse))  # type: ignore[assignment,method-assign]
-    print(json.dumps(asyncio.run(measure(args))), flush=True)
+    if args.parts and args.loop != "asyncio":
+        ap.error("--parts times asyncio's own callbacks: it needs --loop asyncio")
+    with asyncio.Runner(loop_factory=loop_factory(args.loop)) as runner:
+        print(json.dumps(runner.run(measure(args))), flush=True)
     sys.exit(0)
 
 
