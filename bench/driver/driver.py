@@ -1,16 +1,20 @@
 """The driver under measurement: `fleetgen run`'s own `Job` on the load generator's endpoints, in-process.
 
     python bench/driver/driver.py --first-port P --num N --concurrency C --scrape new|old|off \
-        --warmup-s W --window-s S --input F --out-dir D
+        --warmup-s W --window-s S --input F --out-dir D [--loop asyncio|uvloop] [--parts]
 
 The job is built as `fleetgen run -f fleet.toml` builds it (`JobOptions`, `JobServers` of an SGLang fleet, the
 plain log `run` writes off a terminal), then measured over a window after a warm-up:
-- CPU seconds per second of the whole process (`time.process_time`: every thread, user + sys);
-- the event loop's thread by part: every callback the loop runs (`asyncio.Handle._run`) is timed with
-  `time.thread_time` and charged to the task it steps, by the module of the task's coroutine (dispatch,
-  scrape, health, writer, progress), or, outside any task, to `io` (socket reads: aiohttp parsing the
-  answers and the pages) and `other`; the other threads (the scrape's parse, the store's commits) are the
-  process's CPU less the loop thread's;
+- CPU seconds per second of the whole process (`time.process_time`: every thread, user + sys), and per
+  completion committed in the window (`cpu_ms_per_completion`: the figure of merit);
+- the cyclic garbage collector's CPU per completion and its collections by generation (`gc.callbacks`);
+- with `--parts` (asyncio's loop only), the event loop's thread by part: every callback the loop runs
+  (`asyncio.Handle._run`) is timed with `time.thread_time` and charged to the task it steps, by the module of
+  the task's coroutine (dispatch: the requests' own tasks; scrape, health, writer, progress: the ticker and
+  the input's count; feed: the job's own task while it steps `Dispatcher.run`, which it awaits as no task of
+  its own: picking a server, the input's next record read, parsed and judged, the request's task launched),
+  or, outside any task, to `io` (socket reads: aiohttp parsing the answers and the pages) and `other`; the
+  other threads (the scrape's parse, the store's commits) are the process's CPU less the loop thread's;
 - the loop's stall: a task that asks to sleep 10 ms, its oversleep (p50, p99, max);
 - completions committed and /metrics pages parsed in the window.
 `--scrape old` runs the scraper as it was before (`oldscrape.py`: the whole page parsed on a worker
@@ -67,6 +71,19 @@ def counted(parse: Callable[[str, float], Scrape]) -> Callable[[str, float], Scr
     return run
 
 
+FEED = ("generate/dispatch.py", "run")  # `Dispatcher.run`: pick, the input's next item, launch
+
+
+def _awaits(coro: Any, where: tuple[str, str]) -> bool:
+    """Whether `coro` is suspended inside the coroutine `where` (file suffix, name), at any depth."""
+    while coro is not None:
+        code = getattr(coro, "cr_code", None)
+        if code is not None and code.co_filename.endswith(where[0]) and code.co_name == where[1]:
+            return True
+        coro = getattr(coro, "cr_await", None)
+    return False
+
+
 class CpuByPart:
     """The event loop's thread CPU per part, charged callback by callback (see the module docstring)."""
 
@@ -79,8 +96,11 @@ class CpuByPart:
         if not isinstance(owner, asyncio.Task):
             name = getattr(callback, "__qualname__", "")
             return "io" if "_read_ready" in name or "_write_ready" in name else "other"
-        code = getattr(owner.get_coro(), "cr_code", None)
+        coro = owner.get_coro()
+        code = getattr(coro, "cr_code", None)
         key = code.co_filename if code is not None else ""
+        if key.endswith("generate/runner.py") and _awaits(coro, FEED):
+            return "feed"  # the job's own task, stepping the dispatcher's loop (runner awaits it, no task)
         if (part := self._parts.get(key)) is None:
             part = next((p for where, p in PARTS.items() if where in key), "other")
             self._parts[key] = part

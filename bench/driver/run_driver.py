@@ -1,6 +1,7 @@
-"""One driver for 1,000 servers: `fleetgen run`'s CPU and event-loop stall at the job's rate, by part.
+"""One driver for 1,000 servers: `fleetgen run`'s CPU per completion and event-loop stall at the job's rate.
 
     .venv/bin/python bench/driver/run_driver.py [--endpoints 1000] [--rate 2.4] [--window-s 20] [--name NAME]
+        [--loops asyncio,uvloop] [--modes off,new,old] [--repeat N] [--parts]
 
 The load generator (`loadgen.py`, one process serving every port, or `--loadgen-procs` of them) answers as
 SGLang 0.5.15 would: its real 530-line MTP /metrics page, chat completions after a latency such that
@@ -8,13 +9,19 @@ SGLang 0.5.15 would: its real 530-line MTP /metrics page, chat completions after
 per H200). The driver (`driver.py`, `run`'s own `Job` in its own process) runs once per scrape mode, side
 by side against the same servers: `off` (scraped once at the start: dispatch, health and the store alone),
 `new` (the fast read: only the samples fleetgen reads) and `old` (the whole page through prometheus_client,
-as before: the peer). It prints one table and writes `bench/results/driver-<name>.json`.
+as before: the peer), and once per event loop (`--loops`: asyncio's, the one `fleetgen run` runs on, and
+uvloop's where it is installed; uvloop is no dependency of fleetgen), `--repeat` times alternating. The figure
+of merit is the driver's CPU ms per completion (process CPU over the window / completions committed in it):
+a busy machine stretches it less than it cuts the rate, and loops compare by its ratio. `--parts` also charges
+asyncio's loop thread by part (it wraps every callback: it costs CPU, so the loops' figures are compared
+without it). It prints one table and writes `bench/results/driver-<name>.json`.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import platform
@@ -93,6 +100,14 @@ def start_loadgen(args: argparse.Namespace, first_port: int, workdir: Path) -> l
             said = (workdir / f"loadgen-{k}.log").read_text()[-2000:]
             raise RuntimeError(f"the load generator did not start: {said}")
     return procs
+
+
+def available_loops(asked: list[str]) -> list[str]:
+    """The loops asked for that this interpreter has (uvloop is no dependency of fleetgen: a bench mode)."""
+    loops = [loop for loop in asked if loop != "uvloop" or importlib.util.find_spec("uvloop") is not None]
+    if len(loops) < len(asked):
+        common.log("uvloop is not installed here: its driver is not run (pip install uvloop to compare)")
+    return loops
 
 
 def run_driver(
@@ -250,19 +265,17 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1, help="runs of every loop and mode, alternating")
     ap.add_argument("--parts", action="store_true", help="charge asyncio's loop CPU by part (it costs CPU)")
     ap.add_argument("--name", default="")
-    ap.add_argument("--profile", default="", help="cProfile each driver's window into PATH.<mode>.prof")
+    ap.add_argument(
+        "--profile", default="", help="cProfile each driver's window into PATH.<loop>.<mode>.prof"
+    )
     args = ap.parse_args()
     name = args.name or f"{args.endpoints}"
+    loops = available_loops(args.loops.split(","))
     with tempfile.TemporaryDirectory(prefix="fleetgen-driver-bench-") as tmp:
         workdir = Path(tmp)
         total_s = args.warmup_s + args.window_s + 10
         common.write_records(workdir / "input.jsonl", int(args.endpoints * args.rate * total_s * 1.5))
-        runs = [
-            (loop, mode)
-            for _ in range(args.repeat)
-            for loop in args.loops.split(",")
-            for mode in args.modes.split(",")
-        ]
+        runs = [(loop, mode) for _ in range(args.repeat) for loop in loops for mode in args.modes.split(",")]
         first_port = free_range(args.endpoints)
         procs = start_loadgen(args, first_port, workdir)
         results = []
