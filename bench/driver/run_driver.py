@@ -170,7 +170,7 @@ def table(results: list[dict[str, Any]]) -> str:
                 f"{r['process_cores']:.3f}",
                 f"{r['loop_cores']:.3f}" if by_part else "—",
                 f"{r['other_threads_cores']:.3f}" if by_part else "—",
-                *(f"{by_part.get(p, 0.0):.3f}" for p in parts),
+                *(f"{by_part.get(p, 0.0):.3f}" if by_part else "—" for p in parts),
                 f"{r['completions_per_s']:,.0f}",
                 f"{r['pages_parsed_per_s']:.0f}",
                 *(f"{lag[q]:.1f}" if lag[q] is not None else "—" for q in ("p50", "p99")),
