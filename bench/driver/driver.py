@@ -1,16 +1,20 @@
 """The driver under measurement: `fleetgen run`'s own `Job` on the load generator's endpoints, in-process.
 
     python bench/driver/driver.py --first-port P --num N --concurrency C --scrape new|old|off \
-        --warmup-s W --window-s S --input F --out-dir D
+        --warmup-s W --window-s S --input F --out-dir D [--loop asyncio|uvloop] [--parts]
 
 The job is built as `fleetgen run -f fleet.toml` builds it (`JobOptions`, `JobServers` of an SGLang fleet, the
 plain log `run` writes off a terminal), then measured over a window after a warm-up:
-- CPU seconds per second of the whole process (`time.process_time`: every thread, user + sys);
-- the event loop's thread by part: every callback the loop runs (`asyncio.Handle._run`) is timed with
-  `time.thread_time` and charged to the task it steps, by the module of the task's coroutine (dispatch,
-  scrape, health, writer, progress), or, outside any task, to `io` (socket reads: aiohttp parsing the
-  answers and the pages) and `other`; the other threads (the scrape's parse, the store's commits) are the
-  process's CPU less the loop thread's;
+- CPU seconds per second of the whole process (`time.process_time`: every thread, user + sys), and per
+  completion committed in the window (`cpu_ms_per_completion`: the figure of merit);
+- the cyclic garbage collector's CPU per completion and its collections by generation (`gc.callbacks`);
+- with `--parts` (asyncio's loop only), the event loop's thread by part: every callback the loop runs
+  (`asyncio.Handle._run`) is timed with `time.thread_time` and charged to the task it steps, by the module of
+  the task's coroutine (dispatch: the requests' own tasks; scrape, health, writer, progress: the ticker and
+  the input's count; feed: the job's own task while it steps `Dispatcher.run`, which it awaits as no task of
+  its own: picking a server, the input's next record read, parsed and judged, the request's task launched),
+  or, outside any task, to `io` (socket reads: aiohttp parsing the answers and the pages) and `other`; the
+  other threads (the scrape's parse, the store's commits) are the process's CPU less the loop thread's;
 - the loop's stall: a task that asks to sleep 10 ms, its oversleep (p50, p99, max);
 - completions committed and /metrics pages parsed in the window.
 `--scrape old` runs the scraper as it was before (`oldscrape.py`: the whole page parsed on a worker
@@ -25,6 +29,7 @@ import argparse
 import asyncio
 import asyncio.events
 import cProfile
+import gc
 import json
 import resource
 import statistics
@@ -66,6 +71,19 @@ def counted(parse: Callable[[str, float], Scrape]) -> Callable[[str, float], Scr
     return run
 
 
+FEED = ("generate/dispatch.py", "run")  # `Dispatcher.run`: pick, the input's next item, launch
+
+
+def _awaits(coro: Any, where: tuple[str, str]) -> bool:
+    """Whether `coro` is suspended inside the coroutine `where` (file suffix, name), at any depth."""
+    while coro is not None:
+        code = getattr(coro, "cr_code", None)
+        if code is not None and code.co_filename.endswith(where[0]) and code.co_name == where[1]:
+            return True
+        coro = getattr(coro, "cr_await", None)
+    return False
+
+
 class CpuByPart:
     """The event loop's thread CPU per part, charged callback by callback (see the module docstring)."""
 
@@ -78,8 +96,11 @@ class CpuByPart:
         if not isinstance(owner, asyncio.Task):
             name = getattr(callback, "__qualname__", "")
             return "io" if "_read_ready" in name or "_write_ready" in name else "other"
-        code = getattr(owner.get_coro(), "cr_code", None)
+        coro = owner.get_coro()
+        code = getattr(coro, "cr_code", None)
         key = code.co_filename if code is not None else ""
+        if key.endswith("generate/runner.py") and _awaits(coro, FEED):
+            return "feed"  # the job's own task, stepping the dispatcher's loop (runner awaits it, no task)
         if (part := self._parts.get(key)) is None:
             part = next((p for where, p in PARTS.items() if where in key), "other")
             self._parts[key] = part
@@ -95,6 +116,35 @@ class CpuByPart:
             seconds[part_of(handle._callback)] += time.thread_time() - t0  # type: ignore[attr-defined]
 
         asyncio.events.Handle._run = timed  # type: ignore[assignment,method-assign]
+
+
+class GcTime:
+    """CPU seconds in the cyclic garbage collector (`gc.callbacks`), and its collections by generation."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.collections = [0, 0, 0]
+        self.by_generation = [0.0, 0.0, 0.0]
+        self._t0 = 0.0
+        gc.callbacks.append(self._on)
+
+    def _on(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t0 = time.thread_time()
+        else:
+            spent = time.thread_time() - self._t0
+            self.seconds += spent
+            self.collections[info["generation"]] += 1
+            self.by_generation[info["generation"]] += spent
+
+
+def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
+    """The event loop to measure: asyncio's own, or uvloop's."""
+    if name == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop
+    return asyncio.new_event_loop
 
 
 async def lag_probe(lags: list[float], stop: asyncio.Event) -> None:
@@ -142,8 +192,9 @@ def job_for(args: argparse.Namespace) -> Job:
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     job = job_for(args)
-    cpu = CpuByPart()
-    cpu.install()
+    cpu, gc_time = CpuByPart(), GcTime()
+    if args.parts:
+        cpu.install()
     stop, lags = asyncio.Event(), list[float]()
     running = asyncio.create_task(job.run(PlainLog(lambda line: None, every_s=30.0, meanwhile=str)))
     probe = asyncio.create_task(lag_probe(lags, stop))
@@ -153,12 +204,15 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         profile.enable()
     done0, lags_at, parsed_at = job.counters.results + job.counters.errors, len(lags), len(parsed)
     wall0, cpu0, loop0 = time.monotonic(), time.process_time(), dict(cpu.seconds)
+    gc0, collections0, by_gen0 = gc_time.seconds, list(gc_time.collections), list(gc_time.by_generation)
     await asyncio.sleep(args.window_s)
     if profile is not None:
         profile.disable()
         profile.dump_stats(args.profile)
     wall = time.monotonic() - wall0
     process_s = time.process_time() - cpu0
+    gc_s = gc_time.seconds - gc0
+    collections = [n - n0 for n, n0 in zip(gc_time.collections, collections0, strict=True)]
     loop_s = {part: (s - loop0.get(part, 0.0)) / wall for part, s in cpu.seconds.items()}
     done = job.counters.results + job.counters.errors - done0
     window_lags = lags[lags_at:]
@@ -169,8 +223,16 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     summary = await running
     await probe
     loop_total = sum(loop_s.values())
+    done_s = max(done, 1)
     return {
         "scrape": args.scrape,
+        "loop": args.loop,
+        "cpu_ms_per_completion": 1000 * process_s / done_s,
+        "gc_ms_per_completion": 1000 * gc_s / done_s,
+        "gc_collections": collections,
+        "gc_ms_by_generation": [
+            1000 * (s - s0) for s, s0 in zip(gc_time.by_generation, by_gen0, strict=True)
+        ],
         "endpoints": args.num,
         "window_s": wall,
         "process_cores": process_s / wall,
@@ -199,6 +261,10 @@ def main() -> None:
     ap.add_argument("--input", type=Path, required=True)
     ap.add_argument("--out-dir", type=Path, required=True)
     ap.add_argument("--profile", type=Path, help="cProfile the window (slows it down) into this file")
+    ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
+    ap.add_argument(
+        "--parts", action="store_true", help="charge the loop's CPU by part (asyncio only; costs)"
+    )
     args = ap.parse_args()
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -206,7 +272,10 @@ def main() -> None:
         oldscrape.install(counted(oldscrape.old_parse))
     else:
         Scrape.parse = staticmethod(counted(Scrape.parse))  # type: ignore[assignment,method-assign]
-    print(json.dumps(asyncio.run(measure(args))), flush=True)
+    if args.parts and args.loop != "asyncio":
+        ap.error("--parts times asyncio's own callbacks: it needs --loop asyncio")
+    with asyncio.Runner(loop_factory=loop_factory(args.loop)) as runner:
+        print(json.dumps(runner.run(measure(args))), flush=True)
     sys.exit(0)
 
 

@@ -1,6 +1,7 @@
-"""One driver for 1,000 servers: `fleetgen run`'s CPU and event-loop stall at the job's rate, by part.
+"""One driver for 1,000 servers: `fleetgen run`'s CPU per completion and event-loop stall at the job's rate.
 
     .venv/bin/python bench/driver/run_driver.py [--endpoints 1000] [--rate 2.4] [--window-s 20] [--name NAME]
+        [--loops asyncio,uvloop] [--modes off,new,old] [--repeat N] [--parts]
 
 The load generator (`loadgen.py`, one process serving every port, or `--loadgen-procs` of them) answers as
 SGLang 0.5.15 would: its real 530-line MTP /metrics page, chat completions after a latency such that
@@ -8,16 +9,24 @@ SGLang 0.5.15 would: its real 530-line MTP /metrics page, chat completions after
 per H200). The driver (`driver.py`, `run`'s own `Job` in its own process) runs once per scrape mode, side
 by side against the same servers: `off` (scraped once at the start: dispatch, health and the store alone),
 `new` (the fast read: only the samples fleetgen reads) and `old` (the whole page through prometheus_client,
-as before: the peer). It prints one table and writes `bench/results/driver-<name>.json`.
+as before: the peer), and once per event loop (`--loops`: asyncio's, the one `fleetgen run` runs on, and
+uvloop's where it is installed; uvloop is no dependency of fleetgen), `--repeat` times alternating. The figure
+of merit is the driver's CPU ms per completion (process CPU over the window / completions committed in it):
+a busy machine stretches it less than it cuts the rate, and loops compare by its ratio. `--parts` also charges
+asyncio's loop thread by part (it wraps every callback: it costs CPU, so the loops' figures are compared
+without it). It prints one table and writes `bench/results/driver-<name>.json`.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import platform
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,6 +42,7 @@ import common  # noqa: E402  (bench/common.py: records, ports, logging)
 
 PAGE = REPO / "tests" / "data" / "real-engines" / "sglang-0.5.15-h200" / "mtp" / "metrics-after-chat.txt"
 MODES = ("off", "new", "old")
+LOOPS = ("asyncio", "uvloop")
 TARGET_CORES = 1.0
 
 
@@ -92,16 +102,29 @@ def start_loadgen(args: argparse.Namespace, first_port: int, workdir: Path) -> l
     return procs
 
 
-def run_driver(args: argparse.Namespace, mode: str, first_port: int, workdir: Path) -> dict[str, Any]:
-    out_dir = workdir / f"out-{mode}"
-    argv = [sys.executable, str(HERE / "driver.py"), "--first-port", str(first_port)]
+def available_loops(asked: list[str]) -> list[str]:
+    """The loops asked for that this interpreter has (uvloop is no dependency of fleetgen: a bench mode)."""
+    loops = [loop for loop in asked if loop != "uvloop" or importlib.util.find_spec("uvloop") is not None]
+    if len(loops) < len(asked):
+        common.log("uvloop is not installed here: its driver is not run (pip install uvloop to compare)")
+    return loops
+
+
+def run_driver(
+    args: argparse.Namespace, loop: str, mode: str, first_port: int, workdir: Path
+) -> dict[str, Any]:
+    out_dir = workdir / f"out-{loop}-{mode}"
+    shutil.rmtree(out_dir, ignore_errors=True)  # a repeat starts a fresh job, as the first did
+    argv = [sys.executable, str(HERE / "driver.py"), "--first-port", str(first_port), "--loop", loop]
     argv += ["--num", str(args.endpoints), "--concurrency", str(args.concurrency), "--scrape", mode]
     argv += ["--warmup-s", str(args.warmup_s), "--window-s", str(args.window_s)]
     argv += ["--input", str(workdir / "input.jsonl"), "--out-dir", str(out_dir)]
+    if args.parts and loop == "asyncio":
+        argv.append("--parts")
     if args.profile:
-        argv += ["--profile", str(Path(args.profile).resolve().with_suffix(f".{mode}.prof"))]
+        argv += ["--profile", str(Path(args.profile).resolve().with_suffix(f".{loop}.{mode}.prof"))]
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{REPO}"}
-    common.log(f"driver, scrape {mode}: {args.endpoints} endpoints")
+    common.log(f"driver, {loop} loop, scrape {mode}: {args.endpoints} endpoints")
     done = subprocess.run(argv, capture_output=True, env=env, timeout=args.warmup_s + args.window_s + 300)
     if done.returncode != 0:
         said = done.stderr.decode()
@@ -133,18 +156,21 @@ def parse_cost() -> dict[str, float]:
 
 def table(results: list[dict[str, Any]]) -> str:
     parts = sorted({p for r in results for p in r["loop_cores_by_part"]})
-    head = ["scrape", "cores", "loop", "threads", *parts, "compl/s", "pages/s", "lag p50", "p99", "max ms"]
+    head = ["loop", "scrape", "ms/compl", "cores", "loop", "threads", *parts, "compl/s", "pages/s"]
+    head += ["lag p50", "p99", "max ms"]
     lines = [head]
     for r in results:
         by_part = r["loop_cores_by_part"]
         lag = r["lag_ms"]
         lines.append(
             [
+                r["loop"],
                 r["scrape"],
+                f"{r['cpu_ms_per_completion']:.3f}",
                 f"{r['process_cores']:.3f}",
-                f"{r['loop_cores']:.3f}",
-                f"{r['other_threads_cores']:.3f}",
-                *(f"{by_part.get(p, 0.0):.3f}" for p in parts),
+                f"{r['loop_cores']:.3f}" if by_part else "—",
+                f"{r['other_threads_cores']:.3f}" if by_part else "—",
+                *(f"{by_part.get(p, 0.0):.3f}" if by_part else "—" for p in parts),
                 f"{r['completions_per_s']:,.0f}",
                 f"{r['pages_parsed_per_s']:.0f}",
                 *(f"{lag[q]:.1f}" if lag[q] is not None else "—" for q in ("p50", "p99")),
@@ -155,36 +181,74 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in lines)
 
 
-def projections(args: argparse.Namespace, results: list[dict[str, Any]]) -> dict[str, Any]:
-    """The driver's cores at the job's full rate where this machine's share of CPU did not reach it: CPU per
-    completion of `off` (dispatch, health, store: everything but the scrape) × the target rate, plus each
-    scrape mode's CPU per page (its cores above `off`'s, per page parsed) × the pages it means to read."""
-    by_mode = {r["scrape"]: r for r in results}
-    off = by_mode.get("off")
-    if off is None or off["completions_per_s"] <= 0:
-        return {"lines": []}
-    target_rate = args.endpoints * args.rate
-    per_completion = off["process_cores"] / off["completions_per_s"]
-    out: dict[str, Any] = {"off": per_completion * target_rate, "lines": []}
-    out["lines"].append(
-        f"off: {1000 * per_completion:.3f} CPU ms per completion → {out['off']:.2f} cores "
-        f"at {target_rate:,.0f}/s"
-    )
-    for mode in ("new", "old"):
-        r = by_mode.get(mode)
-        if r is None or r["pages_parsed_per_s"] <= 0:
-            continue
-        per_page = max(
-            r["process_cores"] - off["process_cores"] * r["completions_per_s"] / off["completions_per_s"], 0.0
-        )
-        per_page /= r["pages_parsed_per_s"]
-        pages_due = r["pages_due_per_s"]
-        out[mode] = out["off"] + per_page * pages_due
-        out["lines"].append(
-            f"{mode}: {1000 * per_page:.2f} CPU ms per page → {out[mode]:.2f} cores at {target_rate:,.0f}/s "
-            f"with {pages_due:.0f} pages/s"
-        )
+def per_completion(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Each (loop, scrape)'s median driver CPU ms per completion over its repeats, and each loop's ratio to
+    asyncio's at the same scrape (the figure of merit: side by side, robust to a busy machine)."""
+    ms: dict[tuple[str, str], list[float]] = {}
+    for r in results:
+        ms.setdefault((r["loop"], r["scrape"]), []).append(r["cpu_ms_per_completion"])
+    out: dict[str, dict[str, float]] = {}
+    for (loop, mode), values in ms.items():
+        out.setdefault(loop, {})[mode] = statistics.median(values)
     return out
+
+
+def projections(args: argparse.Namespace, results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The driver's cores at the job's full rate where this machine's share of CPU did not reach it, per loop:
+    CPU per completion of `off` (dispatch, health, store: everything but the scrape) × the target rate, plus
+    each scrape mode's CPU per page (its cores above `off`'s, per page parsed) × its pages due."""
+    out: dict[str, Any] = {"lines": []}
+    target_rate = args.endpoints * args.rate
+    for loop in dict.fromkeys(r["loop"] for r in results):
+        by_mode = {r["scrape"]: r for r in results if r["loop"] == loop}  # the last repeat
+        off = by_mode.get("off")
+        if off is None or off["completions_per_s"] <= 0:
+            continue
+        per_completion = off["process_cores"] / off["completions_per_s"]
+        mine: dict[str, float] = {"off": per_completion * target_rate}
+        out["lines"].append(
+            f"{loop}, off: {1000 * per_completion:.3f} CPU ms per completion → {mine['off']:.2f} cores "
+            f"at {target_rate:,.0f}/s"
+        )
+        for mode in ("new", "old"):
+            r = by_mode.get(mode)
+            if r is None or r["pages_parsed_per_s"] <= 0:
+                continue
+            per_page = (
+                r["process_cores"] - off["process_cores"] * r["completions_per_s"] / off["completions_per_s"]
+            )
+            per_page = max(per_page, 0.0) / r["pages_parsed_per_s"]
+            pages_due = r["pages_due_per_s"]
+            mine[mode] = mine["off"] + per_page * pages_due
+            out["lines"].append(
+                f"{loop}, {mode}: {1000 * per_page:.2f} CPU ms per page → {mine[mode]:.2f} cores at "
+                f"{target_rate:,.0f}/s with {pages_due:.0f} pages/s"
+            )
+        out[loop] = mine
+    return out
+
+
+def judged(loop: str, projected: dict[str, float], results: list[dict[str, Any]]) -> dict[str, bool]:
+    """One loop's verdicts: the new scrape within a core at the job's rate (projected), and no stall from it
+    (judged only where the driver keeps up without scraping: its loop's p50 lag under 5 ms)."""
+    verdicts = {}
+    if "new" in projected:
+        verdicts[
+            f"{loop}, new: ≤ 1 core at the job's rate (projected at this machine's CPU per completion)"
+        ] = projected["new"] <= TARGET_CORES
+    by_mode = {r["scrape"]: r for r in results}
+    new_p99 = by_mode.get("new", {}).get("lag_ms", {}).get("p99")
+    off_p99 = by_mode.get("off", {}).get("lag_ms", {}).get("p99")
+    off_p50 = by_mode.get("off", {}).get("lag_ms", {}).get("p50")
+    if off_p50 is not None and off_p50 > 5.0:  # the driver's backlog, not a stall: nothing to judge by
+        print(
+            f"{loop}: stall not judged: without scraping the loop already lags {off_p50:.0f} ms (CPU-starved)"
+        )
+    elif new_p99 is not None and off_p99 is not None:
+        verdicts[f"{loop}, new: scraping adds no stall (lag p99 within 2 ms of off's)"] = (
+            new_p99 <= off_p99 + 2.0
+        )
+    return verdicts
 
 
 def main() -> None:
@@ -197,20 +261,27 @@ def main() -> None:
     ap.add_argument("--window-s", type=float, default=20.0)
     ap.add_argument("--loadgen-procs", type=int, default=1)
     ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--loops", default=",".join(LOOPS), help="event loops to run the driver on, side by side")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of every loop and mode, alternating")
+    ap.add_argument("--parts", action="store_true", help="charge asyncio's loop CPU by part (it costs CPU)")
     ap.add_argument("--name", default="")
-    ap.add_argument("--profile", default="", help="cProfile each driver's window into PATH.<mode>.prof")
+    ap.add_argument(
+        "--profile", default="", help="cProfile each driver's window into PATH.<loop>.<mode>.prof"
+    )
     args = ap.parse_args()
     name = args.name or f"{args.endpoints}"
+    loops = available_loops(args.loops.split(","))
     with tempfile.TemporaryDirectory(prefix="fleetgen-driver-bench-") as tmp:
         workdir = Path(tmp)
         total_s = args.warmup_s + args.window_s + 10
         common.write_records(workdir / "input.jsonl", int(args.endpoints * args.rate * total_s * 1.5))
+        runs = [(loop, mode) for _ in range(args.repeat) for loop in loops for mode in args.modes.split(",")]
         first_port = free_range(args.endpoints)
         procs = start_loadgen(args, first_port, workdir)
         results = []
         try:
-            for mode in args.modes.split(","):
-                results.append(run_driver(args, mode, first_port, workdir))
+            for loop, mode in runs:
+                results.append(run_driver(args, loop, mode, first_port, workdir))
                 common.log(json.dumps(results[-1]))
                 time.sleep(2.0)  # the servers' sockets of the last driver close
         finally:
@@ -220,22 +291,23 @@ def main() -> None:
     print(table(results))
     parse_ms = parse_cost()
     print(f"parse of the real page: new {parse_ms['new']:.2f} CPU ms, old {parse_ms['old']:.2f} CPU ms")
+    ms = per_completion(results)
+    for loop, by_mode in ms.items():
+        base = ms.get("asyncio", {})
+        print(
+            f"{loop}: driver CPU ms per completion (median of {args.repeat}): "
+            + ", ".join(
+                f"{mode} {value:.3f}"
+                + (f" ({value / base[mode]:.2f}× asyncio)" if loop != "asyncio" and base.get(mode) else "")
+                for mode, value in by_mode.items()
+            )
+        )
     projected = projections(args, results)
     for line in projected["lines"]:
         print(line)
     verdicts = {}
-    if "new" in projected:
-        verdicts["new: ≤ 1 core at the job's rate (projected at this machine's CPU per completion)"] = (
-            projected["new"] <= TARGET_CORES
-        )
-    by_mode = {r["scrape"]: r for r in results}
-    new_p99 = by_mode.get("new", {}).get("lag_ms", {}).get("p99")
-    off_p99 = by_mode.get("off", {}).get("lag_ms", {}).get("p99")
-    off_p50 = by_mode.get("off", {}).get("lag_ms", {}).get("p50")
-    if off_p50 is not None and off_p50 > 5.0:  # the driver's backlog, not a stall: nothing to judge by
-        print(f"stall not judged: without scraping the loop already lags {off_p50:.0f} ms (CPU-starved)")
-    elif new_p99 is not None and off_p99 is not None:
-        verdicts["new: scraping adds no stall (lag p99 within 2 ms of off's)"] = new_p99 <= off_p99 + 2.0
+    for loop in ms:
+        verdicts.update(judged(loop, projected.get(loop, {}), [r for r in results if r["loop"] == loop]))
     for what, ok in verdicts.items():
         print(f"{what}: {'yes' if ok else 'NO'}")
     out = REPO / "bench" / "results" / f"driver-{name}.json"
@@ -247,6 +319,7 @@ def main() -> None:
         "results": results,
         "verdicts": verdicts,
         "parse_cpu_ms_per_page": parse_ms,
+        "cpu_ms_per_completion": ms,
         "projected_cores": {k: v for k, v in projected.items() if k != "lines"},
         "machine": {
             "cpus": os.cpu_count(),
