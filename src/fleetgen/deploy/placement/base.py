@@ -57,7 +57,7 @@ class Placement(Protocol):
     def launches_on_login(self) -> bool:
         """Its servers launch where `login` stands, or on nodes that share its files (Slurm's submit host), so
         `up` refuses an engine's python or model folder missing there before anything is placed; False: on
-        nodes it reaches itself, which its `launch_survey` reads (Ray: the nodes the cluster would place on)."""
+        nodes it reaches itself, which its `launch_survey` reads (Ray: the nodes it may place on)."""
         ...
 
     @property
