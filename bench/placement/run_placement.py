@@ -32,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,13 +42,14 @@ REPO = HERE.parent.parent
 sys.path[:0] = [str(HERE.parent), str(REPO)]
 
 import common  # noqa: E402  (bench/common.py: ports, spawn, logging)
-from ray_primitives import NUM_COMMANDS  # noqa: E402
+from ray_primitives import node_costs  # noqa: E402
 from sections.deploy import keys, sims_start_together  # noqa: E402  (the deploy section's recipes)
 from tests.fixtures.ports import free_ports  # noqa: E402  (never Ray Client's own ports)
 from tests.fixtures.ray import LocalRay  # noqa: E402
 from tests.fixtures.sshd import SSHD, SshdHost, start_sshd  # noqa: E402
 from tests.fixtures.vllm import vllm_serve_argv, vllm_serve_env  # noqa: E402
 
+from fleetgen.config import EngineConfig  # noqa: E402
 from fleetgen.remote import open_host  # noqa: E402
 
 NUM_NODES = 2  # SSH hosts, and Ray nodes: the same shape
@@ -220,26 +222,23 @@ def start_ray(cluster: LocalRay, per_node: int) -> None:
     cluster.wait_up(1)
 
 
-def primitives(cluster: LocalRay, servers: int) -> dict[str, float]:
+def primitives(cluster: LocalRay, servers: int, engine: dict[str, Any], workdir: Path) -> dict[str, float]:
     argv = [sys.executable, str(HERE / "ray_primitives.py"), cluster.address, str(servers)]
+    argv += [json.dumps(engine), str(workdir)]
     out = subprocess.run(argv, capture_output=True, text=True, check=True, env=ENV, timeout=300)
     found: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
     return found
 
 
-def ssh_command_s(host: SshdHost) -> float:
-    """What one command on a host costs over its open SSH connection (`SshHost.run`, as `ray_primitives`
-    times a Ray task)."""
+def ssh_costs(host: SshdHost, engine: dict[str, Any]) -> dict[str, float]:
+    """One command and one survey on a host over its open SSH connection (`SshHost`), as
+    `ray_primitives` times them on a Ray node."""
 
-    async def timed_commands() -> float:
+    async def costs() -> dict[str, float]:
         async with open_host(host.entry()) as opened:
-            await opened.run(["true"])
-            began = time.perf_counter()
-            for _ in range(NUM_COMMANDS):
-                await opened.run(["true"])
-            return (time.perf_counter() - began) / NUM_COMMANDS
+            return await node_costs(opened, EngineConfig.model_validate(engine), str(host.workdir))
 
-    return asyncio.run(timed_commands())
+    return asyncio.run(costs())
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -274,9 +273,13 @@ def table(result: dict[str, Any]) -> str:
     out.append(
         f"| the servers' own start ({result['servers']} sims at once) | {cell(alone)} | {cell(alone)} |"
     )
-    ssh_cmd, ray_cmd = result["ssh_command_s"], result["ray_alone"]["node_command_s"]
-    label = "one command on a node, ms (`true`: SSH channel / Ray task)"
-    out.append(f"| {label} | {cell(ms(ssh_cmd))} | {cell(ms(ray_cmd))} |")
+    for key, label in (
+        ("node_command_s", "one command on a node, ms (`true`: an SSH channel / a Ray task)"),
+        ("node_survey_s", "one survey of a node, ms (`up`/`down` read a node so)"),
+    ):
+        out.append(
+            f"| {label} | {cell(ms(result['ssh_alone'][key]))} | {cell(ms(result['ray_alone'][key]))} |"
+        )
     for key, label in (
         ("connect_s", "Ray alone: connect (`ray.init`)"),
         ("groups_placed_s", "Ray alone: groups placed"),
@@ -301,11 +304,12 @@ def main() -> int:
     for folder in ("rayfleet", "alone", "ray", "vllm/tmp"):
         (scratch / folder).mkdir(parents=True)
     engine = engine_lines(opts.engine, scratch)
+    engine_cfg = tomllib.loads("\n".join(engine))["engine"]
     os.makedirs("/run/sshd", exist_ok=True)
     runs: dict[str, list[dict[str, Any]]] = {"ssh": [], "ray": []}
     alone: list[float] = []
     ray_alone: list[dict[str, float]] = []
-    ssh_commands: list[float] = []
+    ssh_alone: list[dict[str, float]] = []
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, scratch, ignore_errors=True)
         ssh_keys, hosts = keys(scratch / "keys"), []
@@ -328,8 +332,8 @@ def main() -> int:
                 fleet, left = fleets[kind]
                 runs[kind].append(one(kind, fleet, left))
             alone.append(servers_alone(opts.engine, opts.servers, scratch))
-            ray_alone.append(primitives(cluster, opts.servers))
-            ssh_commands.append(ssh_command_s(hosts[0]))
+            ray_alone.append(primitives(cluster, opts.servers, engine_cfg, scratch / "rayfleet" / "work"))
+            ssh_alone.append(ssh_costs(hosts[0], engine_cfg))
     result: dict[str, Any] = {
         "engine": opts.engine,
         "servers": opts.servers,
@@ -337,11 +341,12 @@ def main() -> int:
         "ssh": {k: summary(runs["ssh"], k) for k in ("up_s", "placed_s", "healthy_s", "down_s")},
         "ray": {k: summary(runs["ray"], k) for k in ("up_s", "placed_s", "healthy_s", "down_s")},
         "servers_alone_s": spread(alone),
-        "ssh_command_s": spread(ssh_commands),
+        "ssh_alone": {k: spread([r[k] for r in ssh_alone]) for k in ssh_alone[0]},
         "ray_alone": {k: spread([r[k] for r in ray_alone]) for k in ray_alone[0]},
         "runs": runs,
         "servers_alone_runs": alone,
         "ray_alone_runs": ray_alone,
+        "ssh_alone_runs": ssh_alone,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load": os.getloadavg()},
         "commit": subprocess.run(
             ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=False
