@@ -11,7 +11,7 @@ actors and groups unlisted, the nodes swept; SSH: each server stopped), then che
 
 Where `up`'s time goes, from its own progress lines (each stamped as it arrives on stderr): until the last
 server is placed (Ray: its group ready; SSH: its launch spawned), until the last is healthy, then the
-verification to the end. Two references: the servers' own start (as many sims spawned at once until every
+verification to the end. Two references: the servers' own start (as many spawned at once until every
 /health answers) and fleetgen's Ray placement alone (`ray_primitives.py`: connect, groups, actors, removal).
 Prints one table and writes `bench/results/placement-<name>.json`.
 """
@@ -271,7 +271,8 @@ def table(result: dict[str, Any]) -> str:
         out.append(f"| {label} | {cell(result['ssh'][key])} | {cell(result['ray'][key])} |")
     alone = result["servers_alone_s"]
     out.append(
-        f"| the servers' own start ({result['servers']} sims at once) | {cell(alone)} | {cell(alone)} |"
+        f"| the servers' own start ({result['servers']} {result['engine']} at once, here) | {cell(alone)} | "
+        f"{cell(alone)} |"
     )
     for key, label in (
         ("node_command_s", "one command on a node, ms (`true`: an SSH channel / a Ray task)"),
