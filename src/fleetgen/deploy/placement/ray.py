@@ -106,8 +106,9 @@ async def _ensure(
     try:
         async with node_session(fleet, login, placed) as node:
             # a node that joined after `launch_survey` read the others: its release checked as theirs were
-            cfg, version = fleet.file.engine, node.survey.engine_version
-            if refused := raynodes.version_refusal(cfg, placed, version, wanted.launch.version):
+            # (against the release it took from them: `login` stands with its survey)
+            found, took = node.survey.engine_version, login.survey.engine_version
+            if refused := raynodes.version_refusal(fleet.file.engine, placed, found, took):
                 raise refused
             log = await push_launch(node.host, wanted)
             paths = wanted.command.paths
