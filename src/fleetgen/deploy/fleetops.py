@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import aiohttp
 
@@ -84,15 +84,19 @@ async def open_hosts(
     fleet: Fleet, only: Sequence[str] | None, *, check_launch: bool
 ) -> AsyncIterator[Opened]:
     """Every wanted host connected and surveyed at once (`open_session`), with its instances, or failed
-    (`Opened.failed`); the connections close on exit."""
-    opened = Opened(fleet.file.select(only))
-    check_launch = check_launch and placement_of(fleet.file).launches_on_login  # else its preflight checks
+    (`Opened.failed`); the connections close on exit. `check_launch` (`up`): each session's survey is the
+    one its servers' launch is decided by (`Placement.launch_survey`: a Ray cluster's nodes', not the
+    driver's), and a host or node that cannot launch them fails its instances."""
+    opened, placement = Opened(fleet.file.select(only)), placement_of(fleet.file)
+    on_login = check_launch and placement.launches_on_login  # else its `launch_survey` checks the nodes
     async with aiohttp.ClientSession() as http, contextlib.AsyncExitStack() as stack:
 
         async def connect(entry: HostEntry) -> None:
             try:
-                session = open_session(entry, fleet.file.engine, http, check_launch=check_launch)
+                session = open_session(entry, fleet.file.engine, http, check_launch=on_login)
                 hs = await stack.enter_async_context(session)
+                if check_launch:  # `up`: the launch decided by what runs where its servers will
+                    hs = replace(hs, survey=await placement.launch_survey(fleet, hs))
                 opened.sessions[entry.name] = (hs, await host_instances(fleet, hs))
             except FleetgenError as exc:
                 opened.fail(entry, exc, fleet.file.instances_on(entry))

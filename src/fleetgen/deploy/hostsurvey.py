@@ -185,6 +185,17 @@ def not_installed(cfg: EngineConfig) -> str:
     )
 
 
+def other_release(where: str, cfg: EngineConfig, found: str | None, expected: str, by: str) -> str:
+    """A host or node that runs another release of the engine than `by` (the fleet file, the plan) expects,
+    in the words `hosts check` and Ray's `up` both use."""
+    return f"{where} has {cfg.kind} {found or '(none installed)'}, {by} expects {expected}"
+
+
+def install_release(cfg: EngineConfig, version: str) -> str:
+    """The fix for `other_release`: that release installed where it differs."""
+    return f"install {cfg.kind}=={version} there"
+
+
 def launch_problems(survey: HostSurvey, entry: HostEntry, cfg: EngineConfig) -> list[LaunchFailed]:
     """What stops the engine from starting on this host, each with its fix: its python does not run, its
     launcher module does not import, its model folder is missing. `up` raises the first; `hosts check` lists

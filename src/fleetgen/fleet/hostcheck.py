@@ -19,8 +19,10 @@ from fleetgen.deploy.hostsurvey import (
     INSTALL_FIX,
     GpuInfo,
     HostSurvey,
+    install_release,
     launch_problems,
     not_installed,
+    other_release,
     survey_host,
 )
 from fleetgen.errors import RemoteError
@@ -124,9 +126,9 @@ def _version_problems(engine: EngineConfig, entry: HostEntry, survey: HostSurvey
     if version is None:
         return [f"{entry.name}: {not_installed(engine)}; {INSTALL_FIX}"]
     if engine.version and not version.startswith(engine.version):
+        differs = other_release(entry.name, engine, version, engine.version, "the fleet file")
         return [
-            f"{entry.name} has {engine.kind} {version}, the fleet file expects {engine.version}; install "
-            f"{engine.kind}=={engine.version} there or update engine.version (plan and up decide flags by "
-            f"the {version} the host runs)"
+            f"{differs}; {install_release(engine, engine.version)} or update engine.version (plan and up "
+            f"decide flags by the {version} the host runs)"
         ]
     return []

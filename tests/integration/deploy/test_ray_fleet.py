@@ -34,7 +34,7 @@ from tests.fixtures.fleetcli import (
     write_prompts,
 )
 from tests.fixtures.ports import free_ports
-from tests.fixtures.ray import LocalRay
+from tests.fixtures.ray import LocalRay, python_by_node
 from tests.fixtures.vllm import TinyModel
 from tests.integration.deploy.support import toml_value
 from tests.integration.deploy.test_slurm_fleet import our_processes, state, statuses
@@ -186,10 +186,43 @@ async def test_up_refuses_an_engine_the_nodes_cannot_start_before_placing_anythi
     assert not (fleet.parent / ".fleetgen" / "state.json").exists() or state(fleet) == {}
 
 
+async def test_up_refuses_a_node_of_another_engine_release_by_name_before_placing_anything(
+    ray_cluster: LocalRay, tmp_path: Path
+) -> None:
+    """A server's flags are decided before Ray picks its node, by the release the nodes run (never the
+    driver's: it has another here): the second node runs an older one, so `up` refuses it by id and IP, in
+    `hosts check`'s words and with the fix, before any actor starts."""
+    releases = {"driver": "0.5.7", "head": "0.5.23", "second": "0.5.22"}
+    python = python_by_node(tmp_path / "py", "sglang", releases)
+    engine: dict[str, object] = {"kind": "sglang", "python": str(python), "model": str(tmp_path / "model")}
+    engine |= {"launcher": ["-m", "fleetgen.sim"], "args": SIM_ARGS}
+    fleet = write_ray_fleet(tmp_path, ray_cluster, engine=engine)
+    code, out, err = await cli("up", "-f", str(fleet))
+    if code == 0:  # placed (the refusal is missing): leave nothing for the tests after this one
+        await cli("down", "-f", str(fleet))
+    said = out + err
+    assert code != 0, said
+    [second] = listed(ray_cluster)["second"]
+    named = set(
+        re.findall(r"Ray node ([0-9a-f]{8}) \([^)]+\) has sglang 0\.5\.22, the plan expects 0\.5\.23", said)
+    )
+    assert named == {second[:8]}, said  # that node, and no other
+    assert "install sglang==0.5.23 there" in said and "cluster.labels" in said, said  # the fix
+    left = listed(ray_cluster)
+    assert left["actors"] == [] and left["groups"] == [], left  # refused before anything was placed
+    assert not (fleet.parent / ".fleetgen" / "state.json").exists() or state(fleet) == {}
+
+
 async def test_a_ray_fleet_serves_a_job_exactly_once_through_a_killed_actor_and_a_lost_node(
     ray_cluster: LocalRay, tmp_path: Path
 ) -> None:
-    fleet = write_ray_fleet(tmp_path, ray_cluster)
+    # the engine's release as the nodes run it and the driver does not: each server's flags decided by it
+    python = python_by_node(
+        tmp_path / "py", "sglang", {"driver": "0.5.7", "head": "0.5.23", "second": "0.5.23"}
+    )
+    engine: dict[str, object] = {"kind": "sglang", "python": str(python), "model": str(tmp_path / "model")}
+    engine |= {"launcher": ["-m", "fleetgen.sim"], "ready_timeout_s": 120.0, "args": SIM_ARGS}
+    fleet = write_ray_fleet(tmp_path, ray_cluster, engine=engine)
     names = {f"ray-{k}" for k in range(NUM_SERVERS)}
     actors: dict[str, str] = {}
     try:
@@ -197,6 +230,7 @@ async def test_a_ray_fleet_serves_a_job_exactly_once_through_a_killed_actor_and_
         assert code == 0, out + err
         assert f"{NUM_SERVERS}/{NUM_SERVERS} ready" in out and "verified" in out
         records = state(fleet)
+        assert {str(rec["engine_version"]) for rec in records.values()} == {"0.5.23"}, records  # the nodes'
         actors = {name: str(rec["placement_id"]) for name, rec in records.items()}
         assert set(actors) == names and set(actors.values()) <= set(listed(ray_cluster)["actors"])
         node_of = {name: str(rec["node"]) for name, rec in records.items()}

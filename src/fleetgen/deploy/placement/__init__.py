@@ -1,9 +1,9 @@
 """The placement registry: what places a fleet's servers, by `[cluster] kind` ("hosts" for `[[hosts]]`).
 
-Each placement is one module here implementing `base.Placement` (preflight, up, down, place, the GPUs it
-offers for planning), listed once in `PLACEMENTS`; a command looks its fleet's up once (`placement_of`) and
-calls it, so no module outside this package asks which placement a fleet has (ARCHITECTURE.md, "Adding a
-placement").
+Each placement is one module here implementing `base.Placement` (launch_survey, preflight, up, down, place,
+the GPUs it offers for planning), listed once in `PLACEMENTS`; a command looks its fleet's up once
+(`placement_of`) and calls it, so no module outside this package asks which placement a fleet has
+(ARCHITECTURE.md, "Adding a placement").
 """
 
 from __future__ import annotations

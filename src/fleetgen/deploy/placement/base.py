@@ -16,6 +16,7 @@ from typing import Protocol
 
 from fleetgen.config import FleetFile, HostEntry, Instance
 from fleetgen.deploy.fleet_ref import Fleet
+from fleetgen.deploy.hostsurvey import HostSurvey
 from fleetgen.deploy.session import HostSession
 from fleetgen.deploy.state import InstanceRecord
 from fleetgen.deploy.types import InstanceCommand, Outcome, Rollout, WantedInstance
@@ -56,12 +57,19 @@ class Placement(Protocol):
     def launches_on_login(self) -> bool:
         """Its servers launch where `login` stands, or on nodes that share its files (Slurm's submit host), so
         `up` refuses an engine's python or model folder missing there before anything is placed; False: on
-        nodes it reaches itself, which its `preflight` checks (Ray: on a node the cluster would place on)."""
+        nodes it reaches itself, which its `launch_survey` reads (Ray: the nodes it may place on)."""
         ...
 
     @property
     def can_tune(self) -> bool:
         """`tune` measures on it (it launches each candidate as its own fleet on the same GPUs)."""
+        ...
+
+    async def launch_survey(self, fleet: Fleet, login: HostSession) -> HostSurvey:
+        """What `up` decides its servers' launch by (`deploy.wanted`: argv by the engine version, paths by the
+        resolved workdir, the GPUs and RAM planned): `login.survey` where they launch there (or on nodes
+        that share its files); else what the nodes it places on run, raising for a node that cannot launch
+        them (Ray: `raynodes`)."""
         ...
 
     async def preflight(self, fleet: Fleet, login: HostSession, wanted: Sequence[WantedInstance]) -> None:

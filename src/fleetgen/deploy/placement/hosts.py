@@ -9,6 +9,7 @@ from functools import partial
 
 from fleetgen.config import FleetFile, HostEntry, Instance
 from fleetgen.deploy.fleet_ref import Fleet
+from fleetgen.deploy.hostsurvey import HostSurvey
 from fleetgen.deploy.instance import ensure_up, stop_instance
 from fleetgen.deploy.placement.base import Placed
 from fleetgen.deploy.session import HostSession
@@ -25,6 +26,9 @@ class HostsPlacement:
     can_tune = True
     is_per_instance = False
     launches_on_login = True
+
+    async def launch_survey(self, fleet: Fleet, login: HostSession) -> HostSurvey:
+        return login.survey  # its servers launch where `login` stands (or on nodes that share its files)
 
     async def preflight(self, fleet: Fleet, login: HostSession, wanted: Sequence[WantedInstance]) -> None:
         """Nothing beyond the host's survey (`open_session` refused a host that cannot launch)."""

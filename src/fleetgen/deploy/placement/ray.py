@@ -27,7 +27,7 @@ from pathlib import Path
 
 from fleetgen.config import FleetFile, HostEntry, Instance, RayCluster
 from fleetgen.deploy.fleet_ref import Fleet
-from fleetgen.deploy.hostsurvey import launch_problems
+from fleetgen.deploy.hostsurvey import HostSurvey, launch_problems
 from fleetgen.deploy.instance import (
     find_running,
     follow_launch,
@@ -36,6 +36,7 @@ from fleetgen.deploy.instance import (
     remove_secret_files,
     running_process,
 )
+from fleetgen.deploy.placement import raynodes
 from fleetgen.deploy.placement.base import Placed
 from fleetgen.deploy.placement.launched import engine_pid, job_script, placement_name
 from fleetgen.deploy.script import Command
@@ -104,6 +105,11 @@ async def _ensure(
 
     try:
         async with node_session(fleet, login, placed) as node:
+            # a node that joined after `launch_survey` read the others: its release checked as theirs were
+            # (against the release it took from them: `login` stands with its survey)
+            found, took = node.survey.engine_version, login.survey.engine_version
+            if refused := raynodes.version_refusal(fleet.file.engine, placed, found, took):
+                raise refused
             log = await push_launch(node.host, wanted)
             paths = wanted.command.paths
             await node.host.run(["rm", "-f", "--", paths.pidfile])  # the actor's job writes its own
@@ -190,44 +196,51 @@ async def place(
     return placed
 
 
-async def preflight(fleet: Fleet, login: HostSession, wanted: Sequence[WantedInstance]) -> None:
-    """Before anything is placed: the cluster reached, GPUs enough on its live nodes (all of them, and a node
-    with `tp` of them: a server's group is STRICT_PACK), and the engine's python and model folder on each node
-    a server may be placed on (`node_problems`)."""
-    cluster = _cluster(fleet.file)
+async def launch_survey(fleet: Fleet, login: HostSession) -> HostSurvey:
+    """What every server is launched by (`raynodes.launch_survey`), read on the nodes a server may be placed
+    on, one Ray task each, before anything is placed: the cluster reached, GPUs enough on its live nodes (all
+    of them, and a node with `tp` of them: a server's group is STRICT_PACK), the engine's python and model
+    folder on each node (`node_problems`), and one engine release and workdir on all of them."""
+    cluster, tp = _cluster(fleet.file), fleet.file.engine.tp
     await ray.connect(cluster.address, cluster.namespace)
-    if not wanted:
-        return
-    tp, listed = len(wanted[0].inst.gpus), await ray.nodes()
+    listed = await ray.nodes()
     problems = gpu_problems(cluster, tp, listed)
     if problems:
         raise DeployError(
             "; ".join(p.message for p in problems) + " (checked before anything was placed)",
             fix="; ".join(p.fix for p in problems),
         )
-    found = await node_problems(fleet, login, [n for n in _placeable(cluster, listed) if n.gpus >= tp])
+    nodes = [n for n in _placeable(cluster, listed) if n.gpus >= tp]
+    surveyed = list(zip(nodes, await asyncio.gather(*(_survey(fleet, login, n) for n in nodes)), strict=True))
+    found = node_problems(fleet, login.entry, surveyed)
     if found:
         raise LaunchFailed(
             "; ".join(p.message for p in found) + " (checked before anything was placed)",
             context={"nodes": ", ".join(str(p.context["node"]) for p in found)},
             fix="; ".join(dict.fromkeys(p.fix for p in found)),
         )
+    return raynodes.launch_survey(fleet.file.engine, login.survey, surveyed)
 
 
-async def node_problems(fleet: Fleet, login: HostSession, nodes: Sequence[ray.RayNode]) -> list[LaunchFailed]:
+async def _survey(fleet: Fleet, login: HostSession, node: ray.RayNode) -> HostSurvey:
+    async with node_session(fleet, login, node) as hs:
+        return hs.survey
+
+
+def node_problems(
+    fleet: Fleet, entry: HostEntry, surveyed: Sequence[tuple[ray.RayNode, HostSurvey]]
+) -> list[LaunchFailed]:
     """What stops the engine from starting on each node (`hostsurvey.launch_problems`: its python, its
-    launcher module, the model folder), read there by the node's survey: one Ray task per node, whatever the
-    number of servers; the first problem of each node that has one, naming the node."""
-
-    async def first(node: ray.RayNode) -> LaunchFailed | None:
-        async with node_session(fleet, login, node) as hs:
-            found = launch_problems(hs.survey, hs.entry, fleet.file.engine)
-        if not found:
-            return None
-        on_host = found[0].message.removeprefix(f"{hs.entry.name}: ").replace("on the host", "there")
-        return LaunchFailed(f"Ray {node.label}: {on_host}", context={"node": node.label}, fix=found[0].fix)
-
-    return [p for p in await asyncio.gather(*(first(n) for n in nodes)) if p is not None]
+    launcher module, the model folder), as the node's survey read it; the first problem of each node that
+    has one, naming the node."""
+    found = []
+    for node, survey in surveyed:
+        if problems := launch_problems(survey, entry, fleet.file.engine):
+            there = problems[0].message.removeprefix(f"{entry.name}: ").replace("on the host", "there")
+            found.append(
+                LaunchFailed(f"Ray {node.label}: {there}", context={"node": node.label}, fix=problems[0].fix)
+            )
+    return found
 
 
 def gpu_problems(cluster: RayCluster, tp: int, nodes: Sequence[ray.RayNode]) -> list[Issue]:
@@ -257,10 +270,13 @@ class RayPlacement:
     label = "a Ray cluster"
     can_tune = False
     is_per_instance = True
-    launches_on_login = False  # the driver is no node: `preflight` checks on the nodes (`node_problems`)
+    launches_on_login = False  # the driver is no node: `launch_survey` reads the nodes
+
+    async def launch_survey(self, fleet: Fleet, login: HostSession) -> HostSurvey:
+        return await launch_survey(fleet, login)
 
     async def preflight(self, fleet: Fleet, login: HostSession, wanted: Sequence[WantedInstance]) -> None:
-        await preflight(fleet, login, wanted)
+        """Nothing beyond `launch_survey` (it read every node a server may be placed on)."""
 
     async def up(
         self, fleet: Fleet, login: HostSession, wanted: Sequence[WantedInstance], run: Rollout

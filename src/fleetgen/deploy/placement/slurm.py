@@ -34,6 +34,7 @@ from pathlib import Path
 
 from fleetgen.config import FleetFile, HostEntry, Instance, SlurmCluster
 from fleetgen.deploy.fleet_ref import Fleet
+from fleetgen.deploy.hostsurvey import HostSurvey
 from fleetgen.deploy.instance import (
     find_running,
     follow_launch,
@@ -345,6 +346,9 @@ class SlurmPlacement:
     can_tune = False
     is_per_instance = True
     launches_on_login = True  # the submit host: its job steps run the same files
+
+    async def launch_survey(self, fleet: Fleet, login: HostSession) -> HostSurvey:
+        return login.survey  # its servers launch where `login` stands (or on nodes that share its files)
 
     async def preflight(self, fleet: Fleet, login: HostSession, wanted: Sequence[WantedInstance]) -> None:
         """Slurm checked before anything is queued (`preflight`): nothing queued if it refuses."""
