@@ -29,8 +29,8 @@ import argparse
 import asyncio
 import asyncio.events
 import cProfile
-import importlib
 import gc
+import importlib
 import json
 import resource
 import statistics
