@@ -183,6 +183,23 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], log_path: Path, timeout_s
     raise RuntimeError(f"{url} not ready after {timeout_s} s:\n{log_path.read_text()[-3000:]}")
 
 
+def start_together(
+    servers: Sequence[tuple[Sequence[str], int, Path]], timeout_s: float, env: dict[str, str] | None = None
+) -> float:
+    """Spawn every server (its argv, the port it serves, its log) at once; the seconds until each answers
+    /health. They are stopped before it returns, answered or not."""
+    procs, start = [], time.perf_counter()
+    try:
+        for argv, port, log in servers:
+            procs.append((spawn(argv, log, env)[0], port, log))
+        for proc, port, log in procs:
+            wait_http(f"http://127.0.0.1:{port}/health", proc, log, timeout_s)
+        return time.perf_counter() - start
+    finally:
+        for proc, _, _ in procs:
+            kill_group(proc)
+
+
 @dataclass
 class Server:
     """A server child: base URL, process, log."""

@@ -90,34 +90,18 @@ def servers_alone(engine: str, num: int, scratch: Path) -> float:
         common.VLLM_VENV / "bin" / "python",
         vllm_serve_env(scratch / "vllm", tmpdir=scratch / "vllm" / "tmp"),
     )
-    procs, start = [], time.perf_counter()
-    try:
-        for k in range(num):
-            port, log = common.free_port(), scratch / "alone" / f"vllm-{k}.log"
-            proc, _ = common.spawn(vllm_serve_argv(python, common.TINY_MODEL, port), log, env)
-            procs.append((proc, port, log))
-        for proc, port, log in procs:
-            common.wait_http(f"http://127.0.0.1:{port}/health", proc, log, 600)
-        return time.perf_counter() - start
-    finally:
-        for proc, _, _ in procs:
-            common.kill_group(proc)
+    ports = [common.free_port() for _ in range(num)]
+    servers = [
+        (vllm_serve_argv(python, common.TINY_MODEL, port), port, scratch / "alone" / f"vllm-{k}.log")
+        for k, port in enumerate(ports)
+    ]
+    return common.start_together(servers, 600, env)
 
 
 def ssh_fleet(path: Path, engine: list[str], hosts: list[SshdHost], per_node: int) -> Path:
     lines = list(engine)
     for host, base in zip(hosts, free_ports(len(hosts)), strict=True):
-        lines += [
-            "[[hosts]]",
-            f'name = "{host.name}"',
-            f'ssh = "{host.ssh}"',
-            f'identity = "{host.identity}"',
-            f'known_hosts = "{host.known_hosts}"',
-            f'workdir = "{host.workdir}"',
-            f"gpus = {list(range(per_node))}",
-            f"base_port = {base}",
-            "",
-        ]
+        lines += [*host.hosts_entry(range(per_node), base_port=base), ""]
     path.write_text("\n".join(lines))
     return path
 

@@ -12,7 +12,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import common
@@ -48,49 +47,24 @@ def fleet_toml(hosts: list[SshdHost], path: Path, base_ports: list[int]) -> Path
         "",
     ]
     for host, port in zip(hosts, base_ports, strict=True):
-        lines += [
-            "[[hosts]]",
-            f'name = "{host.name}"',
-            f'ssh = "{host.ssh}"',
-            f'identity = "{host.identity}"',
-            f'known_hosts = "{host.known_hosts}"',
-            f'workdir = "{host.workdir}"',
-            f"gpus = {list(range(GPUS_PER_HOST))}",
-            f"base_port = {port}",
-            "",
-        ]
+        lines += [*host.hosts_entry(range(GPUS_PER_HOST), base_port=port), ""]
     path.write_text("\n".join(lines))
     return path
 
 
 def sims_start_together(ctx: Context, num: int) -> float:
     """Spawn `num` sims at once; seconds until all answer /health."""
-    procs = []
-    start = time.perf_counter()
-    try:
-        for k in range(num):
-            port = common.free_port()
-            argv = [
-                str(common.FLEETGEN_PY),
-                "-m",
-                "fleetgen.sim",
-                "--model-path",
-                str(common.TINY_MODEL),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--sim-decode-tps",
-                "0",
-            ]
-            proc, _ = common.spawn(argv, ctx.workdir / f"alone-{k}.log")
-            procs.append((proc, port, ctx.workdir / f"alone-{k}.log"))
-        for proc, port, log in procs:
-            common.wait_http(f"http://127.0.0.1:{port}/health", proc, log, 120)
-        return time.perf_counter() - start
-    finally:
-        for proc, _, _ in procs:
-            common.kill_group(proc)
+    sim = [str(common.FLEETGEN_PY), "-m", "fleetgen.sim", "--model-path", str(common.TINY_MODEL)]
+    ports = [common.free_port() for _ in range(num)]
+    servers = [
+        (
+            [*sim, "--host", "127.0.0.1", "--port", str(port), "--sim-decode-tps", "0"],
+            port,
+            ctx.workdir / f"alone-{k}.log",
+        )
+        for k, port in enumerate(ports)
+    ]
+    return common.start_together(servers, 120)
 
 
 def free_block(size: int) -> int:
