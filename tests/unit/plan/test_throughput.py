@@ -327,3 +327,28 @@ def test_past_max_length_is_warned_exactly_when_a_row_can_outgrow_the_trainer(
         assert f"{prompt + max_tokens - (max_length or 0):,} tokens" in issue.message
         if max_length is not None and max_length > prompt:
             assert f"lower max_tokens to {max_length - prompt}" in issue.fix
+
+
+@pytest.mark.parametrize("version", ["0.5.15", "0.5.17", "0.5.23"])
+@pytest.mark.parametrize("total", [80 * GIB, H200_TOTAL])
+def test_from_0_5_17_the_radix_off_settings_give_the_multimodal_ipc_pool_back_to_the_kv_pool(
+    version: str, total: int
+) -> None:
+    """0.5.17's tokenizer holds a 1,024 MiB CUDA-IPC pool for image features and its own CUDA context before
+    the scheduler sizes its pools (tests/data/real-engines/sglang-0.5.17-h100-tune/): every setting sized for
+    the job carries `--mm-feature-transport cpu` (said in its change) and plans at least as many running
+    requests and KV tokens as the same flags without it; before 0.5.17 none carries the flag."""
+    a = ask(version, total=total, free=total)
+    offered = [
+        s for s in plan_job(SGLANG, a, SGLANG.size(a), job()).settings if s.name.startswith("no-radix")
+    ]
+    assert offered
+    for s in offered:
+        if version < "0.5.17":
+            assert "mm-feature-transport" not in s.args and "mm-feature-transport" not in s.change
+            continue
+        assert s.args["mm-feature-transport"] == "cpu" and "--mm-feature-transport cpu" in s.change, s.name
+        held = replace(a, args={k: v for k, v in s.args.items() if k != "mm-feature-transport"})
+        with_pool, without = SGLANG.size(held).memory, SGLANG.size(replace(a, args=s.args)).memory
+        assert without.kv_tokens > with_pool.kv_tokens, s.name
+        assert without.free_bytes - with_pool.free_bytes == (1024 + 523) * MIB

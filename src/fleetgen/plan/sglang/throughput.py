@@ -39,6 +39,9 @@ MTP_FLAGS = {
 }
 HICACHE_FLAGS = ("enable-hierarchical-cache", "hicache-ratio", "hicache-size")
 REPLAYSSM_SPEC = "enable-linear-replayssm-spec"
+# 0.5.17+ on a multimodal model: the tokenizer's CUDA-IPC feature pool (1,024 MiB) and its CUDA context come
+# back to the pools with CPU transport of the features ("Pass --mm-feature-transport=cpu to opt out", its log)
+MM_TRANSPORT = "mm-feature-transport"
 # what each option that changes the numbers changes (offered, taken only when the user allows it)
 NUMERICS = {
     "mamba-ssm-dtype": "the GDN recurrent state is kept in bfloat16 instead of float32 (rounding every step)",
@@ -208,6 +211,8 @@ def settings(size: Size, ask: Ask, job: JobShape) -> list[Setting]:
         )
     ctx = job_context(job, ask.shape.context_length)
     base = {**ask.args, "context-length": ctx}
+    if s.mm_ipc_pool_mb:  # a batch job's prompts are text: its features' GPU pool is memory the KV pool lacks
+        base[MM_TRANSPORT] = "cpu"
     rules = sglang_rules(ask.rules)
     out: list[Setting] = list(env_candidates)
     variants: list[tuple[str, str, dict[str, Any]]] = [("", "", base)]
@@ -351,6 +356,8 @@ def _change_text(ask: Ask, pool: Mapping[str, Any], n: int, ctx: int) -> str:
     graph = _graph_flag(ask)
     if graph in pool:
         parts.append(f"--{graph} {pool[graph]}")
+    if MM_TRANSPORT in pool and MM_TRANSPORT not in ask.args:
+        parts.append(f"--{MM_TRANSPORT} {pool[MM_TRANSPORT]}")
     text = " ".join(parts)
     if any(k in ask.args for k in HICACHE_FLAGS):
         text += ", no hierarchical cache (it needs the radix cache)"
