@@ -48,6 +48,15 @@ def release(text: str) -> Version:
     return Version(Version(text).public)
 
 
+def release_order(text: str) -> tuple[int, Version | str]:
+    """A sort key for what hosts report as their engine version: versions as PEP 440 orders them (a local
+    build after its release), after anything that is no version (in text order)."""
+    try:
+        return 1, Version(text)
+    except InvalidVersion:
+        return 0, text
+
+
 def select_rule_set(rule_sets: Sequence[RuleSet], version: str | None) -> tuple[RuleSet, str | None]:
     """The rule set read from `version`'s release, or the nearest one with a warning saying so.
 

@@ -214,11 +214,7 @@ async def launch_survey(fleet: Fleet, login: HostSession) -> HostSurvey:
     surveyed = list(zip(nodes, await asyncio.gather(*(_survey(fleet, login, n) for n in nodes)), strict=True))
     found = node_problems(fleet, login.entry, surveyed)
     if found:
-        raise LaunchFailed(
-            "; ".join(p.message for p in found) + " (checked before anything was placed)",
-            context={"nodes": ", ".join(str(p.context["node"]) for p in found)},
-            fix="; ".join(dict.fromkeys(p.fix for p in found)),
-        )
+        raise raynodes.before_placing(found)
     return raynodes.launch_survey(fleet.file.engine, login.survey, surveyed)
 
 

@@ -14,10 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
-from packaging.version import InvalidVersion, Version
-
 from fleetgen.config import EngineConfig
 from fleetgen.deploy.hostsurvey import HostSurvey, install_release, other_release
+from fleetgen.engines.rules import release_order
 from fleetgen.errors import LaunchFailed
 from fleetgen.remote.ray import RayNode
 
@@ -26,17 +25,19 @@ OFF_THE_NODE = "keep servers off that node with cluster.labels (a server may be 
 OFF_THE_NODE += "the cluster's labels and engine.tp GPUs)"
 
 
-def _order(version: str) -> tuple[int, Version | str]:
-    try:
-        return 1, Version(version)
-    except InvalidVersion:
-        return 0, version
+def before_placing(refused: Sequence[LaunchFailed]) -> LaunchFailed:
+    """The nodes' refusals (each naming its node) as one error: raised before anything is placed."""
+    return LaunchFailed(
+        "; ".join(r.message for r in refused) + " (checked before anything was placed)",
+        context={"nodes": ", ".join(str(r.context["node"]) for r in refused)},
+        fix="; ".join(dict.fromkeys(r.fix for r in refused)),
+    )
 
 
 def launch_version(cfg: EngineConfig, found: Iterable[str | None]) -> str | None:
     """The engine version every server's flags are decided for, of those the nodes run: the newest that
     `engine.version` names (a prefix, as `hosts check` reads it), else the newest; None: none read one."""
-    versions = sorted({v for v in found if v}, key=_order)
+    versions = sorted({v for v in found if v}, key=release_order)
     named = [v for v in versions if cfg.version and v.startswith(cfg.version)]
     chosen = named or versions
     return chosen[-1] if chosen else None
@@ -78,11 +79,7 @@ def launch_survey(
             )
         )
     if refused:
-        raise LaunchFailed(
-            "; ".join(r.message for r in refused) + " (checked before anything was placed)",
-            context={"nodes": ", ".join(str(r.context["node"]) for r in refused)},
-            fix="; ".join(dict.fromkeys(r.fix for r in refused)),
-        )
+        raise before_placing(refused)
     first = surveyed[0][1] if surveyed else login
     return replace(
         login,

@@ -37,12 +37,10 @@ HICACHE_RESERVE_BYTES = 10 * GIB  # SGLang's HICACHE_HOST_MEMORY_RESERVE_BYTES
 # (below), the plan gave the pools ~1.1 GB SGLang never had: 14 % of MTP's KV pool at 75 running.
 CUDA_CONTEXT_BYTES = 1343 * MIB
 # ... and on the H100 80GB (81,559 MiB) every 0.5.15 start logged 78.47 GB: 1,206 MiB
-# (bench/results/raw/tune-sglang-0.5.15-h100-steady/). Between the two cards
-# the context grows with the card's memory (CUDA's own tables): a line through both measurements.
+# (bench/results/raw/tune-sglang-0.5.15-h100-steady/). Between the two cards the context grows with the card's
+# memory (CUDA's own tables): a line through both measurements (`cuda_context_bytes`).
 CONTEXT_PER_CARD_BYTE = (1343 - 1206) / (143_771 - 81_559)
 CONTEXT_CARD = 143_771 * MIB  # the card CUDA_CONTEXT_BYTES was measured on
-
-
 # What loading the target takes beyond its checkpoint's tensors, per GPU: buffers built on the GPU at init and
 # kept in PyTorch's cache (the RoPE cos/sin cache over max_position and its temporaries, …), which SGLang's
 # free-memory measure counts as used. Measured: Qwen3.6-27B logged "mem usage=51.31 GB" for 50.96 GiB of
