@@ -83,17 +83,21 @@ def held_below(
     ranked. Two causes, told apart by the engine's own decode counter:
     - it decoded (`decode_tps` > 0): its admission held the batch (SGLang reserves KV for a new request's
       whole clipped output and the running requests' remaining ones: `plan.sglang.admission`);
-    - it decoded nothing: a stall, not a bound. On the H100 the MTP candidate at 11 ran 1 with 8 queued and
-      no decode step (no accept length) for the whole window, on a pool SGLang's admission fills with 16 of
-      the job's requests (its 18-request candidate at 0.92, on less KV per request, ran 18)."""
-    if peak_running is None or queued <= 0 or peak_running >= FAR_BELOW * admitted:
+    - it decoded nothing: a stall, not a bound, however many ran. On the H100 the MTP candidate at 11 ran 1
+      with 8 queued and no decode step (no accept length) for the whole window, on a pool SGLang's admission
+      fills with 16 of the job's requests (its 18-request candidate at 0.92, on less KV per request, ran
+      18); SGLang 0.5.17's MTP candidate at 36 (`--enable-linear-replayssm-spec`) held 24 with 22 queued, its
+      scheduler silent after its fourth prefill batch: two thirds of what it admits, and still no rate."""
+    if peak_running is None:
         return ""
     held = f"{peak_running:.0f} of {admitted} running, {queued:.0f} queued over the whole window"
-    if decode_tps is not None and decode_tps <= 0:
+    if decode_tps is not None and decode_tps <= 0 and (peak_running > 0 or queued > 0):
         return (
             f"stalled: {held} and not one token decoded (a first-use compile or a hung scheduler: the "
             "engine's log says which); no rate for this setting: measure it again with a longer --warmup"
         )
+    if queued <= 0 or peak_running >= FAR_BELOW * admitted:
+        return ""
     return (
         f"KV admission: {held} (the engine held the batch far below what it admits: its KV pool keeps "
         "room for the running requests' remaining outputs); no rate for this setting: a smaller "

@@ -128,16 +128,19 @@ def test_a_window_held_far_below_what_the_engine_admits_while_it_decodes_is_its_
     assert why.startswith(f"KV admission: {running:.0f} of {admitted} running, {queued:.0f} queued")
 
 
-@given(running=st.floats(0.0, 100.0), queued=st.floats(0.01, 500.0), admitted=st.integers(1, 1000))
-def test_a_window_that_decoded_nothing_is_a_stall_never_a_kv_admission(
+@given(running=st.floats(0.0, 1000.0), queued=st.floats(0.0, 500.0), admitted=st.integers(1, 1000))
+def test_a_window_that_decoded_nothing_is_a_stall_never_a_rate(
     running: float, queued: float, admitted: int
 ) -> None:
-    """The H100's MTP candidate at 11 (../shared/data/real-engines/sglang-0.5.15-h100-tune/mf085): 1 running,
-    8 queued, 0 decode tok/s and no accept length over the whole window, on a pool SGLang's admission fills
-    with 16 of the job's requests: a stall, named as one wherever the batch is held far below."""
+    """The H100's MTP candidates: SGLang 0.5.15's at 11 (../shared/data/real-engines/sglang-0.5.15-h100-tune/
+    mf085) ran 1 with 8 queued, far below what it admits; 0.5.17's at 36 (bench/results/raw/
+    tune-sglang-0.5.17-h100-mmcpu/run2-skiplock-mtp) held 24 with 22 queued, two thirds of it; neither
+    decoded a token in the window. Whatever ran or waited, a window without one token decoded is a stall
+    (never a rate of 0, never a KV admission); with nothing running or queued there was no load to judge."""
     why = held_below(running, queued, admitted, 0.0)
-    if running < FAR_BELOW * admitted:
-        assert why.startswith(f"stalled: {running:.0f} of {admitted} running") and "KV admission" not in why
+    if running > 0 or queued > 0:
+        assert why.startswith(f"stalled: {running:.0f} of {admitted} running, {queued:.0f} queued")
+        assert "KV admission" not in why
     else:
         assert why == ""
 
