@@ -15,7 +15,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from fleetgen.deploy.death import GENERIC_SIGNATURES, POINTS_ELSEWHERE, first_fatal, root_cause
+from fleetgen.deploy.death import (
+    GENERIC_SIGNATURES,
+    POINTS_ELSEWHERE,
+    Death,
+    first_fatal,
+    last_frame,
+    root_cause,
+    shortened,
+)
 from fleetgen.deploy.readiness import Readiness, Seen, decide
 from fleetgen.engines.base import Engine, FatalSignature
 from fleetgen.engines.rules import RuleSet
@@ -27,8 +35,10 @@ from fleetgen.remote.scripts import sh
 
 # Tail of the log carried by an error.
 NUM_ERROR_LINES = 25
-# Lines still read after a fatal line: the traceback or message that follows it.
+# After a fatal line the engine still logs the traceback or message that follows it, then exits: read every
+# SETTLE_S until it has, for at most LAST_WORDS_S (SGLang 0.5.17 logged its cause a second after the first line).
 SETTLE_S = 0.3
+LAST_WORDS_S = 5.0
 
 # $4/$5 (first poll only): point $4/current.log at $5, relative, replaced atomically (ln + mv -T).
 POLL_SH = r"""
@@ -118,9 +128,11 @@ async def wait_ready(
         fatal = first_fatal(new, own)
         seen = Seen(fatal=fatal[1] if fatal else "", is_alive=launch_log.is_alive)
         if decide(seen).readiness is Readiness.DOWN:  # health cannot change that: not asked
-            if fatal:
-                await asyncio.sleep(SETTLE_S)
-            await poll_once(proc.host, launch_log, proc.pid, proc.start_time)  # its last words
+            await _last_words(proc, launch_log, LAST_WORDS_S if fatal else 0.0)
+            if fatal:  # the whole log's most specific line: the first one seen may be a consequence (SGLang
+                # 0.5.17 logged "CUDA error: the operation cannot be performed" a second before the "CUDA
+                # error: out of memory" that caused it, in its prefill CUDA graph's capture)
+                fatal = first_fatal(launch_log.lines, own) or fatal
             raise _failed(proc, launch_log, signatures, fatal)
         seen = replace(seen, is_healthy=await client.is_healthy(engine.health_path))
         if decide(seen).readiness is Readiness.READY:
@@ -138,6 +150,16 @@ async def wait_ready(
             last = launch_log.lines[-1][:120] if launch_log.lines else "(log empty so far)"
             progress(f"waiting for health, {elapsed:.0f}s / {timeout_s:.0f}s; log: {last}")
         await asyncio.sleep(0.25)
+
+
+async def _last_words(proc: StartedProcess, launch_log: LaunchLog, wait_s: float) -> None:
+    """Read what the engine logs as it dies: once, then until it exits (at most `wait_s`): after its first
+    fatal line an engine still logs the traceback that names the cause, and then exits."""
+    deadline = time.monotonic() + wait_s
+    await poll_once(proc.host, launch_log, proc.pid, proc.start_time)
+    while launch_log.is_alive and time.monotonic() < deadline:
+        await asyncio.sleep(SETTLE_S)
+        await poll_once(proc.host, launch_log, proc.pid, proc.start_time)
 
 
 def _context(proc: StartedProcess, launch_log: LaunchLog, **extra: object) -> dict[str, object]:
@@ -181,6 +203,10 @@ def _failed(
             "check `dmesg` on the host, then run `fleetgen up` again",
             context=_context(proc, launch_log),
         )
+    line = fatal[1].strip()  # the engine's own words, and where its traceback was when it raised them
+    said = Death(headline, shortened(line), last_frame(lines, line), fatal[0].fix).text()
     return LaunchFailed(
-        headline, fix=fatal[0].fix, context=_context(proc, launch_log, matched=fatal[1].strip()[:300])
+        said,
+        fix=fatal[0].fix,
+        context=_context(proc, launch_log, matched=line[:300]),
     )

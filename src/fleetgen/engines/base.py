@@ -95,8 +95,11 @@ def common_fatal_signatures(oom_fix: str) -> tuple[FatalSignature, ...]:
             "stop that process or deploy to other GPUs (`nvidia-smi` on the host shows who holds what); "
             "`fleetgen plan` sizes with the memory free when it runs",
         ),
-        FatalSignature(
-            r"(CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError)", "GPU out of memory", oom_fix
+        FatalSignature(  # torch's allocator says "CUDA out of memory"; the CUDA runtime, in a graph's capture,
+            # "CUDA error: out of memory" (cudaErrorMemoryAllocation)
+            r"(CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError|CUDA error: out of memory)",
+            "GPU out of memory",
+            oom_fix,
         ),
         FatalSignature(
             r"CUDA error|cudaErrorNoDevice|no CUDA-capable device",

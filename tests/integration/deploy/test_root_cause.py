@@ -33,12 +33,19 @@ def _harmless_sglang_line() -> str:
 
 
 async def _replay(
-    tmp_path: Path, engine_name: str, log_text: str, rules: RuleSet | None = None
+    tmp_path: Path, engine_name: str, log_text: str, rules: RuleSet | None = None, pause_s: float = 0.0
 ) -> LaunchFailed:
-    capture = tmp_path / "capture.log"
-    capture.write_text(log_text)
+    """The log written by a real process that then exits 1; with `pause_s`, its second half that much later
+    (an engine logs its first fatal line, then the traceback that names the cause)."""
+    lines = log_text.splitlines(keepends=True)
+    half = len(lines) // 2 if pause_s else len(lines)
+    first, second = tmp_path / "first.log", tmp_path / "second.log"
+    first.write_text("".join(lines[:half]))
+    second.write_text("".join(lines[half:]))
     script = tmp_path / "launch.sh"
-    script.write_text(f"#!/bin/sh\ncat {shlex.quote(str(capture))}\nexit 1\n")
+    script.write_text(
+        f"#!/bin/sh\ncat {shlex.quote(str(first))}\nsleep {pause_s}\ncat {shlex.quote(str(second))}\nexit 1\n"
+    )
     script.chmod(0o755)
     async with LocalHost("local") as host, aiohttp.ClientSession() as http:
         spawned = await host.spawn(str(script), str(tmp_path / "engine.log"), str(tmp_path / "pid"))
@@ -78,3 +85,22 @@ async def test_sglang_spec_radix_refusal_gets_the_fix_of_the_release_that_launch
     assert "extra_buffer Mamba strategy" in error.message
     assert 'mamba-scheduler-strategy = "extra_buffer"' in error.fix
     assert ("SGLANG_ENABLE_SPEC_V2" in error.fix) == needs_env
+
+
+async def test_an_engine_dying_in_its_prefill_graph_capture_is_named_by_the_out_of_memory_that_caused_it(
+    tmp_path: Path,
+) -> None:
+    """SGLang 0.5.17 on an H100 (tune's no-radix-76-mf91-replayssm): out of memory capturing its prefill CUDA
+    graph. It logged "CUDA error: the operation cannot be performed in the present state" first and the
+    traceback whose "CUDA error: out of memory" caused it a second later: the failure names the cause in the
+    engine's words and where it was, with the fix for memory, never only "the CUDA runtime failed"."""
+    log = (REAL / "sglang-0.5.17-h100-mmcpu-tune/no-radix-76-mf91-replayssm-died.log").read_text()
+    at = log.index("CUDA error: out of memory")
+    assert "CUDA error: the operation cannot" in log[:at]  # the consequence comes first, as logged
+    assert len(log[:at].splitlines()) >= len(log.splitlines()) // 2  # the cause comes in the second half
+    error = await _replay(tmp_path, "sglang", log, rules_for("0.5.17"), pause_s=1.0)
+    assert error.message.startswith(
+        "h200-0: GPU out of memory: torch.AcceleratorError: CUDA error: out of memory"
+    ), error.message
+    assert error.message.endswith("(at graphs.py:126 in capture_end)"), error.message
+    assert "mem-fraction-static" in error.fix

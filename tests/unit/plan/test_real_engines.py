@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -148,6 +148,7 @@ class Capture:
     total: int = H200_TOTAL
     stalled: bool = False
     ramped: bool = False  # its batch grew over the window (the engine's admission): no single peak to check
+    env: dict[str, str] = field(default_factory=dict)  # an engine env candidate's variables
 
     @property
     def log(self) -> str:
@@ -160,6 +161,7 @@ class Capture:
     def fleet(self) -> FleetFile:
         raw = tomllib.loads((self.folder / "fleet.toml").read_text())
         raw["engine"]["args"] = {**raw["engine"]["args"], **self.args}
+        raw["engine"]["env"] = {**raw["engine"].get("env", {}), **self.env}
         return FleetFile.model_validate(raw)
 
 
@@ -167,7 +169,15 @@ def _captures(folder: Path) -> list[Capture]:
     read = tomllib.loads((folder / "runs.toml").read_text())
     total = int(read["gpu_total_mib"]) << 20 if "gpu_total_mib" in read else H200_TOTAL
     return [
-        Capture(folder, name, dict(run["args"]), total, bool(run.get("stalled")), bool(run.get("ramped")))
+        Capture(
+            folder,
+            name,
+            dict(run["args"]),
+            total,
+            bool(run.get("stalled")),
+            bool(run.get("ramped")),
+            dict(run.get("env", {})),
+        )
         for name, run in read["runs"].items()
     ]
 
@@ -176,6 +186,7 @@ CAPTURES = [
     *_captures(REAL / "sglang-0.5.15-h200-tune"),
     *_captures(REAL / "sglang-0.5.15-h200-capacity"),
     *_captures(REAL / "sglang-0.5.17-h100-tune"),
+    *_captures(REAL / "sglang-0.5.17-h100-mmcpu-tune"),
 ]
 KV_TOLERANCE = 0.025
 
