@@ -36,7 +36,7 @@ from fleetgen.remote.scripts import sh
 # Tail of the log carried by an error.
 NUM_ERROR_LINES = 25
 # After a fatal line the engine still logs the traceback or message that follows it, then exits: read every
-# SETTLE_S until it has, for at most LAST_WORDS_S (SGLang 0.5.17 logged its cause a second after the first line).
+# SETTLE_S until it has, for at most LAST_WORDS_S (SGLang 0.5.17 logged its cause a second after that line).
 SETTLE_S = 0.3
 LAST_WORDS_S = 5.0
 

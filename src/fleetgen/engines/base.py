@@ -95,8 +95,8 @@ def common_fatal_signatures(oom_fix: str) -> tuple[FatalSignature, ...]:
             "stop that process or deploy to other GPUs (`nvidia-smi` on the host shows who holds what); "
             "`fleetgen plan` sizes with the memory free when it runs",
         ),
-        FatalSignature(  # torch's allocator says "CUDA out of memory"; the CUDA runtime, in a graph's capture,
-            # "CUDA error: out of memory" (cudaErrorMemoryAllocation)
+        FatalSignature(  # torch's allocator says "CUDA out of memory"; the CUDA runtime, in a graph's
+            # capture, "CUDA error: out of memory" (cudaErrorMemoryAllocation)
             r"(CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError|CUDA error: out of memory)",
             "GPU out of memory",
             oom_fix,
