@@ -10,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleetgen.tune.steady import (
-    FAR_BELOW,
     FILLED,
     HELD_JITTER,
     HELD_S,
