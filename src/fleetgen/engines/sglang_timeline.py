@@ -76,6 +76,10 @@ class SGLangRules(RuleSet):
     # SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK: the radix cache leaves a decoding request's matched Mamba prefix
     # evictable, one slot fewer per running request with extra_buffer (ρ 5 → 4 with overlap)
     has_skip_decode_lock: bool = False
+    # the prefill CUDA graph (breakable backend) captured by default only where ≥ 4 GiB is left after the pools:
+    # a lower static fraction crosses the gate and captures it (0.5.17 on an H100 died so with the replayed SSM
+    # decode at 0.91: tests/data/real-engines/sglang-0.5.17-h100-mmcpu-tune/)
+    auto_prefill_graph_gate: bool = False
 
 
 def sglang_rules(rules: RuleSet) -> SGLangRules:
@@ -211,6 +215,10 @@ TIMELINE: tuple[Change, ...] = (
     # 0.5.17's server_args.py `enable_linear_replayssm_spec` (its checks: topk ≤ 1, triton/flashinfer decode,
     # not with --enable-linear-replayssm); from 0.5.20 a field of arg_groups/fields/exec_.py
     Change("has_linear_replayssm_spec", "0.5.17", True, "server_args.py enable_linear_replayssm_spec"),
+    # cuda_graph_setup.py `should_skip_auto_prefill_cuda_graph_for_memory` (_MIN_AUTO_PREFILL_CUDA_GRAPH_FREE_
+    # MEMORY_GB = 4.0) in 0.5.16 and 0.5.17; 0.5.18's capture_prefill_graph has no memory gate
+    Change("auto_prefill_graph_gate", "0.5.16", True, "cuda_graph_setup.py auto prefill graph memory gate"),
+    Change("auto_prefill_graph_gate", "0.5.18", False, "cuda_graph_setup.py capture_prefill_graph (no gate)"),
     # 0.5.17 environ.py `SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK`, read by unified_radix_cache.py (the lock skip)
     # and kv_cache_configurator.py `_calculate_mamba_ratio` (base 3 − 1 under it; no_buffer adds it back)
     Change("has_skip_decode_lock", "0.5.17", True, "environ.py SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK"),

@@ -454,6 +454,7 @@ MARKERS = {  # (feature value the marker implies, regex found somewhere under sg
     "replayssm": r"enable_linear_replayssm: A\[",
     "replayssm_spec": r"enable_linear_replayssm_spec: A\[",
     "skip_decode_lock": r"SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK = EnvBool",
+    "prefill_graph_gate": r"_MIN_AUTO_PREFILL_CUDA_GRAPH_FREE_MEMORY_GB = ",
 }
 
 
@@ -483,3 +484,4 @@ def test_timeline_matches_the_wheels(release: str) -> None:
     assert ("replayssm" in found) == r.has_linear_replayssm
     assert ("replayssm_spec" in found) == r.has_linear_replayssm_spec
     assert ("skip_decode_lock" in found) == r.has_skip_decode_lock
+    assert ("prefill_graph_gate" in found) == r.auto_prefill_graph_gate

@@ -352,3 +352,26 @@ def test_from_0_5_17_the_radix_off_settings_give_the_multimodal_ipc_pool_back_to
         with_pool, without = SGLANG.size(held).memory, SGLANG.size(replace(a, args=s.args)).memory
         assert without.kv_tokens > with_pool.kv_tokens, s.name
         assert without.free_bytes - with_pool.free_bytes == (1024 + 523) * MIB
+
+
+@pytest.mark.parametrize("version", ["0.5.15", "0.5.16", "0.5.17", "0.5.18", "0.5.23"])
+@pytest.mark.parametrize("total", [80 * GIB, H200_TOTAL])
+def test_where_the_release_gates_its_prefill_graph_on_memory_the_replayed_settings_turn_it_off(
+    version: str, total: int
+) -> None:
+    """0.5.16–0.5.17 capture the prefill CUDA graph only where 4 GiB is left after the pools: on an H100 the
+    replayed SSM decode at 0.91 (5.14 GiB left) captured it and died, at 0.93 (3.39 left) skipped it and ran
+    the best measured (tests/data/real-engines/sglang-0.5.17-h100-mmcpu-tune/). There, every replayed setting
+    carries `--disable-prefill-cuda-graph` (said in its change), whatever its fraction, and only those; no other
+    release gets the flag."""
+    a = ask(version, total=total, free=total)
+    offered = [
+        s for s in plan_job(SGLANG, a, SGLANG.size(a), job()).settings if s.name.startswith("no-radix")
+    ]
+    gated = version in ("0.5.16", "0.5.17")
+    replayed = [s for s in offered if s.args.get("enable-linear-replayssm")]
+    assert replayed and any("-mf" in s.name for s in replayed)  # the fraction search's replayed ones too
+    for s in offered:
+        off = bool(s.args.get("disable-prefill-cuda-graph"))
+        assert off == (gated and s in replayed), s.name
+        assert ("--disable-prefill-cuda-graph" in s.change) == off, s.change

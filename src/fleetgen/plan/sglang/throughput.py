@@ -42,6 +42,12 @@ REPLAYSSM_SPEC = "enable-linear-replayssm-spec"
 # 0.5.17+ on a multimodal model: the tokenizer's CUDA-IPC feature pool (1,024 MiB) and its CUDA context come
 # back to the pools with CPU transport of the features ("Pass --mm-feature-transport=cpu to opt out", its log)
 MM_TRANSPORT = "mm-feature-transport"
+REPLAYSSM = "enable-linear-replayssm"
+# 0.5.16–0.5.17 capture the prefill CUDA graph only where 4 GiB is left after the pools, so a lower static
+# fraction crosses the gate: on an H100 with the replayed SSM decode 0.91 left 5.14 GiB, captured it and died
+# ("CUDA error: out of memory" in capture_end) where 0.93 left 3.39, skipped it and ran 2,191 tok/s, the best
+# measured (tests/data/real-engines/sglang-0.5.17-h100-mmcpu-tune/). The replayed settings say so: no graph.
+PREFILL_GRAPH_OFF = "disable-prefill-cuda-graph"
 # what each option that changes the numbers changes (offered, taken only when the user allows it)
 NUMERICS = {
     "mamba-ssm-dtype": "the GDN recurrent state is kept in bfloat16 instead of float32 (rounding every step)",
@@ -244,9 +250,9 @@ def settings(size: Size, ask: Ask, job: JobShape) -> list[Setting]:
                 # plain no_buffer decode at 256 running (bench/results/grid-sglang-0.5.15-h200.md); tune
                 # measures both
                 if rules.has_linear_replayssm and not _settings(ask, pool).is_spec:
-                    replay = {**pool, "enable-linear-replayssm": True}
+                    replay, added = _replayed(ask, pool)
                     name = f"no-radix-{k}{graphs}-replayssm{suffix}"
-                    out.append(_offer(size, ask, job, name, text + " + --enable-linear-replayssm", replay))
+                    out.append(_offer(size, ask, job, name, text + added, replay))
                 out.append(_offer(size, ask, job, f"no-radix-{k}{graphs}{suffix}", text, pool))
     for suffix, what, args in variants:  # the static fraction, searched where speculation is off
         if _settings(ask, args).is_spec:
@@ -255,6 +261,14 @@ def settings(size: Size, ask: Ask, job: JobShape) -> list[Setting]:
             out += _fractions(size, ask, job, (suffix, what, args), ctx, is_replay)
     out += _numerics(size, ask, job, base, ctx)
     return out
+
+
+def _replayed(ask: Ask, args: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+    """`args` with the replayed SSM decode, and what it adds as typed (the prefill CUDA graph off where the
+    release gates it on the memory the pools leave: `PREFILL_GRAPH_OFF`)."""
+    if not sglang_rules(ask.rules).auto_prefill_graph_gate or args.get(PREFILL_GRAPH_OFF):
+        return {**args, REPLAYSSM: True}, f" + --{REPLAYSSM}"
+    return {**args, REPLAYSSM: True, PREFILL_GRAPH_OFF: True}, f" + --{REPLAYSSM} --{PREFILL_GRAPH_OFF}"
 
 
 def _skip_decode_lock(size: Size, ask: Ask, job: JobShape) -> list[Setting]:
@@ -307,7 +321,7 @@ def _fractions(
     than the job's heaviest moment needs: `plan.sglang.headroom`), and two hundredths below it, a step
     safer. On the H100 the fraction was the lever: 0.85 → 0.92 ran 58 → 79 (+19 % decode tok/s)."""
     suffix, what, base = variant
-    args = {**base, "enable-linear-replayssm": True} if replay else dict(base)
+    args, added = _replayed(ask, base) if replay else (dict(base), "")
     start = SGLangExtras.of(size(replace(ask, args=args)).memory).mem_fraction_static
     steps = range(round(start * 100) + 1, 100)
     found = {
@@ -325,7 +339,7 @@ def _fractions(
         text = ", ".join(
             filter(None, [what, f"{_change_text(ask, pool, n, ctx)} --mem-fraction-static {f:.2f}"])
         )
-        text += " + --enable-linear-replayssm" if replay else ""
+        text += added
         name = f"no-radix-{n}-mf{round(f * 100)}" + ("-replayssm" if replay else "") + suffix
         out.append(_offer(size, ask, job, name, text, pool))
     return out
