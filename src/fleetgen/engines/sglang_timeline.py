@@ -76,9 +76,9 @@ class SGLangRules(RuleSet):
     # SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK: the radix cache leaves a decoding request's matched Mamba prefix
     # evictable, one slot fewer per running request with extra_buffer (ρ 5 → 4 with overlap)
     has_skip_decode_lock: bool = False
-    # the prefill CUDA graph (breakable backend) captured by default only where ≥ 4 GiB is left after the pools:
-    # a lower static fraction crosses the gate and captures it (0.5.17 on an H100 died so with the replayed SSM
-    # decode at 0.91: tests/data/real-engines/sglang-0.5.17-h100-mmcpu-tune/)
+    # the prefill CUDA graph (breakable backend) captured by default only where ≥ 4 GiB is left after the
+    # pools: a lower static fraction crosses the gate and captures it (0.5.17 on an H100 died so with the
+    # replayed SSM decode at 0.91: tests/data/real-engines/sglang-0.5.17-h100-mmcpu-tune/)
     auto_prefill_graph_gate: bool = False
 
 
