@@ -361,9 +361,9 @@ def test_where_the_release_gates_its_prefill_graph_on_memory_the_replayed_settin
 ) -> None:
     """0.5.16–0.5.17 capture the prefill CUDA graph only where 4 GiB is left after the pools: on an H100 the
     replayed SSM decode at 0.91 (5.14 GiB left) captured it and died, at 0.93 (3.39 left) skipped it and ran
-    the best measured (tests/data/real-engines/sglang-0.5.17-h100-mmcpu-tune/). There, every replayed setting
-    carries `--disable-prefill-cuda-graph` (said in its change), whatever its fraction, and only those; no other
-    release gets the flag."""
+    the best measured (tests/data/real-engines/sglang-0.5.17-h100-mmcpu-tune/). There, every replayed
+    setting carries `--disable-prefill-cuda-graph` (said in its change), whatever its fraction, and only
+    those; no other release gets the flag."""
     a = ask(version, total=total, free=total)
     offered = [
         s for s in plan_job(SGLANG, a, SGLANG.size(a), job()).settings if s.name.startswith("no-radix")
