@@ -10,7 +10,9 @@ per H200). The driver (`driver.py`, `run`'s own `Job` in its own process) runs o
 by side against the same servers: `off` (scraped once at the start: dispatch, health and the store alone),
 `new` (the fast read: only the samples fleetgen reads) and `old` (the whole page through prometheus_client,
 as before: the peer), and once per event loop (`--loops`: asyncio's, the one `fleetgen run` runs on, and
-uvloop's where it is installed; uvloop is no dependency of fleetgen), `--repeat` times alternating. The figure
+uvloop's where it is installed; uvloop is no dependency of fleetgen), and once per `--src NAME=PATH` (a
+fleetgen `src` folder: an A/B of two versions, e.g. main's checkout against this worktree's, labelled
+`asyncio@NAME`), `--repeat` times alternating. The figure
 of merit is the driver's CPU ms per completion (process CPU over the window / completions committed in it):
 a busy machine stretches it less than it cuts the rate, and loops compare by its ratio. `--parts` also charges
 asyncio's loop thread by part (it wraps every callback: it costs CPU, so the loops' figures are compared
@@ -111,9 +113,9 @@ def available_loops(asked: list[str]) -> list[str]:
 
 
 def run_driver(
-    args: argparse.Namespace, loop: str, mode: str, first_port: int, workdir: Path
+    args: argparse.Namespace, loop: str, mode: str, first_port: int, workdir: Path, src: tuple[str, str]
 ) -> dict[str, Any]:
-    out_dir = workdir / f"out-{loop}-{mode}"
+    out_dir = workdir / f"out-{src[0]}-{loop}-{mode}"
     shutil.rmtree(out_dir, ignore_errors=True)  # a repeat starts a fresh job, as the first did
     argv = [sys.executable, str(HERE / "driver.py"), "--first-port", str(first_port), "--loop", loop]
     argv += ["--num", str(args.endpoints), "--concurrency", str(args.concurrency), "--scrape", mode]
@@ -123,14 +125,21 @@ def run_driver(
         argv.append("--parts")
     if args.profile:
         argv += ["--profile", str(Path(args.profile).resolve().with_suffix(f".{loop}.{mode}.prof"))]
-    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{REPO}"}
-    common.log(f"driver, {loop} loop, scrape {mode}: {args.endpoints} endpoints")
+    env = {**os.environ, "PYTHONPATH": f"{src[1]}:{REPO}"}
+    common.log(f"driver ({src[0]}), {loop} loop, scrape {mode}: {args.endpoints} endpoints")
     done = subprocess.run(argv, capture_output=True, env=env, timeout=args.warmup_s + args.window_s + 300)
     if done.returncode != 0:
         said = done.stderr.decode()
         raise RuntimeError(f"the driver ({mode}) failed: {said[:1500]} … {said[-1500:]}")
     result: dict[str, Any] = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    result["loop"] = column(loop, src[0])
     return result
+
+
+def column(loop: str, src: str) -> str:
+    """The column a run is reported in: its loop, and in an A/B of sources (`--src`) its source's name too
+    (`asyncio@main`), so each (source, loop) has its own medians."""
+    return loop if src == "this" else f"{loop}@{src}"
 
 
 def parse_cost() -> dict[str, float]:
@@ -266,22 +275,30 @@ def main() -> None:
     ap.add_argument("--parts", action="store_true", help="charge asyncio's loop CPU by part (it costs CPU)")
     ap.add_argument("--name", default="")
     ap.add_argument(
+        "--src",
+        action="append",
+        default=[],
+        help="NAME=PATH of a fleetgen src folder to run (A/B: each in turn); this worktree's if none",
+    )
+    ap.add_argument(
         "--profile", default="", help="cProfile each driver's window into PATH.<loop>.<mode>.prof"
     )
     args = ap.parse_args()
     name = args.name or f"{args.endpoints}"
     loops = available_loops(args.loops.split(","))
+    srcs = [tuple(s.split("=", 1)) for s in args.src] or [("this", str(REPO / "src"))]
     with tempfile.TemporaryDirectory(prefix="fleetgen-driver-bench-") as tmp:
         workdir = Path(tmp)
         total_s = args.warmup_s + args.window_s + 10
         common.write_records(workdir / "input.jsonl", int(args.endpoints * args.rate * total_s * 1.5))
-        runs = [(loop, mode) for _ in range(args.repeat) for loop in loops for mode in args.modes.split(",")]
+        modes = args.modes.split(",")
+        runs = [(s, loop, mode) for _ in range(args.repeat) for s in srcs for loop in loops for mode in modes]
         first_port = free_range(args.endpoints)
         procs = start_loadgen(args, first_port, workdir)
         results = []
         try:
-            for loop, mode in runs:
-                results.append(run_driver(args, loop, mode, first_port, workdir))
+            for src, loop, mode in runs:
+                results.append(run_driver(args, loop, mode, first_port, workdir, src))
                 common.log(json.dumps(results[-1]))
                 time.sleep(2.0)  # the servers' sockets of the last driver close
         finally:

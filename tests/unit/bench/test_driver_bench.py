@@ -90,6 +90,21 @@ def test_each_loop_and_scrape_gets_the_median_of_its_own_runs(runs: list[tuple[s
         assert medians[loop][scrape] == statistics.median(mine)
 
 
+@given(
+    runs=st.lists(
+        st.tuples(st.sampled_from(["main", "lean"]), st.sampled_from(["off", "new"]), st.floats(0.01, 50.0)),
+        max_size=30,
+    )
+)
+def test_each_source_of_an_a_b_gets_the_median_of_its_own_runs(runs: list[tuple[str, str, float]]) -> None:
+    results = [_result(run_driver.column("asyncio", src), scrape, ms) for src, scrape, ms in runs]
+    medians = run_driver.per_completion(results)
+    for src, scrape in {(src, scrape) for src, scrape, _ in runs}:
+        mine = [ms for sr, sc, ms in runs if (sr, sc) == (src, scrape)]
+        assert medians[f"asyncio@{src}"][scrape] == statistics.median(mine)
+    assert run_driver.column("asyncio", "this") == "asyncio"  # no --src: the loop's own column
+
+
 @pytest.mark.parametrize("installed", [True, False])
 def test_uvloop_runs_only_where_it_is_installed(installed: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     real = importlib.util.find_spec
