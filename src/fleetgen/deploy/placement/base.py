@@ -19,7 +19,7 @@ from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.hostsurvey import HostSurvey
 from fleetgen.deploy.session import HostSession
 from fleetgen.deploy.state import InstanceRecord
-from fleetgen.deploy.types import InstanceCommand, Outcome, Rollout, WantedInstance
+from fleetgen.deploy.types import InstanceCommand, Outcome, Rollout, Say, WantedInstance
 from fleetgen.plan import GpuFacts, Issue
 
 
@@ -65,11 +65,11 @@ class Placement(Protocol):
         """`tune` measures on it (it launches each candidate as its own fleet on the same GPUs)."""
         ...
 
-    async def launch_survey(self, fleet: Fleet, login: HostSession) -> HostSurvey:
+    async def launch_survey(self, fleet: Fleet, login: HostSession, say: Say) -> HostSurvey:
         """What `up` decides its servers' launch by (`deploy.wanted`: argv by the engine version, paths by the
         resolved workdir, the GPUs and RAM planned): `login.survey` where they launch there (or on nodes
         that share its files); else what the nodes it places on run, raising for a node that cannot launch
-        them (Ray: `raynodes`)."""
+        them (Ray: `raynodes`). `say`: a line for the user while it waits (Ray: a connection tried again)."""
         ...
 
     async def preflight(self, fleet: Fleet, login: HostSession, wanted: Sequence[WantedInstance]) -> None:

@@ -14,7 +14,7 @@ from fleetgen.deploy.instance import ensure_up, stop_instance
 from fleetgen.deploy.placement.base import Placed
 from fleetgen.deploy.session import HostSession
 from fleetgen.deploy.state import InstanceRecord
-from fleetgen.deploy.types import InstanceCommand, Outcome, Rollout, WantedInstance, settle
+from fleetgen.deploy.types import InstanceCommand, Outcome, Rollout, Say, WantedInstance, settle
 from fleetgen.plan import GpuFacts, Issue
 
 
@@ -27,7 +27,7 @@ class HostsPlacement:
     is_per_instance = False
     launches_on_login = True
 
-    async def launch_survey(self, fleet: Fleet, login: HostSession) -> HostSurvey:
+    async def launch_survey(self, fleet: Fleet, login: HostSession, say: Say) -> HostSurvey:
         return login.survey  # its servers launch where `login` stands (or on nodes that share its files)
 
     async def preflight(self, fleet: Fleet, login: HostSession, wanted: Sequence[WantedInstance]) -> None:

@@ -42,7 +42,7 @@ from fleetgen.deploy.placement.launched import engine_pid, job_script, placement
 from fleetgen.deploy.script import Command
 from fleetgen.deploy.session import HostSession, open_session
 from fleetgen.deploy.state import InstanceRecord
-from fleetgen.deploy.types import Action, InstanceCommand, Outcome, Rollout, WantedInstance, settle
+from fleetgen.deploy.types import Action, InstanceCommand, Outcome, Rollout, Say, WantedInstance, settle
 from fleetgen.deploy.verify import process_drift
 from fleetgen.errors import DeployError, LaunchFailed
 from fleetgen.plan import GpuFacts, Issue, facts_from_file
@@ -196,13 +196,13 @@ async def place(
     return placed
 
 
-async def launch_survey(fleet: Fleet, login: HostSession) -> HostSurvey:
+async def launch_survey(fleet: Fleet, login: HostSession, say: Say) -> HostSurvey:
     """What every server is launched by (`raynodes.launch_survey`), read on the nodes a server may be placed
     on, one Ray task each, before anything is placed: the cluster reached, GPUs enough on its live nodes (all
     of them, and a node with `tp` of them: a server's group is STRICT_PACK), the engine's python and model
     folder on each node (`node_problems`), and one engine release and workdir on all of them."""
     cluster, tp = _cluster(fleet.file), fleet.file.engine.tp
-    await ray.connect(cluster.address, cluster.namespace)
+    await ray.connect(cluster.address, cluster.namespace, say)
     listed = await ray.nodes()
     problems = gpu_problems(cluster, tp, listed)
     if problems:
@@ -268,8 +268,8 @@ class RayPlacement:
     is_per_instance = True
     launches_on_login = False  # the driver is no node: `launch_survey` reads the nodes
 
-    async def launch_survey(self, fleet: Fleet, login: HostSession) -> HostSurvey:
-        return await launch_survey(fleet, login)
+    async def launch_survey(self, fleet: Fleet, login: HostSession, say: Say) -> HostSurvey:
+        return await launch_survey(fleet, login, say)
 
     async def preflight(self, fleet: Fleet, login: HostSession, wanted: Sequence[WantedInstance]) -> None:
         """Nothing beyond `launch_survey` (it read every node a server may be placed on)."""
@@ -304,10 +304,12 @@ class RayPlacement:
         self, fleet_file: FleetFile, entry: HostEntry
     ) -> tuple[tuple[GpuFacts, ...], list[Issue]] | None:
         """The cluster's GPU nodes, asked online: their count checked against `cluster.gpus`; each slot
-        planned as the fleet file's `gpu_memory_gib` (Ray reports GPUs by count, not memory)."""
-        cluster = _cluster(fleet_file)
-        await ray.connect(cluster.address, cluster.namespace)
-        notes = gpu_problems(cluster, fleet_file.engine.tp, await ray.nodes())
+        planned as the fleet file's `gpu_memory_gib` (Ray reports GPUs by count, not memory). A connection
+        tried again is a note of the plan's."""
+        cluster, said = _cluster(fleet_file), list[str]()
+        await ray.connect(cluster.address, cluster.namespace, said.append)
+        notes = [Issue("ray-connect", line, ray.LOADED_HEAD_FIX) for line in said]
+        notes += gpu_problems(cluster, fleet_file.engine.tp, await ray.nodes())
         return facts_from_file(entry).gpus or (), notes
 
 

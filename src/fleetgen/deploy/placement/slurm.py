@@ -47,7 +47,16 @@ from fleetgen.deploy.placement.launched import engine_pid, job_script, placement
 from fleetgen.deploy.placement.slurm_gpus import cluster_gpus, gpus_shortfall
 from fleetgen.deploy.session import HostSession, is_loopback, open_session
 from fleetgen.deploy.state import InstanceRecord
-from fleetgen.deploy.types import Action, InstanceCommand, Narrate, Outcome, Rollout, WantedInstance, settle
+from fleetgen.deploy.types import (
+    Action,
+    InstanceCommand,
+    Narrate,
+    Outcome,
+    Rollout,
+    Say,
+    WantedInstance,
+    settle,
+)
 from fleetgen.deploy.verify import process_drift
 from fleetgen.errors import DeployError, LaunchFailed
 from fleetgen.plan import GpuFacts, Issue
@@ -347,7 +356,7 @@ class SlurmPlacement:
     is_per_instance = True
     launches_on_login = True  # the submit host: its job steps run the same files
 
-    async def launch_survey(self, fleet: Fleet, login: HostSession) -> HostSurvey:
+    async def launch_survey(self, fleet: Fleet, login: HostSession, say: Say) -> HostSurvey:
         return login.survey  # its servers launch where `login` stands (or on nodes that share its files)
 
     async def preflight(self, fleet: Fleet, login: HostSession, wanted: Sequence[WantedInstance]) -> None:
