@@ -114,18 +114,22 @@ async def gather_inputs(fleet_file: FleetFile, fleet_path: Path, *, offline: boo
     reports = await check_hosts(fleet_file)
     facts = {h.name: facts_from_report(h, r) for h, r in zip(fleet_file.hosts, reports, strict=True)}
     notes: list[Issue] = []
+    found = [r.engine_version for r in reports]
     placement = placement_of(fleet_file)
-    for entry in fleet_file.hosts:  # a cluster's submit host has no GPU of the fleet's: the cluster's own
+    for k, entry in enumerate(fleet_file.hosts):  # a cluster's submit host has no GPU of the fleet's
         offered = await placement.planning_gpus(fleet_file, entry)
         if offered is not None:
-            facts[entry.name] = replace(facts[entry.name], gpus=offered[0])
-            notes += offered[1]
+            facts[entry.name] = replace(facts[entry.name], gpus=offered.gpus)
+            notes += offered.notes
+            if offered.engine_versions is not None:  # its servers' nodes run the engine, not this host
+                found[k] = None
+                found += offered.engine_versions
     notes += [
         Issue("host-unreachable", f"{r.host}: {r.error}; planning it from the fleet file", r.fix or "")
         for r in reports
         if not r.reachable
     ]
-    version, version_notes = version_of_hosts(fleet_file.engine, [r.engine_version for r in reports])
+    version, version_notes = version_of_hosts(fleet_file.engine, found)
     return PlanInputs(shape, facts, version, (*notes, *version_notes))
 
 

@@ -34,6 +34,17 @@ class Placed:
     placement_id: str = ""  # the job / actor whose node `node` is ("" on SSH hosts)
 
 
+@dataclass(frozen=True)
+class Offered:
+    """What a placement offers `plan` online in place of its host's own survey: the GPUs (one per slot),
+    notes, and the engine releases its nodes report (one each, None where a node reports none); `None`:
+    the host's own release (its servers run there, or on nodes that share its files)."""
+
+    gpus: tuple[GpuFacts, ...]
+    notes: list[Issue]
+    engine_versions: tuple[str | None, ...] | None = None
+
+
 class Placement(Protocol):
     """What places the servers of a fleet, registered by `kind` (`[cluster] kind`, "hosts" for
     `[[hosts]]`). `login` is the session of the fleet's host entry: an SSH host, or the host a cluster
@@ -103,9 +114,7 @@ class Placement(Protocol):
         """Where each instance runs now; the nodes' sessions opened on `stack`."""
         ...
 
-    async def planning_gpus(
-        self, fleet_file: FleetFile, entry: HostEntry
-    ) -> tuple[tuple[GpuFacts, ...], list[Issue]] | None:
-        """The GPUs it offers for `plan` online (one per slot), with notes; None: the host's own, as its
-        survey read them."""
+    async def planning_gpus(self, fleet_file: FleetFile, entry: HostEntry) -> Offered | None:
+        """What it offers `plan` online in place of the host's own survey (`Offered`); None: the host's
+        own, as its survey read them."""
         ...

@@ -11,11 +11,10 @@ from fleetgen.config import FleetFile, HostEntry, Instance
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.hostsurvey import HostSurvey
 from fleetgen.deploy.instance import ensure_up, stop_instance
-from fleetgen.deploy.placement.base import Placed
+from fleetgen.deploy.placement.base import Offered, Placed
 from fleetgen.deploy.session import HostSession
 from fleetgen.deploy.state import InstanceRecord
 from fleetgen.deploy.types import InstanceCommand, Outcome, Rollout, Say, WantedInstance, settle
-from fleetgen.plan import GpuFacts, Issue
 
 
 class HostsPlacement:
@@ -58,9 +57,7 @@ class HostsPlacement:
         """Every instance on its host, through the host's session."""
         return [Placed(inst, login) for inst in instances]
 
-    async def planning_gpus(
-        self, fleet_file: FleetFile, entry: HostEntry
-    ) -> tuple[tuple[GpuFacts, ...], list[Issue]] | None:
+    async def planning_gpus(self, fleet_file: FleetFile, entry: HostEntry) -> Offered | None:
         return None  # the host's own GPUs, as its survey read them
 
 

@@ -42,7 +42,7 @@ from fleetgen.deploy.instance import (
     push_launch,
     remove_secret_files,
 )
-from fleetgen.deploy.placement.base import Placed
+from fleetgen.deploy.placement.base import Offered, Placed
 from fleetgen.deploy.placement.launched import engine_pid, job_script, placement_name
 from fleetgen.deploy.placement.slurm_gpus import cluster_gpus, gpus_shortfall
 from fleetgen.deploy.session import HostSession, is_loopback, open_session
@@ -59,7 +59,6 @@ from fleetgen.deploy.types import (
 )
 from fleetgen.deploy.verify import process_drift
 from fleetgen.errors import DeployError, LaunchFailed
-from fleetgen.plan import GpuFacts, Issue
 from fleetgen.remote.base import Host
 from fleetgen.remote.partition import partition_limits, partition_refusals
 from fleetgen.remote.slurm import (
@@ -388,11 +387,9 @@ class SlurmPlacement:
     ) -> list[Placed]:
         return await place(fleet, login, instances, records, stack)
 
-    async def planning_gpus(
-        self, fleet_file: FleetFile, entry: HostEntry
-    ) -> tuple[tuple[GpuFacts, ...], list[Issue]] | None:
+    async def planning_gpus(self, fleet_file: FleetFile, entry: HostEntry) -> Offered | None:
         assert isinstance(fleet_file.cluster, SlurmCluster)  # the registry's: Slurm fleets only
-        return await cluster_gpus(entry, fleet_file.cluster, fleet_file.engine.tp)
+        return Offered(*await cluster_gpus(entry, fleet_file.cluster, fleet_file.engine.tp))
 
 
 PLACEMENT = SlurmPlacement()
