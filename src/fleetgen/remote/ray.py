@@ -139,7 +139,7 @@ def unreachable(address: str, exc: BaseException) -> RemoteError:
 
 def not_taken(address: str, exc: BaseException) -> RemoteError:
     return RemoteError(
-        f"the Ray cluster at {address} answered but did not take the connection, twice: {ray_said(exc)}",
+        f"the Ray cluster at {address} did not take the connection, twice: {ray_said(exc)}",
         fix=LOADED_HEAD_FIX,
     )
 

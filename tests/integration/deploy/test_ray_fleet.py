@@ -10,6 +10,7 @@ the placement groups, the detached actors, Ray's scheduling of the declared GPUs
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import re
 import subprocess
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from fleetgen.remote.raynode import MARK
+from tests.fixtures import skip_or_fail
 from tests.fixtures.fleetcli import (
     RUN_FLAGS,
     SIM_SPEC_ARGS,
@@ -202,6 +204,28 @@ async def test_down_surveys_each_node_once_however_many_servers_it_has(
         await cli("down", "-f", str(fleet))
     assert counted["status"] > 0 and counted["down"] == counted["status"], counted
     assert listed(ray_cluster)["actors"] == []
+
+
+async def test_up_through_a_ray_client_address_that_never_answers_tries_twice_and_says_so(
+    tmp_path: Path,
+) -> None:
+    """Something listens at the `ray://` address but no Ray Client answers there (all a client can tell of a
+    head too loaded to): Ray Client's own timeout (its three tries, about 30 s), then fleetgen's one more
+    try, said on `up`'s progress lines, then the error in Ray's words with the fix for a loaded head. Real
+    Ray client code against a real socket; no cluster needed."""
+    if importlib.util.find_spec("ray") is None:
+        skip_or_fail("Ray", "install fleetgen's `ray` extra (requirements.lock has it)")
+    server = await asyncio.start_server(lambda _r, _w: None, "127.0.0.1", 0)  # accepts, never answers
+    address = f"ray://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    async with server:
+        fleet = write_ray_fleet(tmp_path, LocalRay(tmp_path), cluster={"address": address})
+        code, out, err = await cli("up", "-f", str(fleet))
+    said = out + err
+    assert code != 0, said
+    tried = [line for line in said.splitlines() if "trying once more" in line]
+    assert len(tried) == 1 and address in tried[0] and "ray client connection timeout" in tried[0], said
+    assert "did not take the connection, twice: ray client connection timeout" in said, said
+    assert "RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S" in said and "`ray status`" in said, said
 
 
 @pytest.mark.parametrize("missing", ["python", "model"])
