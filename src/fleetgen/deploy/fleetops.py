@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -44,6 +45,10 @@ from fleetgen.plan import (
     plan_fleet,
 )
 from fleetgen.plan.job import JobShape
+
+
+def _silent(_instance: str, _message: str) -> None:
+    """No one to tell (`down`, `status`)."""
 
 
 async def host_instances(fleet: Fleet, hs: HostSession) -> list[Instance]:
@@ -81,12 +86,13 @@ class Opened:
 
 @contextlib.asynccontextmanager
 async def open_hosts(
-    fleet: Fleet, only: Sequence[str] | None, *, check_launch: bool
+    fleet: Fleet, only: Sequence[str] | None, *, check_launch: bool, progress: Narrate = _silent
 ) -> AsyncIterator[Opened]:
     """Every wanted host connected and surveyed at once (`open_session`), with its instances, or failed
     (`Opened.failed`); the connections close on exit. `check_launch` (`up`): each session's survey is the
     one its servers' launch is decided by (`Placement.launch_survey`: a Ray cluster's nodes', not the
-    driver's), and a host or node that cannot launch them fails its instances."""
+    driver's), and a host or node that cannot launch them fails its instances; what it says while it waits
+    goes to `progress` under the host's name."""
     opened, placement = Opened(fleet.file.select(only)), placement_of(fleet.file)
     on_login = check_launch and placement.launches_on_login  # else its `launch_survey` checks the nodes
     async with aiohttp.ClientSession() as http, contextlib.AsyncExitStack() as stack:
@@ -96,7 +102,8 @@ async def open_hosts(
                 session = open_session(entry, fleet.file.engine, http, check_launch=on_login)
                 hs = await stack.enter_async_context(session)
                 if check_launch:  # `up`: the launch decided by what runs where its servers will
-                    hs = replace(hs, survey=await placement.launch_survey(fleet, hs))
+                    say = functools.partial(progress, entry.name)
+                    hs = replace(hs, survey=await placement.launch_survey(fleet, hs, say))
                 opened.sessions[entry.name] = (hs, await host_instances(fleet, hs))
             except FleetgenError as exc:
                 opened.fail(entry, exc, fleet.file.instances_on(entry))
@@ -118,10 +125,11 @@ async def for_each_host(
     *,
     check_launch: bool = True,
     check_fleet: Callable[[Opened], Awaitable[None]] | None = None,
+    progress: Narrate = _silent,
 ) -> list[Outcome]:
     """`open_hosts`, then `check_fleet` (it sees every host before any instance is touched, and raises to
     refuse), then `per_host(hs, instances)` on each host at once."""
-    async with open_hosts(fleet, only, check_launch=check_launch) as opened:
+    async with open_hosts(fleet, only, check_launch=check_launch, progress=progress) as opened:
         if check_fleet is not None:
             await check_fleet(opened)
 
@@ -189,7 +197,7 @@ async def up(
     only: Sequence[str] | None = None,
     force: bool = False,
     plan_check: bool = True,
-    progress: Narrate = lambda _instance, _message: None,
+    progress: Narrate = _silent,
     allow_simulated_acceptance: bool = False,
     job: JobShape | None = None,
     planned: Callable[[list[InstancePlan]], None] = lambda _plans: None,
@@ -231,7 +239,7 @@ async def up(
         await placement.preflight(fleet, hs, wanted)
         return await placement.up(fleet, hs, wanted, run)
 
-    return await for_each_host(fleet, only, per_host, check_fleet=check)
+    return await for_each_host(fleet, only, per_host, check_fleet=check, progress=progress)
 
 
 async def down(fleet: Fleet, *, only: Sequence[str] | None = None) -> list[Outcome]:

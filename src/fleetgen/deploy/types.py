@@ -22,6 +22,7 @@ from fleetgen.errors import FleetgenError
 from fleetgen.plan import Launch
 
 Narrate = Callable[[str, str], None]  # (instance, message)
+Say = Callable[[str], None]  # a line for the user, of no one instance (a cluster connection tried again)
 
 
 class Action(enum.StrEnum):

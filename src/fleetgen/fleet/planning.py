@@ -9,15 +9,17 @@ import asyncio
 import hashlib
 import json
 import posixpath
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fleetgen.atomic import write_atomic
 from fleetgen.chattemplate import MODEL_FILES, TOKENIZER_FILE
-from fleetgen.config import FleetFile, HostEntry
+from fleetgen.config import EngineConfig, FleetFile, HostEntry
 from fleetgen.deploy.modelshape import is_path_like, model_shape
 from fleetgen.deploy.placement import placement_of
 from fleetgen.engines import Engine, ParserVerdict, get_engine, launcher_of, select_rule_set
+from fleetgen.engines.rules import release_order
 from fleetgen.errors import ModelCardError, RemoteError
 from fleetgen.fleet.hostcheck import HostReport, check_hosts
 from fleetgen.modelcard import ModelShape
@@ -112,28 +114,37 @@ async def gather_inputs(fleet_file: FleetFile, fleet_path: Path, *, offline: boo
     reports = await check_hosts(fleet_file)
     facts = {h.name: facts_from_report(h, r) for h, r in zip(fleet_file.hosts, reports, strict=True)}
     notes: list[Issue] = []
+    found = [r.engine_version for r in reports]
     placement = placement_of(fleet_file)
-    for entry in fleet_file.hosts:  # a cluster's submit host has no GPU of the fleet's: the cluster's own
+    for k, entry in enumerate(fleet_file.hosts):  # a cluster's submit host has no GPU of the fleet's
         offered = await placement.planning_gpus(fleet_file, entry)
         if offered is not None:
-            facts[entry.name] = replace(facts[entry.name], gpus=offered[0])
-            notes += offered[1]
+            facts[entry.name] = replace(facts[entry.name], gpus=offered.gpus)
+            notes += offered.notes
+            if offered.engine_versions is not None:  # its servers' nodes run the engine, not this host
+                found[k] = None
+                found += offered.engine_versions
     notes += [
         Issue("host-unreachable", f"{r.host}: {r.error}; planning it from the fleet file", r.fix or "")
         for r in reports
         if not r.reachable
     ]
-    versions = sorted({r.engine_version for r in reports if r.engine_version})
-    listed, wanted = ", ".join(versions), fleet_file.engine.version
+    version, version_notes = version_of_hosts(fleet_file.engine, found)
+    return PlanInputs(shape, facts, version, (*notes, *version_notes))
+
+
+def version_of_hosts(cfg: EngineConfig, found: Iterable[str | None]) -> tuple[str | None, list[Issue]]:
+    """The engine version `plan` plans with: the newest release the hosts report (as releases order, not
+    text: 0.5.10 after 0.5.9), else `engine.version`; notes where the hosts differ, or differ from it."""
+    versions = sorted({v for v in found if v}, key=release_order)
+    listed, wanted, notes = ", ".join(versions), cfg.version, []
     if len(versions) > 1:
-        text = (
-            f"hosts run different {fleet_file.engine.kind} versions: {listed}; planning with {versions[-1]}"
-        )
+        text = f"hosts run different {cfg.kind} versions: {listed}; planning with {versions[-1]}"
         notes.append(Issue("engine-version", text, "install one version everywhere"))
     if versions and wanted and wanted not in versions:
         text = f"engine.version = {wanted} but the hosts run {listed}; planning with what runs"
         notes.append(Issue("engine-version", text, "update engine.version"))
-    return PlanInputs(shape, facts, versions[-1] if versions else wanted, tuple(notes))
+    return (versions[-1] if versions else wanted), notes
 
 
 async def check_with_host_parser(fleet_file: FleetFile, plan: FleetPlan) -> FleetPlan:

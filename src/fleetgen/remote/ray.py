@@ -7,7 +7,9 @@ Only Ray's public API (`ray.init`, `ray.nodes`, `ray.get_actor`, `ray.kill`, `ra
 `get_placement_group`, `placement_group_table`, `remove_placement_group`, `list_named_actors`, the
 scheduling strategies): a KubeRay cluster works the same. Ray is imported on first use (`_ray`): a second of
 import that a `[[hosts]]` fleet's commands never pay. Ray's errors become RemoteError / DeployError here, in
-Ray's words. The code that runs on the nodes (`raynode`) travels by value: the nodes need no fleetgen.
+Ray's words; a `ray://` connection the head did not take (its per-connection server not started in time,
+under load) is tried once more (`connect_twice`). The code that runs on the nodes (`raynode`) travels by
+value: the nodes need no fleetgen.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import asyncio
 import functools
 import importlib
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +28,20 @@ from fleetgen.remote.base import Host, Output
 
 _CALL_TIMEOUT_S = 60.0  # one call to the cluster (a lookup, a kill) that does not answer is an error
 _CONNECTED: dict[str, tuple[str, str]] = {}  # the (address, namespace) this process is the driver of
+_CONNECT_ERRORS = (ConnectionError, RuntimeError, ValueError)
+# What Ray Client's proxy on the head answers when the connection's own server (`ray_client_server_<port>`,
+# started per connection) exited before it ran, or did not answer in RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S
+# (ray/util/client/server/proxier.py); the client's own words when the proxy did not answer in its retries
+SERVER_NOT_STARTED = ("Starting Ray client server failed", "Proxy failed to Connect to backend")
+CLIENT_TIMEOUT = "ray client connection timeout"
+LOADED_HEAD_FIX = (
+    "the head's Ray Client proxy could not start this connection's own server (ray_client_server_<port>.err "
+    "in the head's session_latest/logs says why; under load it exits as it starts, or answers late): look at "
+    "the head's load (`ray status`, its CPU) and connect again once it is lighter; where Ray said it waited "
+    'for that server ("Proxy failed to Connect to backend"), give it longer: '
+    "RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S=180 in the head's environment before `ray start --head` "
+    "(Ray's default: 30 s)"
+)
 
 
 @functools.cache
@@ -44,24 +60,88 @@ def _ray() -> Any:
     return ray
 
 
-async def connect(address: str, namespace: str) -> None:
-    """This process as the cluster's driver (`ray.init`), once per address and namespace."""
+async def connect(address: str, namespace: str, say: Callable[[str], None] = lambda _line: None) -> None:
+    """This process as the cluster's driver (`ray.init`), once per address and namespace. A `ray://`
+    connection the head did not take in time (`is_retried`) is tried once more, said through `say`."""
     ray = _ray()
     if ray.is_initialized():
         if _CONNECTED.get("to") == (address, namespace):
             return
         await asyncio.to_thread(ray.shutdown)
-    try:
+
+    async def attempt() -> None:
         await asyncio.to_thread(
             ray.init, address=address, namespace=namespace, logging_level=logging.ERROR, log_to_driver=False
         )
-        _CONNECTED["to"] = (address, namespace)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise RemoteError(
-            f"cannot reach the Ray cluster at {address}: {exc}",
-            fix="start it (`ray start --head`), or set cluster.address to its head: `ray://head:10001` "
-            "(Ray Client) or the GCS `head:6379`; KubeRay: the head service's address",
-        ) from exc
+
+    await connect_twice(attempt, address, say)
+    _CONNECTED["to"] = (address, namespace)
+
+
+async def connect_twice(
+    attempt: Callable[[], Awaitable[None]], address: str, say: Callable[[str], None]
+) -> None:
+    """`attempt` (one `ray.init`), once more where the first failed as `is_retried` says is worth it."""
+    try:
+        return await attempt()
+    except _CONNECT_ERRORS as exc:
+        is_listening = CLIENT_TIMEOUT in str(exc) and await _is_listening(address)
+        if not is_retried(address, exc, is_listening=is_listening):
+            raise unreachable(address, exc) from exc
+        say(f"the Ray cluster at {address} did not take the connection ({ray_said(exc)}); trying once more")
+    try:
+        return await attempt()
+    except _CONNECT_ERRORS as exc:
+        raise not_taken(address, exc) from exc
+
+
+def is_retried(address: str, exc: BaseException, *, is_listening: bool) -> bool:
+    """Whether a failed `ray.init` is worth one more try: a `ray://` connection whose head answered but did
+    not start the connection's own server in time (a loaded head), or whose client timed out while something
+    listens at the address. Never a GCS address (no per-connection server), nor one where nothing listens (a
+    wrong address: a second try only doubles the wait), nor Ray's other refusals (a version mismatch)."""
+    if not address.startswith("ray://"):
+        return False
+    text = str(exc)
+    if any(words in text for words in SERVER_NOT_STARTED):
+        return True
+    return CLIENT_TIMEOUT in text and is_listening
+
+
+async def _is_listening(address: str) -> bool:
+    """Whether a `ray://host[:port]` address accepts a TCP connection (Ray Client's default port: 10001)."""
+    where = address.removeprefix("ray://")
+    host, has_port, port = where.rpartition(":")
+    if not has_port:
+        host, port = where, "10001"
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 5.0)
+    except (OSError, ValueError, TimeoutError):
+        return False
+    writer.close()
+    return True
+
+
+def ray_said(exc: BaseException) -> str:
+    """Ray's own words in a failed connection: the last line (the proxy's answer comes as the head's
+    traceback, its error on the last line)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
+
+
+def unreachable(address: str, exc: BaseException) -> RemoteError:
+    return RemoteError(
+        f"cannot reach the Ray cluster at {address}: {ray_said(exc)}",
+        fix="start it (`ray start --head`), or set cluster.address to its head: `ray://head:10001` "
+        "(Ray Client) or the GCS `head:6379`; KubeRay: the head service's address",
+    )
+
+
+def not_taken(address: str, exc: BaseException) -> RemoteError:
+    return RemoteError(
+        f"the Ray cluster at {address} did not take the connection, twice: {ray_said(exc)}",
+        fix=LOADED_HEAD_FIX,
+    )
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ the placement groups, the detached actors, Ray's scheduling of the declared GPUs
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import re
 import subprocess
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from fleetgen.remote.raynode import MARK
+from tests.fixtures import skip_or_fail
 from tests.fixtures.fleetcli import (
     RUN_FLAGS,
     SIM_SPEC_ARGS,
@@ -156,6 +158,74 @@ async def test_plan_online_asks_the_ray_cluster_for_its_gpu_nodes(
         assert warned[4] == [], how
         [over] = warned[6]
         assert "the Ray cluster's live nodes have 4 GPU(s)" in over["message"] and "at most 4" in over["fix"]
+
+
+async def test_plan_online_plans_with_the_release_the_nodes_run_not_the_drivers(
+    ray_cluster: LocalRay, tmp_path: Path
+) -> None:
+    """`plan` online takes the engine release from the nodes a server may be placed on (a Ray task each, as
+    `up` does), never the driver's: here the driver has 0.5.7 and the nodes 0.5.23 and 0.5.22, so the plan
+    says the nodes differ and plans with 0.5.23, and the driver's release is in none of its notes."""
+    releases = {"driver": "0.5.7", "head": "0.5.23", "second": "0.5.22"}
+    python = python_by_node(tmp_path / "py", "sglang", releases)
+    (tmp_path / "model").mkdir()
+    engine = {"kind": "sglang", "python": str(python), "model": str(tmp_path / "model")}
+    fleet = write_ray_fleet(tmp_path, ray_cluster, engine={**engine, "model_config": str(MODEL)})
+    code, out, err = await cli("plan", "--json", "-f", str(fleet))
+    assert code in (0, 2), out + err + ray_cluster.client_server_logs()
+    said = [w["message"] for w in json.loads(out)["warnings"] if w["rule"] == "engine-version"]
+    assert any("0.5.22, 0.5.23; planning with 0.5.23" in m for m in said), said
+    assert not any("0.5.7" in m for m in said), said
+
+
+async def test_down_surveys_each_node_once_however_many_servers_it_has(
+    ray_cluster: LocalRay, tmp_path: Path
+) -> None:
+    """`down` of 4 servers on 2 nodes reads each node (its survey: a Ray task starting the engine's python)
+    once, as `status` does, not once per server and again for the sweep after each server's stop. Every
+    start of the engine's python is counted (a `.pth` line of its venv)."""
+    python = python_by_node(tmp_path / "py", "sglang", {"head": "0.5.23", "second": "0.5.23"})
+    starts = tmp_path / "starts.log"
+    site = next((tmp_path / "py" / "lib").glob("python*/site-packages"))
+    (site / "fgcount.pth").write_text(f"import os; open({str(starts)!r}, 'a').write(f'{{os.getpid()}}\\n')\n")
+    engine: dict[str, object] = {"kind": "sglang", "python": str(python), "model": str(tmp_path / "model")}
+    engine |= {"launcher": ["-m", "fleetgen.sim"], "args": SIM_ARGS, "ready_timeout_s": 120.0}
+    fleet = write_ray_fleet(tmp_path, ray_cluster, engine=engine)
+    code, out, err = await cli("up", "-f", str(fleet))
+    try:
+        assert code == 0, out + err
+        counted = {}
+        for command in ("status", "down"):
+            before = len(starts.read_text().splitlines())
+            code, out, err = await cli(command, "-f", str(fleet))
+            assert code == 0, out + err
+            counted[command] = len(starts.read_text().splitlines()) - before
+    finally:
+        await cli("down", "-f", str(fleet))
+    assert counted["status"] > 0 and counted["down"] == counted["status"], counted
+    assert listed(ray_cluster)["actors"] == []
+
+
+async def test_up_through_a_ray_client_address_that_never_answers_tries_twice_and_says_so(
+    tmp_path: Path,
+) -> None:
+    """Something listens at the `ray://` address but no Ray Client answers there (all a client can tell of a
+    head too loaded to): Ray Client's own timeout (its three tries, about 30 s), then fleetgen's one more
+    try, said on `up`'s progress lines, then the error in Ray's words with the fix for a loaded head. Real
+    Ray client code against a real socket; no cluster needed."""
+    if importlib.util.find_spec("ray") is None:
+        skip_or_fail("Ray", "install fleetgen's `ray` extra (requirements.lock has it)")
+    server = await asyncio.start_server(lambda _r, _w: None, "127.0.0.1", 0)  # accepts, never answers
+    address = f"ray://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    async with server:
+        fleet = write_ray_fleet(tmp_path, LocalRay(tmp_path), cluster={"address": address})
+        code, out, err = await cli("up", "-f", str(fleet))
+    said = out + err
+    assert code != 0, said
+    tried = [line for line in said.splitlines() if "trying once more" in line]
+    assert len(tried) == 1 and address in tried[0] and "ray client connection timeout" in tried[0], said
+    assert "did not take the connection, twice: ray client connection timeout" in said, said
+    assert "RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S" in said and "`ray status`" in said, said
 
 
 @pytest.mark.parametrize("missing", ["python", "model"])

@@ -1,16 +1,20 @@
 """Where the job's prompts are counted (`fleet.planning.tokenizer_dir_for`): the model_config folder here,
-else the model folder on the first host (a real `local` host: the `Host.read` SSH hosts serve over SFTP)."""
+else the model folder on the first host (a real `local` host: the `Host.read` SSH hosts serve over SFTP);
+the engine version `plan` takes from what the hosts report (`version_of_hosts`, pure)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from hypothesis import example, given
+from hypothesis import strategies as st
+from packaging.version import Version
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from fleetgen.config import FleetFile, JobFile
+from fleetgen.config import EngineConfig, FleetFile, JobFile
 from fleetgen.deploy.fleet_ref import Fleet
-from fleetgen.fleet.planning import tokenizer_dir_for
+from fleetgen.fleet.planning import tokenizer_dir_for, version_of_hosts
 from fleetgen.generate.jobshape import read_job_shape
 from tests.fixtures.localfleet import local_fleet
 
@@ -79,3 +83,31 @@ async def test_the_hosts_chat_template_is_kept_with_its_tokenizer(tmp_path: Path
     changed = await tokenizer_dir_for(fleet.file, fleet.path, offline=False)
     assert changed is not None and changed != kept
     assert (changed / "chat_template.jinja").read_text() == "{{ messages[0] }}"
+
+
+releases = st.builds(
+    "{}.{}.{}{}".format,
+    st.integers(0, 1),
+    st.integers(0, 12),
+    st.integers(0, 30),
+    st.sampled_from(["", "rc1", ".post1", "+cu124", ".dev3"]),
+)
+
+
+@given(st.lists(st.one_of(releases, st.none()), max_size=6), st.sampled_from([None, "0.5.9", "0.5.10"]))
+@example(["0.5.9", "0.5.10"], None)  # text order would pick 0.5.9
+def test_plan_takes_the_newest_release_the_hosts_report(found: list[str | None], wanted: str | None) -> None:
+    """Whatever the hosts report, `plan` plans with the newest release of them as releases order (never as
+    text: 0.5.9 sorts after 0.5.10 as text), says so where they differ, and takes `engine.version` only where
+    no host reported one."""
+    values = {"kind": "sglang", "python": "/opt/venv/bin/python", "model": "/m", "version": wanted}
+    cfg = EngineConfig.model_validate({k: v for k, v in values.items() if v is not None})
+    version, notes = version_of_hosts(cfg, found)
+    reported = {v for v in found if v}
+    if not reported:
+        assert version == wanted and notes == []
+        return
+    assert version in reported and all(Version(v) <= Version(version) for v in reported)
+    differ = [n for n in notes if "different" in n.message]
+    assert (len(differ) == 1) is (len(reported) > 1)
+    assert all(n.message.endswith(f"planning with {version}") for n in differ)

@@ -19,7 +19,7 @@ from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.hostsurvey import HostSurvey
 from fleetgen.deploy.session import HostSession
 from fleetgen.deploy.state import InstanceRecord
-from fleetgen.deploy.types import InstanceCommand, Outcome, Rollout, WantedInstance
+from fleetgen.deploy.types import InstanceCommand, Outcome, Rollout, Say, WantedInstance
 from fleetgen.plan import GpuFacts, Issue
 
 
@@ -32,6 +32,17 @@ class Placed:
     where: str = ""  # "Slurm job 12 on node1", "Ray actor fleetgen-ray-0 on node 10.0.0.2"; "" on a host
     has_ended: bool = False  # its placement ended (or none was made): `up` or --restart-dead places it
     placement_id: str = ""  # the job / actor whose node `node` is ("" on SSH hosts)
+
+
+@dataclass(frozen=True)
+class Offered:
+    """What a placement offers `plan` online in place of its host's own survey: the GPUs (one per slot),
+    notes, and the engine releases its nodes report (one each, None where a node reports none); `None`:
+    the host's own release (its servers run there, or on nodes that share its files)."""
+
+    gpus: tuple[GpuFacts, ...]
+    notes: list[Issue]
+    engine_versions: tuple[str | None, ...] | None = None
 
 
 class Placement(Protocol):
@@ -65,11 +76,11 @@ class Placement(Protocol):
         """`tune` measures on it (it launches each candidate as its own fleet on the same GPUs)."""
         ...
 
-    async def launch_survey(self, fleet: Fleet, login: HostSession) -> HostSurvey:
+    async def launch_survey(self, fleet: Fleet, login: HostSession, say: Say) -> HostSurvey:
         """What `up` decides its servers' launch by (`deploy.wanted`: argv by the engine version, paths by the
         resolved workdir, the GPUs and RAM planned): `login.survey` where they launch there (or on nodes
         that share its files); else what the nodes it places on run, raising for a node that cannot launch
-        them (Ray: `raynodes`)."""
+        them (Ray: `raynodes`). `say`: a line for the user while it waits (Ray: a connection tried again)."""
         ...
 
     async def preflight(self, fleet: Fleet, login: HostSession, wanted: Sequence[WantedInstance]) -> None:
@@ -103,9 +114,7 @@ class Placement(Protocol):
         """Where each instance runs now; the nodes' sessions opened on `stack`."""
         ...
 
-    async def planning_gpus(
-        self, fleet_file: FleetFile, entry: HostEntry
-    ) -> tuple[tuple[GpuFacts, ...], list[Issue]] | None:
-        """The GPUs it offers for `plan` online (one per slot), with notes; None: the host's own, as its
-        survey read them."""
+    async def planning_gpus(self, fleet_file: FleetFile, entry: HostEntry) -> Offered | None:
+        """What it offers `plan` online in place of the host's own survey (`Offered`); None: the host's
+        own, as its survey read them."""
         ...

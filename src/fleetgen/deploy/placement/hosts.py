@@ -11,11 +11,10 @@ from fleetgen.config import FleetFile, HostEntry, Instance
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.hostsurvey import HostSurvey
 from fleetgen.deploy.instance import ensure_up, stop_instance
-from fleetgen.deploy.placement.base import Placed
+from fleetgen.deploy.placement.base import Offered, Placed
 from fleetgen.deploy.session import HostSession
 from fleetgen.deploy.state import InstanceRecord
-from fleetgen.deploy.types import InstanceCommand, Outcome, Rollout, WantedInstance, settle
-from fleetgen.plan import GpuFacts, Issue
+from fleetgen.deploy.types import InstanceCommand, Outcome, Rollout, Say, WantedInstance, settle
 
 
 class HostsPlacement:
@@ -27,7 +26,7 @@ class HostsPlacement:
     is_per_instance = False
     launches_on_login = True
 
-    async def launch_survey(self, fleet: Fleet, login: HostSession) -> HostSurvey:
+    async def launch_survey(self, fleet: Fleet, login: HostSession, say: Say) -> HostSurvey:
         return login.survey  # its servers launch where `login` stands (or on nodes that share its files)
 
     async def preflight(self, fleet: Fleet, login: HostSession, wanted: Sequence[WantedInstance]) -> None:
@@ -58,9 +57,7 @@ class HostsPlacement:
         """Every instance on its host, through the host's session."""
         return [Placed(inst, login) for inst in instances]
 
-    async def planning_gpus(
-        self, fleet_file: FleetFile, entry: HostEntry
-    ) -> tuple[tuple[GpuFacts, ...], list[Issue]] | None:
+    async def planning_gpus(self, fleet_file: FleetFile, entry: HostEntry) -> Offered | None:
         return None  # the host's own GPUs, as its survey read them
 
 

@@ -25,6 +25,8 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
+import aiohttp
+
 from fleetgen.config import FleetFile, HostEntry, Instance, RayCluster
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.hostsurvey import HostSurvey, launch_problems
@@ -37,15 +39,15 @@ from fleetgen.deploy.instance import (
     running_process,
 )
 from fleetgen.deploy.placement import raynodes
-from fleetgen.deploy.placement.base import Placed
+from fleetgen.deploy.placement.base import Offered, Placed
 from fleetgen.deploy.placement.launched import engine_pid, job_script, placement_name
 from fleetgen.deploy.script import Command
 from fleetgen.deploy.session import HostSession, open_session
 from fleetgen.deploy.state import InstanceRecord
-from fleetgen.deploy.types import Action, InstanceCommand, Outcome, Rollout, WantedInstance, settle
+from fleetgen.deploy.types import Action, InstanceCommand, Outcome, Rollout, Say, WantedInstance, settle
 from fleetgen.deploy.verify import process_drift
-from fleetgen.errors import DeployError, LaunchFailed
-from fleetgen.plan import GpuFacts, Issue, facts_from_file
+from fleetgen.errors import DeployError, FleetgenError, LaunchFailed
+from fleetgen.plan import Issue, facts_from_file
 from fleetgen.remote import ray
 from fleetgen.remote.raynode import MARK
 
@@ -69,34 +71,70 @@ def _spec(fleet: Fleet, instance: Instance) -> ray.ServerSpec:
 
 
 @contextlib.asynccontextmanager
-async def node_session(fleet: Fleet, login: HostSession, node: ray.RayNode) -> AsyncIterator[HostSession]:
-    """A node as a host: Ray tasks pinned to it; its address is where a public bind is reached."""
-    values = {"name": login.entry.name, "workdir": _cluster(fleet.file).workdir, "ssh": node.address}
-    host = ray.RayHost(login.entry.name, node, is_here=node.address == ray.driver_address())
+async def node_session(
+    fleet_file: FleetFile, name: str, http: aiohttp.ClientSession, node: ray.RayNode
+) -> AsyncIterator[HostSession]:
+    """A node as a host (`name`: the cluster's, as the fleet file names it): Ray tasks pinned to it; its
+    address is where a public bind is reached."""
+    values = {"name": name, "workdir": _cluster(fleet_file).workdir, "ssh": node.address}
+    host = ray.RayHost(name, node, is_here=node.address == ray.driver_address())
     entry = HostEntry.model_validate(values)
-    async with open_session(entry, fleet.file.engine, login.http, check_launch=False, host=host) as hs:
+    async with open_session(entry, fleet_file.engine, http, check_launch=False, host=host) as hs:
         yield hs
+
+
+class NodeSessions:
+    """Each node's session (so its survey, one Ray task) opened once, on first use, for one command and
+    closed with `stack`: a server's stop and the sweep after it, and the servers sharing a node, share it."""
+
+    def __init__(self, fleet: Fleet, login: HostSession, stack: contextlib.AsyncExitStack) -> None:
+        self.fleet, self.login, self._stack = fleet, login, stack
+        self._opened: dict[str, HostSession] = {}
+        self._opening: dict[str, asyncio.Lock] = {}
+
+    async def of(self, node: ray.RayNode) -> HostSession:
+        async with self._opening.setdefault(node.node_id, asyncio.Lock()):
+            if node.node_id not in self._opened:
+                session = node_session(self.fleet.file, self.login.entry.name, self.login.http, node)
+                self._opened[node.node_id] = await self._stack.enter_async_context(session)
+        return self._opened[node.node_id]
 
 
 async def _ensure(
     fleet: Fleet, login: HostSession, run: Rollout, wanted: WantedInstance, out: Outcome
 ) -> None:
-    spec = _spec(fleet, wanted.inst)
+    async with contextlib.AsyncExitStack() as stack:
+        await _replace_or_keep(NodeSessions(fleet, login, stack), run, wanted, out)
+
+
+async def _replace_or_keep(nodes: NodeSessions, run: Rollout, wanted: WantedInstance, out: Outcome) -> None:
+    """`up` of one server: kept where it runs as wanted; else its old actor removed, what it left swept, and
+    a new one placed and launched (`_launch`)."""
+    spec = _spec(nodes.fleet, wanted.inst)
     record = run.records.get(wanted.inst.name)
     state = await ray.server_state(spec.name, spec.namespace, record.node if record else "")
     if record is not None and state.is_alive and state.node is not None:
-        async with node_session(fleet, login, state.node) as node:
-            running = await find_running(node, wanted, record)
-            if running and not run.force and not process_drift(wanted.command, running, wanted.secret_value):
-                await keep_running(node, wanted, run, out, running)
-                return
-            if running:  # as SSH hosts stop a server (TERM, then KILL): its actor's end would KILL it
-                await node.host.stop(running.pid, start_time=running.start_time)
+        node = await nodes.of(state.node)
+        running = await find_running(node, wanted, record)
+        if running and not run.force and not process_drift(wanted.command, running, wanted.secret_value):
+            await keep_running(node, wanted, run, out, running)
+            return
+        if running:  # as SSH hosts stop a server (TERM, then KILL): its actor's end would KILL it
+            await node.host.stop(running.pid, start_time=running.start_time)
     if await ray.remove_server(spec.name, spec.namespace):
         why = "restart" if run.force else "flags or env changed, or its process is gone"
         run.progress(wanted.inst.name, f"removed Ray actor {spec.name} and its placement group ({why})")
-    out.swept = await _sweep(fleet, login, record, state.node, wanted.command)
+    out.swept = await _sweep(nodes, record, state.node, wanted.command)
     out.action = Action.REPLACED if state.is_alive else Action.STARTED
+    await _launch(nodes.fleet, nodes.login, run, wanted, out)
+
+
+async def _launch(
+    fleet: Fleet, login: HostSession, run: Rollout, wanted: WantedInstance, out: Outcome
+) -> None:
+    """A new actor and group for the server, its launch started on the node Ray picked and followed until
+    ready and verified; undone (actor and group removed) where it fails."""
+    spec = _spec(fleet, wanted.inst)
     placed = await ray.place_server(spec, _cluster(fleet.file).pending_timeout_s)
     run.progress(wanted.inst.name, f"Ray placed actor {spec.name} on {placed.describe()}")
 
@@ -104,7 +142,7 @@ async def _ensure(
         await ray.remove_server(spec.name, spec.namespace)
 
     try:
-        async with node_session(fleet, login, placed) as node:
+        async with node_session(fleet.file, login.entry.name, login.http, placed) as node:
             # a node that joined after `launch_survey` read the others: its release checked as theirs were
             # (against the release it took from them: `login` stands with its survey)
             found, took = node.survey.engine_version, login.survey.engine_version
@@ -129,20 +167,20 @@ async def _engine_pid(node: HostSession, wanted: WantedInstance, name: str) -> t
 
 
 async def _sweep(
-    fleet: Fleet, login: HostSession, rec: InstanceRecord | None, node: ray.RayNode | None, command: Command
+    nodes: NodeSessions, rec: InstanceRecord | None, node: ray.RayNode | None, command: Command
 ) -> list[int]:
     """What the recorded launch left alive on its node once its actor is gone, stopped as SSH hosts stop a
     server: every process carrying the actor's mark (the engine's children outlive it: only the launch
     itself dies with the actor), and its key files. Nothing to sweep where the node is gone."""
     if rec is None or not rec.placement_id or node is None or not node.is_alive:
         return []
-    async with node_session(fleet, login, node) as hs:
-        await remove_secret_files(hs.host, command)
-        left = await hs.host.marked_processes(MARK, rec.placement_id)
-        stopped = await asyncio.gather(
-            *(hs.host.stop(p.pid, start_time=p.start_time, timeout=10.0) for p in left)
-        )
-        return sorted({pid for group in stopped for pid in group})
+    hs = await nodes.of(node)
+    await remove_secret_files(hs.host, command)
+    left = await hs.host.marked_processes(MARK, rec.placement_id)
+    stopped = await asyncio.gather(
+        *(hs.host.stop(p.pid, start_time=p.start_time, timeout=10.0) for p in left)
+    )
+    return sorted({pid for group in stopped for pid in group})
 
 
 async def down_servers(
@@ -150,22 +188,23 @@ async def down_servers(
 ) -> list[Outcome]:
     """`down`: each server stopped as SSH hosts stop one (TERM, then KILL), its actor killed and group
     removed (by name, whatever the state file says), Ray checked to list neither, then what the engine left
-    on its node swept (`_sweep`)."""
+    on its node swept (`_sweep`). Each node is surveyed once (`NodeSessions`), however many servers it has."""
 
-    async def stop(target: InstanceCommand, out: Outcome) -> None:
+    async def stop(nodes: NodeSessions, target: InstanceCommand, out: Outcome) -> None:
         spec, record = _spec(fleet, target.inst), records.get(target.inst.name)
         state = await ray.server_state(spec.name, spec.namespace, record.node if record else "")
         if state.is_alive and state.node is not None:
-            async with node_session(fleet, login, state.node) as node:
-                running = await running_process(node, target.command, record)
-                if running is not None:
-                    await node.host.stop(running.pid, start_time=running.start_time)
-                    out.pid = running.pid
+            node = await nodes.of(state.node)
+            running = await running_process(node, target.command, record)
+            if running is not None:
+                await node.host.stop(running.pid, start_time=running.start_time)
+                out.pid = running.pid
         was_placed = await ray.remove_server(spec.name, spec.namespace)
-        out.swept = await _sweep(fleet, login, record, state.node, target.command)
+        out.swept = await _sweep(nodes, record, state.node, target.command)
         out.action = Action.STOPPED if was_placed or out.swept else Action.ABSENT
 
-    return await settle(login.entry.name, targets, stop)
+    async with contextlib.AsyncExitStack() as stack:
+        return await settle(login.entry.name, targets, partial(stop, NodeSessions(fleet, login, stack)))
 
 
 async def place(
@@ -177,8 +216,7 @@ async def place(
 ) -> list[Placed]:
     """Each instance's actor as Ray reports it now; live ones get their node opened (on `stack`), one
     session per node."""
-    nodes: dict[str, HostSession] = {}
-    placed = []
+    nodes, placed = NodeSessions(fleet, login, stack), []
     for inst in instances:
         rec = records.get(inst.name)
         if rec is None or not rec.placement_id:
@@ -188,21 +226,18 @@ async def place(
         if not state.is_alive or state.node is None:
             placed.append(Placed(inst, None, state.why, has_ended=True))
             continue
-        node = state.node
-        if node.node_id not in nodes:
-            nodes[node.node_id] = await stack.enter_async_context(node_session(fleet, login, node))
-        where = f"Ray actor {rec.placement_id} on {node.describe()}"
-        placed.append(Placed(inst, nodes[node.node_id], where, placement_id=rec.placement_id))
+        where = f"Ray actor {rec.placement_id} on {state.node.describe()}"
+        placed.append(Placed(inst, await nodes.of(state.node), where, placement_id=rec.placement_id))
     return placed
 
 
-async def launch_survey(fleet: Fleet, login: HostSession) -> HostSurvey:
+async def launch_survey(fleet: Fleet, login: HostSession, say: Say) -> HostSurvey:
     """What every server is launched by (`raynodes.launch_survey`), read on the nodes a server may be placed
     on, one Ray task each, before anything is placed: the cluster reached, GPUs enough on its live nodes (all
     of them, and a node with `tp` of them: a server's group is STRICT_PACK), the engine's python and model
     folder on each node (`node_problems`), and one engine release and workdir on all of them."""
     cluster, tp = _cluster(fleet.file), fleet.file.engine.tp
-    await ray.connect(cluster.address, cluster.namespace)
+    await ray.connect(cluster.address, cluster.namespace, say)
     listed = await ray.nodes()
     problems = gpu_problems(cluster, tp, listed)
     if problems:
@@ -211,15 +246,18 @@ async def launch_survey(fleet: Fleet, login: HostSession) -> HostSurvey:
             fix="; ".join(p.fix for p in problems),
         )
     nodes = [n for n in _placeable(cluster, listed) if n.gpus >= tp]
-    surveyed = list(zip(nodes, await asyncio.gather(*(_survey(fleet, login, n) for n in nodes)), strict=True))
+    read = await asyncio.gather(*(_survey(fleet.file, login.entry.name, login.http, n) for n in nodes))
+    surveyed = list(zip(nodes, read, strict=True))
     found = node_problems(fleet, login.entry, surveyed)
     if found:
         raise raynodes.before_placing(found)
     return raynodes.launch_survey(fleet.file.engine, login.survey, surveyed)
 
 
-async def _survey(fleet: Fleet, login: HostSession, node: ray.RayNode) -> HostSurvey:
-    async with node_session(fleet, login, node) as hs:
+async def _survey(
+    fleet_file: FleetFile, name: str, http: aiohttp.ClientSession, node: ray.RayNode
+) -> HostSurvey:
+    async with node_session(fleet_file, name, http, node) as hs:
         return hs.survey
 
 
@@ -268,8 +306,8 @@ class RayPlacement:
     is_per_instance = True
     launches_on_login = False  # the driver is no node: `launch_survey` reads the nodes
 
-    async def launch_survey(self, fleet: Fleet, login: HostSession) -> HostSurvey:
-        return await launch_survey(fleet, login)
+    async def launch_survey(self, fleet: Fleet, login: HostSession, say: Say) -> HostSurvey:
+        return await launch_survey(fleet, login, say)
 
     async def preflight(self, fleet: Fleet, login: HostSession, wanted: Sequence[WantedInstance]) -> None:
         """Nothing beyond `launch_survey` (it read every node a server may be placed on)."""
@@ -300,15 +338,31 @@ class RayPlacement:
         await ray.connect(_cluster(fleet.file).address, _cluster(fleet.file).namespace)
         return await place(fleet, login, instances, records, stack)
 
-    async def planning_gpus(
-        self, fleet_file: FleetFile, entry: HostEntry
-    ) -> tuple[tuple[GpuFacts, ...], list[Issue]] | None:
+    async def planning_gpus(self, fleet_file: FleetFile, entry: HostEntry) -> Offered | None:
         """The cluster's GPU nodes, asked online: their count checked against `cluster.gpus`; each slot
-        planned as the fleet file's `gpu_memory_gib` (Ray reports GPUs by count, not memory)."""
-        cluster = _cluster(fleet_file)
-        await ray.connect(cluster.address, cluster.namespace)
-        notes = gpu_problems(cluster, fleet_file.engine.tp, await ray.nodes())
-        return facts_from_file(entry).gpus or (), notes
+        planned as the fleet file's `gpu_memory_gib` (Ray reports GPUs by count, not memory); the engine
+        release of each node a server may be placed on (a Ray task each, as `up`'s `launch_survey`), never
+        the driver's. A connection tried again, and a node that could not be surveyed, are notes."""
+        cluster, tp, said = _cluster(fleet_file), fleet_file.engine.tp, list[str]()
+        await ray.connect(cluster.address, cluster.namespace, said.append)
+        listed = await ray.nodes()
+        notes = [Issue("ray-connect", line, ray.LOADED_HEAD_FIX) for line in said]
+        notes += gpu_problems(cluster, tp, listed)
+        nodes = [n for n in _placeable(cluster, listed) if n.gpus >= tp]
+        async with aiohttp.ClientSession() as http:
+            read = await asyncio.gather(
+                *(_survey(fleet_file, entry.name, http, n) for n in nodes), return_exceptions=True
+            )
+        versions = []
+        for node, survey in zip(nodes, read, strict=True):
+            if isinstance(survey, FleetgenError):
+                text = f"Ray {node.label}: its engine release not read: {survey.message}"
+                notes.append(Issue("engine-version", text, survey.fix))
+            elif isinstance(survey, BaseException):
+                raise survey
+            else:
+                versions.append(survey.engine_version)
+        return Offered(facts_from_file(entry).gpus or (), notes, tuple(versions))
 
 
 PLACEMENT = RayPlacement()

@@ -42,15 +42,23 @@ from fleetgen.deploy.instance import (
     push_launch,
     remove_secret_files,
 )
-from fleetgen.deploy.placement.base import Placed
+from fleetgen.deploy.placement.base import Offered, Placed
 from fleetgen.deploy.placement.launched import engine_pid, job_script, placement_name
 from fleetgen.deploy.placement.slurm_gpus import cluster_gpus, gpus_shortfall
 from fleetgen.deploy.session import HostSession, is_loopback, open_session
 from fleetgen.deploy.state import InstanceRecord
-from fleetgen.deploy.types import Action, InstanceCommand, Narrate, Outcome, Rollout, WantedInstance, settle
+from fleetgen.deploy.types import (
+    Action,
+    InstanceCommand,
+    Narrate,
+    Outcome,
+    Rollout,
+    Say,
+    WantedInstance,
+    settle,
+)
 from fleetgen.deploy.verify import process_drift
 from fleetgen.errors import DeployError, LaunchFailed
-from fleetgen.plan import GpuFacts, Issue
 from fleetgen.remote.base import Host
 from fleetgen.remote.partition import partition_limits, partition_refusals
 from fleetgen.remote.slurm import (
@@ -347,7 +355,7 @@ class SlurmPlacement:
     is_per_instance = True
     launches_on_login = True  # the submit host: its job steps run the same files
 
-    async def launch_survey(self, fleet: Fleet, login: HostSession) -> HostSurvey:
+    async def launch_survey(self, fleet: Fleet, login: HostSession, say: Say) -> HostSurvey:
         return login.survey  # its servers launch where `login` stands (or on nodes that share its files)
 
     async def preflight(self, fleet: Fleet, login: HostSession, wanted: Sequence[WantedInstance]) -> None:
@@ -379,11 +387,9 @@ class SlurmPlacement:
     ) -> list[Placed]:
         return await place(fleet, login, instances, records, stack)
 
-    async def planning_gpus(
-        self, fleet_file: FleetFile, entry: HostEntry
-    ) -> tuple[tuple[GpuFacts, ...], list[Issue]] | None:
+    async def planning_gpus(self, fleet_file: FleetFile, entry: HostEntry) -> Offered | None:
         assert isinstance(fleet_file.cluster, SlurmCluster)  # the registry's: Slurm fleets only
-        return await cluster_gpus(entry, fleet_file.cluster, fleet_file.engine.tp)
+        return Offered(*await cluster_gpus(entry, fleet_file.cluster, fleet_file.engine.tp))
 
 
 PLACEMENT = SlurmPlacement()
