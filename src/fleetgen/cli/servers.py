@@ -38,7 +38,7 @@ from fleetgen.generate.dispatch import in_flight_for
 from fleetgen.generate.fleetlink import fleet_servers, url_servers
 from fleetgen.generate.health import JOIN_GRACE_S
 from fleetgen.generate.runner import JobServers
-from fleetgen.http.client import BareURLs
+from fleetgen.http.urls import BareURLs
 
 DEFAULT_DEAD_TIMEOUT_S = 300.0  # --endpoint URLs: the mid-job wait for a server to come back
 

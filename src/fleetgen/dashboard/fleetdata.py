@@ -27,8 +27,9 @@ from fleetgen.deploy.readiness import Readiness, Seen, decide
 from fleetgen.errors import EndpointError, FleetgenError
 from fleetgen.fleet.enginestate import read_engine
 from fleetgen.fleet.status import FleetView
-from fleetgen.http.client import BareURLs, EngineClient
+from fleetgen.http.client import EngineClient
 from fleetgen.http.metrics import Scrape
+from fleetgen.http.urls import BareURLs
 from fleetgen.plan.fleet import facts_from_file, plan_fleet
 from fleetgen.remote.base import Host
 

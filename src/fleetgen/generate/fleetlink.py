@@ -24,7 +24,7 @@ from fleetgen.deploy.types import Action, Outcome
 from fleetgen.errors import DeployError
 from fleetgen.fleet.pool import FleetLinks, Link
 from fleetgen.generate.runner import JobServers
-from fleetgen.http.client import BareURLs
+from fleetgen.http.urls import BareURLs
 
 
 def fleet_meta(fleet_file: FleetFile, fleet_path: Path, instances: Sequence[str]) -> dict[str, Any]:

@@ -15,9 +15,6 @@ are normalized here too, in one reply (`Completion`) as in each streamed event (
 token ids (`return_token_ids`) are vLLM 0.32's body `prompt_token_ids` + choice `token_ids`, SGLang 0.5.23's
 choice `prompt_token_ids` + `response_token_ids`, else `None`.
 The bodies sent are built by `fleetgen.http.request`.
-
-Bare `--endpoint` URLs (`BareURLs`) are named one way for `run`, `bench` and the dashboard (`named_urls`:
-`host:port`, a repeated one `host:port#2`).
 """
 
 from __future__ import annotations
@@ -299,28 +296,6 @@ class EngineClient:
         return RequestFailed(
             f"HTTP {status}: {_error_text(raw)}", url=self._chat_url, status=status, is_retryable=retryable
         )
-
-
-@dataclass(frozen=True)
-class BareURLs:
-    """Servers given by URL alone (`--endpoint`), with no fleet file: no tunnels, no key, no plan."""
-
-    urls: tuple[str, ...]
-
-    def named(self) -> list[tuple[str, str]]:
-        """Each URL with its name (`named_urls`)."""
-        return named_urls(self.urls)
-
-
-def named_urls(urls: Sequence[str]) -> list[tuple[str, str]]:
-    """Bare `--endpoint` URLs as (name, URL), for `run`, `bench` and the dashboard alike: each named by its
-    address (`host:port`), a URL given again by that address and its place (`host:port#2`)."""
-    named: list[tuple[str, str]] = []
-    for url in urls:
-        address = url.split("://", 1)[-1].rstrip("/")
-        seen = sum(1 for _, earlier in named if earlier == url.rstrip("/"))
-        named.append((address if not seen else f"{address}#{seen + 1}", url.rstrip("/")))
-    return named
 
 
 def parse_completion(raw: bytes, url: str) -> Completion:

@@ -15,7 +15,7 @@ from fleetgen.config import load_fleet
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.errors import ConfigError
 from fleetgen.fleet.pool import Link
-from fleetgen.http.client import named_urls
+from fleetgen.http.urls import named_urls
 
 PAIRS = [("h0-0", "http://127.0.0.1:1"), ("h0-1", "http://127.0.0.1:2")]
 

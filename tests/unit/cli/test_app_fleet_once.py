@@ -21,7 +21,7 @@ from fleetgen.cli.servers import FleetFileServers, URLServers, read_servers
 from fleetgen.config import fleet as fleet_config
 from fleetgen.config.common import load_toml
 from fleetgen.errors import ConfigError
-from fleetgen.http.client import BareURLs
+from fleetgen.http.urls import BareURLs
 
 KEY = "k3y-0f_the=fleet~" + "x" * 16
 FLEET = """\

@@ -28,7 +28,7 @@ from fleetgen.cli.servers import (
 from fleetgen.dashboard.fleetdata import EndpointSource
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.errors import FleetDown
-from fleetgen.http.client import BareURLs
+from fleetgen.http.urls import BareURLs
 
 SRC = Path(__file__).resolve().parents[3] / "src" / "fleetgen"
 # A branch on which source a command was given: what `ServerSource` replaced in cli/ and bench/.

@@ -13,7 +13,7 @@ import aiohttp
 from fleetgen.dashboard.fleetdata import EndpointSource, planned_max_running_requests
 from fleetgen.deploy.fleet_ref import Fleet
 from fleetgen.deploy.readiness import Readiness
-from fleetgen.http.client import BareURLs
+from fleetgen.http.urls import BareURLs
 from fleetgen.remote.local import LocalHost
 from tests.fixtures.standin import StandIn, serve
 

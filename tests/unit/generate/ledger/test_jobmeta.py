@@ -25,7 +25,7 @@ from fleetgen.generate.progress import PositionTracker, Progress
 from fleetgen.generate.runner import Job, JobServers
 from fleetgen.generate.source import Position
 from fleetgen.generate.work import RecordShape, RetryPolicy
-from fleetgen.http.client import BareURLs
+from fleetgen.http.urls import BareURLs
 from tests.fixtures.jobs import FAST, new_job, options, params, write_jsonl
 from tests.fixtures.ports import free_port
 from tests.fixtures.standin import StandIn, serve
