@@ -245,7 +245,7 @@ async def launch_survey(fleet: Fleet, login: HostSession, say: Say) -> HostSurve
             "; ".join(p.message for p in problems) + " (checked before anything was placed)",
             fix="; ".join(p.fix for p in problems),
         )
-    nodes = [n for n in _placeable(cluster, listed) if n.gpus >= tp]
+    nodes = _server_nodes(cluster, tp, listed)
     read = await asyncio.gather(*(_survey(fleet.file, login.entry.name, login.http, n) for n in nodes))
     surveyed = list(zip(nodes, read, strict=True))
     found = node_problems(fleet, login.entry, surveyed)
@@ -295,6 +295,11 @@ def gpu_problems(cluster: RayCluster, tp: int, nodes: Sequence[ray.RayNode]) -> 
 def _placeable(cluster: RayCluster, nodes: Sequence[ray.RayNode]) -> list[ray.RayNode]:
     """The live nodes a server of the cluster may be placed on: those with every label it asks for."""
     return [n for n in nodes if n.is_alive and all(n.labels.get(k) == v for k, v in cluster.labels.items())]
+
+
+def _server_nodes(cluster: RayCluster, tp: int, nodes: Sequence[ray.RayNode]) -> list[ray.RayNode]:
+    """The nodes a server may be placed on (its group is STRICT_PACK): placeable, with `tp` GPUs or more."""
+    return [n for n in _placeable(cluster, nodes) if n.gpus >= tp]
 
 
 class RayPlacement:
@@ -348,7 +353,7 @@ class RayPlacement:
         listed = await ray.nodes()
         notes = [Issue("ray-connect", line, ray.LOADED_HEAD_FIX) for line in said]
         notes += gpu_problems(cluster, tp, listed)
-        nodes = [n for n in _placeable(cluster, listed) if n.gpus >= tp]
+        nodes = _server_nodes(cluster, tp, listed)
         async with aiohttp.ClientSession() as http:
             read = await asyncio.gather(
                 *(_survey(fleet_file, entry.name, http, n) for n in nodes), return_exceptions=True
