@@ -6,7 +6,7 @@ that era's flag names. Pure.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from packaging.version import InvalidVersion, Version
@@ -55,6 +55,12 @@ def release_order(text: str) -> tuple[int, Version | str]:
         return 1, Version(text)
     except InvalidVersion:
         return 0, text
+
+
+def reported_releases(found: Iterable[str | None]) -> list[str]:
+    """The engine versions hosts or nodes report (None or "": none read), each once, oldest first as
+    `release_order` orders them (0.5.10 after 0.5.9)."""
+    return sorted({v for v in found if v}, key=release_order)
 
 
 def select_rule_set(rule_sets: Sequence[RuleSet], version: str | None) -> tuple[RuleSet, str | None]:

@@ -19,7 +19,7 @@ from fleetgen.config import EngineConfig, FleetFile, HostEntry
 from fleetgen.deploy.modelshape import is_path_like, model_shape
 from fleetgen.deploy.placement import placement_of
 from fleetgen.engines import Engine, ParserVerdict, get_engine, launcher_of, select_rule_set
-from fleetgen.engines.rules import release_order
+from fleetgen.engines.rules import reported_releases
 from fleetgen.errors import ModelCardError, RemoteError
 from fleetgen.fleet.hostcheck import HostReport, check_hosts
 from fleetgen.modelcard import ModelShape
@@ -136,7 +136,7 @@ async def gather_inputs(fleet_file: FleetFile, fleet_path: Path, *, offline: boo
 def version_of_hosts(cfg: EngineConfig, found: Iterable[str | None]) -> tuple[str | None, list[Issue]]:
     """The engine version `plan` plans with: the newest release the hosts report (as releases order, not
     text: 0.5.10 after 0.5.9), else `engine.version`; notes where the hosts differ, or differ from it."""
-    versions = sorted({v for v in found if v}, key=release_order)
+    versions = reported_releases(found)
     listed, wanted, notes = ", ".join(versions), cfg.version, []
     if len(versions) > 1:
         text = f"hosts run different {cfg.kind} versions: {listed}; planning with {versions[-1]}"

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from fleetgen.config import EngineConfig
 from fleetgen.deploy.hostsurvey import HostSurvey, install_release, other_release
-from fleetgen.engines.rules import release_order
+from fleetgen.engines.rules import reported_releases
 from fleetgen.errors import LaunchFailed
 from fleetgen.remote.ray import RayNode
 
@@ -37,7 +37,7 @@ def before_placing(refused: Sequence[LaunchFailed]) -> LaunchFailed:
 def launch_version(cfg: EngineConfig, found: Iterable[str | None]) -> str | None:
     """The engine version every server's flags are decided for, of those the nodes run: the newest that
     `engine.version` names (a prefix, as `hosts check` reads it), else the newest; None: none read one."""
-    versions = sorted({v for v in found if v}, key=release_order)
+    versions = reported_releases(found)
     named = [v for v in versions if cfg.version and v.startswith(cfg.version)]
     chosen = named or versions
     return chosen[-1] if chosen else None
