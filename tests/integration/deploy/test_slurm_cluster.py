@@ -6,7 +6,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.fixtures.slurm import SlurmCluster
+import pytest
+
+from tests.fixtures.slurm import NodeNotIdle, SlurmCluster
 
 
 def ended(slurm_cluster: SlurmCluster, submitted: subprocess.CompletedProcess[str]) -> str:
@@ -53,3 +55,73 @@ def test_a_job_without_output_writes_in_the_clusters_folder_never_in_the_checkou
     job = ended(slurm_cluster, slurm_cluster.run("sbatch", "--parsable", "--wrap", "echo written"))
     assert (slurm_cluster.folder / f"slurm-{job}.out").read_text() == "written\n"
     assert not (Path.cwd() / f"slurm-{job}.out").exists()
+
+
+# A job whose every process ignores SIGTERM (the ignored disposition survives exec): only KillWait's SIGKILL
+# ends it, and until then it is COMPLETING, the node starting nothing.
+DEAF_TO_TERM = "trap '' TERM; sleep 600 & wait; sleep 600"
+
+
+def submitted(cluster: SlurmCluster, *options: str) -> str:
+    argv = ("sbatch", "--parsable", "--output=/dev/null", *options)
+    return cluster.run(*argv).stdout.strip().split(";")[0]
+
+
+def test_each_test_starts_on_an_idle_node_whatever_an_earlier_one_left(slurm_cluster: SlurmCluster) -> None:
+    """What the fixture does before every Slurm test (`settle`): a job left running with every GPU (its
+    processes deaf to SIGTERM) and one pending behind it are cancelled and waited out; then a job that wants
+    every GPU at once gets them (`--immediate`: the plan probe's way, answered "Requested nodes are busy")."""
+    every_gpu = f"--gres=gpu:{slurm_cluster.num_gpus}"
+    running = submitted(slurm_cluster, "--job-name=left-running", every_gpu, "--wrap", DEAF_TO_TERM)
+    pending = submitted(slurm_cluster, "--job-name=left-pending", "--gres=gpu:1", "--wrap", "true")
+    deadline = time.monotonic() + 60
+    while "RUNNING" not in slurm_cluster.run("squeue", "-h", "-j", running, "-o", "%T").stdout:
+        assert time.monotonic() < deadline, f"job {running} never ran"
+        time.sleep(0.2)
+    cancelled = slurm_cluster.settle({})
+    assert {(j.job_id, j.name, j.state) for j in cancelled} == {
+        (running, "left-running", "RUNNING"),
+        (pending, "left-pending", "PENDING"),
+    }
+    assert slurm_cluster.job_ids() == [] and slurm_cluster.node_state().is_idle
+    now = slurm_cluster.run("srun", "--immediate=1", every_gpu, "--time=1", "true", check=False)
+    assert now.returncode == 0, now.stderr
+
+
+def test_a_node_that_does_not_come_idle_fails_naming_its_state_the_jobs_and_who_left_them(
+    slurm_cluster: SlurmCluster,
+) -> None:
+    """A drained node (as slurmd drains it when a job's processes outlive SIGKILL) never comes idle: the
+    report names the node's state and reason, the job cancelled and the test that submitted it."""
+    job = submitted(slurm_cluster, "--job-name=left-behind", "--gres=gpu:1", "--wrap", DEAF_TO_TERM)
+    node = f"NodeName={slurm_cluster.node}"
+    slurm_cluster.run("scontrol", "update", node, "State=DRAIN", "Reason=fleetgen test: held")
+    try:
+        with pytest.raises(NodeNotIdle) as held:
+            slurm_cluster.settle({job: "tests/x.py::test_that_forgot"}, timeout_s=3)
+    finally:
+        slurm_cluster.run("scontrol", "update", node, "State=RESUME")
+        slurm_cluster.settle({})
+    said = str(held.value)
+    assert "DRAIN" in said and "Reason=fleetgen test: held" in said, said
+    assert f"job {job} 'left-behind' " in said and "submitted by tests/x.py::test_that_forgot" in said, said
+    assert "slurmd.log" in said and "Fix:" in said
+
+
+def test_a_test_that_leaves_a_job_pending_or_running_is_told_so_as_it_ends(
+    slurm_cluster: SlurmCluster,
+) -> None:
+    """What the fixture does after every Slurm test (`end_test`): a job still running or pending fails the
+    test that submitted it, and is cancelled; a job it cancelled itself (COMPLETING a while) does not."""
+    earlier = dict.fromkeys(slurm_cluster.every_job_id(), "tests/x.py::test_before")
+    submitters = dict(earlier)
+    ended = submitted(slurm_cluster, "--job-name=ended", "--gres=gpu:1", "--wrap", DEAF_TO_TERM)
+    slurm_cluster.run("scancel", ended)
+    assert slurm_cluster.end_test("tests/x.py::test_tidy", submitters) == ""
+    assert submitters == {**earlier, ended: "tests/x.py::test_tidy"}
+    forgotten = submitted(slurm_cluster, "--job-name=forgotten", "--gres=gpu:1", "--wrap", DEAF_TO_TERM)
+    said = slurm_cluster.end_test("tests/x.py::test_forgetful", submitters)
+    assert f"job {forgotten} 'forgotten' " in said and "submitted by tests/x.py::test_forgetful" in said, said
+    assert "tests/x.py::test_forgetful left Slurm jobs" in said and f"job {ended} " not in said
+    assert all(job.is_ending for job in slurm_cluster.jobs())  # cancelled
+    assert submitters == {**earlier, ended: "tests/x.py::test_tidy", forgotten: "tests/x.py::test_forgetful"}
