@@ -70,6 +70,13 @@ def submitted(cluster: SlurmCluster, *options: str) -> str:
     return cluster.run(*argv).stdout.strip().split(";")[0]
 
 
+def until_running(cluster: SlurmCluster, job: str) -> None:
+    deadline = time.monotonic() + 60
+    while "RUNNING" not in cluster.run("squeue", "-h", "-j", job, "-o", "%T").stdout:
+        assert time.monotonic() < deadline, f"job {job} never ran"
+        time.sleep(0.2)
+
+
 def test_each_test_starts_on_an_idle_node_whatever_an_earlier_one_left(slurm_cluster: SlurmCluster) -> None:
     """What the fixture does before every Slurm test (`settle`): a job left running with every GPU (its
     processes deaf to SIGTERM) and one pending behind it are cancelled and waited out; then a job that wants
@@ -77,10 +84,7 @@ def test_each_test_starts_on_an_idle_node_whatever_an_earlier_one_left(slurm_clu
     every_gpu = f"--gres=gpu:{slurm_cluster.num_gpus}"
     running = submitted(slurm_cluster, "--job-name=left-running", every_gpu, "--wrap", DEAF_TO_TERM)
     pending = submitted(slurm_cluster, "--job-name=left-pending", "--gres=gpu:1", "--wrap", "true")
-    deadline = time.monotonic() + 60
-    while "RUNNING" not in slurm_cluster.run("squeue", "-h", "-j", running, "-o", "%T").stdout:
-        assert time.monotonic() < deadline, f"job {running} never ran"
-        time.sleep(0.2)
+    until_running(slurm_cluster, running)
     cancelled = slurm_cluster.settle({})
     assert {(j.job_id, j.name, j.state) for j in cancelled} == {
         (running, "left-running", "RUNNING"),
@@ -119,7 +123,9 @@ def test_a_test_that_leaves_a_job_pending_or_running_is_told_so_as_it_ends(
     earlier = dict.fromkeys(slurm_cluster.every_job_id(), "tests/x.py::test_before")
     submitters = dict(earlier)
     ended = submitted(slurm_cluster, "--job-name=ended", "--gres=gpu:1", "--wrap", DEAF_TO_TERM)
+    until_running(slurm_cluster, ended)
     slurm_cluster.run("scancel", ended)
+    assert [(j.job_id, j.state) for j in slurm_cluster.jobs()] == [(ended, "COMPLETING")]  # KillWait's while
     assert slurm_cluster.end_test("tests/x.py::test_tidy", submitters) == ""
     assert submitters == {**earlier, ended: "tests/x.py::test_tidy"}
     forgotten = submitted(slurm_cluster, "--job-name=forgotten", "--gres=gpu:1", "--wrap", DEAF_TO_TERM)
