@@ -22,7 +22,7 @@ import asyncio
 import errno
 import urllib.parse
 from collections.abc import Mapping
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import httptools
 
@@ -58,8 +58,7 @@ class _Connection(asyncio.Protocol):
         self.is_reusable = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        self._transport = cast(asyncio.Transport, transport)  # a TCP connection's (uvloop's: no subclass)
         self.is_reusable = True
 
     def exchange(self, request: bytes) -> asyncio.Future[Answer]:
