@@ -2,8 +2,10 @@
 
 One driver sends every completion of a fleet (~2,400 a second for 1,000 H200s of the README's job), so a
 request's CPU is the driver's bound. aiohttp's request path (its session, connector, timer and response
-layers) costs ~0.15 CPU ms a request on the build machine; a plain `asyncio.Protocol` whose answers are parsed
-by httptools (llhttp in C, uvicorn's parser) ~0.04 (`bench/driver/chat_cost.py`). That is all this module
+layers) costs ~0.17 CPU ms a request on the build machine; a plain `asyncio.Protocol` whose answers are parsed
+by httptools (llhttp in C, uvicorn's parser) ~0.05 (`bench/driver/chat_cost.py`, the answer's JSON parsed in
+both). With the GC's change (`generate/heap.py`) it took the driver at 1,000 servers from ~0.75 to ~0.35 CPU
+ms a completion on the GPU host's Xeon (bench/README.md "Round two"). That is all this module
 does: the request's head is built once, the answer's status and body read by the parser, the connection kept
 for the next request unless the server asked to close it. Every other call (GETs, streams) stays on aiohttp.
 
