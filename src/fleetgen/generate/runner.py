@@ -35,6 +35,7 @@ from fleetgen.generate import rows
 from fleetgen.generate.dispatch import Dispatcher
 from fleetgen.generate.forced import ForcedLengths
 from fleetgen.generate.health import Endpoint, HealthMonitor, OnDead, served_models
+from fleetgen.generate.heap import frozen_heap
 from fleetgen.generate.ledger import jobmeta
 from fleetgen.generate.ledger.intake import Intake
 from fleetgen.generate.ledger.jobmeta import JobMeta
@@ -114,6 +115,7 @@ class Job:
         try:
             intake = Intake.open(store, opts)
             async with contextlib.AsyncExitStack() as stack:
+                stack.enter_context(frozen_heap())  # the ledger's maps, loaded, out of the collector's way
                 self._stack = stack
                 endpoints = []
                 for (

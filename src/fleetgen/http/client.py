@@ -1,11 +1,13 @@
-"""HTTP to one engine, the only module that does it: health, its own view (info JSON, /v1/models), /metrics
-text, and chat completions (one reply, or a stream of events).
+"""HTTP to one engine, the only module that speaks to engines (the chat call's transport: keepalive.py):
+health, its own view (info JSON, /v1/models), /metrics text, and chat completions (one reply, or a stream of
+events).
 
 A client owns an aiohttp session (`async with EngineClient(url, max_connections=N)`: keep-alive, at most N
 sockets, excess requests queue here instead of opening connections; a job's dispatch, bench, the metrics
 scraper) or borrows one (`session=`: deploy, status and the dashboard talk to many engines through one).
-The chat call is the job's hot path: the body is serialized and the reply parsed once with orjson, nothing
-per token.
+The chat call is the job's hot path: it goes out on the client's own keep-alive connections
+(`fleetgen.http.keepalive`, not the session: a fraction of aiohttp's CPU a request; a borrowed session's
+client keeps none open), the body serialized and the reply parsed once with orjson, nothing per token.
 
 Errors are translated here, once: a chat request's into `RequestFailed`, classified for the dispatcher
 (retryable: connection errors, timeouts, 408/409/425/429/5xx, an `abort` finish; any other 4xx is the
@@ -29,6 +31,7 @@ import aiohttp
 import orjson
 
 from fleetgen.errors import EndpointError
+from fleetgen.http.keepalive import KeepAlive, MalformedAnswer
 from fleetgen.http.metrics import Scrape
 from fleetgen.http.request import probe_body
 
@@ -124,6 +127,15 @@ class EngineClient:
         self._per_request: dict[str, Any] = {}
         if session is not None:
             self._per_request = {"headers": self._headers, "timeout": self._timeout}
+        # The chat call's own transport (the hot path, keepalive.py); a borrowed session's client has no
+        # lifetime to close kept connections in, so it keeps none.
+        self._chat = KeepAlive(
+            self._chat_url,
+            self._headers,
+            timeout_s=timeout_s,
+            keep=self._is_owner,
+            max_connections=max_connections,
+        )
 
     async def __aenter__(self) -> EngineClient:
         if self._is_owner:
@@ -142,6 +154,7 @@ class EngineClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        self._chat.close()
         if self._is_owner and self._session is not None:
             await self._session.close()
             self._session = None
@@ -236,12 +249,8 @@ class EngineClient:
     async def chat(self, body: Mapping[str, Any]) -> Completion:
         """Send one chat completion; return it normalized or raise `RequestFailed`."""
         try:
-            async with self.session.post(
-                self._chat_url, data=orjson.dumps(body), **self._per_request
-            ) as resp:
-                raw = await resp.read()
-                status = resp.status
-        except (aiohttp.ClientError, TimeoutError) as exc:
+            status, raw = await self._chat.post(orjson.dumps(body))
+        except (OSError, MalformedAnswer) as exc:  # TimeoutError is an OSError
             raise self._failed(exc) from exc
         if status != 200:
             raise self._refused(status, raw)
@@ -283,13 +292,14 @@ class EngineClient:
 
     def _failed(self, exc: Exception) -> RequestFailed:
         dead = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
-        if isinstance(exc, dead):
+        is_dead = isinstance(exc, dead) or (isinstance(exc, OSError) and not isinstance(exc, TimeoutError))
+        if is_dead:
             message = f"connection to {self.base_url} failed: {exc}"
+        elif isinstance(exc, TimeoutError) and not str(exc):
+            message = f"request to {self.base_url} failed: no answer within {self._timeout.total:g} s"
         else:
             message = f"request to {self.base_url} failed: {type(exc).__name__}: {exc}"
-        return RequestFailed(
-            message, url=self._chat_url, is_retryable=True, is_connection=isinstance(exc, dead)
-        )
+        return RequestFailed(message, url=self._chat_url, is_retryable=True, is_connection=is_dead)
 
     def _refused(self, status: int, raw: bytes) -> RequestFailed:
         retryable = status in RETRYABLE_STATUS or status >= 500
