@@ -110,8 +110,12 @@ class _Connection(asyncio.Protocol):
         self._complete()
 
     def _complete(self) -> None:
-        answer = Answer(self._parser.get_status_code(), b"".join(self._body))
+        status, body = self._parser.get_status_code(), b"".join(self._body)
         self._body = []
+        if 100 <= status < 200:  # an interim answer (100 Continue, 103 Early Hints): the answer is next
+            self._has_headers = self._has_length = False
+            return
+        answer = Answer(status, body)
         waiting, self._answer = self._answer, None
         if waiting is not None and not waiting.done():
             waiting.set_result(answer)

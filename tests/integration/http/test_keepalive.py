@@ -302,7 +302,9 @@ async def test_nothing_listening_is_a_lost_connection_and_a_bad_url_fails_the_re
     assert "not an http:// URL" in no_url.value.message
 
 
-FRAMINGS = st.sampled_from(["length", "chunked", "close"])
+FRAMINGS = st.sampled_from(
+    ["length", "chunked", "close", "interim+length", "interim+chunked", "interim+close"]
+)
 
 
 class _Wire(asyncio.Transport):
@@ -325,6 +327,8 @@ class _Wire(asyncio.Transport):
 
 
 def _framed(body: bytes, framing: str) -> bytes:
+    if framing.startswith("interim+"):  # an interim answer first, which no exchange may take as its own
+        return b"HTTP/1.1 100 Continue\r\n\r\n" + _framed(body, framing.removeprefix("interim+"))
     if framing == "chunked":
         chunks = b"".join(
             b"%x\r\n%b\r\n" % (len(body[i : i + 5]), body[i : i + 5]) for i in range(0, len(body), 5)
@@ -344,16 +348,19 @@ def _framed(body: bytes, framing: str) -> bytes:
 def test_answers_split_anywhere_are_read_whole_and_in_order(
     bodies: list[bytes], framings: list[str], cuts: list[int]
 ) -> None:
-    """Answers of any framing, their bytes arriving in pieces cut anywhere: each exchange gets its whole
-    body; after a `Connection: close` answer the connection is not reusable, after the others it is."""
+    """Answers of any framing, an interim answer (100 Continue) before some, their bytes arriving in pieces
+    cut anywhere, one after another on a connection kept while it may be: each exchange gets its own whole
+    answer, never the interim one; after a `Connection: close` answer the connection is not reusable, after
+    the others it is."""
     from fleetgen.http.keepalive import _Connection
 
-    async def exchange_all() -> list[tuple[bytes, bool]]:
+    async def exchange_all() -> list[tuple[Answer, bool]]:
         seen = []
+        connection = None
         for body, framing in zip(bodies, framings, strict=False):
-            connection = _Connection()
-            wire = _Wire()
-            connection.connection_made(wire)
+            if connection is None or not connection.is_reusable:
+                connection = _Connection()
+                connection.connection_made(_Wire())
             answer = connection.exchange(b"POST / HTTP/1.1\r\n\r\n")
             data = _framed(body, framing)
             at, pieces = 0, iter(cuts * (len(data) + 1))
@@ -361,9 +368,9 @@ def test_answers_split_anywhere_are_read_whole_and_in_order(
                 step = next(pieces)
                 connection.data_received(data[at : at + step])
                 at += step
-            seen.append(((await answer).body, connection.is_reusable))
+            seen.append((await answer, connection.is_reusable))
         return seen
 
     seen = asyncio.run(exchange_all())
-    assert [body for body, _ in seen] == bodies
-    assert [reusable for _, reusable in seen] == [f != "close" for f in framings[: len(bodies)]]
+    assert [answer for answer, _ in seen] == [Answer(200, body) for body in bodies]
+    assert [reusable for _, reusable in seen] == [not f.endswith("close") for f in framings[: len(bodies)]]
