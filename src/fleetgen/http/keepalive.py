@@ -199,8 +199,12 @@ class KeepAlive:
         if not self._host:
             raise OSError(errno.EINVAL, f"not an http:// URL: {self._url!r}")
         loop = asyncio.get_running_loop()
-        async with asyncio.timeout(CONNECT_TIMEOUT_S):
-            _, connection = await loop.create_connection(_Connection, self._host, self._port)
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                _, connection = await loop.create_connection(_Connection, self._host, self._port)
+        except TimeoutError:  # its own words: not the whole exchange's timeout
+            where = f"{self._host}:{self._port}"
+            raise TimeoutError(f"no connection to {where} within {CONNECT_TIMEOUT_S:g} s") from None
         self._open.add(connection)
         return connection, False
 

@@ -302,6 +302,23 @@ async def test_nothing_listening_is_a_lost_connection_and_a_bad_url_fails_the_re
     assert "not an http:// URL" in no_url.value.message
 
 
+async def test_a_connection_not_made_in_time_is_said_as_such_not_as_the_requests_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The connect has its own bound (10 s) inside the exchange's (the job's request timeout, minutes): a
+    failure says which ran out, and stays what the dispatcher retries without draining the server (as
+    aiohttp's connect timeout was)."""
+    monkeypatch.setattr("fleetgen.http.keepalive.CONNECT_TIMEOUT_S", 0)  # spent before the connect ends
+    async with (
+        raw_server(b"", then_close=False) as (url, _),
+        EngineClient(url.removesuffix("/v1/chat/completions"), timeout_s=30) as client,
+    ):
+        with pytest.raises(RequestFailed) as failed:
+            await client.chat({})
+    assert "no connection to 127.0.0.1:" in failed.value.message and "within 0 s" in failed.value.message
+    assert failed.value.is_retryable and not failed.value.is_connection
+
+
 FRAMINGS = st.sampled_from(
     ["length", "chunked", "close", "interim+length", "interim+chunked", "interim+close"]
 )
